@@ -1,0 +1,51 @@
+# The two commands a newcomer runs on a fresh machine: `make demo` and `make test`.
+# Each creates .venv when missing and installs exactly what it needs (pinned by constraints.txt).
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
+# llama-cpp-python builds llama.cpp from source: portable CPU build, no tests or examples
+# (about 8 minutes on 2 cores the first time; pip's wheel cache makes later installs fast).
+export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
+export NUMBA_CACHE_DIR ?= $(CURDIR)/.venv/numba-cache
+
+DEMO_TRACE := $(VENV)/work/demo-trace
+
+.PHONY: demo test lint bench clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --disable-pip-version-check -q --upgrade pip
+
+$(VENV)/.core: pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.dev: pyproject.toml constraints.txt | $(VENV)/bin/python
+	$(PIP) -e '.[dev,capture]'
+	touch $@ $(VENV)/.core
+
+$(VENV)/.bench: pyproject.toml constraints.txt $(VENV)/.dev
+	$(PIP) -e '.[dev,capture,bench]'
+	touch $@
+
+## demo: synthetic default trace -> report under reports/demo/
+demo: $(VENV)/.core
+	mkdir -p $(VENV)/work
+	$(VENV)/bin/moe-replay synth $(DEMO_TRACE) --force
+	$(VENV)/bin/moe-replay report $(DEMO_TRACE) -o reports/demo --force
+
+## test: the whole suite (unit, property, end-to-end on ../shared/data, capture through llama.cpp, notebooks)
+test: $(VENV)/.dev
+	$(VENV)/bin/python -m pytest -q
+
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+
+bench: $(VENV)/.bench
+	$(VENV)/bin/python -m benchmarks.run_all
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,176 @@
+"""``moe-replay``: a thin typer layer over the library. No analysis logic lives here.
+
+Bad input raises :class:`traces.errors.UserError`; :func:`main` prints its one sentence and exits
+2 without a traceback (``--debug`` anywhere on the command line shows it).
+"""
+
+from __future__ import annotations
+
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import typer
+
+from traces.errors import UserError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Replay what a Mixture-of-Experts router did through expert-cache policies, predictors, "
+    "drop and prefetch what-ifs, offline and exactly.",
+)
+import_app = typer.Typer(no_args_is_help=True, help="Import other engines' route logs as v1 traces.")
+app.add_typer(import_app, name="import")
+
+TraceArg = typer.Argument(..., help="Trace directory (trace.json + routings/).", show_default=False)
+JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
+
+
+def _echo(text: str) -> None:
+    typer.echo(text)
+
+
+@app.command()
+def info(trace: Path = TraceArg, json_out: bool = JsonOpt) -> None:
+    """Model, shape, tokens per phase, optional columns, expert sizes, token-cycle size, provenance."""
+    from replay.info import info_rows, info_text
+    from replay.output import json_object
+    from traces import open_trace
+
+    t = open_trace(trace)
+    rows = info_rows(t)
+    _echo(json_object("info", str(trace), rows) if json_out else info_text(t, rows[0]))
+
+
+@import_app.command("bigmoe")
+def import_bigmoe(
+    route_csv: Path = typer.Argument(..., help="A BigMoeOnEdge route_trace v1 CSV (FILE.route.csv)."),
+    out_dir: Path = typer.Argument(..., help="Trace directory to create."),
+    metrics: Path | None = typer.Option(None, "--metrics", help="The run's per-token .metrics file."),
+    top_k_native: int | None = typer.Option(None, "--top-k-native", help="The model's native top-k, if the run overrode it."),
+    force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Import a BigMoeOnEdge ``--route-trace`` CSV (and optionally its .metrics) as a v1 trace."""
+    from replay.info import info_rows
+    from replay.output import json_object
+    from traces import open_trace
+    from traces.importers.bigmoe import import_bigmoe as run
+
+    run(route_csv, out_dir, metrics=metrics, top_k_native=top_k_native, force=force)
+    t = open_trace(out_dir)
+    row = info_rows(t)[0]
+    if json_out:
+        _echo(json_object("import bigmoe", str(out_dir), [row]))
+    else:
+        _echo(
+            f"wrote {out_dir}: {row['moe_layers']} MoE layers x {row['n_expert']} experts, top-k {row['top_k']}, "
+            f"{row['tokens_prefill']} prefill + {row['tokens_decode']} decode tokens"
+            + (", with engine metrics" if t.has_metrics else "")
+        )
+
+
+@app.command()
+def synth(
+    out_dir: Path = typer.Argument(..., help="Trace directory to create."),
+    layers: int = typer.Option(16, "--layers", help="MoE layers."),
+    experts: int = typer.Option(64, "--experts", help="Experts per layer."),
+    top_k: int = typer.Option(8, "--top-k", help="Experts routed per token and layer."),
+    embd: int = typer.Option(128, "--embd", help="Width of the router input (gate input)."),
+    tokens: int = typer.Option(256, "--tokens", help="Decoded tokens."),
+    prompt_tokens: int = typer.Option(32, "--prompt-tokens", help="Prefill tokens (one batch)."),
+    seed: int = typer.Option(0, "--seed"),
+    gating: str = typer.Option("softmax", "--gating", help="softmax | sigmoid-bias | grouped"),
+    routing_only: bool = typer.Option(False, "--routing-only", help="Skip logits, gate inputs and router matrices."),
+    expert_bytes: int | None = typer.Option(None, "--expert-bytes", help="Bytes of one expert (default: realistic per-layer sizes)."),
+    drift: float = typer.Option(0.35, "--drift", help="Residual update per layer (stale-gate agreement falls as it grows)."),
+    reuse: float = typer.Option(0.85, "--reuse", help="Token-to-token persistence of the topic vector, 0..1 (temporal reuse)."),
+    skew: float = typer.Option(1.5, "--skew", help="Expert popularity skew at the last layer (rises linearly with depth from 0)."),
+    force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Generate a synthetic trace from a small residual-stream model (deterministic per seed)."""
+    from replay.info import info_rows
+    from replay.output import json_object
+    from traces import open_trace
+    from traces.synth import SynthConfig, write_synthetic
+
+    cfg = SynthConfig(
+        layers=layers, experts=experts, top_k=top_k, embd=embd, tokens=tokens, prompt_tokens=prompt_tokens,
+        seed=seed, gating=gating, routing_only=routing_only, expert_bytes=expert_bytes, drift=drift,
+        reuse=reuse, skew=skew,
+    )
+    write_synthetic(out_dir, cfg, force=force)
+    t = open_trace(out_dir, check_rows=False)
+    row = info_rows(t)[0]
+    if json_out:
+        _echo(json_object("synth", str(out_dir), [row]))
+    else:
+        _echo(f"wrote {out_dir}: {layers} MoE layers x {experts} experts, top-k {top_k}, "
+              f"{prompt_tokens} prefill + {tokens} decode tokens, gating {gating}")
+
+
+def _register_plugins() -> None:
+    """Add commands that live outside replay/ (engine_bridge's capture, make-model)."""
+    for ep in entry_points(group="moe_replay.commands"):
+        try:
+            register = ep.load()
+        except ImportError:
+            continue
+        register(app)
+
+
+def _register_modules() -> None:
+    """Commands of replay/ modules that are added as they land (each module owns its verb)."""
+    import importlib
+
+    for name in ("replay.cache_cli", "replay.predict_cli", "replay.whatif_cli", "replay.cost_cli", "replay.report_cli"):
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue
+            raise
+        mod.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    args = [a for a in args if a != "--debug"]
+    _register_modules()
+    _register_plugins()
+    try:
+        app(args=args, prog_name="moe-replay", standalone_mode=False)
+    except UserError as e:
+        if debug:
+            raise
+        print(f"moe-replay: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("moe-replay: interrupted", file=sys.stderr)
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except typer.Abort:
+        print("moe-replay: aborted", file=sys.stderr)
+        sys.exit(1)
+    except typer.TyperException as e:  # usage errors: unknown option, bad value, missing argument
+        if debug:
+            raise
+        e.show()
+        sys.exit(e.exit_code)
+    except Exception as e:  # a genuine bug: say so in one line
+        if debug:
+            raise
+        print(f"moe-replay: internal error: {e.__class__.__name__}: {e} (rerun with --debug for the traceback; "
+              "this is a bug, please report it)", file=sys.stderr)
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""``info``: what a trace holds, in one flat row (DESIGN.md keys) and as text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from traces.reader import Trace
+
+MIB = 1 << 20
+
+
+def info_rows(trace: Trace) -> list[dict[str, Any]]:
+    """One flat row describing the trace. Token counts are distinct (turn, step) per phase."""
+    m = trace.model
+    counts = trace.token_counts()
+    per_turn = (
+        trace.routings(["turn", "phase", "step"]).unique().group_by("turn", "phase").len().sort("turn", "phase")
+    )
+    prov = trace.meta.get("provenance", {})
+    eb = [int(trace.expert_bytes[l]) for l in trace.moe_layers]
+    row: dict[str, Any] = {
+        "model": m["name"],
+        "arch": m["arch"],
+        "n_layer": m["n_layer"],
+        "moe_layers": len(trace.moe_layers),
+        "n_expert": m["n_expert"],
+        "top_k": m["top_k"],
+        "top_k_native": m.get("top_k_native"),
+        "n_embd": m.get("n_embd"),
+        **counts,
+        "turns": int(per_turn["turn"].n_unique()) if per_turn.height else 0,
+        "rows": trace.n_rows,
+        "complete": trace.complete,
+        "has_logits": trace.has("logits"),
+        "has_gate_input": trace.has("gate_input"),
+        "has_router": trace.has_router,
+        "has_residency": trace.has("residency"),
+        "has_read_bytes": trace.has("read_bytes"),
+        "has_dropped": trace.has("dropped"),
+        "has_metrics": trace.has_metrics,
+        "expert_bytes_min": min(eb),
+        "expert_bytes_max": max(eb),
+        "token_cycle_mib": trace.token_cycle_bytes / MIB,
+        "activation": trace.gating.get("activation"),
+        "recorded_budget_mib": trace.recorded.get("budget_mib"),
+        "recorded_hit_pct_cum": trace.recorded.get("cache_hit_pct_cum"),
+        "engine": prov.get("engine"),
+        "source": prov.get("source_file"),
+    }
+    return [row]
+
+
+def info_text(trace: Trace, row: dict[str, Any]) -> str:
+    opt = [c for c in ("logits", "gate_input", "residency", "read_bytes", "dropped") if trace.has(c)]
+    native = row["top_k_native"]
+    eb = sorted({int(trace.expert_bytes[l]) for l in trace.moe_layers})
+    eb_txt = ", ".join(f"{b:,}" for b in eb[:6]) + (" ..." if len(eb) > 6 else "")
+    lines = [
+        f"trace      {trace.path}",
+        f"model      {row['model']} (arch {row['arch']})",
+        f"layers     {row['n_layer']} ({row['moe_layers']} MoE), {row['n_expert']} experts, "
+        f"top-k {row['top_k']} effective / {native if native is not None else 'unknown'} native, "
+        f"n_embd {row['n_embd'] if row['n_embd'] else 'unknown'}",
+        f"tokens     {row['tokens_prefill']} prefill + {row['tokens_decode']} decode in {row['turns']} turn(s); "
+        f"{row['rows']:,} routings",
+        f"columns    {', '.join(opt) if opt else 'routing only (experts, weights)'}"
+        + ("; router.parquet" if row["has_router"] else "") + ("; metrics.parquet" if row["has_metrics"] else ""),
+        f"expert     bytes of one expert per layer: {eb_txt}",
+        f"T          one token cycle (sum over MoE layers of top_k x expert_bytes) = {row['token_cycle_mib']:.1f} MiB",
+        f"complete   {'yes' if row['complete'] else 'NO: capture was interrupted; the trace holds what was written'}",
+        f"source     {row['engine'] or 'unknown engine'}" + (f", {row['source']}" if row["source"] else ""),
+    ]
+    if row["recorded_budget_mib"] is not None:
+        lines.append(
+            f"recorded   engine cache budget {row['recorded_budget_mib']} MiB, "
+            f"cumulative hit {row['recorded_hit_pct_cum']}% (prefill included)"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Importers from other engines' route logs into trace format v1."""

@@ -1,0 +1,312 @@
+"""Importer for BigMoeOnEdge's ``--route-trace`` CSV ("route_trace v1") and its ``.metrics`` file.
+
+route.csv: ``#`` preamble (``# route_trace v1``; ``# model=... arch=... n_layer=... n_expert=...
+n_expert_used=...``; one ``# layer=L expert_bytes=B dense_bytes=D`` per layer), a header
+``turn,phase,step,layer,slot,expert,weight,residency,expert_bytes[,dropped]`` and one row per
+routed expert. That engine evaluated each turn's prompt in one pass, so a turn's prefill is one
+batch; each decoded token is its own batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from replay import __version__ as tool_version
+from traces.atomic import staged_dir
+from traces.errors import TraceError, UserError
+from traces.gating import KNOWN_ARCH_GATING
+from traces.reader import open_trace
+from traces.schema import default_gating
+from traces.writer import TraceWriter
+
+HEADER = ["turn", "phase", "step", "layer", "slot", "expert", "weight", "residency", "expert_bytes"]
+METRICS_HEADER = ["step", "steps", "wall_ms", "io_ms", "compute_ms", "read_bytes", "cache_hit_pct",
+                  "stall_ms", "mgmt_ms", "majflt", "cpu_ms"]
+METRICS_INT = {"step", "steps", "read_bytes", "majflt"}
+
+
+def _kv(line: str) -> dict[str, str]:
+    out = {}
+    for tok in line.lstrip("#").split():
+        if "=" in tok:
+            k, v = tok.split("=", 1)
+            out[k] = v
+    return out
+
+
+def _int(s: str, path: Path, lineno: int, what: str) -> int:
+    try:
+        return int(s)
+    except ValueError:
+        raise UserError(f"{path}: line {lineno}: {what} {s!r} is not an integer.") from None
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def parse_route_csv(path: Path) -> dict[str, Any]:
+    """Parse and check a route_trace v1 CSV; return the preamble and per-row numpy columns."""
+    if not path.exists():
+        raise UserError(f"{path}: no such file.")
+    if not path.is_file():
+        raise UserError(f"{path}: is not a file.")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: is not a text file (not UTF-8).") from None
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "# route_trace v1":
+        raise UserError(f"{path}: missing the '# route_trace v1' preamble line; not a BigMoeOnEdge route trace.")
+    model: dict[str, str] = {}
+    layer_bytes: dict[int, tuple[int, int]] = {}
+    i = 1
+    while i < len(lines) and lines[i].startswith("#"):
+        kv = _kv(lines[i])
+        if "model" in kv:
+            model = kv
+        elif "layer" in kv:
+            layer = _int(kv["layer"], path, i + 1, "layer")
+            eb = _int(kv.get("expert_bytes", "x"), path, i + 1, "expert_bytes")
+            db = _int(kv.get("dense_bytes", "0"), path, i + 1, "dense_bytes")
+            layer_bytes[layer] = (eb, db)
+        i += 1
+    for key in ("arch", "n_layer", "n_expert", "n_expert_used"):
+        if key not in model:
+            raise UserError(f"{path}: the '# model=...' preamble line is missing or has no {key}=.")
+    n_layer = _int(model["n_layer"], path, 2, "n_layer")
+    n_expert = _int(model["n_expert"], path, 2, "n_expert")
+    k = _int(model["n_expert_used"], path, 2, "n_expert_used")
+    if n_layer <= 0 or n_expert <= 0 or not 0 < k <= n_expert:
+        raise UserError(f"{path}: preamble gives n_layer={n_layer}, n_expert={n_expert}, n_expert_used={k}, "
+                        "which is not a MoE model (need n_expert >= n_expert_used > 0).")
+    if i >= len(lines):
+        raise UserError(f"{path}: has a preamble but no header line and no rows.")
+    header = lines[i].strip().split(",")
+    has_dropped = header == HEADER + ["dropped"]
+    if header != HEADER and not has_dropped:
+        raise UserError(f"{path}: line {i + 1}: header is {lines[i].strip()!r}, expected {','.join(HEADER)}[,dropped].")
+    ncol = len(header)
+    body = [(n + 1, ln) for n, ln in enumerate(lines[i + 1:], start=i + 1) if ln.strip() and not ln.startswith("#")]
+    if not body:
+        raise UserError(f"{path}: has a header but no rows.")
+    n = len(body)
+    # Columns in file order; weight (column 6) is parsed as a float, all others as integers.
+    int_cols = [c for c in range(ncol) if c != 6]
+    ints = np.empty((n, ncol), dtype=np.int64)
+    weight = np.empty(n, dtype=np.float32)
+    linenos = np.empty(n, dtype=np.int64)
+    for r, (lineno, ln) in enumerate(body):
+        f = ln.split(",")
+        if len(f) != ncol:
+            raise UserError(f"{path}: line {lineno}: has {len(f)} fields, expected {ncol}.")
+        try:
+            ints[r, int_cols] = [int(f[c]) for c in int_cols]
+        except ValueError:
+            bad = next(c for c in int_cols if not f[c].strip().lstrip("-").isdigit())
+            raise UserError(f"{path}: line {lineno}: {header[bad]} {f[bad]!r} is not an integer.") from None
+        try:
+            w = float(f[6])
+        except ValueError:
+            raise UserError(f"{path}: line {lineno}: weight {f[6]!r} is not a number.") from None
+        if math.isinf(w):
+            raise UserError(f"{path}: line {lineno}: weight is infinite.")
+        weight[r] = w
+        linenos[r] = lineno
+    turn, phase, step, layer, slot, expert = (ints[:, c] for c in range(6))
+    residency, read_bytes = ints[:, 7], ints[:, 8]
+    dropped = ints[:, 9] if has_dropped else None
+
+    def bad_row(mask: np.ndarray, what: str) -> None:
+        idx = np.flatnonzero(mask)
+        if idx.size:
+            raise UserError(f"{path}: line {linenos[idx[0]]}: {what}.")
+
+    bad_row((turn < 0) | (step < 0), "negative turn or step")
+    bad_row((phase != 0) & (phase != 1), "phase is not 0 (prefill) or 1 (decode)")
+    bad_row((layer < 0) | (layer >= n_layer), f"layer outside 0..{n_layer - 1}")
+    bad_row((slot < 0) | (slot >= k), f"slot outside 0..{k - 1} (n_expert_used={k})")
+    bad_row((expert < 0) | (expert >= n_expert), f"expert id outside 0..{n_expert - 1}")
+    bad_row((residency < 0) | (residency > 2), "residency is not 0 (miss), 1 (hit) or 2 (speculative hit)")
+    bad_row((read_bytes < 0) | (read_bytes >= 1 << 32), "expert_bytes (bytes read) is negative or too large")
+    if dropped is not None:
+        bad_row((dropped != 0) & (dropped != 1), "dropped is not 0 or 1")
+    for lay in np.unique(layer):
+        eb = layer_bytes.get(int(lay), (0, 0))[0]
+        if eb <= 0:
+            # Never default a missing size: a free layer is never evicted and reports ~100% hit.
+            raise UserError(f"{path}: layer {lay} routes but the preamble gives it no expert_bytes > 0.")
+
+    # One routing = (turn, phase, step, layer) with every slot 0..k-1 exactly once.
+    order = np.lexsort((slot, layer, step, phase, turn))
+    key = np.stack([turn, phase, step, layer, slot], axis=1)[order]
+    dup = np.flatnonzero((np.diff(key, axis=0) == 0).all(axis=1))
+    if dup.size:
+        raise UserError(f"{path}: line {linenos[order[dup[0] + 1]]}: duplicates an earlier row (same turn, phase, step, layer, slot).")
+    rkey = key[:, :4]
+    starts = np.flatnonzero(np.concatenate([[True], (np.diff(rkey, axis=0) != 0).any(axis=1)]))
+    sizes = np.diff(np.concatenate([starts, [n]]))
+    bad = np.flatnonzero(sizes != k)
+    if bad.size:
+        s = starts[bad[0]]
+        raise UserError(f"{path}: line {linenos[order[s]]}: routing (turn {rkey[s, 0]}, step {rkey[s, 2]}, layer {rkey[s, 3]}) "
+                        f"has {sizes[bad[0]]} slots, expected {k}.")
+    R = starts.size
+
+    def per_slot(col: np.ndarray) -> np.ndarray:
+        return col[order].reshape(R, k)
+
+    ex = per_slot(expert)
+    srt = np.sort(ex, axis=1)
+    twice = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1)) if k > 1 else np.array([], dtype=np.int64)
+    if twice.size:
+        raise UserError(f"{path}: line {linenos[order[starts[twice[0]]]]}: a routing selects the same expert twice.")
+    w = per_slot(weight)
+    nan = np.isnan(w)
+    partial = np.flatnonzero(nan.any(axis=1) & ~nan.all(axis=1))
+    if partial.size:
+        raise UserError(f"{path}: line {linenos[order[starts[partial[0]]]]}: a routing has NaN weights on some slots "
+                        "but not all (NaN is accepted only when the engine exposed no weights for the routing).")
+    r_turn, r_phase, r_step, r_layer = (rkey[starts, c] for c in range(4))
+    # A phase may not go back from decode to prefill inside one turn.
+    return {
+        "model": model, "n_layer": n_layer, "n_expert": n_expert, "k": k, "layer_bytes": layer_bytes,
+        "turn": r_turn, "phase": r_phase, "step": r_step, "layer": r_layer, "experts": ex, "weights": w,
+        "residency": per_slot(residency), "read_bytes": per_slot(read_bytes),
+        "dropped": per_slot(dropped) if dropped is not None else None,
+    }
+
+
+def assign_batches(turn: np.ndarray, phase: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Batch index per routing: a turn's prefill is one batch, each decode step its own batch,
+    numbered in (turn, phase, step) order."""
+    bstep = np.where(phase == 0, -1, step)
+    key = np.stack([turn, phase, bstep], axis=1)
+    _, inv = np.unique(key, axis=0, return_inverse=True)
+    return inv.reshape(-1).astype(np.int32)
+
+
+def parse_metrics(path: Path) -> tuple[pa.Table, dict[str, Any]]:
+    """Per-token engine metrics: a table (one row per decoded token) and the ``# summary`` values."""
+    if not path.exists():
+        raise UserError(f"{path}: no such file.")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: is not a text file (not UTF-8).") from None
+    rows = [(n + 1, ln) for n, ln in enumerate(lines) if ln.strip() and not ln.startswith("#")]
+    summary: dict[str, Any] = {}
+    for ln in lines:
+        if ln.startswith("# summary"):
+            for k, v in _kv(ln[len("# summary"):]).items():
+                try:
+                    summary[k] = float(v)
+                except ValueError:
+                    summary[k] = v
+    if not rows:
+        raise UserError(f"{path}: has no header and no rows; not a .metrics file.")
+    header = rows[0][1].strip().split(",")
+    missing = [c for c in METRICS_HEADER if c not in header]
+    if missing:
+        raise UserError(f"{path}: line {rows[0][0]}: header lacks {', '.join(missing)}; not a BigMoeOnEdge .metrics file.")
+    cols: dict[str, list[float]] = {c: [] for c in header}
+    for lineno, ln in rows[1:]:
+        f = ln.split(",")
+        if len(f) != len(header):
+            raise UserError(f"{path}: line {lineno}: has {len(f)} fields, expected {len(header)}.")
+        for c, v in zip(header, f):
+            try:
+                x = float(v)
+            except ValueError:
+                raise UserError(f"{path}: line {lineno}: {c} {v!r} is not a number.") from None
+            if not math.isfinite(x):
+                raise UserError(f"{path}: line {lineno}: {c} is not finite.")
+            cols[c].append(x)
+    if not cols["step"]:
+        raise UserError(f"{path}: has a header but no per-token rows.")
+    if "cache_budget_MiB" not in summary or "cache_hit_pct" not in summary:
+        raise UserError(f"{path}: the '# summary' line is missing or lacks cache_budget_MiB / cache_hit_pct.")
+    table = pa.table({
+        c: pa.array(np.array(v, dtype=np.int64 if c in METRICS_INT else np.float64)) for c, v in cols.items()
+    })
+    return table, summary
+
+
+def import_bigmoe(route_csv: str | Path, out_dir: str | Path, metrics: str | Path | None = None,
+                  top_k_native: int | None = None, force: bool = False, tokens_per_part: int = 4096) -> Path:
+    """Import a route_trace v1 CSV (plus optional .metrics) into a new v1 trace at ``out_dir``."""
+    route_csv, out_dir = Path(route_csv), Path(out_dir)
+    p = parse_route_csv(route_csv)
+    k, n_expert, n_layer = p["k"], p["n_expert"], p["n_layer"]
+    if top_k_native is not None and not k <= top_k_native <= n_expert:
+        raise UserError(f"--top-k-native {top_k_native} must lie in {k}..{n_expert} (the run routed top-{k}).")
+    mtable, summary = (None, None)
+    if metrics is not None:
+        mtable, summary = parse_metrics(Path(metrics))
+        n_decode = len(np.unique(np.stack([p["turn"], p["step"]], axis=1)[p["phase"] == 1], axis=0))
+        if mtable.num_rows != n_decode:
+            raise UserError(f"{metrics}: has {mtable.num_rows} per-token rows but {route_csv} has {n_decode} decode tokens; "
+                            "not the metrics of this run.")
+    batch = assign_batches(p["turn"], p["phase"], p["step"])
+    order = np.lexsort((p["step"], p["layer"], batch))
+    routed = sorted(set(int(x) for x in np.unique(p["layer"])))
+    with_bytes = sorted(l for l, (eb, _) in p["layer_bytes"].items() if eb > 0 and 0 <= l < n_layer)
+    moe_layers = sorted(set(routed) | set(with_bytes))
+    expert_bytes: list[int | None] = [None] * n_layer
+    dense_bytes: list[int | None] = [None] * n_layer
+    for l, (eb, db) in p["layer_bytes"].items():
+        if 0 <= l < n_layer:
+            expert_bytes[l] = eb if eb > 0 else None
+            dense_bytes[l] = db
+    arch = p["model"]["arch"]
+    act, norm = KNOWN_ARCH_GATING.get(arch, (None, None))
+    name = Path(p["model"].get("model", "unknown")).name
+    meta: dict[str, Any] = {
+        "model": {
+            "name": name.removesuffix(".gguf"), "arch": arch, "n_layer": n_layer, "moe_layers": moe_layers,
+            "n_expert": n_expert, "top_k": k, "top_k_native": top_k_native, "n_embd": None,
+        },
+        "expert_bytes": expert_bytes,
+        "dense_bytes": dense_bytes,
+        "gating": default_gating(act, norm),
+        "provenance": {
+            "engine": "BigMoeOnEdge", "engine_version": None, "tool": "moe-replay", "tool_version": tool_version,
+            "importer": "bigmoe", "source_file": route_csv.name, "source_sha256": sha256_file(route_csv),
+            "metrics_file": Path(metrics).name if metrics is not None else None,
+            "metrics_sha256": sha256_file(Path(metrics)) if metrics is not None else None,
+            "prompts": None, "batching": "prefill of a turn = one batch; each decode step = one batch",
+        },
+    }
+    if summary is not None:
+        meta["recorded"] = {
+            "policy": "lru",
+            "budget_mib": summary["cache_budget_MiB"],
+            "cache_hit_pct_cum": summary["cache_hit_pct"],
+            "summary": summary,
+        }
+    columns = ("residency", "read_bytes") + (("dropped",) if p["dropped"] is not None else ())
+    with staged_dir(out_dir, force=force) as stage:
+        w = TraceWriter(stage, meta, columns=columns, tokens_per_part=tokens_per_part)
+        opt = {"residency": p["residency"][order], "read_bytes": p["read_bytes"][order]}
+        if p["dropped"] is not None:
+            opt["dropped"] = p["dropped"][order].astype(bool)
+        w.append(turn=p["turn"][order], batch=batch[order], phase=p["phase"][order], step=p["step"][order],
+                 layer=p["layer"][order], experts=p["experts"][order], weights=p["weights"][order], **opt)
+        if mtable is not None:
+            w.write_metrics(mtable)
+        w.close(complete=True)
+        try:
+            open_trace(stage)
+        except TraceError as e:
+            raise UserError(f"{route_csv}: does not make a valid trace: {e.problem}") from None
+    return out_dir

@@ -1,0 +1,386 @@
+"""Trace reader: validates a v1 trace on open and hands back frames and dense arrays.
+
+Nothing downstream ever sees a half-valid trace: :func:`open_trace` checks the metadata, every
+part file's schema and the row-level invariants (ids in range, distinct inside a routing, layers
+that are MoE layers, row order, one phase per batch) before it returns. Wide columns (logits,
+gate_input) are never read unless a caller names them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from traces.errors import TraceError
+from traces.schema import (
+    METRICS_FILE,
+    PHASE_DECODE,
+    PHASE_PREFILL,
+    RECORDED_COLUMNS,
+    ROUTER_FILE,
+    ROUTINGS_DIR,
+    TRACE_JSON,
+    routings_schema,
+    validate_meta,
+)
+
+NARROW = ("turn", "batch", "phase", "step", "layer", "experts", "weights")
+
+
+@dataclass(frozen=True)
+class RoutingArrays:
+    """Dense per-row arrays ready for the Numba kernels (R rows, k slots).
+
+    ``experts``/``weights`` are ``[R, k]`` in router rank order; the recorded per-slot columns
+    are ``None`` when the trace has none.
+    """
+
+    turn: np.ndarray  # int32 [R]
+    batch: np.ndarray  # int32 [R]
+    phase: np.ndarray  # int8 [R]  0 prefill, 1 decode
+    step: np.ndarray  # int32 [R] absolute context position
+    layer: np.ndarray  # int16 [R]
+    experts: np.ndarray  # int32 [R, k]
+    weights: np.ndarray  # float32 [R, k], NaN where the engine exposed none
+    residency: np.ndarray | None = None  # uint8 [R, k]
+    read_bytes: np.ndarray | None = None  # uint32 [R, k]
+    dropped: np.ndarray | None = None  # bool [R, k]
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.batch.shape[0])
+
+
+def fixed_list_to_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A fixed_size_list column as a 2-D numpy array (zero-copy where Arrow allows)."""
+    if isinstance(col, pa.ChunkedArray):
+        width = col.type.list_size
+        if col.num_chunks == 0:
+            return np.empty((0, width), dtype=col.type.value_type.to_pandas_dtype())
+        chunks = [fixed_list_to_numpy(c) for c in col.chunks]
+        return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+    width = col.type.list_size
+    flat = col.flatten()  # respects the array's offset
+    arr = flat.to_numpy(zero_copy_only=False)
+    return arr.reshape(-1, width)
+
+
+class Trace:
+    """An opened, validated v1 trace directory."""
+
+    def __init__(self, path: Path, meta: dict[str, Any], parts: list[Path], part_rows: list[int]) -> None:
+        self.path = path
+        self.meta = meta
+        self.parts = parts
+        self.part_rows = part_rows
+
+    # -- metadata shortcuts -------------------------------------------------------------------
+    @property
+    def model(self) -> dict[str, Any]:
+        return self.meta["model"]
+
+    @property
+    def n_expert(self) -> int:
+        return int(self.model["n_expert"])
+
+    @property
+    def top_k(self) -> int:
+        return int(self.model["top_k"])
+
+    @property
+    def n_layer(self) -> int:
+        return int(self.model["n_layer"])
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return list(self.model["moe_layers"])
+
+    @property
+    def n_rows(self) -> int:
+        return int(sum(self.part_rows))
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self.meta.get("columns", []))
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.meta["complete"])
+
+    @property
+    def gating(self) -> dict[str, Any]:
+        return self.meta["gating"]
+
+    def has(self, column: str) -> bool:
+        return column in self.columns
+
+    @property
+    def has_router(self) -> bool:
+        return (self.path / ROUTER_FILE).is_file()
+
+    @property
+    def has_metrics(self) -> bool:
+        return (self.path / METRICS_FILE).is_file()
+
+    @cached_property
+    def expert_bytes(self) -> np.ndarray:
+        """int64 [n_layer]: bytes to read one expert of each layer (0 for non-MoE layers)."""
+        return np.array([v or 0 for v in self.meta["expert_bytes"]], dtype=np.int64)
+
+    @property
+    def token_cycle_bytes(self) -> int:
+        """T: bytes of one token's full routing, sum over MoE layers of top_k x expert_bytes."""
+        return int(sum(self.top_k * int(self.expert_bytes[l]) for l in self.moe_layers))
+
+    @property
+    def recorded(self) -> dict[str, Any]:
+        """What the engine recorded about its own run (budget, hit rate), or {}."""
+        return dict(self.meta.get("recorded") or {})
+
+    # -- rows -------------------------------------------------------------------------------
+    def iter_tables(self, columns: tuple[str, ...] | list[str]) -> Iterator[pa.Table]:
+        """Yield one Arrow table per part file with only ``columns`` (streaming)."""
+        for part in self.parts:
+            yield pq.read_table(part, columns=list(columns))
+
+    def table(self, columns: tuple[str, ...] | list[str] = NARROW) -> pa.Table:
+        columns = list(columns)
+        missing = [c for c in columns if c not in NARROW and c not in self.columns]
+        if missing:
+            raise TraceError(self.path, f"has no {', '.join(missing)} column")
+        tables = list(self.iter_tables(columns))
+        if not tables:
+            schema = routings_schema(self.meta, tuple(self.columns), self.meta.get("gate_input_dtype", "float32"))
+            return schema.empty_table().select(columns)
+        return pa.concat_tables(tables)
+
+    def routings(self, columns: tuple[str, ...] | list[str] = NARROW) -> pl.DataFrame:
+        """The rows as a Polars frame (narrow columns by default; wide ones only when named)."""
+        return pl.from_arrow(self.table(columns))  # type: ignore[return-value]
+
+    def arrays(self, recorded: bool = True) -> RoutingArrays:
+        """Dense numpy arrays of the narrow columns (and the recorded ones when present)."""
+        extra = [c for c in RECORDED_COLUMNS if recorded and self.has(c)]
+        t = self.table(list(NARROW) + extra)
+        out: dict[str, Any] = {}
+        for name in ("turn", "batch", "phase", "step", "layer"):
+            out[name] = t.column(name).to_numpy()
+        for name in ["experts", "weights", *extra]:
+            out[name] = fixed_list_to_numpy(t.column(name))
+        return RoutingArrays(**out)
+
+    def router(self) -> pl.DataFrame | None:
+        """router.parquet as a frame (layer, expert, weight list, bias), or None."""
+        if not self.has_router:
+            return None
+        return pl.from_arrow(pq.read_table(self.path / ROUTER_FILE))  # type: ignore[return-value]
+
+    def router_matrices(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """{layer: (W [n_expert, n_embd] float32, bias [n_expert] float32)} from router.parquet."""
+        if not self.has_router:
+            return {}
+        t = pq.read_table(self.path / ROUTER_FILE)
+        layer = t.column("layer").to_numpy()
+        expert = t.column("expert").to_numpy()
+        w = fixed_list_to_numpy(t.column("weight")).astype(np.float32, copy=False)
+        b = t.column("bias").to_numpy().astype(np.float32, copy=False)
+        out = {}
+        for l in np.unique(layer):
+            sel = np.flatnonzero(layer == l)
+            order = sel[np.argsort(expert[sel], kind="stable")]
+            out[int(l)] = (np.ascontiguousarray(w[order]), np.ascontiguousarray(b[order]))
+        return out
+
+    def metrics(self) -> pl.DataFrame | None:
+        """The engine's recorded per-token metrics (metrics.parquet), or None."""
+        if not self.has_metrics:
+            return None
+        return pl.from_arrow(pq.read_table(self.path / METRICS_FILE))  # type: ignore[return-value]
+
+    # -- summaries ----------------------------------------------------------------------------
+    def token_counts(self) -> dict[str, int]:
+        """Distinct (turn, step) tokens per phase."""
+        df = self.routings(["turn", "phase", "step"]).unique()
+        return {
+            "tokens_prefill": int((df["phase"] == PHASE_PREFILL).sum()),
+            "tokens_decode": int((df["phase"] == PHASE_DECODE).sum()),
+        }
+
+
+def _fail(path: Path, problem: str) -> TraceError:
+    return TraceError(path, problem)
+
+
+def open_trace(path: str | Path, check_rows: bool = True) -> Trace:
+    """Open and validate a trace directory; raise :class:`TraceError` naming the bad file."""
+    root = Path(path)
+    if not root.exists():
+        raise _fail(root, "no such trace directory")
+    if not root.is_dir():
+        raise _fail(root, "is not a trace directory (a trace is a directory holding trace.json and routings/)")
+    meta_path = root / TRACE_JSON
+    if not meta_path.is_file():
+        raise _fail(root, "is not a trace: trace.json is missing")
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _fail(meta_path, f"is not valid JSON ({e.__class__.__name__}: {e})") from None
+    problems = validate_meta(meta, TRACE_JSON)
+    if problems:
+        raise _fail(meta_path, problems[0])
+    rdir = root / ROUTINGS_DIR
+    if not rdir.is_dir():
+        raise _fail(root, "has no routings/ directory")
+    parts = sorted(rdir.glob("part-*.parquet"))
+    expected_names = [f"part-{i:05d}.parquet" for i in range(len(parts))]
+    if [p.name for p in parts] != expected_names:
+        raise _fail(rdir, "part files are not numbered part-00000.parquet, part-00001.parquet, ... without gaps")
+    schema = routings_schema(meta, tuple(meta.get("columns", [])), meta.get("gate_input_dtype", "float32"))
+    part_rows = []
+    for part in parts:
+        try:
+            pf = pq.ParquetFile(part)
+        except (pa.ArrowException, OSError) as e:
+            raise _fail(part, f"is not a readable Parquet file (truncated or corrupt: {_short(e)})") from None
+        got = pf.schema_arrow
+        if not got.equals(schema, check_metadata=False):
+            raise _fail(part, f"has the wrong columns or types: {_schema_diff(got, schema)}")
+        part_rows.append(pf.metadata.num_rows)
+    trace = Trace(root, meta, parts, part_rows)
+    if meta["complete"] and not parts:
+        raise _fail(rdir, "holds no part files although trace.json says the trace is complete")
+    if "rows" in meta and meta["complete"] and meta["rows"] != trace.n_rows:
+        raise _fail(rdir, f"holds {trace.n_rows} rows but trace.json says {meta['rows']}")
+    if check_rows:
+        _check_rows(trace)
+    if trace.has_router:
+        _check_router(trace)
+    return trace
+
+
+def _short(e: Exception) -> str:
+    return str(e).splitlines()[0][:160] if str(e) else e.__class__.__name__
+
+
+def _schema_diff(got: pa.Schema, want: pa.Schema) -> str:
+    for f in want:
+        if f.name not in got.names:
+            return f"column {f.name} is missing"
+        g = got.field(f.name)
+        if not g.type.equals(f.type):
+            return f"column {f.name} is {g.type}, expected {f.type}"
+    extra = [n for n in got.names if n not in want.names]
+    if extra:
+        return f"unexpected column(s) {', '.join(extra)} (not listed in trace.json 'columns')"
+    return "column order differs from the format"
+
+
+def _check_rows(trace: Trace) -> None:
+    """Row-level invariants, one part at a time (bounded memory on long traces)."""
+    k, n_expert = trace.top_k, trace.n_expert
+    moe = np.zeros(trace.n_layer, dtype=bool)
+    moe[trace.moe_layers] = True
+    last: tuple[int, int, int, int] | None = None  # batch, layer, step, phase
+    offset = 0
+    recorded = [c for c in RECORDED_COLUMNS if trace.has(c)]
+    for part, t in zip(trace.parts, trace.iter_tables(list(NARROW) + recorded)):
+        try:
+            n = t.num_rows
+            if n == 0:
+                continue
+            b = t.column("batch").to_numpy().astype(np.int64)
+            lay = t.column("layer").to_numpy().astype(np.int64)
+            s = t.column("step").to_numpy().astype(np.int64)
+            ph = t.column("phase").to_numpy()
+            bad = np.flatnonzero((lay < 0) | (lay >= trace.n_layer))
+            if bad.size:
+                raise ValueError(f"row {offset + bad[0]} has layer {lay[bad[0]]} outside 0..{trace.n_layer - 1}")
+            bad = np.flatnonzero(~moe[lay])
+            if bad.size:
+                raise ValueError(f"row {offset + bad[0]} routes at layer {lay[bad[0]]}, which is not a MoE layer")
+            bad = np.flatnonzero((ph != PHASE_PREFILL) & (ph != PHASE_DECODE))
+            if bad.size:
+                raise ValueError(f"row {offset + bad[0]} has phase {ph[bad[0]]} (0 prefill, 1 decode)")
+            prepended = last is not None
+            if prepended:
+                b = np.concatenate([[last[0]], b])
+                lay = np.concatenate([[last[1]], lay])
+                s = np.concatenate([[last[2]], s])
+                ph = np.concatenate([[last[3]], ph])
+            db, dl, ds = np.diff(b), np.diff(lay), np.diff(s)
+            ok = (db > 0) | ((db == 0) & ((dl > 0) | ((dl == 0) & (ds > 0))))
+            if not ok.all():
+                i = int(np.argmin(ok))
+                kind = "duplicates the row before it" if (db[i] == 0 and dl[i] == 0 and ds[i] == 0) else \
+                    "breaks the (batch, layer, step) row order"
+                raise ValueError(f"row {offset + i + 1 - int(prepended)} {kind}")
+            same_batch_phase_change = (db == 0) & (np.diff(ph) != 0)
+            if same_batch_phase_change.any():
+                i = int(np.argmax(same_batch_phase_change))
+                raise ValueError(f"batch {b[i + 1]} mixes prefill and decode rows")
+            last = (int(b[-1]), int(lay[-1]), int(s[-1]), int(ph[-1]))
+            ex = fixed_list_to_numpy(t.column("experts"))
+            bad = np.flatnonzero(((ex < 0) | (ex >= n_expert)).any(axis=1))
+            if bad.size:
+                raise ValueError(f"row {offset + bad[0]} has an expert id outside 0..{n_expert - 1}")
+            if k > 1:
+                srt = np.sort(ex, axis=1)
+                bad = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))
+                if bad.size:
+                    raise ValueError(f"row {offset + bad[0]} selects the same expert twice")
+            w = fixed_list_to_numpy(t.column("weights"))
+            nan = np.isnan(w)
+            partial = nan.any(axis=1) & ~nan.all(axis=1)
+            bad = np.flatnonzero(partial | np.isinf(w).any(axis=1))
+            if bad.size:
+                raise ValueError(
+                    f"row {offset + bad[0]} has weights that are infinite or only partly NaN "
+                    "(NaN is allowed only for a whole routing whose engine exposed no weights)"
+                )
+            if "residency" in recorded:
+                r = fixed_list_to_numpy(t.column("residency"))
+                bad = np.flatnonzero((r > 2).any(axis=1))
+                if bad.size:
+                    raise ValueError(f"row {offset + bad[0]} has a residency code above 2 (0 miss, 1 hit, 2 speculative hit)")
+            offset += n
+        except ValueError as e:
+            raise _fail(part, str(e)) from None
+
+
+def _check_router(trace: Trace) -> None:
+    path = trace.path / ROUTER_FILE
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise _fail(path, f"is not a readable Parquet file ({_short(e)})") from None
+    n_embd = trace.model.get("n_embd")
+    if not n_embd:
+        raise _fail(path, "exists but trace.json gives no model.n_embd")
+    want = pa.schema(
+        [
+            pa.field("layer", pa.int16()),
+            pa.field("expert", pa.int32()),
+            pa.field("weight", pa.list_(pa.float32(), n_embd)),
+            pa.field("bias", pa.float32()),
+        ]
+    )
+    got = pf.schema_arrow
+    for f in want:
+        if f.name not in got.names or not got.field(f.name).type.equals(f.type):
+            raise _fail(path, f"column {f.name} is missing or not {f.type}")
+    t = pf.read(columns=["layer", "expert"])
+    lay = t.column("layer").to_numpy()
+    ex = t.column("expert").to_numpy()
+    for l in trace.moe_layers:
+        sel = np.sort(ex[lay == l])
+        if sel.size and not np.array_equal(sel, np.arange(trace.n_expert)):
+            raise _fail(path, f"layer {l} does not hold exactly one row per expert 0..{trace.n_expert - 1}")

@@ -1,0 +1,172 @@
+"""Trace format, version 1: the metadata (``trace.json``) and the Parquet schemas.
+
+See ``DESIGN.md``, "Trace format, version 1". This module knows the contract and checks it; it
+does no I/O beyond what the caller hands it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pyarrow as pa
+
+FORMAT = "moe-route-trace"
+VERSION = 1
+TRACE_JSON = "trace.json"
+ROUTINGS_DIR = "routings"
+ROUTER_FILE = "router.parquet"
+METRICS_FILE = "metrics.parquet"
+
+PHASE_PREFILL = 0
+PHASE_DECODE = 1
+PHASE_NAMES = {PHASE_PREFILL: "prefill", PHASE_DECODE: "decode"}
+
+# Residency codes recorded by an engine's cache (column ``residency``).
+RES_MISS, RES_HIT, RES_HIT_SPEC = 0, 1, 2
+
+ACTIVATIONS = ("softmax", "sigmoid", "softmax_weight")
+
+# Narrow per-row columns: always present, always loaded.
+KEY_COLUMNS: dict[str, pa.DataType] = {
+    "turn": pa.int32(),
+    "batch": pa.int32(),
+    "phase": pa.int8(),
+    "step": pa.int32(),
+    "layer": pa.int16(),
+}
+# Optional per-slot columns recorded by an engine (width top_k).
+RECORDED_COLUMNS: dict[str, pa.DataType] = {
+    "residency": pa.uint8(),
+    "read_bytes": pa.uint32(),
+    "dropped": pa.bool_(),
+}
+# Optional wide columns: never loaded unless asked for.
+WIDE_COLUMNS = ("logits", "gate_input")
+OPTIONAL_COLUMNS = tuple(RECORDED_COLUMNS) + WIDE_COLUMNS
+
+
+def routings_schema(meta: dict[str, Any], columns: tuple[str, ...] = (), gate_input_dtype: str = "float32") -> pa.Schema:
+    """The Arrow schema of ``routings/`` for a trace with metadata ``meta`` and optional ``columns``."""
+    model = meta["model"]
+    k, n_expert, n_embd = model["top_k"], model["n_expert"], model["n_embd"]
+    fields = [pa.field(name, typ, nullable=False) for name, typ in KEY_COLUMNS.items()]
+    fields.append(pa.field("experts", pa.list_(pa.int32(), k), nullable=False))
+    fields.append(pa.field("weights", pa.list_(pa.float32(), k), nullable=False))
+    for name in columns:
+        if name in RECORDED_COLUMNS:
+            fields.append(pa.field(name, pa.list_(RECORDED_COLUMNS[name], k), nullable=False))
+        elif name == "logits":
+            fields.append(pa.field(name, pa.list_(pa.float32(), n_expert), nullable=False))
+        elif name == "gate_input":
+            if not n_embd:
+                raise ValueError("gate_input needs model.n_embd")
+            typ = {"float32": pa.float32(), "float16": pa.float16()}[gate_input_dtype]
+            fields.append(pa.field(name, pa.list_(typ, n_embd), nullable=False))
+        else:
+            raise ValueError(f"unknown optional column {name!r}")
+    return pa.schema(fields)
+
+
+ROUTER_SCHEMA_BASE = {"layer": pa.int16(), "expert": pa.int32(), "bias": pa.float32()}
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def validate_meta(meta: Any, where: str) -> list[str]:
+    """Return the problems with a ``trace.json`` object (empty when it is valid).
+
+    Each problem is a phrase; the reader reports the first one with the file name.
+    """
+    if not isinstance(meta, dict):
+        return ["is not a JSON object"]
+    if meta.get("format") != FORMAT:
+        return [f"is not a moe-route-trace (format is {meta.get('format')!r})"]
+    version = meta.get("version")
+    if version != VERSION:
+        return [f"has schema version {version!r}; this tool reads version {VERSION}"]
+    problems: list[str] = []
+    if not isinstance(meta.get("complete"), bool):
+        problems.append("has no boolean 'complete'")
+    model = meta.get("model")
+    if not isinstance(model, dict):
+        return problems + ["has no 'model' object"]
+    for key in ("name", "arch"):
+        if not isinstance(model.get(key), str):
+            problems.append(f"model.{key} is missing or not a string")
+    for key in ("n_layer", "n_expert", "top_k"):
+        if not _is_int(model.get(key)) or model[key] <= 0:
+            problems.append(f"model.{key} is missing or not a positive integer")
+    if problems:
+        return problems
+    n_layer, n_expert, k = model["n_layer"], model["n_expert"], model["top_k"]
+    if k > n_expert:
+        problems.append(f"model.top_k ({k}) exceeds model.n_expert ({n_expert})")
+    native = model.get("top_k_native")
+    if native is not None and (not _is_int(native) or not 0 < native <= n_expert):
+        problems.append("model.top_k_native is not null or an integer in 1..n_expert")
+    n_embd = model.get("n_embd")
+    if n_embd is not None and (not _is_int(n_embd) or n_embd <= 0):
+        problems.append("model.n_embd is not null or a positive integer")
+    moe = model.get("moe_layers")
+    if not isinstance(moe, list) or not moe or not all(_is_int(x) for x in moe):
+        return problems + ["model.moe_layers is missing or not a non-empty list of integers"]
+    if sorted(set(moe)) != moe or moe[0] < 0 or moe[-1] >= n_layer:
+        problems.append(f"model.moe_layers must be strictly increasing layer indices in 0..{n_layer - 1}")
+    for key in ("expert_bytes", "dense_bytes"):
+        arr = meta.get(key)
+        if not isinstance(arr, list) or len(arr) != n_layer:
+            problems.append(f"'{key}' must be a list of {n_layer} entries (one per layer)")
+            continue
+        for i, v in enumerate(arr):
+            if v is not None and (not _is_int(v) or v < 0):
+                problems.append(f"{key}[{i}] is not null or a non-negative integer")
+                break
+    if not problems:
+        # A missing expert size must never default to 0: a layer that costs nothing is admitted
+        # free and never evicted, and the replay reports ~100% hit for it -- a wrong answer
+        # wearing the costume of a good one.
+        for layer in moe:
+            eb = meta["expert_bytes"][layer]
+            if not _is_int(eb) or eb <= 0:
+                problems.append(f"expert_bytes for MoE layer {layer} is missing or not > 0")
+                break
+    gating = meta.get("gating")
+    if not isinstance(gating, dict):
+        problems.append("has no 'gating' object")
+    else:
+        act = gating.get("activation")
+        if act is not None and act not in ACTIVATIONS:
+            problems.append(f"gating.activation {act!r} is not one of {', '.join(ACTIVATIONS)} or null")
+        for key in ("n_group", "topk_group"):
+            v = gating.get(key, 1)
+            if not _is_int(v) or v <= 0:
+                problems.append(f"gating.{key} is not a positive integer")
+        ng, tg = gating.get("n_group", 1), gating.get("topk_group", 1)
+        if _is_int(ng) and _is_int(tg) and ng > 1 and (n_expert % ng or tg > ng):
+            problems.append(f"gating.n_group {ng} does not divide n_expert {n_expert} or topk_group {tg} > n_group")
+        scale = gating.get("scale", 1.0)
+        if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
+            problems.append("gating.scale is not a finite number")
+    if not isinstance(meta.get("provenance"), dict):
+        problems.append("has no 'provenance' object")
+    cols = meta.get("columns", [])
+    if not isinstance(cols, list) or any(c not in OPTIONAL_COLUMNS for c in cols):
+        problems.append(f"'columns' must list optional columns among {', '.join(OPTIONAL_COLUMNS)}")
+    elif "gate_input" in cols and not n_embd:
+        problems.append("lists a gate_input column but model.n_embd is null")
+    return problems
+
+
+def default_gating(activation: str | None = None, norm_topk: bool | None = None) -> dict[str, Any]:
+    """Gating metadata for an architecture with no selection bias and no expert groups."""
+    return {
+        "activation": activation,
+        "norm_topk": norm_topk,
+        "selection_bias": False,
+        "n_group": 1,
+        "topk_group": 1,
+        "scale": 1.0,
+    }

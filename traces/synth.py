@@ -1,0 +1,209 @@
+"""Synthetic traces from a small residual-stream model (numpy, deterministic per seed).
+
+The model is built so routings look like a real MoE's, not noise, and so that everything it
+writes is mutually consistent (the fresh-gate control reproduces every routing exactly):
+
+- each token's embedding mixes a slowly drifting *topic* vector (AR(1) with persistence
+  ``reuse``) with fresh noise, so consecutive tokens reuse experts;
+- the residual stream grows layer by layer, ``h_l = h_{l-1} + drift * u_l`` with ``u_l`` itself
+  persistent across tokens; a layer's router applied one layer early therefore agrees with the
+  real routing on a large but imperfect share of slots (set by ``drift``);
+- the gate input is the RMS-normalized stream with one constant coordinate (a "massive
+  activation" dimension); each router's weight on it is a per-expert popularity profile whose
+  strength rises linearly with depth up to ``skew``, so popularity skew rises with depth;
+- logits are computed in float64 from the float32 values stored in the trace, so any reader that
+  recomputes them in float64 ranks experts identically.
+
+It streams: tokens are generated and written in chunks; memory is bounded by the chunk size,
+not the trace length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replay import __version__ as tool_version
+from traces.atomic import staged_dir
+from traces.errors import UserError
+from traces.gating import select
+from traces.schema import default_gating
+from traces.writer import TraceWriter
+
+GATINGS = ("softmax", "sigmoid-bias", "grouped")
+# Qwen3-30B-A3B Q4_K_M: one expert's gate+up+down bytes, by whether llama.cpp's Q4_K_M mix gives
+# the layer's ffn_down more bits (Q6_K) or not (Q4_K).
+EXPERT_BYTES_MORE_BITS = 3_059_712
+EXPERT_BYTES_BASE = 2_654_208
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    layers: int = 16
+    experts: int = 64
+    top_k: int = 8
+    embd: int = 128
+    tokens: int = 256
+    prompt_tokens: int = 32
+    seed: int = 0
+    gating: str = "softmax"
+    routing_only: bool = False
+    expert_bytes: int | None = None
+    drift: float = 0.35
+    reuse: float = 0.85
+    skew: float = 1.5
+    logit_scale: float = 2.0
+    chunk_tokens: int = 256
+
+    def check(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise UserError(msg)
+
+        need(self.layers >= 1, f"--layers {self.layers}: need at least 1 MoE layer.")
+        need(self.experts >= 2, f"--experts {self.experts}: a MoE layer needs at least 2 experts.")
+        need(1 <= self.top_k <= self.experts, f"--top-k {self.top_k} must lie in 1..{self.experts} (--experts).")
+        need(self.embd >= 2, f"--embd {self.embd}: need at least 2 (one coordinate is the constant one).")
+        need(self.tokens >= 0 and self.prompt_tokens >= 0, "--tokens and --prompt-tokens must be >= 0.")
+        need(self.tokens + self.prompt_tokens > 0, "--tokens and --prompt-tokens are both 0: nothing to generate.")
+        need(self.gating in GATINGS, f"--gating {self.gating!r} is not one of {', '.join(GATINGS)}.")
+        need(0.0 <= self.reuse < 1.0, f"--reuse {self.reuse} must lie in [0, 1).")
+        need(self.drift >= 0.0 and self.skew >= 0.0, "--drift and --skew must be >= 0.")
+        need(self.expert_bytes is None or 0 < self.expert_bytes < 1 << 40,
+             f"--expert-bytes {self.expert_bytes} must be a positive byte count.")
+        if self.gating == "grouped":
+            need(self.experts % 8 == 0 and self.experts >= 16,
+                 f"--gating grouped uses 8 expert groups: --experts {self.experts} must be a multiple of 8 and >= 16.")
+            need(self.top_k <= self.experts // 2,
+                 f"--gating grouped keeps 4 of 8 groups: --top-k {self.top_k} must be <= {self.experts // 2}.")
+
+
+def realistic_expert_bytes(n_layers: int) -> list[int]:
+    """Per-layer expert sizes patterned on Qwen3-30B-A3B Q4_K_M (llama.cpp's ``use_more_bits``:
+    the first and last eighth of the layers and every third one between get Q6_K ffn_down)."""
+    eighth = n_layers // 8
+    out = []
+    for i in range(n_layers):
+        more = i < eighth or i >= n_layers - eighth or (i - eighth) % 3 == 2
+        out.append(EXPERT_BYTES_MORE_BITS if more else EXPERT_BYTES_BASE)
+    return out
+
+
+def gating_meta(kind: str) -> dict[str, Any]:
+    if kind == "softmax":
+        return default_gating("softmax", True)
+    g = default_gating("sigmoid", True)
+    g["selection_bias"] = True
+    if kind == "grouped":
+        g.update(n_group=8, topk_group=4, scale=2.5)
+    return g
+
+
+class _Model:
+    """Router matrices and the residual-stream state of the synthetic model."""
+
+    def __init__(self, cfg: SynthConfig) -> None:
+        self.cfg = cfg
+        rng = np.random.default_rng([cfg.seed, 0x5EED])
+        L, E, D = cfg.layers, cfg.experts, cfg.embd
+        self.W = (rng.standard_normal((L, E, D)) * (cfg.logit_scale / np.sqrt(D))).astype(np.float32)
+        popularity = rng.standard_normal((L, E))
+        depth = (np.arange(L) + 1) / L
+        self.W[:, :, 0] = (cfg.skew * depth[:, None] * popularity).astype(np.float32)
+        if cfg.gating == "softmax":
+            self.bias = np.zeros((L, E), dtype=np.float32)
+        else:
+            self.bias = (rng.standard_normal((L, E)) * 0.05).astype(np.float32)
+        self.gating = gating_meta(cfg.gating)
+        self.rng = np.random.default_rng([cfg.seed, 0x70CE])
+        self.topic = self.rng.standard_normal(D)
+        self.u = self.rng.standard_normal((L, D))
+
+    def tokens(self, n: int) -> np.ndarray:
+        """Gate inputs ``[L, n, D]`` (float32) for the next ``n`` tokens."""
+        cfg = self.cfg
+        L, D = cfg.layers, cfg.embd
+        rho = cfg.reuse
+        keep = np.sqrt(1.0 - rho * rho)
+        g = np.empty((L, n, D), dtype=np.float32)
+        for t in range(n):
+            self.topic = rho * self.topic + keep * self.rng.standard_normal(D)
+            self.u = rho * self.u + keep * self.rng.standard_normal((L, D))
+            h = 0.8 * self.topic + 0.6 * self.rng.standard_normal(D)
+            stream = h + cfg.drift * np.cumsum(self.u, axis=0)  # h_l = h_{l-1} + drift * u_l
+            norm = stream / np.sqrt(np.mean(stream * stream, axis=1, keepdims=True))
+            norm[:, 0] = 1.0  # the constant coordinate that carries expert popularity
+            g[:, t, :] = norm
+        return g
+
+    def route(self, layer: int, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids, weights, logits) for gate inputs ``g`` ``[n, D]`` at ``layer``; logits in f64 from f32."""
+        logits = g.astype(np.float64) @ self.W[layer].astype(np.float64).T
+        ids, w = select(logits, self.gating, self.cfg.top_k, self.bias[layer])
+        return ids, w, logits.astype(np.float32)
+
+
+def write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool = False) -> Path:
+    """Generate a synthetic trace into a new directory ``out_dir`` (atomically)."""
+    cfg.check()
+    out_dir = Path(out_dir)
+    L, E, D, K = cfg.layers, cfg.experts, cfg.embd, cfg.top_k
+    model = _Model(cfg)
+    eb = [cfg.expert_bytes] * L if cfg.expert_bytes else realistic_expert_bytes(L)
+    meta: dict[str, Any] = {
+        "model": {
+            "name": f"synthetic-L{L}-E{E}-k{K}-d{D}-seed{cfg.seed}", "arch": "synthetic", "n_layer": L,
+            "moe_layers": list(range(L)), "n_expert": E, "top_k": K, "top_k_native": K, "n_embd": D,
+        },
+        "expert_bytes": eb,
+        "dense_bytes": [None] * L,
+        "gating": model.gating,
+        "provenance": {
+            "engine": "moe-replay synth", "engine_version": tool_version, "tool": "moe-replay",
+            "tool_version": tool_version, "importer": None, "source_file": None, "prompts": None,
+            "synth": asdict(cfg),
+        },
+    }
+    columns: tuple[str, ...] = () if cfg.routing_only else ("logits", "gate_input")
+    row_bytes = 64 + K * 8 + (0 if cfg.routing_only else 4 * (E + D))
+    tokens_per_part = int(max(16, min(4096, (128 << 20) // (row_bytes * L))))
+    chunk = int(max(1, min(cfg.chunk_tokens, tokens_per_part)))
+    with staged_dir(out_dir, force=force) as stage:
+        w = TraceWriter(stage, meta, columns=columns, tokens_per_part=tokens_per_part)
+        if not cfg.routing_only:
+            lay = np.repeat(np.arange(L), E)
+            w.write_router(lay, np.tile(np.arange(E), L), model.W.reshape(L * E, D), model.bias.reshape(-1))
+        batch = 0
+        if cfg.prompt_tokens:
+            # Prefill: one batch, rows layer-major then step (the (batch, layer, step) order).
+            g = model.tokens(cfg.prompt_tokens)
+            steps = np.arange(cfg.prompt_tokens)
+            for l in range(L):
+                ids, wts, logits = model.route(l, g[l])
+                opt = {} if cfg.routing_only else {"logits": logits, "gate_input": g[l]}
+                w.append(turn=0, batch=batch, phase=0, step=steps, layer=l, experts=ids, weights=wts, **opt)
+            batch += 1
+        done = 0
+        while done < cfg.tokens:
+            n = min(chunk, cfg.tokens - done)
+            g = model.tokens(n)
+            per_layer = [model.route(l, g[l]) for l in range(L)]
+            # Decode: one batch per token, rows token-major then layer.
+            ids = np.stack([p[0] for p in per_layer], axis=1).reshape(n * L, K)
+            wts = np.stack([p[1] for p in per_layer], axis=1).reshape(n * L, K)
+            steps = cfg.prompt_tokens + done + np.arange(n)
+            opt = {}
+            if not cfg.routing_only:
+                opt = {
+                    "logits": np.stack([p[2] for p in per_layer], axis=1).reshape(n * L, E),
+                    "gate_input": np.ascontiguousarray(g.transpose(1, 0, 2)).reshape(n * L, D),
+                }
+            w.append(turn=0, batch=np.repeat(batch + np.arange(n), L), phase=1, step=np.repeat(steps, L),
+                     layer=np.tile(np.arange(L), n), experts=ids, weights=wts, **opt)
+            batch += n
+            done += n
+        w.close(complete=True)
+    return out_dir

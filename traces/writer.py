@@ -1,0 +1,205 @@
+"""Streaming trace writer (format v1).
+
+Rows are buffered and written as numbered Parquet part files, each closed (and renamed into
+place) as soon as it is written, so an interrupted capture loses at most the rows not yet flushed.
+``trace.json`` is written atomically first with ``complete: false`` and rewritten with
+``complete: true`` only by :meth:`TraceWriter.close`.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from traces.atomic import atomic_write_bytes, atomic_write_text
+from traces.schema import (
+    FORMAT,
+    KEY_COLUMNS,
+    METRICS_FILE,
+    OPTIONAL_COLUMNS,
+    ROUTER_FILE,
+    ROUTINGS_DIR,
+    TRACE_JSON,
+    VERSION,
+    routings_schema,
+    validate_meta,
+)
+
+PARQUET_OPTS = {"compression": "zstd", "use_dictionary": False, "write_statistics": True}
+
+
+def dump_meta(meta: dict[str, Any]) -> str:
+    """Canonical JSON for trace.json: sorted keys, fixed indentation (byte-identical reruns)."""
+    return json.dumps(meta, indent=1, sort_keys=True, allow_nan=False) + "\n"
+
+
+def write_parquet_atomic(table: pa.Table, path: Path) -> None:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, **PARQUET_OPTS)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def _fixed_list(values: np.ndarray, width: int, typ: pa.DataType) -> pa.Array:
+    values = np.ascontiguousarray(values)
+    if values.ndim != 2 or values.shape[1] != width:
+        raise ValueError(f"expected a [rows, {width}] array, got shape {values.shape}")
+    flat = pa.array(values.reshape(-1), type=typ)
+    return pa.FixedSizeListArray.from_arrays(flat, width)
+
+
+class TraceWriter:
+    """Write a v1 trace into an existing, empty directory ``out_dir``.
+
+    ``meta`` is the trace.json content without ``format``/``version``/``complete``/``columns``
+    (the writer sets those). ``columns`` names the optional per-row columns that every
+    :meth:`append` will supply. ``tokens_per_part`` sets how many tokens' rows (rows / number of
+    MoE layers) a part file holds before it is closed.
+    """
+
+    def __init__(
+        self,
+        out_dir: str | Path,
+        meta: dict[str, Any],
+        columns: tuple[str, ...] = (),
+        gate_input_dtype: str = "float32",
+        tokens_per_part: int = 1024,
+    ) -> None:
+        unknown = [c for c in columns if c not in OPTIONAL_COLUMNS]
+        if unknown:
+            raise ValueError(f"unknown optional columns {unknown}")
+        self.dir = Path(out_dir)
+        self.meta = copy.deepcopy(meta)
+        self.meta.update(format=FORMAT, version=VERSION, complete=False, columns=list(columns))
+        if "gate_input" in columns:
+            self.meta["gate_input_dtype"] = gate_input_dtype
+        problems = validate_meta(self.meta, TRACE_JSON)
+        if problems:
+            raise ValueError(f"invalid trace metadata: {problems[0]}")
+        self.columns = tuple(columns)
+        self.schema = routings_schema(self.meta, self.columns, gate_input_dtype)
+        self.k = self.meta["model"]["top_k"]
+        self.rows_per_part = max(1, tokens_per_part * len(self.meta["model"]["moe_layers"]))
+        self._buf: list[pa.RecordBatch] = []
+        self._buffered = 0
+        self._part = 0
+        self._last_key: tuple[int, int, int] | None = None
+        self.rows_written = 0
+        self._closed = False
+        (self.dir / ROUTINGS_DIR).mkdir(parents=True, exist_ok=True)
+        self._write_meta()
+
+    # -- metadata -------------------------------------------------------------------------
+    def _write_meta(self) -> None:
+        atomic_write_text(self.dir / TRACE_JSON, dump_meta(self.meta))
+
+    def update_meta(self, **fields: Any) -> None:
+        """Set top-level trace.json fields (e.g. ``recorded``, ``checks``) and rewrite it."""
+        self.meta.update(copy.deepcopy(fields))
+        self._write_meta()
+
+    # -- rows -------------------------------------------------------------------------------
+    def append(self, *, turn, batch, phase, step, layer, experts, weights, **optional) -> None:
+        """Append rows (already in (batch, layer, step) order, continuing the previous ones).
+
+        Scalars among ``turn``/``batch``/``phase``/``step``/``layer`` are broadcast.
+        ``experts``/``weights`` are ``[R, top_k]``; each optional column the writer was opened
+        with must be given as a 2-D array.
+        """
+        if self._closed:
+            raise RuntimeError("writer is closed")
+        experts = np.asarray(experts)
+        if experts.ndim != 2:
+            raise ValueError("experts must be [rows, top_k]")
+        n = experts.shape[0]
+        if n == 0:
+            return
+        keys = {"turn": turn, "batch": batch, "phase": phase, "step": step, "layer": layer}
+        arrays: list[pa.Array] = []
+        cols: dict[str, np.ndarray] = {}
+        for name, typ in KEY_COLUMNS.items():
+            v = np.broadcast_to(np.asarray(keys[name]), (n,)).astype(typ.to_pandas_dtype())
+            cols[name] = v
+            arrays.append(pa.array(v, type=typ))
+        self._check_order(cols["batch"], cols["layer"], cols["step"])
+        arrays.append(_fixed_list(experts.astype(np.int32, copy=False), self.k, pa.int32()))
+        arrays.append(_fixed_list(np.asarray(weights, dtype=np.float32), self.k, pa.float32()))
+        missing = [c for c in self.columns if c not in optional]
+        extra = [c for c in optional if c not in self.columns]
+        if missing or extra:
+            raise ValueError(f"append: missing columns {missing}, unexpected columns {extra}")
+        for field in list(self.schema)[len(arrays):]:
+            typ = field.type.value_type
+            vals = np.asarray(optional[field.name]).astype(typ.to_pandas_dtype(), copy=False)
+            arrays.append(_fixed_list(vals, field.type.list_size, typ))
+        self._buf.append(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+        self._buffered += n
+        if self._buffered >= self.rows_per_part:
+            self.flush()
+
+    def _check_order(self, batch: np.ndarray, layer: np.ndarray, step: np.ndarray) -> None:
+        b = batch.astype(np.int64)
+        l_ = layer.astype(np.int64)
+        s = step.astype(np.int64)
+        if self._last_key is not None:
+            b = np.concatenate([[self._last_key[0]], b])
+            l_ = np.concatenate([[self._last_key[1]], l_])
+            s = np.concatenate([[self._last_key[2]], s])
+        db, dl, ds = np.diff(b), np.diff(l_), np.diff(s)
+        ok = (db > 0) | ((db == 0) & ((dl > 0) | ((dl == 0) & (ds > 0))))
+        if not ok.all():
+            i = int(np.argmin(ok))
+            raise ValueError(f"rows out of (batch, layer, step) order at appended row {i}")
+        self._last_key = (int(b[-1]), int(l_[-1]), int(s[-1]))
+
+    def flush(self) -> None:
+        """Close the buffered rows as the next part file (no-op when nothing is buffered)."""
+        if not self._buf:
+            return
+        table = pa.Table.from_batches(self._buf, schema=self.schema)
+        write_parquet_atomic(table, self.dir / ROUTINGS_DIR / f"part-{self._part:05d}.parquet")
+        self._part += 1
+        self.rows_written += self._buffered
+        self._buf, self._buffered = [], 0
+
+    # -- side tables ------------------------------------------------------------------------
+    def write_router(self, layer: np.ndarray, expert: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> None:
+        """router.parquet: one row per (layer, expert), ``weight`` ``[R, n_embd]`` f32, ``bias`` f32."""
+        n_embd = self.meta["model"]["n_embd"]
+        table = pa.table(
+            {
+                "layer": pa.array(np.asarray(layer, dtype=np.int16)),
+                "expert": pa.array(np.asarray(expert, dtype=np.int32)),
+                "weight": _fixed_list(np.asarray(weight, dtype=np.float32), n_embd, pa.float32()),
+                "bias": pa.array(np.asarray(bias, dtype=np.float32)),
+            }
+        )
+        write_parquet_atomic(table, self.dir / ROUTER_FILE)
+
+    def write_metrics(self, table: pa.Table) -> None:
+        """metrics.parquet: the engine's own per-token metrics, one row per decoded token."""
+        write_parquet_atomic(table, self.dir / METRICS_FILE)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def close(self, complete: bool = True) -> None:
+        """Flush the last part and write trace.json with the final ``complete`` flag."""
+        if self._closed:
+            return
+        self.flush()
+        self.meta["complete"] = bool(complete)
+        self.meta["rows"] = self.rows_written
+        self._write_meta()
+        self._closed = True
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # On an exception the rows so far stay readable, marked incomplete.
+        self.close(complete=exc_type is None)
