@@ -1,3 +1,5 @@
 """Offline replay of expert-cache policies, predictors, drop and prefetch over v1 traces."""
 
-__version__ = "0.1.0"
+from traces.version import __version__
+
+__all__ = ["__version__"]

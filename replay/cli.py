@@ -102,7 +102,10 @@ def synth(
         seed=seed, gating=gating, routing_only=routing_only, expert_bytes=expert_bytes, drift=drift,
         reuse=reuse, skew=skew,
     )
-    write_synthetic(out_dir, cfg, force=force)
+    from replay.output import progress
+
+    with progress(tokens + prompt_tokens, "synth", unit="tok") as bar:
+        write_synthetic(out_dir, cfg, force=force, on_tokens=bar.update)
     t = open_trace(out_dir, check_rows=False)
     row = info_rows(t)[0]
     if json_out:

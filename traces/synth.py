@@ -20,17 +20,18 @@ not the trace length.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from replay import __version__ as tool_version
 from traces.atomic import staged_dir
 from traces.errors import UserError
 from traces.gating import select
 from traces.schema import default_gating
+from traces.version import __version__ as tool_version
 from traces.writer import TraceWriter
 
 GATINGS = ("softmax", "sigmoid-bias", "grouped")
@@ -146,8 +147,12 @@ class _Model:
         return ids, w, logits.astype(np.float32)
 
 
-def write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool = False) -> Path:
-    """Generate a synthetic trace into a new directory ``out_dir`` (atomically)."""
+def write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool = False,
+                    on_tokens: Callable[[int], None] | None = None) -> Path:
+    """Generate a synthetic trace into a new directory ``out_dir`` (atomically).
+
+    ``on_tokens(n)`` is called after each chunk of ``n`` tokens (for a progress bar).
+    """
     cfg.check()
     out_dir = Path(out_dir)
     L, E, D, K = cfg.layers, cfg.experts, cfg.embd, cfg.top_k
@@ -186,6 +191,8 @@ def write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool = False) 
                 opt = {} if cfg.routing_only else {"logits": logits, "gate_input": g[l]}
                 w.append(turn=0, batch=batch, phase=0, step=steps, layer=l, experts=ids, weights=wts, **opt)
             batch += 1
+            if on_tokens:
+                on_tokens(cfg.prompt_tokens)
         done = 0
         while done < cfg.tokens:
             n = min(chunk, cfg.tokens - done)
@@ -205,5 +212,7 @@ def write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool = False) 
                      layer=np.tile(np.arange(L), n), experts=ids, weights=wts, **opt)
             batch += n
             done += n
+            if on_tokens:
+                on_tokens(n)
         w.close(complete=True)
     return out_dir

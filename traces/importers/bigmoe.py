@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from replay import __version__ as tool_version
 from traces.atomic import staged_dir
 from traces.errors import TraceError, UserError
 from traces.gating import KNOWN_ARCH_GATING
 from traces.reader import open_trace
 from traces.schema import default_gating
+from traces.version import __version__ as tool_version
 from traces.writer import TraceWriter
 
 HEADER = ["turn", "phase", "step", "layer", "slot", "expert", "weight", "residency", "expert_bytes"]
