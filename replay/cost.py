@@ -1,0 +1,287 @@
+"""Cost model: from simulated bytes (and misses) per decoded token to time per token.
+
+A policy can improve every metric it owns (hit rate, stall) and still lose the wall clock when
+flash bandwidth binds: a what-if that reads more bytes per token is slower even with more hits.
+This module fits per-token wall time on a run's *recorded* engine metrics against what the
+replay can reproduce per token, and applies the fit to replayed configurations.
+
+What a fitted model can see: expert bytes read per decoded token (and, if it pays under
+cross-validation, expert misses per token). What it cannot see: thermal state and clock
+throttling, page faults and memory pressure, compute changes (another top-k, another
+quantization), prefill, I/O parallelism changes. Those land in the intercept or in the residuals;
+the held-out error says how much they matter on this run.
+
+Units: ms per decoded token; MiB = 2^20 bytes; bandwidth in MiB/s.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from traces.errors import UserError
+from traces.reader import Trace
+
+MIB = float(1 << 20)
+
+FORMULAS = {
+    "bytes": "wall_ms = intercept_ms + ms_per_mib * read_mib",
+    "bytes+misses": "wall_ms = intercept_ms + ms_per_mib * read_mib + ms_per_miss * misses",
+    "manual": "wall_ms = compute_ms + 1000 * read_mib / flash_mib_s",
+}
+
+
+@dataclass
+class CostModel:
+    """A per-decoded-token time model. ``kind`` is ``fit`` (from recorded metrics) or ``manual``."""
+
+    model: str  # the formula, human-readable
+    terms: str  # "bytes" | "bytes+misses" | "manual"
+    intercept_ms: float
+    ms_per_mib: float
+    ms_per_miss: float = 0.0
+    kind: str = "fit"
+    r2: float | None = None
+    heldout_mape_pct: float | None = None
+    tokens_fit: int = 0
+    tokens_heldout: int = 0
+    resid_std_ms: float | None = None
+    source: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def bandwidth_mib_s(self) -> float | None:
+        """Effective read bandwidth the slope implies (MiB/s); None if the slope is not positive."""
+        return 1000.0 / self.ms_per_mib if self.ms_per_mib > 0 else None
+
+    def predict_ms(self, read_bytes: np.ndarray | float, misses: np.ndarray | float = 0.0) -> np.ndarray:
+        """Predicted ms per decoded token for per-token expert bytes read (and misses)."""
+        rb = np.asarray(read_bytes, dtype=np.float64) / MIB
+        return self.intercept_ms + self.ms_per_mib * rb + self.ms_per_miss * np.asarray(misses, dtype=np.float64)
+
+    def interval_ms(self, n_tokens: int) -> float:
+        """Half-width of an approximate 95% interval on a run's mean ms/token, from the fit's
+        residuals (assumes independent per-token errors; it does not cover drift between runs)."""
+        if not self.resid_std_ms or n_tokens <= 0:
+            return float("nan")
+        return 1.96 * self.resid_std_ms / math.sqrt(n_tokens)
+
+    def row(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["bandwidth_mib_s"] = self.bandwidth_mib_s
+        return d
+
+
+def manual_model(flash_mib_s: float, compute_ms: float) -> CostModel:
+    """First-principles model for users without recorded metrics: reads are serial with compute."""
+    if not (flash_mib_s > 0 and math.isfinite(flash_mib_s)):
+        raise UserError(f"--flash-mib-s {flash_mib_s} must be a positive bandwidth in MiB/s.")
+    if not (compute_ms >= 0 and math.isfinite(compute_ms)):
+        raise UserError(f"--compute-ms {compute_ms} must be a non-negative time in ms per token.")
+    return CostModel(model=FORMULAS["manual"], terms="manual", intercept_ms=float(compute_ms),
+                     ms_per_mib=1000.0 / flash_mib_s, kind="manual",
+                     notes=["manual model: assumes reads do not overlap compute and bandwidth is constant"])
+
+
+# -- per-token features ----------------------------------------------------------------------
+
+def recorded_token_features(trace: Trace, metrics: pl.DataFrame | None = None) -> pl.DataFrame:
+    """One row per decoded token (in decode order): recorded ``wall_ms``, expert ``read_bytes``
+    and ``misses`` as the engine's cache saw them.
+
+    Bytes come from the trace's per-slot ``read_bytes`` (expert reads only) when present, else the
+    metrics' ``read_bytes`` (which may include non-expert reads). Misses are slots whose recorded
+    residency is 0 and that read bytes (a repeat inside one load reads nothing).
+    """
+    m = metrics if metrics is not None else trace.metrics()
+    if m is None:
+        raise UserError(f"{trace.path}: has no recorded per-token metrics (import with --metrics, or pass --metrics FILE).")
+    a = trace.arrays()
+    dec = a.phase == 1
+    keys = np.stack([a.turn[dec], a.step[dec]], axis=1).astype(np.int64)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    n_tok = uniq.shape[0]
+    if m.height != n_tok:
+        raise UserError(f"{trace.path}: the metrics hold {m.height} per-token rows but the trace has {n_tok} decode tokens.")
+    if a.read_bytes is not None:
+        rb = np.bincount(inv, weights=a.read_bytes[dec].sum(axis=1).astype(np.float64), minlength=n_tok)
+        bytes_source = "trace read_bytes (expert reads)"
+    else:
+        rb = m["read_bytes"].to_numpy().astype(np.float64)
+        bytes_source = "metrics read_bytes (all reads)"
+    if a.residency is not None and a.read_bytes is not None:
+        miss_slots = ((a.residency[dec] == 0) & (a.read_bytes[dec] > 0)).sum(axis=1)
+    elif a.residency is not None:
+        miss_slots = (a.residency[dec] == 0).sum(axis=1)
+    else:
+        miss_slots = np.zeros(int(dec.sum()))
+    misses = np.bincount(inv, weights=miss_slots.astype(np.float64), minlength=n_tok)
+    wall = m["wall_ms"].to_numpy().astype(np.float64)
+    if not np.all(np.isfinite(wall)) or (wall <= 0).any():
+        raise UserError(f"{trace.path}: recorded wall_ms has non-positive or non-finite values.")
+    return pl.DataFrame({
+        "token": np.arange(n_tok), "turn": uniq[:, 0], "step": uniq[:, 1], "wall_ms": wall,
+        "read_bytes": rb, "misses": misses,
+    }).with_columns(pl.lit(bytes_source).alias("bytes_source"))
+
+
+# -- fitting -----------------------------------------------------------------------------------
+
+def _design(f: pl.DataFrame, terms: str) -> np.ndarray:
+    cols = [np.ones(f.height), f["read_bytes"].to_numpy() / MIB]
+    if terms == "bytes+misses":
+        cols.append(f["misses"].to_numpy())
+    return np.column_stack(cols)
+
+
+def _ols(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    return coef
+
+
+def _r2(y: np.ndarray, pred: np.ndarray) -> float:
+    ss = float(((y - y.mean()) ** 2).sum())
+    return float(1.0 - ((y - pred) ** 2).sum() / ss) if ss > 0 else float("nan")
+
+
+def _mape(y: np.ndarray, pred: np.ndarray) -> float:
+    return float(np.mean(np.abs(pred - y) / y) * 100.0)
+
+
+def fit_candidates(features: pl.DataFrame, source: str) -> list[CostModel]:
+    """Fit each candidate on the first half of the decoded tokens, score on the second half
+    (held out, later in time: drift shows), then refit the coefficients on all tokens.
+
+    The held-out MAPE is the honest error; r2 is on all tokens."""
+    n = features.height
+    if n < 8:
+        raise UserError(f"{source}: only {n} decoded tokens with metrics; a cost fit needs at least 8.")
+    h = n // 2
+    y = features["wall_ms"].to_numpy()
+    out = []
+    for terms in ("bytes", "bytes+misses"):
+        X = _design(features, terms)
+        if np.linalg.matrix_rank(X) < X.shape[1]:
+            continue
+        c_half = _ols(X[:h], y[:h])
+        held = _mape(y[h:], X[h:] @ c_half)
+        c = _ols(X, y)
+        pred = X @ c
+        resid = y - pred
+        out.append(CostModel(
+            model=FORMULAS[terms], terms=terms, intercept_ms=float(c[0]), ms_per_mib=float(c[1]),
+            ms_per_miss=float(c[2]) if terms == "bytes+misses" else 0.0, r2=_r2(y, pred),
+            heldout_mape_pct=held, tokens_fit=h, tokens_heldout=n - h,
+            resid_std_ms=float(resid.std(ddof=X.shape[1])), source=source,
+        ))
+    return out
+
+
+def choose(cands: list[CostModel], margin: float = 0.95) -> CostModel:
+    """The simplest model unless a richer one cuts held-out error by more than 5%."""
+    best = cands[0]
+    for c in cands[1:]:
+        if c.heldout_mape_pct is not None and best.heldout_mape_pct is not None and \
+                c.heldout_mape_pct < margin * best.heldout_mape_pct:
+            best = c
+    return best
+
+
+def diagnose(model: CostModel, features: pl.DataFrame, metrics: pl.DataFrame | None) -> list[str]:
+    """Plain sentences about what the model explains and what it cannot see on this run."""
+    notes = []
+    if model.ms_per_mib <= 0:
+        notes.append("the fitted slope is not positive: on this run, bytes read do not explain wall time "
+                     "(compute or page faults dominate); do not use this model to rank what-ifs")
+    if model.r2 is not None and model.r2 < 0.3:
+        notes.append(f"r2 {model.r2:.2f}: bytes explain little of the token-to-token variation; "
+                     "the model gives the mean trend, not individual tokens")
+    if metrics is not None and {"compute_ms", "wall_ms"} <= set(metrics.columns):
+        comp = float(metrics["compute_ms"].mean())
+        wall = float(metrics["wall_ms"].mean())
+        notes.append(f"recorded compute is {comp:.0f} of {wall:.0f} ms mean wall per token; the model cannot "
+                     "see compute changes, thermal throttling or page faults")
+    if metrics is not None and "majflt" in metrics.columns and float(metrics["majflt"].mean()) > 100:
+        notes.append(f"{float(metrics['majflt'].mean()):.0f} major page faults per token: memory pressure "
+                     "adds time the byte count does not predict")
+    return notes
+
+
+def fit_trace(trace: Trace, metrics: pl.DataFrame | None = None) -> tuple[CostModel, list[CostModel], pl.DataFrame]:
+    """(chosen model, all candidates, per-token features) for one trace with recorded metrics."""
+    feats = recorded_token_features(trace, metrics)
+    cands = fit_candidates(feats, str(trace.path))
+    best = choose(cands)
+    m = metrics if metrics is not None else trace.metrics()
+    for c in cands:
+        c.notes = diagnose(c, feats, m)
+    return best, cands, feats
+
+
+def cross_trace(models: list[tuple[str, CostModel]], feats: list[tuple[str, pl.DataFrame]]) -> pl.DataFrame:
+    """Each trace's model applied to every other trace's recorded tokens: MAPE of per-token wall
+    and error of the run's mean ms/token."""
+    rows = []
+    for src, model in models:
+        for tgt, f in feats:
+            if src == tgt:
+                continue
+            y = f["wall_ms"].to_numpy()
+            pred = model.predict_ms(f["read_bytes"].to_numpy(), f["misses"].to_numpy())
+            rows.append({"fit_on": src, "tested_on": tgt, "mape_pct": _mape(y, pred),
+                         "mean_ms_recorded": float(y.mean()), "mean_ms_predicted": float(pred.mean()),
+                         "mean_err_pct": float((pred.mean() - y.mean()) / y.mean() * 100.0)})
+    return pl.DataFrame(rows) if rows else pl.DataFrame()
+
+
+# -- files -------------------------------------------------------------------------------------
+
+def load_cost_model(path: str | Path) -> CostModel:
+    """Read a ``cost fit --json`` output (the row marked ``selected``) or a bare model object."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p}: no such cost-model file.")
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise UserError(f"{p}: is not JSON (expected the output of 'moe-replay cost fit --json').") from None
+    row = obj
+    if isinstance(obj, dict) and isinstance(obj.get("rows"), list):
+        sel = [r for r in obj["rows"] if isinstance(r, dict) and r.get("selected")]
+        row = sel[0] if sel else (obj["rows"][0] if obj["rows"] else None)
+    if not isinstance(row, dict):
+        raise UserError(f"{p}: holds no cost model row.")
+    try:
+        intercept, slope = float(row["intercept_ms"]), float(row["ms_per_mib"])
+    except (KeyError, TypeError, ValueError):
+        raise UserError(f"{p}: a cost model needs numeric intercept_ms and ms_per_mib.") from None
+    if not (math.isfinite(intercept) and math.isfinite(slope)):
+        raise UserError(f"{p}: intercept_ms and ms_per_mib must be finite.")
+    return CostModel(
+        model=str(row.get("model", FORMULAS["bytes"])), terms=str(row.get("terms", "bytes")), intercept_ms=intercept,
+        ms_per_mib=slope, ms_per_miss=float(row.get("ms_per_miss") or 0.0), kind=str(row.get("kind", "fit")),
+        r2=row.get("r2"), heldout_mape_pct=row.get("heldout_mape_pct"), tokens_fit=int(row.get("tokens_fit") or 0),
+        tokens_heldout=int(row.get("tokens_heldout") or 0), resid_std_ms=row.get("resid_std_ms"),
+        source=row.get("source"), notes=list(row.get("notes") or []),
+    )
+
+
+def add_time_columns(frame: pl.DataFrame, model: CostModel, read_mib_col: str, misses_col: str | None,
+                     tokens_col: str) -> pl.DataFrame:
+    """Add ``ms_per_token``, ``tok_s`` and ``ms_per_token_ci95`` to rows that carry decode-phase
+    MiB read (``read_mib_col``), misses and the number of decoded tokens they cover."""
+    tok = frame[tokens_col].cast(pl.Float64)
+    mib_per_tok = frame[read_mib_col].cast(pl.Float64) / tok
+    miss_per_tok = (frame[misses_col].cast(pl.Float64) / tok) if misses_col else pl.Series([0.0] * frame.height)
+    ms = model.intercept_ms + model.ms_per_mib * mib_per_tok + model.ms_per_miss * miss_per_tok
+    ci = pl.Series([model.interval_ms(int(n)) for n in frame[tokens_col].to_list()], dtype=pl.Float64)
+    return frame.with_columns(
+        ms_per_token=ms, tok_s=pl.when(ms > 0).then(1000.0 / ms).otherwise(None), ms_per_token_ci95=ci,
+    )

@@ -1,0 +1,131 @@
+"""Cost model: fit on recorded engine metrics, apply to replayed bytes, honest about its limits."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replay.cost import MIB, CostModel, add_time_columns, choose, fit_candidates, load_cost_model, manual_model
+from tests.helpers import assert_one_sentence_error, run_cli
+from traces.errors import UserError
+
+
+def feats(wall, rb, misses=None):
+    n = len(wall)
+    return pl.DataFrame({"token": np.arange(n), "wall_ms": np.asarray(wall, float), "read_bytes": np.asarray(rb, float),
+                         "misses": np.asarray(misses if misses is not None else np.zeros(n), float)})
+
+
+def naive_ols_line(x, y):
+    """Closed-form simple regression, written out."""
+    n = len(x)
+    mx, my = sum(x) / n, sum(y) / n
+    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
+    sxx = sum((a - mx) ** 2 for a in x)
+    slope = sxy / sxx
+    return my - slope * mx, slope
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.floats(1, 2000), st.floats(1, 5000)), min_size=8, max_size=60, unique_by=lambda t: t[0]))
+def test_bytes_fit_matches_closed_form(points):
+    mib = [p[0] for p in points]
+    wall = [p[1] for p in points]
+    cands = fit_candidates(feats(wall, np.array(mib) * MIB), "t")
+    a, b = naive_ols_line(mib, wall)
+    m = cands[0]
+    assert m.terms == "bytes"
+    assert m.intercept_ms == pytest.approx(a, rel=1e-6, abs=1e-6)
+    assert m.ms_per_mib == pytest.approx(b, rel=1e-6, abs=1e-9)
+
+
+def test_exact_linear_data_recovers_coefficients_and_bandwidth():
+    rng = np.random.default_rng(0)
+    mib = rng.uniform(50, 800, 100)
+    wall = 90.0 + 0.5 * mib
+    m = choose(fit_candidates(feats(wall, mib * MIB), "t"))
+    assert m.intercept_ms == pytest.approx(90.0) and m.ms_per_mib == pytest.approx(0.5)
+    assert m.bandwidth_mib_s == pytest.approx(2000.0)
+    assert m.r2 == pytest.approx(1.0) and m.heldout_mape_pct == pytest.approx(0.0, abs=1e-9)
+
+
+def test_misses_term_is_added_only_when_it_pays():
+    rng = np.random.default_rng(1)
+    mib = rng.uniform(50, 800, 200)
+    misses = rng.integers(0, 300, 200).astype(float)
+    # misses carry real cost independent of bytes -> the richer model wins on held-out error
+    m = choose(fit_candidates(feats(100 + 0.4 * mib + 2.0 * misses, mib * MIB, misses), "t"))
+    assert m.terms == "bytes+misses" and m.ms_per_miss == pytest.approx(2.0)
+    # misses carry nothing -> the simple model stays
+    m = choose(fit_candidates(feats(100 + 0.4 * mib + rng.normal(0, 5, 200), mib * MIB, misses), "t"))
+    assert m.terms == "bytes"
+
+
+def test_manual_model_and_bad_values():
+    m = manual_model(flash_mib_s=2000.0, compute_ms=80.0)
+    assert m.predict_ms(1000 * MIB) == pytest.approx(80.0 + 500.0)
+    with pytest.raises(UserError, match="--flash-mib-s"):
+        manual_model(0.0, 10.0)
+    with pytest.raises(UserError, match="--compute-ms"):
+        manual_model(100.0, -1.0)
+
+
+def test_add_time_columns_more_bytes_is_slower():
+    m = CostModel(model="x", terms="bytes", intercept_ms=100.0, ms_per_mib=0.5, resid_std_ms=40.0)
+    f = pl.DataFrame({"read_mib_decode": [1000.0, 2000.0], "misses_decode": [10, 20], "tokens_decode": [10, 10]})
+    out = add_time_columns(f, m, "read_mib_decode", "misses_decode", "tokens_decode")
+    assert out["ms_per_token"].to_list() == [150.0, 200.0]
+    assert out["tok_s"][0] > out["tok_s"][1]
+    assert out["ms_per_token_ci95"][0] == pytest.approx(1.96 * 40 / np.sqrt(10))
+
+
+@pytest.mark.parametrize("name", ["qwen", "gemma", "gptoss"])
+def test_fit_on_real_traces(real_trace_dir, tmp_path, name):
+    res = run_cli("cost", "fit", real_trace_dir(name), "--json")
+    assert res.code == 0, res.err
+    obj = res.json()
+    sel = [r for r in obj["rows"] if r["selected"]]
+    assert len(sel) == 1
+    r = sel[0]
+    for key in ("model", "intercept_ms", "ms_per_mib", "r2", "heldout_mape_pct", "tokens_fit", "tokens_heldout"):
+        assert key in r
+    # sanity, not a magic value: time per token and per MiB are positive, held-out error is reported
+    assert r["intercept_ms"] > 0 and r["ms_per_mib"] > 0
+    assert r["heldout_mape_pct"] is not None and r["heldout_mape_pct"] >= 0
+    assert r["tokens_fit"] + r["tokens_heldout"] == (64 if name == "gptoss" else 128)
+    # the saved JSON is what --cost-model reads
+    p = tmp_path / "m.json"
+    p.write_text(res.out)
+    m = load_cost_model(p)
+    assert m.ms_per_mib == pytest.approx(r["ms_per_mib"]) and m.intercept_ms == pytest.approx(r["intercept_ms"])
+
+
+def test_fit_says_what_it_cannot_see(real_trace_dir):
+    res = run_cli("cost", "fit", real_trace_dir("gptoss"))
+    assert res.code == 0
+    assert "page faults" in res.out and "prefill is not modelled" in res.out
+
+
+def test_cross_trace_table(real_trace_dir):
+    res = run_cli("cost", "fit", real_trace_dir("qwen"), real_trace_dir("gemma"), "--json")
+    assert res.code == 0, res.err
+    cross = res.json()["cross_trace"]
+    assert len(cross) == 2 and all(c["mape_pct"] >= 0 for c in cross)
+
+
+def test_bad_inputs(tmp_path, synth_trace_dir):
+    d = synth_trace_dir(layers=2, experts=8, top_k=2, embd=4, tokens=10, prompt_tokens=2, routing_only=True)
+    assert_one_sentence_error(run_cli("cost", "fit", d), "no recorded per-token metrics")
+    (tmp_path / "bad.json").write_text("{nope")
+    with pytest.raises(UserError, match="not JSON"):
+        load_cost_model(tmp_path / "bad.json")
+    (tmp_path / "nokeys.json").write_text(json.dumps({"rows": [{"model": "x"}]}))
+    with pytest.raises(UserError, match="intercept_ms"):
+        load_cost_model(tmp_path / "nokeys.json")
+    with pytest.raises(UserError, match="no such cost-model file"):
+        load_cost_model(tmp_path / "missing.json")
