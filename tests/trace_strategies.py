@@ -1,0 +1,69 @@
+"""Hypothesis strategies that build small valid traces (with recorded engine columns)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+from hypothesis import strategies as st
+
+from traces import TraceWriter
+from traces.schema import default_gating
+
+_counter = itertools.count()
+
+
+@st.composite
+def recorded_traces(draw, max_layers=4, max_experts=8, max_k=4, max_tokens=6):
+    """A dict describing a trace: prefill (one batch of P tokens) then decode tokens, with
+    recorded residency and read_bytes (first miss of an expert in a load reads, repeats read 0)."""
+    n_layer = draw(st.integers(1, max_layers))
+    n_expert = draw(st.integers(2, max_experts))
+    k = draw(st.integers(1, min(max_k, n_expert)))
+    prefill = draw(st.integers(0, 4))
+    decode = draw(st.integers(1 if prefill == 0 else 0, max_tokens))
+    seed = draw(st.integers(0, 2**31 - 1))
+    sizes = draw(st.lists(st.integers(1, 5000), min_size=n_layer, max_size=n_layer))
+    rng = np.random.default_rng(seed)
+    rows = []
+    batches = ([(0, list(range(prefill)))] if prefill else []) + [
+        (1, [prefill + t]) for t in range(decode)]
+    for b, (phase, steps) in enumerate(batches):
+        for layer in range(n_layer):
+            seen = set()
+            for step in steps:
+                ex = rng.choice(n_expert, size=k, replace=False)
+                # coarse weights so ties and threshold edges happen
+                w = rng.integers(0, 5, size=k).astype(np.float32) / 4.0
+                res = rng.integers(0, 2, size=k)
+                rb = []
+                for s in range(k):
+                    e = int(ex[s])
+                    if res[s] == 0 and e not in seen:
+                        rb.append(sizes[layer])
+                        seen.add(e)
+                    else:
+                        rb.append(0)
+                rows.append({"turn": 0, "batch": b, "phase": phase, "step": step, "layer": layer,
+                             "experts": ex.tolist(), "weights": w.tolist(), "residency": res.tolist(), "read_bytes": rb})
+    return {"n_layer": n_layer, "n_expert": n_expert, "k": k, "sizes": sizes, "rows": rows}
+
+
+def write_trace(spec, root: Path) -> Path:
+    """Write a spec from :func:`recorded_traces` as a v1 trace directory under ``root``."""
+    out = root / f"t{next(_counter)}"
+    out.mkdir(parents=True)
+    n_layer, k = spec["n_layer"], spec["k"]
+    meta = {
+        "model": {"name": "h", "arch": "test", "n_layer": n_layer, "moe_layers": list(range(n_layer)),
+                  "n_expert": spec["n_expert"], "top_k": k, "top_k_native": k, "n_embd": None},
+        "expert_bytes": list(spec["sizes"]), "dense_bytes": [None] * n_layer,
+        "gating": default_gating("softmax", True), "provenance": {"engine": "hypothesis"},
+    }
+    w = TraceWriter(out, meta, columns=("residency", "read_bytes"), tokens_per_part=3)
+    for r in spec["rows"]:
+        w.append(turn=r["turn"], batch=r["batch"], phase=r["phase"], step=r["step"], layer=r["layer"],
+                 experts=[r["experts"]], weights=[r["weights"]], residency=[r["residency"]], read_bytes=[r["read_bytes"]])
+    w.close()
+    return out
