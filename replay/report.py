@@ -1,27 +1,261 @@
-"""The trace report: Markdown (and later HTML, plots, CSV tables) written atomically."""
+"""``moe-replay report``: Markdown + self-contained HTML, PNG plots and every table as CSV.
+
+Each section is built when the trace has what it needs; otherwise it is present and says why
+not. Everything is written into a staging directory and renamed into place at the end, and the
+output is byte-identical for the same trace and options (no timestamps, sorted everything).
+"""
 
 from __future__ import annotations
 
+import base64
+import html
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
 
 from replay.info import info_rows, info_text
+from replay.output import fmt
 from traces import open_trace
-from traces.atomic import staged_dir
+from traces.atomic import atomic_write_text, staged_dir
+from traces.errors import UserError
+from traces.reader import Trace
 
 
-def write_report(trace_dir: str | Path, out_dir: str | Path, force: bool = False) -> Path:
+@dataclass
+class Table:
+    name: str  # CSV file stem
+    frame: pl.DataFrame
+    caption: str
+    columns: list[str] | None = None  # shown in md/html (CSV holds all)
+    digits: int = 1
+
+
+@dataclass
+class Section:
+    title: str
+    text: list[str] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    images: list[tuple[str, str]] = field(default_factory=list)  # (file, alt text)
+    unavailable: str | None = None
+    code: str | None = None
+
+
+@dataclass
+class ReportContext:
+    trace: Trace
+    name: str
+    out: Path  # staging directory
+    budgets_mib: list[float] | None = None
+    policies: list[str] | None = None
+    cost_model: Any = None
+    progress: Callable[[str], None] | None = None
+    shared: dict[str, Any] = field(default_factory=dict)
+
+
+# -- sections ----------------------------------------------------------------------------------
+
+def section_summary(ctx: ReportContext) -> Section:
+    row = info_rows(ctx.trace)[0]
+    text = info_text(ctx.trace, row).replace(str(ctx.trace.path), ctx.name)
+    s = Section("Trace summary", code=text)
+    s.tables.append(Table("summary", pl.DataFrame([row]), "the trace in one row (same keys as `info --json`)",
+                          columns=["model", "moe_layers", "n_expert", "top_k", "tokens_prefill", "tokens_decode",
+                                   "token_cycle_mib", "complete"]))
+    return s
+
+
+def section_popularity(ctx: ReportContext) -> Section:
+    from replay import plots
+
+    tr = ctx.trace
+    a = tr.arrays(recorded=False)
+    k, E = tr.top_k, tr.n_expert
+    layers = tr.moe_layers
+    s = Section("Expert popularity")
+    dec = a.phase == 1
+    use = dec if dec.any() else np.ones_like(dec)
+    phase = "decode" if dec.any() else "prefill"
+    counts = np.zeros((len(layers), E))
+    idx = {l: i for i, l in enumerate(layers)}
+    li = np.array([idx[int(l)] for l in a.layer[use]])
+    np.add.at(counts, (np.repeat(li, k), a.experts[use].reshape(-1)), 1)
+    routings = counts.sum(axis=1) / k
+    sorted_share = -np.sort(-counts, axis=1) / np.maximum(routings[:, None], 1) * 100.0
+    hot_k = sorted_share[:, :k].sum(axis=1) / k  # share of routed slots taken by the hottest k experts
+    uniform = k / E * 100.0
+    s.text.append(
+        f"Share of {phase} routings that selected each expert, experts sorted by popularity within each layer "
+        f"(rank 0 = hottest). A flat row is uniform routing; a bright left edge is a few experts taking most tokens. "
+        f"Concentration = share of routed slots taken by the layer's {k} hottest experts "
+        f"(uniform routing would give {uniform:.1f}%).")
+    plots.heatmap(sorted_share, ctx.out / "popularity.png", f"Expert popularity per layer ({phase})",
+                  "expert popularity rank within the layer (0 = hottest)", "MoE layer",
+                  f"% of {phase} routings selecting it", ylabels=layers)
+    plots.bars([str(l) for l in layers], hot_k.tolist(), ctx.out / "concentration.png",
+               f"Concentration: share of routed slots taken by the hottest {k} experts ({phase})", "MoE layer",
+               "% of routed slots")
+    s.images += [("popularity.png", "expert popularity heatmap"), ("concentration.png", "per-layer concentration")]
+    frame = pl.DataFrame({"layer": layers, "routings": routings.astype(np.int64), f"hot{k}_share_pct": hot_k,
+                          "hottest_expert_pct": sorted_share[:, 0],
+                          "experts_never_routed": (counts == 0).sum(axis=1)})
+    s.tables.append(Table("concentration", frame, f"per-layer concentration ({phase} routings)",
+                          columns=["layer", "routings", f"hot{k}_share_pct", "hottest_expert_pct", "experts_never_routed"]))
+    return s
+
+
+def section_drop(ctx: ReportContext) -> Section:
+    from replay import plots
+    from replay.drop import static_drop
+
+    s = Section("Drop-cold trade-off")
+    tr = ctx.trace
+    if not (tr.has("residency") and tr.has("read_bytes")):
+        s.unavailable = ("static drop-cold needs the engine's recorded residency and read_bytes columns "
+                         "(a trace captured from or imported from an engine run); this trace has none")
+        return s
+    frame = static_drop(tr, [0.25, 0.5, 0.75, 1.0, 1.5])
+    cold = frame.filter(pl.col("mode") == "static")
+    cut = frame.filter(pl.col("mode") == "static-k")
+    plots.lines({
+        "drop-cold (F = 0.25 .. 1.5)": (cold["io_saved_pct"].to_numpy(), cold["mass_lost_pct"].to_numpy()),
+        "static top-k cut (keep_k = k-1 .. 1)": (cut["io_saved_pct"].to_numpy(), cut["mass_lost_pct"].to_numpy()),
+    }, ctx.out / "drop_tradeoff.png", "Drop-cold vs static top-k cut (decode, recorded residency)",
+        "reads avoided (% of recorded decode miss bytes)", "router weight mass discarded (%)")
+    s.images.append(("drop_tradeoff.png", "drop trade-off"))
+    s.text.append("On the run as recorded (the engine's own hits and misses), drop-cold F skips a miss whose weight is "
+                  "below F/k (never the top expert); the static top-k cut drops every slot at rank >= keep_k. Lower "
+                  "and further right is better. Weight mass is a proxy, not quality; bytes are not time.")
+    s.tables.append(Table("drop", frame, "drop-cold (static) and the static top-k cut, decode routings",
+                          columns=["mode", "frac", "keep_k", "io_saved_pct", "mass_lost_pct", "routings_dropped_pct",
+                                   "static_k_mass_lost_at_equal_io_pct"]))
+    return s
+
+
+def section_cost(ctx: ReportContext) -> Section:
+    from replay.cost import fit_trace
+
+    s = Section("Cost model")
+    if ctx.cost_model is not None:
+        m = ctx.cost_model
+        s.text.append(f"Using the given cost model ({m.kind}): {m.model}; intercept {m.intercept_ms:.1f} ms/token, "
+                      f"{m.ms_per_mib:.4f} ms/MiB.")
+        ctx.shared["cost_model"] = m
+        return s
+    if not ctx.trace.has_metrics:
+        s.unavailable = ("the trace has no recorded per-token engine metrics to fit a cost model on; pass "
+                         "--cost-model FILE (from 'cost fit' or a manual model) to get time estimates")
+        return s
+    best, cands, _ = fit_trace(ctx.trace)
+    ctx.shared["cost_model"] = best
+    rows = []
+    for c in cands:
+        r = c.row()
+        r["selected"] = c is best
+        rows.append(r)
+    frame = pl.DataFrame(rows).drop("notes")
+    bw = best.bandwidth_mib_s
+    s.text.append(f"Fitted on this run's recorded decode tokens: {best.model}; intercept {best.intercept_ms:.1f} ms/token, "
+                  f"slope {best.ms_per_mib:.4f} ms/MiB" + (f" (effective {bw:.0f} MiB/s)" if bw else "")
+                  + f"; r2 {best.r2:.2f}; held-out error {best.heldout_mape_pct:.1f}% MAPE (fit on the first half, "
+                  "tested on the second).")
+    s.text += [f"Note: {n}." for n in best.notes]
+    s.tables.append(Table("cost_fit", frame, "candidate models (the selected one is used for time estimates)",
+                          columns=["terms", "intercept_ms", "ms_per_mib", "ms_per_miss", "r2", "heldout_mape_pct",
+                                   "bandwidth_mib_s", "selected"], digits=3))
+    return s
+
+
+SECTIONS: list[Callable[[ReportContext], Section]] = [section_summary, section_popularity, section_drop, section_cost]
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+def _md_table(t: Table) -> str:
+    cols = t.columns or t.frame.columns
+    rows = t.frame.select(cols).rows()
+    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(fmt(v, t.digits) for v in r) + " |")
+    return "\n".join(out)
+
+
+def _html_table(t: Table) -> str:
+    cols = t.columns or t.frame.columns
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(v, t.digits))}</td>" for v in r) + "</tr>"
+                   for r in t.frame.select(cols).rows())
+    return f"<table><caption>{html.escape(t.caption)}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def render_markdown(title: str, sections: list[Section]) -> str:
+    out = [f"# {title}", ""]
+    for s in sections:
+        out += [f"## {s.title}", ""]
+        if s.unavailable:
+            out += [f"*Not available for this trace: {s.unavailable}.*", ""]
+            continue
+        if s.code:
+            out += ["```", s.code, "```", ""]
+        for p in s.text:
+            out += [p, ""]
+        for img, alt in s.images:
+            out += [f"![{alt}]({img})", ""]
+        for t in s.tables:
+            out += [f"**{t.caption}** ([CSV](tables/{t.name}.csv))", "", _md_table(t), ""]
+    return "\n".join(out)
+
+
+CSS = ("body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;color:#222}"
+       "table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px;"
+       "text-align:right}caption{text-align:left;font-weight:600;margin-bottom:4px}img{max-width:100%}"
+       "pre{background:#f5f5f5;padding:8px;overflow-x:auto}.na{color:#a33;font-style:italic}")
+
+
+def render_html(title: str, sections: list[Section], out: Path) -> str:
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    for s in sections:
+        parts.append(f"<h2>{html.escape(s.title)}</h2>")
+        if s.unavailable:
+            parts.append(f"<p class='na'>Not available for this trace: {html.escape(s.unavailable)}.</p>")
+            continue
+        if s.code:
+            parts.append(f"<pre>{html.escape(s.code)}</pre>")
+        parts += [f"<p>{html.escape(p)}</p>" for p in s.text]
+        for img, alt in s.images:
+            data = base64.b64encode((out / img).read_bytes()).decode()
+            parts.append(f"<p><img alt='{html.escape(alt)}' src='data:image/png;base64,{data}'></p>")
+        parts += [_html_table(t) for t in s.tables]
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[float] | None = None,
+                 policies: list[str] | None = None, cost_model: Any = None, force: bool = False,
+                 progress: Callable[[str], None] | None = None) -> Path:
+    """Build every section and write index.md, index.html, PNGs and tables/*.csv into ``out_dir``."""
     trace = open_trace(trace_dir)
-    row = info_rows(trace)[0]
-    lines = [
-        f"# moe-replay report: {row['model']}",
-        "",
-        "## Trace summary",
-        "",
-        "```",
-        info_text(trace, row).replace(str(trace.path), Path(trace_dir).name),
-        "```",
-        "",
-    ]
+    name = Path(trace_dir).name
     with staged_dir(out_dir, force=force) as stage:
-        (stage / "index.md").write_text("\n".join(lines), encoding="utf-8")
+        (stage / "tables").mkdir()
+        ctx = ReportContext(trace, name, stage, budgets_mib, policies, cost_model, progress)
+        sections = []
+        for build in SECTIONS:
+            if progress:
+                progress(build.__name__.removeprefix("section_"))
+            try:
+                sections.append(build(ctx))
+            except UserError as e:
+                sections.append(Section(build.__name__.removeprefix("section_").replace("_", " ").capitalize(),
+                                        unavailable=str(e).rstrip(".")))
+        for s in sections:
+            for t in s.tables:
+                atomic_write_text(stage / "tables" / f"{t.name}.csv", t.frame.write_csv(float_precision=6))
+        title = f"moe-replay report: {trace.model['name']}"
+        atomic_write_text(stage / "index.md", render_markdown(title, sections))
+        atomic_write_text(stage / "index.html", render_html(title, sections, stage))
     return Path(out_dir)

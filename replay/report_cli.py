@@ -1,4 +1,4 @@
-"""``report``: a Markdown report of a trace (grown section by section as analyses land)."""
+"""``report``: one command that writes the whole report of a trace."""
 
 from __future__ import annotations
 
@@ -11,11 +11,22 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def report(
         trace: Path = typer.Argument(..., help="Trace directory."),
-        out: Path = typer.Option(..., "-o", "--out", help="Report directory to create."),
+        out: Path = typer.Option(..., "-o", "--out", help="Report directory to create (index.md, index.html, PNGs, tables/)."),
+        budgets: str | None = typer.Option(None, "--budgets", help="Cache budgets in MiB, comma-separated (default: derived from T)."),
+        policies: str | None = typer.Option(None, "--policies", help="Cache policies, comma-separated."),
+        cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file (default: fit on the trace's metrics)."),
         force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
     ) -> None:
-        """Write a report (index.md) for a trace into OUT."""
-        from replay.report import write_report
+        """Write a report: summary, predictors, cache curves, popularity, drop, prefetch, cost."""
+        from replay.cost import load_cost_model
+        from replay.output import progress
+        from replay.report import SECTIONS, write_report
+        from replay.whatif_cli import parse_floats
 
-        write_report(trace, out, force=force)
-        typer.echo(f"wrote {out}/index.md")
+        b = parse_floats(budgets, "--budgets") if budgets else None
+        p = [x.strip() for x in policies.split(",") if x.strip()] if policies else None
+        m = load_cost_model(cost_model) if cost_model else None
+        with progress(len(SECTIONS), "report", unit="section") as bar:
+            write_report(trace, out, budgets_mib=b, policies=p, cost_model=m, force=force,
+                         progress=lambda name: (bar.set_postfix_str(name), bar.update()))
+        typer.echo(f"wrote {out}/index.md and {out}/index.html")
