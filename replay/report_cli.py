@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "-o", "--out", help="Report directory to create (index.md, index.html, PNGs, tables/)."),
         budgets: str | None = typer.Option(None, "--budgets", help="Cache budgets in MiB, comma-separated (default: derived from T)."),
         policies: str | None = typer.Option(None, "--policies", help="Cache policies, comma-separated."),
-        cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file (default: fit on the trace's metrics)."),
+        cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file (default: fit on the metrics)."),
         force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
     ) -> None:
         """Write a report: summary, predictors, cache curves, popularity, drop, prefetch, cost."""
