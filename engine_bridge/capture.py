@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -90,11 +91,25 @@ def validate(opts: CaptureOptions) -> GgufStatic:
     if opts.n_expert_used is not None and not 1 <= opts.n_expert_used <= static.n_expert:
         raise UserError(f"--n-expert-used {opts.n_expert_used} is out of range: {static.name} has {static.n_expert} experts "
                         f"(native top-k {static.top_k_native}); give 1..{static.n_expert}.")
-    out = check_output_dir(opts.out, force=False)
-    if out.is_dir() and not os.access(out, os.W_OK):
-        raise UserError(f"{out}: output directory is not writable.")
+    out = Path(opts.out)
+    if out.is_dir() and any(out.iterdir()):
+        # A capture streams into its directory; it never replaces an existing trace.
+        raise UserError(f"{out}: output directory exists and is not empty (choose a new --out).")
+    out = check_output_dir(out, force=False)
+    _probe_writable(out)
     import_llama_cpp()
     return static
+
+
+def _probe_writable(out: Path) -> None:
+    """Create and remove a scratch entry where the trace will go: os.access says yes to root on
+    read-only or pseudo file systems, and a capture must not fail after minutes of decoding."""
+    where = out if out.is_dir() else out.resolve().parent
+    try:
+        scratch = tempfile.mkdtemp(prefix=".moe-replay-probe-", dir=where)
+        os.rmdir(scratch)
+    except OSError as e:
+        raise UserError(f"{out}: cannot write the output directory there ({e.strerror}).") from None
 
 
 def gating_from_graph(shape: GraphShape, static: GgufStatic) -> dict[str, Any]:
