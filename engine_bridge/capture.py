@@ -326,8 +326,8 @@ def _run(opts: CaptureOptions, static: GgufStatic, hook: MoeHook, engine: Engine
                 caps = hook.take()
                 _check_batch(caps, layers, 1, opts)
                 rows.add(batch, 1, pos, layers, caps)
-                if rows.tokens >= min(16, opts.tokens_per_part):
-                    rows.flush(writer)
+                if rows.tokens >= opts.tokens_per_part:
+                    rows.flush(writer)  # one append per part file: the writer closes it at once
                 decode_s += time.perf_counter() - t0
                 batch += 1
                 pos += 1

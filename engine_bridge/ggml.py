@@ -189,22 +189,37 @@ def probe_layout() -> dict[str, int]:
         g.ggml_free(ctx)
 
 
+_NE = ctypes.c_int64 * GGML_MAX_DIMS
+_NB = ctypes.c_size_t * GGML_MAX_DIMS
+_NE_OFFSET = GGMLTensor.ne.offset
+_NB_OFFSET = GGMLTensor.nb.offset
+_TYPE_SIZE = {GGML_TYPE_F32: 4, GGML_TYPE_F16: 2, GGML_TYPE_I32: 4}
+
+
 def read_array(ptr: int) -> np.ndarray:
     """Copy a (possibly strided) tensor's data into a contiguous numpy array, shape = ne reversed.
 
     The bytes are fetched with ``ggml_backend_tensor_get`` (works for device buffers too), from
-    the tensor's first to its last element; the strides nb are then honoured on the host.
+    the tensor's first to its last element; the strides nb are then honoured on the host. This
+    runs inside the eval callback for every observed node, so it reads the struct fields with
+    plain ctypes arrays rather than through :class:`GGMLTensor`.
     """
-    t = tensor(ptr)
-    dtype = _NUMPY_TYPES.get(t.type)
+    typ = ctypes.c_int.from_address(ptr).value
+    dtype = _NUMPY_TYPES.get(typ)
     if dtype is None:
-        raise LayoutError(f"tensor {t.name!r} has ggml type {type_name(t.type)}, which the capture does not read")
-    nbytes = span_bytes(t)
-    shape = tuple(int(t.ne[i]) for i in reversed(range(GGML_MAX_DIMS)))
-    if nbytes == 0:
+        raise LayoutError(f"tensor {tensor_name(ptr)!r} has ggml type {type_name(typ)}, which the capture does not read")
+    ne = _NE.from_address(ptr + _NE_OFFSET)[:]
+    nb = _NB.from_address(ptr + _NB_OFFSET)[:]
+    shape = tuple(reversed(ne))
+    if min(ne) <= 0:
         return np.empty(shape, dtype=dtype)
+    nbytes = _TYPE_SIZE[typ] + sum((n - 1) * s for n, s in zip(ne, nb))
     raw = np.empty(nbytes, dtype=np.uint8)
-    lib().ggml_backend_tensor_get(ptr, raw.ctypes.data, 0, nbytes)
-    strides = tuple(int(t.nb[i]) for i in reversed(range(GGML_MAX_DIMS)))
-    view = np.ndarray(shape=shape, dtype=dtype, buffer=raw, offset=0, strides=strides)
+    _tensor_get()(ptr, raw.ctypes.data, 0, nbytes)
+    view = np.ndarray(shape=shape, dtype=dtype, buffer=raw, offset=0, strides=tuple(reversed(nb)))
     return np.ascontiguousarray(view)
+
+
+@cache
+def _tensor_get():  # noqa: ANN202 - the bound C function
+    return lib().ggml_backend_tensor_get

@@ -207,3 +207,13 @@ def test_activation_helper_agrees_with_engine_probs(traces_full):
     probs = activation(_wide(t, "logits"), "softmax")
     chosen = np.take_along_axis(probs, a.experts.astype(np.int64), axis=1)
     np.testing.assert_allclose(a.weights, chosen / chosen.sum(axis=1, keepdims=True), atol=2e-6)
+
+
+def test_same_input_same_bytes(models, tmp_path):
+    """Same model, prompt and options: byte-identical trace directories."""
+    a = _capture(models["minimax-m2"], tmp_path / "a", n_decode=5).out
+    b = _capture(models["minimax-m2"], tmp_path / "b", n_decode=5).out
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    for f in files:
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
