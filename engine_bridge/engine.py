@@ -44,7 +44,7 @@ def engine_version() -> dict[str, str]:
         fn = getattr(g, sym, None)
         if fn is not None:
             fn.argtypes, fn.restype = [], ctypes.c_char_p
-            out[sym.replace("ggml_", "ggml_")] = (fn() or b"").decode(errors="replace")
+            out[sym] = (fn() or b"").decode(errors="replace")
     try:
         out["system_info"] = lc.llama_print_system_info().decode(errors="replace").strip()
     except Exception:  # noqa: BLE001 - informational only
