@@ -103,7 +103,7 @@ def make_model_cmd(
     top_k: int = typer.Option(4, "--top-k", help="Experts used per token."),
     embd: int = typer.Option(64, "--embd", help="Embedding width (multiple of 8)."),
     expert_ff: int | None = typer.Option(None, "--expert-ff", help="Expert hidden width (default embd/2)."),
-    router_type: str = typer.Option("f32", "--router-type", help="Storage of the router matrices: f32 | f16."),
+    router_type: str = typer.Option("f32", "--router-type", help="Storage of the router matrices: f32 | f16 | q8_0."),
     weight_type: str = typer.Option("f16", "--weight-type", help="Storage of the other matrices: f32 | f16."),
     seed: int = typer.Option(0, "--seed"),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),

@@ -25,6 +25,7 @@ from traces.errors import UserError
 
 ARCHS = ("qwen3moe", "minimax-m2")
 WEIGHT_TYPES = ("f32", "f16")
+ROUTER_TYPES = ("f32", "f16", "q8_0")
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,9 @@ class TinyModelConfig:
         need(self.embd >= 16 and self.embd % (2 * self.heads) == 0,
              f"--embd must be at least 16 and a multiple of {2 * self.heads} (heads x an even head size).")
         need(self.ff >= 1, "--expert-ff must be positive.")
-        need(self.router_type in WEIGHT_TYPES and self.weight_type in WEIGHT_TYPES,
-             f"weight types must be one of {', '.join(WEIGHT_TYPES)}.")
+        need(self.router_type in ROUTER_TYPES, f"--router-type must be one of {', '.join(ROUTER_TYPES)}.")
+        need(self.weight_type in WEIGHT_TYPES, f"--weight-type must be one of {', '.join(WEIGHT_TYPES)}.")
+        need(self.router_type != "q8_0" or self.embd % 32 == 0, "--router-type q8_0 needs --embd a multiple of 32.")
 
 
 VOCAB_SPECIAL = ["<unk>", "<s>", "</s>"]
@@ -112,7 +114,7 @@ def _write(path: Path, cfg: TinyModelConfig, gguf) -> None:  # noqa: ANN001 - gg
     tokens, scores, types = _vocab()
     V = len(tokens)
     wt = np.float16 if cfg.weight_type == "f16" else np.float32
-    rt = np.float16 if cfg.router_type == "f16" else np.float32
+    rt = np.float16 if cfg.router_type == "f16" else np.float32  # q8_0: quantized from f32 below
 
     def mat(*shape: int, scale: float = 1.0, dtype=wt) -> np.ndarray:
         fan_in = shape[-1]
@@ -164,7 +166,12 @@ def _write(path: Path, cfg: TinyModelConfig, gguf) -> None:  # noqa: ANN001 - gg
         w.add_tensor(p + "attn_k_norm.weight", np.ones(kn, dtype=np.float32))
         w.add_tensor(p + "ffn_norm.weight", ones)
         # Router: logits with a spread of about 2 so that several experts compete per token.
-        w.add_tensor(p + "ffn_gate_inp.weight", mat(E, D, scale=2.0, dtype=rt))
+        router = mat(E, D, scale=2.0, dtype=rt)
+        if cfg.router_type == "q8_0":
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            w.add_tensor(p + "ffn_gate_inp.weight", gguf.quants.quantize(router, q8), raw_dtype=q8)
+        else:
+            w.add_tensor(p + "ffn_gate_inp.weight", router)
         w.add_tensor(p + "ffn_gate_exps.weight", mat(E, F, D))
         w.add_tensor(p + "ffn_up_exps.weight", mat(E, F, D))
         w.add_tensor(p + "ffn_down_exps.weight", mat(E, D, F, scale=0.5))

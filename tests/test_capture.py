@@ -217,3 +217,13 @@ def test_same_input_same_bytes(models, tmp_path):
     assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
     for f in files:
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
+
+
+def test_quantized_router_fresh_gate(tmp_path):
+    """A Q8_0 router: the control rounds the gate input to Q8_0 blocks as the engine's matmul does."""
+    path = write_tiny_model(tmp_path / "q8.gguf", TinyModelConfig(layers=2, experts=8, top_k=2, embd=64, router_type="q8_0", seed=4))
+    res = _capture(path, tmp_path / "t", n_decode=4)
+    t = open_trace(res.out)
+    assert t.meta["router_input_rounding"] == "q8_0" and t.meta["router_stored_type"] == "Q8_0"
+    fg = res.checks["fresh_gate"]
+    assert fg["agree"] == fg["rows"] == t.n_rows and fg["logits_within_tol"]
