@@ -1,0 +1,118 @@
+"""``moe-replay capture`` and ``moe-replay make-model``: thin typer verbs over engine_bridge.
+
+Registered through the ``moe_replay.commands`` entry point (replay never imports engine_bridge).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import typer
+
+from traces.errors import UserError
+
+
+def register(app: typer.Typer) -> None:
+    app.command("capture")(capture_cmd)
+    app.command("make-model")(make_model_cmd)
+
+
+def capture_cmd(
+    model: Path = typer.Argument(..., help="A GGUF Mixture-of-Experts model file.", show_default=False),
+    prompt: str | None = typer.Option(None, "--prompt", help="Prompt text."),
+    prompt_file: Path | None = typer.Option(None, "--prompt-file", help="Read the prompt from this UTF-8 file."),
+    n_decode: int = typer.Option(64, "-n", "--n-decode", help="Tokens to decode after the prompt (each one is a batch)."),
+    out: Path = typer.Option(..., "--out", help="Trace directory to create (must not exist or be empty).", show_default=False),
+    no_logits: bool = typer.Option(False, "--no-logits", help="Do not record the router logits column."),
+    no_gate_input: bool = typer.Option(False, "--no-gate-input", help="Do not record the router input (gate_input) column."),
+    n_expert_used: int | None = typer.Option(None, "--n-expert-used", help="Override the model's top-k (1..n_expert)."),
+    ubatch: int = typer.Option(512, "--ubatch", help="Compute batch size: the prompt is split into batches of this many tokens."),
+    threads: int | None = typer.Option(None, "--threads", help="CPU threads (default: llama.cpp's)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for sampling when --temp > 0."),
+    temp: float = typer.Option(0.0, "--temp", help="Sampling temperature; 0 = greedy (default)."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Keep decoding past an end-of-generation token."),
+    part_tokens: int = typer.Option(64, "--part-tokens", help="Tokens per routings/ part file (an interrupted run keeps whole parts)."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show llama.cpp's own log."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
+) -> None:
+    """Run MODEL on a prompt through llama.cpp and record every MoE layer's routing as a v1 trace."""
+    from engine_bridge.capture import CaptureOptions, capture, validate
+    from engine_bridge.checks import summary_line
+    from replay.output import json_object, progress
+
+    if (prompt is None) == (prompt_file is None):
+        raise UserError("give exactly one of --prompt TEXT or --prompt-file FILE.")
+    if prompt_file is not None:
+        if not prompt_file.is_file():
+            raise UserError(f"{prompt_file}: no such prompt file.")
+        try:
+            prompt = prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"{prompt_file}: cannot be read as UTF-8 text ({e.__class__.__name__}).") from None
+    opts = CaptureOptions(
+        model=str(model), prompt=prompt or "", out=str(out), n_decode=n_decode, logits=not no_logits,
+        gate_input=not no_gate_input, n_expert_used=n_expert_used, ubatch=ubatch, threads=threads, seed=seed,
+        temp=temp, ignore_eos=ignore_eos, tokens_per_part=part_tokens, verbose=verbose,
+        prompt_source=str(prompt_file) if prompt_file else None,
+    )
+    static = validate(opts)
+    bar = progress(None, "capture", unit="tok")
+
+    def tick(n: int, phase: str) -> None:
+        bar.set_postfix_str(phase, refresh=False)
+        bar.update(n)
+
+    try:
+        res = capture(opts, static=static, progress=tick)
+    finally:
+        bar.close()
+    row = {
+        "complete": res.complete, "stop_reason": res.stop_reason, "tokens_prefill": res.prompt_tokens,
+        "prefill_batches": res.prefill_batches, "tokens_decode": res.decode_tokens,
+        "prefill_tok_s": res.prefill_tok_s, "decode_tok_s": res.decode_tok_s,
+        "checks_passed": res.checks["passed"],
+    }
+    if json_out:
+        typer.echo(json_object("capture", str(out), [row], checks=res.checks))
+    else:
+        m = res.meta["model"]
+        state = "complete" if res.complete else f"INCOMPLETE ({res.stop_reason})"
+        typer.echo(f"wrote {out} [{state}]: {m['name']} ({m['arch']}), {len(m['moe_layers'])} MoE layers x "
+                   f"{m['n_expert']} experts, top-k {m['top_k']}; {res.prompt_tokens} prompt tokens in "
+                   f"{res.prefill_batches} batches + {res.decode_tokens} decoded tokens")
+        dec = f"{res.decode_tok_s:.1f} tok/s" if res.decode_tok_s else "-"
+        pre = f"{res.prefill_tok_s:.1f} tok/s" if res.prefill_tok_s else "-"
+        typer.echo(f"speed with capture on (includes the capture's own cost): prefill {pre}, decode {dec}")
+        typer.echo(f"self-checks: {summary_line(res.checks)}")
+    if not res.checks["passed"]:
+        print("moe-replay: error: a capture self-check failed: the trace does not reproduce the engine's routing "
+              "(this is a bug in the capture, please report it)", file=sys.stderr)
+        sys.exit(1)
+    if not res.complete and res.stop_reason.startswith("interrupted"):
+        sig = signal.SIGTERM if "SIGTERM" in res.stop_reason else signal.SIGINT
+        sys.exit(128 + int(sig))
+
+
+def make_model_cmd(
+    out: Path = typer.Argument(..., help="GGUF file to write.", show_default=False),
+    arch: str = typer.Option("qwen3moe", "--arch", help="qwen3moe (softmax, top-k renormalized) | minimax-m2 (sigmoid + selection bias)."),
+    layers: int = typer.Option(4, "--layers", help="Layers (all MoE)."),
+    experts: int = typer.Option(16, "--experts", help="Experts per layer."),
+    top_k: int = typer.Option(4, "--top-k", help="Experts used per token."),
+    embd: int = typer.Option(64, "--embd", help="Embedding width (multiple of 8)."),
+    expert_ff: int | None = typer.Option(None, "--expert-ff", help="Expert hidden width (default embd/2)."),
+    router_type: str = typer.Option("f32", "--router-type", help="Storage of the router matrices: f32 | f16 | q8_0."),
+    weight_type: str = typer.Option("f16", "--weight-type", help="Storage of the other matrices: f32 | f16."),
+    seed: int = typer.Option(0, "--seed"),
+    force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+) -> None:
+    """Write a random-weight MoE GGUF that llama.cpp loads (tests, demos, benchmarks)."""
+    from engine_bridge.tinymodel import TinyModelConfig, write_tiny_model
+
+    cfg = TinyModelConfig(arch=arch, layers=layers, experts=experts, top_k=top_k, embd=embd, expert_ff=expert_ff,
+                          router_type=router_type, weight_type=weight_type, seed=seed)
+    write_tiny_model(out, cfg, force=force)
+    typer.echo(f"wrote {out}: {arch}, {layers} layers x {experts} experts, top-k {top_k}, embd {embd}, "
+               f"expert ff {cfg.ff}, router {router_type}, seed {seed} ({out.stat().st_size} bytes)")
