@@ -36,7 +36,7 @@ MEANS = {
     "prev-token": "this layer's experts for the previous token of the turn (temporal reuse)",
     "stale-gate": "layer l's router on the gate input {d} MoE layer(s) earlier (prefetch {d} layer(s) ahead)",
     "ctrl": "layer l's router on its own gate input: must be 100.0% (a check, not a predictor)",
-    "static-hot": "the layer's k most-routed experts over the scored routings (oracle: has seen the answers)",
+    "static-hot": "the layer's most-routed experts over the scored routings (oracle: has seen the answers)",
     "static-hot-prompt": "the layer's most-routed experts during prefill (pinnable after the prompt)",
 }
 
