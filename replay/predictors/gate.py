@@ -137,26 +137,37 @@ def pairs_for(moe_layers: list[int], horizons: list[int], ctrl: bool) -> dict[st
 
 
 def _chunks(trace: Trace, columns: list[str]):
-    """Yield (first global row, table columns as numpy) per run of *whole* batches."""
+    """Yield (first global row, columns as numpy) per run of *whole* batches, one part at a time.
+
+    A part's last batch may continue in the next part: it is held back and completed with the
+    next part's leading rows of that batch (only those rows are copied, never a whole part).
+    """
     carry: dict[str, np.ndarray] | None = None
     carry_start = 0
     offset = 0
     n_parts = len(trace.parts)
     for i, table in enumerate(trace.iter_tables(columns)):
+        last = i == n_parts - 1
         cur = {c: (fixed_list_to_numpy(table.column(c)) if c == "gate_input" else table.column(c).to_numpy())
                for c in columns}
         start = offset
-        offset += table.num_rows
+        n = table.num_rows
+        offset += n
         del table
         if carry is not None:
-            cur = {c: np.concatenate([carry[c], cur[c]]) for c in columns}
-            start = carry_start
+            j = int(np.searchsorted(cur["batch"], carry["batch"][0], side="right"))  # rows of the carried batch
+            if j:
+                carry = {c: np.concatenate([carry[c], cur[c][:j]]) for c in columns}
+                cur = {c: cur[c][j:] for c in columns}
+                start += j
+                n -= j
+            if n == 0 and not last:
+                continue  # the whole part belonged to the carried batch, which may go on
+            yield carry_start, carry
             carry = None
-        n = cur["batch"].shape[0]
         if n == 0:
             continue
-        if i < n_parts - 1:
-            # The last batch may continue in the next part: hold it back.
+        if not last:
             cut = int(np.searchsorted(cur["batch"], cur["batch"][-1], side="left"))
             carry = {c: cur[c][cut:] for c in columns}
             carry_start = start + cut
@@ -164,7 +175,7 @@ def _chunks(trace: Trace, columns: list[str]):
             if cut == 0:
                 continue
         yield start, cur
-    if carry is not None and carry["batch"].shape[0]:
+    if carry is not None:
         yield carry_start, carry
 
 
