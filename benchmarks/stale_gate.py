@@ -10,6 +10,8 @@ child process, so its memory does not count here. Then, in this one process:
 - floor: numpy float64 matmuls of exactly the shapes stale-gate[1] multiplies, per part file
   [tokens in the part, n_embd] @ [n_embd, n_expert] for each of the (layers - 1) layer pairs, on
   data already in memory (no reading, no ranking, no scoring);
+- read only: streaming the gate inputs through Trace.iter_tables, no compute (Parquet decoding
+  alone: zstd and list levels; reported so the ratio can be read);
 - stale-gate: ``replay.predict.evaluate(trace, ["stale-gate"])`` end to end: reading the narrow
   columns, streaming every part's gate inputs from Parquet, the same matmuls, the selection rule,
   top-k, scoring per layer.
@@ -80,6 +82,16 @@ def floor_seconds(part_tokens: list[int], embd: int, experts: int, layers: int) 
     return time.perf_counter() - t0
 
 
+def read_seconds(trace) -> float:
+    """Streaming the gate inputs alone (Parquet decode + numpy view), no compute: the I/O floor."""
+    from traces.reader import fixed_list_to_numpy
+
+    t0 = time.perf_counter()
+    for table in trace.iter_tables(["batch", "step", "layer", "gate_input"]):
+        fixed_list_to_numpy(table.column("gate_input"))
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=5000)
@@ -102,9 +114,10 @@ def main() -> None:
     gate_bytes = t.n_rows * int(t.model["n_embd"]) * 4
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
 
-    floors, evals, res = [], [], None
+    floors, evals, reads, res = [], [], [], None
     for _ in range(2):
         floors.append(floor_seconds(part_tokens, int(t.model["n_embd"]), t.n_expert, n_moe))
+        reads.append(read_seconds(t))
         t0 = time.perf_counter()
         res = evaluate(t, ["stale-gate"], horizons=[1])
         evals.append(time.perf_counter() - t0)
@@ -120,6 +133,8 @@ def main() -> None:
           f"{flops / 1e9:.0f} GFLOP float64")
     print(f"floor         numpy matmul of the same shapes, data in memory: {floor:7.2f} s  "
           f"(runs {', '.join(f'{x:.2f}' for x in floors)}; {flops / floor / 1e9:.1f} GFLOP/s)")
+    print(f"read only     streaming the gate inputs, no compute:          {min(reads):7.2f} s  "
+          f"(runs {', '.join(f'{x:.2f}' for x in reads)}; {gate_bytes / GIB / min(reads):.2f} GiB/s)")
     print(f"stale-gate    evaluate(trace, ['stale-gate']) end to end:      {ev:7.2f} s  "
           f"(runs {', '.join(f'{x:.2f}' for x in evals)})")
     print(f"ratio         stale-gate / floor = {ev / floor:.2f}x  (target <= 2x: {'met' if ev <= 2 * floor else 'NOT met'})")

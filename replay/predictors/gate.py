@@ -13,14 +13,16 @@ Logits are recomputed in float64 from the stored float32 (or float16) values: th
 generator computes them that way, and float32 recomputation can flip near-ties.
 
 Streaming: the gate inputs (n_embd floats per row, ~2 GB on a 5,000-token 48-layer trace) are
-read one part file at a time through :meth:`Trace.iter_tables`; only whole batches are
-evaluated (a batch cut by a part boundary is carried into the next part), so memory is bounded
-by the largest part plus one batch. Per part, one matrix product per (target, source) layer pair.
+read one part file at a time through :meth:`Trace.iter_tables`, the next part decoded by a
+background thread; only whole batches are evaluated (a batch cut by a part boundary is carried
+into the next part), so memory is bounded by two parts plus one batch, whatever the trace
+length. Per part, one matrix product per (target, source) layer pair.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numba
@@ -69,7 +71,7 @@ def _layers(ls: list[int]) -> str:
 
 
 # -- kernels ------------------------------------------------------------------------------------
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _gather_f64(gate: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``gate[rows]`` as float64 in one pass (numpy would copy twice: gather, then convert)."""
     m, d = rows.shape[0], gate.shape[1]
@@ -81,7 +83,7 @@ def _gather_f64(gate: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _top_w(scores: np.ndarray, w: int) -> np.ndarray:
     """The ``w`` largest per row, descending; ties go to the lower id (= a stable argsort of -scores).
 
@@ -136,24 +138,48 @@ def pairs_for(moe_layers: list[int], horizons: list[int], ctrl: bool) -> dict[st
     return out
 
 
-def _chunks(trace: Trace, columns: list[str]):
-    """Yield (first global row, columns as numpy) per run of *whole* batches, one part at a time.
+def _prefetch(trace: Trace, columns: list[str]):
+    """Numpy columns of successive part files; the next one is decoded by a background thread.
 
-    A part's last batch may continue in the next part: it is held back and completed with the
-    next part's leading rows of that batch (only those rows are copied, never a whole part).
+    Parquet decoding (zstd, list levels) releases the GIL, so decoding part i+1 overlaps the
+    matrix products of part i; at most two parts are in memory at once. (Decoding page by page
+    with smaller chunks saved memory but ran slower here: smaller matrix products.)
+    """
+
+    def load(table):
+        return {c: (fixed_list_to_numpy(table.column(c)) if c == "gate_input" else table.column(c).to_numpy())
+                for c in columns}
+
+    it = iter(trace.iter_tables(columns))
+
+    def next_chunk():
+        table = next(it, None)
+        return None if table is None else load(table)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        fut = pool.submit(next_chunk)
+        while True:
+            cur = fut.result()
+            if cur is None:
+                return
+            fut = pool.submit(next_chunk)
+            yield cur
+
+
+def _chunks(trace: Trace, columns: list[str]):
+    """Yield (first global row, columns as numpy) per run of *whole* batches, chunk by chunk.
+
+    A chunk's last batch may continue in the next chunk (chunks and part files end anywhere): it
+    is held back and completed with the next chunk's leading rows of that batch (only those rows
+    are copied), and flushed when a different batch begins or the trace ends.
     """
     carry: dict[str, np.ndarray] | None = None
     carry_start = 0
     offset = 0
-    n_parts = len(trace.parts)
-    for i, table in enumerate(trace.iter_tables(columns)):
-        last = i == n_parts - 1
-        cur = {c: (fixed_list_to_numpy(table.column(c)) if c == "gate_input" else table.column(c).to_numpy())
-               for c in columns}
+    for cur in _prefetch(trace, columns):
         start = offset
-        n = table.num_rows
+        n = cur["batch"].shape[0]
         offset += n
-        del table
         if carry is not None:
             j = int(np.searchsorted(cur["batch"], carry["batch"][0], side="right"))  # rows of the carried batch
             if j:
@@ -161,20 +187,17 @@ def _chunks(trace: Trace, columns: list[str]):
                 cur = {c: cur[c][j:] for c in columns}
                 start += j
                 n -= j
-            if n == 0 and not last:
-                continue  # the whole part belonged to the carried batch, which may go on
+            if n == 0:
+                continue  # the whole chunk belonged to the carried batch, which may go on
             yield carry_start, carry
             carry = None
         if n == 0:
             continue
-        if not last:
-            cut = int(np.searchsorted(cur["batch"], cur["batch"][-1], side="left"))
-            carry = {c: cur[c][cut:] for c in columns}
-            carry_start = start + cut
-            cur = {c: cur[c][:cut] for c in columns}
-            if cut == 0:
-                continue
-        yield start, cur
+        cut = int(np.searchsorted(cur["batch"], cur["batch"][-1], side="left"))
+        carry = {c: cur[c][cut:] for c in columns}
+        carry_start = start + cut
+        if cut:
+            yield start, {c: cur[c][:cut] for c in columns}
     if carry is not None:
         yield carry_start, carry
 
@@ -301,3 +324,4 @@ def diagnose_ctrl(trace: Trace, failing: list[int], mats: dict[int, tuple[np.nda
         causes.append(f"layer {l}: no other layer's matrix nor the transpose explains it; check trace.json's gating "
                       "(activation, selection bias, groups) and whether the router is quantized")
     return "; ".join(causes) if causes else "no sample routings to diagnose"
+
