@@ -1,0 +1,148 @@
+"""Benchmark: stale-gate[1] evaluation on a long synthetic trace against the floor set by the
+matrix products alone.
+
+    python -m benchmarks.stale_gate [--tokens 5000 --layers 48 --embd 2048 --experts 128] [--trace DIR]
+
+The trace (5,000 decode tokens x 48 MoE layers, n_embd 2048, 128 experts: ~2 GB of float32 gate
+inputs) is generated once into /tmp (never into the repository) by ``moe-replay synth`` in a
+child process, so its memory does not count here. Then, in this one process:
+
+- floor: numpy float64 matmuls of exactly the shapes stale-gate[1] multiplies, per part file
+  [tokens in the part, n_embd] @ [n_embd, n_expert] for each of the (layers - 1) layer pairs, on
+  data already in memory (no reading, no ranking, no scoring);
+- read only: streaming the gate inputs through Trace.iter_tables, no compute (Parquet decoding
+  alone: zstd and list levels; reported so the ratio can be read);
+- stale-gate: ``replay.predict.evaluate(trace, ["stale-gate"])`` end to end: reading the narrow
+  columns, streaming every part's gate inputs from Parquet, the same matmuls, the selection rule,
+  top-k, scoring per layer.
+
+Each is run twice and the faster run is reported (the machine is shared); the target is
+stale-gate within 2x of the floor. Peak RSS shows the 2 GB of gate inputs were streamed.
+Numba kernels are compiled (or loaded from cache) before timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+GIB = 1 << 30
+
+
+def machine() -> str:
+    model = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    blas = "?"
+    try:
+        cfg = np.show_config(mode="dicts")
+        b = cfg["Build Dependencies"]["blas"]
+        blas = f"{b.get('name')} {b.get('version')}"
+    except Exception:  # show_config's layout varies across numpy versions
+        pass
+    return (f"{model}; {os.cpu_count()} logical CPUs; {mem:.0f} GiB RAM; {platform.system()} {platform.release()}; "
+            f"Python {platform.python_version()}, numpy {np.__version__} ({blas})")
+
+
+def ensure_trace(path: Path, tokens: int, layers: int, embd: int, experts: int) -> None:
+    meta = path / "trace.json"
+    if meta.is_file():
+        synth = json.loads(meta.read_text()).get("provenance", {}).get("synth", {})
+        if (synth.get("tokens"), synth.get("layers"), synth.get("embd"), synth.get("experts")) == (tokens, layers, embd, experts):
+            return
+    print(f"generating {path} (one-off; minutes) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "replay.cli", "synth", str(path), "--layers", str(layers), "--experts",
+                    str(experts), "--top-k", "8", "--embd", str(embd), "--tokens", str(tokens), "--prompt-tokens", "0",
+                    "--force"], check=True)
+
+
+def floor_seconds(part_tokens: list[int], embd: int, experts: int, layers: int) -> float:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((max(part_tokens), embd))  # float64, like the recomputed logits
+    w = np.ascontiguousarray(rng.standard_normal((experts, embd)).T)
+    t0 = time.perf_counter()
+    for m in part_tokens:
+        for _ in range(layers - 1):
+            a[:m] @ w
+    return time.perf_counter() - t0
+
+
+def read_seconds(trace) -> float:
+    """Streaming the gate inputs alone (Parquet decode + numpy view), no compute: the I/O floor."""
+    from traces.reader import fixed_list_to_numpy
+
+    t0 = time.perf_counter()
+    for table in trace.iter_tables(["batch", "step", "layer", "gate_input"]):
+        fixed_list_to_numpy(table.column("gate_input"))
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=5000)
+    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--embd", type=int, default=2048)
+    ap.add_argument("--experts", type=int, default=128)
+    ap.add_argument("--trace", type=Path, default=None)
+    a = ap.parse_args()
+    path = a.trace or Path("/tmp/moe-replay-bench") / f"stale-gate-L{a.layers}-E{a.experts}-d{a.embd}-T{a.tokens}"
+    ensure_trace(path, a.tokens, a.layers, a.embd, a.experts)
+
+    from replay.predict import evaluate
+    from replay.predictors.gate import warm_up
+    from traces import open_trace
+
+    warm_up()
+    t = open_trace(path, check_rows=False)
+    n_moe = len(t.moe_layers)
+    part_tokens = [r // n_moe for r in t.part_rows]
+    gate_bytes = t.n_rows * int(t.model["n_embd"]) * 4
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
+
+    floors, evals, reads, res = [], [], [], None
+    for _ in range(2):
+        floors.append(floor_seconds(part_tokens, int(t.model["n_embd"]), t.n_expert, n_moe))
+        reads.append(read_seconds(t))
+        t0 = time.perf_counter()
+        res = evaluate(t, ["stale-gate"], horizons=[1])
+        evals.append(time.perf_counter() - t0)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
+    ov = res.overall().row(0, named=True)
+    assert ov["scored"] == (n_moe - 1) * a.tokens, ov
+    floor, ev = min(floors), min(evals)
+    flops = 2.0 * sum(part_tokens) * (n_moe - 1) * t.model["n_embd"] * t.n_expert
+    print(f"machine       {machine()}")
+    print(f"trace         {path}: {a.tokens} decode tokens x {n_moe} MoE layers, n_embd {t.model['n_embd']}, "
+          f"{t.n_expert} experts, top-{t.top_k}; {len(t.parts)} part files; gate inputs {gate_bytes / GIB:.2f} GiB")
+    print(f"work          {n_moe - 1} layer pairs, {sum(part_tokens) * (n_moe - 1):,} routings ranked, "
+          f"{flops / 1e9:.0f} GFLOP float64")
+    print(f"floor         numpy matmul of the same shapes, data in memory: {floor:7.2f} s  "
+          f"(runs {', '.join(f'{x:.2f}' for x in floors)}; {flops / floor / 1e9:.1f} GFLOP/s)")
+    print(f"read only     streaming the gate inputs, no compute:          {min(reads):7.2f} s  "
+          f"(runs {', '.join(f'{x:.2f}' for x in reads)}; {gate_bytes / GIB / min(reads):.2f} GiB/s)")
+    print(f"stale-gate    evaluate(trace, ['stale-gate']) end to end:      {ev:7.2f} s  "
+          f"(runs {', '.join(f'{x:.2f}' for x in evals)})")
+    print(f"ratio         stale-gate / floor = {ev / floor:.2f}x  (target <= 2x: {'met' if ev <= 2 * floor else 'NOT met'})")
+    print(f"peak RSS      {rss:.2f} GiB (after warm-up, before timing: {rss0:.2f} GiB) vs {gate_bytes / GIB:.2f} GiB "
+          "of gate inputs: streamed")
+    print(f"result        stale-gate[1] slot acc {ov['slot_acc_pct']:.2f}%, whole {ov['whole_acc_pct']:.2f}%, "
+          f"scored {ov['scored']:,}, unscored {ov['unscored']:,}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Predictor accuracy per layer (DESIGN.md, "Predictors and accuracy"): how much of each layer's
+routing a predictor would have named, scored against what the router chose.
+
+    evaluate(trace, ["prev-token", "stale-gate", "ctrl"], horizons=[1, 2]) -> PredictResult
+    horizon_curve(trace, 8) -> PredictResult   # stale-gate[1..8]: how much anticipation costs
+
+The frame has one row per (predictor, MoE layer) plus an overall row per predictor (``layer``
+null), with the DESIGN.md ``predict`` keys. Predictors whose inputs the trace lacks are listed in
+``unavailable`` with the reason and the others still run. ``ctrl`` below 100.0% raises a loud
+warning naming the failing layers and a likely cause (``warnings``, ``ctrl_failing_layers``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from replay.predictors.base import FAMILIES, Prediction, parse_predictor, stale_gate_name
+from replay.predictors.gate import CTRL, diagnose_ctrl, gate_unavailable, matrix_problem, predict_gate
+from replay.predictors.metrics import FRAME_SCHEMA, score
+from replay.predictors.prev_token import predict_prev_token
+from replay.predictors.static_hot import predict_static_hot, predict_static_hot_prompt
+from traces.errors import UserError
+from traces.reader import Trace
+from traces.schema import PHASE_DECODE, PHASE_PREFILL
+
+PHASES = ("decode", "prefill", "all")
+DEFAULT_PREDICTORS = FAMILIES
+
+# What each figure measures (and what it does not), printed beside the headline.
+MEANS = {
+    "prev-token": "this layer's experts for the previous token of the turn (temporal reuse)",
+    "stale-gate": "layer l's router on the gate input {d} MoE layer(s) earlier (prefetch {d} layer(s) ahead)",
+    "ctrl": "layer l's router on its own gate input: must be 100.0% (a check, not a predictor)",
+    "static-hot": "the layer's most-routed experts over the scored routings (oracle: has seen the answers)",
+    "static-hot-prompt": "the layer's most-routed experts during prefill (pinnable after the prompt)",
+}
+
+
+@dataclass
+class PredictResult:
+    frame: pl.DataFrame  # FRAME_SCHEMA rows (+ ``horizon`` for a horizon curve)
+    predictors: list[str]  # the ones evaluated, in print order
+    unavailable: list[dict[str, str]] = field(default_factory=list)  # {predictor, reason}
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    ctrl_failing_layers: list[int] | None = None  # None when ctrl did not run
+    phase: str = "decode"
+    width: int = 0
+    k: int = 0
+    routings: dict[int, int] = field(default_factory=dict)  # {layer: routings in the scored phase}
+
+    def overall(self) -> pl.DataFrame:
+        return self.frame.filter(pl.col("layer").is_null())
+
+    def per_layer(self) -> pl.DataFrame:
+        return self.frame.filter(pl.col("layer").is_not_null())
+
+
+def phase_mask(phase_col: np.ndarray, phase: str) -> np.ndarray:
+    if phase == "decode":
+        return phase_col == PHASE_DECODE
+    if phase == "prefill":
+        return phase_col == PHASE_PREFILL
+    if phase == "all":
+        return np.ones(phase_col.shape, dtype=bool)
+    raise UserError(f"--phase {phase!r} is not one of {', '.join(PHASES)}.")
+
+
+def expand(predictors: Sequence[str], horizons: Sequence[int]) -> list[str]:
+    """Predictor names in print order; bare ``stale-gate`` becomes one entry per horizon."""
+    out: list[str] = []
+    for p in predictors:
+        fam, d = parse_predictor(p)
+        names = [stale_gate_name(d)] if d is not None else (
+            [stale_gate_name(h) for h in horizons] if fam == "stale-gate" else [fam])
+        out += [n for n in names if n not in out]
+    return out
+
+
+def describe(name: str) -> str:
+    fam, d = parse_predictor(name)
+    return MEANS[fam].format(d=d)
+
+
+def evaluate(trace: Trace, predictors: Sequence[str] = DEFAULT_PREDICTORS, horizons: Sequence[int] = (1,),
+             width: int | None = None, phase: str = "decode", progress: Any = None) -> PredictResult:
+    """Score ``predictors`` on ``trace``'s routings of ``phase`` at ``width`` (default top-k).
+
+    ``progress``: optional tqdm-like object advanced once per part file read for gate inputs.
+    """
+    k, n_expert = trace.top_k, trace.n_expert
+    width = k if width is None else int(width)
+    if not 1 <= width <= n_expert:
+        raise UserError(f"--width {width} must lie in 1..{n_expert} (the trace's n_expert).")
+    bad = [h for h in horizons if int(h) < 1]
+    if bad:
+        raise UserError(f"--horizon {bad[0]}: a stale-gate horizon must be >= 1 (d=0 is ctrl).")
+    names = expand(predictors, [int(h) for h in horizons])
+    if not names:
+        raise UserError("--predictors: no predictor named.")
+    arr = trace.arrays(recorded=False)
+    in_phase = phase_mask(arr.phase, phase)
+    rank_w = max(width, k)  # slot/whole accuracy need the top-k, recall/precision/mass the top-w
+    res = PredictResult(pl.DataFrame(schema=FRAME_SCHEMA), names, phase=phase, width=width, k=k)
+    lay, cnt = np.unique(arr.layer[in_phase], return_counts=True)
+    res.routings = {int(l): 0 for l in trace.moe_layers} | {int(a): int(b) for a, b in zip(lay, cnt)}
+    if not in_phase.any():
+        res.notes.append(f"the trace has no {phase} routings: nothing to score")
+
+    preds: dict[str, Prediction] = {}
+    gate_names = [n for n in names if n == CTRL or n.startswith("stale-gate[")]
+    if gate_names:
+        reason = gate_unavailable(trace)
+        mats = {} if reason else trace.router_matrices()
+        reason = reason or matrix_problem(trace, mats)
+        if reason:
+            res.unavailable += [{"predictor": n, "reason": reason} for n in gate_names]
+        else:
+            horizons_used = [parse_predictor(n)[1] for n in gate_names if n != CTRL]
+            if progress is not None:
+                progress.reset(total=len(trace.parts))
+            preds.update(predict_gate(trace, in_phase, horizons_used, CTRL in gate_names, rank_w, mats,
+                                      on_part=(progress.update if progress is not None else None)))
+    for n in names:
+        if n == "prev-token":
+            preds[n] = predict_prev_token(arr, in_phase, rank_w)
+        elif n == "static-hot":
+            preds[n] = predict_static_hot(arr, in_phase, n_expert, rank_w)
+        elif n == "static-hot-prompt":
+            preds[n] = predict_static_hot_prompt(arr, in_phase, n_expert, rank_w)
+            if not (arr.phase == PHASE_PREFILL).any():
+                res.notes.append("static-hot-prompt: the trace has no prefill routings to learn from; all unscored")
+    frames = [score(preds[n], arr.experts, arr.weights, arr.layer, in_phase, trace.moe_layers, n_expert, width, phase)
+              for n in names if n in preds]
+    if frames:
+        res.frame = pl.concat(frames)
+    res.predictors = [n for n in names if n in preds]
+    if CTRL in preds:
+        _check_ctrl(trace, res, mats)
+    return res
+
+
+def _check_ctrl(trace: Trace, res: PredictResult, mats: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+    """ctrl must reproduce every routing; anything else is said loudly, with the layers and a cause."""
+    c = res.frame.filter(pl.col("predictor") == CTRL)
+    per = c.filter(pl.col("layer").is_not_null() & (pl.col("scored") > 0))
+    failing = per.filter(pl.col("whole_acc_pct") < 100.0)["layer"].to_list()
+    res.ctrl_failing_layers = failing
+    overall = c.filter(pl.col("layer").is_null())
+    if not failing:
+        if int(overall["scored"][0]) == 0:
+            res.notes.append("ctrl scored no routing, so the trace's consistency is unchecked")
+        return
+    slot = overall["slot_acc_pct"][0]
+    whole = overall["whole_acc_pct"][0]
+    cause = diagnose_ctrl(trace, failing, mats)
+    res.warnings.append(
+        f"WARNING: ctrl reads {slot:.3f}% slot / {whole:.3f}% whole-routing accuracy, not 100.0%: "
+        f"{len(failing)} layer(s) ({', '.join(map(str, failing))}) do not reproduce their own routings from their "
+        "own router and gate input. This is a defect of the trace or of this tool; stale-gate and ctrl figures "
+        f"for those layers are not trustworthy. Likely cause: {cause}.")
+
+
+def horizon_curve(trace: Trace, max_horizon: int, width: int | None = None, phase: str = "decode",
+                  progress: Any = None) -> PredictResult:
+    """stale-gate[d] for d = 1..max_horizon in one pass over the gate inputs; ``horizon`` column added."""
+    if max_horizon < 1:
+        raise UserError(f"--horizon-curve {max_horizon} must be >= 1.")
+    res = evaluate(trace, ["stale-gate"], horizons=range(1, max_horizon + 1), width=width, phase=phase,
+                   progress=progress)
+    res.frame = res.frame.with_columns(
+        pl.col("predictor").str.extract(r"\[(\d+)\]").cast(pl.Int64).alias("horizon"))
+    return res

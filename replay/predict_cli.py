@@ -1,0 +1,180 @@
+"""``predict``: predictor accuracy per layer, as text tables or one JSON object.
+
+The command only parses options and formats what :mod:`replay.predict` returns.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import typer
+
+from replay.predict import PHASES, PredictResult, describe
+from traces.errors import UserError
+
+DEFAULT = "prev-token,stale-gate,ctrl,static-hot,static-hot-prompt"
+
+
+def parse_horizons(text: str) -> list[int]:
+    """``'1,2,3'`` or ``'1..4'`` (or a mix) -> sorted distinct horizons; bad -> UserError."""
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)\s*\.\.\s*(\d+)", part)
+        if m:
+            a, b = int(m.group(1)), int(m.group(2))
+            if a > b:
+                raise UserError(f"--horizon {text}: range {part} runs backwards.")
+            out.update(range(a, b + 1))
+        elif part.isdigit():
+            out.add(int(part))
+        else:
+            raise UserError(f"--horizon {text}: expected horizons like 1,2,3 or 1..8, got {part!r}.")
+    if not out or min(out) < 1:
+        raise UserError(f"--horizon {text}: a stale-gate horizon must be >= 1 (d=0 is ctrl).")
+    return sorted(out)
+
+
+def _headline(res: PredictResult) -> str:
+    from replay.output import rows_of, text_table
+
+    rows = []
+    for r in rows_of(res.overall()):
+        rows.append({**r, "measures": describe(r["predictor"])})
+    cols = ["predictor", "slot_acc_pct", "whole_acc_pct"]
+    heads = ["predictor", "slot acc %", "whole acc %"]
+    if res.width != res.k:
+        cols += ["recall_pct", "precision_pct"]
+        heads += [f"recall@{res.width} %", f"precision@{res.width} %"]
+    cols += ["mass_pct", "scored", "unscored"]
+    heads += [f"mass@{res.width} %", "scored", "unscored"]
+    lines = text_table(rows, cols, heads, digits=1).splitlines()
+    # the description column is left-aligned text, appended after the right-aligned numbers
+    notes = ["what it measures", "-" * 16] + [r["measures"] for r in rows]
+    return "\n".join(f"{line}  {note}" for line, note in zip(lines, notes))
+
+
+def _per_layer(res: PredictResult, names: list[str], key: str = "predictor", labels: list[str] | None = None) -> str:
+    from replay.output import text_table
+
+    per = res.per_layer()
+    layers = list(res.routings)
+    table: dict[int, dict[str, Any]] = {l: {"layer": l, "routings": res.routings[l]} for l in layers}
+    for r in per.iter_rows(named=True):
+        table[r["layer"]][str(r[key])] = r["slot_acc_pct"]
+    labels = labels or names
+    return text_table([table[l] for l in layers], ["layer", *names, "routings"], ["layer", *labels, "routings"], digits=1)
+
+
+def _footer(res: PredictResult) -> list[str]:
+    lines = [
+        f"slot acc = |top-{res.k} named ∩ routed| / {res.k}; whole acc = the routed set named exactly; "
+        f"both over scored {res.phase} routings only.",
+        "unscored = routings a predictor could not rank (first token of a turn, first d MoE layers, missing "
+        "source row, no prompt): counted apart, never as wrong; '-' = nothing scored.",
+        f"mass@{res.width} = share of the routed experts' router weight that the top-{res.width} named "
+        "(weight mass is not output quality; '-' where the engine exposed no weights).",
+    ]
+    by_reason: dict[str, list[str]] = {}
+    for u in res.unavailable:
+        by_reason.setdefault(u["reason"], []).append(u["predictor"])
+    lines += [f"unavailable: {', '.join(ps)}: {reason}" for reason, ps in by_reason.items()]
+    lines += [f"note: {n}" for n in res.notes]
+    return lines
+
+
+def predict_text(trace_path: Path, trace: Any, res: PredictResult, per_layer: bool) -> str:
+    n = sum(res.routings.values())
+    wtxt = f"width {res.width} (= top-k)" if res.width == res.k else f"width {res.width} (top-k {res.k})"
+    out = [
+        f"predict {trace_path}: {trace.model['name']}, {len(trace.moe_layers)} MoE layers x {trace.n_expert} experts, "
+        f"top-{res.k}; scored phase {res.phase} ({n:,} routings); {wtxt}",
+    ]
+    out += res.warnings
+    out += ["", _headline(res)] if res.predictors else ["", "no predictor could run on this trace."]
+    if per_layer and res.predictors:
+        out += ["", f"slot accuracy % per layer ({res.phase} routings; '-' = nothing scored)", _per_layer(res, res.predictors)]
+    out += [""] + _footer(res)
+    out += res.warnings  # said again at the end: a failing ctrl must not scroll away
+    return "\n".join(out)
+
+
+def curve_text(trace_path: Path, trace: Any, res: PredictResult, per_layer: bool) -> str:
+    from replay.output import text_table
+
+    ov = res.overall().sort("horizon")
+    rows = ov.to_dicts()
+    prev = None
+    for r in rows:
+        r["delta"] = None if prev is None or r["slot_acc_pct"] is None or prev is None else r["slot_acc_pct"] - prev
+        prev = r["slot_acc_pct"]
+    out = [
+        f"predict {trace_path}: stale-gate horizon curve d=1..{len(rows)}, {res.phase} routings, "
+        f"width {res.width}: how much anticipation costs (d = MoE layers of lead time)",
+    ]
+    out += res.warnings
+    if rows:
+        out += ["", text_table(rows, ["horizon", "slot_acc_pct", "whole_acc_pct", "delta", "scored", "unscored"],
+                               ["d", "slot acc %", "whole acc %", "slot vs d-1", "scored", "unscored"], digits=1)]
+        if per_layer:
+            names = [str(d) for d in ov["horizon"].to_list()]
+            res2 = PredictResult(res.frame.with_columns(pl.col("horizon").cast(pl.String)), res.predictors,
+                                 routings=res.routings)
+            out += ["", "slot accuracy % per layer and horizon d ('-' = out of reach: the first d MoE layers)",
+                    _per_layer(res2, names, key="horizon", labels=[f"d={d}" for d in names])]
+    out += [""] + _footer(res)
+    return "\n".join(out)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def predict(
+        trace: Path = typer.Argument(..., help="Trace directory (trace.json + routings/).", show_default=False),
+        predictors: str = typer.Option(DEFAULT, "--predictors", help="Comma list: prev-token, stale-gate (one per "
+                                       "--horizon), stale-gate[d], ctrl, static-hot, static-hot-prompt."),
+        horizon: str | None = typer.Option(None, "--horizon", help="stale-gate horizons in MoE layers, e.g. 1,2,3 or "
+                                           "1..8 [default: 1]."),
+        horizon_curve: int | None = typer.Option(None, "--horizon-curve", help="Print stale-gate accuracy for "
+                                                 "d = 1..D (overall and per layer) instead of the predictor table."),
+        width: int | None = typer.Option(None, "--width", help="Experts each prediction names for recall, precision "
+                                         "and mass [default: top-k]; slot/whole accuracy stay at top-k."),
+        phase: str = typer.Option("decode", "--phase", help="Routings to score: decode | prefill | all."),
+        per_layer: bool = typer.Option(True, "--per-layer/--no-per-layer", help="Add the per-layer table (JSON: rows)."),
+        json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    ) -> None:
+        """Predictor accuracy per layer: prev-token, stale-gate[d], ctrl, static hot lists."""
+        from replay.output import json_object, progress, rows_of
+        from replay.predict import evaluate
+        from replay.predict import horizon_curve as curve
+        from traces import open_trace
+
+        if phase not in PHASES:
+            raise UserError(f"--phase {phase!r} is not one of {', '.join(PHASES)}.")
+        if horizon_curve is not None and horizon is not None:
+            raise UserError("--horizon and --horizon-curve: give one or the other.")
+        names = [p for p in (s.strip() for s in predictors.split(",")) if p]
+        horizons = parse_horizons(horizon) if horizon is not None else [1]
+        if horizon is not None and "stale-gate" not in names:
+            raise UserError("--horizon is given but --predictors names no bare stale-gate to apply it to.")
+        t = open_trace(trace)
+        with progress(len(t.parts), "gate inputs", unit="part") as bar:
+            if horizon_curve is not None:
+                res = curve(t, horizon_curve, width=width, phase=phase, progress=bar)
+            else:
+                res = evaluate(t, names, horizons=horizons, width=width, phase=phase, progress=bar)
+        if json_out:
+            frame = res.frame if per_layer else res.overall()
+            typer.echo(json_object(
+                "predict", str(trace), rows_of(frame), k=res.k, width=res.width, phase=res.phase,
+                predictors=res.predictors, unavailable=res.unavailable, warnings=res.warnings, notes=res.notes,
+                ctrl_ok=None if res.ctrl_failing_layers is None else not res.ctrl_failing_layers,
+                ctrl_failing_layers=res.ctrl_failing_layers,
+                horizon_curve=horizon_curve,
+            ))
+        elif horizon_curve is not None:
+            typer.echo(curve_text(trace, t, res, per_layer))
+        else:
+            typer.echo(predict_text(trace, t, res, per_layer))

@@ -1,0 +1,327 @@
+"""Router-based predictors: ``stale-gate[d]`` and the fresh-gate control ``ctrl``.
+
+- ``stale-gate[d]`` (d >= 1): MoE layer l's router matrix applied to the gate input of the MoE
+  layer d places earlier in ``moe_layers`` (d=1 is the FATE mechanism: predict layer l while
+  layer l-1 runs), ranked by the architecture's selection rule (activation, selection bias,
+  expert groups; :func:`traces.gating.selection_scores`). The first d MoE layers have no source
+  and are unscored, as is a routing whose source row the trace lacks.
+- ``ctrl``: layer l's router on layer l's own gate input with the same rule. On a trace whose
+  gate inputs and router matrices are consistent it reproduces every routing: 100.0%. Anything
+  less is a defect of the trace or of this tool; :func:`diagnose_ctrl` names a likely cause.
+
+Logits are recomputed in float64 from the stored float32 (or float16) values: the synthetic
+generator computes them that way, and float32 recomputation can flip near-ties.
+
+Streaming: the gate inputs (n_embd floats per row, ~2 GB on a 5,000-token 48-layer trace) are
+read one part file at a time through :meth:`Trace.iter_tables`, the next part decoded by a
+background thread; only whole batches are evaluated (a batch cut by a part boundary is carried
+into the next part), so memory is bounded by two parts plus one batch, whatever the trace
+length. Per part, one matrix product per (target, source) layer pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numba
+import numpy as np
+
+from replay.predictors.base import NONE, Prediction, stale_gate_name
+from traces.gating import selection_scores, top_indices
+from traces.reader import Trace, fixed_list_to_numpy
+
+CTRL = "ctrl"
+
+
+def gate_unavailable(trace: Trace) -> str | None:
+    """Why router-based predictors cannot run on ``trace`` (one sentence), or None."""
+    if not trace.has("gate_input"):
+        return "the trace has no gate_input column (routings only); capture gate inputs to evaluate router-based predictors"
+    if not trace.has_router:
+        return "the trace has no router.parquet, so the router matrices to recompute the routing are missing"
+    if not trace.gating.get("activation"):
+        return "trace.json gives no gating activation, so the architecture's selection rule is unknown"
+    n_group = int(trace.gating.get("n_group", 1) or 1)
+    if n_group > 1 and trace.n_expert % n_group:
+        return f"trace.json gating n_group {n_group} does not divide n_expert {trace.n_expert}"
+    return None
+
+
+def matrix_problem(trace: Trace, mats: dict[int, tuple[np.ndarray, np.ndarray]]) -> str | None:
+    """A defect of the router matrices that makes recomputation impossible (missing, wrong shape)."""
+    want = (trace.n_expert, int(trace.model.get("n_embd") or 0))
+    missing = [l for l in trace.moe_layers if l not in mats]
+    if missing:
+        return f"router.parquet holds no matrix for MoE layer(s) {_layers(missing)}"
+    for l in trace.moe_layers:
+        w, b = mats[l]
+        if w.shape != want:
+            hint = " (stored transposed?)" if w.shape == want[::-1] else ""
+            return (f"router.parquet: layer {l}'s router matrix is {list(w.shape)}, expected [n_expert, n_embd] = "
+                    f"{list(want)}{hint}")
+        if b.shape != (want[0],):
+            return f"router.parquet: layer {l}'s selection bias has {b.shape[0]} entries, expected n_expert = {want[0]}"
+    return None
+
+
+def _layers(ls: list[int]) -> str:
+    return ", ".join(str(l) for l in ls)
+
+
+# -- kernels ------------------------------------------------------------------------------------
+@numba.njit(cache=True, nogil=True)
+def _gather_f64(gate: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``gate[rows]`` as float64 in one pass (numpy would copy twice: gather, then convert)."""
+    m, d = rows.shape[0], gate.shape[1]
+    out = np.empty((m, d), dtype=np.float64)
+    for i in range(m):
+        r = rows[i]
+        for j in range(d):
+            out[i, j] = gate[r, j]
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _top_w(scores: np.ndarray, w: int) -> np.ndarray:
+    """The ``w`` largest per row, descending; ties go to the lower id (= a stable argsort of -scores).
+
+    Insertion into a sorted list of w: O(n_expert * w) per row instead of a full sort. An entry
+    enters only if strictly greater than the current w-th (an equal later id loses the tie); the
+    first w entries always enter, so -inf (group-masked) experts still fill a list wider than
+    the eligible set, in id order, exactly as the argsort would.
+    """
+    m, e = scores.shape
+    out = np.empty((m, w), dtype=np.int32)
+    val = np.empty(w, dtype=np.float64)
+    for i in range(m):
+        cnt = 0
+        for x in range(e):
+            v = scores[i, x]
+            if cnt < w:
+                p = cnt
+                cnt += 1
+            elif v > val[w - 1]:
+                p = w - 1
+            else:
+                continue
+            while p > 0 and v > val[p - 1]:
+                val[p] = val[p - 1]
+                out[i, p] = out[i, p - 1]
+                p -= 1
+            val[p] = v
+            out[i, p] = x
+    return out
+
+
+def rank(logits: np.ndarray, gating: dict[str, Any], bias: np.ndarray, width: int) -> np.ndarray:
+    """Ranked expert ids ``[T, width]`` int32 by the architecture's selection rule (float64)."""
+    sel = selection_scores(logits, gating, bias)
+    return _top_w(np.ascontiguousarray(sel), width)
+
+
+def warm_up() -> None:
+    """Compile (or load from cache) the kernels, so their compile time stays out of timings."""
+    _gather_f64(np.zeros((2, 2), np.float32), np.zeros(1, np.int64))
+    _top_w(np.zeros((1, 3)), 2)
+
+
+# -- streaming evaluation -----------------------------------------------------------------------
+def pairs_for(moe_layers: list[int], horizons: list[int], ctrl: bool) -> dict[str, list[tuple[int, int]]]:
+    """{predictor name: [(target layer, source layer)]}: horizon d pairs MoE layer i with i-d."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for d in horizons:
+        out[stale_gate_name(d)] = [(moe_layers[i], moe_layers[i - d]) for i in range(d, len(moe_layers))]
+    if ctrl:
+        out[CTRL] = [(l, l) for l in moe_layers]
+    return out
+
+
+def _prefetch(trace: Trace, columns: list[str]):
+    """Numpy columns of successive part files; the next one is decoded by a background thread.
+
+    Parquet decoding (zstd, list levels) releases the GIL, so decoding part i+1 overlaps the
+    matrix products of part i; at most two parts are in memory at once. (Decoding page by page
+    with smaller chunks saved memory but ran slower here: smaller matrix products.)
+    """
+
+    def load(table):
+        return {c: (fixed_list_to_numpy(table.column(c)) if c == "gate_input" else table.column(c).to_numpy())
+                for c in columns}
+
+    it = iter(trace.iter_tables(columns))
+
+    def next_chunk():
+        table = next(it, None)
+        return None if table is None else load(table)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        fut = pool.submit(next_chunk)
+        while True:
+            cur = fut.result()
+            if cur is None:
+                return
+            fut = pool.submit(next_chunk)
+            yield cur
+
+
+def _chunks(trace: Trace, columns: list[str]):
+    """Yield (first global row, columns as numpy) per run of *whole* batches, chunk by chunk.
+
+    A chunk's last batch may continue in the next chunk (chunks and part files end anywhere): it
+    is held back and completed with the next chunk's leading rows of that batch (only those rows
+    are copied), and flushed when a different batch begins or the trace ends.
+    """
+    carry: dict[str, np.ndarray] | None = None
+    carry_start = 0
+    offset = 0
+    for cur in _prefetch(trace, columns):
+        start = offset
+        n = cur["batch"].shape[0]
+        offset += n
+        if carry is not None:
+            j = int(np.searchsorted(cur["batch"], carry["batch"][0], side="right"))  # rows of the carried batch
+            if j:
+                carry = {c: np.concatenate([carry[c], cur[c][:j]]) for c in columns}
+                cur = {c: cur[c][j:] for c in columns}
+                start += j
+                n -= j
+            if n == 0:
+                continue  # the whole chunk belonged to the carried batch, which may go on
+            yield carry_start, carry
+            carry = None
+        if n == 0:
+            continue
+        cut = int(np.searchsorted(cur["batch"], cur["batch"][-1], side="left"))
+        carry = {c: cur[c][cut:] for c in columns}
+        carry_start = start + cut
+        if cut:
+            yield start, {c: cur[c][:cut] for c in columns}
+    if carry is not None:
+        yield carry_start, carry
+
+
+def predict_gate(trace: Trace, in_phase: np.ndarray, horizons: list[int], ctrl: bool, width: int,
+                 mats: dict[int, tuple[np.ndarray, np.ndarray]],
+                 on_part: Callable[[], None] | None = None) -> dict[str, Prediction]:
+    """Stream the gate inputs once and rank every (target, source) pair of the requested predictors.
+
+    Returns {name: Prediction} with ``ranked`` ``[R, width]``. Only rows with ``in_phase`` are
+    computed (the others stay unscored and are never counted).
+    """
+    n_rows = trace.n_rows
+    pairs = pairs_for(trace.moe_layers, horizons, ctrl)
+    preds = {name: (np.full((n_rows, width), NONE, dtype=np.int32), np.zeros(n_rows, dtype=bool)) for name in pairs}
+    by_source: dict[int, list[tuple[int, str]]] = {}
+    for name, ps in pairs.items():
+        for tgt, src in ps:
+            by_source.setdefault(src, []).append((tgt, name))
+    gating = trace.gating
+    wt = {l: np.ascontiguousarray(w.astype(np.float64).T) for l, (w, _) in mats.items()}
+    bias = {l: b.astype(np.float64) for l, (_, b) in mats.items()}
+    for start, cur in _chunks(trace, ["batch", "step", "layer", "gate_input"]):
+        layer = cur["layer"]
+        keys = (cur["batch"].astype(np.int64) << 32) | cur["step"].astype(np.int64)
+        gate = cur["gate_input"]
+        g_phase = in_phase[start:start + layer.shape[0]]
+        order = np.argsort(layer, kind="stable")  # per layer, rows keep their (batch, step) order
+        lay_sorted = layer[order]
+        present = np.unique(lay_sorted)
+        bounds = np.searchsorted(lay_sorted, present, side="left"), np.searchsorted(lay_sorted, present, side="right")
+        pos = {int(l): order[a:b] for l, a, b in zip(present, *bounds)}
+        for src, targets in by_source.items():
+            src_pos = pos.get(src)
+            if src_pos is None:
+                continue
+            src_keys = keys[src_pos]
+            g64 = None
+            for tgt, name in targets:
+                tgt_pos = pos.get(tgt)
+                if tgt_pos is None:
+                    continue
+                tgt_pos = tgt_pos[g_phase[tgt_pos]]
+                if not tgt_pos.size:
+                    continue
+                i = np.searchsorted(src_keys, keys[tgt_pos])
+                i_c = np.minimum(i, src_keys.size - 1)
+                ok = src_keys[i_c] == keys[tgt_pos]  # the same token's row at the source layer
+                if g64 is None:
+                    g64 = (_gather_f64(gate, src_pos) if gate.dtype == np.float32
+                           else gate[src_pos].astype(np.float64))
+                sel = i_c[ok]
+                src_g = g64 if (sel.size == src_pos.size and (sel == np.arange(sel.size)).all()) else g64[sel]
+                top = rank(src_g @ wt[tgt], gating, bias[tgt], width)
+                ranked, scored = preds[name]
+                rows = start + tgt_pos[ok]
+                ranked[rows] = top
+                scored[rows] = True
+        if on_part is not None:
+            on_part()
+    return {name: Prediction(name, r, s) for name, (r, s) in preds.items()}
+
+
+# -- ctrl diagnosis -----------------------------------------------------------------------------
+def _agree(g: np.ndarray, w: np.ndarray, b: np.ndarray, gating: dict[str, Any], experts: np.ndarray) -> float:
+    """Share of sample routings whose expert set the matrix ``w`` reproduces exactly."""
+    k = experts.shape[1]
+    top = top_indices(selection_scores(g @ w.astype(np.float64).T, gating, b), k)
+    return float(np.mean([set(a) == set(e) for a, e in zip(top.tolist(), experts.tolist())]))
+
+
+def diagnose_ctrl(trace: Trace, failing: list[int], mats: dict[int, tuple[np.ndarray, np.ndarray]],
+                  sample: int = 64) -> str:
+    """A likely cause for ctrl failing on ``failing`` layers, from a sample of their routings."""
+    cols = ["layer", "experts", "gate_input"] + (["logits"] if trace.has("logits") else [])
+    got: dict[int, list[dict[str, np.ndarray]]] = {l: [] for l in failing}
+    for table in trace.iter_tables(cols):
+        lay = table.column("layer").to_numpy()
+        for l in failing:
+            have = sum(x["experts"].shape[0] for x in got[l])
+            rows = np.flatnonzero(lay == l)[: max(0, sample - have)]
+            if rows.size:
+                t = table.take(rows)
+                got[l].append({c: (fixed_list_to_numpy(t.column(c)) if c != "layer" else None) for c in cols})
+        if all(sum(x["experts"].shape[0] for x in got[l]) >= sample for l in failing):
+            break
+    gating = trace.gating
+    causes = []
+    for l in failing:
+        if not got[l]:
+            continue
+        g = np.concatenate([x["gate_input"] for x in got[l]]).astype(np.float64)
+        ex = np.concatenate([x["experts"] for x in got[l]])
+        w, b = mats[l]
+        own = _agree(g, w, b, gating, ex)
+        others = {m: _agree(g, mats[m][0], mats[m][1], gating, ex) for m in trace.moe_layers if m != l}
+        best = max(others, key=lambda m: (others[m], -m)) if others else None
+        if best is not None and others[best] == 1.0 and own < 1.0:
+            causes.append(f"layer {l}'s routings match layer {best}'s router matrix (router.parquet rows swapped "
+                          "between layers, or the wrong layer's matrix written)")
+            continue
+        if w.shape[0] == w.shape[1] and _agree(g, w.T, b, gating, ex) == 1.0:
+            causes.append(f"layer {l}'s routings match the transpose of its router matrix (stored transposed)")
+            continue
+        if "logits" in got[l][0]:
+            stored = np.concatenate([x["logits"] for x in got[l]]).astype(np.float64)
+            recomputed = g @ w.astype(np.float64).T
+            scale = max(float(np.abs(stored).max()), 1e-30)
+            err = float(np.abs(recomputed - stored).max()) / scale
+            from_stored = float(np.mean([set(a) == set(e) for a, e in zip(
+                top_indices(selection_scores(stored, gating, b), ex.shape[1]).tolist(), ex.tolist())]))
+            if err > 1e-3:
+                causes.append(f"layer {l}: recomputed logits differ from the stored logits (max relative error {err:.2g}): "
+                              "the gate inputs or the router matrix are not the ones the engine used")
+                continue
+            if from_stored < 1.0:
+                causes.append(f"layer {l}: even the stored logits do not reproduce the routings under trace.json's gating "
+                              f"({gating.get('activation')}, selection_bias={gating.get('selection_bias')}, "
+                              f"n_group={gating.get('n_group')}): the gating metadata does not describe this engine")
+                continue
+            causes.append(f"layer {l}: logits match to {err:.2g} but near-ties flip (a float16/quantized router "
+                          "recomputed in float64?)")
+            continue
+        causes.append(f"layer {l}: no other layer's matrix nor the transpose explains it; check trace.json's gating "
+                      "(activation, selection bias, groups) and whether the router is quantized")
+    return "; ".join(causes) if causes else "no sample routings to diagnose"
+

@@ -1,0 +1,59 @@
+"""``static-hot`` and ``static-hot-prompt``: each layer's most-routed experts, one list per layer.
+
+- ``static-hot`` learns the counts over the scored phase of the whole run and is scored on the
+  same routings: an oracle (it has seen the answers), the ceiling of any fixed per-layer list;
+- ``static-hot-prompt`` learns them from the prompt (prefill rows of every turn) only — what an
+  engine could pin after prefill. A trace (or a layer) without prefill rows leaves it unscored.
+  With ``--phase prefill`` it is scored on what it learned from, so it equals ``static-hot``.
+
+Ranking: count descending, then expert id ascending (experts never routed fill the tail in id
+order, so every layer's list is deterministic and always ``width`` long).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from replay.predictors.base import NONE, Prediction
+from traces.reader import RoutingArrays
+from traces.schema import PHASE_PREFILL
+
+
+def hot_lists(arr: RoutingArrays, learn: np.ndarray, n_expert: int, width: int) -> dict[int, np.ndarray]:
+    """{layer: the ``width`` most-routed experts over rows ``learn``} for layers that have such rows."""
+    rows = np.flatnonzero(learn)
+    out: dict[int, np.ndarray] = {}
+    if not rows.size:
+        return out
+    lay = arr.layer[rows].astype(np.int64)
+    layers = np.unique(lay)
+    pos = np.searchsorted(layers, lay)
+    counts = np.bincount((pos[:, None] * n_expert + arr.experts[rows]).ravel(),
+                         minlength=layers.size * n_expert).reshape(layers.size, n_expert)
+    ids = np.arange(n_expert)
+    for i, l in enumerate(layers):
+        order = np.lexsort((ids, -counts[i]))  # count desc, id asc
+        out[int(l)] = order[:width].astype(np.int32)
+    return out
+
+
+def _predict(name: str, arr: RoutingArrays, in_phase: np.ndarray, learn: np.ndarray, n_expert: int,
+             width: int) -> Prediction:
+    n = arr.n_rows
+    ranked = np.full((n, width), NONE, dtype=np.int32)
+    scored = np.zeros(n, dtype=bool)
+    for layer, ids in hot_lists(arr, learn, n_expert, width).items():
+        rows = in_phase & (arr.layer == layer)
+        ranked[rows, : ids.size] = ids
+        scored[rows] = True
+    return Prediction(name, ranked, scored)
+
+
+def predict_static_hot(arr: RoutingArrays, in_phase: np.ndarray, n_expert: int, width: int) -> Prediction:
+    """Oracle: learned over the scored rows themselves."""
+    return _predict("static-hot", arr, in_phase, in_phase, n_expert, width)
+
+
+def predict_static_hot_prompt(arr: RoutingArrays, in_phase: np.ndarray, n_expert: int, width: int) -> Prediction:
+    """Learned from the prefill rows of the whole trace only."""
+    return _predict("static-hot-prompt", arr, in_phase, arr.phase == PHASE_PREFILL, n_expert, width)

@@ -1,0 +1,257 @@
+"""Predictors and the predict CLI: ctrl consistency (and its loud failure on broken traces),
+unavailable predictors, real traces, option errors, definitions that a twin could share a bug on."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from predict_traces import gating_meta, write_trace
+
+from replay.predict import evaluate, horizon_curve
+from replay.predictors.gate import _top_w, matrix_problem
+from replay.predictors.static_hot import hot_lists
+from traces import open_trace
+from traces.errors import TraceError, UserError
+from traces.gating import top_indices
+from traces.reader import RoutingArrays
+
+SMALL = dict(layers=4, experts=16, top_k=4, embd=32, tokens=40, prompt_tokens=12)
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    from replay.cli import main
+
+    code = 0
+    try:
+        main([*map(str, args)])
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+# -- ctrl ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("gating", ["softmax", "sigmoid-bias", "grouped"])
+@pytest.mark.parametrize("phase", ["decode", "prefill", "all"])
+def test_ctrl_is_exactly_100_on_consistent_traces(synth_trace_dir, gating, phase):
+    t = open_trace(synth_trace_dir(**SMALL, gating=gating))
+    res = evaluate(t, ["ctrl", "stale-gate"], horizons=[1, 3], phase=phase, width=6)
+    ctrl = res.frame.filter(pl.col("predictor") == "ctrl")
+    assert (ctrl["slot_acc_pct"] == 100.0).all() and (ctrl["whole_acc_pct"] == 100.0).all()
+    assert (ctrl["recall_pct"] == 100.0).all() and (ctrl["mass_pct"] - 100.0).abs().max() < 1e-9
+    assert (ctrl["unscored"] == 0).all() and ctrl.filter(pl.col("layer").is_null())["scored"][0] > 0
+    assert res.ctrl_failing_layers == [] and res.warnings == []
+    # stale-gate is a real prediction: below ctrl, above nothing; its first d layers are out of reach
+    sg = res.overall().filter(pl.col("predictor") == "stale-gate[1]")
+    assert 30.0 < sg["slot_acc_pct"][0] < 100.0
+    per = res.per_layer().filter(pl.col("predictor") == "stale-gate[3]").sort("layer")
+    assert per["slot_acc_pct"].to_list()[:3] == [None, None, None] and per["scored"].to_list()[:3] == [0, 0, 0]
+    assert per["slot_acc_pct"][3] is not None
+
+
+def _rewrite_router(src: Path, dst: Path, fn) -> Path:
+    shutil.copytree(src, dst)
+    t = pq.read_table(dst / "router.parquet")
+    pq.write_table(fn(t), dst / "router.parquet")
+    return dst
+
+
+def test_ctrl_catches_router_rows_swapped_between_layers(synth_trace_dir, tmp_path, capsys):
+    def swap(t: pa.Table) -> pa.Table:
+        lay = t.column("layer").to_numpy().copy()
+        a, b = lay == 1, lay == 2
+        lay[a], lay[b] = 2, 1
+        return t.set_column(0, "layer", pa.array(lay, pa.int16()))
+
+    path = _rewrite_router(synth_trace_dir(**SMALL, gating="sigmoid-bias"), tmp_path / "swapped", swap)
+    res = evaluate(open_trace(path), ["ctrl"])
+    assert res.ctrl_failing_layers == [1, 2]
+    (w,) = res.warnings
+    assert w.startswith("WARNING: ctrl reads") and "(1, 2)" in w
+    assert "layer 1's routings match layer 2's router matrix" in w and "layer 2's routings match layer 1's" in w
+    code, out, _ = run_cli(capsys, "predict", path, "--predictors", "ctrl")  # text: said loudly, twice
+    assert code == 0 and out.count("WARNING: ctrl reads") == 2
+    code, out, _ = run_cli(capsys, "predict", path, "--predictors", "ctrl,prev-token", "--json")
+    obj = json.loads(out)
+    assert obj["ctrl_ok"] is False and obj["ctrl_failing_layers"] == [1, 2] and "swapped" in obj["warnings"][0]
+
+
+def test_ctrl_catches_a_transposed_square_router(synth_trace_dir, tmp_path):
+    cfg = dict(SMALL, embd=16)  # n_expert == n_embd: a transposed matrix passes every shape check
+
+    def transpose_layer_3(t: pa.Table) -> pa.Table:
+        lay = t.column("layer").to_numpy()
+        w = np.stack(t.column("weight").to_numpy(zero_copy_only=False)).astype(np.float32)
+        sel = np.flatnonzero(lay == 3)
+        w[sel] = w[sel].T.copy()
+        flat = pa.array(w.reshape(-1), pa.float32())
+        return t.set_column(2, "weight", pa.FixedSizeListArray.from_arrays(flat, 16))
+
+    path = _rewrite_router(synth_trace_dir(**cfg), tmp_path / "transposed", transpose_layer_3)
+    res = evaluate(open_trace(path), ["ctrl", "stale-gate"])
+    assert res.ctrl_failing_layers == [3]
+    assert "transpose of its router matrix" in res.warnings[0]
+
+
+def test_transposed_router_with_other_shape_is_a_clear_defect(synth_trace_dir, tmp_path, capsys):
+    src = synth_trace_dir(**SMALL)  # 16 experts, 32 embd
+    dst = tmp_path / "t"
+    shutil.copytree(src, dst)
+    t = pq.read_table(dst / "router.parquet")
+    w = np.stack(t.column("weight").to_numpy(zero_copy_only=False)).reshape(4, 16, 32).transpose(0, 2, 1)
+    bad = pa.table({
+        "layer": pa.array(np.repeat(np.arange(4), 32), pa.int16()), "expert": pa.array(np.tile(np.arange(32), 4), pa.int32()),
+        "weight": pa.FixedSizeListArray.from_arrays(pa.array(w.reshape(-1).astype(np.float32)), 16),
+        "bias": pa.array(np.zeros(128, np.float32)),
+    })
+    pq.write_table(bad, dst / "router.parquet")
+    with pytest.raises(TraceError, match="router.parquet"):
+        open_trace(dst)
+    code, out, err = run_cli(capsys, "predict", dst)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "router.parquet" in err and "Traceback" not in err
+    # the library's own check, should a matrix of the wrong shape ever reach it
+    trace = open_trace(src)
+    mats = {l: (w_.T.copy(), b) for l, (w_, b) in trace.router_matrices().items()}
+    assert "stored transposed?" in matrix_problem(trace, mats)
+    mats.pop(2)
+    assert "no matrix for MoE layer(s) 2" in matrix_problem(trace, mats)
+
+
+# -- unavailable predictors ---------------------------------------------------------------------
+def test_routing_only_trace_reports_router_predictors_unavailable(synth_trace_dir, capsys):
+    path = synth_trace_dir(**SMALL, routing_only=True)
+    res = evaluate(open_trace(path), horizons=[1, 2])
+    assert res.predictors == ["prev-token", "static-hot", "static-hot-prompt"]
+    assert [u["predictor"] for u in res.unavailable] == ["stale-gate[1]", "stale-gate[2]", "ctrl"]
+    assert all("no gate_input column" in u["reason"] for u in res.unavailable)
+    assert res.ctrl_failing_layers is None
+    code, out, _ = run_cli(capsys, "predict", path)
+    assert code == 0 and "unavailable: stale-gate[1], ctrl: the trace has no gate_input column" in out
+
+
+def test_trace_without_router_parquet(synth_trace_dir, tmp_path):
+    dst = tmp_path / "t"
+    shutil.copytree(synth_trace_dir(**SMALL), dst)
+    (dst / "router.parquet").unlink()
+    res = evaluate(open_trace(dst), ["ctrl", "prev-token"])
+    assert res.predictors == ["prev-token"] and "no router.parquet" in res.unavailable[0]["reason"]
+
+
+@pytest.mark.parametrize("name", ["qwen", "gptoss"])
+def test_real_traces(real_trace_dir, capsys, name):
+    path = real_trace_dir(name)
+    res = evaluate(open_trace(path))
+    assert res.predictors == ["prev-token", "static-hot", "static-hot-prompt"]
+    assert {u["predictor"] for u in res.unavailable} == {"stale-gate[1]", "ctrl"}
+    ov = {r["predictor"]: r for r in res.overall().to_dicts()}
+    t = open_trace(path)
+    n_moe, decode = len(t.moe_layers), t.token_counts()["tokens_decode"]
+    # prev-token: the first decoded token of the (single) turn is unscored at every layer
+    assert ov["prev-token"]["unscored"] == n_moe and ov["prev-token"]["scored"] == n_moe * (decode - 1)
+    assert ov["static-hot"]["scored"] == n_moe * decode and 0 < ov["static-hot"]["slot_acc_pct"] < 100
+    assert ov["static-hot-prompt"]["slot_acc_pct"] <= ov["static-hot"]["recall_pct"] + 1e-9  # the oracle wins
+    code, out, _ = run_cli(capsys, "predict", path, "--json")
+    obj = json.loads(out)
+    assert code == 0 and obj["command"] == "predict" and obj["ctrl_ok"] is None
+    assert {u["predictor"] for u in obj["unavailable"]} == {"stale-gate[1]", "ctrl"}
+    assert {"predictor", "layer", "slot_acc_pct", "whole_acc_pct", "scored", "unscored"} <= set(obj["rows"][0])
+
+
+# -- definitions --------------------------------------------------------------------------------
+def test_prev_token_unscored_by_phase(tmp_path):
+    path = write_trace(tmp_path / "t", n_layer=3, moe_layers=[0, 2], n_expert=6, top_k=2, n_embd=2,
+                       gating=gating_meta("softmax"), turns=[(3, 4), (2, 0), (1, 2)], seed=1)
+    t = open_trace(path)
+    un = {ph: evaluate(t, ["prev-token"], phase=ph).overall()["unscored"][0] for ph in ("decode", "prefill", "all")}
+    # decode: first decoded token of turns 0 and 2; prefill: first prompt token of each turn; all: first token of each
+    assert un == {"decode": 2 * 2, "prefill": 3 * 2, "all": 3 * 2}
+
+
+def test_static_hot_prompt_without_prefill(synth_trace_dir):
+    t = open_trace(synth_trace_dir(**dict(SMALL, prompt_tokens=0)))
+    res = evaluate(t, ["static-hot", "static-hot-prompt"])
+    sp = res.frame.filter(pl.col("predictor") == "static-hot-prompt")
+    assert (sp["scored"] == 0).all() and sp["slot_acc_pct"].null_count() == sp.height  # '-', never 0.0
+    assert any("no prefill" in n for n in res.notes)
+
+
+def test_hot_list_ties_count_desc_then_id_asc():
+    ex = np.array([[3, 1], [1, 3], [0, 2], [2, 5], [4, 5]], np.int32)
+    n = ex.shape[0]
+    arr = RoutingArrays(turn=np.zeros(n, np.int32), batch=np.arange(n, dtype=np.int32), phase=np.ones(n, np.int8),
+                        step=np.arange(n, dtype=np.int32), layer=np.zeros(n, np.int16), experts=ex,
+                        weights=np.full(ex.shape, np.nan, np.float32))
+    # counts: 0:1 1:2 2:2 3:2 4:1 5:2 (6,7 never) -> 1,2,3,5 (ties by id), then 0,4, then 6,7
+    assert hot_lists(arr, np.ones(n, bool), 8, 8)[0].tolist() == [1, 2, 3, 5, 0, 4, 6, 7]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 12), st.integers(0, 2**31), st.booleans())
+def test_top_w_kernel_equals_stable_argsort(rows, n_expert, seed, masked):
+    rng = np.random.default_rng(seed)
+    s = rng.integers(-3, 4, size=(rows, n_expert)).astype(np.float64)  # many ties
+    if masked:
+        s[rng.random(s.shape) < 0.4] = -np.inf
+    for w in range(1, n_expert + 1):
+        assert np.array_equal(_top_w(s, w), top_indices(s, w))
+
+
+def test_horizon_curve_matches_evaluate_and_out_of_reach(synth_trace_dir):
+    t = open_trace(synth_trace_dir(**SMALL))
+    curve = horizon_curve(t, 5)
+    assert curve.overall()["horizon"].to_list() == [1, 2, 3, 4, 5]
+    ev = evaluate(t, ["stale-gate"], horizons=[2]).frame
+    assert curve.frame.filter(pl.col("horizon") == 2).drop("horizon").equals(ev)
+    # 4 MoE layers: d=4 and d=5 reach no layer -> all unscored, every figure '-'
+    far = curve.overall().filter(pl.col("horizon") >= 4)
+    assert (far["scored"] == 0).all() and far["slot_acc_pct"].null_count() == 2
+
+
+def test_cli_text_json_and_determinism(synth_trace_dir, capsys):
+    path = synth_trace_dir(**SMALL)
+    code, out, _ = run_cli(capsys, "predict", path, "--horizon", "1..2", "--width", "6")
+    assert code == 0
+    assert "recall@6 %" in out and "stale-gate[2]" in out and "slot accuracy % per layer" in out
+    assert "100.0" in out.split("ctrl")[1].splitlines()[0]
+    _, a, _ = run_cli(capsys, "predict", path, "--json", "--horizon", "1,3")
+    _, b, _ = run_cli(capsys, "predict", path, "--json", "--horizon", "1,3")
+    assert a == b
+    obj = json.loads(a)
+    assert obj["ctrl_ok"] is True and obj["predictors"][1:3] == ["stale-gate[1]", "stale-gate[3]"]
+    assert sum(r["layer"] is None for r in obj["rows"]) == 6 and len(obj["rows"]) == 6 * 5
+    _, c, _ = run_cli(capsys, "predict", path, "--json", "--no-per-layer")
+    assert all(r["layer"] is None for r in json.loads(c)["rows"])
+    code, out, _ = run_cli(capsys, "predict", path, "--horizon-curve", "3", "--no-per-layer")
+    assert code == 0 and "horizon curve d=1..3" in out
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--width", "0"], "--width 0"),
+    (["--width", "17"], "--width 17"),
+    (["--horizon", "0"], "--horizon 0"),
+    (["--horizon", "x"], "--horizon x"),
+    (["--horizon", "3..1"], "backwards"),
+    (["--phase", "both"], "--phase"),
+    (["--predictors", "oracle"], "unknown predictor"),
+    (["--predictors", "stale-gate[0]"], "horizon must be >= 1"),
+    (["--predictors", "ctrl", "--horizon", "2"], "no bare stale-gate"),
+    (["--horizon", "2", "--horizon-curve", "3"], "one or the other"),
+    (["--horizon-curve", "0"], "--horizon-curve 0"),
+])
+def test_bad_options_are_one_sentence(synth_trace_dir, capsys, args, needle):
+    code, out, err = run_cli(capsys, "predict", synth_trace_dir(**SMALL), *args)
+    assert code == 2 and out == "" and needle in err and err.count("\n") == 1
+
+
+def test_library_rejects_bad_width(synth_trace_dir):
+    with pytest.raises(UserError, match="--width"):
+        evaluate(open_trace(synth_trace_dir(**SMALL)), width=99)
