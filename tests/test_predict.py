@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from predict_traces import gating_meta, write_trace
 
 from replay.predict import evaluate, horizon_curve
 from replay.predictors.gate import _top_w, matrix_problem
 from replay.predictors.static_hot import hot_lists
+from tests.predict_traces import gating_meta, write_trace
 from traces import open_trace
 from traces.errors import TraceError, UserError
 from traces.gating import top_indices

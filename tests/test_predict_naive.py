@@ -8,10 +8,10 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from naive.predict import naive_evaluate
-from predict_traces import GATINGS, gating_meta, write_trace
 
 from replay.predict import evaluate, expand
+from tests.naive.predict import naive_evaluate
+from tests.predict_traces import GATINGS, gating_meta, write_trace
 from traces import open_trace
 
 ALL = ["prev-token", "stale-gate", "ctrl", "static-hot", "static-hot-prompt"]
