@@ -23,12 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from engine_bridge.checks import checks_passed, input_rounding, run_checks
+from engine_bridge.checks import checks_passed, run_checks
 from engine_bridge.engine import Engine, EngineOptions, engine_version, import_llama_cpp
 from engine_bridge.gguf_static import GgufStatic, read_static
 from engine_bridge.hook import GraphShape, LayerCapture, MoeHook
 from traces.atomic import check_output_dir
 from traces.errors import UserError
+from traces.rounding import input_rounding
 from traces.writer import TraceWriter
 
 

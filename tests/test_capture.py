@@ -15,11 +15,11 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip 
 pytest.importorskip("gguf", reason="gguf-py is not installed (pip install 'moe-replay[capture]')")
 
 from engine_bridge.capture import CaptureOptions, capture  # noqa: E402
-from engine_bridge.checks import round_input  # noqa: E402
 from engine_bridge.tinymodel import TinyModelConfig, write_tiny_model  # noqa: E402
 from traces import open_trace  # noqa: E402
 from traces.gating import activation, select  # noqa: E402
 from traces.reader import fixed_list_to_numpy  # noqa: E402
+from traces.rounding import round_input  # noqa: E402
 
 pytestmark = pytest.mark.capture
 
@@ -227,3 +227,18 @@ def test_quantized_router_fresh_gate(tmp_path):
     assert t.meta["router_input_rounding"] == "q8_0" and t.meta["router_stored_type"] == "Q8_0"
     fg = res.checks["fresh_gate"]
     assert fg["agree"] == fg["rows"] == t.n_rows and fg["logits_within_tol"]
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "minimax-m2"])
+def test_ctrl_predictor_reads_100_on_captures(traces_full, arch):
+    """The predictor issue's ctrl (router.parquet x gate_input with the engine's input rounding and
+    the architecture's selection rule) reproduces every captured routing."""
+    from replay.predict import evaluate
+
+    d, _ = traces_full[arch]
+    t = open_trace(d)
+    res = evaluate(t, ["ctrl", "stale-gate"], phase="all")
+    row = res.overall().filter(res.overall()["predictor"] == "ctrl").row(0, named=True)
+    assert row["slot_acc_pct"] == 100.0 and row["whole_acc_pct"] == 100.0
+    assert row["scored"] == t.n_rows and row["unscored"] == 0
+    assert not res.ctrl_failing_layers

@@ -31,6 +31,7 @@ import numpy as np
 from replay.predictors.base import NONE, Prediction, stale_gate_name
 from traces.gating import selection_scores, top_indices
 from traces.reader import Trace, fixed_list_to_numpy
+from traces.rounding import round_input
 
 CTRL = "ctrl"
 
@@ -218,6 +219,7 @@ def predict_gate(trace: Trace, in_phase: np.ndarray, horizons: list[int], ctrl: 
         for tgt, src in ps:
             by_source.setdefault(src, []).append((tgt, name))
     gating = trace.gating
+    rounding = trace.meta.get("router_input_rounding", "none")
     wt = {l: np.ascontiguousarray(w.astype(np.float64).T) for l, (w, _) in mats.items()}
     bias = {l: b.astype(np.float64) for l, (_, b) in mats.items()}
     for start, cur in _chunks(trace, ["batch", "step", "layer", "gate_input"]):
@@ -247,8 +249,13 @@ def predict_gate(trace: Trace, in_phase: np.ndarray, horizons: list[int], ctrl: 
                 i_c = np.minimum(i, src_keys.size - 1)
                 ok = src_keys[i_c] == keys[tgt_pos]  # the same token's row at the source layer
                 if g64 is None:
-                    g64 = (_gather_f64(gate, src_pos) if gate.dtype == np.float32
-                           else gate[src_pos].astype(np.float64))
+                    if rounding not in ("none", "unknown"):
+                        # the engine rounds the router input to the weight's dot-product type
+                        g64 = round_input(gate[src_pos], rounding).astype(np.float64)
+                    elif gate.dtype == np.float32:
+                        g64 = _gather_f64(gate, src_pos)
+                    else:
+                        g64 = gate[src_pos].astype(np.float64)
                 sel = i_c[ok]
                 src_g = g64 if (sel.size == src_pos.size and (sel == np.arange(sel.size)).all()) else g64[sel]
                 top = rank(src_g @ wt[tgt], gating, bias[tgt], width)
@@ -289,7 +296,8 @@ def diagnose_ctrl(trace: Trace, failing: list[int], mats: dict[int, tuple[np.nda
     for l in failing:
         if not got[l]:
             continue
-        g = np.concatenate([x["gate_input"] for x in got[l]]).astype(np.float64)
+        g = round_input(np.concatenate([x["gate_input"] for x in got[l]]),
+                        trace.meta.get("router_input_rounding", "none")).astype(np.float64)
         ex = np.concatenate([x["experts"] for x in got[l]])
         w, b = mats[l]
         own = _agree(g, w, b, gating, ex)
