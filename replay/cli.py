@@ -86,8 +86,8 @@ def synth(
     routing_only: bool = typer.Option(False, "--routing-only", help="Skip logits, gate inputs and router matrices."),
     expert_bytes: int | None = typer.Option(None, "--expert-bytes", help="Bytes of one expert (default: realistic per-layer sizes)."),
     drift: float = typer.Option(0.35, "--drift", help="Residual update per layer (stale-gate agreement falls as it grows)."),
-    reuse: float = typer.Option(0.85, "--reuse", help="Token-to-token persistence of the topic vector, 0..1 (temporal reuse)."),
-    skew: float = typer.Option(1.5, "--skew", help="Expert popularity skew at the last layer (rises linearly with depth from 0)."),
+    reuse: float = typer.Option(0.8, "--reuse", help="Token-to-token persistence of the topic vector, 0..1 (temporal reuse)."),
+    skew: float = typer.Option(3.0, "--skew", help="Expert popularity skew at the last layer (rises linearly with depth from 0)."),
     force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists."),
     json_out: bool = JsonOpt,
 ) -> None:

@@ -169,7 +169,53 @@ def section_cost(ctx: ReportContext) -> Section:
     return s
 
 
-SECTIONS: list[Callable[[ReportContext], Section]] = [section_summary, section_popularity, section_drop, section_cost]
+def section_predictors(ctx: ReportContext) -> Section:
+    from replay import plots
+    from replay.predict import describe, evaluate, horizon_curve
+
+    tr = ctx.trace
+    s = Section("Predictor accuracy (decode)")
+    horizons = [1, 2]
+    res = evaluate(tr, ["prev-token", "stale-gate", "ctrl", "static-hot", "static-hot-prompt"], horizons=horizons)
+    overall = res.overall()
+    s.text.append(f"Slot accuracy = |top-{tr.top_k} named ∩ routed| / {tr.top_k}; whole = the routed set named exactly; "
+                  "over scored decode routings only. Unscored routings (first decoded token of a turn, the first d MoE "
+                  "layers for stale-gate[d], no prompt for static-hot-prompt) are counted apart, never as wrong; "
+                  "a layer with nothing scored shows '-'.")
+    s.text += res.warnings + [f"Unavailable: {u['predictor']}: {u['reason']}." for u in res.unavailable] + res.notes
+    head = overall.with_columns(pl.col("predictor").map_elements(describe, return_dtype=pl.String).alias("measures"))
+    s.tables.append(Table("predict_overall", head, "headline per predictor (decode)",
+                          columns=["predictor", "slot_acc_pct", "whole_acc_pct", "scored", "unscored", "measures"]))
+    per = res.per_layer()
+    if per.height:
+        wide = per.pivot(on="predictor", index="layer", values="slot_acc_pct").sort("layer")
+        wide = wide.join(pl.DataFrame({"layer": list(res.routings), "routings": list(res.routings.values())},
+                                      schema_overrides={"layer": per["layer"].dtype}), on="layer", how="left")
+        cols = ["layer"] + [p for p in res.predictors if p in wide.columns] + ["routings"]
+        s.tables.append(Table("predict_per_layer", wide.select(cols), "slot accuracy % per MoE layer (decode)"))
+        series = {}
+        for p in res.predictors:
+            f = per.filter(pl.col("predictor") == p).sort("layer")
+            series[p] = (f["layer"].to_numpy(), f["slot_acc_pct"].fill_null(float("nan")).to_numpy())
+        plots.lines(series, ctx.out / "predict_per_layer.png", "Predictor slot accuracy per layer (decode)",
+                    "MoE layer", f"slot accuracy (% of top-{tr.top_k} named)", ylim=(0, 102))
+        s.images.append(("predict_per_layer.png", "per-layer predictor accuracy"))
+    if not [u for u in res.unavailable if u["predictor"].startswith("stale-gate")]:
+        D = min(8, len(tr.moe_layers) - 1)
+        if D >= 1:
+            curve = horizon_curve(tr, D).overall().sort("horizon")
+            plots.lines({"stale-gate[d]": (curve["horizon"].to_numpy(), curve["slot_acc_pct"].to_numpy())},
+                        ctx.out / "horizon_curve.png", "How much anticipation costs: stale-gate accuracy vs horizon",
+                        "horizon d (MoE layers ahead)", "slot accuracy (%, decode)", ylim=(0, 102))
+            s.images.append(("horizon_curve.png", "stale-gate horizon curve"))
+            s.tables.append(Table("horizon_curve", curve.select(["horizon", "slot_acc_pct", "whole_acc_pct", "scored",
+                                                                   "unscored"]), "stale-gate[d], all layers (decode)"))
+    return s
+
+
+SECTIONS: list[Callable[[ReportContext], Section]] = [
+    section_summary, section_predictors, section_popularity, section_drop, section_cost,
+]
 
 
 # -- rendering ---------------------------------------------------------------------------------

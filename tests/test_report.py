@@ -6,7 +6,7 @@ import pytest
 
 from tests.helpers import assert_one_sentence_error, run_cli
 
-EXPECTED_SECTIONS = ["Trace summary", "Expert popularity", "Drop-cold trade-off", "Cost model"]
+EXPECTED_SECTIONS = ["Trace summary", "Predictor accuracy (decode)", "Expert popularity", "Drop-cold trade-off", "Cost model"]
 
 
 def _report(trace, out):

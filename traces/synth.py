@@ -54,8 +54,8 @@ class SynthConfig:
     routing_only: bool = False
     expert_bytes: int | None = None
     drift: float = 0.35
-    reuse: float = 0.85
-    skew: float = 1.5
+    reuse: float = 0.8
+    skew: float = 3.0
     logit_scale: float = 2.0
     chunk_tokens: int = 256
 
