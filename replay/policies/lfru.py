@@ -1,0 +1,36 @@
+"""``lfru``: colibri-style frequency-then-recency score, lowest score evicted.
+
+score = freq << 8 | recency, recency = max(0, 255 - (clock - last_load)), where freq is the demand
+frequency (loads that touched the entry since admission, as in ``lfu``), and the clock counts
+*loads* ((batch, layer) groups, 0-based over the trace): eviction after load ``c`` uses clock
+``c``. An entry untouched for 255 loads (about 255 / MoE-layers tokens) has lost all recency
+credit. Ties (equal score) go to the least recently used.
+"""
+
+from __future__ import annotations
+
+from numba import njit
+
+from replay.cache_state import FREQ, LAST_LOAD
+from replay.policies._scan import make_pick_victim, no_op, no_state
+
+PARTITION = "global"
+UNBOUNDED = False
+NEEDS_NEXT_USE = False
+
+init = no_state
+on_admit = no_op
+on_touch = no_op
+on_evict = no_op
+
+
+@njit(cache=True, inline="always")
+def key(ps, ent, e, load):
+    age = load - ent[e, LAST_LOAD]
+    rec = 255 - age
+    if rec < 0:
+        rec = 0
+    return (ent[e, FREQ] << 8) | rec
+
+
+pick_victim = make_pick_victim(key)
