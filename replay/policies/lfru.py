@@ -5,6 +5,11 @@ frequency (loads that touched the entry since admission, as in ``lfu``), and the
 *loads* ((batch, layer) groups, 0-based over the trace): eviction after load ``c`` uses clock
 ``c``. An entry untouched for 255 loads (about 255 / MoE-layers tokens) has lost all recency
 credit. Ties (equal score) go to the least recently used.
+
+Said out loud: with frequency in the high bits and this tie-break, the victim order is exactly
+``lfu``'s (the recency byte falls with the last load, and saturated bytes tie and fall back to the
+same least-recent rule), so ``lfru`` replays identically to ``lfu``; it would differ only with a
+frequency that saturates or decays, which the specification does not give.
 """
 
 from __future__ import annotations

@@ -81,20 +81,17 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
         if policy == "infinite":
             continue
         # Eviction once after the load, never an entry this load touched.
-        if policy in PARTITIONED:
-            def members():
-                return [x for x in cache if x[0] == layer]
-            limit = share
-        else:
-            def members():
-                return list(cache)
-            limit = budget_bytes
-        while sum(expert_bytes[x[0]] for x in members()) > limit:
-            candidates = [x for x in members() if cache[x]["load"] != i]
+        partitioned = policy in PARTITIONED
+        limit = share if partitioned else budget_bytes
+        while True:
+            members = [x for x in cache if x[0] == layer or not partitioned]
+            if sum(expert_bytes[x[0]] for x in members) <= limit:
+                break
+            candidates = [x for x in members if cache[x]["load"] != i]
             if not candidates:
                 break
-
-            def key_of(x):
+            keys = {}
+            for x in candidates:
                 c = cache[x]
                 if policy in ("lru", "layer"):
                     k = 0
@@ -105,14 +102,12 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
                 elif policy == "belady":
                     k = -c["next"]
                 elif policy == "random":
-                    lidx = moe_layers.index(x[0])
-                    entry = lidx * n_expert + x[1]
+                    entry = moe_layers.index(x[0]) * n_expert + x[1]
                     k = splitmix64(((seed << 32) + (evictions << 20) + entry) & M64) >> 1
                 else:
                     raise ValueError(policy)
-                return (k, c["tick"])
-
-            victim = min(candidates, key=key_of)
+                keys[x] = (k, c["tick"])
+            victim = min(candidates, key=keys.__getitem__)
             del cache[victim]
             evictions += 1
     return {"lookups": dict(lookups), "hits": dict(hits), "read": dict(read), "per_batch": dict(per_batch),
