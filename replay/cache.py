@@ -33,7 +33,7 @@ import numpy as np
 import polars as pl
 
 from replay.cache_kernel import ACC_HITS, ACC_LOOKUPS, ACC_READ, N_STATS, STAT_EVICTIONS, STAT_OVERFLOW, make_kernel, next_loads
-from replay.cache_state import new_state
+from replay.cache_state import MAX_SLOTS, new_state
 from replay.policies import REGISTRY, policy_module
 from traces.errors import UserError
 from traces.reader import RoutingArrays, Trace
@@ -208,6 +208,8 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     """Replay ``loads`` through ``policy`` at ``budget_mib`` MiB (2^20 bytes)."""
     check_policies([policy])
     budget = budget_bytes(budget_mib)
+    if loads.entries.size > MAX_SLOTS:
+        raise UserError(f"the trace holds {loads.entries.size:,} routed slots; one replay handles at most {MAX_SLOTS:,}")
     pm = policy_module(policy)
     kern = kernel_for(policy)
     group, gbud = _groups(loads, pm, budget)
@@ -219,7 +221,7 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     stats = np.zeros(N_STATS, np.int64)
     k = loads.entries.shape[1]
     slot_out = np.zeros((loads.entries.shape[0] if slots else 0, k), np.uint8)
-    nxt = loads.next_load if pm.NEEDS_NEXT_USE else np.zeros((0, k), np.int64)
+    nxt = loads.next_load if pm.NEEDS_NEXT_USE else np.zeros((0, k), np.int32)
     t0 = time.perf_counter()
     kern(loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, loads.load_batch, nxt, ent, grp, ps, acc, bacc,
          stats, slot_out)

@@ -217,9 +217,9 @@ def _source_hash(pm: ModuleType) -> str:
 @njit(cache=True, nogil=True)
 def next_loads(entries, load_start, n_entries):
     """For each routed slot, the next load after its own that touches the same entry (NEVER if none)."""
-    never = np.int64(1) << np.int64(62)
-    seen = np.full(n_entries, never, np.int64)
-    out = np.empty(entries.shape, np.int64)
+    never = np.int32(2147483647)  # cache_state.NEVER
+    seen = np.full(n_entries, never, np.int32)
+    out = np.empty(entries.shape, np.int32)
     k = entries.shape[1]
     for load in range(load_start.shape[0] - 2, -1, -1):
         lo, hi = load_start[load], load_start[load + 1]

@@ -6,10 +6,13 @@ layer's ``expert_bytes``; layers of one model differ). Entries are split into ev
 one group for a global cache, one group per MoE layer for the partitioned policies (``layer``,
 ``layerlfu``); each group owns a contiguous segment of the resident list.
 
-The state is two int64 matrices, one row per entry or group and one column per field: Numba
+The state is two matrices (``ent`` int32, ``grp`` int64), one row per entry or group and one
+column per field: Numba
 passes one array to a hook for the price of a pointer, whereas a tuple of 16 arrays is copied and
-reference-counted at every call (measured 25x slower); and all fields of one entry share a cache
-line or two, which matters because entries are hit in router order, i.e. at random.
+reference-counted at every call (measured 25x slower); and all fields of one entry share one
+64-byte cache line, which matters because entries are hit in router order, i.e. at random
+(int64 fields spanning two lines measured 1.5-2x slower). int32 limits a replay to
+:data:`MAX_SLOTS` routed slots (checked before replay).
 
 - ``ent[e, FIELD]`` per entry, fields below; ``grp[g, FIELD]`` per group.
 
@@ -51,7 +54,8 @@ GROUP = 8  # eviction group
 BYTES = 9  # bytes of the entry
 RES_LIST = 10  # resident entries; group g in ent[BASE[g] : BASE[g] + COUNT[g], RES_LIST]
 RES_POS = 11  # position of a resident entry in RES_LIST, -1 if not resident
-N_ENT = 12
+# 12..15 spare (free for extensions: e.g. a prefetch's fill load, a predictor's score)
+N_ENT = 16  # 16 x int32 = 64 bytes: one entry, one cache line
 # grp columns
 BASE = 0  # first index of the group's resident-list segment
 BUDGET = 1  # bytes the group may hold after a load
@@ -59,14 +63,15 @@ USED = 2  # bytes resident in the group
 COUNT = 3  # resident entries in the group
 N_GRP = 4
 
-NEVER = 1 << 62  # next use of an entry no later load touches: infinitely far
+NEVER = (1 << 31) - 1  # next use of an entry no later load touches: infinitely far
+MAX_SLOTS = (1 << 31) - 2  # ticks and load indexes are int32: a trace may hold this many routed slots
 
 
 def new_state(entry_bytes: np.ndarray, group: np.ndarray, group_budget: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """An empty cache: (ent, grp). ``group`` numbers groups 0..n-1, each group's entries contiguous."""
     n = entry_bytes.shape[0]
     n_groups = group_budget.shape[0]
-    ent = np.zeros((n, N_ENT), np.int64)
+    ent = _aligned_zeros(n, N_ENT)
     ent[:, LAST_TICK] = -1
     ent[:, LAST_LOAD] = -1
     ent[:, NEXT_USE] = NEVER
@@ -79,6 +84,13 @@ def new_state(entry_bytes: np.ndarray, group: np.ndarray, group_budget: np.ndarr
     grp[1:, BASE] = np.cumsum(counts)[:-1]
     grp[:, BUDGET] = group_budget
     return ent, grp
+
+
+def _aligned_zeros(rows: int, cols: int) -> np.ndarray:
+    """int32 [rows, cols] whose rows start on 64-byte boundaries (one entry = one cache line)."""
+    buf = np.zeros(rows * cols + 16, np.int32)
+    off = (-buf.ctypes.data % 64) // 4
+    return buf[off: off + rows * cols].reshape(rows, cols)
 
 
 @njit(cache=True, inline="always")

@@ -6,24 +6,22 @@ per-layer sizes it is the classic furthest-in-future rule, a strong bound but no
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from replay.cache_state import NEXT_USE
-from replay.policies._scan import make_pick_victim, no_op, no_state
+from replay.policies import _heap
 
 PARTITION = "global"
 UNBOUNDED = False
 NEEDS_NEXT_USE = True
 
-init = no_state
-on_admit = no_op
-on_touch = no_op
-on_evict = no_op
 
 
 @njit(cache=True, inline="always")
-def key(ps, ent, e, load):
-    return -ent[e, NEXT_USE]  # furthest next use = smallest key
+def key(ent, e):
+    return -np.int64(ent[e, NEXT_USE])
 
 
-pick_victim = make_pick_victim(key)
+init = _heap.init
+on_admit, on_touch, pick_victim, on_evict = _heap.make_heap_hooks(key)

@@ -14,28 +14,34 @@ frequency that saturates or decays, which the specification does not give.
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from replay.cache_state import FREQ, LAST_LOAD
-from replay.policies._scan import make_pick_victim, no_op, no_state
+from replay.policies import _heap
 
 PARTITION = "global"
 UNBOUNDED = False
 NEEDS_NEXT_USE = False
 
-init = no_state
-on_admit = no_op
-on_touch = no_op
-on_evict = no_op
 
 
 @njit(cache=True, inline="always")
-def key(ps, ent, e, load):
+def score(ent, e, load):
     age = load - ent[e, LAST_LOAD]
     rec = 255 - age
     if rec < 0:
         rec = 0
-    return (ent[e, FREQ] << 8) | rec
+    return (np.int64(ent[e, FREQ]) << 8) | rec
 
 
-pick_victim = make_pick_victim(key)
+@njit(cache=True, inline="always")
+def _order(ent, e):
+    # Victim search: the minimum of (score, last_tick) equals the minimum of (freq, last_tick)
+    # (see the module docstring), and freq changes only when the entry is touched, so the
+    # indexed heap applies; the naive twin computes the score itself and must agree exactly.
+    return np.int64(ent[e, FREQ])
+
+
+init = _heap.init
+on_admit, on_touch, pick_victim, on_evict = _heap.make_heap_hooks(_order)

@@ -6,24 +6,22 @@ restarts at 1 on re-admission; a repeat inside one load does not count twice).
 
 from __future__ import annotations
 
+import numpy as np
 from numba import njit
 
 from replay.cache_state import FREQ
-from replay.policies._scan import make_pick_victim, no_op, no_state
+from replay.policies import _heap
 
 PARTITION = "global"
 UNBOUNDED = False
 NEEDS_NEXT_USE = False
 
-init = no_state
-on_admit = no_op
-on_touch = no_op
-on_evict = no_op
 
 
 @njit(cache=True, inline="always")
-def key(ps, ent, e, load):
-    return ent[e, FREQ]
+def key(ent, e):
+    return np.int64(ent[e, FREQ])
 
 
-pick_victim = make_pick_victim(key)
+init = _heap.init
+on_admit, on_touch, pick_victim, on_evict = _heap.make_heap_hooks(key)

@@ -22,7 +22,7 @@ PREV, NEXT, HEAD, TAIL = 0, 1, 2, 3  # ps columns; HEAD/TAIL rows are groups; -1
 
 
 def init(ent: np.ndarray, grp: np.ndarray, seed: int) -> np.ndarray:
-    return np.full((max(ent.shape[0], grp.shape[0]), 4), -1, np.int64)
+    return np.full((max(ent.shape[0], grp.shape[0]), 4), -1, np.int32)
 
 
 @njit(cache=True, inline="always")
