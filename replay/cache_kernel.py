@@ -18,7 +18,9 @@ own int64 matrix from ``init(ent, grp, seed)``):
   entries for which :func:`replay.cache_state.evictable` holds; -1 = nothing evictable
 - ``on_evict(ps, ent, grp, e)``  ``e`` is leaving (before ``ent[e, RESIDENT]`` is cleared)
 
-and constants ``PARTITION`` ("global" | "layer"), ``UNBOUNDED``, ``NEEDS_NEXT_USE``.
+and constants ``PARTITION`` ("global" | "layer"), ``UNBOUNDED``, ``NEEDS_NEXT_USE``, and optionally
+``NEEDS_RESIDENT_LIST`` (keep ``ent[:, RES_LIST]``, the per-group resident list a scan reads; it
+costs two random writes per miss and eviction, so policies that do not scan go without).
 :func:`make_kernel` compiles the driver once per policy with the hooks inlined (its code rebound to
 globals holding the module's hooks; Numba treats them as compile-time constants), so the interface costs nothing.
 
@@ -73,33 +75,39 @@ N_STATS = 4
 
 
 @njit(cache=True, inline="always")
-def _admit(ent, grp, e):
+def _admit(ent, grp, e, keep_list):
     g = ent[e, GROUP]
     ent[e, RESIDENT] = 1
     ent[e, FREQ] = 1  # the admitting load is its first
     grp[g, USED] += ent[e, BYTES]
-    pos = grp[g, BASE] + grp[g, COUNT]
+    grp[g, COUNT] += 1
+    if not keep_list:
+        return
+    pos = grp[g, BASE] + grp[g, COUNT] - 1
     ent[pos, RES_LIST] = e
     ent[e, RES_POS] = pos
-    grp[g, COUNT] += 1
 
 
 @njit(cache=True, inline="always")
-def _remove(ent, grp, e):
+def _remove(ent, grp, e, keep_list):
     g = ent[e, GROUP]
     ent[e, RESIDENT] = 0
     ent[e, SPEC] = 0
     grp[g, USED] -= ent[e, BYTES]
-    last = grp[g, BASE] + grp[g, COUNT] - 1
+    grp[g, COUNT] -= 1
+    if not keep_list:
+        return
+    last = grp[g, BASE] + grp[g, COUNT]
     pos = ent[e, RES_POS]
     moved = ent[last, RES_LIST]
     ent[pos, RES_LIST] = moved
     ent[moved, RES_POS] = pos
     ent[e, RES_POS] = -1
-    grp[g, COUNT] -= 1
 
 
-# Hook placeholders: make_kernel rebinds these names to one policy's @njit hooks.
+# Hook placeholders: make_kernel rebinds these names to one policy's @njit hooks and constants.
+KEEP_RES_LIST = True  # maintain the resident list (only scanning policies read it)
+
 def on_admit(ps, ent, grp, e):  # pragma: no cover
     raise NotImplementedError
 
@@ -155,7 +163,7 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, next_load, e
                 else:
                     code = 0
                     n_read += ent[e, BYTES]
-                    _admit(ent, grp, e)
+                    _admit(ent, grp, e, KEEP_RES_LIST)
                     on_admit(ps, ent, grp, e)
                 on_touch(ps, ent, grp, e)
                 if want_slots:
@@ -180,7 +188,7 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, next_load, e
                 stats[STAT_OVERFLOW] += 1  # everything left was touched by this load
                 break
             on_evict(ps, ent, grp, v)
-            _remove(ent, grp, v)
+            _remove(ent, grp, v, KEEP_RES_LIST)
             stats[STAT_EVICTIONS] += 1
     stats[STAT_TICKS] = tick
 
@@ -195,7 +203,8 @@ def make_kernel(name: str, pm: ModuleType):
     itself only watches the file that defines the function).
     """
     g = dict(_driver.__globals__)
-    g.update(on_admit=pm.on_admit, on_touch=pm.on_touch, pick_victim=pm.pick_victim, on_evict=pm.on_evict)
+    g.update(on_admit=pm.on_admit, on_touch=pm.on_touch, pick_victim=pm.pick_victim, on_evict=pm.on_evict,
+             KEEP_RES_LIST=bool(getattr(pm, "NEEDS_RESIDENT_LIST", False)))
     qual = f"replay_kernel_{name}_{_source_hash(pm)}"
     f = FunctionType(_driver.__code__, g, qual, _driver.__defaults__, None)
     f.__qualname__ = qual

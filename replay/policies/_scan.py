@@ -4,7 +4,7 @@ Policies whose order is not a simple list (LFU, LFRU, Belady, random) give ``key
 load) -> int64``; the victim is the evictable entry with the smallest key, ties to the least
 recently used (ticks are unique, so the choice never depends on the resident list's order and
 the naive twin can take ``min`` over a set and agree exactly). O(resident entries of the group)
-per eviction.
+per eviction. A policy using it must set ``NEEDS_RESIDENT_LIST = True``.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from replay.policies._scan import make_pick_victim, no_op
 PARTITION = "global"
 UNBOUNDED = False
 NEEDS_NEXT_USE = False
+NEEDS_RESIDENT_LIST = True
 
 MASK64 = (1 << 64) - 1
 
