@@ -1,0 +1,1 @@
+"""Side-by-side performance runs (``python -m benchmarks.<name>``), not timed tests."""

@@ -1,0 +1,90 @@
+"""Side by side with libCacheSim's Python binding (pip: libcachesim==0.3.5, the ``bench`` extra).
+
+Where both semantics coincide: a top-1 trace (one expert per token and layer, so every load is one
+lookup and there are no repeats inside a load), decode tokens only (each token its own load), and
+equal expert sizes (1 MiB), so a byte budget is a whole number of entries. Then "admit, then evict
+others after the load" (ours) and "evict to make room, then insert" (libCacheSim) keep the same
+contents. Requests: the top-ranked expert of each routing of the 20,000-token 48 x 128 synthetic
+trace; object id = layer index x 128 + expert. libCacheSim runs from an oracleGeneral binary file
+through its C++ reader (``process_trace``, its fastest path; next_access_vtime filled for Belady).
+
+Checks: identical hit counts for LRU and Belady at every budget; throughput ratio (target >= 3x).
+
+    python -m benchmarks.vs_libcachesim [--trace DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import struct
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks._common import best_of, machine, synthetic_trace
+
+MIB = 1 << 20
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trace", type=Path, default=Path(tempfile.gettempdir()) / "moe-replay-bench-synth20k")
+    args = ap.parse_args()
+    import libcachesim as lcs
+
+    from replay.cache import prepare_loads, replay, warm_up
+    from traces import open_trace
+    from traces.reader import RoutingArrays
+
+    t = open_trace(synthetic_trace(args.trace))
+    a = t.arrays(recorded=False)
+    dec = a.phase == 1
+    ra = RoutingArrays(turn=a.turn[dec], batch=a.batch[dec], phase=a.phase[dec], step=a.step[dec], layer=a.layer[dec],
+                       experts=np.ascontiguousarray(a.experts[dec, :1]), weights=np.ascontiguousarray(a.weights[dec, :1]))
+    eb = np.where(t.expert_bytes > 0, MIB, 0)
+    loads = prepare_loads(ra, t.moe_layers, t.n_expert, eb)
+    obj = loads.entries[:, 0].astype(np.int64)
+    n = obj.shape[0]
+    # next access (request index) per request, -1 if none
+    nxt = np.full(n, -1, np.int64)
+    last = {}
+    for i in range(n - 1, -1, -1):
+        o = int(obj[i])
+        nxt[i] = last.get(o, -1)
+        last[o] = i
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "top1.oracleGeneral.bin"
+        rec = struct.Struct("<IQIq")
+        with open(path, "wb") as fh:
+            for i in range(n):
+                fh.write(rec.pack(i + 1, int(obj[i]) + 1, MIB, int(nxt[i]) + 1 if nxt[i] >= 0 else -1))
+        reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
+        warm_up(["lru", "belady"])
+        _ = loads.next_load
+        print(f"machine: {machine()}")
+        print(f"trace: top-1 of {t.path} decode tokens: {n:,} requests over {len(set(obj.tolist()))} objects, 1 MiB each; "
+              f"libcachesim {getattr(lcs, '__version__', '?')}")
+        print(f"{'policy':7s} {'entries':>7s} {'hits ours':>10s} {'hits lcs':>10s} {'same':>5s} "
+              f"{'ours M req/s':>12s} {'lcs M req/s':>11s} {'ratio':>6s}")
+        for policy, cls in (("lru", lcs.LRU), ("belady", lcs.Belady)):
+            for entries in (64, 512, 2048):
+                res = replay(loads, policy, float(entries))
+                ours_hits = res.hits
+                ours_s = best_of(lambda p=policy, e=entries: replay(loads, p, float(e)), 5)
+
+                def theirs(c=cls, e=entries):
+                    cache = c(cache_size=e * MIB)
+                    return cache.process_trace(reader)
+
+                miss_ratio, _ = theirs()
+                lcs_hits = int(round(n * (1.0 - miss_ratio)))
+                lcs_s = best_of(theirs, 3)
+                print(f"{policy:7s} {entries:7d} {ours_hits:10d} {lcs_hits:10d} {'yes' if ours_hits == lcs_hits else 'NO':>5s} "
+                      f"{n / ours_s / 1e6:12.1f} {n / lcs_s / 1e6:11.1f} {lcs_s / ours_s:6.1f}")
+        print("(ours: best of 5 single-thread replays after compilation; libCacheSim: best of 3 process_trace runs "
+              "from its binary reader, cache construction included; hits from its miss ratio x requests)")
+
+
+if __name__ == "__main__":
+    main()

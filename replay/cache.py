@@ -1,0 +1,416 @@
+"""Expert-cache replay: what each policy would have hit, read and missed at each byte budget.
+
+Definitions used everywhere here (DESIGN.md, "Replay semantics"):
+
+- a *load* is one (batch, layer) group; a *lookup* is one unique (layer, expert) inside a load
+  (a repeated id in the same load, e.g. two prefill tokens routing to the same expert, is not a
+  second lookup: it only promotes recency);
+- hit% = hits / lookups x 100. ``hit_pct_decode`` counts decode loads only (phase 1);
+  ``hit_pct_cum`` counts all loads, prefill included (what the engine's ``cache_hit_pct`` is);
+- ``read_mib`` = bytes the misses read, all phases, in MiB (2^20 bytes); bytes are not time;
+- budgets are bytes = floor(budget_mib x 2^20); an entry costs its layer's ``expert_bytes``.
+
+Library API (frames in, frames out; the CLI in :mod:`replay.cache_cli` only formats):
+
+- :func:`prepare_loads` / :func:`loads_of` -> :class:`Loads` (budget-independent arrays)
+- :func:`replay` -> :class:`ReplayResult` (one policy at one budget; optional per-slot flags)
+- :func:`sweep` -> pl.DataFrame of cache rows (many cells, parallel over cores)
+- :func:`result_rows`, :func:`batch_series`, :func:`decode_token_series`
+- :func:`default_budgets_mib`, :func:`validate`
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from replay.cache_kernel import ACC_HITS, ACC_LOOKUPS, ACC_READ, N_STATS, STAT_EVICTIONS, STAT_OVERFLOW, make_kernel, next_loads
+from replay.cache_state import MAX_SLOTS, new_state
+from replay.policies import REGISTRY, policy_module
+from traces.errors import UserError
+from traces.reader import RoutingArrays, Trace
+
+MIB = 1 << 20
+UNBOUNDED_BYTES = np.int64(1) << np.int64(62)
+
+_KERNELS: dict[str, Any] = {}
+
+
+def kernel_for(policy: str):
+    """The compiled driver for ``policy`` (compiled, or loaded from Numba's cache, once per process)."""
+    if policy not in _KERNELS:
+        _KERNELS[policy] = make_kernel(policy, policy_module(policy))
+    return _KERNELS[policy]
+
+
+def check_policies(policies: list[str] | tuple[str, ...]) -> list[str]:
+    out = []
+    for p in policies:
+        p = p.strip()
+        if p not in REGISTRY:
+            raise UserError(f"--policies: unknown policy {p!r} (known: {', '.join(REGISTRY)}).")
+        if p not in out:
+            out.append(p)
+    if not out:
+        raise UserError("--policies: no policy given.")
+    return out
+
+
+def budget_bytes(budget_mib: float) -> int:
+    if not (isinstance(budget_mib, (int, float)) and math.isfinite(budget_mib) and budget_mib > 0):
+        raise UserError(f"budget {budget_mib!r} MiB: a budget must be a positive number of MiB.")
+    return int(math.floor(budget_mib * MIB))
+
+
+@dataclass(frozen=True)
+class Loads:
+    """A trace cut into loads, ready for the kernels (independent of budget and policy).
+
+    ``entries`` [R, k] int32 = lidx * n_expert + expert; rows of load ``g`` are
+    ``load_start[g]:load_start[g+1]``; ``lidx`` indexes ``moe_layers``. Batches are renumbered
+    0..B-1 in order; ``batch_turn/step/phase`` describe them (step = first step of the batch).
+    """
+
+    entries: np.ndarray
+    load_start: np.ndarray  # int64 [G+1]
+    load_lidx: np.ndarray  # int32 [G]
+    load_phase: np.ndarray  # int8 [G]
+    load_batch: np.ndarray  # int32 [G]
+    moe_layers: tuple[int, ...]
+    n_expert: int
+    layer_expert_bytes: np.ndarray  # int64 [L] bytes of one expert of each MoE layer
+    batch_turn: np.ndarray  # int32 [B]
+    batch_step: np.ndarray  # int32 [B]
+    batch_phase: np.ndarray  # int8 [B]
+
+    @property
+    def n_entries(self) -> int:
+        return len(self.moe_layers) * self.n_expert
+
+    @cached_property
+    def entry_bytes(self) -> np.ndarray:
+        return np.repeat(self.layer_expert_bytes, self.n_expert).astype(np.int64)
+
+    @cached_property
+    def next_load(self) -> np.ndarray:
+        return next_loads(self.entries, self.load_start, self.n_entries)
+
+    @property
+    def token_cycle_bytes(self) -> int:
+        """T: one token's full routing, sum over MoE layers of top_k x expert_bytes."""
+        return int(self.entries.shape[1] * self.layer_expert_bytes.sum())
+
+    @cached_property
+    def working_set_bytes(self) -> int:
+        """Bytes of every distinct (layer, expert) the trace touches: where no policy misses again."""
+        seen = np.zeros(self.n_entries, dtype=bool)
+        seen[self.entries.ravel()] = True
+        return int(self.entry_bytes[seen].sum())
+
+
+def prepare_loads(arrays: RoutingArrays, moe_layers: list[int] | tuple[int, ...], n_expert: int,
+                  expert_bytes: np.ndarray) -> Loads:
+    """Cut routing arrays (rows ordered by (batch, layer, step)) into loads.
+
+    ``expert_bytes`` is indexed by model layer (as ``Trace.expert_bytes``). Rows need not come
+    from a valid trace: duplicate ids inside a routing are replayed as repeats.
+    """
+    moe_layers = tuple(int(x) for x in moe_layers)
+    lidx_of = np.full(max(moe_layers) + 1, -1, dtype=np.int64)
+    lidx_of[list(moe_layers)] = np.arange(len(moe_layers))
+    layer = arrays.layer.astype(np.int64)
+    lidx = lidx_of[layer]
+    if (lidx < 0).any():
+        raise UserError("routing rows name a layer that is not a MoE layer")
+    leb = np.array([int(expert_bytes[l]) for l in moe_layers], dtype=np.int64)
+    if (leb <= 0).any():
+        # Never default a size to 0: a free layer is admitted free, never evicted, ~100% hit.
+        raise UserError("a MoE layer has no expert_bytes > 0; the replay would report a free layer as hits")
+    experts = np.ascontiguousarray(arrays.experts, dtype=np.int64)
+    entries = np.ascontiguousarray(lidx[:, None] * n_expert + experts, dtype=np.int32)
+    batch = arrays.batch.astype(np.int64)
+    R = batch.shape[0]
+    change = np.ones(R, dtype=bool)
+    if R:
+        change[1:] = (np.diff(batch) != 0) | (np.diff(layer) != 0)
+    starts = np.flatnonzero(change)
+    load_start = np.append(starts, R).astype(np.int64)
+    ub, binv = np.unique(batch, return_inverse=True)
+    bfirst = np.zeros(len(ub), dtype=np.int64)
+    if R:
+        bfirst = np.flatnonzero(np.r_[True, np.diff(batch) != 0])
+    return Loads(
+        entries=entries, load_start=load_start, load_lidx=lidx[starts].astype(np.int32),
+        load_phase=arrays.phase[starts].astype(np.int8), load_batch=binv.reshape(-1)[starts].astype(np.int32),
+        moe_layers=moe_layers, n_expert=int(n_expert), layer_expert_bytes=leb,
+        batch_turn=arrays.turn[bfirst].astype(np.int32), batch_step=arrays.step[bfirst].astype(np.int32),
+        batch_phase=arrays.phase[bfirst].astype(np.int8),
+    )
+
+
+def loads_of(trace: Trace) -> Loads:
+    return prepare_loads(trace.arrays(recorded=False), trace.moe_layers, trace.n_expert, trace.expert_bytes)
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """One policy at one budget. ``acc`` [2, L, 3] int64: per phase (0 prefill, 1 decode) and MoE
+    layer, (lookups, hits, read bytes); ``bacc`` [B, 3] the same per batch; ``slots`` [R, k]
+    uint8 residency code per routed slot (0 miss, 1 hit, 2 speculative hit; a repeat inside a load
+    carries its lookup's code, as the engine's recorded residency does) or None."""
+
+    policy: str
+    budget_mib: float
+    budget_bytes: int
+    acc: np.ndarray
+    bacc: np.ndarray
+    evictions: int
+    overflow_loads: int
+    slots: np.ndarray | None
+    seconds: float
+
+    @property
+    def lookups(self) -> int:
+        return int(self.acc[:, :, ACC_LOOKUPS].sum())
+
+    @property
+    def hits(self) -> int:
+        return int(self.acc[:, :, ACC_HITS].sum())
+
+    @property
+    def hit_pct_cum(self) -> float:
+        n = self.lookups
+        return 100.0 * self.hits / n if n else math.nan
+
+
+def _groups(loads: Loads, pm, budget: int) -> tuple[np.ndarray, np.ndarray]:
+    L, n = len(loads.moe_layers), loads.n_expert
+    if pm.PARTITION == "layer":
+        group = np.repeat(np.arange(L, dtype=np.int32), n)
+        gbud = np.full(L, budget // L, dtype=np.int64)  # floor(budget_bytes / MoE layers) per layer
+    else:
+        group = np.zeros(L * n, dtype=np.int32)
+        gbud = np.array([budget], dtype=np.int64)
+    if pm.UNBOUNDED:
+        gbud[:] = UNBOUNDED_BYTES
+    return group, gbud
+
+
+def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: bool = False) -> ReplayResult:
+    """Replay ``loads`` through ``policy`` at ``budget_mib`` MiB (2^20 bytes)."""
+    check_policies([policy])
+    budget = budget_bytes(budget_mib)
+    if loads.entries.size > MAX_SLOTS:
+        raise UserError(f"the trace holds {loads.entries.size:,} routed slots; one replay handles at most {MAX_SLOTS:,}")
+    pm = policy_module(policy)
+    kern = kernel_for(policy)
+    group, gbud = _groups(loads, pm, budget)
+    ent, grp = new_state(loads.entry_bytes, group, gbud)
+    ps = pm.init(ent, grp, int(seed))
+    L, B = len(loads.moe_layers), loads.batch_turn.shape[0]
+    acc = np.zeros((2, L, 3), np.int64)
+    bacc = np.zeros((B, 3), np.int64)
+    stats = np.zeros(N_STATS, np.int64)
+    k = loads.entries.shape[1]
+    slot_out = np.zeros((loads.entries.shape[0] if slots else 0, k), np.uint8)
+    nxt = loads.next_load if pm.NEEDS_NEXT_USE else np.zeros((0, k), np.int32)
+    t0 = time.perf_counter()
+    kern(loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, loads.load_batch, nxt, ent, grp, ps, acc, bacc,
+         stats, slot_out)
+    dt = time.perf_counter() - t0
+    return ReplayResult(policy, float(budget_mib), budget, acc, bacc, int(stats[STAT_EVICTIONS]), int(stats[STAT_OVERFLOW]),
+                        slot_out if slots else None, dt)
+
+
+def warm_up(policies: list[str]) -> None:
+    """Compile (or load from cache) the kernels on a tiny input so timings exclude compilation."""
+    ra = RoutingArrays(
+        turn=np.zeros(2, np.int32), batch=np.array([0, 1], np.int32), phase=np.array([0, 1], np.int8),
+        step=np.array([0, 1], np.int32), layer=np.zeros(2, np.int16), experts=np.array([[0], [1]], np.int32),
+        weights=np.zeros((2, 1), np.float32),
+    )
+    lo = prepare_loads(ra, [0], 2, np.array([MIB]))
+    for p in policies:
+        replay(lo, p, 1.0)
+
+
+def _pct(h: np.ndarray | int, n: np.ndarray | int) -> float:
+    return 100.0 * float(h) / float(n) if n else math.nan
+
+
+def result_rows(loads: Loads, res: ReplayResult, per_layer: bool = False) -> list[dict[str, Any]]:
+    """Cache rows (DESIGN.md keys first). ``lookups``/``hits``/``misses``/``read_mib`` are all
+    phases (cumulative); the ``_decode`` columns count decode loads only."""
+    out = []
+    layers: list[int | None] = [None] + (list(loads.moe_layers) if per_layer else [])
+    for i, layer in enumerate(layers):
+        a = res.acc if layer is None else res.acc[:, i - 1: i, :]
+        lk, ht, rd = (a[:, :, f].sum(axis=1) for f in (ACC_LOOKUPS, ACC_HITS, ACC_READ))  # per phase
+        out.append({
+            "policy": res.policy, "budget_mib": res.budget_mib, "layer": layer,
+            "lookups": int(lk.sum()), "hits": int(ht.sum()),
+            "hit_pct_decode": _pct(ht[1], lk[1]), "hit_pct_cum": _pct(ht.sum(), lk.sum()),
+            "read_mib": float(rd.sum()) / MIB,
+            "misses": int(lk.sum() - ht.sum()),
+            "lookups_decode": int(lk[1]), "hits_decode": int(ht[1]),
+            "read_mib_decode": float(rd[1]) / MIB,
+            "evictions": res.evictions if layer is None else None,
+            "overflow_loads": res.overflow_loads if layer is None else None,
+        })
+    return out
+
+
+def batch_series(loads: Loads, res: ReplayResult) -> pl.DataFrame:
+    """Per batch (prefill batches and decoded tokens): turn, phase, step, lookups, hits, misses, read_bytes."""
+    b = res.bacc
+    return pl.DataFrame({
+        "turn": loads.batch_turn, "phase": loads.batch_phase, "step": loads.batch_step,
+        "lookups": b[:, ACC_LOOKUPS], "hits": b[:, ACC_HITS], "misses": b[:, ACC_LOOKUPS] - b[:, ACC_HITS],
+        "read_bytes": b[:, ACC_READ],
+    })
+
+
+def decode_token_series(loads: Loads, res: ReplayResult) -> pl.DataFrame:
+    """Per decoded token (one decode batch = one token), in order: turn, step, lookups, hits,
+    misses, read_bytes. Bytes are what the misses read for that token, not time: the cost model
+    turns them into time."""
+    return batch_series(loads, res).filter(pl.col("phase") == 1).drop("phase")
+
+
+def default_budgets_mib(loads: Loads, recorded_mib: float | None = None, n: int = 9) -> list[float]:
+    """``n`` budgets, geometric from T/2 (below one token cycle, where global LRU collapses) to
+    the working set W (every distinct (layer, expert) the trace touches: from there on nothing
+    misses twice), each rounded to 2 significant figures; the recorded budget, if any and inside
+    that span, replaces the nearest one."""
+    lo = max(loads.token_cycle_bytes / 2 / MIB, 1.0)
+    hi = max(loads.working_set_bytes / MIB, lo * 2)
+    raw = np.geomspace(lo, hi, n)
+    out = sorted({float(f"{x:.2g}") for x in raw})
+    if recorded_mib is not None and lo <= recorded_mib <= hi * 1.5:
+        i = int(np.argmin([abs(math.log(x / recorded_mib)) for x in out]))
+        out[i] = float(recorded_mib)
+        out = sorted(set(out))
+    return out
+
+
+def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
+          threads: int | None = None, show_progress: bool = True) -> pl.DataFrame:
+    """Every (policy, budget) cell, in parallel over the cores (the kernels release the GIL).
+
+    Rows ordered by policy (as given) then budget (as given). ``infinite`` ignores the budget, so
+    it is replayed once and its row repeated for every budget.
+    """
+    from replay.output import progress
+
+    policies = check_policies(policies)
+    budgets = [float(b) for b in budgets_mib]
+    for b in budgets:
+        budget_bytes(b)
+    warm_up(policies)
+    if any(policy_module(p).NEEDS_NEXT_USE for p in policies):
+        _ = loads.next_load
+    cells = [(p, b) for p in policies for b in budgets]
+    unique = {}
+    for p, b in cells:
+        key = (p, None) if policy_module(p).UNBOUNDED else (p, b)
+        unique.setdefault(key, (p, b))
+    threads = threads or min(os.cpu_count() or 1, len(unique)) or 1
+    results: dict[tuple, ReplayResult] = {}
+    with progress(len(unique), "cache replay", unit="cell") as bar, ThreadPoolExecutor(max_workers=threads) as pool:
+        futs = {key: pool.submit(replay, loads, p, b, seed) for key, (p, b) in unique.items()}
+        for key, f in futs.items():
+            results[key] = f.result()
+            bar.update(1)
+    rows = []
+    for p, b in cells:
+        key = (p, None) if policy_module(p).UNBOUNDED else (p, b)
+        r = results[key]
+        if r.budget_mib != b:
+            r = ReplayResult(p, b, budget_bytes(b), r.acc, r.bacc, r.evictions, r.overflow_loads, None, r.seconds)
+        rows.extend(result_rows(loads, r, per_layer))
+    return pl.DataFrame(rows, schema_overrides={"layer": pl.Int64, "evictions": pl.Int64, "overflow_loads": pl.Int64},
+                        infer_schema_length=None)
+
+
+def validate(trace: Trace, budget_mib: float | None = None) -> dict[str, Any]:
+    """Replay LRU at the engine's budget and compare with what the engine recorded.
+
+    Returns one row: the cache row of LRU at that budget plus ``recorded_hit_pct_cum`` (the
+    engine's cumulative hit%, prefill included), ``diff_pp`` (replay - recorded, percentage
+    points), ``token_max_abs_diff_pp`` (largest gap between the replay's and the engine's
+    cumulative hit% after each decoded token, from metrics.parquet), and the row-by-row
+    comparison with the recorded ``residency`` column: ``slots_compared``, ``slot_agree_pct``
+    (routed slots whose hit/miss matches; a repeat inside a load carries its lookup's outcome on
+    both sides, because that is how the engine records it), ``read_bytes_agree_pct`` (per slot
+    bytes read: the first visit of a missed expert reads it, repeats read 0 on both sides) and
+    ``recorded_spec_hits`` (slots the engine marked 2; prefetch is not replayed here).
+    """
+    rec = trace.recorded
+    if budget_mib is None:
+        budget_mib = rec.get("budget_mib")
+        if budget_mib is None:
+            raise UserError(f"{trace.path}: the trace records no cache budget; pass --budget-mib for --validate.")
+    arrays = trace.arrays(recorded=True)
+    loads = prepare_loads(arrays, trace.moe_layers, trace.n_expert, trace.expert_bytes)
+    res = replay(loads, "lru", float(budget_mib), slots=True)
+    row = result_rows(loads, res)[0]
+    rec_cum = rec.get("cache_hit_pct_cum")
+    row["recorded_budget_mib"] = rec.get("budget_mib")
+    row["recorded_hit_pct_cum"] = rec_cum
+    row["diff_pp"] = row["hit_pct_cum"] - rec_cum if rec_cum is not None else None
+    row["token_max_abs_diff_pp"] = None
+    m = trace.metrics()
+    ser = batch_series(loads, res)
+    if m is not None and "cache_hit_pct" in m.columns:
+        cum_l = np.cumsum(ser["lookups"].to_numpy())
+        cum_h = np.cumsum(ser["hits"].to_numpy())
+        dec = ser["phase"].to_numpy() == 1
+        ours = 100.0 * cum_h[dec] / np.maximum(cum_l[dec], 1)
+        theirs = m["cache_hit_pct"].to_numpy()
+        if len(theirs) == len(ours):
+            # The engine prints 2 decimals per token: a gap up to 0.005 is rounding.
+            row["token_max_abs_diff_pp"] = float(np.max(np.abs(ours - theirs))) if len(ours) else None
+    row["slots_compared"] = None
+    row["slot_agree_pct"] = None
+    row["read_bytes_agree_pct"] = None
+    row["recorded_spec_hits"] = None
+    row["first_disagreement"] = None
+    if arrays.residency is not None:
+        ours = res.slots > 0
+        theirs = arrays.residency > 0
+        agree = ours == theirs
+        row["slots_compared"] = int(agree.size)
+        row["slot_agree_pct"] = 100.0 * float(agree.mean()) if agree.size else None
+        row["recorded_spec_hits"] = int((arrays.residency == 2).sum())
+        if not agree.all():
+            r, j = (int(x) for x in np.argwhere(~agree)[0])
+            row["first_disagreement"] = (f"turn {arrays.turn[r]} step {arrays.step[r]} layer {arrays.layer[r]} slot {j} "
+                                         f"expert {arrays.experts[r, j]}: replay {'hit' if ours[r, j] else 'miss'}, "
+                                         f"engine {'hit' if theirs[r, j] else 'miss'}")
+        if arrays.read_bytes is not None:
+            mine = _slot_read_bytes(loads, res.slots)
+            row["read_bytes_agree_pct"] = 100.0 * float((mine == arrays.read_bytes.astype(np.int64)).mean())
+    return row
+
+
+def _slot_read_bytes(loads: Loads, slots: np.ndarray) -> np.ndarray:
+    """Bytes read per routed slot: the first visit of a missed entry in its load reads it, the rest 0."""
+    out = np.zeros(slots.shape, np.int64)
+    eb = loads.entry_bytes
+    for g in range(loads.load_start.shape[0] - 1):
+        lo, hi = loads.load_start[g], loads.load_start[g + 1]
+        ent = loads.entries[lo:hi].ravel()
+        _, first = np.unique(ent, return_index=True)
+        flat = np.zeros(ent.shape[0], bool)
+        flat[first] = True
+        miss = slots[lo:hi].ravel() == 0
+        out[lo:hi] = (np.where(flat & miss, eb[ent], 0)).reshape(hi - lo, -1)
+    return out

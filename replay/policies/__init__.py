@@ -1,0 +1,26 @@
+"""Cache policies: one module per policy, each with the same hooks (see :mod:`replay.cache_kernel`).
+
+A new policy is one new module here plus one line in :data:`REGISTRY`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+REGISTRY: dict[str, str] = {
+    "lru": "replay.policies.lru",
+    "lfu": "replay.policies.lfu",
+    "random": "replay.policies.random",
+    "layer": "replay.policies.layer",
+    "layerlfu": "replay.policies.layerlfu",
+    "lfru": "replay.policies.lfru",
+    "belady": "replay.policies.belady",
+    "infinite": "replay.policies.infinite",
+}
+
+DEFAULT_POLICIES = ("lru", "lfu", "layer", "lfru", "belady", "infinite")
+
+
+def policy_module(name: str) -> ModuleType:
+    return importlib.import_module(REGISTRY[name])

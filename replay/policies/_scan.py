@@ -1,0 +1,43 @@
+"""Victim search by scanning a group's resident entries for the smallest key.
+
+Policies whose order is not a simple list (LFU, LFRU, Belady, random) give ``key(ps, ent, e,
+load) -> int64``; the victim is the evictable entry with the smallest key, ties to the least
+recently used (ticks are unique, so the choice never depends on the resident list's order and
+the naive twin can take ``min`` over a set and agree exactly). O(resident entries of the group)
+per eviction. A policy using it must set ``NEEDS_RESIDENT_LIST = True``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from replay.cache_state import BASE, COUNT, LAST_TICK, RES_LIST, evictable
+
+
+def make_pick_victim(key):
+    @njit(cache=True, inline="always")
+    def pick_victim(ps, ent, grp, g, load):
+        best = -1
+        best_key = 0
+        base = grp[g, BASE]
+        for i in range(base, base + grp[g, COUNT]):
+            e = ent[i, RES_LIST]
+            if not evictable(ent, e, load):
+                continue
+            k = key(ps, ent, e, load)
+            if best < 0 or k < best_key or (k == best_key and ent[e, LAST_TICK] < ent[best, LAST_TICK]):
+                best = e
+                best_key = k
+        return best
+
+    return pick_victim
+
+
+@njit(cache=True, inline="always")
+def no_op(ps, ent, grp, e):
+    pass
+
+
+def no_state(ent: np.ndarray, grp: np.ndarray, seed: int) -> np.ndarray:
+    return np.zeros((1, 1), np.int64)

@@ -1,0 +1,27 @@
+"""``belady``: evict the entry whose next load is furthest away (an entry no later load touches is
+infinitely far); ties (e.g. several never-again entries) to the least recently used. This is the
+offline optimum *for these replay semantics* at that budget with equal-size entries; with unequal
+per-layer sizes it is the classic furthest-in-future rule, a strong bound but not a proven optimum.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from replay.cache_state import NEXT_USE
+from replay.policies import _heap
+
+PARTITION = "global"
+UNBOUNDED = False
+NEEDS_NEXT_USE = True
+
+
+
+@njit(cache=True, inline="always")
+def key(ent, e):
+    return -np.int64(ent[e, NEXT_USE])
+
+
+init = _heap.init
+on_admit, on_touch, pick_victim, on_evict = _heap.make_heap_hooks(key)

@@ -1,0 +1,22 @@
+"""``infinite``: nothing is ever evicted, so only compulsory misses remain (the first lookup of
+each (layer, expert)): the bound for every policy at any budget. The budget is ignored."""
+
+from __future__ import annotations
+
+from numba import njit
+
+from replay.policies._scan import no_op, no_state
+
+PARTITION = "global"
+UNBOUNDED = True
+NEEDS_NEXT_USE = False
+
+init = no_state
+on_admit = no_op
+on_touch = no_op
+on_evict = no_op
+
+
+@njit(cache=True, inline="always")
+def pick_victim(ps, ent, grp, g, load):
+    return -1

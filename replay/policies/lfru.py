@@ -1,0 +1,47 @@
+"""``lfru``: colibri-style frequency-then-recency score, lowest score evicted.
+
+score = freq << 8 | recency, recency = max(0, 255 - (clock - last_load)), where freq is the demand
+frequency (loads that touched the entry since admission, as in ``lfu``), and the clock counts
+*loads* ((batch, layer) groups, 0-based over the trace): eviction after load ``c`` uses clock
+``c``. An entry untouched for 255 loads (about 255 / MoE-layers tokens) has lost all recency
+credit. Ties (equal score) go to the least recently used.
+
+Said out loud: with frequency in the high bits and this tie-break, the victim order is exactly
+``lfu``'s (the recency byte falls with the last load, and saturated bytes tie and fall back to the
+same least-recent rule), so ``lfru`` replays identically to ``lfu``; it would differ only with a
+frequency that saturates or decays, which the specification does not give.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from replay.cache_state import FREQ, LAST_LOAD
+from replay.policies import _heap
+
+PARTITION = "global"
+UNBOUNDED = False
+NEEDS_NEXT_USE = False
+
+
+
+@njit(cache=True, inline="always")
+def score(ent, e, load):
+    age = load - ent[e, LAST_LOAD]
+    rec = 255 - age
+    if rec < 0:
+        rec = 0
+    return (np.int64(ent[e, FREQ]) << 8) | rec
+
+
+@njit(cache=True, inline="always")
+def _order(ent, e):
+    # Victim search: the minimum of (score, last_tick) equals the minimum of (freq, last_tick)
+    # (see the module docstring), and freq changes only when the entry is touched, so the
+    # indexed heap applies; the naive twin computes the score itself and must agree exactly.
+    return np.int64(ent[e, FREQ])
+
+
+init = _heap.init
+on_admit, on_touch, pick_victim, on_evict = _heap.make_heap_hooks(_order)

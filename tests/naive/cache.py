@@ -1,0 +1,115 @@
+"""Naive twin of the cache replay, written from DESIGN.md ("Replay semantics") and the policy
+definitions in replay/policies/*.py docstrings; dictionaries and loops, no cleverness.
+
+rows: list of (batch, phase, layer, [expert ids]) in file order (batch, layer, step).
+Returns per-(phase, layer) lookups / hits / read bytes, per-batch totals, one residency code per
+routed slot (a repeat inside a load reports its lookup's outcome), and the eviction count.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+M64 = (1 << 64) - 1
+PARTITIONED = {"layer", "layerlfu"}
+
+
+def splitmix64(x: int) -> int:
+    z = (x + 0x9E3779B97F4A7C15) & M64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes, seed=0):
+    """expert_bytes: {layer: bytes}; budget_bytes: int."""
+    # Cut into loads: consecutive rows with the same (batch, layer).
+    loads = []
+    for batch, phase, layer, experts in rows:
+        if loads and loads[-1]["batch"] == batch and loads[-1]["layer"] == layer:
+            loads[-1]["rows"].append(list(experts))
+        else:
+            loads.append({"batch": batch, "phase": phase, "layer": layer, "rows": [list(experts)]})
+    # For Belady: the loads that touch each (layer, expert), in order.
+    touched_by = defaultdict(list)
+    for i, ld in enumerate(loads):
+        for ex in sorted({x for row in ld["rows"] for x in row}):
+            touched_by[(ld["layer"], ex)].append(i)
+
+    def next_use(key, i):
+        later = [j for j in touched_by[key] if j > i]
+        return later[0] if later else float("inf")
+
+    cache = {}  # (layer, expert) -> dict(tick, load, freq, next)
+    lookups = defaultdict(int)
+    hits = defaultdict(int)
+    read = defaultdict(int)
+    per_batch = defaultdict(lambda: [0, 0, 0])
+    codes = []
+    evictions = 0
+    tick = 0
+    share = budget_bytes // len(moe_layers)
+    for i, ld in enumerate(loads):
+        layer, phase = ld["layer"], ld["phase"]
+        outcome = {}
+        for row in ld["rows"]:
+            row_codes = []
+            for ex in row:
+                key = (layer, ex)
+                tick += 1
+                if key in outcome:  # repeat inside the load: promote only
+                    cache[key]["tick"] = tick
+                    row_codes.append(outcome[key])
+                    continue
+                lookups[(phase, layer)] += 1
+                per_batch[ld["batch"]][0] += 1
+                if key in cache:
+                    hits[(phase, layer)] += 1
+                    per_batch[ld["batch"]][1] += 1
+                    cache[key]["freq"] += 1
+                    outcome[key] = 1
+                else:
+                    read[(phase, layer)] += expert_bytes[layer]
+                    per_batch[ld["batch"]][2] += expert_bytes[layer]
+                    cache[key] = {"freq": 1}
+                    outcome[key] = 0
+                cache[key]["tick"] = tick
+                cache[key]["load"] = i
+                cache[key]["next"] = next_use(key, i)
+                row_codes.append(outcome[key])
+            codes.append(row_codes)
+        if policy == "infinite":
+            continue
+        # Eviction once after the load, never an entry this load touched.
+        partitioned = policy in PARTITIONED
+        limit = share if partitioned else budget_bytes
+        while True:
+            members = [x for x in cache if x[0] == layer or not partitioned]
+            if sum(expert_bytes[x[0]] for x in members) <= limit:
+                break
+            candidates = [x for x in members if cache[x]["load"] != i]
+            if not candidates:
+                break
+            keys = {}
+            for x in candidates:
+                c = cache[x]
+                if policy in ("lru", "layer"):
+                    k = 0
+                elif policy in ("lfu", "layerlfu"):
+                    k = c["freq"]
+                elif policy == "lfru":
+                    k = (c["freq"] << 8) | max(0, 255 - (i - c["load"]))
+                elif policy == "belady":
+                    k = -c["next"]
+                elif policy == "random":
+                    entry = moe_layers.index(x[0]) * n_expert + x[1]
+                    k = splitmix64(((seed << 32) + (evictions << 20) + entry) & M64) >> 1
+                else:
+                    raise ValueError(policy)
+                keys[x] = (k, c["tick"])
+            victim = min(candidates, key=keys.__getitem__)
+            del cache[victim]
+            evictions += 1
+    return {"lookups": dict(lookups), "hits": dict(hits), "read": dict(read), "per_batch": dict(per_batch),
+            "codes": codes, "evictions": evictions}
+

@@ -1,0 +1,83 @@
+"""The Numba cache kernels agree exactly with the naive twin, for every policy."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replay.cache import batch_series, prepare_loads, replay
+from replay.policies import REGISTRY
+from tests.naive.cache import naive_replay
+from traces.reader import RoutingArrays
+
+UNIT = 1 << 16  # expert sizes and budgets in 1/16 MiB, so budget_mib is exact in binary
+
+
+@st.composite
+def traces(draw):
+    n_moe = draw(st.integers(1, 4))
+    n_layer = n_moe + draw(st.integers(0, 2))
+    moe_layers = sorted(draw(st.permutations(range(n_layer)))[:n_moe])
+    n_expert = draw(st.integers(1, 8))
+    k = draw(st.integers(1, 4))
+    eb = {l: draw(st.integers(1, 5)) * UNIT for l in moe_layers}
+    turns = draw(st.integers(1, 2))
+    rows = []  # (turn, batch, phase, step, layer, experts)
+    batch = 0
+    step = 0
+    expert = st.integers(0, n_expert - 1)
+    for turn in range(turns):
+        n_prefill = draw(st.integers(0, 6))
+        n_decode = draw(st.integers(0, 8))
+        batches = ([(0, list(range(step, step + n_prefill)))] if n_prefill else [])
+        step += n_prefill
+        for _ in range(n_decode):
+            batches.append((1, [step]))
+            step += 1
+        for phase, steps in batches:
+            for layer in moe_layers:
+                for s in steps:
+                    # Ids drawn freely: duplicates inside one routing are allowed here on purpose.
+                    rows.append((turn, batch, phase, s, layer, [draw(expert) for _ in range(k)]))
+            batch += 1
+    total = sum(eb[l] for l in moe_layers) * n_expert
+    budget_units = draw(st.integers(1, total // UNIT + 3))
+    return moe_layers, n_layer, n_expert, k, eb, rows, budget_units
+
+
+def _arrays(rows, k):
+    R = len(rows)
+    return RoutingArrays(
+        turn=np.array([r[0] for r in rows], np.int32).reshape(R),
+        batch=np.array([r[1] for r in rows], np.int32).reshape(R),
+        phase=np.array([r[2] for r in rows], np.int8).reshape(R),
+        step=np.array([r[3] for r in rows], np.int32).reshape(R),
+        layer=np.array([r[4] for r in rows], np.int16).reshape(R),
+        experts=np.array([r[5] for r in rows], np.int32).reshape(R, k),
+        weights=np.zeros((R, k), np.float32),
+    )
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(t=traces(), policy=st.sampled_from(sorted(REGISTRY)), seed=st.integers(0, 1000))
+def test_kernel_matches_naive_twin(t, policy, seed):
+    moe_layers, n_layer, n_expert, k, eb, rows, budget_units = t
+    if not rows:
+        return
+    expert_bytes = np.zeros(n_layer, np.int64)
+    for l, b in eb.items():
+        expert_bytes[l] = b
+    loads = prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
+    res = replay(loads, policy, budget_units / 16, seed=seed, slots=True)
+    want = naive_replay([(r[1], r[2], r[4], r[5]) for r in rows], moe_layers, n_expert, eb, policy, budget_units * UNIT, seed)
+    for i, layer in enumerate(moe_layers):
+        for ph in (0, 1):
+            assert res.acc[ph, i, 0] == want["lookups"].get((ph, layer), 0)
+            assert res.acc[ph, i, 1] == want["hits"].get((ph, layer), 0)
+            assert res.acc[ph, i, 2] == want["read"].get((ph, layer), 0)
+    assert res.slots.tolist() == want["codes"]
+    assert res.evictions == want["evictions"]
+    ser = batch_series(loads, res)
+    got = {b: [lk, h, rd] for b, lk, h, rd in zip(range(ser.height), ser["lookups"], ser["hits"], ser["read_bytes"])}
+    assert got == {b: want["per_batch"].get(b, [0, 0, 0]) for b in got}
