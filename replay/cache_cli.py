@@ -52,17 +52,22 @@ def register(app: typer.Typer) -> None:
         validate: bool = typer.Option(False, "--validate", help="Replay LRU at the recorded budget and compare with the engine."),
         budget_mib: float | None = typer.Option(None, "--budget-mib", help="Budget for --validate (default: the recorded one); "
                                                 "without --validate, a single budget to replay."),
+        cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file: adds ms/token and tok/s."),
+        flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
+        compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     ) -> None:
         """Expert-cache hit rates per policy and budget (decode-only and cumulative), MiB read, T, bound."""
         from replay.cache import check_policies, default_budgets_mib, loads_of, sweep
         from replay.cache import validate as run_validate
+        from replay.cost import cost_model_from_options
         from replay.output import json_object, rows_of
         from traces import open_trace
         from traces.atomic import atomic_write_text
 
         if phase not in ("decode", "all"):
             raise UserError(f"--phase: {phase!r} is not decode or all.")
+        cmodel = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
         if budget_mib is not None and not (math.isfinite(budget_mib) and budget_mib > 0):
             raise UserError(f"--budget-mib: {budget_mib} is not a positive number of MiB.")
         pols = check_policies([p for p in policies.split(",") if p.strip()])
@@ -90,6 +95,10 @@ def register(app: typer.Typer) -> None:
             chosen = ("default: 9 budgets geometric from T/2 to the working set W, 2 significant figures"
                       + (f", the recorded {rec_budget:g} MiB replacing the nearest" if rec_budget in blist else ""))
         frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed)
+        if cmodel is not None:
+            from replay.cost import with_time
+
+            frame = with_time(frame, cmodel, t.token_counts()["tokens_decode"])
         T = loads.token_cycle_bytes / MIB
         W = loads.working_set_bytes / MIB
         below = [b for b in blist if b < T]
@@ -103,9 +112,13 @@ def register(app: typer.Typer) -> None:
                 "cache", str(trace), rows_of(frame), phase=phase, token_cycle_mib=T, working_set_mib=W,
                 budgets_below_token_cycle=below, budgets_chosen=chosen,
                 note=(COLLAPSE if collapsed else None),
+                cost_model=(cmodel.row() if cmodel is not None else None),
             ))
             return
         typer.echo(sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed))
+        if cmodel is not None:
+            typer.echo("")
+            typer.echo(time_text(frame, pols, blist, cmodel))
 
 
 def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed) -> str:
@@ -163,6 +176,27 @@ def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed)
         lines += ["", "per layer", text_table(
             rows, ["policy", "budget_mib", "layer", "lookups", "hits", "hit_pct_decode", "hit_pct_cum", "read_mib"],
             digits={"budget_mib": 0, "hit_pct_decode": 1, "hit_pct_cum": 1, "read_mib": 1})]
+    return "\n".join(lines)
+
+
+def time_text(frame, pols, blist, cmodel) -> str:
+    """The ms/token grid and which configuration wins on time (not just on hits)."""
+    from replay.cost import verdict
+    from replay.output import rows_of, text_table
+
+    overall = rows_of(frame.filter(frame["layer"].is_null()))
+    cell = {(r["policy"], r["budget_mib"]): r for r in overall}
+    rows = []
+    for b in blist:
+        row = {"budget": f"{b:g}"}
+        for p in pols:
+            row[p] = cell[(p, b)]["ms_per_token"]
+        rows.append(row)
+    bw = cmodel.bandwidth_mib_s
+    lines = [f"estimated ms per decoded token ({cmodel.kind} model: {cmodel.model}; intercept {cmodel.intercept_ms:.1f} ms, "
+             f"{cmodel.ms_per_mib:.4f} ms/MiB" + (f" = {bw:.0f} MiB/s" if bw else "") + ")",
+             text_table(rows, ["budget", *pols], ["budget_mib", *pols], digits=1)]
+    lines += verdict(overall)
     return "\n".join(lines)
 
 

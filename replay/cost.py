@@ -285,3 +285,107 @@ def add_time_columns(frame: pl.DataFrame, model: CostModel, read_mib_col: str, m
     return frame.with_columns(
         ms_per_token=ms, tok_s=pl.when(ms > 0).then(1000.0 / ms).otherwise(None), ms_per_token_ci95=ci,
     )
+
+
+# -- check against the device --------------------------------------------------------------------
+
+def device_check(trace: Trace, model: CostModel | None = None, budget_mib: float | None = None) -> dict[str, Any]:
+    """Does the replay + cost model reproduce the device's recorded speed?
+
+    LRU is replayed at the recorded budget; the replay's own per-token expert bytes (not the
+    recorded ones) go through the cost model; the prediction is compared with the recorded wall
+    time per decoded token. Without a given model, one is fitted on the first half of the decoded
+    tokens, so the second half is a genuine hold-out (``heldout_*`` keys)."""
+    from replay.cache import decode_token_series, loads_of, replay
+
+    budget = budget_mib if budget_mib is not None else trace.recorded.get("budget_mib")
+    if budget is None:
+        raise UserError(f"{trace.path}: records no cache budget; pass --budget-mib.")
+    feats = recorded_token_features(trace)
+    n = feats.height
+    h = n // 2
+    if model is None:
+        cands = fit_candidates(feats.head(h), f"{trace.path} (first {h} decoded tokens)")
+        model = choose(cands)
+        model.notes = diagnose(model, feats, trace.metrics())
+        fitted_here = True
+    else:
+        fitted_here = False
+    res = replay(loads_of(trace), "lru", float(budget))
+    series = decode_token_series(loads_of(trace), res)
+    if series.height != n:
+        raise UserError(f"{trace.path}: the replay has {series.height} decoded tokens, the metrics {n}.")
+    pred = model.predict_ms(series["read_bytes"].to_numpy(), series["misses"].to_numpy())
+    wall = feats["wall_ms"].to_numpy()
+    rec_tok_s = 1000.0 / float(wall.mean())
+    pred_tok_s = 1000.0 / float(pred.mean())
+    row: dict[str, Any] = {
+        "model": trace.model["name"], "budget_mib": float(budget), "policy": "lru", "tokens_decode": n,
+        "recorded_tok_s": rec_tok_s, "predicted_tok_s": pred_tok_s,
+        "tok_s_err_pct": (pred_tok_s - rec_tok_s) / rec_tok_s * 100.0,
+        "token_mape_pct": _mape(wall, pred),
+        "replay_read_mib_per_token": float(series["read_bytes"].to_numpy().mean()) / MIB,
+        "recorded_read_mib_per_token": float(feats["read_bytes"].to_numpy().mean()) / MIB,
+        "cost_model": model.model, "intercept_ms": model.intercept_ms, "ms_per_mib": model.ms_per_mib,
+        "fitted_on": f"first {h} decoded tokens of this trace" if fitted_here else (model.source or "given file"),
+    }
+    if fitted_here:
+        row["heldout_recorded_tok_s"] = 1000.0 / float(wall[h:].mean())
+        row["heldout_predicted_tok_s"] = 1000.0 / float(pred[h:].mean())
+        row["heldout_tok_s_err_pct"] = (row["heldout_predicted_tok_s"] - row["heldout_recorded_tok_s"]) \
+            / row["heldout_recorded_tok_s"] * 100.0
+        row["heldout_token_mape_pct"] = _mape(wall[h:], pred[h:])
+    return row
+
+
+# -- applying a model to replay rows -------------------------------------------------------------
+
+BOUNDS = ("belady", "infinite")  # offline bounds: not something an engine can run
+
+
+def cost_model_from_options(path: str | Path | None, flash_mib_s: float | None, compute_ms: float | None) -> CostModel | None:
+    """--cost-model FILE, or the manual --flash-mib-s/--compute-ms pair, or None."""
+    if path is not None and (flash_mib_s is not None or compute_ms is not None):
+        raise UserError("--cost-model and --flash-mib-s/--compute-ms are alternatives; give one.")
+    if path is not None:
+        return load_cost_model(path)
+    if (flash_mib_s is None) != (compute_ms is None):
+        raise UserError("a manual cost model needs both --flash-mib-s and --compute-ms.")
+    if flash_mib_s is not None:
+        return manual_model(flash_mib_s, compute_ms)  # type: ignore[arg-type]
+    return None
+
+
+def with_time(frame: pl.DataFrame, model: CostModel, tokens_decode: int) -> pl.DataFrame:
+    """Cache rows + ``ms_per_token``/``tok_s``/``ms_per_token_ci95`` for the decode phase."""
+    if tokens_decode <= 0:
+        raise UserError("the trace has no decoded tokens, so there is no time per decoded token to estimate.")
+    f = frame.with_columns(pl.lit(tokens_decode).alias("tokens_decode"),
+                           (pl.col("lookups_decode") - pl.col("hits_decode")).alias("misses_decode"))
+    return add_time_columns(f, model, "read_mib_decode", "misses_decode", "tokens_decode")
+
+
+def verdict(rows: list[dict[str, Any]]) -> list[str]:
+    """Which online configuration wins on time, and whether that is the one that wins on hits."""
+    online = [r for r in rows if r.get("layer") is None and r["policy"] not in BOUNDS and r.get("ms_per_token") is not None]
+    if not online:
+        return []
+    best = []
+    for b in sorted({r["budget_mib"] for r in online}):
+        r = min((r for r in online if r["budget_mib"] == b), key=lambda r: (r["ms_per_token"], r["policy"]))
+        ci = r.get("ms_per_token_ci95")
+        ci_txt = f" +/- {ci:.1f}" if ci is not None and math.isfinite(ci) else ""
+        best.append(f"{b:g} MiB: {r['policy']} {r['ms_per_token']:.1f}{ci_txt} ms ({r['tok_s']:.2f} tok/s)")
+    out = ["fastest online policy per budget (decode, estimated; belady/infinite are bounds, not candidates): "
+           + "; ".join(best)]
+    for b in sorted({r["budget_mib"] for r in online}):
+        at = [r for r in online if r["budget_mib"] == b]
+        by_time = min(at, key=lambda r: (r["ms_per_token"], r["policy"]))
+        by_hits = max(at, key=lambda r: (r["hit_pct_decode"] or -1, r["policy"]))
+        if by_time["policy"] != by_hits["policy"] and by_time["ms_per_token"] < by_hits["ms_per_token"]:
+            out.append(f"at {b:g} MiB, {by_hits['policy']} hits most ({by_hits['hit_pct_decode']:.1f}% decode) but "
+                       f"{by_time['policy']} is faster ({by_time['ms_per_token']:.1f} vs {by_hits['ms_per_token']:.1f} ms/token): "
+                       "it reads fewer bytes per token (expert sizes differ by layer)")
+    out.append("time estimates see bytes read (and misses, if the model has that term), not compute, thermal state or page "
+               "faults; the +/- is a 95% interval from the fit's residuals (none for a manual model), not run-to-run drift")
+    return out

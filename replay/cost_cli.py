@@ -53,6 +53,36 @@ def fit(
                                                "mean_err_pct"]))
 
 
+@cost_app.command("check")
+def check(
+    traces: list[Path] = typer.Argument(..., help="Traces with recorded metrics and a recorded cache budget."),
+    cost_model: Path | None = typer.Option(None, "--cost-model", help="Use this model (default: fit on each trace's first half)."),
+    budget_mib: float | None = typer.Option(None, "--budget-mib", help="Replay budget (default: the recorded one)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Replay LRU at the recorded budget, turn the replay's bytes into time, compare with the device."""
+    from replay.cost import device_check, load_cost_model
+    from replay.output import json_object, text_table
+    from traces import open_trace
+
+    model = load_cost_model(cost_model) if cost_model else None
+    rows = [device_check(open_trace(p), model, budget_mib) for p in traces]
+    if json_out:
+        typer.echo(json_object("cost check", str(traces[0]) if len(traces) == 1 else None, rows))
+        return
+    cols = ["model", "budget_mib", "recorded_tok_s", "predicted_tok_s", "tok_s_err_pct", "token_mape_pct"]
+    heads = ["model", "budget_mib", "recorded tok/s", "predicted tok/s", "error %", "per-token MAPE %"]
+    if all("heldout_tok_s_err_pct" in r for r in rows):
+        cols += ["heldout_tok_s_err_pct"]
+        heads += ["held-out error %"]
+    typer.echo(text_table(rows, cols, heads, digits={"budget_mib": 0, "recorded_tok_s": 3, "predicted_tok_s": 3,
+                                                     "tok_s_err_pct": 1, "token_mape_pct": 1, "heldout_tok_s_err_pct": 1}))
+    typer.echo("predicted = LRU replay at the recorded budget -> the replay's own expert bytes per decoded token -> "
+               "cost model; recorded = the engine's wall time per decoded token (decode only).")
+    if model is None:
+        typer.echo("model fitted on each trace's first half of decoded tokens; 'held-out error' is on the second half.")
+
+
 def _describe(path: str, best, cands) -> str:
     bw = best.bandwidth_mib_s
     lines = [
