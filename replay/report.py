@@ -213,8 +213,96 @@ def section_predictors(ctx: ReportContext) -> Section:
     return s
 
 
+def section_cache(ctx: ReportContext) -> Section:
+    from replay import plots
+    from replay.cache import default_budgets_mib, loads_of, sweep
+
+    tr = ctx.trace
+    loads = loads_of(tr)
+    if tr.token_counts()["tokens_decode"] == 0:
+        return Section("Expert cache", unavailable="the trace has no decoded tokens, and hit rates here are decode-only")
+    rec = tr.recorded.get("budget_mib")
+    budgets = ctx.budgets_mib or default_budgets_mib(loads, rec)
+    policies = ctx.policies or ["lru", "lfu", "layer", "lfru", "belady", "infinite"]
+    for bound in ("belady", "infinite"):
+        if bound not in policies:
+            policies = [*policies, bound]
+    frame = sweep(loads, policies, budgets, per_layer=True, show_progress=False)
+    model = ctx.shared.get("cost_model")
+    if model is not None:
+        from replay.cost import with_time
+
+        frame = with_time(frame, model, tr.token_counts()["tokens_decode"])
+    overall = frame.filter(pl.col("layer").is_null())
+    T = loads.token_cycle_bytes / (1 << 20)
+    s = Section("Expert cache")
+    s.text.append(f"Decode-only hit % per policy and byte budget (a lookup = one unique (layer, expert) per load). "
+                  f"Belady (offline optimum at that budget) and infinite (compulsory misses only) are the ceiling. "
+                  f"T = {T:.1f} MiB is one token cycle (sum over MoE layers of top_k x expert_bytes): below it global "
+                  "LRU collapses, because each token's sweep over the layers evicts exactly what the next token needs.")
+    series, styles = {}, {}
+    for p in policies:
+        f = overall.filter(pl.col("policy") == p).sort("budget_mib")
+        series[p] = (f["budget_mib"].to_numpy(), f["hit_pct_decode"].to_numpy())
+        if p in ("belady", "infinite"):
+            styles[p] = {"linestyle": "--", "color": "black" if p == "belady" else "grey", "marker": None}
+    vlines = {"T (one token cycle)": T}
+    if rec is not None:
+        vlines[f"recorded budget {rec:g} MiB"] = float(rec)
+    plots.lines(series, ctx.out / "cache_curves.png", "Expert-cache hit rate vs budget (decode loads)",
+                "cache budget (MiB, log scale)", "decode-only hit rate (%)", styles=styles, vlines=vlines, xlog=True,
+                ylim=(0, 102))
+    s.images.append(("cache_curves.png", "cache hit rate against budget"))
+    online = [p for p in policies if p not in ("belady", "infinite")]
+    gap_rows = []
+    for b in budgets:
+        at = overall.filter(pl.col("budget_mib") == b)
+        hit = dict(zip(at["policy"].to_list(), at["hit_pct_decode"].to_list()))
+        best = max(online, key=lambda p: (hit.get(p) if hit.get(p) is not None else -1, p)) if online else None
+        row = {"budget_mib": b, "below_T": b < T, "best_online": best,
+               "best_online_hit_pct_decode": hit.get(best) if best else None,
+               "belady_hit_pct_decode": hit.get("belady"), "infinite_hit_pct_decode": hit.get("infinite")}
+        row["gap_to_belady_pp"] = (None if best is None or hit.get("belady") is None or hit.get(best) is None
+                                   else hit["belady"] - hit[best])
+        gap_rows.append(row)
+    if "lfu" in policies and "lfru" in policies:
+        a = overall.filter(pl.col("policy") == "lfu").sort("budget_mib")["hits"].to_list()
+        b = overall.filter(pl.col("policy") == "lfru").sort("budget_mib")["hits"].to_list()
+        if a == b:
+            s.text.append("lfru and lfu coincide at every budget (their curves overlap): frequency fills lfru's high bits and "
+                          "the recency byte only orders equal frequencies, which is lfu's least-recent tie-break.")
+    s.tables.append(Table("cache_gap", pl.DataFrame(gap_rows), "best online policy against the bound, per budget (decode)"))
+    cols = ["policy", "budget_mib", "hit_pct_decode", "hit_pct_cum", "read_mib"]
+    if model is not None:
+        cols += ["ms_per_token", "tok_s"]
+        from replay.cost import verdict
+
+        s.text += [v[0].upper() + v[1:] + "." for v in verdict(overall.to_dicts())]
+    s.tables.append(Table("cache", overall.sort("policy", "budget_mib"), "every (policy, budget) cell; read_mib = all phases",
+                          columns=cols))
+    # per-layer heatmap for the chosen policy
+    chosen = "lru" if "lru" in policies else online[0] if online else policies[0]
+    per = frame.filter(pl.col("layer").is_not_null() & (pl.col("policy") == chosen))
+    layers = tr.moe_layers
+    mat = np.full((len(layers), len(budgets)), np.nan)
+    li = {l: i for i, l in enumerate(layers)}
+    bi = {b: j for j, b in enumerate(budgets)}
+    for r in per.iter_rows(named=True):
+        if r["hit_pct_decode"] is not None:
+            mat[li[r["layer"]], bi[r["budget_mib"]]] = r["hit_pct_decode"]
+    plots.heatmap(mat, ctx.out / "cache_per_layer.png", f"{chosen}: decode hit rate per layer and budget", "cache budget (MiB)",
+                  "MoE layer", "decode-only hit rate (%)", ylabels=layers, xticklabels=[f"{b:g}" for b in budgets],
+                  vmin=0, vmax=100)
+    s.images.append(("cache_per_layer.png", "per-layer hit rate heatmap"))
+    s.tables.append(Table("cache_per_layer", per.select(["layer", "budget_mib", "lookups", "hits", "hit_pct_decode",
+                                                         "hit_pct_cum", "read_mib"]).sort("layer", "budget_mib"),
+                          f"{chosen} per layer and budget", columns=None))
+    ctx.shared["cache_frame"] = frame
+    return s
+
+
 SECTIONS: list[Callable[[ReportContext], Section]] = [
-    section_summary, section_predictors, section_popularity, section_drop, section_cost,
+    section_summary, section_predictors, section_cost, section_cache, section_popularity, section_drop,
 ]
 
 

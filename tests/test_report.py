@@ -6,7 +6,8 @@ import pytest
 
 from tests.helpers import assert_one_sentence_error, run_cli
 
-EXPECTED_SECTIONS = ["Trace summary", "Predictor accuracy (decode)", "Expert popularity", "Drop-cold trade-off", "Cost model"]
+EXPECTED_SECTIONS = ["Trace summary", "Predictor accuracy (decode)", "Cost model", "Expert cache", "Expert popularity",
+                     "Drop-cold trade-off"]
 
 
 def _report(trace, out):
