@@ -24,9 +24,16 @@ def machine() -> str:
         load = os.getloadavg()[0]
     except OSError:
         load = float("nan")
-    return (f"{cpu}, {os.cpu_count()} logical cores, load average {load:.2f} at start; "
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    blas = "?"
+    try:
+        b = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        blas = f"{b.get('name')} {b.get('version')}"
+    except Exception:  # show_config's layout varies across numpy versions
+        pass
+    return (f"{cpu}, {os.cpu_count()} logical cores, {mem:.0f} GiB RAM, load average {load:.2f} at start; "
             f"{platform.system()} {platform.release()}; Python {platform.python_version()}, "
-            f"numpy {np.__version__}, numba {numba.__version__}")
+            f"numpy {np.__version__} ({blas}), numba {numba.__version__}")
 
 
 def best_of(fn, n: int = 5) -> float:

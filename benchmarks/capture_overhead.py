@@ -21,8 +21,6 @@ CPU, thread count and load, not an engine in general.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shutil
 import statistics
 import tempfile
@@ -31,20 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks._common import machine
+
 PROMPT = "Benchmark the capture hook: the quick brown fox jumps over the lazy dog."
-
-
-def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"{cpu}, {os.cpu_count()} logical CPUs, load avg {load:.2f}, Python {platform.python_version()}"
 
 
 def _decode_loop(engine, tokens: list[int], n: int, hook=None) -> float:
@@ -171,7 +158,7 @@ def main() -> None:
         capture_run("capture full (+logits, +gate_input)", full=True)
 
     base = statistics.median(results["baseline (no callback)"])
-    print(f"machine: {_machine()}; threads {args.threads}")
+    print(f"machine: {machine()}; threads {args.threads}")
     print(f"model: {model.name}: {cfg.layers} layers, embd {cfg.embd}, {cfg.experts} experts top-{cfg.top_k}, "
           f"expert ff {cfg.ff}, f16 weights; decode {args.tokens} tokens x {args.repeats} repeats (median)")
     best_base = max(results["baseline (no callback)"])

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import resource
 import subprocess
 import sys
@@ -35,28 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks._common import machine
+
 GIB = 1 << 30
-
-
-def machine() -> str:
-    model = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
-    blas = "?"
-    try:
-        cfg = np.show_config(mode="dicts")
-        b = cfg["Build Dependencies"]["blas"]
-        blas = f"{b.get('name')} {b.get('version')}"
-    except Exception:  # show_config's layout varies across numpy versions
-        pass
-    return (f"{model}; {os.cpu_count()} logical CPUs; {mem:.0f} GiB RAM; {platform.system()} {platform.release()}; "
-            f"Python {platform.python_version()}, numpy {np.__version__} ({blas})")
 
 
 def ensure_trace(path: Path, tokens: int, layers: int, embd: int, experts: int) -> None:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from benchmarks.machine import describe
+from benchmarks._common import machine
 
 
 def main() -> None:
@@ -36,7 +36,7 @@ def main() -> None:
     wall = time.perf_counter() - t0
     peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     size = sum(p.stat().st_size for p in __import__("pathlib").Path(args.out).rglob("*") if p.is_file())
-    print(f"machine: {describe()}")
+    print(f"machine: {machine()}")
     print(f"synth {args.tokens:,} tokens x {args.layers} layers x {args.experts} experts top-{args.top_k} (routing only): "
           f"wall {wall:.1f} s, peak RSS {peak_mib:.0f} MiB, trace {size / 2**20:.0f} MiB on disk")
 
