@@ -32,7 +32,23 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from replay.cache_kernel import ACC_HITS, ACC_LOOKUPS, ACC_READ, N_STATS, STAT_EVICTIONS, STAT_OVERFLOW, make_kernel, next_loads
+from replay.cache_kernel import (
+    ACC_HITS,
+    ACC_LOOKUPS,
+    ACC_READ,
+    N_ACC,
+    N_STATS,
+    OPT_AHEAD,
+    OPT_CAP,
+    OPT_FILL,
+    OPT_GUARD,
+    OPT_RETAIN,
+    STAT_EVICTIONS,
+    STAT_OVERFLOW,
+    make_kernel,
+    next_loads,
+    no_options,
+)
 from replay.cache_state import MAX_SLOTS, new_state
 from replay.policies import REGISTRY, policy_module
 from traces.errors import UserError
@@ -176,6 +192,7 @@ class ReplayResult:
     overflow_loads: int
     slots: np.ndarray | None
     seconds: float
+    stats: np.ndarray | None = None  # int64 [N_STATS] (replay.cache_kernel.STAT_*)
 
     @property
     def lookups(self) -> int:
@@ -204,8 +221,17 @@ def _groups(loads: Loads, pm, budget: int) -> tuple[np.ndarray, np.ndarray]:
     return group, gbud
 
 
-def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: bool = False) -> ReplayResult:
-    """Replay ``loads`` through ``policy`` at ``budget_mib`` MiB (2^20 bytes)."""
+def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: bool = False, *,
+           drop: np.ndarray | None = None, pred: np.ndarray | None = None, ahead: int = 1, cap: int | None = None,
+           guard: bool = False, retain: bool = False, fill: bool = False) -> ReplayResult:
+    """Replay ``loads`` through ``policy`` at ``budget_mib`` MiB (2^20 bytes).
+
+    What-ifs (:mod:`replay.cache_kernel`): ``drop`` [R, k] uint8 (1 drop-cold: skip if not
+    resident, 2 skip always); ``pred`` [R, w] int32 entries predicted for each routing row (-1
+    none), used by ``retain`` (protect the next ``ahead`` layers' predictions from eviction) and
+    ``fill`` (read the predictions ``ahead`` layers on speculatively, at most ``cap`` predicted
+    misses per layer, with the eviction ``guard`` if asked).
+    """
     check_policies([policy])
     budget = budget_bytes(budget_mib)
     if loads.entries.size > MAX_SLOTS:
@@ -216,18 +242,36 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     ent, grp = new_state(loads.entry_bytes, group, gbud)
     ps = pm.init(ent, grp, int(seed))
     L, B = len(loads.moe_layers), loads.batch_turn.shape[0]
-    acc = np.zeros((2, L, 3), np.int64)
-    bacc = np.zeros((B, 3), np.int64)
+    acc = np.zeros((2, L, N_ACC), np.int64)
+    bacc = np.zeros((B, N_ACC), np.int64)
     stats = np.zeros(N_STATS, np.int64)
-    k = loads.entries.shape[1]
-    slot_out = np.zeros((loads.entries.shape[0] if slots else 0, k), np.uint8)
+    R, k = loads.entries.shape
+    slot_out = np.zeros((R if slots else 0, k), np.uint8)
     nxt = loads.next_load if pm.NEEDS_NEXT_USE else np.zeros((0, k), np.int32)
+    if drop is None:
+        drop = np.zeros((0, k), np.uint8)
+    elif drop.shape != (R, k):
+        raise ValueError(f"drop flags must be [R, k] = {(R, k)}, got {drop.shape}")
+    if pred is None or not (retain or fill):
+        pred = np.zeros((0, 1), np.int32)
+    elif pred.shape[0] != R:
+        raise ValueError(f"predictions must have one row per routing ({R}), got {pred.shape[0]}")
+    if (retain or fill) and ahead < 1:
+        raise UserError(f"predictions {ahead} layers ahead: must be >= 1.")
+    if cap is not None and cap < 0:
+        raise UserError(f"--cap {cap}: must be >= 0 predicted misses per layer.")
+    opts = no_options()
+    opts[OPT_AHEAD] = ahead
+    opts[OPT_CAP] = -1 if cap is None else cap
+    opts[OPT_GUARD] = int(guard)
+    opts[OPT_RETAIN] = int(retain)
+    opts[OPT_FILL] = int(fill)
     t0 = time.perf_counter()
     kern(loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, loads.load_batch, nxt, ent, grp, ps, acc, bacc,
-         stats, slot_out)
+         stats, slot_out, np.ascontiguousarray(drop, np.uint8), np.ascontiguousarray(pred, np.int32), opts)
     dt = time.perf_counter() - t0
     return ReplayResult(policy, float(budget_mib), budget, acc, bacc, int(stats[STAT_EVICTIONS]), int(stats[STAT_OVERFLOW]),
-                        slot_out if slots else None, dt)
+                        slot_out if slots else None, dt, stats)
 
 
 def warm_up(policies: list[str]) -> None:
