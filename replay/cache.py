@@ -346,11 +346,12 @@ def default_budgets_mib(loads: Loads, recorded_mib: float | None = None, n: int 
 
 
 def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
-          threads: int | None = None, show_progress: bool = True) -> pl.DataFrame:
+          threads: int | None = None, show_progress: bool = True, **whatif: Any) -> pl.DataFrame:
     """Every (policy, budget) cell, in parallel over the cores (the kernels release the GIL).
 
     Rows ordered by policy (as given) then budget (as given). ``infinite`` ignores the budget, so
-    it is replayed once and its row repeated for every budget.
+    it is replayed once and its row repeated for every budget. ``whatif`` (e.g. ``pred``,
+    ``ahead``, ``retain``) is passed to every :func:`replay`.
     """
     from replay.output import progress
 
@@ -369,7 +370,7 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
     threads = threads or min(os.cpu_count() or 1, len(unique)) or 1
     results: dict[tuple, ReplayResult] = {}
     with progress(len(unique), "cache replay", unit="cell") as bar, ThreadPoolExecutor(max_workers=threads) as pool:
-        futs = {key: pool.submit(replay, loads, p, b, seed) for key, (p, b) in unique.items()}
+        futs = {key: pool.submit(replay, loads, p, b, seed, **whatif) for key, (p, b) in unique.items()}
         for key, f in futs.items():
             results[key] = f.result()
             bar.update(1)
@@ -378,7 +379,7 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
         key = (p, None) if policy_module(p).UNBOUNDED else (p, b)
         r = results[key]
         if r.budget_mib != b:
-            r = ReplayResult(p, b, budget_bytes(b), r.acc, r.bacc, r.evictions, r.overflow_loads, None, r.seconds)
+            r = ReplayResult(p, b, budget_bytes(b), r.acc, r.bacc, r.evictions, r.overflow_loads, None, r.seconds, r.stats)
         rows.extend(result_rows(loads, r, per_layer))
     return pl.DataFrame(rows, schema_overrides={"layer": pl.Int64, "evictions": pl.Int64, "overflow_loads": pl.Int64},
                         infer_schema_length=None)
