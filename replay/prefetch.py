@@ -267,3 +267,19 @@ def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: l
         (with_r["hit_pct_decode"] - without["hit_pct_decode"]).alias("retain_gain_pp_decode"),
         (with_r["hit_pct_cum"] - without["hit_pct_cum"]).alias("retain_gain_pp_cum"),
     )
+
+
+def retain_text(frame: pl.DataFrame, policies: list[str], budgets_mib: list[float]) -> str:
+    """The hit-rate change retention buys, per policy and budget (percentage points)."""
+    from replay.output import rows_of, text_table
+
+    overall = rows_of(frame.filter(pl.col("layer").is_null()))
+    cell = {(r["policy"], r["budget_mib"]): r for r in overall}
+    name = overall[0]["retain_predictor"] if overall else "?"
+    out = ["", f"retention ({name}'s guesses for the next layer(s) protected from eviction; zero extra bytes): the hit % "
+           "tables above are WITH retention; change against the same replay without it, in points"]
+    for field, title in (("retain_gain_pp_decode", "decode-only"), ("retain_gain_pp_cum", "cumulative (prefill included)")):
+        rows = [{"budget": f"{b:g}", **{p: cell[(p, b)][field] for p in policies}} for b in budgets_mib]
+        out += [title, text_table(rows, ["budget", *policies], ["budget_mib", *policies], digits=2)]
+    out.append("Hit % is not time: retention reads no extra bytes, so fewer misses are fewer bytes here (see the MiB table).")
+    return "\n".join(out)
