@@ -60,11 +60,13 @@ UNBOUNDED_BYTES = np.int64(1) << np.int64(62)
 _KERNELS: dict[str, Any] = {}
 
 
-def kernel_for(policy: str):
-    """The compiled driver for ``policy`` (compiled, or loaded from Numba's cache, once per process)."""
-    if policy not in _KERNELS:
-        _KERNELS[policy] = make_kernel(policy, policy_module(policy))
-    return _KERNELS[policy]
+def kernel_for(policy: str, whatif: bool = False):
+    """The compiled driver for ``policy`` (compiled, or loaded from Numba's cache, once per process);
+    ``whatif`` = the variant with the drop / prediction paths (a plain replay has them compiled out)."""
+    key = (policy, whatif)
+    if key not in _KERNELS:
+        _KERNELS[key] = make_kernel(policy, policy_module(policy), whatif)
+    return _KERNELS[key]
 
 
 def check_policies(policies: list[str] | tuple[str, ...]) -> list[str]:
@@ -237,7 +239,7 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     if loads.entries.size > MAX_SLOTS:
         raise UserError(f"the trace holds {loads.entries.size:,} routed slots; one replay handles at most {MAX_SLOTS:,}")
     pm = policy_module(policy)
-    kern = kernel_for(policy)
+    kern = kernel_for(policy, whatif=drop is not None or retain or fill)
     group, gbud = _groups(loads, pm, budget)
     ent, grp = new_state(loads.entry_bytes, group, gbud)
     ps = pm.init(ent, grp, int(seed))

@@ -147,6 +147,7 @@ def _remove(ent, grp, e, keep_list):
 
 # Hook placeholders: make_kernel rebinds these names to one policy's @njit hooks and constants.
 KEEP_RES_LIST = True  # maintain the resident list (only scanning policies read it)
+WHATIF = True  # compile the what-if paths (drop, predictions); False compiles them out of plain replays
 
 def on_admit(ps, ent, grp, e):  # pragma: no cover
     raise NotImplementedError
@@ -176,8 +177,8 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, next_load, e
     k = entries.shape[1]
     want_slots = slot_out.shape[0] > 0
     has_next = next_load.shape[0] > 0
-    has_drop = drop.shape[0] > 0
-    has_pred = pred.shape[0] > 0
+    has_drop = WHATIF and drop.shape[0] > 0
+    has_pred = WHATIF and pred.shape[0] > 0
     w = pred.shape[1]
     ahead = opts[OPT_AHEAD]
     cap = opts[OPT_CAP]
@@ -216,7 +217,8 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, next_load, e
                     continue
                 n_look += 1
                 ent[e, FREQ] += 1  # reset to 0 by _admit below for a miss, then counted
-                ent[e, HEAT] += 1  # lifetime demand heat (the eviction guard's); never reset
+                if WHATIF:
+                    ent[e, HEAT] += 1  # lifetime demand heat (the eviction guard's); never reset
                 ent[e, LAST_LOAD] = load
                 ent[e, LAST_TICK] = tick
                 if has_next:
@@ -243,14 +245,15 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, next_load, e
         acc[ph, lid, ACC_LOOKUPS] += n_look
         acc[ph, lid, ACC_HITS] += n_hit
         acc[ph, lid, ACC_READ] += n_read
-        acc[ph, lid, ACC_SKIPPED] += n_skip
-        acc[ph, lid, ACC_SPEC_HITS] += n_spec_hit
         bacc[b, ACC_LOOKUPS] += n_look
         bacc[b, ACC_HITS] += n_hit
         bacc[b, ACC_READ] += n_read
-        bacc[b, ACC_SKIPPED] += n_skip
-        bacc[b, ACC_SPEC_HITS] += n_spec_hit
-        stats[STAT_SPEC_HITS] += n_spec_hit
+        if WHATIF:  # a plain replay never drops nor fills: these stay 0 without being written
+            acc[ph, lid, ACC_SKIPPED] += n_skip
+            acc[ph, lid, ACC_SPEC_HITS] += n_spec_hit
+            bacc[b, ACC_SKIPPED] += n_skip
+            bacc[b, ACC_SPEC_HITS] += n_spec_hit
+            stats[STAT_SPEC_HITS] += n_spec_hit
         if load_start[load + 1] == load_start[load]:
             continue
         if retain:
@@ -272,7 +275,7 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, next_load, e
             if v < 0:
                 stats[STAT_OVERFLOW] += 1  # everything left was touched by this load
                 break
-            if ent[v, SPEC] == 1:
+            if WHATIF and ent[v, SPEC] == 1:
                 stats[STAT_SPEC_EVICTED_UNUSED] += 1
             on_evict(ps, ent, grp, v)
             _remove(ent, grp, v, KEEP_RES_LIST)
@@ -344,19 +347,21 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, next_load, e
                 stats[STAT_SPEC_UNUSED_END] += 1
 
 
-def make_kernel(name: str, pm: ModuleType):
+def make_kernel(name: str, pm: ModuleType, whatif: bool = True):
     """Compile the driver for one policy module, its hooks inlined.
 
     The driver's code object is rebound to globals holding this policy's hooks (no closure: a
     closure over dispatchers would never hit Numba's on-disk cache, whose key pickles closure
     cells and a dispatcher pickles with a per-process id). The function's name carries a hash of
     the sources it inlines, so editing a policy module invalidates its cached machine code (Numba
-    itself only watches the file that defines the function).
+    itself only watches the file that defines the function). ``whatif=False`` compiles the
+    drop/prediction paths out (a plain replay pays nothing for them); such a kernel ignores
+    ``drop`` and ``pred``.
     """
     g = dict(_driver.__globals__)
     g.update(on_admit=pm.on_admit, on_touch=pm.on_touch, pick_victim=pm.pick_victim, on_evict=pm.on_evict,
-             KEEP_RES_LIST=bool(getattr(pm, "NEEDS_RESIDENT_LIST", False)))
-    qual = f"replay_kernel_{name}_{_source_hash(pm)}"
+             KEEP_RES_LIST=bool(getattr(pm, "NEEDS_RESIDENT_LIST", False)), WHATIF=bool(whatif))
+    qual = f"replay_kernel_{name}{'_whatif' if whatif else ''}_{_source_hash(pm)}"
     f = FunctionType(_driver.__code__, g, qual, _driver.__defaults__, None)
     f.__qualname__ = qual
     f.__doc__ = _driver.__doc__
