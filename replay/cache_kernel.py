@@ -369,13 +369,14 @@ def make_kernel(name: str, pm: ModuleType, whatif: bool = True):
 
 
 def _source_hash(pm: ModuleType) -> str:
+    # Every policy source file, whether imported yet or not: hashing only the policy modules
+    # already in sys.modules gave a different name (a recompile) depending on import order.
     h = hashlib.sha256()
-    mods = [pm, sys.modules[__name__], sys.modules["replay.cache_state"]]
-    mods += [m for m in sys.modules.values() if getattr(m, "__name__", "").startswith("replay.policies.")]
-    for m in sorted(set(mods), key=lambda m: m.__name__):
-        src = getattr(m, "__file__", None)
-        if src:
-            h.update(Path(src).read_bytes())
+    files = {Path(pm.__file__), Path(sys.modules[__name__].__file__), Path(sys.modules["replay.cache_state"].__file__)}
+    files |= set((Path(__file__).parent / "policies").glob("*.py"))
+    for f in sorted(files):
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
     return h.hexdigest()[:10]
 
 
