@@ -32,7 +32,23 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from replay.cache_kernel import ACC_HITS, ACC_LOOKUPS, ACC_READ, N_STATS, STAT_EVICTIONS, STAT_OVERFLOW, make_kernel, next_loads
+from replay.cache_kernel import (
+    ACC_HITS,
+    ACC_LOOKUPS,
+    ACC_READ,
+    N_ACC,
+    N_STATS,
+    OPT_AHEAD,
+    OPT_CAP,
+    OPT_FILL,
+    OPT_GUARD,
+    OPT_RETAIN,
+    STAT_EVICTIONS,
+    STAT_OVERFLOW,
+    make_kernel,
+    next_loads,
+    no_options,
+)
 from replay.cache_state import MAX_SLOTS, new_state
 from replay.policies import REGISTRY, policy_module
 from traces.errors import UserError
@@ -44,11 +60,13 @@ UNBOUNDED_BYTES = np.int64(1) << np.int64(62)
 _KERNELS: dict[str, Any] = {}
 
 
-def kernel_for(policy: str):
-    """The compiled driver for ``policy`` (compiled, or loaded from Numba's cache, once per process)."""
-    if policy not in _KERNELS:
-        _KERNELS[policy] = make_kernel(policy, policy_module(policy))
-    return _KERNELS[policy]
+def kernel_for(policy: str, whatif: bool = False):
+    """The compiled driver for ``policy`` (compiled, or loaded from Numba's cache, once per process);
+    ``whatif`` = the variant with the drop / prediction paths (a plain replay has them compiled out)."""
+    key = (policy, whatif)
+    if key not in _KERNELS:
+        _KERNELS[key] = make_kernel(policy, policy_module(policy), whatif)
+    return _KERNELS[key]
 
 
 def check_policies(policies: list[str] | tuple[str, ...]) -> list[str]:
@@ -176,6 +194,7 @@ class ReplayResult:
     overflow_loads: int
     slots: np.ndarray | None
     seconds: float
+    stats: np.ndarray | None = None  # int64 [N_STATS] (replay.cache_kernel.STAT_*)
 
     @property
     def lookups(self) -> int:
@@ -204,30 +223,57 @@ def _groups(loads: Loads, pm, budget: int) -> tuple[np.ndarray, np.ndarray]:
     return group, gbud
 
 
-def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: bool = False) -> ReplayResult:
-    """Replay ``loads`` through ``policy`` at ``budget_mib`` MiB (2^20 bytes)."""
+def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: bool = False, *,
+           drop: np.ndarray | None = None, pred: np.ndarray | None = None, ahead: int = 1, cap: int | None = None,
+           guard: bool = False, retain: bool = False, fill: bool = False) -> ReplayResult:
+    """Replay ``loads`` through ``policy`` at ``budget_mib`` MiB (2^20 bytes).
+
+    What-ifs (:mod:`replay.cache_kernel`): ``drop`` [R, k] uint8 (1 drop-cold: skip if not
+    resident, 2 skip always); ``pred`` [R, w] int32 entries predicted for each routing row (-1
+    none), used by ``retain`` (protect the next ``ahead`` layers' predictions from eviction) and
+    ``fill`` (read the predictions ``ahead`` layers on speculatively, at most ``cap`` predicted
+    misses per layer, with the eviction ``guard`` if asked).
+    """
     check_policies([policy])
     budget = budget_bytes(budget_mib)
     if loads.entries.size > MAX_SLOTS:
         raise UserError(f"the trace holds {loads.entries.size:,} routed slots; one replay handles at most {MAX_SLOTS:,}")
     pm = policy_module(policy)
-    kern = kernel_for(policy)
+    kern = kernel_for(policy, whatif=drop is not None or retain or fill)
     group, gbud = _groups(loads, pm, budget)
     ent, grp = new_state(loads.entry_bytes, group, gbud)
     ps = pm.init(ent, grp, int(seed))
     L, B = len(loads.moe_layers), loads.batch_turn.shape[0]
-    acc = np.zeros((2, L, 3), np.int64)
-    bacc = np.zeros((B, 3), np.int64)
+    acc = np.zeros((2, L, N_ACC), np.int64)
+    bacc = np.zeros((B, N_ACC), np.int64)
     stats = np.zeros(N_STATS, np.int64)
-    k = loads.entries.shape[1]
-    slot_out = np.zeros((loads.entries.shape[0] if slots else 0, k), np.uint8)
+    R, k = loads.entries.shape
+    slot_out = np.zeros((R if slots else 0, k), np.uint8)
     nxt = loads.next_load if pm.NEEDS_NEXT_USE else np.zeros((0, k), np.int32)
+    if drop is None:
+        drop = np.zeros((0, k), np.uint8)
+    elif drop.shape != (R, k):
+        raise ValueError(f"drop flags must be [R, k] = {(R, k)}, got {drop.shape}")
+    if pred is None or not (retain or fill):
+        pred = np.zeros((0, 1), np.int32)
+    elif pred.shape[0] != R:
+        raise ValueError(f"predictions must have one row per routing ({R}), got {pred.shape[0]}")
+    if (retain or fill) and ahead < 1:
+        raise UserError(f"predictions {ahead} layers ahead: must be >= 1.")
+    if cap is not None and cap < 0:
+        raise UserError(f"--cap {cap}: must be >= 0 predicted misses per layer.")
+    opts = no_options()
+    opts[OPT_AHEAD] = ahead
+    opts[OPT_CAP] = -1 if cap is None else cap
+    opts[OPT_GUARD] = int(guard)
+    opts[OPT_RETAIN] = int(retain)
+    opts[OPT_FILL] = int(fill)
     t0 = time.perf_counter()
     kern(loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, loads.load_batch, nxt, ent, grp, ps, acc, bacc,
-         stats, slot_out)
+         stats, slot_out, np.ascontiguousarray(drop, np.uint8), np.ascontiguousarray(pred, np.int32), opts)
     dt = time.perf_counter() - t0
     return ReplayResult(policy, float(budget_mib), budget, acc, bacc, int(stats[STAT_EVICTIONS]), int(stats[STAT_OVERFLOW]),
-                        slot_out if slots else None, dt)
+                        slot_out if slots else None, dt, stats)
 
 
 def warm_up(policies: list[str]) -> None:
@@ -302,11 +348,12 @@ def default_budgets_mib(loads: Loads, recorded_mib: float | None = None, n: int 
 
 
 def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
-          threads: int | None = None, show_progress: bool = True) -> pl.DataFrame:
+          threads: int | None = None, show_progress: bool = True, **whatif: Any) -> pl.DataFrame:
     """Every (policy, budget) cell, in parallel over the cores (the kernels release the GIL).
 
     Rows ordered by policy (as given) then budget (as given). ``infinite`` ignores the budget, so
-    it is replayed once and its row repeated for every budget.
+    it is replayed once and its row repeated for every budget. ``whatif`` (e.g. ``pred``,
+    ``ahead``, ``retain``) is passed to every :func:`replay`.
     """
     from replay.output import progress
 
@@ -325,7 +372,7 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
     threads = threads or min(os.cpu_count() or 1, len(unique)) or 1
     results: dict[tuple, ReplayResult] = {}
     with progress(len(unique), "cache replay", unit="cell") as bar, ThreadPoolExecutor(max_workers=threads) as pool:
-        futs = {key: pool.submit(replay, loads, p, b, seed) for key, (p, b) in unique.items()}
+        futs = {key: pool.submit(replay, loads, p, b, seed, **whatif) for key, (p, b) in unique.items()}
         for key, f in futs.items():
             results[key] = f.result()
             bar.update(1)
@@ -334,7 +381,7 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
         key = (p, None) if policy_module(p).UNBOUNDED else (p, b)
         r = results[key]
         if r.budget_mib != b:
-            r = ReplayResult(p, b, budget_bytes(b), r.acc, r.bacc, r.evictions, r.overflow_loads, None, r.seconds)
+            r = ReplayResult(p, b, budget_bytes(b), r.acc, r.bacc, r.evictions, r.overflow_loads, None, r.seconds, r.stats)
         rows.extend(result_rows(loads, r, per_layer))
     return pl.DataFrame(rows, schema_overrides={"layer": pl.Int64, "evictions": pl.Int64, "overflow_loads": pl.Int64},
                         infer_schema_length=None)

@@ -56,6 +56,8 @@ def register(app: typer.Typer) -> None:
         flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
         compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+        retain: bool = typer.Option(False, "--retain", help="Protect the --predictor's guesses for the next layer(s) from eviction."),
+        predictor: str = typer.Option("prev-token", "--predictor", help="With --retain: prev-token | stale-gate[d] | static-hot."),
     ) -> None:
         """Expert-cache hit rates per policy and budget (decode-only and cumulative), MiB read, T, bound."""
         from replay.cache import check_policies, default_budgets_mib, loads_of, sweep
@@ -94,7 +96,11 @@ def register(app: typer.Typer) -> None:
             blist = default_budgets_mib(loads, rec_budget)
             chosen = ("default: 9 budgets geometric from T/2 to the working set W, 2 significant figures"
                       + (f", the recorded {rec_budget:g} MiB replacing the nearest" if rec_budget in blist else ""))
-        frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed)
+        if retain:
+            from replay.prefetch import retain_sweep
+            frame = retain_sweep(t, loads, pols, blist, predictor, per_layer=per_layer, seed=seed)
+        else:
+            frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed)
         if cmodel is not None:
             from replay.cost import with_time
 
@@ -116,6 +122,9 @@ def register(app: typer.Typer) -> None:
             ))
             return
         typer.echo(sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed))
+        if retain:
+            from replay.prefetch import retain_text
+            typer.echo(retain_text(frame, pols, blist))
         if cmodel is not None:
             typer.echo("")
             typer.echo(time_text(frame, pols, blist, cmodel))

@@ -26,14 +26,16 @@ whatever else it needs in its own int64 matrix ``ps``. Times are counted two way
   (the *clock* LFRU ages by). ``ent[e, LAST_LOAD] == load`` means the current load touched ``e``;
   such an entry is never evicted after that load (DESIGN.md, "Replay semantics", rule 3).
 
-Fields reserved for extensions (present so that they are a local change, not a rewrite):
+Fields of the what-ifs (prefetch, retention, eviction guard; :mod:`replay.cache_kernel`):
 
 - ``SPEC``: 1 while an entry was filled speculatively (prefetch) and not yet used by a demand
-  lookup; the driver already reports a demand hit on such an entry as residency code 2 and clears
-  the flag. Prefetch fills set it; a victim with ``SPEC == 1`` was "evicted unused".
+  lookup; the driver reports a demand hit on such an entry as residency code 2 and clears the
+  flag; a victim with ``SPEC == 1`` was "evicted unused".
 - ``PROTECT``: an entry with ``ent[e, PROTECT] == load`` is not evictable after that load
-  (retention: predicted experts protected). Nothing sets it yet; :func:`evictable` honours it,
-  and every policy's victim search goes through :func:`evictable`.
+  (retention protects predicted entries). :func:`evictable` honours it, and every policy's victim search goes
+  through :func:`evictable`.
+- ``HEAT``: the eviction guard's demand heat (lifetime, unlike ``FREQ`` which restarts at
+  admission); ``PRED_MARK``: dedupes the predictions of one speculative step.
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ GROUP = 8  # eviction group
 BYTES = 9  # bytes of the entry
 RES_LIST = 10  # resident entries; group g in ent[BASE[g] : BASE[g] + COUNT[g], RES_LIST]
 RES_POS = 11  # position of a resident entry in RES_LIST, -1 if not resident
-# 12..15 spare (free for extensions: e.g. a prefetch's fill load, a predictor's score)
+HEAT = 12  # demand lookups over the whole replay, never reset, never raised by a speculative fill (eviction guard)
+PRED_MARK = 13  # the load whose speculative step last considered it (dedupes predictions); -1 never
+# 14..15 spare
 N_ENT = 16  # 16 x int32 = 64 bytes: one entry, one cache line
 # grp columns
 BASE = 0  # first index of the group's resident-list segment
@@ -76,6 +80,7 @@ def new_state(entry_bytes: np.ndarray, group: np.ndarray, group_budget: np.ndarr
     ent[:, LAST_LOAD] = -1
     ent[:, NEXT_USE] = NEVER
     ent[:, PROTECT] = -1
+    ent[:, PRED_MARK] = -1
     ent[:, GROUP] = group
     ent[:, BYTES] = entry_bytes
     ent[:, RES_POS] = -1

@@ -1,4 +1,5 @@
-"""Drop-cold what-ifs against the run as it happened (static mode) and the static top-k cut.
+"""Drop-cold what-ifs: against the run as it happened (static mode), replayed with the cache in the
+loop (closed mode), and the top-k cut beside each.
 
 Drop-cold F skips a routed expert when it is a cache miss and its router weight is below
 ``F / k``; the routing's top-weighted expert is never skipped. *Static* mode asks: on this
@@ -8,6 +9,14 @@ Bytes are counted as the engine recorded them (per-slot ``read_bytes``): inside 
 (batch, layer) group) an expert is read once, by its first miss; its bytes are saved only if
 *every* slot that routes it in that load is dropped. A dropped repeat alone saves nothing (the
 read happened for another token), which is what makes prefill savings small.
+
+*Closed* mode replays the cache (any policy, a byte budget) with dropping in the loop: at the
+moment a slot is visited, it is skipped iff its entry is not resident, its weight < F / k and it is
+not the routing's top-weighted slot. A skipped slot is neither looked up, nor read, nor admitted,
+so the cache holds other things later; reads avoided are counted against the no-drop replay at the
+same budget and policy, over the same phase. The cache's own hit rate (hits / lookups) is reported
+apart: dropped slots never look the cache up, so that figure can rise without the cache serving
+more. The closed top-k cut (mode ``closed-k``) skips every slot at rank >= keep_k, resident or not.
 
 Weight mass is the sum of applied router weights; dropping loses it. Mass is a proxy, not a
 quality measurement: it says nothing about perplexity or task accuracy. Bytes are not time
@@ -53,13 +62,20 @@ def load_ids(a: RoutingArrays, rows: np.ndarray) -> np.ndarray:
 def saved_bytes(load: np.ndarray, experts: np.ndarray, read_bytes: np.ndarray, dropped: np.ndarray) -> float:
     """Bytes not read: per (load, expert), its recorded reads count only if every slot routing it
     in that load is dropped."""
+    return saved_bytes_and_misses(load, experts, read_bytes, dropped)[0]
+
+
+def saved_bytes_and_misses(load: np.ndarray, experts: np.ndarray, read_bytes: np.ndarray,
+                           dropped: np.ndarray) -> tuple[float, int]:
+    """(bytes not read, recorded misses still read): per (load, expert), its recorded reads are
+    saved only if every slot routing it in that load is dropped."""
     n_expert = int(experts.max()) + 1 if experts.size else 1
     key = (np.repeat(load, experts.shape[1]) * n_expert + experts.reshape(-1)).astype(np.int64)
     _, inv = np.unique(key, return_inverse=True)
     n = int(inv.max()) + 1 if inv.size else 0
     kept = np.bincount(inv, weights=(~dropped.reshape(-1)).astype(np.float64), minlength=n)
     rb = np.bincount(inv, weights=read_bytes.reshape(-1).astype(np.float64), minlength=n)
-    return float(rb[kept == 0].sum())
+    return float(rb[kept == 0].sum()), int(((rb > 0) & (kept > 0)).sum())
 
 
 def _summary(mode: str, frac: float | None, keep_k: int | None, phase: str, dropped: np.ndarray, w: np.ndarray,
@@ -107,32 +123,130 @@ def static_drop(trace: Trace, fracs: list[float], phase: str = "decode",
     top = np.zeros_like(ex, dtype=bool)
     top[np.arange(ex.shape[0]), top_weight_slot(w)] = True
     out = []
+    base_misses = saved_bytes_and_misses(load, ex, rb, np.zeros_like(ex, dtype=bool))[1]
+    n_tok = _n_tokens(a, rows)
+
+    def summary(mode, f, kk, dropped):
+        saved, misses = saved_bytes_and_misses(load, ex, rb, dropped)
+        row = _summary(mode, f, kk, phase, dropped, w, total_read, saved, k)
+        row.update(read_mib=(total_read - saved) / MIB, misses=misses, misses_baseline=base_misses, tokens=n_tok)
+        return row
+
     for f in fracs:
-        dropped = (res == 0) & (w < f / k) & ~top
-        out.append(_summary("static", float(f), None, phase, dropped, w, total_read, saved_bytes(load, ex, rb, dropped), k))
-    if keep_ks is None:
-        keep_ks = list(range(k - 1, 0, -1))
-    for kk in keep_ks:
-        if not 1 <= kk < k:
-            raise UserError(f"keep_k {kk} must lie in 1..{k - 1} (the trace routes top-{k}).")
+        out.append(summary("static", float(f), None, (res == 0) & (w < f / k) & ~top))
+    for kk in _keep_ks(keep_ks, k):
         dropped = np.zeros_like(ex, dtype=bool)
         dropped[:, kk:] = True  # every slot at rank >= keep_k loses its weight, hit or miss
-        out.append(_summary("static-k", None, kk, phase, dropped, w, total_read, saved_bytes(load, ex, rb, dropped), k))
+        out.append(summary("static-k", None, kk, dropped))
     frame = pl.DataFrame(out)
     return with_equal_read_comparison(frame)
 
 
-def with_equal_read_comparison(frame: pl.DataFrame) -> pl.DataFrame:
-    """Add ``static_k_mass_lost_at_equal_io_pct`` to drop-cold rows: the mass the static top-k
-    cut would lose for the same share of reads avoided (linear between its keep_k points; null
-    outside their range)."""
-    sk = frame.filter(pl.col("mode") == "static-k").sort("io_saved_pct")
+def _keep_ks(keep_ks: list[int] | None, k: int) -> list[int]:
+    if keep_ks is None:
+        return list(range(k - 1, 0, -1))
+    for kk in keep_ks:
+        if not 1 <= kk < k:
+            raise UserError(f"keep_k {kk} must lie in 1..{k - 1} (the trace routes top-{k}).")
+    return list(keep_ks)
+
+
+def _n_tokens(a: RoutingArrays, rows: np.ndarray) -> int:
+    """Tokens (distinct (turn, step)) among the selected rows."""
+    key = a.turn[rows].astype(np.int64) << 32 | a.step[rows].astype(np.int64)
+    return int(np.unique(key).size)
+
+
+def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = None, policy: str = "lru",
+                phase: str = "decode", keep_ks: list[int] | None = None, seed: int = 0) -> pl.DataFrame:
+    """Closed-loop drop-cold rows (mode ``closed``, one per F) and closed top-k cut rows (mode
+    ``closed-k``, one per keep_k in k-1..1 unless given): the cache replayed with dropping in the
+    loop at ``budget_mib`` (default: the trace's recorded budget) under ``policy``.
+
+    Per row, over the routings of ``phase``: ``io_saved_pct`` (bytes the misses read, against the
+    no-drop replay at the same budget and policy; negative if dropping made the cache read more),
+    ``mass_lost_pct``, ``routings_dropped_pct``, ``survivors_*``; the cache's own hit rate with
+    and without dropping (``hit_pct``, ``hit_pct_baseline``: hits / lookups of the phase; dropped
+    slots are not lookups), ``lookups`` and ``lookups_baseline``; ``read_mib_decode`` /
+    ``misses_decode`` / ``tokens_decode`` for the cost model."""
+    from replay.cache import ACC_HITS, ACC_LOOKUPS, ACC_READ, check_policies, prepare_loads, replay
+
+    _check_fracs(fracs)
+    check_policies([policy])
+    if budget_mib is None:
+        budget_mib = trace.recorded.get("budget_mib")
+        if budget_mib is None:
+            raise UserError(f"{trace.path}: the trace records no cache budget; pass --budget-mib for --mode closed.")
+    a = trace.arrays(recorded=False)
+    rows = phase_rows(a, phase)
+    if not rows.any():
+        raise UserError(f"{trace.path}: has no {phase} routings.")
+    k = trace.top_k
+    w_all = a.weights.astype(np.float64)
+    if np.isnan(w_all[rows]).any():
+        raise UserError(f"{trace.path}: the engine recorded no routing weights (NaN), so drop-cold cannot be judged.")
+    loads = prepare_loads(a, trace.moe_layers, trace.n_expert, trace.expert_bytes)
+    phases = list(PHASES[phase])
+    top = np.zeros(a.experts.shape, dtype=bool)
+    top[np.arange(a.experts.shape[0]), top_weight_slot(np.nan_to_num(w_all, nan=-1.0))] = True
+    in_phase = rows[:, None]
+
+    def totals(res):
+        acc = res.acc[phases].sum(axis=(0, 1))
+        dec = res.acc[1].sum(axis=0)
+        return acc, dec
+
+    base = replay(loads, policy, float(budget_mib), seed=seed)
+    b_acc, b_dec = totals(base)
+    total_read = float(b_acc[ACC_READ])
+    w = w_all[rows]
+    n_tok_dec = int(np.count_nonzero(loads.batch_phase == 1))
+
+    def summary(mode, f, kk, flags):
+        res = replay(loads, policy, float(budget_mib), seed=seed, slots=True, drop=flags)
+        acc, dec = totals(res)
+        dropped = res.slots[rows] == 3
+        row = _summary(mode, f, kk, phase, dropped, w, total_read, total_read - float(acc[ACC_READ]), k)
+        row.update(
+            policy=policy, budget_mib=float(budget_mib),
+            hit_pct=_pct(acc[ACC_HITS], acc[ACC_LOOKUPS]), hit_pct_baseline=_pct(b_acc[ACC_HITS], b_acc[ACC_LOOKUPS]),
+            lookups=int(acc[ACC_LOOKUPS]), lookups_baseline=int(b_acc[ACC_LOOKUPS]),
+            read_mib=float(acc[ACC_READ]) / MIB,
+            read_mib_decode=float(dec[ACC_READ]) / MIB, misses_decode=int(dec[ACC_LOOKUPS] - dec[ACC_HITS]),
+            read_mib_decode_baseline=float(b_dec[ACC_READ]) / MIB,
+            misses_decode_baseline=int(b_dec[ACC_LOOKUPS] - b_dec[ACC_HITS]), tokens_decode=n_tok_dec,
+        )
+        return row
+
+    out = []
+    for f in fracs:
+        flags = ((w_all < f / k) & ~top & in_phase).astype(np.uint8)  # 1: skip if not resident then
+        out.append(summary("closed", float(f), None, flags))
+    for kk in _keep_ks(keep_ks, k):
+        flags = np.zeros(a.experts.shape, np.uint8)
+        flags[:, kk:] = 2  # skip always, resident or not
+        flags[~rows] = 0
+        out.append(summary("closed-k", None, kk, flags))
+    frame = pl.DataFrame(out)
+    return with_equal_read_comparison(frame, cut_mode="closed-k", column="closed_k_mass_lost_at_equal_io_pct")
+
+
+def _pct(h, n) -> float | None:
+    return 100.0 * float(h) / float(n) if n else None
+
+
+def with_equal_read_comparison(frame: pl.DataFrame, cut_mode: str = "static-k",
+                               column: str = "static_k_mass_lost_at_equal_io_pct") -> pl.DataFrame:
+    """Add ``column`` to drop-cold rows: the mass the top-k cut (rows of ``cut_mode``) would lose
+    for the same share of reads avoided (linear between its keep_k points; null outside their
+    range)."""
+    sk = frame.filter(pl.col("mode") == cut_mode).sort("io_saved_pct")
     xs = np.array([0.0] + sk["io_saved_pct"].fill_null(0.0).to_list())
     ys = np.array([0.0] + sk["mass_lost_pct"].fill_null(0.0).to_list())
     vals = []
     for mode, io in zip(frame["mode"].to_list(), frame["io_saved_pct"].to_list()):
-        if mode == "static-k" or io is None or sk.height == 0 or io > xs.max():
+        if mode == cut_mode or io is None or io < 0 or sk.height == 0 or io > xs.max():
             vals.append(None)
         else:
             vals.append(float(np.interp(io, xs, ys)))
-    return frame.with_columns(pl.Series("static_k_mass_lost_at_equal_io_pct", vals, dtype=pl.Float64))
+    return frame.with_columns(pl.Series(column, vals, dtype=pl.Float64))

@@ -30,6 +30,7 @@ class Prediction:
     name: str
     ranked: np.ndarray
     scored: np.ndarray
+    weights: np.ndarray | None = None  # [R, width] float32 predicted routing weight per rank, if the predictor has one
 
 
 def stale_gate_name(d: int) -> str:

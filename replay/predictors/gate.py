@@ -29,7 +29,7 @@ import numba
 import numpy as np
 
 from replay.predictors.base import NONE, Prediction, stale_gate_name
-from traces.gating import selection_scores, top_indices
+from traces.gating import activation, selection_scores, top_indices
 from traces.reader import Trace, fixed_list_to_numpy
 from traces.rounding import round_input
 
@@ -205,7 +205,7 @@ def _chunks(trace: Trace, columns: list[str]):
 
 def predict_gate(trace: Trace, in_phase: np.ndarray, horizons: list[int], ctrl: bool, width: int,
                  mats: dict[int, tuple[np.ndarray, np.ndarray]],
-                 on_part: Callable[[], None] | None = None) -> dict[str, Prediction]:
+                 on_part: Callable[[], None] | None = None, with_weights: bool = False) -> dict[str, Prediction]:
     """Stream the gate inputs once and rank every (target, source) pair of the requested predictors.
 
     Returns {name: Prediction} with ``ranked`` ``[R, width]``. Only rows with ``in_phase`` are
@@ -214,6 +214,7 @@ def predict_gate(trace: Trace, in_phase: np.ndarray, horizons: list[int], ctrl: 
     n_rows = trace.n_rows
     pairs = pairs_for(trace.moe_layers, horizons, ctrl)
     preds = {name: (np.full((n_rows, width), NONE, dtype=np.int32), np.zeros(n_rows, dtype=bool)) for name in pairs}
+    pw = {name: np.full((n_rows, width), np.nan, dtype=np.float32) for name in pairs} if with_weights else {}
     by_source: dict[int, list[tuple[int, str]]] = {}
     for name, ps in pairs.items():
         for tgt, src in ps:
@@ -258,14 +259,31 @@ def predict_gate(trace: Trace, in_phase: np.ndarray, horizons: list[int], ctrl: 
                         g64 = gate[src_pos].astype(np.float64)
                 sel = i_c[ok]
                 src_g = g64 if (sel.size == src_pos.size and (sel == np.arange(sel.size)).all()) else g64[sel]
-                top = rank(src_g @ wt[tgt], gating, bias[tgt], width)
+                logits = src_g @ wt[tgt]
+                top = rank(logits, gating, bias[tgt], width)
                 ranked, scored = preds[name]
+                if with_weights:
+                    pw[name][start + tgt_pos[ok]] = applied_weights(logits, top, gating)
                 rows = start + tgt_pos[ok]
                 ranked[rows] = top
                 scored[rows] = True
         if on_part is not None:
             on_part()
-    return {name: Prediction(name, r, s) for name, (r, s) in preds.items()}
+    return {name: Prediction(name, r, s, pw.get(name)) for name, (r, s) in preds.items()}
+
+
+def applied_weights(logits: np.ndarray, ids: np.ndarray, gating: dict[str, Any]) -> np.ndarray:
+    """The routing weights the experts ``ids`` [T, w] would receive if they were the selection
+    (the rule of :func:`traces.gating.select`: unbiased probs of the chosen, normalized if
+    ``norm_topk``, times ``scale``), float32."""
+    act = gating.get("activation") or "softmax"
+    if act == "softmax_weight":
+        w = activation(np.take_along_axis(logits.astype(np.float64), ids, axis=1), "softmax")
+    else:
+        w = np.take_along_axis(activation(logits, act), ids, axis=1)
+        if gating.get("norm_topk"):
+            w = w / w.sum(axis=1, keepdims=True)
+    return (w * float(gating.get("scale", 1.0) or 1.0)).astype(np.float32)
 
 
 # -- ctrl diagnosis -----------------------------------------------------------------------------

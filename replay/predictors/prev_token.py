@@ -28,6 +28,7 @@ def predict_prev_token(arr: RoutingArrays, in_phase: np.ndarray, width: int) -> 
     """Ranked ``[R, width]`` prediction; rows outside ``in_phase`` and first tokens are unscored."""
     n, k = arr.experts.shape
     ranked = np.full((n, width), NONE, dtype=np.int32)
+    weights = np.full((n, width), np.nan, dtype=np.float32)  # the previous token's applied weights
     scored = np.zeros(n, dtype=bool)
     rows = np.flatnonzero(in_phase)
     if rows.size:
@@ -39,5 +40,6 @@ def predict_prev_token(arr: RoutingArrays, in_phase: np.ndarray, width: int) -> 
         cur, prev = cur[same], prev[same]
         m = min(k, width)
         ranked[cur, :m] = arr.experts[prev, :m]
+        weights[cur, :m] = arr.weights[prev, :m]
         scored[cur] = True
-    return Prediction("prev-token", ranked, scored)
+    return Prediction("prev-token", ranked, scored, weights)

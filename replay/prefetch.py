@@ -1,0 +1,285 @@
+"""Speculative prefetch and retention: a predictor's guesses read into (or kept in) the same cache.
+
+Prefetch (DESIGN.md, "Lossy and speculative what-ifs"; the what-if issue): after layer l's load
+(and its eviction step), the predictor's guesses for the MoE layer d places ahead in the same
+token are read speculatively into the cache (d = 1 for ``prev-token`` and ``static-hot``; d for
+``stale-gate[d]``, whose guesses for layer l+d come from layer l's gate input, i.e. exist only
+once layer l has run). Guesses are made for decode routings only (the predictors' decode mode), so
+fills happen in decode; prefill runs as in the plain replay. The last d layers of a token get no
+guesses from the layer before (no wrap into the next token).
+
+- ``--cap N``: at most N predicted *misses* are attempted per layer; guesses already resident
+  cost nothing and do not use the cap.
+- ``--drop F``: a guess whose *predicted weight* is below F / k is not read, except the top-ranked
+  guess of each routing. Predicted weight: for ``stale-gate[d]`` the weight layer l+d's router
+  would give that expert from the stale gate input (the architecture's weight rule applied to the
+  predicted top-k); for ``prev-token`` the weight the previous token's routing gave that expert at
+  this layer; for ``static-hot`` (and ``static-hot-prompt``) the expert's mean applied weight over
+  the routings of this layer it learned from. Only the demand side is unchanged: the replay does
+  not drop demanded experts (use ``drop --mode closed`` for that).
+- ``--guard``: the LFRU eviction guard (see :mod:`replay.cache_kernel`): a fill whose victim has
+  demand heat >= 2 is refused unless score(victim) + score(victim)/4 + 4*256 <= score(candidate).
+- ``--retain``: the guesses for the next d layers are protected from eviction (zero extra bytes).
+
+Figures: demand hit % = demand hits / demand lookups (a speculative fill is not a lookup; a demand
+hit on a prefetched entry is a hit), decode-only and cumulative; bytes are expert bytes read (demand
+misses + speculative fills), per decoded token; bytes are not time (see the cost model).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from replay.cache import (
+    ACC_HITS,
+    ACC_LOOKUPS,
+    ACC_READ,
+    Loads,
+    ReplayResult,
+    check_policies,
+    prepare_loads,
+    replay,
+)
+from replay.cache_kernel import (
+    ACC_SPEC_FILLS,
+    ACC_SPEC_HITS,
+    ACC_SPEC_READ,
+    STAT_SPEC_CAPPED,
+    STAT_SPEC_EVICTED_UNUSED,
+    STAT_SPEC_FILLS,
+    STAT_SPEC_HITS,
+    STAT_SPEC_NO_ROOM,
+    STAT_SPEC_REFUSED,
+    STAT_SPEC_RESIDENT,
+    STAT_SPEC_UNUSED_END,
+)
+from replay.predictors.base import NONE, parse_predictor
+from traces.errors import UserError
+from traces.reader import RoutingArrays, Trace
+from traces.schema import PHASE_DECODE, PHASE_PREFILL
+
+MIB = float(1 << 20)
+PREFETCH_POLICIES = ("lru", "lfru")
+PREDICTORS = ("prev-token", "stale-gate[d]", "static-hot", "static-hot-prompt")
+
+
+@dataclass(frozen=True)
+class Guesses:
+    """A predictor's guesses, dense and aligned with the routing rows (the kernel's input).
+
+    ``entries`` [R, k] int32: the (layer, expert) entries named for routing row r (the row the
+    guess is *for*), best first, -1 where nothing is named (unscored rows, or cut by ``--drop``);
+    ``ahead``: how many MoE layers before that row's layer the guess exists."""
+
+    name: str
+    ahead: int
+    entries: np.ndarray
+    weights: np.ndarray  # [R, k] float32 predicted weight per rank (NaN unknown)
+    scored_rows: int
+    dropped_guesses: int  # guesses removed by --drop
+
+
+def _mean_weights(arr: RoutingArrays, learn: np.ndarray, n_expert: int) -> dict[int, np.ndarray]:
+    """{layer: mean applied weight of each expert over the rows ``learn`` that routed it} (NaN never)."""
+    out = {}
+    rows = np.flatnonzero(learn)
+    for layer in np.unique(arr.layer[rows]):
+        r = rows[arr.layer[rows] == layer]
+        ex = arr.experts[r].ravel()
+        w = arr.weights[r].astype(np.float64).ravel()
+        s = np.bincount(ex, weights=w, minlength=n_expert)
+        c = np.bincount(ex, minlength=n_expert)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[int(layer)] = np.where(c > 0, s / np.maximum(c, 1), np.nan)
+    return out
+
+
+def guesses(trace: Trace, predictor: str, drop_frac: float | None = None, arr: RoutingArrays | None = None) -> Guesses:
+    """The predictor's top-k guesses for every decode routing, as entries aligned with the rows."""
+    from replay.predictors.prev_token import predict_prev_token
+    from replay.predictors.static_hot import predict_static_hot, predict_static_hot_prompt
+
+    fam, d = parse_predictor(predictor)
+    arr = arr if arr is not None else trace.arrays(recorded=False)
+    k, n_expert = trace.top_k, trace.n_expert
+    dec = arr.phase == PHASE_DECODE
+    if fam == "prev-token":
+        pred, ahead = predict_prev_token(arr, dec, k), 1
+        pw = pred.weights
+    elif fam == "stale-gate":
+        from replay.predictors.gate import gate_unavailable, matrix_problem, predict_gate
+
+        reason = gate_unavailable(trace)
+        mats = {} if reason else trace.router_matrices()
+        reason = reason or matrix_problem(trace, mats)
+        if reason:
+            raise UserError(f"--predictor {predictor}: {reason}.")
+        pred = predict_gate(trace, dec, [d], False, k, mats, with_weights=True)[f"stale-gate[{d}]"]
+        pw, ahead = pred.weights, d
+    elif fam in ("static-hot", "static-hot-prompt"):
+        prompt = fam == "static-hot-prompt"
+        learn = (arr.phase == PHASE_PREFILL) if prompt else dec
+        pred = (predict_static_hot_prompt if prompt else predict_static_hot)(arr, dec, n_expert, k)
+        means = _mean_weights(arr, learn, n_expert)
+        pw = np.full(pred.ranked.shape, np.nan, np.float32)
+        for layer, m in means.items():
+            rows = pred.scored & (arr.layer == layer)
+            ids = pred.ranked[rows]
+            pw[rows] = np.where(ids >= 0, m[np.maximum(ids, 0)], np.nan)
+        ahead = 1
+    else:
+        raise UserError(f"--predictor {predictor}: not a prefetch predictor (use one of {', '.join(PREDICTORS)}).")
+    ranked = pred.ranked
+    keep = (ranked != NONE) & pred.scored[:, None]
+    n_dropped = 0
+    if drop_frac is not None:
+        if not (math.isfinite(drop_frac) and drop_frac >= 0):
+            raise UserError(f"--drop {drop_frac}: not a non-negative fraction (F in 'weight < F / k').")
+        # A guess the engine would drop-cold anyway is not read; the top-ranked guess always is.
+        # NaN (unknown) predicted weight: not below the threshold, so read.
+        below = np.zeros(ranked.shape, dtype=bool)
+        below[:, 1:] = pw[:, 1:] < drop_frac / k
+        n_dropped = int((keep & below).sum())
+        keep &= ~below
+    lidx_of = np.full(max(trace.moe_layers) + 1, -1, np.int64)
+    lidx_of[list(trace.moe_layers)] = np.arange(len(trace.moe_layers))
+    lidx = lidx_of[arr.layer.astype(np.int64)]
+    entries = np.where(keep, lidx[:, None] * n_expert + ranked, -1).astype(np.int32)
+    return Guesses(pred.name, ahead, np.ascontiguousarray(entries), pw, int(pred.scored.sum()), n_dropped)
+
+
+def _totals(loads: Loads, res: ReplayResult) -> dict[str, float]:
+    a = res.acc
+    dec, cum = a[1].sum(axis=0), a.sum(axis=(0, 1))
+    n_tok = int(np.count_nonzero(loads.batch_phase == 1))
+    out = {
+        "hit_pct_decode": 100.0 * dec[ACC_HITS] / dec[ACC_LOOKUPS] if dec[ACC_LOOKUPS] else None,
+        "hit_pct_cum": 100.0 * cum[ACC_HITS] / cum[ACC_LOOKUPS] if cum[ACC_LOOKUPS] else None,
+        "read_mib_decode": float(dec[ACC_READ]) / MIB, "spec_mib_decode": float(dec[ACC_SPEC_READ]) / MIB,
+        "read_mib": float(cum[ACC_READ]) / MIB, "spec_mib": float(cum[ACC_SPEC_READ]) / MIB,
+        "misses_decode": int(dec[ACC_LOOKUPS] - dec[ACC_HITS]), "spec_fills_decode": int(dec[ACC_SPEC_FILLS]),
+        "useful_decode": int(dec[ACC_SPEC_HITS]), "tokens_decode": n_tok,
+    }
+    tot = out["read_mib_decode"] + out["spec_mib_decode"]
+    out["total_mib_per_token"] = tot / n_tok if n_tok else None
+    return out
+
+
+def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, policy: str = "lru", cap: int | None = None,
+             guard: bool = False, drop_frac: float | None = None, retain: bool = False) -> pl.DataFrame:
+    """One row: the prefetch replay against the no-prefetch replay at the same budget and policy.
+
+    Keys: ``predictor``, ``ahead``, ``policy``, ``budget_mib``, ``cap``, ``guard``, ``drop``,
+    ``retain``; demand ``hit_pct_decode`` / ``hit_pct_cum`` (+ ``_baseline``); speculative
+    ``spec_fills``, ``spec_mib``, ``spec_share_pct`` (of all bytes read, decode), ``useful``
+    (fills demanded before eviction), ``useful_pct`` (of fills), ``evicted_unused``,
+    ``unused_at_end``, ``refused_guard``, ``refused_no_room``, ``capped``, ``predicted_resident``;
+    bytes per decoded token ``total_mib_per_token`` (demand + speculative) and its ``_baseline``,
+    ``bytes_change_pct``; ``tokens_decode``, ``read_mib_decode``, ``misses_decode`` (+ baseline)."""
+    if policy not in PREFETCH_POLICIES:
+        check_policies([policy])
+        raise UserError(f"--policy {policy}: prefetch replays {' or '.join(PREFETCH_POLICIES)} only.")
+    if budget_mib is None:
+        budget_mib = trace.recorded.get("budget_mib")
+        if budget_mib is None:
+            raise UserError(f"{trace.path}: the trace records no cache budget; pass --budget-mib.")
+    if cap is not None and cap < 0:
+        raise UserError(f"--cap {cap}: must be >= 0 predicted misses per layer.")
+    arr = trace.arrays(recorded=False)
+    g = guesses(trace, predictor, drop_frac, arr)
+    loads = prepare_loads(arr, trace.moe_layers, trace.n_expert, trace.expert_bytes)
+    base = replay(loads, policy, float(budget_mib))
+    res = replay(loads, policy, float(budget_mib), pred=g.entries, ahead=g.ahead, cap=cap, guard=guard, retain=retain,
+                 fill=True)
+    b, t = _totals(loads, base), _totals(loads, res)
+    st = res.stats
+    fills = int(st[STAT_SPEC_FILLS])
+    row = {
+        "predictor": g.name, "ahead": g.ahead, "policy": policy, "budget_mib": float(budget_mib), "cap": cap,
+        "guard": guard, "drop": drop_frac, "retain": retain,
+        "hit_pct_decode": t["hit_pct_decode"], "hit_pct_decode_baseline": b["hit_pct_decode"],
+        "hit_pct_cum": t["hit_pct_cum"], "hit_pct_cum_baseline": b["hit_pct_cum"],
+        "spec_fills": fills, "spec_mib": t["spec_mib"],
+        "spec_share_pct": (100.0 * t["spec_mib_decode"] / (t["spec_mib_decode"] + t["read_mib_decode"])
+                           if t["spec_mib_decode"] + t["read_mib_decode"] > 0 else None),
+        "useful": int(st[STAT_SPEC_HITS]), "useful_pct": 100.0 * int(st[STAT_SPEC_HITS]) / fills if fills else None,
+        "evicted_unused": int(st[STAT_SPEC_EVICTED_UNUSED]), "unused_at_end": int(st[STAT_SPEC_UNUSED_END]),
+        "refused_guard": int(st[STAT_SPEC_REFUSED]), "refused_no_room": int(st[STAT_SPEC_NO_ROOM]),
+        "capped": int(st[STAT_SPEC_CAPPED]), "predicted_resident": int(st[STAT_SPEC_RESIDENT]),
+        "guesses_dropped": g.dropped_guesses, "scored_routings": g.scored_rows,
+        "total_mib_per_token": t["total_mib_per_token"], "total_mib_per_token_baseline": b["total_mib_per_token"],
+        "bytes_change_pct": (100.0 * (t["total_mib_per_token"] / b["total_mib_per_token"] - 1.0)
+                             if b["total_mib_per_token"] else None),
+        "tokens_decode": t["tokens_decode"],
+        "read_mib_decode": t["read_mib_decode"], "spec_mib_decode": t["spec_mib_decode"],
+        "total_mib_decode": t["read_mib_decode"] + t["spec_mib_decode"],
+        "misses_decode": t["misses_decode"],
+        "read_mib_decode_baseline": b["read_mib_decode"], "misses_decode_baseline": b["misses_decode"],
+        "overflow_loads": res.overflow_loads,
+    }
+    return pl.DataFrame([row], infer_schema_length=None)
+
+
+def with_prefetch_time(frame: pl.DataFrame, model) -> pl.DataFrame:
+    """Add ``ms_per_token``/``tok_s``/``ms_per_token_ci95`` (prefetch: demand + speculative bytes
+    and demand misses per decoded token) and the same ``_baseline`` columns, plus ``verdict``."""
+    from replay.cost import add_time_columns
+
+    f = add_time_columns(frame, model, "total_mib_decode", "misses_decode", "tokens_decode")
+    base = add_time_columns(frame, model, "read_mib_decode_baseline", "misses_decode_baseline", "tokens_decode")
+    f = f.with_columns(ms_per_token_baseline=base["ms_per_token"], tok_s_baseline=base["tok_s"])
+    return f.with_columns(pl.Series("verdict", [verdict(r) for r in f.to_dicts()], dtype=pl.String))
+
+
+def verdict(r: dict) -> str:
+    """Which wins on time under the model, and why, in one sentence."""
+    dh = (r["hit_pct_decode"] or 0.0) - (r["hit_pct_decode_baseline"] or 0.0)
+    db = r["bytes_change_pct"] or 0.0
+    dms = r["ms_per_token"] - r["ms_per_token_baseline"]
+    hit = f"raises the decode hit rate by {dh:.1f} points" if dh >= 0 else f"lowers the decode hit rate by {-dh:.1f} points"
+    byt = f"reads {db:.1f}% more bytes per decoded token" if db >= 0 else f"reads {-db:.1f}% fewer bytes per decoded token"
+    if dms > 0:
+        return (f"prefetch {hit} but {byt} (speculative reads included): {dms:.1f} ms/token slower under the fitted "
+                "model, so no prefetch wins on time")
+    return f"prefetch {hit} and {byt}: {-dms:.1f} ms/token faster under the fitted model, so prefetch wins on time"
+
+
+def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: list[float], predictor: str,
+                 per_layer: bool = False, seed: int = 0) -> pl.DataFrame:
+    """Cache rows with retention (the predictor's guesses for the next layer(s) protected from
+    eviction), plus ``hit_pct_decode_no_retain``, ``hit_pct_cum_no_retain`` and
+    ``retain_gain_pp_decode`` / ``retain_gain_pp_cum`` (percentage points) from the same sweep
+    without retention."""
+    from replay.cache import sweep
+
+    g = guesses(trace, predictor)
+    with_r = sweep(loads, policies, budgets_mib, per_layer=per_layer, seed=seed, pred=g.entries, ahead=g.ahead,
+                   retain=True)
+    without = sweep(loads, policies, budgets_mib, per_layer=per_layer, seed=seed, show_progress=False)
+    return with_r.with_columns(
+        pl.lit(g.name).alias("retain_predictor"),
+        without["hit_pct_decode"].alias("hit_pct_decode_no_retain"),
+        without["hit_pct_cum"].alias("hit_pct_cum_no_retain"),
+        (with_r["hit_pct_decode"] - without["hit_pct_decode"]).alias("retain_gain_pp_decode"),
+        (with_r["hit_pct_cum"] - without["hit_pct_cum"]).alias("retain_gain_pp_cum"),
+    )
+
+
+def retain_text(frame: pl.DataFrame, policies: list[str], budgets_mib: list[float]) -> str:
+    """The hit-rate change retention buys, per policy and budget (percentage points)."""
+    from replay.output import rows_of, text_table
+
+    overall = rows_of(frame.filter(pl.col("layer").is_null()))
+    cell = {(r["policy"], r["budget_mib"]): r for r in overall}
+    name = overall[0]["retain_predictor"] if overall else "?"
+    out = ["", f"retention ({name}'s guesses for the next layer(s) protected from eviction; zero extra bytes): the hit % "
+           "tables above are WITH retention; change against the same replay without it, in points"]
+    for field, title in (("retain_gain_pp_decode", "decode-only"), ("retain_gain_pp_cum", "cumulative (prefill included)")):
+        rows = [{"budget": f"{b:g}", **{p: cell[(p, b)][field] for p in policies}} for b in budgets_mib]
+        out += [title, text_table(rows, ["budget", *policies], ["budget_mib", *policies], digits=2)]
+    out.append("Hit % is not time: retention reads no extra bytes, so fewer misses are fewer bytes here (see the MiB table).")
+    return "\n".join(out)

@@ -1,0 +1,232 @@
+"""Naive twin of the what-ifs that change reads: closed-loop drop-cold (and the closed top-k cut),
+speculative prefetch (cap, eviction guard), retention. Written from DESIGN.md ("Replay semantics",
+"Lossy and speculative what-ifs") and the what-if issue text; dictionaries and loops.
+
+rows: list of (batch, phase, layer, [expert ids]) in file order (batch, layer, step).
+drop: None, or per row a list of k codes: 0 keep, 1 drop-cold (skip the slot if the expert is not
+      cached at that moment), 2 skip always (top-k cut). A skipped slot is not looked up, not read,
+      not admitted, not promoted.
+preds: None, or per row the list of expert ids (of that row's layer) the predictor names for it,
+      best first (None entries = nothing named).
+
+Rules as the issue states them:
+- after the eviction step of load i (batch b, layer position p), the predictions for the load of
+  batch b at layer position p + ahead are read speculatively, in row then rank order, each expert
+  once; one already cached costs nothing and does not count toward the cap; at most ``cap``
+  predicted misses per step are attempted; a fill evicts the policy's victims until it fits and is
+  refused when nothing can be evicted (no overflow for a guess);
+- the guard: demand accesses raise heat (one per load that looks the expert up, over the whole run),
+  a fill never does; if the victim's heat >= 2 the fill is refused unless
+  score(v) + score(v) // 4 + 4 * 256 <= score(candidate), score = heat << 8 | recency byte,
+  recency = max(0, 255 - (loads since the last load that demanded it or after which it was
+  filled)), 0 if never either (LFRU's own recency byte);
+- a filled expert has frequency 0 and is most recent (its tick and its load are the fill's), so
+  the rest of the same step cannot evict it;
+  a demand hit on it is a speculative hit (code 2) and makes it an ordinary entry;
+- retention: before load i's eviction step, the predictions for the loads of batch b at layer
+  positions p+1 .. p+ahead are not evictable (at that step and at the fills after it).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from tests.naive.cache import M64, PARTITIONED, splitmix64
+
+
+def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes, seed=0, drop=None, preds=None,
+                 ahead=1, cap=None, guard=False, retain=False, fill=False):
+    loads = []
+    for i, (batch, phase, layer, _experts) in enumerate(rows):
+        if loads and loads[-1]["batch"] == batch and loads[-1]["layer"] == layer:
+            loads[-1]["rows"].append(i)
+        else:
+            loads.append({"batch": batch, "phase": phase, "layer": layer, "rows": [i]})
+    pos = {layer: p for p, layer in enumerate(moe_layers)}
+    touched_by = defaultdict(list)  # Belady: next load that routes the expert (dropped or not)
+    for i, ld in enumerate(loads):
+        for ex in sorted({x for r in ld["rows"] for x in rows[r][3]}):
+            touched_by[(ld["layer"], ex)].append(i)
+
+    def next_use(key, i):
+        later = [j for j in touched_by[key] if j > i]
+        return later[0] if later else float("inf")
+
+    def load_at(i, m):
+        """The load of the same batch m layer positions after load i, or None."""
+        j = i + m
+        if j >= len(loads):
+            return None
+        a, b = loads[i], loads[j]
+        if b["batch"] != a["batch"] or pos[b["layer"]] != pos[a["layer"]] + m:
+            return None
+        return j
+
+    def predicted(j):
+        out = []
+        for r in loads[j]["rows"]:
+            for ex in preds[r]:
+                if ex is not None and (loads[j]["layer"], ex) not in out:
+                    out.append((loads[j]["layer"], ex))
+        return out
+
+    cache = {}  # (layer, expert) -> dict(tick, load, freq, next, spec)
+    heat = defaultdict(int)
+    last_touch = {}  # the last load that demanded the expert or after which it was filled
+    out = {"lookups": defaultdict(int), "hits": defaultdict(int), "read": defaultdict(int), "skipped": defaultdict(int),
+           "spec_hits": defaultdict(int), "spec_fills": defaultdict(int), "spec_read": defaultdict(int)}
+    per_batch = defaultdict(lambda: defaultdict(int))
+    st = defaultdict(int)
+    codes = []
+    tick = 0
+    share = budget_bytes // len(moe_layers)
+    partitioned = policy in PARTITIONED
+
+    def group_of(key):
+        return key[0] if partitioned else None
+
+    def limit():
+        return share if partitioned else budget_bytes
+
+    def used(g):
+        return sum(expert_bytes[x[0]] for x in cache if group_of(x) == g)
+
+    def victim(g, i, shielded):
+        cands = [x for x in cache if group_of(x) == g and cache[x]["load"] != i and x not in shielded]
+        if not cands:
+            return None
+        keys = {}
+        for x in cands:
+            c = cache[x]
+            if policy in ("lru", "layer"):
+                k = 0
+            elif policy in ("lfu", "layerlfu"):
+                k = c["freq"]
+            elif policy == "lfru":
+                k = (c["freq"] << 8) | max(0, 255 - (i - c["load"]))
+            elif policy == "belady":
+                k = -c["next"]
+            elif policy == "random":
+                entry = moe_layers.index(x[0]) * n_expert + x[1]
+                k = splitmix64(((seed << 32) + (st["evictions"] << 20) + entry) & M64) >> 1
+            else:
+                raise ValueError(policy)
+            keys[x] = (k, c["tick"])
+        return min(cands, key=keys.__getitem__)
+
+    def evict(x):
+        if cache[x]["spec"]:
+            st["spec_evicted_unused"] += 1
+        del cache[x]
+        st["evictions"] += 1
+
+    def score(x, i):
+        rec = max(0, 255 - (i - last_touch[x])) if x in last_touch else 0
+        return (heat[x] << 8) | rec
+
+    for i, ld in enumerate(loads):
+        layer, phase, batch = ld["layer"], ld["phase"], ld["batch"]
+        outcome = {}
+        for r in ld["rows"]:
+            row_codes = []
+            for s, ex in enumerate(rows[r][3]):
+                key = (layer, ex)
+                d = drop[r][s] if drop is not None else 0
+                if d == 2 or (d == 1 and key not in cache):
+                    out["skipped"][(phase, layer)] += 1
+                    per_batch[batch]["skipped"] += 1
+                    row_codes.append(3)
+                    continue
+                tick += 1
+                if key in outcome:
+                    cache[key]["tick"] = tick
+                    row_codes.append(outcome[key])
+                    continue
+                out["lookups"][(phase, layer)] += 1
+                per_batch[batch]["lookups"] += 1
+                heat[key] += 1
+                last_touch[key] = i
+                if key in cache:
+                    out["hits"][(phase, layer)] += 1
+                    per_batch[batch]["hits"] += 1
+                    cache[key]["freq"] += 1
+                    if cache[key]["spec"]:
+                        cache[key]["spec"] = False
+                        out["spec_hits"][(phase, layer)] += 1
+                        per_batch[batch]["spec_hits"] += 1
+                        outcome[key] = 2
+                    else:
+                        outcome[key] = 1
+                else:
+                    out["read"][(phase, layer)] += expert_bytes[layer]
+                    per_batch[batch]["read"] += expert_bytes[layer]
+                    cache[key] = {"freq": 1, "spec": False}
+                    outcome[key] = 0
+                cache[key]["tick"] = tick
+                cache[key]["load"] = i
+                cache[key]["next"] = next_use(key, i)
+                row_codes.append(outcome[key])
+            codes.append(row_codes)
+        if not ld["rows"]:
+            continue
+        shielded = set()
+        if retain and preds is not None:
+            for m in range(1, ahead + 1):
+                j = load_at(i, m)
+                if j is None:
+                    break
+                shielded.update(predicted(j))
+        if policy != "infinite":
+            g = group_of((layer, 0))
+            while used(g) > limit():
+                v = victim(g, i, shielded)
+                if v is None:
+                    st["overflow"] += 1
+                    break
+                evict(v)
+        if not (fill and preds is not None):
+            continue
+        j = load_at(i, ahead)
+        if j is None:
+            continue
+        tl = loads[j]["layer"]
+        attempts = 0
+        for key in predicted(j):
+            if key in cache:
+                st["spec_resident"] += 1
+                continue
+            if cap is not None and attempts >= cap:
+                st["spec_capped"] += 1
+                continue
+            attempts += 1
+            ok = True
+            if policy != "infinite":
+                g = group_of(key)
+                while used(g) + expert_bytes[key[0]] > limit():
+                    v = victim(g, i, shielded)
+                    if v is None:
+                        st["spec_no_room"] += 1
+                        ok = False
+                        break
+                    if guard and heat[v] >= 2:
+                        sv = score(v, i)
+                        if not (sv + sv // 4 + 4 * 256 <= score(key, i)):
+                            st["spec_refused"] += 1
+                            ok = False
+                            break
+                    evict(v)
+            if not ok:
+                continue
+            tick += 1
+            # A fill is most recent (tick and load both now), frequency 0, heat unchanged.
+            cache[key] = {"freq": 0, "spec": True, "tick": tick, "load": i, "next": next_use(key, i)}
+            last_touch[key] = i
+            st["spec_fills"] += 1
+            out["spec_fills"][(phase, tl)] += 1
+            out["spec_read"][(phase, tl)] += expert_bytes[tl]
+            per_batch[batch]["spec_fills"] += 1
+            per_batch[batch]["spec_read"] += expert_bytes[tl]
+    st["spec_unused_end"] = sum(1 for c in cache.values() if c["spec"])
+    st["spec_hits"] = sum(out["spec_hits"].values())
+    return {**{k: dict(v) for k, v in out.items()}, "per_batch": {b: dict(v) for b, v in per_batch.items()},
+            "codes": codes, "stats": dict(st)}

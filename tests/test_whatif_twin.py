@@ -1,0 +1,114 @@
+"""The what-if paths of the Numba driver (closed-loop drop, top-k cut, prefetch with cap and guard,
+retention) agree exactly with the naive twin in tests/naive/whatif.py."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replay.cache import prepare_loads, replay
+from replay.cache_kernel import (
+    ACC_HITS,
+    ACC_LOOKUPS,
+    ACC_READ,
+    ACC_SKIPPED,
+    ACC_SPEC_FILLS,
+    ACC_SPEC_HITS,
+    ACC_SPEC_READ,
+    STAT_OVERFLOW,
+    STAT_SPEC_CAPPED,
+    STAT_SPEC_EVICTED_UNUSED,
+    STAT_SPEC_FILLS,
+    STAT_SPEC_HITS,
+    STAT_SPEC_NO_ROOM,
+    STAT_SPEC_REFUSED,
+    STAT_SPEC_RESIDENT,
+    STAT_SPEC_UNUSED_END,
+)
+from replay.policies import REGISTRY
+from tests.naive.whatif import naive_whatif
+from tests.test_cache_twin import UNIT, _arrays, traces
+
+ACC = {"lookups": ACC_LOOKUPS, "hits": ACC_HITS, "read": ACC_READ, "skipped": ACC_SKIPPED, "spec_hits": ACC_SPEC_HITS,
+       "spec_fills": ACC_SPEC_FILLS, "spec_read": ACC_SPEC_READ}
+STATS = {"overflow": STAT_OVERFLOW, "spec_capped": STAT_SPEC_CAPPED, "spec_evicted_unused": STAT_SPEC_EVICTED_UNUSED,
+         "spec_fills": STAT_SPEC_FILLS, "spec_hits": STAT_SPEC_HITS, "spec_no_room": STAT_SPEC_NO_ROOM,
+         "spec_refused": STAT_SPEC_REFUSED, "spec_resident": STAT_SPEC_RESIDENT, "spec_unused_end": STAT_SPEC_UNUSED_END}
+
+
+def _compare(t, policy, seed, drop=None, preds=None, **opts):
+    moe_layers, n_layer, n_expert, k, eb, rows, budget_units = t
+    expert_bytes = np.zeros(n_layer, np.int64)
+    for l, b in eb.items():
+        expert_bytes[l] = b
+    loads = prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
+    pred_arr = None
+    if preds is not None:
+        w = max(len(p) for p in preds)
+        pred_arr = np.full((len(rows), w), -1, np.int32)
+        lidx = {l: i for i, l in enumerate(moe_layers)}
+        for r, p in enumerate(preds):
+            for j, ex in enumerate(p):
+                if ex is not None:
+                    pred_arr[r, j] = lidx[rows[r][4]] * n_expert + ex
+    drop_arr = None if drop is None else np.array(drop, np.uint8).reshape(len(rows), k)
+    res = replay(loads, policy, budget_units / 16, seed=seed, slots=True, drop=drop_arr, pred=pred_arr, **opts)
+    want = naive_whatif([(r[1], r[2], r[4], r[5]) for r in rows], moe_layers, n_expert, eb, policy, budget_units * UNIT,
+                        seed, drop=drop, preds=preds, **opts)
+    for name, f in ACC.items():
+        for i, layer in enumerate(moe_layers):
+            for ph in (0, 1):
+                assert res.acc[ph, i, f] == want[name].get((ph, layer), 0), (name, ph, layer)
+        for b in range(res.bacc.shape[0]):
+            assert res.bacc[b, f] == want["per_batch"].get(b, {}).get(name, 0), (name, b)
+    assert res.slots.tolist() == want["codes"]
+    assert res.evictions == want["stats"].get("evictions", 0)
+    for name, f in STATS.items():
+        if name.startswith("spec_") and not opts.get("fill"):
+            continue
+        assert res.stats[f] == want["stats"].get(name, 0), name
+    return res, want
+
+
+@st.composite
+def drops(draw, rows, k):
+    return [[draw(st.sampled_from([0, 0, 1, 1, 2])) for _ in range(k)] for _ in rows]
+
+
+@st.composite
+def predictions(draw, rows, n_expert, w):
+    ex = st.one_of(st.none(), st.integers(0, n_expert - 1))
+    return [[draw(ex) for _ in range(w)] for _ in rows]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), t=traces(), policy=st.sampled_from(sorted(REGISTRY)), seed=st.integers(0, 1000))
+def test_closed_drop_matches_naive_twin(data, t, policy, seed):
+    rows, k = t[5], t[3]
+    if not rows:
+        return
+    _compare(t, policy, seed, drop=data.draw(drops(rows, k)))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), t=traces(), policy=st.sampled_from(["lru", "lfru"]), ahead=st.integers(1, 3),
+       cap=st.one_of(st.none(), st.integers(0, 3)), guard=st.booleans(), retain=st.booleans(),
+       fill=st.booleans())
+def test_prefetch_and_retention_match_naive_twin(data, t, policy, ahead, cap, guard, retain, fill):
+    rows, n_expert = t[5], t[2]
+    if not rows:
+        return
+    w = data.draw(st.integers(1, 4))
+    preds = data.draw(predictions(rows, n_expert, w))
+    _compare(t, policy, 0, preds=preds, ahead=ahead, cap=cap, guard=guard, retain=retain, fill=fill)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), t=traces(), policy=st.sampled_from(sorted(set(REGISTRY) - {"belady"})), retain=st.booleans())
+def test_prefetch_under_every_policy_matches_naive_twin(data, t, policy, retain):
+    rows, n_expert = t[5], t[2]
+    if not rows:
+        return
+    preds = data.draw(predictions(rows, n_expert, 2))
+    _compare(t, policy, 3, preds=preds, ahead=1, cap=None, guard=True, retain=retain, fill=True)
