@@ -240,6 +240,9 @@ def verdict(r: dict) -> str:
     dh = (r["hit_pct_decode"] or 0.0) - (r["hit_pct_decode_baseline"] or 0.0)
     db = r["bytes_change_pct"] or 0.0
     dms = r["ms_per_token"] - r["ms_per_token_baseline"]
+    if not r.get("spec_fills"):
+        return ("prefetch read nothing here (every guess was already resident or refused), so it cannot change the "
+                "time per token")
     hit = f"raises the decode hit rate by {dh:.1f} points" if dh >= 0 else f"lowers the decode hit rate by {-dh:.1f} points"
     byt = f"reads {db:.1f}% more bytes per decoded token" if db >= 0 else f"reads {-db:.1f}% fewer bytes per decoded token"
     if dms > 0:

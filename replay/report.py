@@ -301,8 +301,65 @@ def section_cache(ctx: ReportContext) -> Section:
     return s
 
 
+def section_prefetch(ctx: ReportContext) -> Section:
+    from replay import plots
+    from replay.cache import loads_of
+    from replay.predictors.gate import gate_unavailable
+    from replay.prefetch import prefetch, retain_sweep, with_prefetch_time
+
+    tr = ctx.trace
+    s = Section("Prefetch and retention what-ifs")
+    if tr.token_counts()["tokens_decode"] == 0:
+        s.unavailable = "the trace has no decoded tokens (prefetch guesses are made for decode routings)"
+        return s
+    budget = tr.recorded.get("budget_mib")
+    where = "the recorded budget"
+    if budget is None:
+        budget = float(f"{2 * tr.token_cycle_bytes / (1 << 20):.2g}")
+        where = "2 x T (no recorded budget)"
+    predictors = ["prev-token", "static-hot"]
+    if gate_unavailable(tr) is None and tr.has_router:
+        predictors.append("stale-gate[1]")
+    else:
+        s.text.append(f"stale-gate prefetch is not shown: {gate_unavailable(tr) or 'the trace has no router.parquet'}.")
+    rows = []
+    for pred in predictors:
+        for policy, guard in (("lru", False), ("lfru", True)):
+            rows.append(prefetch(tr, pred, budget, policy=policy, guard=guard))
+    frame = pl.concat(rows, how="diagonal_relaxed")
+    model = ctx.shared.get("cost_model")
+    cols = ["predictor", "policy", "guard", "hit_pct_decode_baseline", "hit_pct_decode", "spec_mib", "useful_pct",
+            "evicted_unused", "refused_guard", "total_mib_per_token_baseline", "total_mib_per_token", "bytes_change_pct"]
+    s.text.append(f"At {budget:g} MiB ({where}): after each decode layer's load, the predictor's guesses for the next "
+                  "layer are read speculatively into the same cache (no cap, no drop). Demand hit % is decode-only; "
+                  "bytes per decoded token include the speculative reads. A speculative read competes with demand "
+                  "reads for the same flash bandwidth: more hits can still mean more time.")
+    if model is not None:
+        frame = with_prefetch_time(frame, model)
+        cols += ["ms_per_token_baseline", "ms_per_token"]
+        s.text += [f"{r['predictor']} ({r['policy']}{' + guard' if r['guard'] else ''}): {r['verdict']}."
+                   for r in frame.to_dicts()]
+    else:
+        s.text.append("No cost model (no recorded metrics and none given): bytes are shown, not time.")
+    s.tables.append(Table("prefetch", frame, "prefetch against no prefetch, same budget and policy (decode)", columns=cols))
+    plots.lines({f"{r['predictor']} / {r['policy']}{'+guard' if r['guard'] else ''}":
+                 (np.array([r["total_mib_per_token_baseline"], r["total_mib_per_token"]]),
+                  np.array([r["hit_pct_decode_baseline"], r["hit_pct_decode"]])) for r in frame.to_dicts()},
+                ctx.out / "prefetch.png", f"Prefetch at {budget:g} MiB: from no prefetch (left point) to prefetch",
+                "expert MiB read per decoded token (demand + speculative)", "decode-only demand hit rate (%)")
+    s.images.append(("prefetch.png", "prefetch hit rate against bytes per token"))
+    loads = loads_of(tr)
+    budgets = sorted({float(f"{f * tr.token_cycle_bytes / (1 << 20):.2g}") for f in (0.5, 1.5, 3.0)} | {float(budget)})
+    ret = retain_sweep(tr, loads, ["lru", "lfru"], budgets, "prev-token").filter(pl.col("layer").is_null())
+    s.tables.append(Table("retention", ret, "retention of prev-token's guesses (zero extra bytes): decode hit % with and "
+                          "without, change in points", columns=["policy", "budget_mib", "hit_pct_decode_no_retain",
+                                                                  "hit_pct_decode", "retain_gain_pp_decode"], digits=2))
+    return s
+
+
 SECTIONS: list[Callable[[ReportContext], Section]] = [
     section_summary, section_predictors, section_cost, section_cache, section_popularity, section_drop,
+    section_prefetch,
 ]
 
 

@@ -7,7 +7,7 @@ import pytest
 from tests.helpers import assert_one_sentence_error, run_cli
 
 EXPECTED_SECTIONS = ["Trace summary", "Predictor accuracy (decode)", "Cost model", "Expert cache", "Expert popularity",
-                     "Drop-cold trade-off"]
+                     "Drop-cold trade-off", "Prefetch and retention what-ifs"]
 
 
 def _report(trace, out):
