@@ -246,9 +246,9 @@ def verdict(r: dict) -> str:
     hit = f"raises the decode hit rate by {dh:.1f} points" if dh >= 0 else f"lowers the decode hit rate by {-dh:.1f} points"
     byt = f"reads {db:.1f}% more bytes per decoded token" if db >= 0 else f"reads {-db:.1f}% fewer bytes per decoded token"
     if dms > 0:
-        return (f"prefetch {hit} but {byt} (speculative reads included): {dms:.1f} ms/token slower under the fitted "
+        return (f"prefetch {hit} but {byt} (speculative reads included): {dms:.1f} ms/token slower under the cost "
                 "model, so no prefetch wins on time")
-    return f"prefetch {hit} and {byt}: {-dms:.1f} ms/token faster under the fitted model, so prefetch wins on time"
+    return f"prefetch {hit} and {byt}: {-dms:.1f} ms/token faster under the cost model, so prefetch wins on time"
 
 
 def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: list[float], predictor: str,

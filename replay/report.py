@@ -142,7 +142,11 @@ def section_cost(ctx: ReportContext) -> Section:
     if ctx.cost_model is not None:
         m = ctx.cost_model
         s.text.append(f"Using the given cost model ({m.kind}): {m.model}; intercept {m.intercept_ms:.1f} ms/token, "
-                      f"{m.ms_per_mib:.4f} ms/MiB.")
+                      f"{m.ms_per_mib:.4f} ms/MiB" + (f" ({m.bandwidth_mib_s:.0f} MiB/s)" if m.bandwidth_mib_s else "") + ".")
+        if m.kind == "manual":
+            s.text.append("A manual model is an assumption given on the command line, not a measurement of any device: "
+                          "its times rank configurations by bytes read; they do not predict a real engine's speed.")
+        s.text += [f"Note: {n}." for n in m.notes]
         ctx.shared["cost_model"] = m
         return s
     if not ctx.trace.has_metrics:

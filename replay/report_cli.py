@@ -15,17 +15,19 @@ def register(app: typer.Typer) -> None:
         budgets: str | None = typer.Option(None, "--budgets", help="Cache budgets in MiB, comma-separated (default: derived from T)."),
         policies: str | None = typer.Option(None, "--policies", help="Cache policies, comma-separated."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file (default: fit on the metrics)."),
+        flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
+        compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
         force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
     ) -> None:
         """Write a report: summary, predictors, cache curves, popularity, drop, prefetch, cost."""
-        from replay.cost import load_cost_model
+        from replay.cost import cost_model_from_options
         from replay.output import progress
         from replay.report import SECTIONS, write_report
         from replay.whatif_cli import parse_floats
 
         b = parse_floats(budgets, "--budgets") if budgets else None
         p = [x.strip() for x in policies.split(",") if x.strip()] if policies else None
-        m = load_cost_model(cost_model) if cost_model else None
+        m = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
         with progress(len(SECTIONS), "report", unit="section") as bar:
             write_report(trace, out, budgets_mib=b, policies=p, cost_model=m, force=force,
                          progress=lambda name: (bar.set_postfix_str(name), bar.update()))
