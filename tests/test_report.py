@@ -27,14 +27,15 @@ def _report(trace, out):
 @pytest.mark.parametrize("name", ["qwen", "gemma", "gptoss"])
 def test_report_on_real_traces(real_trace_dir, tmp_path, name):
     md = _report(real_trace_dir(name), tmp_path / "r")
-    assert (tmp_path / "r" / "drop_tradeoff.png").is_file() and (tmp_path / "r" / "tables" / "drop.csv").is_file()
+    assert (tmp_path / "r" / "drop_tradeoff.png").is_file() and (tmp_path / "r" / "tables" / "drop_static.csv").is_file()
+    assert (tmp_path / "r" / "tables" / "drop_closed.csv").is_file()
     assert "Fitted on this run's recorded decode tokens" in md
 
 
 def test_report_on_synthetic_trace_says_why_not(synth_trace_dir, tmp_path):
     d = synth_trace_dir(layers=6, experts=16, top_k=2, embd=8, tokens=40, prompt_tokens=8)
     md = _report(d, tmp_path / "r")
-    assert "Not available for this trace: static drop-cold needs the engine's recorded residency" in md
+    assert "Static mode needs the engine's recorded residency" in md and "Closed loop: LRU at" in md
     assert "Not available for this trace: the trace has no recorded per-token engine metrics" in md
 
 
