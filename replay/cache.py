@@ -60,12 +60,13 @@ UNBOUNDED_BYTES = np.int64(1) << np.int64(62)
 _KERNELS: dict[str, Any] = {}
 
 
-def kernel_for(policy: str, whatif: bool = False):
+def kernel_for(policy: str, whatif: bool = False, slots: bool = False):
     """The compiled driver for ``policy`` (compiled, or loaded from Numba's cache, once per process);
-    ``whatif`` = the variant with the drop / prediction paths (a plain replay has them compiled out)."""
-    key = (policy, whatif)
+    ``whatif`` = the variant with the drop / prediction paths (a plain replay has them compiled out);
+    ``slots`` = a plain variant that writes per-slot residency codes (a what-if variant always can)."""
+    key = (policy, whatif, slots and not whatif)
     if key not in _KERNELS:
-        _KERNELS[key] = make_kernel(policy, policy_module(policy), whatif)
+        _KERNELS[key] = make_kernel(policy, policy_module(policy), whatif, slots)
     return _KERNELS[key]
 
 
@@ -239,7 +240,7 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     if loads.entries.size > MAX_SLOTS:
         raise UserError(f"the trace holds {loads.entries.size:,} routed slots; one replay handles at most {MAX_SLOTS:,}")
     pm = policy_module(policy)
-    kern = kernel_for(policy, whatif=drop is not None or retain or fill)
+    kern = kernel_for(policy, whatif=drop is not None or retain or fill, slots=slots)
     group, gbud = _groups(loads, pm, budget)
     ent, grp = new_state(loads.entry_bytes, group, gbud)
     ps = pm.init(ent, grp, int(seed))
@@ -268,9 +269,10 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     opts[OPT_GUARD] = int(guard)
     opts[OPT_RETAIN] = int(retain)
     opts[OPT_FILL] = int(fill)
+    layer_info = np.stack([group[::loads.n_expert], loads.layer_expert_bytes]).T.astype(np.int64).copy()
     t0 = time.perf_counter()
-    kern(loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, loads.load_batch, nxt, ent, grp, ps, acc, bacc,
-         stats, slot_out, np.ascontiguousarray(drop, np.uint8), np.ascontiguousarray(pred, np.int32), opts)
+    kern(loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, loads.load_batch, layer_info, nxt, ent, grp, ps,
+         acc, bacc, stats, slot_out, np.ascontiguousarray(drop, np.uint8), np.ascontiguousarray(pred, np.int32), opts)
     dt = time.perf_counter() - t0
     return ReplayResult(policy, float(budget_mib), budget, acc, bacc, int(stats[STAT_EVICTIONS]), int(stats[STAT_OVERFLOW]),
                         slot_out if slots else None, dt, stats)

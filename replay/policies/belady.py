@@ -15,12 +15,13 @@ from replay.policies import _heap
 PARTITION = "global"
 UNBOUNDED = False
 NEEDS_NEXT_USE = True
-
+NEEDS_LAST_LOAD = False
+NEEDS_FREQ = False
 
 
 @njit(cache=True, inline="always")
 def key(ent, e):
-    return -np.int64(ent[e, NEXT_USE])
+    return -np.int64(ent[NEXT_USE, e])
 
 
 init = _heap.init
