@@ -154,6 +154,9 @@ def prepare_loads(arrays: RoutingArrays, moe_layers: list[int] | tuple[int, ...]
         # Never default a size to 0: a free layer is admitted free, never evicted, ~100% hit.
         raise UserError("a MoE layer has no expert_bytes > 0; the replay would report a free layer as hits")
     experts = np.ascontiguousarray(arrays.experts, dtype=np.int64)
+    if experts.size and (experts.min() < 0 or experts.max() >= n_expert):
+        # The kernels index state by entry without bounds checks: an id out of range must not reach them.
+        raise UserError(f"routing rows name an expert outside 0..{n_expert - 1}")
     entries = np.ascontiguousarray(lidx[:, None] * n_expert + experts, dtype=np.int32)
     batch = arrays.batch.astype(np.int64)
     R = batch.shape[0]

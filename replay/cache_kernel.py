@@ -218,9 +218,11 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
         n_hit = 0
         n_skip = 0
         n_spec_hit = 0
-        for r in range(lo, hi):
-            for j in range(k):
-                e = entries[r, j]
+        for ri in range(lo, hi):
+            r = np.uint64(ri)  # unsigned indexes: no wraparound code (r is only an index below)
+            for jj in range(k):
+                j = np.uint64(jj)
+                e = np.uint32(entries[r, j])  # unsigned: no negative-index wraparound code per access
                 if has_drop:
                     dm = drop[r, j]
                     # A dropped slot is neither looked up, nor read, nor admitted: it leaves no trace
@@ -301,21 +303,22 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
                 t = load + m
                 if t >= n_load or load_batch[t] != b or load_lidx[t] != lid + m:
                     break
-                for r in range(load_start[t], load_start[t + 1]):
-                    for j in range(w):
-                        e = pred[r, j]
-                        if e >= 0:
-                            ent[PIN, e] = load
+                for rp in range(load_start[t], load_start[t + 1]):
+                    for jp in range(w):
+                        ep = pred[rp, jp]
+                        if ep >= 0:
+                            ent[PIN, ep] = load
         # Eviction: once, after the load, in the load's group, until the group fits. The group's
         # bytes and count live in registers through the step (no hook reads them).
         used = grp[g, USED] + n_read
         budget = grp[g, BUDGET]
         n_gone = 0
         while used > budget:
-            v = pick_victim(ps, ent, grp, g, load)
-            if v < 0:
+            vi = pick_victim(ps, ent, grp, g, load)
+            if vi < 0:
                 stats[STAT_OVERFLOW] += 1  # everything left was touched by this load
                 break
+            v = np.uint32(vi)
             if WHATIF and ent[SPEC, v] == 1:
                 stats[STAT_SPEC_EVICTED_UNUSED] += 1
             on_evict(ps, ent, grp, g, v)
@@ -336,9 +339,9 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
         attempts = 0
         n_fill = 0
         n_fill_bytes = 0
-        for r in range(load_start[t], load_start[t + 1]):
-            for j in range(w):
-                e = pred[r, j]
+        for rp in range(load_start[t], load_start[t + 1]):
+            for jp in range(w):
+                e = pred[rp, jp]
                 if e < 0 or ent[PRED_MARK, e] == load:
                     continue
                 ent[PRED_MARK, e] = load

@@ -40,12 +40,13 @@ def _g(ps, g):
 @njit(cache=True, inline="always")
 def _unlink(ps, g, e):
     p, q = ps[e, PREV], ps[e, NEXT]
+    # Indexes cast to unsigned once known >= 0: Numba then emits no negative-index wraparound.
     if p >= 0:
-        ps[p, NEXT] = q
+        ps[np.uint32(p), NEXT] = q
     else:
         ps[_g(ps, g), HEAD] = q
     if q >= 0:
-        ps[q, PREV] = p
+        ps[np.uint32(q), PREV] = p
     else:
         ps[_g(ps, g), TAIL] = p
 
@@ -57,7 +58,7 @@ def _append(ps, g, e):
     ps[e, PREV] = t
     ps[e, NEXT] = -1
     if t >= 0:
-        ps[t, NEXT] = e
+        ps[np.uint32(t), NEXT] = e
     else:
         ps[gr, HEAD] = e
     ps[gr, TAIL] = e
@@ -78,8 +79,8 @@ def on_touch(ps, ent, grp, g, e):
 @njit(cache=True, inline="always")
 def pick_victim(ps, ent, grp, g, load):
     e = ps[_g(ps, g), HEAD]
-    while e >= 0 and not evictable(ent, e, load):
-        e = ps[e, NEXT]
+    while e >= 0 and not evictable(ent, np.uint32(e), load):
+        e = ps[np.uint32(e), NEXT]
     return e
 
 
