@@ -22,46 +22,48 @@ NEEDS_LAST_LOAD = False
 NEEDS_TICK = False
 NEEDS_FREQ = False
 
-# ps [n + groups, 2] int32, entry-major unlike ent: an entry's two links share one cache line (every
-# hook reads or writes both); row n + g holds group g's (HEAD, TAIL). -1 = none.
+# ps int32, flat and entry-major unlike ent: entry e's links at 2e + PREV / 2e + NEXT share one
+# cache line (every hook reads or writes both), and a flat index has a compile-time stride (a 2-D
+# index multiplies by a run-time stride that the slot loop keeps spilled). Group g's HEAD / TAIL
+# sit in the pair counted backwards from the end. -1 = none.
 PREV, NEXT = 0, 1
 HEAD, TAIL = 0, 1
 
 
 def init(ent: np.ndarray, grp: np.ndarray, seed: int) -> np.ndarray:
-    return np.full((ent.shape[1] + grp.shape[0], 2), -1, np.int32)
+    return np.full(2 * (ent.shape[1] + grp.shape[0]), -1, np.int32)
 
 
 @njit(cache=True, inline="always")
 def _g(ps, g):
-    return ps.shape[0] - 1 - g  # group rows at the end, counted backwards (ps.shape[0] needs no n)
+    return ps.shape[0] - 2 - 2 * g  # group pairs at the end, counted backwards (needs no n)
 
 
 @njit(cache=True, inline="always")
 def _unlink(ps, g, e):
-    p, q = ps[e, PREV], ps[e, NEXT]
+    p, q = ps[2 * e + PREV], ps[2 * e + NEXT]
     # Indexes cast to unsigned once known >= 0: Numba then emits no negative-index wraparound.
     if p >= 0:
-        ps[np.uint32(p), NEXT] = q
+        ps[2 * np.uint32(p) + NEXT] = q
     else:
-        ps[_g(ps, g), HEAD] = q
+        ps[_g(ps, g) + HEAD] = q
     if q >= 0:
-        ps[np.uint32(q), PREV] = p
+        ps[2 * np.uint32(q) + PREV] = p
     else:
-        ps[_g(ps, g), TAIL] = p
+        ps[_g(ps, g) + TAIL] = p
 
 
 @njit(cache=True, inline="always")
 def _append(ps, g, e):
     gr = _g(ps, g)
-    t = ps[gr, TAIL]
-    ps[e, PREV] = t
-    ps[e, NEXT] = -1
+    t = ps[gr + TAIL]
+    ps[2 * e + PREV] = t
+    ps[2 * e + NEXT] = -1
     if t >= 0:
-        ps[np.uint32(t), NEXT] = e
+        ps[2 * np.uint32(t) + NEXT] = e
     else:
-        ps[gr, HEAD] = e
-    ps[gr, TAIL] = e
+        ps[gr + HEAD] = e
+    ps[gr + TAIL] = e
 
 
 @njit(cache=True, inline="always")
@@ -71,16 +73,16 @@ def on_admit(ps, ent, grp, g, e):
 
 @njit(cache=True, inline="always")
 def on_touch(ps, ent, grp, g, e):
-    if ps[_g(ps, g), TAIL] != e:  # already the most recent: nothing to move
+    if ps[_g(ps, g) + TAIL] != e:  # already the most recent: nothing to move
         _unlink(ps, g, e)
         _append(ps, g, e)
 
 
 @njit(cache=True, inline="always")
 def pick_victim(ps, ent, grp, g, load):
-    e = ps[_g(ps, g), HEAD]
+    e = ps[_g(ps, g) + HEAD]
     while e >= 0 and not evictable(ent, np.uint32(e), load):
-        e = ps[np.uint32(e), NEXT]
+        e = ps[2 * np.uint32(e) + NEXT]
     return e
 
 
