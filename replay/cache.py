@@ -60,12 +60,13 @@ UNBOUNDED_BYTES = np.int64(1) << np.int64(62)
 _KERNELS: dict[str, Any] = {}
 
 
-def kernel_for(policy: str, whatif: bool = False):
+def kernel_for(policy: str, whatif: bool = False, slots: bool = False):
     """The compiled driver for ``policy`` (compiled, or loaded from Numba's cache, once per process);
-    ``whatif`` = the variant with the drop / prediction paths (a plain replay has them compiled out)."""
-    key = (policy, whatif)
+    ``whatif`` = the variant with the drop / prediction paths (a plain replay has them compiled out);
+    ``slots`` = a plain variant that writes per-slot residency codes (a what-if variant always can)."""
+    key = (policy, whatif, slots and not whatif)
     if key not in _KERNELS:
-        _KERNELS[key] = make_kernel(policy, policy_module(policy), whatif)
+        _KERNELS[key] = make_kernel(policy, policy_module(policy), whatif, slots)
     return _KERNELS[key]
 
 
@@ -153,6 +154,9 @@ def prepare_loads(arrays: RoutingArrays, moe_layers: list[int] | tuple[int, ...]
         # Never default a size to 0: a free layer is admitted free, never evicted, ~100% hit.
         raise UserError("a MoE layer has no expert_bytes > 0; the replay would report a free layer as hits")
     experts = np.ascontiguousarray(arrays.experts, dtype=np.int64)
+    if experts.size and (experts.min() < 0 or experts.max() >= n_expert):
+        # The kernels index state by entry without bounds checks: an id out of range must not reach them.
+        raise UserError(f"routing rows name an expert outside 0..{n_expert - 1}")
     entries = np.ascontiguousarray(lidx[:, None] * n_expert + experts, dtype=np.int32)
     batch = arrays.batch.astype(np.int64)
     R = batch.shape[0]
@@ -239,7 +243,7 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     if loads.entries.size > MAX_SLOTS:
         raise UserError(f"the trace holds {loads.entries.size:,} routed slots; one replay handles at most {MAX_SLOTS:,}")
     pm = policy_module(policy)
-    kern = kernel_for(policy, whatif=drop is not None or retain or fill)
+    kern = kernel_for(policy, whatif=drop is not None or retain or fill, slots=slots)
     group, gbud = _groups(loads, pm, budget)
     ent, grp = new_state(loads.entry_bytes, group, gbud)
     ps = pm.init(ent, grp, int(seed))
@@ -268,9 +272,10 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     opts[OPT_GUARD] = int(guard)
     opts[OPT_RETAIN] = int(retain)
     opts[OPT_FILL] = int(fill)
+    layer_info = np.stack([group[::loads.n_expert], loads.layer_expert_bytes]).T.astype(np.int64).copy()
     t0 = time.perf_counter()
-    kern(loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, loads.load_batch, nxt, ent, grp, ps, acc, bacc,
-         stats, slot_out, np.ascontiguousarray(drop, np.uint8), np.ascontiguousarray(pred, np.int32), opts)
+    kern(loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, loads.load_batch, layer_info, nxt, ent, grp, ps,
+         acc, bacc, stats, slot_out, np.ascontiguousarray(drop, np.uint8), np.ascontiguousarray(pred, np.int32), opts)
     dt = time.perf_counter() - t0
     return ReplayResult(policy, float(budget_mib), budget, acc, bacc, int(stats[STAT_EVICTIONS]), int(stats[STAT_OVERFLOW]),
                         slot_out if slots else None, dt, stats)

@@ -81,3 +81,15 @@ def test_kernel_matches_naive_twin(t, policy, seed):
     ser = batch_series(loads, res)
     got = {b: [lk, h, rd] for b, lk, h, rd in zip(range(ser.height), ser["lookups"], ser["hits"], ser["read_bytes"])}
     assert got == {b: want["per_batch"].get(b, [0, 0, 0]) for b in got}
+
+
+def test_expert_id_out_of_range_is_refused():
+    # The kernels index their state by entry without bounds checks: prepare_loads must refuse first.
+    import pytest
+
+    from traces.errors import UserError
+
+    for bad in (-1, 4):
+        rows = [(0, 0, 1, 0, 0, [0, bad])]
+        with pytest.raises(UserError, match="outside 0..3"):
+            prepare_loads(_arrays(rows, 2), [0], 4, np.array([1 << 16]))

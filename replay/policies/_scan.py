@@ -22,11 +22,11 @@ def make_pick_victim(key):
         best_key = 0
         base = grp[g, BASE]
         for i in range(base, base + grp[g, COUNT]):
-            e = ent[i, RES_LIST]
+            e = ent[RES_LIST, i]
             if not evictable(ent, e, load):
                 continue
             k = key(ps, ent, e, load)
-            if best < 0 or k < best_key or (k == best_key and ent[e, LAST_TICK] < ent[best, LAST_TICK]):
+            if best < 0 or k < best_key or (k == best_key and ent[LAST_TICK, e] < ent[LAST_TICK, best]):
                 best = e
                 best_key = k
         return best
@@ -35,7 +35,7 @@ def make_pick_victim(key):
 
 
 @njit(cache=True, inline="always")
-def no_op(ps, ent, grp, e):
+def no_op(ps, ent, grp, g, e):
     pass
 
 

@@ -10,6 +10,9 @@ from replay.policies._scan import no_op, no_state
 PARTITION = "global"
 UNBOUNDED = True
 NEEDS_NEXT_USE = False
+NEEDS_LAST_LOAD = False
+NEEDS_TICK = False
+NEEDS_FREQ = False
 
 init = no_state
 on_admit = no_op

@@ -10,3 +10,6 @@ from replay.policies.lru import init, on_admit, on_evict, on_touch, pick_victim 
 PARTITION = "layer"
 UNBOUNDED = False
 NEEDS_NEXT_USE = False
+NEEDS_LAST_LOAD = False
+NEEDS_TICK = False
+NEEDS_FREQ = False

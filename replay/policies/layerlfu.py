@@ -8,3 +8,4 @@ from replay.policies.lfu import init, on_admit, on_evict, on_touch, pick_victim 
 PARTITION = "layer"
 UNBOUNDED = False
 NEEDS_NEXT_USE = False
+NEEDS_LAST_LOAD = False

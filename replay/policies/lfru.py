@@ -28,11 +28,11 @@ NEEDS_NEXT_USE = False
 
 @njit(cache=True, inline="always")
 def score(ent, e, load):
-    age = load - ent[e, LAST_LOAD]
+    age = load - ent[LAST_LOAD, e]
     rec = 255 - age
     if rec < 0:
         rec = 0
-    return (np.int64(ent[e, FREQ]) << 8) | rec
+    return (np.int64(ent[FREQ, e]) << 8) | rec
 
 
 @njit(cache=True, inline="always")
@@ -40,7 +40,7 @@ def _order(ent, e):
     # Victim search: the minimum of (score, last_tick) equals the minimum of (freq, last_tick)
     # (see the module docstring), and freq changes only when the entry is touched, so the
     # indexed heap applies; the naive twin computes the score itself and must agree exactly.
-    return np.int64(ent[e, FREQ])
+    return np.int64(ent[FREQ, e])
 
 
 init = _heap.init

@@ -15,12 +15,13 @@ from replay.policies import _heap
 PARTITION = "global"
 UNBOUNDED = False
 NEEDS_NEXT_USE = False
+NEEDS_LAST_LOAD = False
 
 
 
 @njit(cache=True, inline="always")
 def key(ent, e):
-    return np.int64(ent[e, FREQ])
+    return np.int64(ent[FREQ, e])
 
 
 init = _heap.init

@@ -1,10 +1,11 @@
 """``lru``: global least-recently-used over (layer, expert) entries (what the engine ran).
 
-Recency is the tick of the last visit, token-major inside a load, repeats included. A doubly
-linked list per eviction group keeps entries in recency order (head = least recent), so every
-hook is O(1): the current load's entries all sit at the tail, so the victim search from the head
-stops at the first evictable entry (it walks only past protected entries, or through the whole
-group when the load touched all of it, which is an overflow).
+Recency is the order of visits, token-major inside a load, repeats included. A doubly linked list
+per eviction group keeps entries in recency order (head = least recent), so every hook is O(1):
+the current load's entries all sit at the tail, so the victim search from the head stops at the
+first evictable entry (it walks only past protected entries, or through the whole group when the
+load touched all of it, which is an overflow). The list is the recency, so the driver need not
+keep ticks or frequencies for it.
 """
 
 from __future__ import annotations
@@ -12,66 +13,79 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from replay.cache_state import GROUP, evictable
+from replay.cache_state import evictable
 
 PARTITION = "global"  # one eviction group over all layers
 UNBOUNDED = False
 NEEDS_NEXT_USE = False
+NEEDS_LAST_LOAD = False
+NEEDS_TICK = False
+NEEDS_FREQ = False
 
-PREV, NEXT, HEAD, TAIL = 0, 1, 2, 3  # ps columns; HEAD/TAIL rows are groups; -1 = none
+# ps int32, flat and entry-major unlike ent: entry e's links at 2e + PREV / 2e + NEXT share one
+# cache line (every hook reads or writes both), and a flat index has a compile-time stride (a 2-D
+# index multiplies by a run-time stride that the slot loop keeps spilled). Group g's HEAD / TAIL
+# sit in the pair counted backwards from the end. -1 = none.
+PREV, NEXT = 0, 1
+HEAD, TAIL = 0, 1
 
 
 def init(ent: np.ndarray, grp: np.ndarray, seed: int) -> np.ndarray:
-    return np.full((max(ent.shape[0], grp.shape[0]), 4), -1, np.int32)
+    return np.full(2 * (ent.shape[1] + grp.shape[0]), -1, np.int32)
 
 
 @njit(cache=True, inline="always")
-def _unlink(ps, ent, e):
-    g = ent[e, GROUP]
-    p, q = ps[e, PREV], ps[e, NEXT]
+def _g(ps, g):
+    return ps.shape[0] - 2 - 2 * g  # group pairs at the end, counted backwards (needs no n)
+
+
+@njit(cache=True, inline="always")
+def _unlink(ps, g, e):
+    p, q = ps[2 * e + PREV], ps[2 * e + NEXT]
+    # Indexes cast to unsigned once known >= 0: Numba then emits no negative-index wraparound.
     if p >= 0:
-        ps[p, NEXT] = q
+        ps[2 * np.uint32(p) + NEXT] = q
     else:
-        ps[g, HEAD] = q
+        ps[_g(ps, g) + HEAD] = q
     if q >= 0:
-        ps[q, PREV] = p
+        ps[2 * np.uint32(q) + PREV] = p
     else:
-        ps[g, TAIL] = p
+        ps[_g(ps, g) + TAIL] = p
 
 
 @njit(cache=True, inline="always")
-def _append(ps, ent, e):
-    g = ent[e, GROUP]
-    t = ps[g, TAIL]
-    ps[e, PREV] = t
-    ps[e, NEXT] = -1
+def _append(ps, g, e):
+    gr = _g(ps, g)
+    t = ps[gr + TAIL]
+    ps[2 * e + PREV] = t
+    ps[2 * e + NEXT] = -1
     if t >= 0:
-        ps[t, NEXT] = e
+        ps[2 * np.uint32(t) + NEXT] = e
     else:
-        ps[g, HEAD] = e
-    ps[g, TAIL] = e
+        ps[gr + HEAD] = e
+    ps[gr + TAIL] = e
 
 
 @njit(cache=True, inline="always")
-def on_admit(ps, ent, grp, e):
-    _append(ps, ent, e)
+def on_admit(ps, ent, grp, g, e):
+    _append(ps, g, e)
 
 
 @njit(cache=True, inline="always")
-def on_touch(ps, ent, grp, e):
-    if ps[ent[e, GROUP], TAIL] != e:  # already the most recent: nothing to move
-        _unlink(ps, ent, e)
-        _append(ps, ent, e)
+def on_touch(ps, ent, grp, g, e):
+    if ps[_g(ps, g) + TAIL] != e:  # already the most recent: nothing to move
+        _unlink(ps, g, e)
+        _append(ps, g, e)
 
 
 @njit(cache=True, inline="always")
 def pick_victim(ps, ent, grp, g, load):
-    e = ps[g, HEAD]
-    while e >= 0 and not evictable(ent, e, load):
-        e = ps[e, NEXT]
+    e = ps[_g(ps, g) + HEAD]
+    while e >= 0 and not evictable(ent, np.uint32(e), load):
+        e = ps[2 * np.uint32(e) + NEXT]
     return e
 
 
 @njit(cache=True, inline="always")
-def on_evict(ps, ent, grp, e):
-    _unlink(ps, ent, e)
+def on_evict(ps, ent, grp, g, e):
+    _unlink(ps, g, e)

@@ -16,7 +16,9 @@ from replay.policies._scan import make_pick_victim, no_op
 PARTITION = "global"
 UNBOUNDED = False
 NEEDS_NEXT_USE = False
+NEEDS_LAST_LOAD = False
 NEEDS_RESIDENT_LIST = True
+NEEDS_FREQ = False
 
 MASK64 = (1 << 64) - 1
 
@@ -46,5 +48,5 @@ pick_victim = make_pick_victim(key)
 
 
 @njit(cache=True, inline="always")
-def on_evict(ps, ent, grp, e):
+def on_evict(ps, ent, grp, g, e):
     ps[0, 1] += 1
