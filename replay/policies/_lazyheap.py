@@ -11,8 +11,8 @@ The victim is the current item with the smallest (key, tick) among evictable ent
 entry :mod:`replay.policies._heap` (indexed heap) and :mod:`replay.policies._scan` would pick, the
 order being total. Compared with the indexed heap, a touch is one push of a packed int64 (compared
 in one contiguous row, no random reads of ``ent`` per comparison, no sift-down) instead of a
-re-sort around the entry: Belady went from 1.7-2.4x to the throughput below in
-``benchmarks.vs_libcachesim``.
+re-sort around the entry: in ``benchmarks.vs_libcachesim`` Belady went from 1.7-2.4x
+libCacheSim's throughput to 2.5-4.8x (noisy shared 2-core machine; 64 entries is the weakest).
 
 Requires ``0 <= key < 2^31`` and ``NEEDS_TICK`` (the driver keeps ``ent[LAST_TICK]``). Stale
 items are bounded: when a group's heap reaches its threshold, only the current items (at most one
