@@ -311,8 +311,8 @@ def device_check(trace: Trace, model: CostModel | None = None, budget_mib: float
         fitted_here = True
     else:
         fitted_here = False
-    res = replay(loads_of(trace), "lru", float(budget))
-    series = decode_token_series(loads_of(trace), res)
+    loads = loads_of(trace)
+    series = decode_token_series(loads, replay(loads, "lru", float(budget)))
     if series.height != n:
         raise UserError(f"{trace.path}: the replay has {series.height} decoded tokens, the metrics {n}.")
     pred = model.predict_ms(series["read_bytes"].to_numpy(), series["misses"].to_numpy())

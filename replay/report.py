@@ -323,7 +323,6 @@ def section_cache(ctx: ReportContext) -> Section:
     s.tables.append(Table("cache_per_layer", per.select(["layer", "budget_mib", "lookups", "hits", "hit_pct_decode",
                                                          "hit_pct_cum", "read_mib"]).sort("layer", "budget_mib"),
                           f"{chosen} per layer and budget", columns=None))
-    ctx.shared["cache_frame"] = frame
     return s
 
 

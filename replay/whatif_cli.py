@@ -38,9 +38,6 @@ def register(app: typer.Typer) -> None:
         from traces import open_trace
 
         values = parse_floats(fracs, "--fracs")
-        for f in values:
-            if f < 0:
-                raise UserError(f"--fracs: {f} is not a non-negative fraction (F in 'weight < F / k').")
         if mode not in ("static", "closed"):
             raise UserError(f"--mode {mode!r} is not static or closed.")
         if budget_mib is not None and not (budget_mib > 0 and budget_mib < float("inf")):

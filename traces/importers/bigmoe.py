@@ -110,11 +110,11 @@ def parse_route_csv(path: Path) -> dict[str, Any]:
         f = ln.split(",")
         if len(f) != ncol:
             raise UserError(f"{path}: line {lineno}: has {len(f)} fields, expected {ncol}.")
-        try:
-            ints[r, int_cols] = [int(f[c]) for c in int_cols]
-        except ValueError:
-            bad = next(c for c in int_cols if not f[c].strip().lstrip("-").isdigit())
-            raise UserError(f"{path}: line {lineno}: {header[bad]} {f[bad]!r} is not an integer.") from None
+        for c in int_cols:
+            try:
+                ints[r, c] = int(f[c])
+            except (ValueError, OverflowError):
+                raise UserError(f"{path}: line {lineno}: {header[c]} {f[c]!r} is not an integer.") from None
         try:
             w = float(f[6])
         except ValueError:
