@@ -40,14 +40,23 @@ PARQUET_OPTS = {"compression": "zstd", "use_dictionary": False, "write_statistic
 ROW_GROUP_BYTES = 32 << 20
 
 
+def _leaf(f: pa.Field) -> str:
+    """The Parquet column path of ``f``: per-column options name leaves, and a list's values are
+    ``name.list.element`` (an option keyed by the bare list name silently does not apply)."""
+    return f"{f.name}.list.element" if pa.types.is_fixed_size_list(f.type) else f.name
+
+
 def routings_write_options(schema: pa.Schema) -> dict:
     """Parquet options for a routings part: per-column compression and a row-group size."""
-    comp = {f.name: ("none" if f.name in WIDE_COLUMNS else "zstd") for f in schema}
+    comp = {_leaf(f): ("none" if f.name in WIDE_COLUMNS else "zstd") for f in schema}
     row_bytes = 0
     for f in schema:
         t = f.type
         row_bytes += (t.list_size * t.value_type.bit_width // 8) if pa.types.is_fixed_size_list(t) else t.bit_width // 8
-    return {"compression": comp, "use_dictionary": False, "write_statistics": True,
+    # Min/max statistics of float noise prune nothing and add a header field per page; 8 MiB pages
+    # (default 1 MiB) mean 8x fewer page headers for readers to parse (traces.pages).
+    stats = [_leaf(f) for f in schema if f.name not in WIDE_COLUMNS]
+    return {"compression": comp, "use_dictionary": False, "write_statistics": stats, "data_page_size": 8 << 20,
             "row_group_size": max(1024, ROW_GROUP_BYTES // max(1, row_bytes))}
 
 
@@ -197,7 +206,9 @@ class TraceWriter:
                 "bias": pa.array(np.asarray(bias, dtype=np.float32)),
             }
         )
-        write_parquet_atomic(table, self.dir / ROUTER_FILE)
+        # The matrices uncompressed, like the other wide columns: read by the raw-page fast path.
+        write_parquet_atomic(table, self.dir / ROUTER_FILE, {**PARQUET_OPTS, "compression": {
+            _leaf(f): ("none" if f.name == "weight" else "zstd") for f in table.schema}})
 
     def write_metrics(self, table: pa.Table) -> None:
         """metrics.parquet: the engine's own per-token metrics, one row per decoded token."""
