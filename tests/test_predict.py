@@ -255,3 +255,33 @@ def test_bad_options_are_one_sentence(synth_trace_dir, capsys, args, needle):
 def test_library_rejects_bad_width(synth_trace_dir):
     with pytest.raises(UserError, match="--width"):
         evaluate(open_trace(synth_trace_dir(**SMALL)), width=99)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_rank_shortcut_equals_the_full_selection_rule(data):
+    """rank() skips the softmax when no bias or groups are involved (softmax keeps the logit
+    order); rows where exp underflows (a gap of more than 700 below the maximum inside the top w)
+    and sigmoid (saturates to exactly 1.0) take the full rule. On logits that are not within a few
+    ulps of each other, the result must be the full rule's exactly, ties to the lower id included."""
+    from replay.predictors.gate import rank
+    from traces.gating import selection_scores
+
+    e = data.draw(st.integers(2, 24))
+    t = data.draw(st.integers(1, 12))
+    grid = st.integers(-2400, 120).map(lambda v: v / 2.0)  # coarse: exact ties and huge gaps, no ulp-near-ties
+    logits = np.array(data.draw(st.lists(st.lists(grid, min_size=e, max_size=e), min_size=t, max_size=t)))
+    act = data.draw(st.sampled_from(["softmax", "softmax_weight", "sigmoid"]))
+    width = data.draw(st.integers(1, e))
+    gating = {"activation": act, "norm_topk": True, "selection_bias": False, "n_group": 1}
+    want = _top_w(np.ascontiguousarray(selection_scores(logits, gating, np.zeros(e))), width)
+    assert np.array_equal(rank(logits, gating, np.zeros(e), width), want)
+
+
+def test_rank_shortcut_falls_back_where_softmax_underflows():
+    from replay.predictors.gate import rank
+
+    logits = np.array([[0.0, -2000.0, -1000.0]])  # probs [1, 0, 0]: experts 1 and 2 tie, lower id first
+    gating = {"activation": "softmax"}
+    assert rank(logits, gating, np.zeros(3), 2).tolist() == [[0, 1]]
+    assert rank(logits, {"activation": "softmax_weight"}, np.zeros(3), 2).tolist() == [[0, 2]]  # raw logits rank

@@ -32,7 +32,8 @@ def activation(logits: np.ndarray, kind: str) -> np.ndarray:
     """probs from logits ``[T, E]`` in float64 (the ranking is what matters; f64 avoids ties)."""
     x = logits.astype(np.float64, copy=False)
     if kind == "sigmoid":
-        return 1.0 / (1.0 + np.exp(-x))
+        with np.errstate(over="ignore"):  # exp(-x) = inf for x < -709: the probability is 0.0, as it should be
+            return 1.0 / (1.0 + np.exp(-x))
     if kind in ("softmax", "softmax_weight"):
         z = np.exp(x - x.max(axis=1, keepdims=True))
         return z / z.sum(axis=1, keepdims=True)

@@ -13,23 +13,25 @@ Logits are recomputed in float64 from the stored float32 (or float16) values: th
 generator computes them that way, and float32 recomputation can flip near-ties.
 
 Streaming: the gate inputs (n_embd floats per row, ~2 GB on a 5,000-token 48-layer trace) are
-read one part file at a time through :meth:`Trace.iter_tables`, the next part decoded by a
-background thread; only whole batches are evaluated (a batch cut by a part boundary is carried
-into the next part), so memory is bounded by two parts plus one batch, whatever the trace
-length. Per part, one matrix product per (target, source) layer pair.
+read one part file at a time, straight into a reused float64 buffer (:func:`_gate_parts`); only
+whole batches are evaluated (a batch cut by a part boundary is carried into the next part), so
+memory is bounded by two parts plus one batch, whatever the trace length. Per part, one matrix
+product per (target, source) layer pair, on a strided view of the source layer's rows.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numba
 import numpy as np
+import pyarrow.parquet as pq
 
 from replay.predictors.base import NONE, Prediction, stale_gate_name
+from replay.predictors.metrics import warm_up as metrics_warm_up
 from traces.gating import activation, selection_scores, top_indices
+from traces.pages import plan_fixed_list, read_fixed_list_as
 from traces.reader import Trace, fixed_list_to_numpy
 from traces.rounding import round_input
 
@@ -73,59 +75,78 @@ def _layers(ls: list[int]) -> str:
 
 # -- kernels ------------------------------------------------------------------------------------
 @numba.njit(cache=True, nogil=True)
-def _gather_f64(gate: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``gate[rows]`` as float64 in one pass (numpy would copy twice: gather, then convert)."""
-    m, d = rows.shape[0], gate.shape[1]
-    out = np.empty((m, d), dtype=np.float64)
-    for i in range(m):
-        r = rows[i]
-        for j in range(d):
-            out[i, j] = gate[r, j]
-    return out
-
-
-@numba.njit(cache=True, nogil=True)
 def _top_w(scores: np.ndarray, w: int) -> np.ndarray:
     """The ``w`` largest per row, descending; ties go to the lower id (= a stable argsort of -scores).
 
-    Insertion into a sorted list of w: O(n_expert * w) per row instead of a full sort. An entry
-    enters only if strictly greater than the current w-th (an equal later id loses the tie); the
-    first w entries always enter, so -inf (group-masked) experts still fill a list wider than
-    the eligible set, in id order, exactly as the argsort would.
+    Insertion into a sorted list of w: O(n_expert * w) per row at worst instead of a full sort,
+    and one comparison against the current w-th value for the (many) entries that do not enter.
+    An entry enters only if strictly greater than the current w-th (an equal later id loses the
+    tie); the first w entries always enter, so -inf (group-masked) experts still fill a list
+    wider than the eligible set, in id order, exactly as the argsort would.
     """
     m, e = scores.shape
     out = np.empty((m, w), dtype=np.int32)
     val = np.empty(w, dtype=np.float64)
     for i in range(m):
-        cnt = 0
-        for x in range(e):
-            v = scores[i, x]
-            if cnt < w:
-                p = cnt
-                cnt += 1
-            elif v > val[w - 1]:
-                p = w - 1
-            else:
-                continue
+        row = scores[i]
+        for x in range(min(w, e)):  # the first w, insertion-sorted (stable: equal stays behind)
+            v = row[x]
+            p = x
             while p > 0 and v > val[p - 1]:
                 val[p] = val[p - 1]
                 out[i, p] = out[i, p - 1]
                 p -= 1
             val[p] = v
             out[i, p] = x
+        thr = val[w - 1]
+        for x in range(w, e):
+            v = row[x]
+            if not v > thr:  # also rejects NaN, as the comparison did before
+                continue
+            p = w - 1
+            while p > 0 and v > val[p - 1]:
+                val[p] = val[p - 1]
+                out[i, p] = out[i, p - 1]
+                p -= 1
+            val[p] = v
+            out[i, p] = x
+            thr = val[w - 1]
     return out
 
 
+# exp(x - max) underflows to 0 below about -745: past this gap the softmax could tie experts whose
+# logits differ, so such rows take the full rule.
+_SOFTMAX_SAFE_GAP = 700.0
+
+
 def rank(logits: np.ndarray, gating: dict[str, Any], bias: np.ndarray, width: int) -> np.ndarray:
-    """Ranked expert ids ``[T, width]`` int32 by the architecture's selection rule (float64)."""
+    """Ranked expert ids ``[T, width]`` int32 by the architecture's selection rule (float64).
+
+    Softmax without selection bias or groups ranks the logits themselves: within a row softmax
+    is increasing in the logit, so the order is the same without computing it (the activation was
+    ~40% of stale-gate's non-matmul time). Rows whose w-th logit lies more than 700 below the
+    row's maximum take the full rule, because there exp underflows and the probabilities tie
+    (ties go to the lower id). Sigmoid keeps the full rule: it saturates to exactly 1.0 for large
+    logits, and those ties are real. ``softmax_weight`` ranks raw logits by definition.
+    """
+    act = gating.get("activation") or "softmax"
+    plain = not (gating.get("selection_bias") and bias is not None) and int(gating.get("n_group", 1) or 1) <= 1
+    if plain and act in ("softmax", "softmax_weight"):
+        top = _top_w(np.ascontiguousarray(logits, dtype=np.float64), width)
+        if act == "softmax" and top.shape[0]:
+            picked = np.take_along_axis(logits, top[:, [0, width - 1]], axis=1)
+            far = np.flatnonzero(picked[:, 0] - picked[:, 1] > _SOFTMAX_SAFE_GAP)
+            if far.size:
+                top[far] = _top_w(np.ascontiguousarray(selection_scores(logits[far], gating, bias)), width)
+        return top
     sel = selection_scores(logits, gating, bias)
     return _top_w(np.ascontiguousarray(sel), width)
 
 
 def warm_up() -> None:
     """Compile (or load from cache) the kernels, so their compile time stays out of timings."""
-    _gather_f64(np.zeros((2, 2), np.float32), np.zeros(1, np.int64))
     _top_w(np.zeros((1, 3)), 2)
+    metrics_warm_up()
 
 
 # -- streaming evaluation -----------------------------------------------------------------------
@@ -139,45 +160,87 @@ def pairs_for(moe_layers: list[int], horizons: list[int], ctrl: bool) -> dict[st
     return out
 
 
-def _prefetch(trace: Trace, columns: list[str]):
-    """Numpy columns of successive part files; the next one is decoded by a background thread.
+def _first_batches(trace: Trace) -> list[int | None]:
+    """The batch of each part's first row (rows are ordered by batch), None for an empty part."""
+    out: list[int | None] = []
+    for part in trace.parts:
+        pf = pq.ParquetFile(part)
+        if pf.metadata.num_rows == 0:
+            out.append(None)
+            continue
+        first = pf.read_row_group(0, columns=["batch"]).column("batch")
+        out.append(int(first[0].as_py()))
+    return out
 
-    Parquet decoding (zstd, list levels) releases the GIL, so decoding part i+1 overlaps the
-    matrix products of part i; at most two parts are in memory at once. (Decoding page by page
-    with smaller chunks saved memory but ran slower here: smaller matrix products.)
+
+def _gate_parts(trace: Trace, columns: list[str], rounding: str):
+    """Numpy columns of successive part files, ``gate_input`` as float64 (rounded first, as the
+    engine rounds the router input, when the trace says so), and the first batch of the next
+    non-empty part (None after the last).
+
+    Where the part's pages allow it (:mod:`traces.pages`: uncompressed PLAIN, as this package
+    writes them) the float32 values go from the file into one reused float64 buffer page by page:
+    one pass, no Arrow level decoding, no fresh 400 MB allocation per part. The buffer is
+    overwritten by the next part, so a consumer must copy what it keeps (:func:`_chunks` copies
+    the batch it carries). Otherwise Arrow decodes the part and numpy converts it.
+
+    Read and compute are deliberately *not* overlapped: on a 2-core machine a reader thread
+    slowed the 2-thread matrix products by more than the reading it hid (measured: 3.2 s instead
+    of 2.5 s of products for 0.5 s of reading).
     """
+    n_embd = int(trace.model["n_embd"])
+    narrow = [c for c in columns if c != "gate_input"]
+    fast = rounding in ("none", "unknown")
+    firsts = _first_batches(trace)
+    buffer: np.ndarray | None = None
+    scratch = np.empty(0, np.uint8)
+    for k, part in enumerate(trace.parts):
+        pf = pq.ParquetFile(part)
+        out = {c: pf.read(columns=[c]).column(c).to_numpy() for c in narrow}
+        plan = plan_fixed_list(part, "gate_input", pf) if fast else None
+        g64 = None
+        if plan is not None:
+            if buffer is None:
+                buffer = np.empty((max(trace.part_rows), n_embd))
+            largest = max((n for _, n in plan.spans), default=0)
+            if scratch.shape[0] < largest:
+                scratch = np.empty(largest, np.uint8)
+            g64 = buffer[:plan.rows]
+            if not read_fixed_list_as(plan, g64, scratch):
+                g64 = None
+        if g64 is None:
+            g = fixed_list_to_numpy(pf.read(columns=["gate_input"]).column("gate_input"))
+            if not fast:
+                g = round_input(g, rounding)  # the engine rounds the router input to the weight's dot type
+            g64 = g.astype(np.float64)
+        out["gate_input"] = g64
+        yield out, next((b for b in firsts[k + 1:] if b is not None), None)
 
-    def load(table):
-        return {c: (fixed_list_to_numpy(table.column(c)) if c == "gate_input" else table.column(c).to_numpy())
-                for c in columns}
 
-    it = iter(trace.iter_tables(columns))
-
-    def next_chunk():
-        table = next(it, None)
-        return None if table is None else load(table)
-
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        fut = pool.submit(next_chunk)
-        while True:
-            cur = fut.result()
-            if cur is None:
-                return
-            fut = pool.submit(next_chunk)
-            yield cur
+def _rows(a: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """``a[pos]`` for sorted row positions: a view when they are evenly spaced (a decode run
+    holds a layer's rows every n_moe rows; a prefill batch holds them contiguously), else a copy."""
+    n = pos.shape[0]
+    if n == 0:
+        return a[:0]
+    step = int(pos[1] - pos[0]) if n > 1 else 1
+    if step > 0 and int(pos[-1]) == int(pos[0]) + step * (n - 1) and (n < 3 or (np.diff(pos) == step).all()):
+        return a[int(pos[0]):int(pos[-1]) + 1:step]
+    return a[pos]
 
 
-def _chunks(trace: Trace, columns: list[str]):
+def _chunks(trace: Trace, columns: list[str], rounding: str = "none"):
     """Yield (first global row, columns as numpy) per run of *whole* batches, chunk by chunk.
 
-    A chunk's last batch may continue in the next chunk (chunks and part files end anywhere): it
-    is held back and completed with the next chunk's leading rows of that batch (only those rows
-    are copied), and flushed when a different batch begins or the trace ends.
+    A part's last batch may continue in the next part (part files end anywhere): unless the next
+    part starts a new batch, it is held back (copied: the part's buffer is reused) and completed
+    with the next part's leading rows of that batch, and flushed when a different batch begins or
+    the trace ends.
     """
     carry: dict[str, np.ndarray] | None = None
     carry_start = 0
     offset = 0
-    for cur in _prefetch(trace, columns):
+    for cur, next_first in _gate_parts(trace, columns, rounding):
         start = offset
         n = cur["batch"].shape[0]
         offset += n
@@ -189,14 +252,17 @@ def _chunks(trace: Trace, columns: list[str]):
                 start += j
                 n -= j
             if n == 0:
-                continue  # the whole chunk belonged to the carried batch, which may go on
+                continue  # the whole part belonged to the carried batch, which may go on
             yield carry_start, carry
             carry = None
         if n == 0:
             continue
-        cut = int(np.searchsorted(cur["batch"], cur["batch"][-1], side="left"))
-        carry = {c: cur[c][cut:] for c in columns}
-        carry_start = start + cut
+        if next_first is not None and next_first == int(cur["batch"][-1]):
+            cut = int(np.searchsorted(cur["batch"], cur["batch"][-1], side="left"))
+            carry = {c: cur[c][cut:].copy() for c in columns}
+            carry_start = start + cut
+        else:
+            cut = n  # the part ends with a whole batch
         if cut:
             yield start, {c: cur[c][:cut] for c in columns}
     if carry is not None:
@@ -221,9 +287,10 @@ def predict_gate(trace: Trace, in_phase: np.ndarray, horizons: list[int], ctrl: 
             by_source.setdefault(src, []).append((tgt, name))
     gating = trace.gating
     rounding = trace.meta.get("router_input_rounding", "none")
-    wt = {l: np.ascontiguousarray(w.astype(np.float64).T) for l, (w, _) in mats.items()}
+    wt = {l: np.array(w.T, dtype=np.float64, order="C") for l, (w, _) in mats.items()}  # [n_embd, n_expert]
     bias = {l: b.astype(np.float64) for l, (_, b) in mats.items()}
-    for start, cur in _chunks(trace, ["batch", "step", "layer", "gate_input"]):
+
+    def work(start: int, cur: dict[str, np.ndarray]) -> None:
         layer = cur["layer"]
         keys = (cur["batch"].astype(np.int64) << 32) | cur["step"].astype(np.int64)
         gate = cur["gate_input"]
@@ -250,23 +317,20 @@ def predict_gate(trace: Trace, in_phase: np.ndarray, horizons: list[int], ctrl: 
                 i_c = np.minimum(i, src_keys.size - 1)
                 ok = src_keys[i_c] == keys[tgt_pos]  # the same token's row at the source layer
                 if g64 is None:
-                    if rounding not in ("none", "unknown"):
-                        # the engine rounds the router input to the weight's dot-product type
-                        g64 = round_input(gate[src_pos], rounding).astype(np.float64)
-                    elif gate.dtype == np.float32:
-                        g64 = _gather_f64(gate, src_pos)
-                    else:
-                        g64 = gate[src_pos].astype(np.float64)
+                    g64 = _rows(gate, src_pos)  # float64; a view for evenly spaced rows (decode)
                 sel = i_c[ok]
                 src_g = g64 if (sel.size == src_pos.size and (sel == np.arange(sel.size)).all()) else g64[sel]
                 logits = src_g @ wt[tgt]
                 top = rank(logits, gating, bias[tgt], width)
                 ranked, scored = preds[name]
-                if with_weights:
-                    pw[name][start + tgt_pos[ok]] = applied_weights(logits, top, gating)
                 rows = start + tgt_pos[ok]
+                if with_weights:
+                    pw[name][rows] = applied_weights(logits, top, gating)
                 ranked[rows] = top
                 scored[rows] = True
+
+    for start, cur in _chunks(trace, ["batch", "step", "layer", "gate_input"], rounding):
+        work(start, cur)
         if on_part is not None:
             on_part()
     return {name: Prediction(name, r, s, pw.get(name)) for name, (r, s) in preds.items()}

@@ -23,12 +23,11 @@ order), so results are reproducible bit for bit.
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import polars as pl
 
 from replay.predictors.base import NONE, Prediction
-
-CHUNK = 1 << 16  # rows per boolean scatter (bounds the [rows, n_expert] mask)
 
 FRAME_SCHEMA = {
     "predictor": pl.String,
@@ -46,42 +45,69 @@ FRAME_SCHEMA = {
 }
 
 
+@numba.njit(cache=True)
+def _row_scores_kernel(ranked, experts, weights, rows, k, width, hits_k, exact, hits_w, named_w, mass_named,
+                       mass_total):
+    n_rank = ranked.shape[1]
+    for a in range(rows.shape[0]):
+        r = rows[a]
+        valid_k = 0
+        nw = 0
+        for j in range(n_rank):
+            if ranked[r, j] != NONE:
+                if j < k:
+                    valid_k += 1
+                if j < width:
+                    nw += 1
+        hk = 0
+        hw = 0
+        mn = 0.0
+        mt = 0.0
+        for s in range(k):  # slot order, one add at a time: a fixed summation order
+            e = experts[r, s]
+            in_k = False
+            in_w = False
+            for j in range(n_rank):
+                if ranked[r, j] == e and e != NONE:
+                    if j < k:
+                        in_k = True
+                    if j < width:
+                        in_w = True
+            hk += in_k
+            hw += in_w
+            w = np.float64(weights[r, s])
+            if in_w:
+                mn += w
+            mt += w
+        hits_k[a] = hk
+        exact[a] = hk == k and valid_k == k
+        hits_w[a] = hw
+        named_w[a] = nw
+        mass_named[a] = mn
+        mass_total[a] = mt
+
+
+def warm_up() -> None:
+    """Compile (or load from cache) the scoring kernel, so its compile time stays out of timings."""
+    z = np.zeros((1, 1), np.int32)
+    _row_scores_kernel(z, z, np.zeros((1, 1), np.float32), np.zeros(1, np.int64), 1, 1, np.zeros(1, np.int64),
+                       np.zeros(1, bool), np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1), np.zeros(1))
+
+
 def row_scores(pred: Prediction, experts: np.ndarray, weights: np.ndarray, rows: np.ndarray, n_expert: int,
                width: int) -> dict[str, np.ndarray]:
-    """Per-row hits for ``rows`` (which must be scored): hits_k, exact, hits_w, named_w, mass_named, mass_total."""
+    """Per-row hits for ``rows`` (which must be scored): hits_k, exact, hits_w, named_w, mass_named, mass_total.
+
+    A routed slot counts as named at k (at w) when its expert is among the first k (w) entries of
+    the ranking; ``NONE`` entries name nothing."""
     k = experts.shape[1]
     out = {
         "hits_k": np.zeros(rows.size, np.int64), "exact": np.zeros(rows.size, bool),
         "hits_w": np.zeros(rows.size, np.int64), "named_w": np.zeros(rows.size, np.int64),
         "mass_named": np.zeros(rows.size, np.float64), "mass_total": np.zeros(rows.size, np.float64),
     }
-    for a in range(0, rows.size, CHUNK):
-        r = rows[a:a + CHUNK]
-        m = r.size
-        idx = np.arange(m)[:, None]
-        ranked = pred.ranked[r]
-        valid = ranked != NONE
-        # Boolean scatter: which experts the prediction named at width k and at width w.
-        named_k = np.zeros((m, n_expert + 1), dtype=bool)  # the extra column swallows NONE (-1)
-        named_k[idx, np.where(valid[:, :k], ranked[:, :k], n_expert)] = True
-        named_w = np.zeros((m, n_expert + 1), dtype=bool)
-        named_w[idx, np.where(valid[:, :width], ranked[:, :width], n_expert)] = True
-        routed = experts[r]
-        in_k = named_k[idx, routed]  # [m, k]: routed slot j was named in the top-k
-        in_w = named_w[idx, routed]
-        hk = in_k.sum(axis=1)
-        out["hits_k"][a:a + m] = hk
-        out["exact"][a:a + m] = (hk == k) & (valid[:, :k].sum(axis=1) == k)
-        out["hits_w"][a:a + m] = in_w.sum(axis=1)
-        out["named_w"][a:a + m] = valid[:, :width].sum(axis=1)
-        w = weights[r].astype(np.float64)
-        mn = np.zeros(m)
-        mt = np.zeros(m)
-        for j in range(k):  # slot order, one add at a time: a fixed summation order
-            mn += np.where(in_w[:, j], w[:, j], 0.0)
-            mt += w[:, j]
-        out["mass_named"][a:a + m] = mn
-        out["mass_total"][a:a + m] = mt
+    _row_scores_kernel(pred.ranked, experts, weights, rows.astype(np.int64, copy=False), k, width, out["hits_k"],
+                       out["exact"], out["hits_w"], out["named_w"], out["mass_named"], out["mass_total"])
     return out
 
 
@@ -103,23 +129,32 @@ def score(pred: Prediction, experts: np.ndarray, weights: np.ndarray, layer: np.
     lut[list(pos)] = list(pos.values())
     li = lut[layer[scored_rows]]
     ui = lut[layer[unscored_rows]]
-    groups = [(l, li == i, ui == i) for i, l in enumerate(moe_layers)]
-    groups.append((None, np.ones(li.size, bool), np.ones(ui.size, bool)))
+    # Per layer (index n_l: the overall row) by bincount: weighted bincount adds each bin's values
+    # one at a time in row order, the fixed summation order the mass figures promise.
+    def per_layer(values: np.ndarray | None, idx: np.ndarray) -> np.ndarray:
+        v = np.bincount(idx, weights=values, minlength=n_l)[:n_l]
+        total = np.bincount(np.zeros(idx.size, np.int64), weights=values, minlength=1)[:1]
+        return np.concatenate([v, total])
+
+    mass = has_mass
+    n = per_layer(None, li).astype(np.int64)
+    un = per_layer(None, ui).astype(np.int64)
+    hk = per_layer(s["hits_k"].astype(np.float64), li)
+    ex = per_layer(s["exact"].astype(np.float64), li)
+    hw = per_layer(s["hits_w"].astype(np.float64), li)
+    nw = per_layer(s["named_w"].astype(np.float64), li)
+    mn = per_layer(s["mass_named"][mass], li[mass])
+    mt = per_layer(s["mass_total"][mass], li[mass])
+    nm = per_layer(None, li[mass]).astype(np.int64)
     rows = []
-    for l, sel, usel in groups:
-        n = int(sel.sum())
-        mass = sel & has_mass
-        # Sequential sums in row order (np.add.reduce would pair them up: another rounding order).
-        mn = float(np.bincount(np.zeros(int(mass.sum()), np.int64), weights=s["mass_named"][mass], minlength=1)[0])
-        mt = float(np.bincount(np.zeros(int(mass.sum()), np.int64), weights=s["mass_total"][mass], minlength=1)[0])
-        hits_w = int(s["hits_w"][sel].sum())
+    for i, l in enumerate([*moe_layers, None]):
         rows.append({
             "predictor": pred.name, "layer": l, "phase": phase, "width": width,
-            "slot_acc_pct": _pct(int(s["hits_k"][sel].sum()), k * n),
-            "whole_acc_pct": _pct(int(s["exact"][sel].sum()), n),
-            "recall_pct": _pct(hits_w, k * n),
-            "precision_pct": _pct(hits_w, int(s["named_w"][sel].sum())),
-            "mass_pct": _pct(mn, mt) if mass.any() else None,
-            "scored": n, "unscored": int(usel.sum()), "mass_scored": int(mass.sum()),
+            "slot_acc_pct": _pct(int(hk[i]), k * int(n[i])),
+            "whole_acc_pct": _pct(int(ex[i]), int(n[i])),
+            "recall_pct": _pct(int(hw[i]), k * int(n[i])),
+            "precision_pct": _pct(int(hw[i]), int(nw[i])),
+            "mass_pct": _pct(float(mn[i]), float(mt[i])) if nm[i] else None,
+            "scored": int(n[i]), "unscored": int(un[i]), "mass_scored": int(nm[i]),
         })
     return pl.DataFrame(rows, schema=FRAME_SCHEMA)
