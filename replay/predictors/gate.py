@@ -114,6 +114,16 @@ def _top_w(scores: np.ndarray, w: int) -> np.ndarray:
     return out
 
 
+@numba.njit(cache=True, nogil=True)
+def _top_w_gap(scores: np.ndarray, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_top_w` and, per row, the gap between the largest and the w-th value."""
+    out = _top_w(scores, w)
+    gap = np.empty(scores.shape[0], dtype=np.float64)
+    for i in range(scores.shape[0]):
+        gap[i] = scores[i, out[i, 0]] - scores[i, out[i, w - 1]]
+    return out, gap
+
+
 # exp(x - max) underflows to 0 below about -745: past this gap the softmax could tie experts whose
 # logits differ, so such rows take the full rule.
 _SOFTMAX_SAFE_GAP = 700.0
@@ -132,10 +142,9 @@ def rank(logits: np.ndarray, gating: dict[str, Any], bias: np.ndarray, width: in
     act = gating.get("activation") or "softmax"
     plain = not (gating.get("selection_bias") and bias is not None) and int(gating.get("n_group", 1) or 1) <= 1
     if plain and act in ("softmax", "softmax_weight"):
-        top = _top_w(np.ascontiguousarray(logits, dtype=np.float64), width)
-        if act == "softmax" and top.shape[0]:
-            picked = np.take_along_axis(logits, top[:, [0, width - 1]], axis=1)
-            far = np.flatnonzero(picked[:, 0] - picked[:, 1] > _SOFTMAX_SAFE_GAP)
+        top, gap = _top_w_gap(np.ascontiguousarray(logits, dtype=np.float64), width)
+        if act == "softmax":
+            far = np.flatnonzero(gap > _SOFTMAX_SAFE_GAP)
             if far.size:
                 top[far] = _top_w(np.ascontiguousarray(selection_scores(logits[far], gating, bias)), width)
         return top
@@ -146,6 +155,7 @@ def rank(logits: np.ndarray, gating: dict[str, Any], bias: np.ndarray, width: in
 def warm_up() -> None:
     """Compile (or load from cache) the kernels, so their compile time stays out of timings."""
     _top_w(np.zeros((1, 3)), 2)
+    _top_w_gap(np.zeros((1, 3)), 2)
     metrics_warm_up()
 
 
