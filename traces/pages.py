@@ -259,27 +259,6 @@ def read_fixed_list(path: Path, column: str, out: np.ndarray | None = None,
     return out
 
 
-def read_fixed_list_as(plan: ValuePages, out: np.ndarray, scratch: np.ndarray) -> bool:
-    """Fill ``out`` (``[rows, width]``, any numeric dtype, e.g. float64) with the planned column,
-    converting page by page through ``scratch`` (bytes, at least the largest page): the values
-    cross memory once at their stored width and once at ``out``'s, with no full-size
-    intermediate array. False if the file shrank since it was planned."""
-    if out.shape != (plan.rows, plan.width) or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a C-contiguous array of shape {(plan.rows, plan.width)}")
-    flat = out.reshape(-1)
-    item = plan.dtype.itemsize
-    v = 0
-    with open(plan.path, "rb", buffering=0) as fh:
-        for offset, nbytes in plan.spans:
-            buf = scratch[:nbytes]
-            if os.preadv(fh.fileno(), [buf], offset) != nbytes:
-                return False
-            n = nbytes // item
-            flat[v:v + n] = buf.view(plan.dtype)
-            v += n
-    return True
-
-
 _HEAD = 4096  # bytes read to parse one page header and its level lengths (re-read when longer)
 
 

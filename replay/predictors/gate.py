@@ -21,6 +21,7 @@ product per (target, source) layer pair, on a strided view of the source layer's
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,7 @@ import pyarrow.parquet as pq
 from replay.predictors.base import NONE, Prediction, stale_gate_name
 from replay.predictors.metrics import warm_up as metrics_warm_up
 from traces.gating import activation, selection_scores, top_indices
-from traces.pages import plan_fixed_list, read_fixed_list_as
+from traces.pages import ValuePages, plan_fixed_list
 from traces.reader import Trace, fixed_list_to_numpy
 from traces.rounding import round_input
 
@@ -156,6 +157,7 @@ def warm_up() -> None:
     """Compile (or load from cache) the kernels, so their compile time stays out of timings."""
     _top_w(np.zeros((1, 3)), 2)
     _top_w_gap(np.zeros((1, 3)), 2)
+    _scatter_rows(np.zeros(2, np.float32), 0, 2, np.zeros(1, np.int64), np.zeros((1, 2)))
     metrics_warm_up()
 
 
@@ -183,16 +185,52 @@ def _first_batches(trace: Trace) -> list[int | None]:
     return out
 
 
-def _gate_parts(trace: Trace, columns: list[str], rounding: str):
-    """Numpy columns of successive part files, ``gate_input`` as float64 (rounded first, as the
-    engine rounds the router input, when the trace says so), and the first batch of the next
-    non-empty part (None after the last).
+@numba.njit(cache=True, nogil=True)
+def _scatter_rows(vals: np.ndarray, v0: int, width: int, dest: np.ndarray, out: np.ndarray) -> None:
+    """Values ``vals`` (flat, row-major, starting at flat index ``v0`` of a [rows, width] column)
+    into ``out[dest[row]]`` as float64: one page of a part, into its layer-sorted buffer."""
+    n = vals.shape[0]
+    i = 0
+    while i < n:
+        v = v0 + i
+        r = v // width
+        c = v - r * width
+        m = min(width - c, n - i)
+        d = dest[r]
+        for j in range(m):
+            out[d, c + j] = vals[i + j]
+        i += m
 
-    Where the part's pages allow it (:mod:`traces.pages`: uncompressed PLAIN, as this package
-    writes them) the float32 values go from the file into one reused float64 buffer page by page:
-    one pass, no Arrow level decoding, no fresh 400 MB allocation per part. The buffer is
-    overwritten by the next part, so a consumer must copy what it keeps (:func:`_chunks` copies
-    the batch it carries). Otherwise Arrow decodes the part and numpy converts it.
+
+def _read_sorted(plan: ValuePages, dest: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> bool:
+    """The planned float32 column into ``out[dest[row]]`` as float64, page by page (one pass over
+    the values: from the file into a small scratch, from there to their place in ``out``)."""
+    v = 0
+    with open(plan.path, "rb", buffering=0) as fh:
+        for offset, nbytes in plan.spans:
+            buf = scratch[:nbytes]
+            if os.preadv(fh.fileno(), [buf], offset) != nbytes:
+                return False
+            vals = buf.view(np.float32)
+            _scatter_rows(vals, v, plan.width, dest, out)
+            v += vals.shape[0]
+    return True
+
+
+def _gate_parts(trace: Trace, columns: list[str], rounding: str):
+    """Successive part files: (row-aligned numpy columns, gate buffer, first batch of the next
+    non-empty part or None).
+
+    The gate inputs come as float64 (rounded first, as the engine rounds the router input, when
+    the trace says so) in a buffer that is *not* row-aligned: the row-aligned column
+    ``gate_row`` gives each row's buffer row. Where the part's pages allow it (:mod:`traces.pages`:
+    uncompressed PLAIN float32, as this package writes them) the values go from the file straight
+    to their place in one reused buffer sorted by layer (stable, so each layer's rows stay in
+    order): a layer's rows are then one contiguous block, which the matrix products read fastest,
+    and the values cross memory once, with no Arrow level decoding and no fresh 400 MB
+    allocation per part. The buffer is overwritten by the next part, so a consumer copies what
+    it keeps (:func:`_chunks` does). Otherwise (float16, rounding, another layout) Arrow decodes
+    the part, numpy converts it, and ``gate_row`` is the identity.
 
     Read and compute are deliberately *not* overlapped: on a 2-core machine a reader thread
     slowed the 2-thread matrix products by more than the reading it hid (measured: 3.2 s instead
@@ -200,6 +238,8 @@ def _gate_parts(trace: Trace, columns: list[str], rounding: str):
     """
     n_embd = int(trace.model["n_embd"])
     narrow = [c for c in columns if c != "gate_input"]
+    if "layer" not in narrow:
+        narrow.append("layer")
     fast = rounding in ("none", "unknown")
     firsts = _first_batches(trace)
     buffer: np.ndarray | None = None
@@ -207,29 +247,36 @@ def _gate_parts(trace: Trace, columns: list[str], rounding: str):
     for k, part in enumerate(trace.parts):
         pf = pq.ParquetFile(part)
         out = {c: pf.read(columns=[c]).column(c).to_numpy() for c in narrow}
+        n = out["layer"].shape[0]
         plan = plan_fixed_list(part, "gate_input", pf) if fast else None
         g64 = None
-        if plan is not None:
+        if plan is not None and plan.dtype == np.float32:
             if buffer is None:
                 buffer = np.empty((max(trace.part_rows), n_embd))
-            largest = max((n for _, n in plan.spans), default=0)
+            largest = max((nb for _, nb in plan.spans), default=0)
             if scratch.shape[0] < largest:
                 scratch = np.empty(largest, np.uint8)
-            g64 = buffer[:plan.rows]
-            if not read_fixed_list_as(plan, g64, scratch):
+            order = np.argsort(out["layer"], kind="stable")
+            dest = np.empty(n, np.int64)
+            dest[order] = np.arange(n)
+            g64 = buffer[:n]
+            if _read_sorted(plan, dest, g64, scratch):
+                out["gate_row"] = dest
+            else:
                 g64 = None
         if g64 is None:
             g = fixed_list_to_numpy(pf.read(columns=["gate_input"]).column("gate_input"))
             if not fast:
                 g = round_input(g, rounding)  # the engine rounds the router input to the weight's dot type
             g64 = g.astype(np.float64)
-        out["gate_input"] = g64
-        yield out, next((b for b in firsts[k + 1:] if b is not None), None)
+            out["gate_row"] = np.arange(n)
+        yield out, g64, next((b for b in firsts[k + 1:] if b is not None), None)
 
 
 def _rows(a: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """``a[pos]`` for sorted row positions: a view when they are evenly spaced (a decode run
-    holds a layer's rows every n_moe rows; a prefill batch holds them contiguously), else a copy."""
+    """``a[pos]`` for sorted row positions: a view when they are evenly spaced (a layer's rows in a
+    layer-sorted buffer are contiguous; in row order a decode run holds them every n_moe rows),
+    else a copy."""
     n = pos.shape[0]
     if n == 0:
         return a[:0]
@@ -240,25 +287,29 @@ def _rows(a: np.ndarray, pos: np.ndarray) -> np.ndarray:
 
 
 def _chunks(trace: Trace, columns: list[str], rounding: str = "none"):
-    """Yield (first global row, columns as numpy) per run of *whole* batches, chunk by chunk.
+    """Yield (first global row, columns) per run of *whole* batches: the row-aligned numpy
+    columns, ``gate_row`` among them, and ``gate_input``, the buffer ``gate_row`` points into.
 
     A part's last batch may continue in the next part (part files end anywhere): unless the next
-    part starts a new batch, it is held back (copied: the part's buffer is reused) and completed
-    with the next part's leading rows of that batch, and flushed when a different batch begins or
-    the trace ends.
+    part starts a new batch, its rows are held back (copied out of the reused buffer, in row
+    order) and completed with the next part's leading rows of that batch, and flushed when a
+    different batch begins or the trace ends.
     """
+    aligned = [c for c in columns if c != "gate_input"] + ["gate_row"]
     carry: dict[str, np.ndarray] | None = None
     carry_start = 0
     offset = 0
-    for cur, next_first in _gate_parts(trace, columns, rounding):
+    for cur, gate, next_first in _gate_parts(trace, columns, rounding):
         start = offset
-        n = cur["batch"].shape[0]
+        n = cur["gate_row"].shape[0]
         offset += n
         if carry is not None:
             j = int(np.searchsorted(cur["batch"], carry["batch"][0], side="right"))  # rows of the carried batch
             if j:
-                carry = {c: np.concatenate([carry[c], cur[c][:j]]) for c in columns}
-                cur = {c: cur[c][j:] for c in columns}
+                g = np.concatenate([carry["gate_input"], gate[cur["gate_row"][:j]]])
+                carry = {c: np.concatenate([carry[c], cur[c][:j]]) for c in aligned}
+                carry["gate_input"], carry["gate_row"] = g, np.arange(g.shape[0])
+                cur = {c: cur[c][j:] for c in aligned}
                 start += j
                 n -= j
             if n == 0:
@@ -269,12 +320,14 @@ def _chunks(trace: Trace, columns: list[str], rounding: str = "none"):
             continue
         if next_first is not None and next_first == int(cur["batch"][-1]):
             cut = int(np.searchsorted(cur["batch"], cur["batch"][-1], side="left"))
-            carry = {c: cur[c][cut:].copy() for c in columns}
+            carry = {c: cur[c][cut:].copy() for c in aligned}
+            carry["gate_input"] = gate[carry["gate_row"]]  # a copy: the buffer is reused
+            carry["gate_row"] = np.arange(n - cut)
             carry_start = start + cut
         else:
             cut = n  # the part ends with a whole batch
         if cut:
-            yield start, {c: cur[c][:cut] for c in columns}
+            yield start, {**{c: cur[c][:cut] for c in aligned}, "gate_input": gate}
     if carry is not None:
         yield carry_start, carry
 
@@ -303,7 +356,7 @@ def predict_gate(trace: Trace, in_phase: np.ndarray, horizons: list[int], ctrl: 
     def work(start: int, cur: dict[str, np.ndarray]) -> None:
         layer = cur["layer"]
         keys = (cur["batch"].astype(np.int64) << 32) | cur["step"].astype(np.int64)
-        gate = cur["gate_input"]
+        gate, gate_row = cur["gate_input"], cur["gate_row"]
         g_phase = in_phase[start:start + layer.shape[0]]
         order = np.argsort(layer, kind="stable")  # per layer, rows keep their (batch, step) order
         lay_sorted = layer[order]
@@ -327,7 +380,7 @@ def predict_gate(trace: Trace, in_phase: np.ndarray, horizons: list[int], ctrl: 
                 i_c = np.minimum(i, src_keys.size - 1)
                 ok = src_keys[i_c] == keys[tgt_pos]  # the same token's row at the source layer
                 if g64 is None:
-                    g64 = _rows(gate, src_pos)  # float64; a view for evenly spaced rows (decode)
+                    g64 = _rows(gate, gate_row[src_pos])  # float64; a view of a contiguous block (or strided)
                 sel = i_c[ok]
                 src_g = g64 if (sel.size == src_pos.size and (sel == np.arange(sel.size)).all()) else g64[sel]
                 logits = src_g @ wt[tgt]
