@@ -10,9 +10,10 @@ an eviction moves the last one into the hole) with their packed key ``DKEY[pos] 
 last tick``; positions are cut into blocks of :data:`BLOCK` and ``BMIN[b]`` is exactly the
 smallest key of block b (free positions hold KMAX). The victim search reduces the block minima to
 the smallest, finds its block, then its position in the block: three branch-free loops that LLVM
-vectorises (AVX2: four keys per compare), O(CNT / BLOCK + BLOCK), all in a few KiB that stay in
-L1/L2. A heap costs log2(size) data-dependent branches per eviction (mispredicted about half the
-time) plus a sift per visit; here a visit costs a couple of stores.
+vectorises (AVX2: four keys per compare), O(CNT / BLOCK + BLOCK), over state that stays in L1/L2
+(about 24 bytes per resident entry, and ``POS``: 8 bytes per entry). A heap costs log2(size)
+data-dependent branches per eviction (mispredicted about half the time) plus a sift per visit;
+here a visit costs a few loads and stores.
 
 Entries the current load visited are pinned (not evictable after it), and for Belady they are
 often the furthest (a miss is usually a rarely used expert): a heap or a scan keeps finding them
@@ -24,12 +25,18 @@ driver stamps before calling it; ``pick_victim`` is told). Entries pinned withou
 what-if's retention) are still found; they are set aside (KMAX) while the search goes on and
 restored after it.
 
-Measured (``python -m benchmarks.vs_libcachesim``, top-1 trace, 960,000 requests, noisy shared
-2-core AMD EPYC): Belady kernel 49-58 / 42-46 / 29-32 ns per request at 64 / 512 / 2048 entries
-where the lazy-deletion heap it replaced took 78-90 / 69-80 / 51-56 (LRU: 20-28); 4.4-7.5x
-libCacheSim's throughput where the heap gave 2.5-4.8x. A constant trip count in the block loops
-made LLVM unroll them into a serial chain of 64 scalar compare-and-moves (58 ns at 64 entries):
-the block size is therefore read from the header at run time.
+Measured on the top-1 trace of ``benchmarks.vs_libcachesim`` (960,000 requests; noisy shared
+2-core AMD EPYC; kernel time per request, best of 15 runs interleaved in one process): 49-54 /
+41-45 / 28-31 ns at 64 / 512 / 2048 entries, where the lazy-deletion heap this replaced took
+79-85 / 69-73 / 51-53 (LRU: 20-23); with another process doing random memory accesses on the
+other core, 67-73 / 55-57 / 37-40 (heap: 97-104 / 82-91 / 64-66). Throughput against
+libCacheSim's Belady in that benchmark, 10 runs: 3.6-5.2x / 4.2-5.8x / 4.7-7.3x (the heap:
+2.5-4.8x over the three). On the 20,000-token 48 x 128 top-8 synthetic trace (7.7 M routed
+slots, 179 to 4874 entries): 14-67 M slots/s, 2.3-2.9x the heap. Tried and dropped: blocks of
+8/16/32/128 keys (no better than 64); computing a block's new minimum before writing it, to dodge
+store-to-load forwarding stalls (a compare per key more, 5-8% slower); recomputing dirty block
+minima lazily at the next search (slower: a branch per block); numbering visits in the policy
+instead of reading the driver's ticks (3% faster at 64 entries, 3% slower at 2048: not worth the code).
 
 Requires ``0 <= key < 2^31`` and ``NEEDS_TICK`` (the driver keeps ``ent[LAST_TICK]``).
 """
