@@ -9,6 +9,8 @@ trace; object id = layer index x 128 + expert. libCacheSim runs from an oracleGe
 through its C++ reader (``process_trace``, its fastest path; next_access_vtime filled for Belady).
 
 Checks: identical hit counts for LRU and Belady at every budget; throughput ratio (target >= 3x).
+Each request's next use is precomputed on both sides and not timed: ours once per trace
+(``Loads.next_load``, cached on the Loads object), libCacheSim's in the oracle file it reads.
 
     python -m benchmarks.vs_libcachesim [--trace DIR]
 """
@@ -25,6 +27,7 @@ import numpy as np
 from benchmarks._common import best_of, machine, synthetic_trace
 
 MIB = 1 << 20
+ROUNDS = 5
 
 
 def main() -> None:
@@ -34,6 +37,7 @@ def main() -> None:
     import libcachesim as lcs
 
     from replay.cache import prepare_loads, replay, warm_up
+    from replay.cache_kernel import next_loads
     from traces import open_trace
     from traces.reader import RoutingArrays
 
@@ -61,7 +65,8 @@ def main() -> None:
                 fh.write(rec.pack(i + 1, int(obj[i]) + 1, MIB, int(nxt[i]) + 1 if nxt[i] >= 0 else -1))
         reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
         warm_up(["lru", "belady"])
-        _ = loads.next_load
+        _ = loads.next_load  # cached on loads: computed here, once, outside every timing below
+        next_use_s = best_of(lambda: next_loads(loads.entries, loads.load_start, loads.n_entries), 3)
         print(f"machine: {machine()}")
         print(f"trace: top-1 of {t.path} decode tokens: {n:,} requests over {len(set(obj.tolist()))} objects, 1 MiB each; "
               f"libcachesim {getattr(lcs, '__version__', '?')}")
@@ -71,7 +76,9 @@ def main() -> None:
             for entries in (64, 512, 2048):
                 res = replay(loads, policy, float(entries))
                 ours_hits = res.hits
-                ours_s = best_of(lambda p=policy, e=entries: replay(loads, p, float(e)), 5)
+
+                def ours(p=policy, e=entries):
+                    return replay(loads, p, float(e))
 
                 def theirs(c=cls, e=entries):
                     cache = c(cache_size=e * MIB)
@@ -79,11 +86,21 @@ def main() -> None:
 
                 miss_ratio, _ = theirs()
                 lcs_hits = int(round(n * (1.0 - miss_ratio)))
-                lcs_s = best_of(theirs, 3)
+                # Interleaved rounds, one run of each side per round: a burst of load from other
+                # processes on this shared machine then slows both sides, not one.
+                ours_s = lcs_s = float("inf")
+                for _ in range(ROUNDS):
+                    ours_s = min(ours_s, best_of(ours, 1))
+                    lcs_s = min(lcs_s, best_of(theirs, 1))
                 print(f"{policy:7s} {entries:7d} {ours_hits:10d} {lcs_hits:10d} {'yes' if ours_hits == lcs_hits else 'NO':>5s} "
                       f"{n / ours_s / 1e6:12.1f} {n / lcs_s / 1e6:11.1f} {lcs_s / ours_s:6.1f}")
-        print("(ours: best of 5 single-thread replays after compilation; libCacheSim: best of 3 process_trace runs "
-              "from its binary reader, cache construction included; hits from its miss ratio x requests)")
+        print(f"timed, best of {ROUNDS} interleaved rounds (one run of each side per round): ours = a whole replay() call "
+              "(state allocation, policy init, kernel; one thread, after compilation); libCacheSim = a process_trace run "
+              "(cache construction and reading its binary file included); hits from its miss ratio x requests")
+        print("not timed, either side: each request's next use (ours: Loads.next_load, computed once per trace before "
+              "timing, "
+              f"{next_use_s * 1e3:.1f} ms; libCacheSim: next_access_vtime, written into its oracle file before timing), "
+              "building the requests")
 
 
 if __name__ == "__main__":

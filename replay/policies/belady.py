@@ -3,8 +3,8 @@ infinitely far); ties (e.g. several never-again entries) to the least recently u
 offline optimum *for these replay semantics* at that budget with equal-size entries; with unequal
 per-layer sizes it is the classic furthest-in-future rule, a strong bound but not a proven optimum.
 
-Victim search: the lazy-deletion heap of :mod:`replay.policies._lazyheap` (a visit pushes the
-entry's new next use; stale items are dropped when they surface).
+Victim search: the key blocks of :mod:`replay.policies._blocks` (a vectorised minimum over the
+packed (next use, last visit) keys of the resident entries, in blocks with a per-block minimum).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from replay.cache_state import NEVER, NEXT_USE
-from replay.policies import _lazyheap
+from replay.policies import _blocks
 
 PARTITION = "global"
 UNBOUNDED = False
@@ -28,5 +28,5 @@ def key(ent, e):
     return np.int64(NEVER) - np.int64(ent[NEXT_USE, e])
 
 
-init = _lazyheap.init
-on_admit, on_touch, pick_victim, on_evict = _lazyheap.make_lazy_heap_hooks(key)
+init = _blocks.init
+on_admit, on_touch, pick_victim, on_evict = _blocks.make_block_hooks(key)
