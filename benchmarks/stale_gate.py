@@ -45,11 +45,23 @@ def ensure_trace(path: Path, tokens: int, layers: int, embd: int, experts: int) 
     if meta.is_file():
         synth = json.loads(meta.read_text()).get("provenance", {}).get("synth", {})
         if (synth.get("tokens"), synth.get("layers"), synth.get("embd"), synth.get("experts")) == (tokens, layers, embd, experts):
-            return
+            if current_layout(path):
+                return
+            print(f"{path} was written by an older writer (pages the raw-page path does not read); regenerating")
     print(f"generating {path} (one-off; minutes) ...", flush=True)
     subprocess.run([sys.executable, "-m", "replay.cli", "synth", str(path), "--layers", str(layers), "--experts",
                     str(experts), "--top-k", "8", "--embd", str(embd), "--tokens", str(tokens), "--prompt-tokens", "0",
                     "--force"], check=True)
+
+
+def current_layout(path: Path) -> bool:
+    """Whether the trace's gate inputs and router matrices are stored as the current writer
+    stores them (uncompressed PLAIN pages that traces.pages reads without Arrow)."""
+    from traces.pages import plan_fixed_list
+
+    parts = sorted((path / "routings").glob("part-*.parquet"))
+    return bool(parts) and plan_fixed_list(parts[0], "gate_input") is not None and \
+        plan_fixed_list(path / "router.parquet", "weight") is not None
 
 
 def floor_seconds(part_tokens: list[int], embd: int, experts: int, layers: int) -> float:
