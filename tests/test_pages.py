@@ -128,3 +128,23 @@ def test_corrupt_pages_never_return_wrong_data(tmp_path, cut):
         assert got is None
     elif got is not None:  # corrupting values changes them; Arrow would read the same bytes
         assert got.tobytes() == arrow_read(path).tobytes()
+
+
+def test_trace_tables_are_the_same_through_either_path(tmp_path, monkeypatch):
+    """Trace.iter_tables through the page path and through Arrow: equal tables, equal schemas
+    (so parts read either way concatenate)."""
+    import traces.reader as reader
+    from tests.test_trace_format import write_small
+    from traces import open_trace
+
+    write_small(tmp_path / "t", columns=("logits", "gate_input"))
+    tr = open_trace(tmp_path / "t")
+    cols = ["batch", "logits", "layer", "gate_input"]
+    assert all(reader.read_fixed_list(p, c) is not None for p in tr.parts for c in ("logits", "gate_input"))
+    fast = list(tr.iter_tables(cols))
+    monkeypatch.setattr(reader, "read_fixed_list", lambda *a, **k: None)
+    slow = list(tr.iter_tables(cols))
+    assert len(fast) == len(slow) > 1
+    for a, b in zip(fast, slow):
+        assert a.schema == b.schema and a.equals(b)
+    assert tr.table(cols).num_rows == 15

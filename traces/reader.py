@@ -92,7 +92,9 @@ def read_part(part: Path, columns: list[str], fast: tuple[str, ...] = WIDE_COLUM
         return pf.read(columns=columns).select(columns)
     rest = [c for c in columns if c not in wide]
     table = pf.read(columns=rest) if rest else None
-    return pa.table([wide[c] if c in wide else table.column(c) for c in columns], names=columns)  # type: ignore[union-attr]
+    schema = pa.schema([pf.schema_arrow.field(c) for c in columns])  # the file's fields: same schema either path
+    return pa.Table.from_arrays([wide[c] if c in wide else table.column(c) for c in columns],  # type: ignore[union-attr]
+                                schema=schema)
 
 
 class Trace:
