@@ -90,28 +90,23 @@ def _top_w(scores: np.ndarray, w: int) -> np.ndarray:
     val = np.empty(w, dtype=np.float64)
     for i in range(m):
         row = scores[i]
-        for x in range(min(w, e)):  # the first w, insertion-sorted (stable: equal stays behind)
+        thr = 0.0  # the current w-th value, once w entries are in
+        for x in range(e):
             v = row[x]
-            p = x
-            while p > 0 and v > val[p - 1]:
-                val[p] = val[p - 1]
-                out[i, p] = out[i, p - 1]
-                p -= 1
-            val[p] = v
-            out[i, p] = x
-        thr = val[w - 1]
-        for x in range(w, e):
-            v = row[x]
-            if not v > thr:  # also rejects NaN, as the comparison did before
+            if x < w:
+                p = x  # the first w always enter, insertion-sorted (stable: an equal value stays behind)
+            elif v > thr:  # False for NaN too
+                p = w - 1
+            else:
                 continue
-            p = w - 1
             while p > 0 and v > val[p - 1]:
                 val[p] = val[p - 1]
                 out[i, p] = out[i, p - 1]
                 p -= 1
             val[p] = v
             out[i, p] = x
-            thr = val[w - 1]
+            if x >= w - 1:
+                thr = val[w - 1]
     return out
 
 
