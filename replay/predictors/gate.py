@@ -13,10 +13,11 @@ Logits are recomputed in float64 from the stored float32 (or float16) values: th
 generator computes them that way, and float32 recomputation can flip near-ties.
 
 Streaming: the gate inputs (n_embd floats per row, ~2 GB on a 5,000-token 48-layer trace) are
-read one part file at a time, straight into a reused float64 buffer (:func:`_gate_parts`); only
-whole batches are evaluated (a batch cut by a part boundary is carried into the next part), so
-memory is bounded by two parts plus one batch, whatever the trace length. Per part, one matrix
-product per (target, source) layer pair, on a strided view of the source layer's rows.
+read one part file at a time, straight into one reused float64 buffer sorted by layer
+(:func:`_gate_parts`); only whole batches are evaluated (a batch cut by a part boundary is
+carried into the next part), so memory is bounded by one part plus one batch, whatever the trace
+length. Per part, one matrix product per (target, source) layer pair, on the source layer's
+contiguous block of the buffer.
 """
 
 from __future__ import annotations
