@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from replay.cache import prepare_loads, replay
 from replay.policies import _blocks
 from tests.naive.cache import naive_replay
-from tests.test_cache_twin import UNIT, _arrays
+from tests.test_cache_twin import UNIT, _arrays, assert_same_as_naive
 from tests.test_whatif_twin import _compare, drops, predictions
 
 BLOCKS = st.sampled_from([1, 2, 4, 8, 64])
@@ -61,13 +61,7 @@ def test_belady_matches_naive_twin_across_blocks(t, block):
     loads = prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
     res = _with_block(block, lambda: replay(loads, "belady", budget_units / 16, slots=True))
     want = naive_replay([(r[1], r[2], r[4], r[5]) for r in rows], moe_layers, n_expert, eb, "belady", budget_units * UNIT)
-    for i, layer in enumerate(moe_layers):
-        for ph in (0, 1):
-            assert res.acc[ph, i, 0] == want["lookups"].get((ph, layer), 0)
-            assert res.acc[ph, i, 1] == want["hits"].get((ph, layer), 0)
-            assert res.acc[ph, i, 2] == want["read"].get((ph, layer), 0)
-    assert res.slots.tolist() == want["codes"]
-    assert res.evictions == want["evictions"]
+    assert_same_as_naive(res, want, moe_layers)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

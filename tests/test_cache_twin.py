@@ -46,6 +46,18 @@ def traces(draw):
     return moe_layers, n_layer, n_expert, k, eb, rows, budget_units
 
 
+def assert_same_as_naive(res, want, moe_layers) -> None:
+    """A kernel replay (``slots=True``) agrees exactly with the naive twin's result: per layer
+    and phase lookups, hits and bytes read, every slot's code, the eviction count."""
+    for i, layer in enumerate(moe_layers):
+        for ph in (0, 1):
+            assert res.acc[ph, i, 0] == want["lookups"].get((ph, layer), 0)
+            assert res.acc[ph, i, 1] == want["hits"].get((ph, layer), 0)
+            assert res.acc[ph, i, 2] == want["read"].get((ph, layer), 0)
+    assert res.slots.tolist() == want["codes"]
+    assert res.evictions == want["evictions"]
+
+
 def _arrays(rows, k):
     R = len(rows)
     return RoutingArrays(
@@ -71,13 +83,7 @@ def test_kernel_matches_naive_twin(t, policy, seed):
     loads = prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
     res = replay(loads, policy, budget_units / 16, seed=seed, slots=True)
     want = naive_replay([(r[1], r[2], r[4], r[5]) for r in rows], moe_layers, n_expert, eb, policy, budget_units * UNIT, seed)
-    for i, layer in enumerate(moe_layers):
-        for ph in (0, 1):
-            assert res.acc[ph, i, 0] == want["lookups"].get((ph, layer), 0)
-            assert res.acc[ph, i, 1] == want["hits"].get((ph, layer), 0)
-            assert res.acc[ph, i, 2] == want["read"].get((ph, layer), 0)
-    assert res.slots.tolist() == want["codes"]
-    assert res.evictions == want["evictions"]
+    assert_same_as_naive(res, want, moe_layers)
     ser = batch_series(loads, res)
     got = {b: [lk, h, rd] for b, lk, h, rd in zip(range(ser.height), ser["lookups"], ser["hits"], ser["read_bytes"])}
     assert got == {b: want["per_batch"].get(b, [0, 0, 0]) for b in got}

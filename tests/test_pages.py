@@ -111,23 +111,34 @@ def test_not_a_fixed_list_or_absent(tmp_path):
         read_fixed_list(tmp_path / "q.parquet", "logits")
 
 
-@pytest.mark.parametrize("cut", ["in_values", "in_header"])
-def test_corrupt_pages_never_return_wrong_data(tmp_path, cut):
-    """Bytes overwritten inside the column chunk: the fast path returns None (Arrow then reports
-    the file) or exactly the right values; never silently different numbers."""
+def test_corrupt_page_header_is_refused(tmp_path):
+    """Bytes overwritten inside a page header: the fast path returns None (Arrow then reports the
+    file); it never guesses a layout."""
     values = np.random.default_rng(0).standard_normal((40, 16)).astype(np.float32)
     path = tmp_path / "p.parquet"
     write(path, values, pa.float32(), data_page_size=512)
     cc = pq.ParquetFile(path).metadata.row_group(0).column(1)
     data = bytearray(path.read_bytes())
-    at = cc.data_page_offset + (1 if cut == "in_header" else cc.total_compressed_size // 2)
-    data[at:at + 3] = b"\xff\xff\xff"
+    data[cc.data_page_offset + 1:cc.data_page_offset + 4] = b"\xff\xff\xff"
+    path.write_bytes(bytes(data))
+    assert read_fixed_list(path, "gate_input") is None
+
+
+def test_changed_value_bytes_read_as_arrow_reads_them(tmp_path):
+    """Bytes overwritten inside a page's values (not its header): the fast path returns exactly
+    what Arrow decodes from the same file, the changed value included."""
+    from traces.pages import plan_fixed_list
+
+    values = np.random.default_rng(0).standard_normal((40, 16)).astype(np.float32)
+    path = tmp_path / "p.parquet"
+    write(path, values, pa.float32(), data_page_size=512)
+    offset, _ = plan_fixed_list(path, "gate_input").spans[1]
+    data = bytearray(path.read_bytes())
+    data[offset + 4:offset + 8] = np.float32(1234.5).tobytes()
     path.write_bytes(bytes(data))
     got = read_fixed_list(path, "gate_input")
-    if cut == "in_header":
-        assert got is None
-    elif got is not None:  # corrupting values changes them; Arrow would read the same bytes
-        assert got.tobytes() == arrow_read(path).tobytes()
+    assert got is not None and got.tobytes() == arrow_read(path).tobytes()
+    assert got.tobytes() != values.tobytes() and 1234.5 in got
 
 
 def test_trace_tables_are_the_same_through_either_path(tmp_path, monkeypatch):

@@ -240,7 +240,8 @@ def _gate_parts(trace: Trace, columns: list[str], rounding: str):
     scratch = np.empty(0, np.uint8)
     for k, part in enumerate(trace.parts):
         pf = pq.ParquetFile(part)
-        out = {c: pf.read(columns=[c]).column(c).to_numpy() for c in narrow}
+        narrow_table = pf.read(columns=narrow)  # one read for all of them
+        out = {c: narrow_table.column(c).to_numpy() for c in narrow}
         n = out["layer"].shape[0]
         plan = plan_fixed_list(part, "gate_input", pf) if fast else None
         g64 = None

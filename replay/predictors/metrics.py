@@ -136,16 +136,15 @@ def score(pred: Prediction, experts: np.ndarray, weights: np.ndarray, layer: np.
         total = np.bincount(np.zeros(idx.size, np.int64), weights=values, minlength=1)[:1]
         return np.concatenate([v, total])
 
-    mass = has_mass
     n = per_layer(None, li).astype(np.int64)
     un = per_layer(None, ui).astype(np.int64)
     hk = per_layer(s["hits_k"].astype(np.float64), li)
     ex = per_layer(s["exact"].astype(np.float64), li)
     hw = per_layer(s["hits_w"].astype(np.float64), li)
     nw = per_layer(s["named_w"].astype(np.float64), li)
-    mn = per_layer(s["mass_named"][mass], li[mass])
-    mt = per_layer(s["mass_total"][mass], li[mass])
-    nm = per_layer(None, li[mass]).astype(np.int64)
+    mn = per_layer(s["mass_named"][has_mass], li[has_mass])
+    mt = per_layer(s["mass_total"][has_mass], li[has_mass])
+    nm = per_layer(None, li[has_mass]).astype(np.int64)
     rows = []
     for i, l in enumerate([*moe_layers, None]):
         rows.append({
