@@ -13,27 +13,34 @@ Logits are recomputed in float64 from the stored float32 (or float16) values: th
 generator computes them that way, and float32 recomputation can flip near-ties.
 
 Streaming: the gate inputs (n_embd floats per row, ~2 GB on a 5,000-token 48-layer trace) are
-read one part file at a time, straight into one reused float64 buffer sorted by layer
-(:func:`_gate_parts`); only whole batches are evaluated (a batch cut by a part boundary is
-carried into the next part), so memory is bounded by one part plus one batch, whatever the trace
-length. Per part, one matrix product per (target, source) layer pair, on the source layer's
-contiguous block of the buffer.
+read one part file at a time (:func:`_gate_parts`): the part is mapped, and each source layer's
+rows are gathered as float64 into a per-thread scratch right before its matrix products. Only
+whole batches are evaluated (a batch cut by a part boundary is carried into the next part), so
+memory is bounded by one mapped part, one scratch per thread and one batch, whatever the trace
+length. Per part, one matrix product per (target, source) layer pair; the source layers are
+shared out among the cores, each thread running single-threaded BLAS (:func:`_blas_threads`).
+The results do not depend on the number of threads: each pair writes only its own rows.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import numba
 import numpy as np
 import pyarrow.parquet as pq
+from threadpoolctl import threadpool_limits
 
 from replay.predictors.base import NONE, Prediction, stale_gate_name
 from replay.predictors.metrics import warm_up as metrics_warm_up
 from traces.gating import activation, selection_scores, top_indices
-from traces.pages import ValuePages, plan_fixed_list
+from traces.pages import PageFormatError, ValuePages, plan_fixed_list
 from traces.reader import Trace, fixed_list_to_numpy
 from traces.rounding import round_input
 
@@ -153,7 +160,9 @@ def warm_up() -> None:
     """Compile (or load from cache) the kernels, so their compile time stays out of timings."""
     _top_w(np.zeros((1, 3)), 2)
     _top_w_gap(np.zeros((1, 3)), 2)
-    _scatter_rows(np.zeros(2, np.float32), 0, 2, np.zeros(1, np.int64), np.zeros((1, 2)))
+    z = np.zeros(4, np.float32)
+    one = np.zeros(1, np.int64)
+    _gather_rows(z, z, z, z, np.array([0, 4]), one, one, 2, one, np.zeros((1, 2)))
     metrics_warm_up()
 
 
@@ -181,91 +190,169 @@ def _first_batches(trace: Trace) -> list[int | None]:
     return out
 
 
-@numba.njit(cache=True, nogil=True)
-def _scatter_rows(vals: np.ndarray, v0: int, width: int, dest: np.ndarray, out: np.ndarray) -> None:
-    """Values ``vals`` (flat, row-major, starting at flat index ``v0`` of a [rows, width] column)
-    into ``out[dest[row]]`` as float64: one page of a part, into its layer-sorted buffer."""
-    n = vals.shape[0]
-    i = 0
-    while i < n:
-        v = v0 + i
-        r = v // width
-        c = v - r * width
-        m = min(width - c, n - i)
-        out[dest[r], c:c + m] = vals[i:i + m]  # a slice copy vectorises; an indexed loop ran 1.5x slower
-        i += m
+_F32U = numba.types.Array(numba.types.float32, 1, "C", readonly=True, aligned=False)
+_I64 = numba.types.Array(numba.types.int64, 1, "A", readonly=True)
+_GATHER_SIG = numba.types.void(_F32U, _F32U, _F32U, _F32U, _I64, _I64, _I64, numba.types.int64, _I64,
+                               numba.types.Array(numba.types.float64, 2, "C"))
 
 
-def _read_sorted(plan: ValuePages, dest: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> bool:
-    """The planned float32 column into ``out[dest[row]]`` as float64, page by page (one pass over
-    the values: from the file into a small scratch, from there to their place in ``out``)."""
-    v = 0
-    with open(plan.path, "rb", buffering=0) as fh:
-        for offset, nbytes in plan.spans:
-            buf = scratch[:nbytes]
-            if os.preadv(fh.fileno(), [buf], offset) != nbytes:
-                return False
-            vals = buf.view(np.float32)
-            _scatter_rows(vals, v, plan.width, dest, out)
-            v += vals.shape[0]
-    return True
+@numba.njit(_GATHER_SIG, cache=True, nogil=True)
+def _gather_rows(v0: np.ndarray, v1: np.ndarray, v2: np.ndarray, v3: np.ndarray, starts: np.ndarray,
+                 shift: np.ndarray, index: np.ndarray, width: int, rows: np.ndarray, out: np.ndarray) -> None:
+    """Rows ``rows`` of a fixed-size-list column whose values lie in a mapped file, page by page,
+    into ``out`` as float64.
+
+    Page p holds the column's flat values ``starts[p]:starts[p + 1]``, as float32 at element
+    ``index[p]`` of ``v<shift[p]>``, the file viewed as float32 from byte ``shift[p]`` (a page's
+    values start at any byte, so there are four such views; their loads are declared unaligned).
+    A row may straddle two pages."""
+    p = 0
+    for i in range(rows.shape[0]):
+        a = rows[i] * width
+        if a < starts[p] or a >= starts[p + 1]:
+            p = np.searchsorted(starts, a, side="right") - 1
+        c = 0
+        while c < width:
+            m = min(width - c, starts[p + 1] - (a + c))
+            k = index[p] + (a + c - starts[p])
+            s = shift[p]
+            if s == 0:
+                out[i, c:c + m] = v0[k:k + m]
+            elif s == 1:
+                out[i, c:c + m] = v1[k:k + m]
+            elif s == 2:
+                out[i, c:c + m] = v2[k:k + m]
+            else:
+                out[i, c:c + m] = v3[k:k + m]
+            c += m
+            if c < width:
+                p += 1
+
+
+class _MappedGate:
+    """One part file's float32 gate inputs, mapped (not copied): :meth:`take` gathers rows as
+    float64 into a reused scratch, right before the matrix product that reads them.
+
+    Why a map: the values are already in the page cache in the layout numpy wants. ``preadv``
+    copied them at ~1.4 GB/s here, and the float64 part buffer it filled cost ~1 s per GB of
+    first touch per call; mapped, a layer's rows (5.9 MB of float32 on the benchmark trace) are
+    read once, straight into a scratch that stays in cache for the matrix product. The map lives
+    until :meth:`close` (one part at a time). A part file truncated *while* it is mapped would
+    kill the process (SIGBUS); one truncated before is refused when it is planned or mapped.
+    """
+
+    def __init__(self, plan: ValuePages) -> None:
+        self.width = plan.width
+        with open(plan.path, "rb", buffering=0) as fh:
+            # no MAP_POPULATE: mapping the whole part up front cost ~35 ms per 215 MB part on one
+            # thread; left to page faults, the workers that read the rows pay it, side by side
+            self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        size = len(self._mm)
+        if any(o + n > size for o, n in plan.spans):
+            self._mm.close()
+            raise PageFormatError("the file shrank since it was planned")
+        self._views = [np.frombuffer(self._mm, np.float32, (size - s) // 4, s) for s in range(4)]
+        counts = [n // 4 for _, n in plan.spans]
+        self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+        self._shift = np.array([o % 4 for o, _ in plan.spans], dtype=np.int64)
+        self._index = np.array([o // 4 for o, _ in plan.spans], dtype=np.int64)
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` (ascending is fastest) as float64 ``[len(rows), width]``: a view of this
+        thread's scratch, valid until the thread's next :meth:`take`."""
+        return self._gather(rows, _scratch(rows.shape[0], self.width))
+
+    def take_copy(self, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` as a new float64 array (for what outlives the part, e.g. a carried batch,
+        which can be large: it does not go through, or grow, the scratch)."""
+        return self._gather(rows, np.empty((rows.shape[0], self.width)))
+
+    def _gather(self, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
+        if rows.shape[0]:
+            _gather_rows(*self._views, self._starts, self._shift, self._index, self.width,
+                         np.asarray(rows, dtype=np.int64), out)
+        return out
+
+    def close(self) -> None:
+        self._views = []
+        try:
+            self._mm.close()
+        except BufferError:  # a view still referenced (e.g. by a traceback): unmapped when collected
+            pass
+
+
+_LOCAL = threading.local()
+
+
+def _scratch(n: int, width: int) -> np.ndarray:
+    """This thread's reusable float64 ``[n, width]`` buffer (grown on demand): one per worker, so a
+    layer's gathered rows stay in that core's cache for its matrix product."""
+    buf = getattr(_LOCAL, "buf", None)
+    if buf is None or buf.shape[0] < n or buf.shape[1] != width:
+        buf = _LOCAL.buf = np.empty((max(n, 0 if buf is None or buf.shape[1] != width else buf.shape[0]), width))
+    return buf[:n]
+
+
+class _InMemory:
+    """Gate inputs already decoded into a float64 array (the Arrow path, or a carried batch)."""
+
+    def __init__(self, g64: np.ndarray) -> None:
+        self.g64 = g64
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        return _rows(self.g64, rows)
+
+    def take_copy(self, rows: np.ndarray) -> np.ndarray:
+        return self.g64[rows]
+
+    def close(self) -> None:
+        self.g64 = None
 
 
 def _gate_parts(trace: Trace, columns: list[str], rounding: str):
-    """Successive part files: (row-aligned numpy columns, gate buffer, first batch of the next
+    """Successive part files: (row-aligned numpy columns, gate source, first batch of the next
     non-empty part or None).
 
-    The gate inputs come as float64 (rounded first, as the engine rounds the router input, when
-    the trace says so) in a buffer that is *not* row-aligned: the row-aligned column
-    ``gate_row`` gives each row's buffer row. Where the part's pages allow it (:mod:`traces.pages`:
-    uncompressed PLAIN float32, as this package writes them) the values go from the file straight
-    to their place in one reused buffer sorted by layer (stable, so each layer's rows stay in
-    order): a layer's rows are then one contiguous block, which the matrix products read fastest,
-    and the values cross memory once, with no Arrow level decoding and no fresh 400 MB
-    allocation per part. The buffer is overwritten by the next part, so a consumer copies what
-    it keeps (:func:`_chunks` does). Otherwise (float16, rounding, another layout) Arrow decodes
-    the part, numpy converts it, and ``gate_row`` is the identity.
+    The gate source's ``take(rows)`` gives the gate inputs of those rows as float64 (rounded
+    first, as the engine rounds the router input, when the trace says so); the row-aligned
+    column ``gate_row`` gives each row's index in the source. Where the part's pages allow it
+    (:mod:`traces.pages`: uncompressed PLAIN float32, as this package writes them) the source is
+    the mapped file (:class:`_MappedGate`): rows are converted on demand, one layer at a time,
+    and nothing of the part is copied ahead. Otherwise (float16, rounding, another layout) Arrow
+    decodes the part and numpy converts it (:class:`_InMemory`). The source is closed when the
+    next part is asked for, so a consumer copies what it keeps (:func:`_chunks` does).
 
-    Read and compute are deliberately *not* overlapped: on a 2-core machine a reader thread
-    slowed the 2-thread matrix products by more than the reading it hid (measured: 3.2 s instead
-    of 2.5 s of products for 0.5 s of reading).
+    Reading is not a separate stage: the workers gather each source layer's rows themselves
+    (page faults included), next to the products that use them. (A reader thread beside 2-thread
+    BLAS products, tried earlier, slowed the products by more than the reading it hid.)
     """
-    n_embd = int(trace.model["n_embd"])
     narrow = [c for c in columns if c != "gate_input"]
     if "layer" not in narrow:
         narrow.append("layer")
     fast = rounding in ("none", "unknown")
     firsts = _first_batches(trace)
-    buffer: np.ndarray | None = None
-    scratch = np.empty(0, np.uint8)
     for k, part in enumerate(trace.parts):
         pf = pq.ParquetFile(part)
         narrow_table = pf.read(columns=narrow)  # one read for all of them
         out = {c: narrow_table.column(c).to_numpy() for c in narrow}
         n = out["layer"].shape[0]
+        out["gate_row"] = np.arange(n)
         plan = plan_fixed_list(part, "gate_input", pf) if fast else None
-        g64 = None
-        if plan is not None and plan.dtype == np.float32:
-            if buffer is None:
-                buffer = np.empty((max(trace.part_rows), n_embd))
-            largest = max((nb for _, nb in plan.spans), default=0)
-            if scratch.shape[0] < largest:
-                scratch = np.empty(largest, np.uint8)
-            order = np.argsort(out["layer"], kind="stable")
-            dest = np.empty(n, np.int64)
-            dest[order] = np.arange(n)
-            g64 = buffer[:n]
-            if _read_sorted(plan, dest, g64, scratch):
-                out["gate_row"] = dest
-            else:
-                g64 = None
-        if g64 is None:
+        source = None
+        if plan is not None and plan.dtype == np.float32 and plan.rows == n:
+            try:
+                source = _MappedGate(plan)
+            except (OSError, ValueError, PageFormatError):
+                source = None  # cannot map (an empty file, a filesystem without mmap): read through Arrow
+        if source is None:
             g = fixed_list_to_numpy(pf.read(columns=["gate_input"]).column("gate_input"))
             if not fast:
                 g = round_input(g, rounding)  # the engine rounds the router input to the weight's dot type
-            g64 = g.astype(np.float64)
-            out["gate_row"] = np.arange(n)
-        yield out, g64, next((b for b in firsts[k + 1:] if b is not None), None)
+            source = _InMemory(g.astype(np.float64))
+        try:
+            yield out, source, next((b for b in firsts[k + 1:] if b is not None), None)
+        finally:
+            source.close()
 
 
 def _rows(a: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -283,11 +370,12 @@ def _rows(a: np.ndarray, pos: np.ndarray) -> np.ndarray:
 
 def _chunks(trace: Trace, columns: list[str], rounding: str = "none"):
     """Yield (first global row, columns) per run of *whole* batches: the row-aligned numpy
-    columns, ``gate_row`` among them, and ``gate_input``, the buffer ``gate_row`` points into.
+    columns, ``gate_row`` among them, and ``gate_input``, the gate source ``gate_row`` indexes
+    (``take(rows)``, see :func:`_gate_parts`).
 
     A part's last batch may continue in the next part (part files end anywhere): unless the next
-    part starts a new batch, its rows are held back (copied out of the reused buffer, in row
-    order) and completed with the next part's leading rows of that batch, and flushed when a
+    part starts a new batch, its rows are held back (their gate inputs copied out of the part's
+    source, which closes with the part) and completed with the next part's leading rows of that batch, and flushed when a
     different batch begins or the trace ends.
     """
     aligned = [c for c in columns if c != "gate_input"] + ["gate_row"]
@@ -301,9 +389,9 @@ def _chunks(trace: Trace, columns: list[str], rounding: str = "none"):
         if carry is not None:
             j = int(np.searchsorted(cur["batch"], carry["batch"][0], side="right"))  # rows of the carried batch
             if j:
-                g = np.concatenate([carry["gate_input"], gate[cur["gate_row"][:j]]])
+                g = np.concatenate([carry["gate_input"].g64, gate.take_copy(cur["gate_row"][:j])])
                 carry = {c: np.concatenate([carry[c], cur[c][:j]]) for c in aligned}
-                carry["gate_input"], carry["gate_row"] = g, np.arange(g.shape[0])
+                carry["gate_input"], carry["gate_row"] = _InMemory(g), np.arange(g.shape[0])
                 cur = {c: cur[c][j:] for c in aligned}
                 start += j
                 n -= j
@@ -316,7 +404,7 @@ def _chunks(trace: Trace, columns: list[str], rounding: str = "none"):
         if next_first is not None and next_first == int(cur["batch"][-1]):
             cut = int(np.searchsorted(cur["batch"], cur["batch"][-1], side="left"))
             carry = {c: cur[c][cut:].copy() for c in aligned}
-            carry["gate_input"] = gate[carry["gate_row"]]  # a copy: the buffer is reused
+            carry["gate_input"] = _InMemory(gate.take_copy(carry["gate_row"]))  # the source closes with its part
             carry["gate_row"] = np.arange(n - cut)
             carry_start = start + cut
         else:
@@ -325,6 +413,27 @@ def _chunks(trace: Trace, columns: list[str], rounding: str = "none"):
             yield start, {**{c: cur[c][:cut] for c in aligned}, "gate_input": gate}
     if carry is not None:
         yield carry_start, carry
+
+
+def _workers() -> int:
+    """Threads for the source layers: the cores this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@contextmanager
+def _blas_threads(workers: int):
+    """One BLAS thread per worker while the workers run matrix products side by side.
+
+    Measured here (2 cores, OpenBLAS): two threads each running 1-thread products of these shapes
+    reach the throughput of one 2-thread product, and the gathering and ranking around them then
+    run on both cores too. Left as it is, OpenBLAS's idle worker spins on the second core between
+    products, which halved the speed of any other thread there (a parallel gather ran 2x slower).
+    """
+    if workers <= 1:
+        yield
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
 
 
 def predict_gate(trace: Trace, in_phase: np.ndarray, horizons: list[int], ctrl: bool, width: int,
@@ -345,52 +454,56 @@ def predict_gate(trace: Trace, in_phase: np.ndarray, horizons: list[int], ctrl: 
             by_source.setdefault(src, []).append((tgt, name))
     gating = trace.gating
     rounding = trace.meta.get("router_input_rounding", "none")
-    wt = {l: np.array(w.T, dtype=np.float64, order="C") for l, (w, _) in mats.items()}  # [n_embd, n_expert]
+    # [n_embd, n_expert] views of the float64 matrices (Fortran order: BLAS reads the transpose as
+    # fast, and the 48 transposing copies cost ~0.1 s on the benchmark trace)
+    wt = {l: np.asarray(w, dtype=np.float64).T for l, (w, _) in mats.items()}
     bias = {l: b.astype(np.float64) for l, (_, b) in mats.items()}
 
-    def work(start: int, cur: dict[str, np.ndarray]) -> None:
-        layer = cur["layer"]
-        keys = (cur["batch"].astype(np.int64) << 32) | cur["step"].astype(np.int64)
-        gate, gate_row = cur["gate_input"], cur["gate_row"]
-        g_phase = in_phase[start:start + layer.shape[0]]
-        order = np.argsort(layer, kind="stable")  # per layer, rows keep their (batch, step) order
-        lay_sorted = layer[order]
-        present = np.unique(lay_sorted)
-        bounds = np.searchsorted(lay_sorted, present, side="left"), np.searchsorted(lay_sorted, present, side="right")
-        pos = {int(l): order[a:b] for l, a, b in zip(present, *bounds)}
-        for src, targets in by_source.items():
-            src_pos = pos.get(src)
-            if src_pos is None:
+    def one_source(start: int, cur: dict[str, np.ndarray], keys: np.ndarray, pos: dict[int, np.ndarray],
+                   src: int) -> None:
+        """Every target of source layer ``src`` in this chunk (the rows each target writes are its own)."""
+        gate, gate_row, g_phase = cur["gate_input"], cur["gate_row"], in_phase[start:start + keys.shape[0]]
+        src_pos = pos[src]
+        src_keys = keys[src_pos]
+        g64 = None
+        for tgt, name in by_source[src]:
+            tgt_pos = pos.get(tgt)
+            if tgt_pos is None:
                 continue
-            src_keys = keys[src_pos]
-            g64 = None
-            for tgt, name in targets:
-                tgt_pos = pos.get(tgt)
-                if tgt_pos is None:
-                    continue
-                tgt_pos = tgt_pos[g_phase[tgt_pos]]
-                if not tgt_pos.size:
-                    continue
-                i = np.searchsorted(src_keys, keys[tgt_pos])
-                i_c = np.minimum(i, src_keys.size - 1)
-                ok = src_keys[i_c] == keys[tgt_pos]  # the same token's row at the source layer
-                if g64 is None:
-                    g64 = _rows(gate, gate_row[src_pos])  # float64; a view of a contiguous block (or strided)
-                sel = i_c[ok]
-                src_g = g64 if (sel.size == src_pos.size and (sel == np.arange(sel.size)).all()) else g64[sel]
-                logits = src_g @ wt[tgt]
-                top = rank(logits, gating, bias[tgt], width)
-                ranked, scored = preds[name]
-                rows = start + tgt_pos[ok]
-                if with_weights:
-                    pw[name][rows] = applied_weights(logits, top, gating)
-                ranked[rows] = top
-                scored[rows] = True
+            tgt_pos = tgt_pos[g_phase[tgt_pos]]
+            if not tgt_pos.size:
+                continue
+            i = np.searchsorted(src_keys, keys[tgt_pos])
+            i_c = np.minimum(i, src_keys.size - 1)
+            ok = src_keys[i_c] == keys[tgt_pos]  # the same token's row at the source layer
+            if g64 is None:
+                g64 = gate.take(gate_row[src_pos])  # float64, in this thread's scratch
+            sel = i_c[ok]
+            src_g = g64 if (sel.size == src_pos.size and (sel == np.arange(sel.size)).all()) else g64[sel]
+            logits = src_g @ wt[tgt]
+            top = rank(logits, gating, bias[tgt], width)
+            ranked, scored = preds[name]
+            rows = start + tgt_pos[ok]
+            if with_weights:
+                pw[name][rows] = applied_weights(logits, top, gating)
+            ranked[rows] = top
+            scored[rows] = True
 
-    for start, cur in _chunks(trace, ["batch", "step", "layer", "gate_input"], rounding):
-        work(start, cur)
-        if on_part is not None:
-            on_part()
+    workers = _workers()
+    with ThreadPoolExecutor(workers, thread_name_prefix="moe-replay-gate") as pool, _blas_threads(workers):
+        for start, cur in _chunks(trace, ["batch", "step", "layer", "gate_input"], rounding):
+            layer = cur["layer"]
+            keys = (cur["batch"].astype(np.int64) << 32) | cur["step"].astype(np.int64)
+            order = np.argsort(layer, kind="stable")  # per layer, rows keep their (batch, step) order
+            lay_sorted = layer[order]
+            present = np.unique(lay_sorted)
+            bounds = np.searchsorted(lay_sorted, present, side="left"), np.searchsorted(lay_sorted, present, side="right")
+            pos = {int(l): order[a:b] for l, a, b in zip(present, *bounds)}
+            sources = [src for src in by_source if src in pos]
+            # list() waits for every source and re-raises the first error
+            list(pool.map(lambda src: one_source(start, cur, keys, pos, src), sources))  # noqa: B023 (waited on here)
+            if on_part is not None:
+                on_part()
     return {name: Prediction(name, r, s, pw.get(name)) for name, (r, s) in preds.items()}
 
 
