@@ -356,8 +356,8 @@ def _gate_parts(trace: Trace, columns: list[str], rounding: str):
 
 
 def _rows(a: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """``a[pos]`` for sorted row positions: a view when they are evenly spaced (a layer's rows in a
-    layer-sorted buffer are contiguous; in row order a decode run holds them every n_moe rows),
+    """``a[pos]`` for sorted row positions: a view when they are evenly spaced (in row order a
+    decode run holds a layer's rows every n_moe rows; BLAS reads such a view without a copy),
     else a copy."""
     n = pos.shape[0]
     if n == 0:
