@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from replay.predict import evaluate, horizon_curve
 from replay.predictors.gate import _top_w, matrix_problem
 from replay.predictors.static_hot import hot_lists
-from tests.predict_traces import gating_meta, write_trace
+from tests.predict_traces import GATINGS, gating_meta, write_trace
 from traces import open_trace
 from traces.errors import TraceError, UserError
 from traces.gating import top_indices
@@ -56,6 +56,22 @@ def test_ctrl_is_exactly_100_on_consistent_traces(synth_trace_dir, gating, phase
     per = res.per_layer().filter(pl.col("predictor") == "stale-gate[3]").sort("layer")
     assert per["slot_acc_pct"].to_list()[:3] == [None, None, None] and per["scored"].to_list()[:3] == [0, 0, 0]
     assert per["slot_acc_pct"][3] is not None
+
+
+@pytest.mark.parametrize("kind", GATINGS)
+@pytest.mark.parametrize("gate_dtype", ["float32", "float16"])
+def test_ctrl_is_exactly_100_for_every_gating_kind(tmp_path, kind, gate_dtype):
+    # the synthetic generator has three gating kinds; the test writer has all five the selection
+    # rule knows (plain sigmoid and gpt-oss's softmax over the chosen logits too), and float16
+    # gate inputs go through the Arrow path instead of the mapped one
+    n_group = 4 if kind == "grouped" else 1
+    path = write_trace(tmp_path / "t", n_layer=4, moe_layers=[0, 1, 3], n_expert=16, top_k=4, n_embd=12,
+                       gating=gating_meta(kind, n_group=n_group, topk_group=2 if n_group > 1 else 1),
+                       turns=[(6, 12), (3, 9)], seed=11, consistent=1.0, tokens_per_part=5, gate_dtype=gate_dtype)
+    res = evaluate(open_trace(path), ["ctrl"], phase="all", width=4)
+    ctrl = res.frame.filter(pl.col("predictor") == "ctrl")
+    assert (ctrl["whole_acc_pct"] == 100.0).all() and (ctrl["slot_acc_pct"] == 100.0).all()
+    assert res.ctrl_failing_layers == [] and ctrl.filter(pl.col("layer").is_null())["scored"][0] == 3 * 30
 
 
 def _rewrite_router(src: Path, dst: Path, fn) -> Path:
