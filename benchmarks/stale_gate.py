@@ -19,9 +19,10 @@ child process, so its memory does not count here. Then, in this one process:
   multi-threaded BLAS, and side by side on single-threaded BLAS, as stale-gate runs them) and the
   faster of the two is the floor.
 
-The three are interleaved, three rounds, and each one's fastest run is reported (the machine is
-shared: a busy round slows all three alike, and the spread of runs is printed); the target is
-stale-gate within 2x of the floor. Peak RSS shows the 2 GB of gate inputs were streamed.
+The four timings (two floors, read, stale-gate) are interleaved, three rounds, and each one's
+fastest run is reported (the machine is shared: a busy round slows all of them alike, and the
+spread of runs is printed); the target is stale-gate within 2x of the floor. Peak RSS shows the
+2 GB of gate inputs were streamed (it includes the one part file mapped at a time).
 Numba kernels are compiled (or loaded from cache) before timing.
 """
 
