@@ -292,7 +292,9 @@ def _run(opts: CaptureOptions, static: GgufStatic, hook: MoeHook, engine: Engine
         ex = np.tile(np.arange(static.n_expert), len(layers))
         W = np.concatenate([static.router[l] for l in layers])
         bias = np.concatenate([static.selection_bias.get(l, np.zeros(static.n_expert, np.float32)) for l in layers])
-        w.write_router(lay, ex, W, bias)
+        lbias = (np.concatenate([static.logit_bias.get(l, np.zeros(static.n_expert, np.float32)) for l in layers])
+                 if static.logit_bias else None)  # gpt-oss: ffn_gate_inp.bias, added to the logits
+        w.write_router(lay, ex, W, bias, lbias)
         return w
 
     complete = False

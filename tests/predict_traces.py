@@ -28,18 +28,21 @@ def gating_meta(kind: str, n_group: int = 1, topk_group: int = 1) -> dict:
 def write_trace(out: Path, *, n_layer: int, moe_layers: list[int], n_expert: int, top_k: int, n_embd: int,
                 gating: dict, turns: list[tuple[int, int]], seed: int, drop: float = 0.0, nan_frac: float = 0.0,
                 consistent: float = 0.5, tokens_per_part: int = 2, gate_dtype: str = "float32",
-                with_gate: bool = True) -> Path:
+                with_gate: bool = True, logit_bias: bool = False) -> Path:
     """Write a trace: ``turns`` = [(prefill tokens, decode tokens)], values on a dyadic grid.
 
     Gate inputs and router weights are multiples of 1/8 in [-2, 2] (and n_embd is small), so every
     dot product is exact in float64 whatever the summation order: the fast path and the naive twin
     see identical logits, ties included. A share ``consistent`` of routings is the router's own
     choice (computed here with numpy), the rest random distinct experts; ``drop`` removes rows.
+    ``logit_bias``: the router adds a per-expert bias to its logits (gpt-oss), stored in
+    router.parquet's ``logit_bias`` column and flagged in trace.json.
     """
     rng = np.random.default_rng(seed)
     L = len(moe_layers)
     W = (rng.integers(-16, 17, size=(L, n_expert, n_embd)) / 8).astype(np.float32)
     bias = (rng.integers(-4, 5, size=(L, n_expert)) / 16).astype(np.float32)
+    lbias = (rng.integers(-16, 17, size=(L, n_expert)) / 4).astype(np.float32) if logit_bias else np.zeros((L, n_expert), np.float32)
     meta = {
         "model": {"name": "hyp", "arch": "synthetic", "n_layer": n_layer, "moe_layers": moe_layers,
                   "n_expert": n_expert, "top_k": top_k, "top_k_native": top_k, "n_embd": n_embd},
@@ -47,12 +50,13 @@ def write_trace(out: Path, *, n_layer: int, moe_layers: list[int], n_expert: int
         "dense_bytes": [None] * n_layer,
         "gating": gating,
         "provenance": {"engine": "test", "tool": "moe-replay", "tool_version": "0"},
+        "router_logit_bias": bool(logit_bias),
     }
     cols = ("gate_input",) if with_gate else ()
     w = TraceWriter(out, meta, columns=cols, gate_input_dtype=gate_dtype, tokens_per_part=tokens_per_part)
     if with_gate:
         w.write_router(np.repeat(moe_layers, n_expert), np.tile(np.arange(n_expert), L), W.reshape(L * n_expert, n_embd),
-                       bias.reshape(-1))
+                       bias.reshape(-1), lbias.reshape(-1) if logit_bias else None)
     from traces.gating import select  # test scaffolding only: makes some routings consistent
 
     batch, step, wrote = 0, 0, 0
@@ -63,7 +67,8 @@ def write_trace(out: Path, *, n_layer: int, moe_layers: list[int], n_expert: int
             return
         g = (rng.integers(-16, 17, size=(1, n_embd)) / 8).astype(np.float32)
         if rng.random() < consistent:
-            ids, _ = select(g.astype(np.float64) @ W[li].astype(np.float64).T, gating, top_k, bias[li])
+            logits = g.astype(np.float64) @ W[li].astype(np.float64).T + lbias[li].astype(np.float64)
+            ids, _ = select(logits, gating, top_k, bias[li])
             ex = ids[0]
         else:
             ex = rng.permutation(n_expert)[:top_k]

@@ -162,6 +162,45 @@ def test_trace_without_router_parquet(synth_trace_dir, tmp_path):
     assert res.predictors == ["prev-token"] and "no router.parquet" in res.unavailable[0]["reason"]
 
 
+@pytest.mark.parametrize("kind", ["softmax_weight", "softmax"])
+def test_router_logit_bias_is_applied_and_its_absence_reported(tmp_path, kind):
+    # gpt-oss adds ffn_gate_inp.bias to the router logits; the routings here depend on it
+    path = write_trace(tmp_path / "t", n_layer=3, moe_layers=[0, 1, 2], n_expert=16, top_k=4, n_embd=6,
+                       gating=gating_meta(kind), turns=[(4, 10)], seed=5, consistent=1.0, logit_bias=True)
+    t = open_trace(path)
+    assert t.has_router_logit_bias and set(t.router_logit_bias()) == {0, 1, 2}
+    res = evaluate(t, ["ctrl", "stale-gate"], phase="all")
+    ctrl = res.frame.filter(pl.col("predictor") == "ctrl")
+    assert (ctrl["whole_acc_pct"] == 100.0).all() and res.ctrl_failing_layers == []
+    # the stored bias is what makes them agree: zeroed, ctrl fails loudly
+    zeroed = _rewrite_router(path, tmp_path / "zeroed", lambda tb: tb.set_column(
+        tb.schema.get_field_index("logit_bias"), "logit_bias", pa.array(np.zeros(tb.num_rows, np.float32))))
+    assert evaluate(open_trace(zeroed), ["ctrl"], phase="all").ctrl_failing_layers != []
+    # the flag without the column: router-based predictors are unavailable, with the reason
+    dst = _rewrite_router(path, tmp_path / "no-bias", lambda tb: tb.drop_columns(["logit_bias"]))
+    res = evaluate(open_trace(dst), ["ctrl", "stale-gate", "prev-token"])
+    assert res.predictors == ["prev-token"]
+    assert all("logit_bias" in u["reason"] and "router_logit_bias" in u["reason"] for u in res.unavailable)
+
+
+@pytest.mark.parametrize("bad, needle", [("int", "not float32"), ("nan", "NaN")])
+def test_router_logit_bias_column_is_checked(tmp_path, bad, needle):
+    path = write_trace(tmp_path / "t", n_layer=2, moe_layers=[0, 1], n_expert=4, top_k=2, n_embd=3,
+                       gating=gating_meta("softmax_weight"), turns=[(1, 2)], seed=2, logit_bias=True)
+
+    def spoil(tb: pa.Table) -> pa.Table:
+        i = tb.schema.get_field_index("logit_bias")
+        if bad == "int":
+            return tb.set_column(i, "logit_bias", pa.array(np.zeros(tb.num_rows, np.int32)))
+        v = tb.column("logit_bias").to_numpy().copy()
+        v[1] = np.nan
+        return tb.set_column(i, "logit_bias", pa.array(v))
+
+    dst = _rewrite_router(path, tmp_path / "bad", spoil)
+    with pytest.raises(TraceError, match=needle):
+        open_trace(dst)
+
+
 @pytest.mark.parametrize("name", ["qwen", "gptoss"])
 def test_real_traces(real_trace_dir, capsys, name):
     path = real_trace_dir(name)

@@ -42,6 +42,7 @@ def trace_specs(draw):
         drop=draw(st.sampled_from([0.0, 0.0, 0.2])), nan_frac=draw(st.sampled_from([0.0, 0.3, 1.0])),
         consistent=draw(st.sampled_from([0.0, 0.5, 1.0])), tokens_per_part=draw(st.integers(1, 3)),
         gate_dtype=draw(st.sampled_from(["float32", "float32", "float16"])),
+        logit_bias=draw(st.booleans()),
     )
 
 

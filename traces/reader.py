@@ -230,6 +230,25 @@ class Trace:
             out[int(l)] = (np.ascontiguousarray(w[order]), np.ascontiguousarray(b[order]))
         return out
 
+    @property
+    def has_router_logit_bias(self) -> bool:
+        """Whether router.parquet stores a per-expert bias the router adds to its logits."""
+        return self.has_router and "logit_bias" in pq.ParquetFile(self.path / ROUTER_FILE).schema_arrow.names
+
+    def router_logit_bias(self) -> dict[int, np.ndarray]:
+        """{layer: [n_expert] float32} added to the router logits before the activation (gpt-oss),
+        from router.parquet's optional ``logit_bias`` column; {} when it has none."""
+        if not self.has_router_logit_bias:
+            return {}
+        t = pq.read_table(self.path / ROUTER_FILE, columns=["layer", "expert", "logit_bias"])
+        layer, expert = t.column("layer").to_numpy(), t.column("expert").to_numpy()
+        lb = t.column("logit_bias").to_numpy().astype(np.float32, copy=False)
+        out = {}
+        for l in np.unique(layer):
+            sel = np.flatnonzero(layer == l)
+            out[int(l)] = np.ascontiguousarray(lb[sel[np.argsort(expert[sel], kind="stable")]])
+        return out
+
     def metrics(self) -> pl.DataFrame | None:
         """The engine's recorded per-token metrics (metrics.parquet), or None."""
         if not self.has_metrics:
@@ -407,6 +426,12 @@ def _check_router(trace: Trace) -> None:
     for f in want:
         if f.name not in got.names or not got.field(f.name).type.equals(f.type):
             raise _fail(path, f"column {f.name} is missing or not {f.type}")
+    if "logit_bias" in got.names and not got.field("logit_bias").type.equals(pa.float32()):
+        raise _fail(path, "column logit_bias (optional) is not float32")
+    if "logit_bias" in got.names:
+        lb = pf.read(columns=["logit_bias"]).column("logit_bias")
+        if lb.null_count or not np.isfinite(lb.to_numpy(zero_copy_only=False)).all():
+            raise _fail(path, "column logit_bias holds a null, NaN or infinite value")
     t = pf.read(columns=["layer", "expert"])
     lay = t.column("layer").to_numpy()
     ex = t.column("expert").to_numpy()

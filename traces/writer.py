@@ -195,17 +195,20 @@ class TraceWriter:
         self._buf, self._buffered = [], 0
 
     # -- side tables ------------------------------------------------------------------------
-    def write_router(self, layer: np.ndarray, expert: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> None:
-        """router.parquet: one row per (layer, expert), ``weight`` ``[R, n_embd]`` f32, ``bias`` f32."""
+    def write_router(self, layer: np.ndarray, expert: np.ndarray, weight: np.ndarray, bias: np.ndarray,
+                     logit_bias: np.ndarray | None = None) -> None:
+        """router.parquet: one row per (layer, expert), ``weight`` ``[R, n_embd]`` f32, ``bias`` f32
+        (selection bias), and, where the router adds one to its logits (gpt-oss), ``logit_bias`` f32."""
         n_embd = self.meta["model"]["n_embd"]
-        table = pa.table(
-            {
-                "layer": pa.array(np.asarray(layer, dtype=np.int16)),
-                "expert": pa.array(np.asarray(expert, dtype=np.int32)),
-                "weight": _fixed_list(np.asarray(weight, dtype=np.float32), n_embd, pa.float32()),
-                "bias": pa.array(np.asarray(bias, dtype=np.float32)),
-            }
-        )
+        cols = {
+            "layer": pa.array(np.asarray(layer, dtype=np.int16)),
+            "expert": pa.array(np.asarray(expert, dtype=np.int32)),
+            "weight": _fixed_list(np.asarray(weight, dtype=np.float32), n_embd, pa.float32()),
+            "bias": pa.array(np.asarray(bias, dtype=np.float32)),
+        }
+        if logit_bias is not None:
+            cols["logit_bias"] = pa.array(np.asarray(logit_bias, dtype=np.float32))
+        table = pa.table(cols)
         # The matrices uncompressed, like the other wide columns: read by the raw-page fast path.
         write_parquet_atomic(table, self.dir / ROUTER_FILE, {**PARQUET_OPTS, "compression": {
             _leaf(f): ("none" if f.name == "weight" else "zstd") for f in table.schema}})

@@ -55,6 +55,9 @@ def gate_unavailable(trace: Trace) -> str | None:
         return "the trace has no router.parquet, so the router matrices to recompute the routing are missing"
     if not trace.gating.get("activation"):
         return "trace.json gives no gating activation, so the architecture's selection rule is unknown"
+    if trace.meta.get("router_logit_bias") and not trace.has_router_logit_bias:
+        return ("trace.json says the router adds a bias to its logits (router_logit_bias, as gpt-oss does) but "
+                "router.parquet stores none (no logit_bias column), so the logits cannot be recomputed")
     n_group = int(trace.gating.get("n_group", 1) or 1)
     if n_group > 1 and trace.n_expert % n_group:
         return f"trace.json gating n_group {n_group} does not divide n_expert {trace.n_expert}"
@@ -458,6 +461,7 @@ def predict_gate(trace: Trace, in_phase: np.ndarray, horizons: list[int], ctrl: 
     # fast, and the 48 transposing copies cost ~0.1 s on the benchmark trace)
     wt = {l: np.asarray(w, dtype=np.float64).T for l, (w, _) in mats.items()}
     bias = {l: b.astype(np.float64) for l, (_, b) in mats.items()}
+    logit_bias = {l: b.astype(np.float64) for l, b in trace.router_logit_bias().items()}  # {} but for gpt-oss
 
     def one_source(start: int, cur: dict[str, np.ndarray], keys: np.ndarray, pos: dict[int, np.ndarray],
                    src: int) -> None:
@@ -481,6 +485,8 @@ def predict_gate(trace: Trace, in_phase: np.ndarray, horizons: list[int], ctrl: 
             sel = i_c[ok]
             src_g = g64 if (sel.size == src_pos.size and (sel == np.arange(sel.size)).all()) else g64[sel]
             logits = src_g @ wt[tgt]
+            if tgt in logit_bias:
+                logits += logit_bias[tgt]
             top = rank(logits, gating, bias[tgt], width)
             ranked, scored = preds[name]
             rows = start + tgt_pos[ok]
@@ -522,10 +528,14 @@ def applied_weights(logits: np.ndarray, ids: np.ndarray, gating: dict[str, Any])
 
 
 # -- ctrl diagnosis -----------------------------------------------------------------------------
-def _agree(g: np.ndarray, w: np.ndarray, b: np.ndarray, gating: dict[str, Any], experts: np.ndarray) -> float:
-    """Share of sample routings whose expert set the matrix ``w`` reproduces exactly."""
+def _agree(g: np.ndarray, w: np.ndarray, b: np.ndarray, gating: dict[str, Any], experts: np.ndarray,
+           lb: np.ndarray | None = None) -> float:
+    """Share of sample routings whose expert set the matrix ``w`` (plus logit bias ``lb``) reproduces exactly."""
     k = experts.shape[1]
-    top = top_indices(selection_scores(g @ w.astype(np.float64).T, gating, b), k)
+    logits = g @ w.astype(np.float64).T
+    if lb is not None:
+        logits = logits + lb.astype(np.float64)
+    top = top_indices(selection_scores(logits, gating, b), k)
     return float(np.mean([set(a) == set(e) for a, e in zip(top.tolist(), experts.tolist())]))
 
 
@@ -545,6 +555,7 @@ def diagnose_ctrl(trace: Trace, failing: list[int], mats: dict[int, tuple[np.nda
         if all(sum(x["experts"].shape[0] for x in got[l]) >= sample for l in failing):
             break
     gating = trace.gating
+    lbias = trace.router_logit_bias()  # {} but for gpt-oss; the stored logits are the unbiased matmul
     causes = []
     for l in failing:
         if not got[l]:
@@ -553,14 +564,14 @@ def diagnose_ctrl(trace: Trace, failing: list[int], mats: dict[int, tuple[np.nda
                         trace.meta.get("router_input_rounding", "none")).astype(np.float64)
         ex = np.concatenate([x["experts"] for x in got[l]])
         w, b = mats[l]
-        own = _agree(g, w, b, gating, ex)
-        others = {m: _agree(g, mats[m][0], mats[m][1], gating, ex) for m in trace.moe_layers if m != l}
+        own = _agree(g, w, b, gating, ex, lbias.get(l))
+        others = {m: _agree(g, mats[m][0], mats[m][1], gating, ex, lbias.get(m)) for m in trace.moe_layers if m != l}
         best = max(others, key=lambda m: (others[m], -m)) if others else None
         if best is not None and others[best] == 1.0 and own < 1.0:
             causes.append(f"layer {l}'s routings match layer {best}'s router matrix (router.parquet rows swapped "
                           "between layers, or the wrong layer's matrix written)")
             continue
-        if w.shape[0] == w.shape[1] and _agree(g, w.T, b, gating, ex) == 1.0:
+        if w.shape[0] == w.shape[1] and _agree(g, w.T, b, gating, ex, lbias.get(l)) == 1.0:
             causes.append(f"layer {l}'s routings match the transpose of its router matrix (stored transposed)")
             continue
         if "logits" in got[l][0]:
@@ -568,8 +579,9 @@ def diagnose_ctrl(trace: Trace, failing: list[int], mats: dict[int, tuple[np.nda
             recomputed = g @ w.astype(np.float64).T
             scale = max(float(np.abs(stored).max()), 1e-30)
             err = float(np.abs(recomputed - stored).max()) / scale
+            biased = stored + lbias[l].astype(np.float64) if l in lbias else stored
             from_stored = float(np.mean([set(a) == set(e) for a, e in zip(
-                top_indices(selection_scores(stored, gating, b), ex.shape[1]).tolist(), ex.tolist())]))
+                top_indices(selection_scores(biased, gating, b), ex.shape[1]).tolist(), ex.tolist())]))
             if err > 1e-3:
                 causes.append(f"layer {l}: recomputed logits differ from the stored logits (max relative error {err:.2g}): "
                               "the gate inputs or the router matrix are not the ones the engine used")

@@ -61,13 +61,13 @@ def naive_evaluate(path, names: list[str], width: int | None = None, phase: str 
     rows = t.routings(cols).to_dicts()
     scored_idx = [i for i, r in enumerate(rows) if _in_phase(r["phase"], phase)]
 
-    router: dict[int, dict[int, tuple[list[float], float]]] = defaultdict(dict)
+    router: dict[int, dict[int, tuple[list[float], float, float]]] = defaultdict(dict)
     if gate_ok:
-        for r in t.router().to_dicts():
-            router[r["layer"]][r["expert"]] = (r["weight"], r["bias"])
+        for r in t.router().to_dicts():  # logit_bias: optional, added to the logits (gpt-oss)
+            router[r["layer"]][r["expert"]] = (r["weight"], r["bias"], r.get("logit_bias", 0.0))
 
     def router_rank(layer: int, g: list[float]) -> list[int]:
-        logits = [sum(gv * wv for gv, wv in zip(g, router[layer][e][0])) for e in range(n_expert)]
+        logits = [sum(gv * wv for gv, wv in zip(g, router[layer][e][0])) + router[layer][e][2] for e in range(n_expert)]
         bias = [router[layer][e][1] for e in range(n_expert)]
         return ranking(selection_values(logits, t.gating, bias))[:rank_w]
 
