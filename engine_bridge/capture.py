@@ -200,10 +200,17 @@ def _catch_signals(stop: _Stop) -> Iterator[None]:
 
 
 class _Rows:
-    """Rows of whole batches not yet handed to the writer (appended in one call per flush)."""
+    """Rows of whole batches not yet handed to the writer (appended in one call per flush).
 
-    def __init__(self, columns: tuple[str, ...]) -> None:
+    ``logit_bias``: {layer: [n_expert] float32} the router adds to its matmul (gpt-oss's
+    ``ffn_gate_inp.bias``). The logits column holds what the router ranks, so the bias is added
+    here to the observed matmul (``ffn_moe_logits``): the same float32 addition the engine's ADD
+    node does, so the values are the engine's, without observing (and splitting the graph at) one
+    more node per layer."""
+
+    def __init__(self, columns: tuple[str, ...], logit_bias: dict[int, np.ndarray] | None = None) -> None:
         self.columns = columns
+        self.logit_bias = logit_bias or {}
         self.chunks: list[dict[str, np.ndarray]] = []
         self.tokens = 0
 
@@ -219,7 +226,8 @@ class _Rows:
             "weights": np.concatenate([caps[l].weights for l in layers]),
         }
         if "logits" in self.columns:
-            d["logits"] = np.concatenate([caps[l].logits for l in layers])
+            d["logits"] = np.concatenate([caps[l].logits + self.logit_bias[l] if l in self.logit_bias else caps[l].logits
+                                          for l in layers])
         if "gate_input" in self.columns:
             d["gate_input"] = np.concatenate([caps[l].gate_input for l in layers])
         self.chunks.append(d)
@@ -276,7 +284,7 @@ def _run(opts: CaptureOptions, static: GgufStatic, hook: MoeHook, engine: Engine
     rng = np.random.default_rng(opts.seed)
     stop = _Stop()
     writer: TraceWriter | None = None
-    rows = _Rows(columns)
+    rows = _Rows(columns, {l: b.astype(np.float32) for l, b in static.logit_bias.items()})
     batch = 0
     pos = 0
     n_dec = 0

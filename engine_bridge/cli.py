@@ -97,7 +97,8 @@ def capture_cmd(
 
 def make_model_cmd(
     out: Path = typer.Argument(..., help="GGUF file to write.", show_default=False),
-    arch: str = typer.Option("qwen3moe", "--arch", help="qwen3moe (softmax, top-k renormalized) | minimax-m2 (sigmoid + selection bias)."),
+    arch: str = typer.Option("qwen3moe", "--arch", help="qwen3moe (softmax, top-k renormalized) | minimax-m2 (sigmoid "
+                             "+ selection bias) | gpt-oss (router logit bias, softmax over the chosen)."),
     layers: int = typer.Option(4, "--layers", help="Layers (all MoE)."),
     experts: int = typer.Option(16, "--experts", help="Experts per layer."),
     top_k: int = typer.Option(4, "--top-k", help="Experts used per token."),

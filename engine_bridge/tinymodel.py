@@ -1,14 +1,19 @@
 """Random-weight MoE GGUF files that llama.cpp loads: for tests, demos and the overhead benchmark.
 
-Two architectures with different selection rules:
+Three architectures with different selection rules:
 
 - ``qwen3moe``: softmax over the router logits, top-k, weights renormalized over the top-k;
 - ``minimax-m2``: sigmoid gating with a per-expert selection bias (``exp_probs_b``) added to the
-  probabilities for ranking only (the weights are the unbiased probabilities, renormalized).
+  probabilities for ranking only (the weights are the unbiased probabilities, renormalized);
+- ``gpt-oss``: a router with a bias (``ffn_gate_inp.bias`` [E], added to the logits), top-k of
+  the biased logits, weights = softmax over the k chosen ("softmax_weight").
 
-Both share qwen3moe's layer layout (RMS norms, GQA attention with Q/K norms, router
+qwen3moe and minimax-m2 share one layer layout (RMS norms, GQA attention with Q/K norms, router
 ``ffn_gate_inp`` [E, D], stacked experts gate/up [E, F, D] and down [E, D, F]); minimax-m2's Q/K
-norms span all heads and it adds ``blk.N.exp_probs_b.bias`` [E]. The tokenizer is a minimal SPM
+norms span all heads and it adds ``blk.N.exp_probs_b.bias`` [E]. gpt-oss has no Q/K norms but
+biases on every projection, per-head attention sinks [H], a post-attention norm, expert biases
+(gate/up [E, F], down [E, D]) and sliding-window attention on every other layer; llama.cpp wants
+its biases and sinks in float32 (float16 ones load, then abort at decode). The tokenizer is a minimal SPM
 vocabulary (``<unk> <s> </s>`` + 256 byte tokens), so any UTF-8 prompt tokenizes (byte fallback).
 Weights are drawn from one seeded generator: the same options give a byte-identical file.
 """
@@ -23,7 +28,7 @@ import numpy as np
 
 from traces.errors import UserError
 
-ARCHS = ("qwen3moe", "minimax-m2")
+ARCHS = ("qwen3moe", "minimax-m2", "gpt-oss")
 WEIGHT_TYPES = ("f32", "f16")
 ROUTER_TYPES = ("f32", "f16", "q8_0")
 
@@ -42,6 +47,7 @@ class TinyModelConfig:
     router_type: str = "f32"  # storage type of ffn_gate_inp (f16 exercises the engine's input rounding)
     weight_type: str = "f16"  # storage type of the other matrices
     bias_scale: float = 0.3  # minimax-m2: spread of the selection bias (sigmoid probs lie in 0..1)
+    router_bias_scale: float = 1.0  # gpt-oss: spread of the router's logit bias (logits spread ~2)
     context: int = 4096
 
     @property
@@ -138,6 +144,8 @@ def _write(path: Path, cfg: TinyModelConfig, gguf) -> None:  # noqa: ANN001 - gg
     w.add_expert_used_count(K)
     if cfg.arch == "minimax-m2":
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    if cfg.arch == "gpt-oss":
+        w.add_sliding_window(128)  # required key; the gating is fixed by the architecture
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if cfg.weight_type == "f16" else gguf.LlamaFileType.ALL_F32)
     w.add_tokenizer_model("llama")
     w.add_tokenizer_pre("default")
@@ -155,6 +163,10 @@ def _write(path: Path, cfg: TinyModelConfig, gguf) -> None:  # noqa: ANN001 - gg
     w.add_tensor("output.weight", mat(V, D))
     qn = H * hd if cfg.arch == "minimax-m2" else hd
     kn = KV * hd if cfg.arch == "minimax-m2" else hd
+
+    def vec(*shape: int, scale: float = 0.1) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)  # biases, sinks: float32 only
+
     for i in range(L):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", ones)
@@ -162,9 +174,17 @@ def _write(path: Path, cfg: TinyModelConfig, gguf) -> None:  # noqa: ANN001 - gg
         w.add_tensor(p + "attn_k.weight", mat(KV * hd, D))
         w.add_tensor(p + "attn_v.weight", mat(KV * hd, D))
         w.add_tensor(p + "attn_output.weight", mat(D, H * hd, scale=0.5))
-        w.add_tensor(p + "attn_q_norm.weight", np.ones(qn, dtype=np.float32))
-        w.add_tensor(p + "attn_k_norm.weight", np.ones(kn, dtype=np.float32))
-        w.add_tensor(p + "ffn_norm.weight", ones)
+        if cfg.arch == "gpt-oss":
+            w.add_tensor(p + "attn_q.bias", vec(H * hd))
+            w.add_tensor(p + "attn_k.bias", vec(KV * hd))
+            w.add_tensor(p + "attn_v.bias", vec(KV * hd))
+            w.add_tensor(p + "attn_output.bias", vec(D))
+            w.add_tensor(p + "attn_sinks.weight", vec(H, scale=1.0))
+            w.add_tensor(p + "post_attention_norm.weight", ones)
+        else:
+            w.add_tensor(p + "attn_q_norm.weight", np.ones(qn, dtype=np.float32))
+            w.add_tensor(p + "attn_k_norm.weight", np.ones(kn, dtype=np.float32))
+            w.add_tensor(p + "ffn_norm.weight", ones)
         # Router: logits with a spread of about 2 so that several experts compete per token.
         router = mat(E, D, scale=2.0, dtype=rt)
         if cfg.router_type == "q8_0":
@@ -177,6 +197,11 @@ def _write(path: Path, cfg: TinyModelConfig, gguf) -> None:  # noqa: ANN001 - gg
         w.add_tensor(p + "ffn_down_exps.weight", mat(E, D, F, scale=0.5))
         if cfg.arch == "minimax-m2":
             w.add_tensor(p + "exp_probs_b.bias", (rng.standard_normal(E) * cfg.bias_scale).astype(np.float32))
+        if cfg.arch == "gpt-oss":
+            w.add_tensor(p + "ffn_gate_inp.bias", vec(E, scale=cfg.router_bias_scale))
+            w.add_tensor(p + "ffn_gate_exps.bias", vec(E, F))
+            w.add_tensor(p + "ffn_up_exps.bias", vec(E, F))
+            w.add_tensor(p + "ffn_down_exps.bias", vec(E, D))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.capture
 PROMPT = "Mixture-of-Experts routers pick a few experts per token; capture what they chose."
 N_DECODE = 20
 UBATCH = 16
+ARCHS = ["qwen3moe", "minimax-m2", "gpt-oss"]
 
 
 def _capture(model, out, **kw):
@@ -41,7 +42,9 @@ def models(tmp_path_factory):
     q = write_tiny_model(d / "qwen.gguf", TinyModelConfig(arch="qwen3moe", layers=4, experts=16, top_k=4, embd=64,
                                                            router_type="f16", seed=1))
     m = write_tiny_model(d / "minimax.gguf", TinyModelConfig(arch="minimax-m2", layers=3, experts=16, top_k=4, embd=64, seed=2))
-    return {"qwen3moe": q, "minimax-m2": m}
+    # gpt-oss: a router logit bias (ffn_gate_inp.bias), softmax over the k chosen logits
+    g = write_tiny_model(d / "gptoss.gguf", TinyModelConfig(arch="gpt-oss", layers=3, experts=16, top_k=4, embd=64, seed=3))
+    return {"qwen3moe": q, "minimax-m2": m, "gpt-oss": g}
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,7 @@ def _wide(trace, name):
     return np.concatenate([fixed_list_to_numpy(t.column(name)) for t in trace.iter_tables([name])])
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "minimax-m2"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_every_layer_and_token_present(traces_full, arch):
     d, res = traces_full[arch]
     t = open_trace(d)
@@ -77,10 +80,12 @@ def test_every_layer_and_token_present(traces_full, arch):
     dec_batches = a.batch[~pre]
     assert np.array_equal(np.unique(dec_batches), res.prefill_batches + np.arange(N_DECODE))
     assert t.token_counts() == {"tokens_prefill": n_prompt, "tokens_decode": N_DECODE}
-    assert all(t.expert_bytes[l] == 3 * 32 * 64 * 2 for l in t.moe_layers)  # gate+up+down, f16, one expert
+    # gate+up+down, f16, one expert; gpt-oss adds its float32 expert biases (gate/up 32, down 64)
+    want = 3 * 32 * 64 * 2 + (4 * (32 + 32 + 64) if arch == "gpt-oss" else 0)
+    assert all(t.expert_bytes[l] == want for l in t.moe_layers)
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "minimax-m2"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_ids_are_topk_of_logits_and_weights_follow_the_rule(traces_full, arch):
     d, res = traces_full[arch]
     t = open_trace(d)
@@ -102,6 +107,34 @@ def test_gating_read_from_the_engine_graph(traces_full):
     m = open_trace(traces_full["minimax-m2"][0]).gating
     assert (q["activation"], q["selection_bias"], q["norm_topk"]) == ("softmax", False, True)
     assert (m["activation"], m["selection_bias"], m["norm_topk"]) == ("sigmoid", True, True)
+    g = open_trace(traces_full["gpt-oss"][0])
+    assert (g.gating["activation"], g.gating["selection_bias"], g.gating["norm_topk"]) == ("softmax_weight", False, False)
+    assert g.meta["router_logit_bias"] is True and g.has_router_logit_bias
+    assert open_trace(traces_full["qwen3moe"][0]).meta["router_logit_bias"] is False
+
+
+def test_router_logit_bias_is_stored_and_changes_the_routing(models, traces_full):
+    """gpt-oss: the logits column holds what the router ranks (matmul + ffn_gate_inp.bias, as the
+    engine adds them); router.parquet stores the bias; ranking without it picks other experts."""
+    from engine_bridge.gguf_static import read_static
+
+    t = open_trace(traces_full["gpt-oss"][0])
+    static = read_static(models["gpt-oss"])
+    lb = t.router_logit_bias()
+    assert set(lb) == set(t.moe_layers)
+    for l in t.moe_layers:
+        np.testing.assert_array_equal(lb[l], static.logit_bias[l])
+    a = t.arrays()
+    logits, gate = _wide(t, "logits"), _wide(t, "gate_input")
+    routers = t.router_matrices()
+    changed = 0
+    for l in t.moe_layers:
+        idx = a.layer == l
+        matmul = gate[idx].astype(np.float64) @ routers[l][0].astype(np.float64).T
+        np.testing.assert_allclose(logits[idx], matmul + lb[l], rtol=0, atol=1e-5)
+        no_bias, _ = select(matmul, t.gating, t.top_k, None)
+        changed += int((no_bias != a.experts[idx]).any(axis=1).sum())
+    assert changed > 0.2 * t.n_rows
 
 
 def test_selection_bias_changes_the_routing(traces_full):
@@ -119,7 +152,7 @@ def test_selection_bias_changes_the_routing(traces_full):
     assert changed > 0.2 * t.n_rows
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "minimax-m2"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_fresh_gate_control_reproduces_routing(traces_full, arch):
     """router.parquet x gate_input, with the engine's input rounding, gives the captured logits and ids."""
     d, res = traces_full[arch]
@@ -127,12 +160,13 @@ def test_fresh_gate_control_reproduces_routing(traces_full, arch):
     a = t.arrays()
     logits, gate = _wide(t, "logits"), _wide(t, "gate_input")
     routers = t.router_matrices()
+    lbias = t.router_logit_bias()  # gpt-oss only
     rounding = t.meta["router_input_rounding"]
     assert rounding == ("f16" if arch == "qwen3moe" else "none")
     for l in t.moe_layers:
         idx = a.layer == l
         W, bias = routers[l]
-        fresh = round_input(gate[idx], rounding).astype(np.float64) @ W.astype(np.float64).T
+        fresh = round_input(gate[idx], rounding).astype(np.float64) @ W.astype(np.float64).T + lbias.get(l, 0.0)
         ref = logits[idx].astype(np.float64)
         assert np.abs(fresh - ref).max() <= 1e-5 * np.abs(ref).max()
         ids, _ = select(fresh, t.gating, t.top_k, bias)
@@ -229,7 +263,7 @@ def test_quantized_router_fresh_gate(tmp_path):
     assert fg["agree"] == fg["rows"] == t.n_rows and fg["logits_within_tol"]
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "minimax-m2"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_ctrl_predictor_reads_100_on_captures(traces_full, arch):
     """The predictor issue's ctrl (router.parquet x gate_input with the engine's input rounding and
     the architecture's selection rule) reproduces every captured routing."""

@@ -555,7 +555,7 @@ def diagnose_ctrl(trace: Trace, failing: list[int], mats: dict[int, tuple[np.nda
         if all(sum(x["experts"].shape[0] for x in got[l]) >= sample for l in failing):
             break
     gating = trace.gating
-    lbias = trace.router_logit_bias()  # {} but for gpt-oss; the stored logits are the unbiased matmul
+    lbias = trace.router_logit_bias()  # {} but for gpt-oss; stored logits include it (what the router ranks)
     causes = []
     for l in failing:
         if not got[l]:
@@ -576,12 +576,11 @@ def diagnose_ctrl(trace: Trace, failing: list[int], mats: dict[int, tuple[np.nda
             continue
         if "logits" in got[l][0]:
             stored = np.concatenate([x["logits"] for x in got[l]]).astype(np.float64)
-            recomputed = g @ w.astype(np.float64).T
+            recomputed = g @ w.astype(np.float64).T + (lbias[l].astype(np.float64) if l in lbias else 0.0)
             scale = max(float(np.abs(stored).max()), 1e-30)
             err = float(np.abs(recomputed - stored).max()) / scale
-            biased = stored + lbias[l].astype(np.float64) if l in lbias else stored
             from_stored = float(np.mean([set(a) == set(e) for a, e in zip(
-                top_indices(selection_scores(biased, gating, b), ex.shape[1]).tolist(), ex.tolist())]))
+                top_indices(selection_scores(stored, gating, b), ex.shape[1]).tolist(), ex.tolist())]))
             if err > 1e-3:
                 causes.append(f"layer {l}: recomputed logits differ from the stored logits (max relative error {err:.2g}): "
                               "the gate inputs or the router matrix are not the ones the engine used")
