@@ -67,6 +67,18 @@ def test_gather_equals_numpy_indexing(tmp_path_factory, data):
     np.testing.assert_array_equal(fresh, want)
 
 
+def test_gather_refuses_rows_outside_the_part(tmp_path):
+    rng = np.random.default_rng(0)
+    plan = _raw_file(tmp_path / "p.bin", rng.standard_normal((5, 3)).astype(np.float32), [4], [1, 2], rng)
+    src = gate._MappedGate(plan)
+    try:
+        for bad in ([5], [-1], [0, 7]):
+            with pytest.raises(IndexError):
+                src.take(np.array(bad))
+    finally:
+        src.close()
+
+
 def test_gather_from_a_parquet_file_with_many_unaligned_pages(tmp_path):
     rng = np.random.default_rng(7)
     width, rows = 13, 300

@@ -245,7 +245,7 @@ class _MappedGate:
     """
 
     def __init__(self, plan: ValuePages) -> None:
-        self.width = plan.width
+        self.width, self.rows = plan.width, plan.rows
         with open(plan.path, "rb", buffering=0) as fh:
             # no MAP_POPULATE: mapping the whole part up front cost ~35 ms per 215 MB part on one
             # thread; left to page faults, the workers that read the rows pay it, side by side
@@ -272,8 +272,11 @@ class _MappedGate:
 
     def _gather(self, rows: np.ndarray, out: np.ndarray) -> np.ndarray:
         if rows.shape[0]:
-            _gather_rows(*self._views, self._starts, self._shift, self._index, self.width,
-                         np.asarray(rows, dtype=np.int64), out)
+            rows = np.asarray(rows, dtype=np.int64)
+            if rows.min() < 0 or rows.max() >= self.rows:  # the kernel does not check bounds
+                bad = int(rows[(rows < 0) | (rows >= self.rows)][0])
+                raise IndexError(f"row {bad} outside the part's {self.rows} rows")
+            _gather_rows(*self._views, self._starts, self._shift, self._index, self.width, rows, out)
         return out
 
     def close(self) -> None:
@@ -292,7 +295,7 @@ def _scratch(n: int, width: int) -> np.ndarray:
     layer's gathered rows stay in that core's cache for its matrix product."""
     buf = getattr(_LOCAL, "buf", None)
     if buf is None or buf.shape[0] < n or buf.shape[1] != width:
-        buf = _LOCAL.buf = np.empty((max(n, 0 if buf is None or buf.shape[1] != width else buf.shape[0]), width))
+        buf = _LOCAL.buf = np.empty((n, width))
     return buf[:n]
 
 
