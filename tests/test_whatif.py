@@ -59,6 +59,46 @@ def test_guard_evicts_a_resident_seen_once(policy):
     assert res.slots[-1, 0] == 2 and res.stats[STAT_SPEC_HITS] == 1  # the prefetched expert was demanded: code 2
 
 
+def _guard_boundary_case(m, k, n):
+    """Three MoE layers, top-1, 4 experts, 3 MiB (layers 0 and 2 always route expert 0 and stay
+    cached, leaving one place for layer 1). Layer 1 routes the candidate (1, 3) in ``m`` batches,
+    a filler (1, 2) in ``k``, the victim (1, 0) in ``n``; then a batch whose layer-1 guess is the
+    candidate. At that speculation (load i = 3B, B = m + k + n) the scores are
+    victim 256 n + 253 (last demand 2 loads ago) and candidate 256 m + 253 - 3 (n + k)."""
+    batches = [[0, 3, 0]] * m + [[0, 2, 0]] * k + [[0, 0, 0]] * n + [[0, 0, 0]]
+    rows = [(b, layer, ex) for b, per_layer in enumerate(batches) for layer, ex in enumerate(per_layer)]
+    R = len(rows)
+    ra = RoutingArrays(
+        turn=np.zeros(R, np.int32), batch=np.array([r[0] for r in rows], np.int32), phase=np.ones(R, np.int8),
+        step=np.array([r[0] for r in rows], np.int32), layer=np.array([r[1] for r in rows], np.int16),
+        experts=np.array([[r[2]] for r in rows], np.int32), weights=np.ones((R, 1), np.float32),
+    )
+    loads = prepare_loads(ra, [0, 1, 2], 4, np.array([MIB, MIB, MIB]))
+    pred = np.full((R, 1), -1, np.int32)
+    pred[R - 2, 0] = 1 * 4 + 3  # the last batch's layer-1 row names the candidate
+    sv = 256 * n + 253
+    threshold = sv + sv // 4 + 4 * 256
+    return loads, pred, 256 * m + max(0, 253 - 3 * (n + k)) - threshold, rows
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfru"])
+@pytest.mark.parametrize("m, k, n, admitted", [(11, 38, 5, True), (7, 20, 2, False)])
+def test_guard_boundary_is_inclusive(policy, m, k, n, admitted):
+    """score(candidate) == score(v) + score(v) // 4 + 1024 exactly: admitted; one less: refused
+    (the naive twin, written from the same sentence, agrees on both)."""
+    from tests.naive.whatif import naive_whatif
+
+    loads, pred, margin, rows = _guard_boundary_case(m, k, n)
+    assert margin == (0 if admitted else -1)
+    res = replay(loads, policy, 3.0, slots=True, pred=pred, fill=True, guard=True)
+    assert (res.stats[STAT_SPEC_FILLS], res.stats[STAT_SPEC_REFUSED]) == ((1, 0) if admitted else (0, 1))
+    want = naive_whatif([(b, 1, layer, [ex]) for b, layer, ex in rows], [0, 1, 2], 4, {0: MIB, 1: MIB, 2: MIB},
+                        policy, 3 * MIB, preds=[[3] if i == len(rows) - 2 else [None] for i in range(len(rows))],
+                        fill=True, guard=True)
+    st = want["stats"]
+    assert (st.get("spec_fills", 0), st.get("spec_refused", 0)) == ((1, 0) if admitted else (0, 1))
+
+
 def test_demand_fill_is_never_refused():
     # a warm resident is evicted by a demand miss, guard or not
     loads = _loads([[0, 0], [0, 0], [0, 3]])
