@@ -116,7 +116,7 @@ def main() -> None:
     ensure_trace(path, a.tokens, a.layers, a.embd, a.experts)
 
     from replay.predict import evaluate
-    from replay.predictors.gate import warm_up
+    from replay.predictors.gate import _workers, warm_up
     from traces import open_trace
 
     warm_up()
@@ -147,7 +147,7 @@ def main() -> None:
     print(f"floor         numpy matmul of the same shapes, data in memory, the faster of two schedules: {floor:.2f} s "
           f"({flops / floor / 1e9:.1f} GFLOP/s)")
     print(f"  one by one, multi-threaded BLAS:              runs {', '.join(f'{x:.2f}' for x in floors)} s")
-    print(f"  {_workers_n()} threads side by side, 1-thread BLAS each: runs {', '.join(f'{x:.2f}' for x in floors_t)} s")
+    print(f"  {_workers()} threads side by side, 1-thread BLAS each: runs {', '.join(f'{x:.2f}' for x in floors_t)} s")
     print(f"read only     gathering the gate inputs, 1 thread, no compute: {min(reads):.2f} s "
           f"(runs {', '.join(f'{x:.2f}' for x in reads)}; {gate_bytes / GIB / min(reads):.2f} GiB/s)")
     print(f"stale-gate    evaluate(trace, ['stale-gate']) end to end: {ev:.2f} s "
@@ -157,12 +157,6 @@ def main() -> None:
           "of gate inputs: streamed")
     print(f"result        stale-gate[1] slot acc {ov['slot_acc_pct']:.2f}%, whole {ov['whole_acc_pct']:.2f}%, "
           f"scored {ov['scored']:,}, unscored {ov['unscored']:,}")
-
-
-def _workers_n() -> int:
-    from replay.predictors.gate import _workers
-
-    return _workers()
 
 
 if __name__ == "__main__":
