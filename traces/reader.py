@@ -219,16 +219,9 @@ class Trace:
         if not self.has_router:
             return {}
         t = read_part(self.path / ROUTER_FILE, ["layer", "expert", "weight", "bias"], fast=("weight",))
-        layer = t.column("layer").to_numpy()
-        expert = t.column("expert").to_numpy()
-        w = fixed_list_to_numpy(t.column("weight")).astype(np.float32, copy=False)
-        b = t.column("bias").to_numpy().astype(np.float32, copy=False)
-        out = {}
-        for l in np.unique(layer):
-            sel = np.flatnonzero(layer == l)
-            order = sel[np.argsort(expert[sel], kind="stable")]
-            out[int(l)] = (np.ascontiguousarray(w[order]), np.ascontiguousarray(b[order]))
-        return out
+        w = _router_by_layer(t, fixed_list_to_numpy(t.column("weight")))
+        b = _router_by_layer(t, t.column("bias").to_numpy())
+        return {l: (w[l], b[l]) for l in w}
 
     @property
     def has_router_logit_bias(self) -> bool:
@@ -241,13 +234,7 @@ class Trace:
         if not self.has_router_logit_bias:
             return {}
         t = pq.read_table(self.path / ROUTER_FILE, columns=["layer", "expert", "logit_bias"])
-        layer, expert = t.column("layer").to_numpy(), t.column("expert").to_numpy()
-        lb = t.column("logit_bias").to_numpy().astype(np.float32, copy=False)
-        out = {}
-        for l in np.unique(layer):
-            sel = np.flatnonzero(layer == l)
-            out[int(l)] = np.ascontiguousarray(lb[sel[np.argsort(expert[sel], kind="stable")]])
-        return out
+        return _router_by_layer(t, t.column("logit_bias").to_numpy())
 
     def metrics(self) -> pl.DataFrame | None:
         """The engine's recorded per-token metrics (metrics.parquet), or None."""
@@ -405,6 +392,17 @@ def _check_rows(trace: Trace) -> None:
             raise _fail(part, str(e)) from None
 
 
+def _router_by_layer(t: pa.Table, values: np.ndarray) -> dict[int, np.ndarray]:
+    """{layer: ``values``' rows of that layer in expert order, float32} for a router.parquet table."""
+    layer, expert = t.column("layer").to_numpy(), t.column("expert").to_numpy()
+    values = values.astype(np.float32, copy=False)
+    out = {}
+    for l in np.unique(layer):
+        sel = np.flatnonzero(layer == l)
+        out[int(l)] = np.ascontiguousarray(values[sel[np.argsort(expert[sel], kind="stable")]])
+    return out
+
+
 def _check_router(trace: Trace) -> None:
     path = trace.path / ROUTER_FILE
     try:
@@ -426,9 +424,9 @@ def _check_router(trace: Trace) -> None:
     for f in want:
         if f.name not in got.names or not got.field(f.name).type.equals(f.type):
             raise _fail(path, f"column {f.name} is missing or not {f.type}")
-    if "logit_bias" in got.names and not got.field("logit_bias").type.equals(pa.float32()):
-        raise _fail(path, "column logit_bias (optional) is not float32")
     if "logit_bias" in got.names:
+        if not got.field("logit_bias").type.equals(pa.float32()):
+            raise _fail(path, "column logit_bias (optional) is not float32")
         lb = pf.read(columns=["logit_bias"]).column("logit_bias")
         if lb.null_count or not np.isfinite(lb.to_numpy(zero_copy_only=False)).all():
             raise _fail(path, "column logit_bias holds a null, NaN or infinite value")
