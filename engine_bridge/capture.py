@@ -6,12 +6,16 @@ files are closed every ``tokens_per_part`` tokens, so an interrupted capture kee
 up to the last closed part -- and Ctrl-C / SIGTERM are caught between ``llama_decode`` calls, so
 the rows still buffered are flushed too and the trace is closed with ``complete: false``.
 
-Everything that can be wrong with the input is checked before the output directory exists.
+Everything that can be wrong with the input is checked before the output directory exists and
+before llama.cpp sees it (:func:`validate`): llama.cpp aborts the process (``GGML_ASSERT``) on
+inputs a Python caller would want refused. The prompt is tokenized first, with the vocabulary alone
+(no weights, no context), and the context sized from tokens: prompt tokens + decoded tokens.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import tempfile
@@ -24,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from engine_bridge.checks import checks_passed, run_checks
-from engine_bridge.engine import Engine, EngineOptions, engine_version, import_llama_cpp
+from engine_bridge.engine import MAX_PROMPT_BYTES, MAX_THREADS, Engine, EngineOptions, Vocab, engine_version, require_capture_extra
 from engine_bridge.gguf_static import GgufStatic, read_static
 from engine_bridge.hook import GraphShape, LayerCapture, MoeHook
 from traces.atomic import check_output_dir
@@ -74,21 +78,49 @@ class CaptureResult:
         return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 and self.prompt_tokens else None
 
 
-def validate(opts: CaptureOptions) -> GgufStatic:
-    """Every check that needs no engine: returns the GGUF's static data. Raises UserError."""
+@dataclass
+class CapturePlan:
+    """What :func:`validate` established: the model's static data, the prompt's tokens and the sizes
+    the context is created with (every one checked against what llama.cpp accepts)."""
+
+    static: GgufStatic
+    tokens: list[int]
+    n_ctx: int  # positions the run reaches: prompt tokens + decoded tokens
+    n_ctx_train: int  # the model's training context (0: the GGUF does not say)
+    ubatch: int  # the compute batch the prompt is split into: min(--ubatch, prompt tokens)
+    n_vocab: int
+
+    @property
+    def prefill_batches(self) -> int:
+        return -(-len(self.tokens) // self.ubatch)
+
+
+def _check_options(opts: CaptureOptions) -> None:
     if not opts.prompt or not opts.prompt.strip():
         raise UserError("the prompt is empty (give --prompt TEXT or a non-empty --prompt-file).")
+    if len(opts.prompt.encode("utf-8")) > MAX_PROMPT_BYTES:
+        raise UserError(f"the prompt is longer than llama.cpp can tokenize ({MAX_PROMPT_BYTES} bytes).")
     if opts.n_decode < 0:
         raise UserError("-n must be 0 or more (the number of tokens to decode after the prompt).")
     if opts.ubatch < 1:
         raise UserError("--ubatch must be at least 1.")
-    if opts.threads is not None and opts.threads < 1:
-        raise UserError("--threads must be at least 1.")
+    if opts.threads is not None and not 1 <= opts.threads <= MAX_THREADS:
+        raise UserError(f"--threads must be between 1 and {MAX_THREADS} (ggml's limit).")
     if opts.tokens_per_part < 1:
         raise UserError("--part-tokens must be at least 1.")
-    if opts.temp < 0:
-        raise UserError("--temp must be 0 (greedy) or positive.")
-    static = read_static(opts.model)
+    if not math.isfinite(opts.temp) or opts.temp < 0:
+        raise UserError("--temp must be 0 (greedy) or a finite positive number.")
+    if opts.seed < 0:
+        raise UserError("--seed must be 0 or more.")
+
+
+def validate(opts: CaptureOptions, static: GgufStatic | None = None) -> CapturePlan:
+    """Every check that needs no context: options, the GGUF, the output directory, then the prompt
+    tokenized with the model's vocabulary and the sizes planned from its tokens. Raises UserError;
+    writes nothing."""
+    require_capture_extra("capture")
+    _check_options(opts)
+    static = static or read_static(opts.model)
     if opts.n_expert_used is not None and not 1 <= opts.n_expert_used <= static.n_expert:
         raise UserError(f"--n-expert-used {opts.n_expert_used} is out of range: {static.name} has {static.n_expert} experts "
                         f"(native top-k {static.top_k_native}); give 1..{static.n_expert}.")
@@ -98,8 +130,28 @@ def validate(opts: CaptureOptions) -> GgufStatic:
         raise UserError(f"{out}: output directory exists and is not empty (choose a new --out).")
     out = check_output_dir(out, force=False)
     _probe_writable(out)
-    import_llama_cpp()
-    return static
+    return _plan(opts, static)
+
+
+def _plan(opts: CaptureOptions, static: GgufStatic) -> CapturePlan:
+    """Tokenize with the vocabulary alone and size the run from tokens."""
+    model = opts.model
+    with Vocab(model, verbose=opts.verbose) as vocab:
+        if not vocab.has_tokenizer:
+            raise UserError(f"{model}: the model has no tokenizer (tokenizer.ggml.model is none), so a text prompt "
+                            "cannot be turned into tokens.")
+        tokens = vocab.tokenize(opts.prompt)
+        n_vocab = vocab.n_vocab
+    if not tokens:
+        raise UserError(f"the prompt tokenizes to no tokens with {model}'s tokenizer.")
+    bad = [t for t in tokens if not 0 <= t < n_vocab]
+    if bad:
+        raise UserError(f"{model}: its tokenizer produced token id {bad[0]}, outside its vocabulary of {n_vocab} tokens.")
+    n_ctx = len(tokens) + opts.n_decode
+    n_ctx_train = static.n_ctx_train
+    _check_context(opts, len(tokens), n_ctx_train)
+    return CapturePlan(static=static, tokens=tokens, n_ctx=n_ctx, n_ctx_train=n_ctx_train,
+                       ubatch=min(opts.ubatch, len(tokens)), n_vocab=n_vocab)
 
 
 def _probe_writable(out: Path) -> None:
@@ -135,7 +187,15 @@ def gating_from_graph(shape: GraphShape, static: GgufStatic) -> dict[str, Any]:
     }
 
 
-def build_meta(static: GgufStatic, shape: GraphShape, top_k: int, opts: CaptureOptions, n_prompt: int) -> dict[str, Any]:
+def _check_context(opts: CaptureOptions, n_prompt: int, n_ctx_train: int) -> None:
+    n_ctx = n_prompt + opts.n_decode
+    limit = n_ctx_train if n_ctx_train > 0 else 2**31 - 1
+    if n_ctx > limit:
+        raise UserError(f"the prompt ({n_prompt} tokens) plus -n {opts.n_decode} needs a context of {n_ctx} tokens, more "
+                        f"than {opts.model}'s training context of {limit}; shorten the prompt or lower -n.")
+
+
+def build_meta(static: GgufStatic, shape: GraphShape, top_k: int, opts: CaptureOptions, plan: CapturePlan) -> dict[str, Any]:
     from replay import __version__ as tool_version
 
     stored = sorted(set(static.router_type.values()))
@@ -166,7 +226,8 @@ def build_meta(static: GgufStatic, shape: GraphShape, top_k: int, opts: CaptureO
             "gguf_gating_keys": static.keys,
             "graph_nodes_seen": sorted(shape.names),
             "capture": {
-                "prompt_tokens": n_prompt, "decode_tokens_requested": opts.n_decode, "ubatch": opts.ubatch,
+                "prompt_tokens": len(plan.tokens), "decode_tokens_requested": opts.n_decode, "ubatch": plan.ubatch,
+                "ubatch_requested": opts.ubatch, "n_ctx": plan.n_ctx, "n_ctx_train": plan.n_ctx_train,
                 "threads": opts.threads, "seed": opts.seed, "temp": opts.temp, "ignore_eos": opts.ignore_eos,
                 "n_expert_used": opts.n_expert_used, "columns_logits": opts.logits, "columns_gate_input": opts.gate_input,
             },
@@ -256,29 +317,31 @@ def _check_batch(caps: dict[int, LayerCapture], layers: list[int], n_tok: int, o
             raise RuntimeError(f"layer {l}: the router logits node (ffn_moe_logits) was not observed")
 
 
-def capture(opts: CaptureOptions, static: GgufStatic | None = None,
-            progress: Callable[[int, str], None] | None = None) -> CaptureResult:
-    """Run the capture described by ``opts`` into the new directory ``opts.out``."""
-    static = static or validate(opts)
+def capture(opts: CaptureOptions, plan: CapturePlan | None = None,
+            progress: Callable[[int, str], None] | None = None, *, static: GgufStatic | None = None) -> CaptureResult:
+    """Run the capture described by ``opts`` into the new directory ``opts.out``.
+
+    ``plan``: what :func:`validate` returned (validated here when not given; ``static`` saves
+    re-reading the GGUF)."""
+    plan = plan or validate(opts, static)
+    static = plan.static
     columns = tuple(c for c, on in (("logits", opts.logits), ("gate_input", opts.gate_input)) if on)
     hook = MoeHook(static.n_layer, observe_logits=bool(columns), want_logits=opts.logits, want_gate_input=opts.gate_input)
-    eopts = EngineOptions(n_ctx=0, ubatch=opts.ubatch, threads=opts.threads, n_expert_used=opts.n_expert_used,
+    # The context holds exactly the positions the run reaches; one llama_decode = one ubatch.
+    eopts = EngineOptions(n_ctx=plan.n_ctx, ubatch=plan.ubatch, threads=opts.threads, n_expert_used=opts.n_expert_used,
                           arch=static.arch, verbose=opts.verbose)
-    # Tokenize with a throwaway context size first? No: the context needs n_ctx >= prompt + decode,
-    # and the tokenizer needs only the vocabulary, so load once with a generous size.
-    eopts.n_ctx = max(64, len(opts.prompt.encode("utf-8")) + 8 + opts.n_decode + 8)
     engine = Engine(opts.model, eopts, hook.callback)
     try:
-        tokens = engine.tokenize(opts.prompt)
-        if not tokens:
-            raise UserError("the prompt tokenizes to no tokens.")
-        return _run(opts, static, hook, engine, tokens, columns, progress)
+        # The training context as llama.cpp itself read it, once more before anything is written.
+        _check_context(opts, len(plan.tokens), engine.n_ctx_train)
+        return _run(opts, plan, hook, engine, columns, progress)
     finally:
         engine.close()
 
 
-def _run(opts: CaptureOptions, static: GgufStatic, hook: MoeHook, engine: Engine, tokens: list[int],
+def _run(opts: CaptureOptions, plan: CapturePlan, hook: MoeHook, engine: Engine,
          columns: tuple[str, ...], progress: Callable[[int, str], None] | None) -> CaptureResult:
+    static, tokens, ubatch = plan.static, plan.tokens, plan.ubatch
     out = Path(opts.out)
     layers = static.moe_layers
     rng = np.random.default_rng(opts.seed)
@@ -293,7 +356,7 @@ def _run(opts: CaptureOptions, static: GgufStatic, hook: MoeHook, engine: Engine
     generated: list[int] = []
 
     def open_writer(top_k: int) -> TraceWriter:
-        meta = build_meta(static, hook.shape, top_k, opts, len(tokens))
+        meta = build_meta(static, hook.shape, top_k, opts, plan)
         out.mkdir(parents=False, exist_ok=True)
         w = TraceWriter(out, meta, columns=columns, tokens_per_part=opts.tokens_per_part)
         lay = np.repeat(np.asarray(layers), static.n_expert)
@@ -309,10 +372,10 @@ def _run(opts: CaptureOptions, static: GgufStatic, hook: MoeHook, engine: Engine
     try:
         with _catch_signals(stop):
             logits_vocab = None
-            for start in range(0, len(tokens), opts.ubatch):
+            for start in range(0, len(tokens), ubatch):
                 if stop.signal is not None:
                     break
-                chunk = tokens[start:start + opts.ubatch]
+                chunk = tokens[start:start + ubatch]
                 t0 = time.perf_counter()
                 logits_vocab = engine.decode(chunk, pos)
                 caps = hook.take()
@@ -361,7 +424,7 @@ def _run(opts: CaptureOptions, static: GgufStatic, hook: MoeHook, engine: Engine
     n_prompt_done = min(pos, len(tokens))
     writer.update_meta(
         capture_summary={
-            "prompt_tokens": n_prompt_done, "decode_tokens": n_dec, "prefill_batches": -(-n_prompt_done // opts.ubatch),
+            "prompt_tokens": n_prompt_done, "decode_tokens": n_dec, "prefill_batches": -(-n_prompt_done // ubatch),
             "stop_reason": stop_reason, "generated_text": "".join(engine.piece(t) for t in generated),
             "observed_nodes": hook.observed,
         }
@@ -371,7 +434,7 @@ def _run(opts: CaptureOptions, static: GgufStatic, hook: MoeHook, engine: Engine
     writer.update_meta(checks=checks)
     return CaptureResult(
         out=out, complete=complete, prompt_tokens=n_prompt_done, decode_tokens=n_dec,
-        prefill_batches=-(-n_prompt_done // opts.ubatch), prefill_s=prefill_s, decode_s=decode_s, checks=checks,
+        prefill_batches=-(-n_prompt_done // ubatch), prefill_s=prefill_s, decode_s=decode_s, checks=checks,
         meta=writer.meta, stop_reason=stop_reason,
     )
 

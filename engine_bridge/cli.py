@@ -1,6 +1,8 @@
 """``moe-replay capture`` and ``moe-replay make-model``: thin typer verbs over engine_bridge.
 
 Registered through the ``moe_replay.commands`` entry point (replay never imports engine_bridge).
+This module imports nothing of the capture extra (llama_cpp, gguf) at import time, so the verbs are
+always registered and a missing extra is reported by the verb itself, naming what to install.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ def capture_cmd(
     model: Path = typer.Argument(..., help="A GGUF Mixture-of-Experts model file.", show_default=False),
     prompt: str | None = typer.Option(None, "--prompt", help="Prompt text."),
     prompt_file: Path | None = typer.Option(None, "--prompt-file", help="Read the prompt from this UTF-8 file."),
-    n_decode: int = typer.Option(64, "-n", "--n-decode", help="Tokens to decode after the prompt (each one is a batch)."),
+    n_decode: int = typer.Option(64, "-n", "--n-decode", help="Tokens to decode after the prompt (each one is a batch); "
+                                 "prompt tokens + this must fit the model's training context."),
     out: Path = typer.Option(..., "--out", help="Trace directory to create (must not exist or be empty).", show_default=False),
     no_logits: bool = typer.Option(False, "--no-logits", help="Do not record the router logits column."),
     no_gate_input: bool = typer.Option(False, "--no-gate-input", help="Do not record the router input (gate_input) column."),
     n_expert_used: int | None = typer.Option(None, "--n-expert-used", help="Override the model's top-k (1..n_expert)."),
-    ubatch: int = typer.Option(512, "--ubatch", help="Compute batch size: the prompt is split into batches of this many tokens."),
+    ubatch: int = typer.Option(512, "--ubatch", help="Compute batch (ubatch) size in tokens: the prompt is split into batches "
+                               "of this many tokens, each one llama_decode call and one batch of the trace (n_batch = n_ubatch)."),
     threads: int | None = typer.Option(None, "--threads", help="CPU threads (default: llama.cpp's)."),
     seed: int = typer.Option(0, "--seed", help="Seed for sampling when --temp > 0."),
     temp: float = typer.Option(0.0, "--temp", help="Sampling temperature; 0 = greedy (default)."),
@@ -37,7 +41,14 @@ def capture_cmd(
     verbose: bool = typer.Option(False, "--verbose", help="Show llama.cpp's own log."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
 ) -> None:
-    """Run MODEL on a prompt through llama.cpp and record every MoE layer's routing as a v1 trace."""
+    """Run MODEL on a prompt through llama.cpp and record every MoE layer's routing as a v1 trace.
+
+    The prompt is tokenized first (with the model's vocabulary alone) and checked before llama.cpp
+    runs: the context holds exactly the prompt tokens + -n, which must fit the model's training
+    context. The prompt is computed in batches of --ubatch tokens, each one batch of the trace."""
+    from engine_bridge.engine import require_capture_extra
+
+    require_capture_extra("capture")  # before any file is looked at: name the extra, not a module
     from engine_bridge.capture import CaptureOptions, capture, validate
     from engine_bridge.checks import summary_line
     from replay.output import json_object, progress
@@ -57,15 +68,15 @@ def capture_cmd(
         temp=temp, ignore_eos=ignore_eos, tokens_per_part=part_tokens, verbose=verbose,
         prompt_source=str(prompt_file) if prompt_file else None,
     )
-    static = validate(opts)
-    bar = progress(None, "capture", unit="tok")
+    plan = validate(opts)
+    bar = progress(len(plan.tokens) + n_decode, "capture", unit="tok")
 
     def tick(n: int, phase: str) -> None:
         bar.set_postfix_str(phase, refresh=False)
         bar.update(n)
 
     try:
-        res = capture(opts, static=static, progress=tick)
+        res = capture(opts, plan=plan, progress=tick)
     finally:
         bar.close()
     row = {
@@ -81,7 +92,7 @@ def capture_cmd(
         state = "complete" if res.complete else f"INCOMPLETE ({res.stop_reason})"
         typer.echo(f"wrote {out} [{state}]: {m['name']} ({m['arch']}), {len(m['moe_layers'])} MoE layers x "
                    f"{m['n_expert']} experts, top-k {m['top_k']}; {res.prompt_tokens} prompt tokens in "
-                   f"{res.prefill_batches} batches + {res.decode_tokens} decoded tokens")
+                   f"{res.prefill_batches} batches of up to {plan.ubatch} + {res.decode_tokens} decoded tokens")
         dec = f"{res.decode_tok_s:.1f} tok/s" if res.decode_tok_s else "-"
         pre = f"{res.prefill_tok_s:.1f} tok/s" if res.prefill_tok_s else "-"
         typer.echo(f"speed with capture on (includes the capture's own cost): prefill {pre}, decode {dec}")
@@ -106,14 +117,19 @@ def make_model_cmd(
     expert_ff: int | None = typer.Option(None, "--expert-ff", help="Expert hidden width (default embd/2)."),
     router_type: str = typer.Option("f32", "--router-type", help="Storage of the router matrices: f32 | f16 | q8_0."),
     weight_type: str = typer.Option("f16", "--weight-type", help="Storage of the other matrices: f32 | f16."),
+    context: int = typer.Option(4096, "--context", help="Training context in tokens (<arch>.context_length): "
+                                "capture refuses prompt tokens + -n beyond it."),
     seed: int = typer.Option(0, "--seed"),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
 ) -> None:
     """Write a random-weight MoE GGUF that llama.cpp loads (tests, demos, benchmarks)."""
+    from engine_bridge.engine import require_capture_extra
+
+    require_capture_extra("make-model", llama=False)  # gguf-py writes the file
     from engine_bridge.tinymodel import TinyModelConfig, write_tiny_model
 
     cfg = TinyModelConfig(arch=arch, layers=layers, experts=experts, top_k=top_k, embd=embd, expert_ff=expert_ff,
-                          router_type=router_type, weight_type=weight_type, seed=seed)
+                          router_type=router_type, weight_type=weight_type, seed=seed, context=context)
     write_tiny_model(out, cfg, force=force)
     typer.echo(f"wrote {out}: {arch}, {layers} layers x {experts} experts, top-k {top_k}, embd {embd}, "
-               f"expert ff {cfg.ff}, router {router_type}, seed {seed} ({out.stat().st_size} bytes)")
+               f"expert ff {cfg.ff}, router {router_type}, context {context}, seed {seed} ({out.stat().st_size} bytes)")

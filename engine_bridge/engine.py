@@ -5,6 +5,11 @@ callback of a :class:`engine_bridge.hook.MoeHook`, one ``llama_decode`` per comp
 (n_batch = n_ubatch, so one call is one ubatch and one graph), logits requested for every token
 (otherwise the last layer computes only the rows whose output is requested and its routing would
 be missing for the others).
+
+:class:`Vocab` loads the vocabulary and hyperparameters alone (``vocab_only``, no weights), so the
+prompt is tokenized and every size checked before a context exists: llama.cpp aborts the whole
+process (``GGML_ASSERT``) on a batch larger than its ``n_batch`` or a vocabulary it cannot tokenize
+with, where a Python caller would want an error.
 """
 
 from __future__ import annotations
@@ -22,15 +27,42 @@ from traces.errors import UserError
 PINNED_VERSION = "0.3.36"
 
 
-def import_llama_cpp() -> Any:
+PINNED_GGUF = "0.19.0"
+LLAMA_VOCAB_TYPE_NONE = 0
+MAX_THREADS = 512  # GGML_MAX_N_THREADS
+_EXTRA = "pip install 'moe-replay[capture]'"
+
+
+def _missing_extra(command: str, module: str) -> UserError:
+    return UserError(f"{command} needs the capture extra, which is not installed (no module {module!r}): run {_EXTRA} "
+                     "(it builds llama.cpp from source, about 8 minutes on 2 cores).")
+
+
+def import_llama_cpp(command: str = "capture") -> Any:
     try:
         import llama_cpp
     except ImportError:
-        raise UserError(
-            "capture needs llama-cpp-python (pip install 'moe-replay[capture]', which builds llama.cpp from source, "
-            "about 8 minutes on 2 cores)."
-        ) from None
+        raise _missing_extra(command, "llama_cpp") from None
+    except (OSError, RuntimeError) as e:  # the package is there but its shared library does not load
+        raise UserError(f"{command}: llama-cpp-python is installed but its llama.cpp library does not load "
+                        f"({str(e)[:160]}); reinstall it with {_EXTRA}.") from None
     return llama_cpp
+
+
+def import_gguf(command: str = "capture") -> Any:
+    try:
+        import gguf
+    except ImportError:
+        raise _missing_extra(command, "gguf") from None
+    return gguf
+
+
+def require_capture_extra(command: str, llama: bool = True) -> None:
+    """Refuse at once, before any file is looked at, when the capture extra is missing: the
+    command names the extra to install instead of failing later on an import deep inside."""
+    import_gguf(command)
+    if llama:
+        import_llama_cpp(command)
 
 
 def engine_version() -> dict[str, str]:
@@ -92,16 +124,83 @@ class EngineOptions:
     verbose: bool = False
 
 
-class Engine:
-    """A loaded model and a context whose eval callback is ``callback`` (kept referenced here)."""
+def _log_sink(lc: Any, verbose: bool) -> _LogSink:
+    global _SINK
+    if _SINK is None:
+        _SINK = _LogSink(lc, verbose)
+    _SINK.echo = verbose
+    return _SINK
 
-    def __init__(self, model_path: str, opts: EngineOptions, callback: Any | None) -> None:
-        global _SINK
+
+def _tokenize(lc: Any, vocab: Any, text: str) -> list[int]:
+    raw = text.encode("utf-8")
+    cap = len(raw) + 16
+    buf = (lc.llama_token * cap)()
+    n = lc.llama_tokenize(vocab, raw, len(raw), buf, cap, True, False)
+    if n < 0:
+        cap = -n
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(vocab, raw, len(raw), buf, cap, True, False)
+    return list(buf[:n])
+
+
+MAX_PROMPT_BYTES = 2**31 - 64  # llama_tokenize takes the text length as int32
+
+
+class Vocab:
+    """The model's vocabulary, loaded without weights (``vocab_only``): enough to tokenize the
+    prompt before any context or output exists. An architecture llama.cpp does not know fails here,
+    with its own last log line. (A vocab-only model reports no hyperparameters: its
+    ``llama_model_n_ctx_train`` is 0, so the training context comes from the GGUF key.)"""
+
+    def __init__(self, model_path: str, verbose: bool = False) -> None:
         lc = import_llama_cpp()
         self.lc = lc
-        if _SINK is None:
-            _SINK = _LogSink(lc, opts.verbose)
-        self.sink = _SINK
+        self.sink = _log_sink(lc, verbose)
+        lc.llama_backend_init()
+        mp = lc.llama_model_default_params()
+        mp.vocab_only = True
+        self.model = lc.llama_model_load_from_file(str(model_path).encode(), mp)
+        if not self.model:
+            raise UserError(f"{model_path}: llama.cpp could not load the model ({self.sink.last_error()}).")
+        self.vocab = lc.llama_model_get_vocab(self.model)
+        self.type = int(lc.llama_vocab_type(self.vocab))
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
+
+    @property
+    def has_tokenizer(self) -> bool:
+        """False for a GGUF whose tokenizer.ggml.model is "none": llama.cpp asserts on tokenizing."""
+        return self.type != LLAMA_VOCAB_TYPE_NONE and self.n_vocab > 0
+
+    def tokenize(self, text: str) -> list[int]:
+        if not self.has_tokenizer:
+            raise RuntimeError("the model has no tokenizer")
+        return _tokenize(self.lc, self.vocab, text)
+
+    def close(self) -> None:
+        if getattr(self, "model", None):
+            self.lc.llama_model_free(self.model)
+            self.model = None
+
+    def __enter__(self) -> Vocab:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Engine:
+    """A loaded model and a context whose eval callback is ``callback`` (kept referenced here).
+
+    ``opts.n_ctx`` must cover every position the run will decode and ``opts.ubatch`` the largest
+    batch it will pass to :meth:`decode` (the capture plans both from the tokenized prompt); the
+    context's own n_batch / n_ubatch are read back and :meth:`decode` refuses, as a Python error,
+    any batch llama.cpp would abort on."""
+
+    def __init__(self, model_path: str, opts: EngineOptions, callback: Any | None) -> None:
+        lc = import_llama_cpp()
+        self.lc = lc
+        self.sink = _log_sink(lc, opts.verbose)
         lc.llama_backend_init()
         mp = lc.llama_model_default_params()
         self._overrides = None
@@ -134,20 +233,19 @@ class Engine:
             raise UserError(f"{model_path}: llama.cpp could not create a context ({self.sink.last_error()}).")
         self.vocab = lc.llama_model_get_vocab(self.model)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = int(lc.llama_model_n_ctx_train(self.model))
         self.ubatch = opts.ubatch
         self._batch = lc.llama_batch_init(opts.ubatch, 0, 1)
         self.threads = int(cp.n_threads)
+        # What the context really took (llama.cpp clamps n_batch to n_ctx and n_ubatch to n_batch).
+        self.n_ctx = int(lc.llama_n_ctx(self.ctx))
+        self.n_batch = int(lc.llama_n_batch(self.ctx))
+        self.n_ubatch = int(lc.llama_n_ubatch(self.ctx))
 
     def tokenize(self, text: str) -> list[int]:
-        raw = text.encode("utf-8")
-        cap = len(raw) + 16
-        buf = (self.lc.llama_token * cap)()
-        n = self.lc.llama_tokenize(self.vocab, raw, len(raw), buf, cap, True, False)
-        if n < 0:
-            cap = -n
-            buf = (self.lc.llama_token * cap)()
-            n = self.lc.llama_tokenize(self.vocab, raw, len(raw), buf, cap, True, False)
-        return list(buf[:n])
+        if int(self.lc.llama_vocab_type(self.vocab)) == LLAMA_VOCAB_TYPE_NONE:
+            raise RuntimeError("the model has no tokenizer")
+        return _tokenize(self.lc, self.vocab, text)
 
     def is_eog(self, token: int) -> bool:
         return bool(self.lc.llama_vocab_is_eog(self.vocab, token))
@@ -161,6 +259,15 @@ class Engine:
         """Run one compute batch (``len(tokens)`` <= ubatch) at positions pos0.. with output for
         every token; return the vocabulary logits of the last token (float32 copy)."""
         n = len(tokens)
+        # Each of these would be a GGML_ASSERT (process abort) or a silent misuse inside llama.cpp.
+        if not 1 <= n <= min(self.ubatch, self.n_batch, self.n_ubatch):
+            raise RuntimeError(f"a batch of {n} tokens does not fit the context (ubatch {self.ubatch}, n_batch "
+                               f"{self.n_batch}, n_ubatch {self.n_ubatch})")
+        if pos0 < 0 or pos0 + n > self.n_ctx:
+            raise RuntimeError(f"positions {pos0}..{pos0 + n - 1} lie outside the context of {self.n_ctx}")
+        bad = [t for t in tokens if not 0 <= t < self.n_vocab]
+        if bad:
+            raise RuntimeError(f"token id {bad[0]} is outside the vocabulary of {self.n_vocab}")
         b = self._batch
         b.n_tokens = n
         for i, tok in enumerate(tokens):

@@ -49,6 +49,7 @@ class GgufStatic:
     nonlayer_bytes: int  # embeddings, output head, final norm
     keys: dict[str, Any] = field(default_factory=dict)  # gating-related GGUF keys, as found
     file_bytes: int = 0
+    n_ctx_train: int = 0  # <arch>.context_length (0: absent); llama.cpp reports it only once weights load
 
 
 def check_gguf_file(path: str | os.PathLike[str]) -> Path:
@@ -80,7 +81,9 @@ def _key(reader: Any, name: str) -> Any:
 
 def read_static(path: str | os.PathLike[str], with_router: bool = True) -> GgufStatic:
     """Parse ``path`` (already known to start with the GGUF magic) and describe its MoE layers."""
-    import gguf
+    from engine_bridge.engine import import_gguf
+
+    gguf = import_gguf()
     from gguf.quants import dequantize
 
     p = check_gguf_file(path)
@@ -97,6 +100,7 @@ def read_static(path: str | os.PathLike[str], with_router: bool = True) -> GgufS
     if not isinstance(n_layer, int) or not isinstance(n_embd, int):
         raise UserError(f"{p}: the GGUF lacks {arch}.block_count or {arch}.embedding_length.")
     n_expert = _key(reader, f"{arch}.expert_count") or 0
+    n_ctx_train = _key(reader, f"{arch}.context_length")
     top_k = _key(reader, f"{arch}.expert_used_count") or 0
 
     per_layer: dict[int, dict[str, Any]] = {}
@@ -159,4 +163,5 @@ def read_static(path: str | os.PathLike[str], with_router: bool = True) -> GgufS
         top_k_native=int(top_k), moe_layers=moe_layers, router=router, router_type=router_type,
         selection_bias=sel_bias, logit_bias=logit_bias, expert_bytes=expert_bytes, dense_bytes=dense_bytes,
         nonlayer_bytes=nonlayer, keys=keys, file_bytes=p.stat().st_size,
+        n_ctx_train=int(n_ctx_train) if isinstance(n_ctx_train, int) and n_ctx_train > 0 else 0,
     )

@@ -48,7 +48,8 @@ class TinyModelConfig:
     weight_type: str = "f16"  # storage type of the other matrices
     bias_scale: float = 0.3  # minimax-m2: spread of the selection bias (sigmoid probs lie in 0..1)
     router_bias_scale: float = 1.0  # gpt-oss: spread of the router's logit bias (logits spread ~2)
-    context: int = 4096
+    context: int = 4096  # the training context (<arch>.context_length)
+    tokenizer: str = "llama"  # "llama" (SPM, byte fallback) | "none" (no tokenizer: feed token ids)
 
     @property
     def ff(self) -> int:
@@ -75,6 +76,8 @@ class TinyModelConfig:
         need(self.router_type in ROUTER_TYPES, f"--router-type must be one of {', '.join(ROUTER_TYPES)}.")
         need(self.weight_type in WEIGHT_TYPES, f"--weight-type must be one of {', '.join(WEIGHT_TYPES)}.")
         need(self.router_type != "q8_0" or self.embd % 32 == 0, "--router-type q8_0 needs --embd a multiple of 32.")
+        need(1 <= self.context <= 2**31 - 1, "--context must be between 1 and 2147483647 tokens.")
+        need(self.tokenizer in ("llama", "none"), "the tokenizer must be llama or none.")
 
 
 VOCAB_SPECIAL = ["<unk>", "<s>", "</s>"]
@@ -101,7 +104,9 @@ def write_tiny_model(out: str | os.PathLike[str], cfg: TinyModelConfig, force: b
         raise UserError(f"{out}: the parent directory does not exist.")
     if not os.access(out.resolve().parent, os.W_OK):
         raise UserError(f"{out}: the parent directory is not writable.")
-    import gguf
+    from engine_bridge.engine import import_gguf
+
+    gguf = import_gguf("make-model")
 
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
@@ -147,15 +152,19 @@ def _write(path: Path, cfg: TinyModelConfig, gguf) -> None:  # noqa: ANN001 - gg
     if cfg.arch == "gpt-oss":
         w.add_sliding_window(128)  # required key; the gating is fixed by the architecture
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if cfg.weight_type == "f16" else gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("llama")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
+    if cfg.tokenizer == "none":
+        w.add_tokenizer_model("none")
+        w.add_vocab_size(V)
+    else:
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(True)
 
     ones = np.ones(D, dtype=np.float32)
     w.add_tensor("token_embd.weight", mat(V, D, scale=np.sqrt(D)))

@@ -116,13 +116,17 @@ def synth(
 
 
 def _register_plugins() -> None:
-    """Add commands that live outside replay/ (engine_bridge's capture, make-model)."""
+    """Add commands that live outside replay/ (engine_bridge's capture, make-model).
+
+    A plugin module imports nothing optional at import time (its verbs name a missing extra
+    themselves), so one that fails to load is a broken installation: said on stderr with the entry
+    point and the error, never skipped in silence (its verbs would vanish as "No such command")."""
     for ep in entry_points(group="moe_replay.commands"):
         try:
-            register = ep.load()
-        except ImportError:
-            continue
-        register(app)
+            ep.load()(app)
+        except Exception as e:  # noqa: BLE001 - every other verb still works; this one is reported
+            print(f"moe-replay: warning: the commands of plugin {ep.name!r} ({ep.value}) could not be loaded "
+                  f"({e.__class__.__name__}: {e}); this is a bug, please report it.", file=sys.stderr)
 
 
 def _register_modules() -> None:
