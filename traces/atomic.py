@@ -199,7 +199,11 @@ def _dir_lock(parent: Path) -> Iterator[None]:
     one at a time, so the existence check and the rename cannot interleave. No lock file is left."""
     fd = os.open(parent, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:  # a file system without locks (some network mounts): the re-check still runs
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
         yield
     finally:
         os.close(fd)  # closing releases the lock
