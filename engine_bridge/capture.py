@@ -128,7 +128,7 @@ def validate(opts: CaptureOptions, static: GgufStatic | None = None) -> CaptureP
     if out.is_dir() and any(out.iterdir()):
         # A capture streams into its directory; it never replaces an existing trace.
         raise UserError(f"{out}: output directory exists and is not empty (choose a new --out).")
-    out = check_output_dir(out, force=False)
+    out = check_output_dir(out, force=False, inputs=[opts.model, opts.prompt_source])
     _probe_writable(out)
     return _plan(opts, static)
 

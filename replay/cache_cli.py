@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
         from replay.cost import cost_model_from_options
         from replay.output import json_object, rows_of
         from traces import open_trace
-        from traces.atomic import atomic_write_text
+        from traces.atomic import check_output_file, write_output_file
 
         if phase not in ("decode", "all"):
             raise UserError(f"--phase: {phase!r} is not decode or all.")
@@ -76,12 +76,14 @@ def register(app: typer.Typer) -> None:
         if seed < 0:
             raise UserError(f"--seed: {seed} is negative.")
         blist = parse_budgets(budgets) if budgets is not None else None
+        if csv is not None:
+            check_output_file(csv, inputs=[trace, cost_model])  # before the replay, not after
         t = open_trace(trace)
         if validate:
             row = run_validate(t, budget_mib)
             if csv is not None:
                 import polars as pl
-                atomic_write_text(csv, pl.DataFrame([row]).write_csv())
+                write_output_file(csv, pl.DataFrame([row]).write_csv(), inputs=[trace, cost_model])
             if json_out:
                 typer.echo(json_object("cache", str(trace), [row], validate=True))
             else:
@@ -112,7 +114,7 @@ def register(app: typer.Typer) -> None:
         lru_below = [r for r in rows_of(overall) if r["policy"] == "lru" and r["budget_mib"] < T]
         collapsed = [r for r in lru_below if (r["hit_pct_decode"] or 0) < 5.0]
         if csv is not None:
-            atomic_write_text(csv, frame.write_csv())
+            write_output_file(csv, frame.write_csv(), inputs=[trace, cost_model])
         if json_out:
             typer.echo(json_object(
                 "cache", str(trace), rows_of(frame), phase=phase, token_cycle_mib=T, working_set_mib=W,

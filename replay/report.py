@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -452,11 +452,13 @@ def render_html(title: str, sections: list[Section], out: Path) -> str:
 
 def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[float] | None = None,
                  policies: list[str] | None = None, cost_model: Any = None, force: bool = False,
-                 progress: Callable[[str], None] | None = None) -> Path:
-    """Build every section and write index.md, index.html, PNGs and tables/*.csv into ``out_dir``."""
+                 progress: Callable[[str], None] | None = None, inputs: Sequence[str | Path | None] = ()) -> Path:
+    """Build every section and write index.md, index.html, PNGs and tables/*.csv into ``out_dir``.
+
+    ``inputs``: files read besides the trace (a cost model); ``out_dir`` may not be, hold or lie in one."""
     trace = open_trace(trace_dir)
     name = Path(trace_dir).name
-    with staged_dir(out_dir, force=force) as stage:
+    with staged_dir(out_dir, force=force, inputs=[trace_dir, *inputs]) as stage:
         (stage / "tables").mkdir()
         ctx = ReportContext(trace, name, stage, budgets_mib, policies, cost_model, progress)
         sections = []

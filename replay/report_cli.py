@@ -30,5 +30,5 @@ def register(app: typer.Typer) -> None:
         m = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
         with progress(len(SECTIONS), "report", unit="section") as bar:
             write_report(trace, out, budgets_mib=b, policies=p, cost_model=m, force=force,
-                         progress=lambda name: (bar.set_postfix_str(name), bar.update()))
+                         progress=lambda name: (bar.set_postfix_str(name), bar.update()), inputs=[cost_model])
         typer.echo(f"wrote {out}/index.md and {out}/index.html")

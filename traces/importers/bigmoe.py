@@ -295,7 +295,7 @@ def import_bigmoe(route_csv: str | Path, out_dir: str | Path, metrics: str | Pat
             "summary": summary,
         }
     columns = ("residency", "read_bytes") + (("dropped",) if p["dropped"] is not None else ())
-    with staged_dir(out_dir, force=force) as stage:
+    with staged_dir(out_dir, force=force, inputs=[route_csv, metrics]) as stage:
         w = TraceWriter(stage, meta, columns=columns, tokens_per_part=tokens_per_part)
         opt = {"residency": p["residency"][order], "read_bytes": p["read_bytes"][order]}
         if p["dropped"] is not None:
