@@ -309,6 +309,7 @@ def result_rows(loads: Loads, res: ReplayResult, per_layer: bool = False) -> lis
             "policy": res.policy, "budget_mib": res.budget_mib, "layer": layer,
             "lookups": int(lk.sum()), "hits": int(ht.sum()),
             "hit_pct_decode": _pct(ht[1], lk[1]), "hit_pct_cum": _pct(ht.sum(), lk.sum()),
+            "hit_pct_prefill": _pct(ht[0], lk[0]),
             "read_mib": float(rd.sum()) / MIB,
             "misses": int(lk.sum() - ht.sum()),
             "lookups_decode": int(lk[1]), "hits_decode": int(ht[1]),

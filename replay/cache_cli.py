@@ -46,7 +46,8 @@ def register(app: typer.Typer) -> None:
         policies: str = typer.Option("lru,lfu,layer,lfru,belady,infinite", "--policies",
                                      help="Comma-separated: lru, lfu, random, layer, layerlfu, lfru, belady, infinite."),
         per_layer: bool = typer.Option(False, "--per-layer", help="Also one row per MoE layer."),
-        phase: str = typer.Option("decode", "--phase", help="Hit % the table leads with: decode (phase 1 only) or all."),
+        phase: str = typer.Option("decode", "--phase", help="Hit % the table leads with: decode (decode loads only), "
+                                  "prefill (prompt loads only) or all (both: cumulative)."),
         seed: int = typer.Option(0, "--seed", help="Seed of the random policy."),
         csv: Path | None = typer.Option(None, "--csv", help="Also write every row to this CSV file (atomically)."),
         validate: bool = typer.Option(False, "--validate", help="Replay LRU at the recorded budget and compare with the engine."),
@@ -63,12 +64,11 @@ def register(app: typer.Typer) -> None:
         from replay.cache import check_policies, default_budgets_mib, loads_of, sweep
         from replay.cache import validate as run_validate
         from replay.cost import cost_model_from_options
-        from replay.output import json_object, rows_of
+        from replay.output import check_phase, json_object, rows_of
         from traces import open_trace
         from traces.atomic import check_output_file, write_output_file
 
-        if phase not in ("decode", "all"):
-            raise UserError(f"--phase: {phase!r} is not decode or all.")
+        check_phase(phase)
         cmodel = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
         if budget_mib is not None and not (math.isfinite(budget_mib) and budget_mib > 0):
             raise UserError(f"--budget-mib: {budget_mib} is not a positive number of MiB.")
@@ -133,11 +133,11 @@ def register(app: typer.Typer) -> None:
 
 
 def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed) -> str:
-    from replay.output import rows_of, text_table
+    from replay.output import PHASE_HIT_KEY, rows_of, text_table
 
     overall = rows_of(frame.filter(frame["layer"].is_null()))
     cell = {(r["policy"], r["budget_mib"]): r for r in overall}
-    lead = "hit_pct_decode" if phase == "decode" else "hit_pct_cum"
+    lead = PHASE_HIT_KEY[phase]
 
     def grid(field: str) -> str:
         rows = []
@@ -161,8 +161,9 @@ def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed)
     decode = "decode-only hit % (decode loads only; prefill excluded)"
     cum = "cumulative hit % (prefill included, as the engine's cache_hit_pct)"
     order = [("hit_pct_decode", decode), ("hit_pct_cum", cum)]
-    if lead == "hit_pct_cum":
-        order.reverse()
+    if lead == "hit_pct_prefill":
+        order.insert(0, ("hit_pct_prefill", "prefill-only hit % (prompt loads only; decode excluded)"))
+    order.sort(key=lambda o: o[0] != lead)
     for field, title in order:
         lines += [title, grid(field), ""]
     lines += ["MiB read by misses, all phases (bytes, not time)", grid("read_mib"), ""]

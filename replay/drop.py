@@ -28,11 +28,12 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from replay.output import PHASE_CODES as PHASES
+from replay.output import check_phase
 from traces.errors import UserError
 from traces.reader import RoutingArrays, Trace
 
 MIB = float(1 << 20)
-PHASES = {"decode": (1,), "prefill": (0,), "all": (0, 1)}
 
 
 def _check_fracs(fracs: list[float]) -> None:
@@ -42,8 +43,7 @@ def _check_fracs(fracs: list[float]) -> None:
 
 
 def phase_rows(a: RoutingArrays, phase: str) -> np.ndarray:
-    if phase not in PHASES:
-        raise UserError(f"--phase {phase!r} is not one of decode, prefill, all.")
+    check_phase(phase)
     return np.isin(a.phase, PHASES[phase])
 
 
@@ -90,7 +90,12 @@ def _summary(mode: str, frac: float | None, keep_k: int | None, phase: str, drop
         "io_saved_mib": saved / MIB,
         "read_mib_baseline": total_read / MIB,
         "mass_lost_pct": float(w[dropped].sum()) / total_mass * 100.0 if total_mass > 0 else None,
+        # Two different shares, both kept and labelled apart: routings (token, layer) with at least
+        # one expert skipped, and routed experts skipped (what an engine's telemetry calls "routings
+        # dropped"). At top-8 the first is several times the second; comparing one with the other
+        # across tools is a wrong answer.
         "routings_dropped_pct": float(dropped.any(axis=1).sum()) / n * 100.0 if n else None,
+        "experts_dropped_pct": float(dropped.sum()) / dropped.size * 100.0 if dropped.size else None,
         "slots_dropped": int(dropped.sum()),
         "survivors_mean": float(survivors.mean()) if n else None,
     }
@@ -165,9 +170,11 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
 
     Per row, over the routings of ``phase``: ``io_saved_pct`` (bytes the misses read, against the
     no-drop replay at the same budget and policy; negative if dropping made the cache read more),
-    ``mass_lost_pct``, ``routings_dropped_pct``, ``survivors_*``; the cache's own hit rate with
-    and without dropping (``hit_pct``, ``hit_pct_baseline``: hits / lookups of the phase; dropped
-    slots are not lookups), ``lookups`` and ``lookups_baseline``; ``read_mib_decode`` /
+    ``mass_lost_pct``, ``routings_dropped_pct`` (routings with at least one expert skipped),
+    ``experts_dropped_pct`` (routed experts skipped), ``survivors_*``; the cache's own hit rate
+    with and without dropping (``hit_pct_decode``, ``hit_pct_prefill``, ``hit_pct_cum`` and their
+    ``_baseline``: hits / lookups of decode loads, prefill loads, all loads; dropped slots are not
+    lookups), ``lookups`` and ``lookups_baseline`` (of ``phase``); ``read_mib_decode`` /
     ``misses_decode`` / ``tokens_decode`` for the cost model."""
     from replay.cache import ACC_HITS, ACC_LOOKUPS, ACC_READ, check_policies, prepare_loads, replay
 
@@ -196,8 +203,13 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
         dec = res.acc[1].sum(axis=0)
         return acc, dec
 
+    def hit_pcts(res, suffix=""):
+        by = {"decode": res.acc[1].sum(axis=0), "prefill": res.acc[0].sum(axis=0), "cum": res.acc.sum(axis=(0, 1))}
+        return {f"hit_pct_{name}{suffix}": _pct(t[ACC_HITS], t[ACC_LOOKUPS]) for name, t in by.items()}
+
     base = replay(loads, policy, float(budget_mib), seed=seed)
     b_acc, b_dec = totals(base)
+    b_hits = hit_pcts(base, "_baseline")
     total_read = float(b_acc[ACC_READ])
     w = w_all[rows]
     n_tok_dec = int(np.count_nonzero(loads.batch_phase == 1))
@@ -208,8 +220,7 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
         dropped = res.slots[rows] == 3
         row = _summary(mode, f, kk, phase, dropped, w, total_read, total_read - float(acc[ACC_READ]), k)
         row.update(
-            policy=policy, budget_mib=float(budget_mib),
-            hit_pct=_pct(acc[ACC_HITS], acc[ACC_LOOKUPS]), hit_pct_baseline=_pct(b_acc[ACC_HITS], b_acc[ACC_LOOKUPS]),
+            policy=policy, budget_mib=float(budget_mib), **hit_pcts(res), **b_hits,
             lookups=int(acc[ACC_LOOKUPS]), lookups_baseline=int(b_acc[ACC_LOOKUPS]),
             read_mib=float(acc[ACC_READ]) / MIB,
             read_mib_decode=float(dec[ACC_READ]) / MIB, misses_decode=int(dec[ACC_LOOKUPS] - dec[ACC_HITS]),

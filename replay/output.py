@@ -11,6 +11,23 @@ from typing import Any
 import polars as pl
 from tqdm import tqdm
 
+from traces.errors import UserError
+
+# --phase, the same values and meaning in every verb that has it: which routings (or loads) a
+# figure is about. "all" = prefill and decode together (the engine's cumulative figures).
+PHASES = ("decode", "prefill", "all")
+PHASE_CODES = {"decode": (1,), "prefill": (0,), "all": (0, 1)}
+# The hit-% key of a phase, as DESIGN.md names them ("all" is the cumulative figure).
+PHASE_HIT_KEY = {"decode": "hit_pct_decode", "prefill": "hit_pct_prefill", "all": "hit_pct_cum"}
+
+
+def check_phase(phase: str) -> str:
+    """``phase`` if it is one of ``PHASES``, else one sentence saying what is accepted."""
+    if phase not in PHASES:
+        raise UserError(f"--phase {phase!r} is not one of decode (decode routings only), prefill (prompt routings only), "
+                        "all (both).")
+    return phase
+
 
 def _clean(v: Any) -> Any:
     """JSON-safe scalar: NaN/inf become null (JSON has no NaN), numpy scalars become Python."""
@@ -36,23 +53,87 @@ def json_object(command: str, trace: str | None, rows: Iterable[dict[str, Any]],
     return json.dumps(obj, indent=1, allow_nan=False)
 
 
-def fmt(v: Any, digits: int = 1) -> str:
-    """A table cell: None/NaN print as '-', never 0.0 (a layer with nothing scored is not 0%)."""
+# One precision per quantity, for every verb and the report (decimals after the point). A column's
+# quantity is read from its name (see ``digits_for``). Parameters a user chose (F, keep_k, budgets,
+# caps) are never rounded: 0.25 printed as "0.2" is a different F, not a shorter one.
+PRECISION: dict[str, int] = {
+    "pct": 1,  # any share in percent: hit %, io_saved %, mass_lost %, routings/experts dropped %, errors, MAPE
+    "pp": 2,  # a difference of two percentages, in points
+    "tok_s": 2,  # decoded tokens per second
+    "ms": 1,  # ms per decoded token (and its 95% interval, and ms saved)
+    "mib": 1,  # MiB read or saved
+    "mib_per_token": 2,  # MiB per decoded token
+    "ms_per_mib": 4, "ms_per_miss": 3, "r2": 3, "mib_s": 0, "experts": 2,
+}
+PARAMETERS = frozenset({"frac", "keep_k", "budget_mib", "recorded_budget_mib", "cap", "drop", "horizon", "seed", "ahead"})
+
+
+def digits_for(column: str) -> int | None:
+    """Decimals for a column by its quantity; None for a parameter (printed exactly)."""
+    c = column.lower()
+    if c in PARAMETERS:
+        return None
+    if c in ("ms_per_mib", "ms_per_miss", "r2"):
+        return PRECISION[c]
+    if c.endswith("_mib_s"):
+        return PRECISION["mib_s"]
+    if c == "survivors_mean":
+        return PRECISION["experts"]
+    if c.endswith("_pp") or "_pp_" in c:
+        return PRECISION["pp"]
+    if "pct" in c:  # before tok_s: tok_s_err_pct is a percentage
+        return PRECISION["pct"]
+    if "tok_s" in c:
+        return PRECISION["tok_s"]
+    if "mib_per_token" in c:
+        return PRECISION["mib_per_token"]
+    if c.startswith(("ms_", "mean_ms", "intercept_ms")) or c.endswith("_ms"):
+        return PRECISION["ms"]
+    if "mib" in c:
+        return PRECISION["mib"]
+    return 1
+
+
+def exact(v: Any) -> str:
+    """A parameter as given: shortest round-trip form, integers without '.0' (0.25 -> '0.25', 4000.0 -> '4000')."""
+    if isinstance(v, float) and math.isfinite(v):
+        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
+    return str(v)
+
+
+def fmt(v: Any, digits: int | None = 1) -> str:
+    """A table cell: None/NaN print as '-', never 0.0 (a layer with nothing scored is not 0%).
+    ``digits=None`` prints the value exactly (a parameter)."""
     if v is None:
         return "-"
     if isinstance(v, float):
         if not math.isfinite(v):
             return "-"
-        return f"{v:.{digits}f}"
+        return exact(v) if digits is None else f"{v:.{digits}f}"
     return str(v)
 
 
+def fmt_q(v: Any, quantity: str) -> str:
+    """A figure in running text, at its quantity's precision (``PRECISION``)."""
+    return fmt(v, PRECISION[quantity])
+
+
+def cell(column: str, v: Any, digits: int | dict[str, int] | None = None) -> str:
+    """One table cell: parameters exactly; otherwise ``digits`` (an int for every column, or a dict
+    by column) when given, else the column's quantity precision."""
+    if digits_for(column) is None:
+        return fmt(v, None)
+    if isinstance(digits, dict):
+        return fmt(v, digits.get(column, digits_for(column)))
+    return fmt(v, digits if digits is not None else digits_for(column))
+
+
 def text_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], headers: Sequence[str] | None = None,
-               digits: int | dict[str, int] = 1) -> str:
-    """A plain, right-aligned table an engine author can paste into an issue."""
+               digits: int | dict[str, int] | None = None) -> str:
+    """A plain, right-aligned table an engine author can paste into an issue. Cells are formatted
+    by ``cell`` (parameters exactly, figures at their quantity's precision unless ``digits`` says)."""
     headers = list(headers or columns)
-    dig = (lambda c: digits.get(c, 1)) if isinstance(digits, dict) else (lambda c: digits)
-    cells = [[fmt(r.get(c), dig(c)) for c in columns] for r in rows]
+    cells = [[cell(c, r.get(c), digits) for c in columns] for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in cells)) if cells else len(h) for i, h in enumerate(headers)]
     line = "  ".join(h.rjust(w) for h, w in zip(headers, widths))
     out = [line, "  ".join("-" * w for w in widths)]

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from replay.output import check_phase  # one --phase vocabulary for every verb
 from replay.predictors.base import FAMILIES, Prediction, parse_predictor, stale_gate_name
 from replay.predictors.gate import CTRL, diagnose_ctrl, gate_unavailable, matrix_problem, predict_gate
 from replay.predictors.metrics import FRAME_SCHEMA, score
@@ -28,7 +29,6 @@ from traces.errors import UserError
 from traces.reader import Trace
 from traces.schema import PHASE_DECODE, PHASE_PREFILL
 
-PHASES = ("decode", "prefill", "all")
 DEFAULT_PREDICTORS = FAMILIES
 
 # What each figure measures (and what it does not), printed beside the headline.
@@ -68,7 +68,8 @@ def phase_mask(phase_col: np.ndarray, phase: str) -> np.ndarray:
         return phase_col == PHASE_PREFILL
     if phase == "all":
         return np.ones(phase_col.shape, dtype=bool)
-    raise UserError(f"--phase {phase!r} is not one of {', '.join(PHASES)}.")
+    check_phase(phase)
+    raise AssertionError(phase)
 
 
 def expand(predictors: Sequence[str], horizons: Sequence[int]) -> list[str]:

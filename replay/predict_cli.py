@@ -12,7 +12,7 @@ from typing import Any
 import polars as pl
 import typer
 
-from replay.predict import PHASES, PredictResult, describe
+from replay.predict import PredictResult, describe
 from traces.errors import UserError
 
 DEFAULT = "prev-token,stale-gate,ctrl,static-hot,static-hot-prompt"
@@ -141,18 +141,17 @@ def register(app: typer.Typer) -> None:
                                                  "d = 1..D (overall and per layer) instead of the predictor table."),
         width: int | None = typer.Option(None, "--width", help="Experts each prediction names for recall, precision "
                                          "and mass [default: top-k]; slot/whole accuracy stay at top-k."),
-        phase: str = typer.Option("decode", "--phase", help="Routings to score: decode | prefill | all."),
+        phase: str = typer.Option("decode", "--phase", help="Routings to score: decode | prefill | all (both)."),
         per_layer: bool = typer.Option(True, "--per-layer/--no-per-layer", help="Add the per-layer table (JSON: rows)."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     ) -> None:
         """Predictor accuracy per layer: prev-token, stale-gate[d], ctrl, static hot lists."""
-        from replay.output import json_object, progress, rows_of
+        from replay.output import check_phase, json_object, progress, rows_of
         from replay.predict import evaluate
         from replay.predict import horizon_curve as curve
         from traces import open_trace
 
-        if phase not in PHASES:
-            raise UserError(f"--phase {phase!r} is not one of {', '.join(PHASES)}.")
+        check_phase(phase)
         if horizon_curve is not None and horizon is not None:
             raise UserError("--horizon and --horizon-curve: give one or the other.")
         names = [p for p in (s.strip() for s in predictors.split(",")) if p]

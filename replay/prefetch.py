@@ -237,18 +237,67 @@ def with_prefetch_time(frame: pl.DataFrame, model) -> pl.DataFrame:
 
 def verdict(r: dict) -> str:
     """Which wins on time under the model, and why, in one sentence."""
+    from replay.output import fmt_q
+
     dh = (r["hit_pct_decode"] or 0.0) - (r["hit_pct_decode_baseline"] or 0.0)
     db = r["bytes_change_pct"] or 0.0
     dms = r["ms_per_token"] - r["ms_per_token_baseline"]
     if not r.get("spec_fills"):
         return ("prefetch read nothing here (every guess was already resident or refused), so it cannot change the "
                 "time per token")
-    hit = f"raises the decode hit rate by {dh:.1f} points" if dh >= 0 else f"lowers the decode hit rate by {-dh:.1f} points"
-    byt = f"reads {db:.1f}% more bytes per decoded token" if db >= 0 else f"reads {-db:.1f}% fewer bytes per decoded token"
+    hit = (f"raises the decode hit rate by {fmt_q(dh, 'pp')} points" if dh >= 0
+           else f"lowers the decode hit rate by {fmt_q(-dh, 'pp')} points")
+    byt = (f"reads {fmt_q(db, 'pct')}% more bytes per decoded token" if db >= 0
+           else f"reads {fmt_q(-db, 'pct')}% fewer bytes per decoded token")
     if dms > 0:
-        return (f"prefetch {hit} but {byt} (speculative reads included): {dms:.1f} ms/token slower under the cost "
-                "model, so no prefetch wins on time")
-    return f"prefetch {hit} and {byt}: {-dms:.1f} ms/token faster under the cost model, so prefetch wins on time"
+        return (f"prefetch {hit} but {byt} (speculative reads included): {fmt_q(dms, 'ms')} ms/token slower under the "
+                "cost model, so no prefetch wins on time")
+    return f"prefetch {hit} and {byt}: {fmt_q(-dms, 'ms')} ms/token faster under the cost model, so prefetch wins on time"
+
+
+def best_plain(trace: Trace, budget_mib: float, model=None, loads: Loads | None = None) -> dict | None:
+    """The best plain (no prefetch) online policy at ``budget_mib``: the cache row with the highest
+    decode hit % among the registry's online policies (not the belady/infinite bounds), ties broken
+    by policy name; a cell that overflowed its budget (``overflow_loads`` > 0, or a peak above it)
+    is not a candidate. With ``model``, the row gains ``ms_per_token``/``tok_s``. None if no policy
+    qualifies.
+
+    A prefetch what-if is judged against this too: a prefetch "win" over LRU is no win when plain
+    LFU already beats it at the same budget. (One small function, so a shared ranking helper can
+    replace the choice below.)"""
+    from replay.cache import loads_of, sweep
+    from replay.cost import BOUNDS, with_time
+    from replay.output import rows_of
+    from replay.policies import REGISTRY
+
+    loads = loads if loads is not None else loads_of(trace)
+    online = [p for p in REGISTRY if p not in BOUNDS]
+    frame = sweep(loads, online, [float(budget_mib)], show_progress=False)
+    if model is not None:
+        frame = with_time(frame, model, int(np.count_nonzero(loads.batch_phase == 1)))
+    rows = [r for r in rows_of(frame) if r["layer"] is None and r["hit_pct_decode"] is not None
+            and not (r.get("overflow_loads") or 0) > 0
+            and not (r.get("peak_resident_mib") is not None and r["peak_resident_mib"] > r["budget_mib"])]
+    if not rows:
+        return None
+    top = max(r["hit_pct_decode"] for r in rows)
+    return sorted((r for r in rows if r["hit_pct_decode"] == top), key=lambda r: r["policy"])[0]
+
+
+def with_best_plain(frame: pl.DataFrame, plain: dict | None) -> pl.DataFrame:
+    """Prefetch rows + the best plain policy at their budget: ``best_plain_policy``,
+    ``best_plain_hit_pct_decode``, ``best_plain_mib_per_token`` (and ``best_plain_ms_per_token`` /
+    ``best_plain_tok_s`` when it was timed)."""
+    tokens = frame["tokens_decode"][0] if frame.height else 0
+    cols = {
+        "best_plain_policy": plain["policy"] if plain else None,
+        "best_plain_hit_pct_decode": plain["hit_pct_decode"] if plain else None,
+        "best_plain_mib_per_token": plain["read_mib_decode"] / tokens if plain and tokens else None,
+        "best_plain_ms_per_token": plain.get("ms_per_token") if plain else None,
+        "best_plain_tok_s": plain.get("tok_s") if plain else None,
+    }
+    dtypes = {"best_plain_policy": pl.String}
+    return frame.with_columns(*(pl.lit(v, dtype=dtypes.get(k, pl.Float64)).alias(k) for k, v in cols.items()))
 
 
 def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: list[float], predictor: str,
@@ -274,7 +323,7 @@ def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: l
 
 def retain_text(frame: pl.DataFrame, policies: list[str], budgets_mib: list[float]) -> str:
     """The hit-rate change retention buys, per policy and budget (percentage points)."""
-    from replay.output import rows_of, text_table
+    from replay.output import PRECISION, exact, rows_of, text_table
 
     overall = rows_of(frame.filter(pl.col("layer").is_null()))
     cell = {(r["policy"], r["budget_mib"]): r for r in overall}
@@ -282,7 +331,7 @@ def retain_text(frame: pl.DataFrame, policies: list[str], budgets_mib: list[floa
     out = ["", f"retention ({name}'s guesses for the next layer(s) protected from eviction; zero extra bytes): the hit % "
            "tables above are WITH retention; change against the same replay without it, in points"]
     for field, title in (("retain_gain_pp_decode", "decode-only"), ("retain_gain_pp_cum", "cumulative (prefill included)")):
-        rows = [{"budget": f"{b:g}", **{p: cell[(p, b)][field] for p in policies}} for b in budgets_mib]
-        out += [title, text_table(rows, ["budget", *policies], ["budget_mib", *policies], digits=2)]
+        rows = [{"budget": exact(float(b)), **{p: cell[(p, b)][field] for p in policies}} for b in budgets_mib]
+        out += [title, text_table(rows, ["budget", *policies], ["budget_mib", *policies], digits=PRECISION["pp"])]
     out.append("Hit % is not time: retention reads no extra bytes, so fewer misses are fewer bytes here (see the MiB table).")
     return "\n".join(out)

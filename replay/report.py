@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from replay.info import info_rows, info_text
-from replay.output import fmt
+from replay.output import cell, exact, fmt_q
 from traces import open_trace
 from traces.atomic import atomic_write_text, staged_dir
 from traces.errors import UserError
@@ -31,7 +31,8 @@ class Table:
     frame: pl.DataFrame
     caption: str
     columns: list[str] | None = None  # shown in md/html (CSV holds all)
-    digits: int = 1
+    digits: int | dict[str, int] | None = None  # None: each column at its quantity's precision (replay.output.PRECISION)
+    headers: dict[str, str] | None = None  # md/html header of a column, where its key alone could be misread
 
 
 @dataclass
@@ -107,6 +108,10 @@ def section_popularity(ctx: ReportContext) -> Section:
     return s
 
 
+DROP_HEADERS = {"routings_dropped_pct": "routings with a drop %",
+                "experts_dropped_pct": "experts dropped % (engine's 'routings dropped')"}
+
+
 def section_drop(ctx: ReportContext) -> Section:
     """Static drop-cold on the recorded residency when the engine recorded it; otherwise (and in
     addition) closed-loop drop-cold, where the replayed cache reacts to what was not read."""
@@ -123,6 +128,10 @@ def section_drop(ctx: ReportContext) -> Section:
     s.text.append("Drop-cold F skips a routed expert that is a cache miss with weight below F/k (never the routing's "
                   "top-weighted expert); the top-k cut drops every slot at rank >= keep_k. Lower and further right is "
                   "better. Weight mass is a proxy, not quality; bytes are not time.")
+    s.text.append(f"Two different dropped shares: *{DROP_HEADERS['routings_dropped_pct']}* counts (token, layer) routings "
+                  f"with at least one expert skipped; *{DROP_HEADERS['experts_dropped_pct']}* counts routed experts "
+                  "skipped, which is what an engine's telemetry calls \"routings dropped\". Compare an engine's figure "
+                  "with the second, never the first.")
     if tr.has("residency") and tr.has("read_bytes"):
         frame = static_drop(tr, fracs)
         cold, cut = frame.filter(pl.col("mode") == "static"), frame.filter(pl.col("mode") == "static-k")
@@ -130,7 +139,7 @@ def section_drop(ctx: ReportContext) -> Section:
         series["top-k cut, static"] = (cut["io_saved_pct"].to_numpy(), cut["mass_lost_pct"].to_numpy())
         s.tables.append(Table("drop_static", frame, "static: on the run as recorded (the engine's own hits and misses)",
                               columns=["mode", "frac", "keep_k", "io_saved_pct", "mass_lost_pct", "routings_dropped_pct",
-                                       "static_k_mass_lost_at_equal_io_pct"]))
+                                       "experts_dropped_pct", "static_k_mass_lost_at_equal_io_pct"], headers=DROP_HEADERS))
     else:
         s.text.append("Static mode needs the engine's recorded residency, which this trace does not have; the closed-loop "
                       "replay below stands in for it.")
@@ -141,15 +150,16 @@ def section_drop(ctx: ReportContext) -> Section:
         where = "2 x T (no recorded budget)"
     closed = closed_drop(tr, fracs, budget_mib=budget, policy="lru")
     cold, cut = closed.filter(pl.col("mode") == "closed"), closed.filter(pl.col("mode") == "closed-k")
-    series[f"drop-cold, closed loop (LRU {budget:g} MiB)"] = (cold["io_saved_pct"].to_numpy(), cold["mass_lost_pct"].to_numpy())
-    series[f"top-k cut, closed loop (LRU {budget:g} MiB)"] = (cut["io_saved_pct"].to_numpy(), cut["mass_lost_pct"].to_numpy())
-    s.text.append(f"Closed loop: LRU at {budget:g} MiB ({where}) replayed with dropping in the loop (a skipped expert is "
+    series[f"drop-cold, closed loop (LRU {exact(budget)} MiB)"] = (cold["io_saved_pct"].to_numpy(), cold["mass_lost_pct"].to_numpy())
+    series[f"top-k cut, closed loop (LRU {exact(budget)} MiB)"] = (cut["io_saved_pct"].to_numpy(), cut["mass_lost_pct"].to_numpy())
+    s.text.append(f"Closed loop: LRU at {exact(budget)} MiB ({where}) replayed with dropping in the loop (a skipped expert is "
                   "neither read nor admitted, so the cache holds other things later); reads avoided are against the "
                   "no-drop replay at the same budget. Its cache hit % rises partly because dropped routings never look "
                   "the cache up, not because the cache serves more.")
-    s.tables.append(Table("drop_closed", closed, f"closed loop, LRU at {budget:g} MiB, decode routings",
+    s.tables.append(Table("drop_closed", closed, f"closed loop, LRU at {exact(budget)} MiB, decode routings",
                           columns=["mode", "frac", "keep_k", "io_saved_pct", "mass_lost_pct", "routings_dropped_pct",
-                                   "hit_pct_baseline", "hit_pct", "closed_k_mass_lost_at_equal_io_pct"]))
+                                   "experts_dropped_pct", "hit_pct_decode_baseline", "hit_pct_decode",
+                                   "closed_k_mass_lost_at_equal_io_pct"], headers=DROP_HEADERS))
     styles = {n: {"linestyle": "--"} for n in series if "closed" in n}
     plots.lines(series, ctx.out / "drop_tradeoff.png", "Drop-cold vs top-k cut (decode routings)",
                 "reads avoided (% of decode miss bytes without dropping)", "router weight mass discarded (%)", styles=styles)
@@ -163,8 +173,12 @@ def section_cost(ctx: ReportContext) -> Section:
     s = Section("Cost model")
     if ctx.cost_model is not None:
         m = ctx.cost_model
-        s.text.append(f"Using the given cost model ({m.kind}): {m.model}; intercept {m.intercept_ms:.1f} ms/token, "
-                      f"{m.ms_per_mib:.4f} ms/MiB" + (f" ({m.bandwidth_mib_s:.0f} MiB/s)" if m.bandwidth_mib_s else "") + ".")
+        s.text.append(f"Using the given cost model ({m.kind}): {m.model}; intercept {fmt_q(m.intercept_ms, 'ms')} ms/token, "
+                      f"{fmt_q(m.ms_per_mib, 'ms_per_mib')} ms/MiB"
+                      + (f" ({fmt_q(m.bandwidth_mib_s, 'mib_s')} MiB/s)" if m.bandwidth_mib_s else "") + ".")
+        if m.kind != "manual" and m.fit_trace_id is not None:
+            s.text.append(f"Fitted on {m.fit_trace or m.source} ({m.fit_trace_id}); held out there: per-token MAPE "
+                          f"{fmt_q(m.heldout_mape_pct, 'pct')}%, run-mean error {_signed_pct(m.heldout_run_mean_err_pct)}.")
         if m.kind == "manual":
             s.text.append("A manual model is an assumption given on the command line, not a measurement of any device: "
                           "its times rank configurations by bytes read; they do not predict a real engine's speed.")
@@ -184,15 +198,24 @@ def section_cost(ctx: ReportContext) -> Section:
         rows.append(r)
     frame = pl.DataFrame(rows).drop("notes")
     bw = best.bandwidth_mib_s
-    s.text.append(f"Fitted on this run's recorded decode tokens: {best.model}; intercept {best.intercept_ms:.1f} ms/token, "
-                  f"slope {best.ms_per_mib:.4f} ms/MiB" + (f" (effective {bw:.0f} MiB/s)" if bw else "")
-                  + f"; r2 {best.r2:.2f}; held-out error {best.heldout_mape_pct:.1f}% MAPE (fit on the first half, "
-                  "tested on the second).")
+    s.text.append(f"Fitted on this run's recorded decode tokens: {best.model}; intercept {fmt_q(best.intercept_ms, 'ms')} "
+                  f"ms/token, slope {fmt_q(best.ms_per_mib, 'ms_per_mib')} ms/MiB"
+                  + (f" (effective {fmt_q(bw, 'mib_s')} MiB/s)" if bw else "")
+                  + f"; r2 {fmt_q(best.r2, 'r2')}; held out (fit on the first half, tested on the second): per-token "
+                  f"MAPE {fmt_q(best.heldout_mape_pct, 'pct')}%, run-mean error {_signed_pct(best.heldout_run_mean_err_pct)} "
+                  "(predicted against recorded tok/s). The time estimates below use coefficients refitted on every token "
+                  "of this run, so comparing them with this run's own recorded speed is in-sample.")
     s.text += [f"Note: {n}." for n in best.notes]
     s.tables.append(Table("cost_fit", frame, "candidate models (the selected one is used for time estimates)",
                           columns=["terms", "intercept_ms", "ms_per_mib", "ms_per_miss", "r2", "heldout_mape_pct",
-                                   "bandwidth_mib_s", "selected"], digits=3))
+                                   "heldout_run_mean_err_pct", "bandwidth_mib_s", "selected"],
+                          headers={"heldout_mape_pct": "held-out per-token MAPE %",
+                                   "heldout_run_mean_err_pct": "held-out run-mean error %"}))
     return s
+
+
+def _signed_pct(v: float | None) -> str:
+    return "-" if v is None else f"{'+' if v >= 0 else ''}{fmt_q(v, 'pct')}%"
 
 
 def section_predictors(ctx: ReportContext) -> Section:
@@ -330,7 +353,7 @@ def section_prefetch(ctx: ReportContext) -> Section:
     from replay import plots
     from replay.cache import loads_of
     from replay.predictors.gate import gate_unavailable
-    from replay.prefetch import prefetch, retain_sweep, with_prefetch_time
+    from replay.prefetch import best_plain, prefetch, retain_sweep, with_prefetch_time
 
     tr = ctx.trace
     s = Section("Prefetch and retention what-ifs")
@@ -355,7 +378,7 @@ def section_prefetch(ctx: ReportContext) -> Section:
     model = ctx.shared.get("cost_model")
     cols = ["predictor", "policy", "guard", "hit_pct_decode_baseline", "hit_pct_decode", "spec_mib", "useful_pct",
             "evicted_unused", "refused_guard", "total_mib_per_token_baseline", "total_mib_per_token", "bytes_change_pct"]
-    s.text.append(f"At {budget:g} MiB ({where}): after each decode layer's load, the predictor's guesses for the next "
+    s.text.append(f"At {exact(budget)} MiB ({where}): after each decode layer's load, the predictor's guesses for the next "
                   "layer are read speculatively into the same cache (no cap, no drop). Demand hit % is decode-only; "
                   "bytes per decoded token include the speculative reads. A speculative read competes with demand "
                   "reads for the same flash bandwidth: more hits can still mean more time.")
@@ -366,11 +389,12 @@ def section_prefetch(ctx: ReportContext) -> Section:
                    for r in frame.to_dicts()]
     else:
         s.text.append("No cost model (no recorded metrics and none given): bytes are shown, not time.")
+    s.text.append(_plain_text(best_plain(tr, budget, model), frame, budget, model))
     s.tables.append(Table("prefetch", frame, "prefetch against no prefetch, same budget and policy (decode)", columns=cols))
     plots.lines({f"{r['predictor']} / {r['policy']}{'+guard' if r['guard'] else ''}":
                  (np.array([r["total_mib_per_token_baseline"], r["total_mib_per_token"]]),
                   np.array([r["hit_pct_decode_baseline"], r["hit_pct_decode"]])) for r in frame.to_dicts()},
-                ctx.out / "prefetch.png", f"Prefetch at {budget:g} MiB: from no prefetch (left point) to prefetch",
+                ctx.out / "prefetch.png", f"Prefetch at {exact(budget)} MiB: from no prefetch (left point) to prefetch",
                 "expert MiB read per decoded token (demand + speculative)", "decode-only demand hit rate (%)")
     s.images.append(("prefetch.png", "prefetch hit rate against bytes per token"))
     loads = loads_of(tr)
@@ -378,8 +402,30 @@ def section_prefetch(ctx: ReportContext) -> Section:
     ret = retain_sweep(tr, loads, ["lru", "lfru"], budgets, "prev-token").filter(pl.col("layer").is_null())
     s.tables.append(Table("retention", ret, "retention of prev-token's guesses (zero extra bytes): decode hit % with and "
                           "without, change in points", columns=["policy", "budget_mib", "hit_pct_decode_no_retain",
-                                                                  "hit_pct_decode", "retain_gain_pp_decode"], digits=2))
+                                                                  "hit_pct_decode", "retain_gain_pp_decode"]))
     return s
+
+
+def _plain_text(plain: dict | None, frame: pl.DataFrame, budget: float, model: Any) -> str:
+    """The no-prefetch baseline of the best plain online policy at the budget, against the best what-if."""
+    if plain is None:
+        return f"No plain online policy fits {exact(budget)} MiB without overflowing, so there is no plain baseline."
+    rows = frame.to_dicts()
+    tok = rows[0]["tokens_decode"] if rows else 0
+    txt = (f"Best plain policy at {exact(budget)} MiB (no prefetch; highest decode hit among online policies, ties by "
+           f"name): {plain['policy']} {fmt_q(plain['hit_pct_decode'], 'pct')}% decode hit, "
+           f"{fmt_q(plain['read_mib_decode'] / tok if tok else None, 'mib_per_token')} MiB per decoded token")
+    if model is not None and plain.get("ms_per_token") is not None:
+        txt += f", {fmt_q(plain['ms_per_token'], 'ms')} ms/token ({fmt_q(plain['tok_s'], 'tok_s')} tok/s)"
+        beaten = [r for r in rows if r["ms_per_token"] is not None and r["ms_per_token"] < plain["ms_per_token"]]
+        what = "time under the cost model"
+    else:
+        beaten = [r for r in rows if r["hit_pct_decode"] is not None and r["hit_pct_decode"] > plain["hit_pct_decode"]]
+        what = "decode hit %"
+    names = [f"{r['predictor']} ({r['policy']}{' + guard' if r['guard'] else ''})" for r in beaten]
+    txt += (". On " + what + ", " + (", ".join(names) + " beat" + ("s" if len(names) == 1 else "") + " it"
+                                      if names else "no prefetch what-if above beats it") + ".")
+    return txt
 
 
 SECTIONS: list[Callable[[ReportContext], Section]] = [
@@ -390,19 +436,23 @@ SECTIONS: list[Callable[[ReportContext], Section]] = [
 
 # -- rendering ---------------------------------------------------------------------------------
 
+def _header(t: Table, c: str) -> str:
+    return (t.headers or {}).get(c, c)
+
+
 def _md_table(t: Table) -> str:
     cols = t.columns or t.frame.columns
     rows = t.frame.select(cols).rows()
-    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
+    out = ["| " + " | ".join(_header(t, c) for c in cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
     for r in rows:
-        out.append("| " + " | ".join(fmt(v, t.digits) for v in r) + " |")
+        out.append("| " + " | ".join(cell(c, v, t.digits) for c, v in zip(cols, r)) + " |")
     return "\n".join(out)
 
 
 def _html_table(t: Table) -> str:
     cols = t.columns or t.frame.columns
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(fmt(v, t.digits))}</td>" for v in r) + "</tr>"
+    head = "".join(f"<th>{html.escape(_header(t, c))}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(c, v, t.digits))}</td>" for c, v in zip(cols, r)) + "</tr>"
                    for r in t.frame.select(cols).rows())
     return f"<table><caption>{html.escape(t.caption)}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 

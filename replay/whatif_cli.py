@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         trace: Path = typer.Argument(..., help="Trace directory."),
         fracs: str = typer.Option("0.25,0.5,0.75,1.0", "--fracs", help="Drop-cold thresholds F: skip a miss whose weight < F/k."),
         mode: str = typer.Option("static", "--mode", help="static (recorded residency) | closed (replayed cache)."),
-        phase: str = typer.Option("decode", "--phase", help="decode | prefill | all"),
+        phase: str = typer.Option("decode", "--phase", help="Routings to drop from and judge: decode | prefill | all (both)."),
         budget_mib: float | None = typer.Option(None, "--budget-mib", help="closed: cache budget in MiB (default: the recorded one)."),
         policy: str = typer.Option("lru", "--policy", help="closed: cache policy of the replay."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="Add ms/token from a 'cost fit --json' file (decode only)."),
@@ -34,9 +34,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Drop-cold trade-off: reads avoided against router weight mass discarded, next to the top-k cut."""
         from replay.drop import closed_drop, static_drop
-        from replay.output import json_object, rows_of
+        from replay.output import check_phase, json_object, rows_of
         from traces import open_trace
 
+        check_phase(phase)
         values = parse_floats(fracs, "--fracs")
         if mode not in ("static", "closed"):
             raise UserError(f"--mode {mode!r} is not static or closed.")
@@ -55,7 +56,8 @@ def register(app: typer.Typer) -> None:
         if json_out:
             typer.echo(json_object("drop", str(trace), rows_of(frame), mode=mode, notes=notes or None))
             return
-        typer.echo(format_drop(frame, tr.top_k) if mode == "static" else format_closed(frame, tr.top_k))
+        timed = model is not None
+        typer.echo(format_drop(frame, tr.top_k, timed) if mode == "static" else format_closed(frame, tr.top_k, timed))
         if model is not None:
             typer.echo("")
             typer.echo(format_drop_time(frame, mode))
@@ -75,8 +77,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Speculative prefetch: a predictor's guesses read into the same cache, against no prefetch."""
         from replay.output import json_object, rows_of
+        from replay.prefetch import best_plain, with_best_plain, with_prefetch_time
         from replay.prefetch import prefetch as run_prefetch
-        from replay.prefetch import with_prefetch_time
         from traces import open_trace
 
         if budget_mib is not None and not (budget_mib > 0 and budget_mib < float("inf")):
@@ -87,8 +89,10 @@ def register(app: typer.Typer) -> None:
                              drop_frac=drop_frac, retain=retain)
         if model is not None:
             frame = with_prefetch_time(frame, model)
+        frame = with_best_plain(frame, best_plain(tr, frame["budget_mib"][0], model))
         if json_out:
-            typer.echo(json_object("prefetch", str(trace), rows_of(frame), notes=PREFETCH_NOTES))
+            notes = [*PREFETCH_NOTES, BYTES_NOT_TIME if model is None else TIMED]
+            typer.echo(json_object("prefetch", str(trace), rows_of(frame), notes=notes))
             return
         typer.echo(format_prefetch(tr, rows_of(frame)[0], model))
 
@@ -96,9 +100,18 @@ def register(app: typer.Typer) -> None:
 PREFETCH_NOTES = [
     "hit % = demand hits / demand lookups (a speculative fill is not a lookup; a demand hit on a prefetched entry is a "
     "hit); _decode = decode loads only, _cum = prefill included",
-    "bytes = expert bytes read (demand misses + speculative fills), all speculative reads happen in decode; bytes are "
-    "not time (see --cost-model); no quality is measured (prefetch does not change the routing)",
+    "bytes = expert bytes read (demand misses + speculative fills), all speculative reads happen in decode; no quality "
+    "is measured (prefetch does not change the routing)",
+    "best_plain_* = the online policy (no prefetch, not the belady/infinite bounds) with the highest decode hit % at "
+    "the same budget, ties by policy name: the baseline a prefetch what-if must beat, not only its own policy",
 ]
+BYTES_NOT_TIME = "bytes are not time (see --cost-model)"
+TIMED = "ms_per_token/tok_s: decode tokens under the given cost model"
+# What the drop tables call the two dropped shares (labelled apart, never to be compared).
+ROUTINGS_WITH_A_DROP = "routings with a drop %"
+EXPERTS_DROPPED = "experts dropped % (engine's 'routings dropped')"
+DROPPED_SHARES = ("routings with a drop % = (token, layer) routings with at least one expert skipped; experts dropped % = "
+                  "routed experts skipped, what an engine's telemetry calls 'routings dropped': different figures")
 
 
 def _model_scope() -> str:
@@ -134,18 +147,18 @@ def drop_time_columns(frame, model, mode: str):
 
 
 def format_drop_time(frame, mode: str) -> str:
-    from replay.output import rows_of, text_table
+    from replay.output import fmt_q, rows_of, text_table
 
     rows = rows_of(frame)
     base = rows[0]["ms_per_token_baseline"] if rows else None
-    out = [f"time per decoded token under the cost model (no drop: {base:.1f} ms/token); drop changes only the bytes "
-           "it reads here, not compute; weight mass is not quality" if base is not None else "time per decoded token"]
+    out = [f"time per decoded token under the cost model (no drop: {fmt_q(base, 'ms')} ms/token); drop changes only the "
+           "bytes it reads here, not compute; weight mass is not quality" if base is not None else "time per decoded token"]
     out.append(text_table(rows, ["mode", "frac", "keep_k", "ms_per_token", "ms_per_token_ci95", "tok_s", "ms_saved_per_token"],
-                          ["mode", "F", "keep_k", "ms/token", "+-95%", "tok/s", "ms_saved/token"], digits={"frac": 2}))
+                          ["mode", "F", "keep_k", "ms/token", "+-95%", "tok/s", "ms_saved/token"]))
     return "\n".join(out)
 
 
-def format_drop(frame, k: int) -> str:
+def format_drop(frame, k: int, timed: bool = False) -> str:
     from replay.output import rows_of, text_table
 
     rows = rows_of(frame)
@@ -155,77 +168,83 @@ def format_drop(frame, k: int) -> str:
     out = [f"drop-cold, static: on the recorded run ({phase} routings), skip a miss whose weight < F/{k}; "
            "the top-weighted expert is never skipped"]
     out.append(text_table(cold, ["frac", "io_saved_pct", "io_saved_mib", "mass_lost_pct", "routings_dropped_pct",
-                                 "survivors_mean", "static_k_mass_lost_at_equal_io_pct"],
-                          ["F", f"io_saved_%_{phase}", "saved_MiB", "mass_lost_%", "routings_dropped_%", "experts_left",
-                           "top-k cut mass_lost_% at equal io"], digits={"frac": 2, "survivors_mean": 2}))
+                                 "experts_dropped_pct", "survivors_mean", "static_k_mass_lost_at_equal_io_pct"],
+                          ["F", f"io_saved_%_{phase}", "saved_MiB", "mass_lost_%", ROUTINGS_WITH_A_DROP, EXPERTS_DROPPED,
+                           "experts_left", "top-k cut mass_lost_% at equal io"]))
     out.append("")
     out.append("static top-k cut on the same rows (every slot at rank >= keep_k dropped, hit or miss; only misses save bytes):")
-    out.append(text_table(cut, ["keep_k", "io_saved_pct", "io_saved_mib", "mass_lost_pct"],
-                          ["keep_k", f"io_saved_%_{phase}", "saved_MiB", "mass_lost_%"]))
+    out.append(text_table(cut, ["keep_k", "io_saved_pct", "io_saved_mib", "mass_lost_pct", "experts_dropped_pct"],
+                          ["keep_k", f"io_saved_%_{phase}", "saved_MiB", "mass_lost_%", EXPERTS_DROPPED]))
     out.append("")
     out.append("io_saved = share of the recorded miss bytes not read; weight mass is not quality (no perplexity or task "
-               "accuracy is measured); bytes are not time (see 'cost fit').")
+               "accuracy is measured)" + ("." if timed else "; bytes are not time (see --cost-model)."))
+    out.append(DROPPED_SHARES + ".")
     return "\n".join(out)
 
 
-def format_closed(frame, k: int) -> str:
-    from replay.output import rows_of, text_table
+def format_closed(frame, k: int, timed: bool = False) -> str:
+    from replay.output import PHASE_HIT_KEY, exact, fmt_q, rows_of, text_table
 
     rows = rows_of(frame)
     r0 = rows[0]
     phase = r0["phase"]
+    hit = PHASE_HIT_KEY[phase]
     cold = [r for r in rows if r["mode"] == "closed"]
     cut = [r for r in rows if r["mode"] == "closed-k"]
-    out = [f"drop-cold, closed loop: {r0['policy']} cache at {r0['budget_mib']:g} MiB replayed with dropping in the loop "
+    out = [f"drop-cold, closed loop: {r0['policy']} cache at {exact(r0['budget_mib'])} MiB replayed with dropping in the loop "
            f"({phase} routings): a slot is skipped iff not resident at that moment and weight < F/{k}; the top-weighted "
            "expert is never skipped; a skipped slot is not read and not admitted",
            f"io_saved = bytes the misses read ({phase}) against the no-drop replay at the same budget and policy "
-           f"({r0['read_mib_baseline']:.1f} MiB); cache hit % = hits / lookups ({phase}), no drop: "
-           f"{r0['hit_pct_baseline']:.2f}%"]
+           f"({fmt_q(r0['read_mib_baseline'], 'mib')} MiB); cache hit % = hits / lookups ({phase}), no drop: "
+           f"{fmt_q(r0[hit + '_baseline'], 'pct')}%"]
     out.append(text_table(cold, ["frac", "io_saved_pct", "io_saved_mib", "mass_lost_pct", "routings_dropped_pct",
-                                 "survivors_mean", "hit_pct", "closed_k_mass_lost_at_equal_io_pct"],
-                          ["F", f"io_saved_%_{phase}", "saved_MiB", "mass_lost_%", "routings_dropped_%", "experts_left",
-                           f"cache_hit_%_{phase}", "top-k cut mass_lost_% at equal io"],
-                          digits={"frac": 2, "survivors_mean": 2, "hit_pct": 2}))
+                                 "experts_dropped_pct", "survivors_mean", hit, "closed_k_mass_lost_at_equal_io_pct"],
+                          ["F", f"io_saved_%_{phase}", "saved_MiB", "mass_lost_%", ROUTINGS_WITH_A_DROP, EXPERTS_DROPPED,
+                           "experts_left", f"cache_hit_%_{phase}", "top-k cut mass_lost_% at equal io"]))
     out.append("")
     out.append("closed top-k cut (every slot at rank >= keep_k skipped, resident or not; the cache replayed the same way):")
-    out.append(text_table(cut, ["keep_k", "io_saved_pct", "io_saved_mib", "mass_lost_pct", "hit_pct"],
-                          ["keep_k", f"io_saved_%_{phase}", "saved_MiB", "mass_lost_%", f"cache_hit_%_{phase}"],
-                          digits={"hit_pct": 2}))
+    out.append(text_table(cut, ["keep_k", "io_saved_pct", "io_saved_mib", "mass_lost_pct", "experts_dropped_pct", hit],
+                          ["keep_k", f"io_saved_%_{phase}", "saved_MiB", "mass_lost_%", EXPERTS_DROPPED,
+                           f"cache_hit_%_{phase}"]))
     out.append("")
     out.append("Dropped slots never look the cache up, so the cache hit % rises without the cache serving more: judge "
                "drop-cold by io_saved and mass_lost, not by hit %. Weight mass is not quality (no perplexity or task "
-               "accuracy is measured); bytes are not time (see --cost-model).")
+               "accuracy is measured)" + ("." if timed else "; bytes are not time (see --cost-model)."))
+    out.append(DROPPED_SHARES + ".")
     return "\n".join(out)
 
 
 def format_prefetch(tr, r: dict, model) -> str:
-    from replay.output import fmt
+    from replay.output import exact, fmt_q
 
-    opts = [f"policy {r['policy']}", f"budget {r['budget_mib']:g} MiB", f"cap {r['cap'] if r['cap'] is not None else 'none'}",
-            f"guard {'on' if r['guard'] else 'off'}", f"drop {r['drop'] if r['drop'] is not None else 'off'}",
-            f"retain {'on' if r['retain'] else 'off'}"]
+    def pct(v):
+        return fmt_q(v, "pct")
+
+    opts = [f"policy {r['policy']}", f"budget {exact(r['budget_mib'])} MiB",
+            f"cap {exact(r['cap']) if r['cap'] is not None else 'none'}", f"guard {'on' if r['guard'] else 'off'}",
+            f"drop {exact(r['drop']) if r['drop'] is not None else 'off'}", f"retain {'on' if r['retain'] else 'off'}"]
     lines = [
         f"prefetch  {r['predictor']}: guesses for the MoE layer {r['ahead']} ahead, read after each decode layer's load "
         f"into the same cache ({', '.join(opts)})",
         f"          {r['scored_routings']:,} decode routings had guesses; prefill runs as without prefetch",
         "",
         "demand hit % (hits / lookups; speculative fills are not lookups)   with prefetch   without",
-        f"  decode-only                                                      {fmt(r['hit_pct_decode'], 2):>13}   "
-        f"{fmt(r['hit_pct_decode_baseline'], 2):>7}",
-        f"  cumulative (prefill included)                                    {fmt(r['hit_pct_cum'], 2):>13}   "
-        f"{fmt(r['hit_pct_cum_baseline'], 2):>7}",
+        f"  decode-only                                                      {pct(r['hit_pct_decode']):>13}   "
+        f"{pct(r['hit_pct_decode_baseline']):>7}",
+        f"  cumulative (prefill included)                                    {pct(r['hit_pct_cum']):>13}   "
+        f"{pct(r['hit_pct_cum_baseline']):>7}",
         "",
-        f"speculative fills  {r['spec_fills']:,} ({r['spec_mib']:.1f} MiB, all in decode; {fmt(r['spec_share_pct'], 1)}% of "
-        "the bytes read in decode)",
-        f"  useful (demanded before eviction) {r['useful']:,} ({fmt(r['useful_pct'], 1)}% of fills); evicted unused "
+        f"speculative fills  {r['spec_fills']:,} ({fmt_q(r['spec_mib'], 'mib')} MiB, all in decode; {pct(r['spec_share_pct'])}% "
+        "of the bytes read in decode)",
+        f"  useful (demanded before eviction) {r['useful']:,} ({pct(r['useful_pct'])}% of fills); evicted unused "
         f"{r['evicted_unused']:,}; still unused at the end {r['unused_at_end']:,}",
         f"  not read: already resident {r['predicted_resident']:,}; over the cap {r['capped']:,}; refused by the guard "
         f"{r['refused_guard']:,}; no evictable room {r['refused_no_room']:,}"
         + (f"; under the drop threshold {r['guesses_dropped']:,}" if r["drop"] is not None else ""),
         "",
-        f"bytes per decoded token (demand + speculative)  {fmt(r['total_mib_per_token'], 2)} MiB, without prefetch "
-        f"{fmt(r['total_mib_per_token_baseline'], 2)} MiB ({r['bytes_change_pct']:+.1f}%)",
+        f"bytes per decoded token (demand + speculative)  {fmt_q(r['total_mib_per_token'], 'mib_per_token')} MiB, without "
+        f"prefetch {fmt_q(r['total_mib_per_token_baseline'], 'mib_per_token')} MiB "
+        f"({'+' if (r['bytes_change_pct'] or 0) >= 0 else ''}{pct(r['bytes_change_pct'])}%)",
     ]
     if r["predicted_resident"] and not r["spec_fills"]:
         lines.append("  note: every guess was already resident, so prefetch read nothing and changed nothing"
@@ -233,14 +252,44 @@ def format_prefetch(tr, r: dict, model) -> str:
                         "still cached)" if r["predictor"] == "prev-token" and r["policy"] == "lru" else ""))
     if model is not None:
         lines += ["", f"time per decoded token (cost model: {model.model}; {_model_scope()}):",
-                  f"  with prefetch {r['ms_per_token']:.1f} ms ({fmt(r['tok_s'], 2)} tok/s), without "
-                  f"{r['ms_per_token_baseline']:.1f} ms ({fmt(r['tok_s_baseline'], 2)} tok/s), +-{fmt(r['ms_per_token_ci95'], 1)} ms "
-                  "(95%, per-token residuals only)",
+                  f"  with prefetch {fmt_q(r['ms_per_token'], 'ms')} ms ({fmt_q(r['tok_s'], 'tok_s')} tok/s), without "
+                  f"{fmt_q(r['ms_per_token_baseline'], 'ms')} ms ({fmt_q(r['tok_s_baseline'], 'tok_s')} tok/s), "
+                  f"+-{fmt_q(r['ms_per_token_ci95'], 'ms')} ms (95%, per-token residuals only)",
                   f"  {r['verdict']}"]
         ci = r["ms_per_token_ci95"]
         if ci is not None and abs(r["ms_per_token"] - r["ms_per_token_baseline"]) < ci:
-            lines.append(f"  (the difference is inside the +-{ci:.1f} ms interval of a run's mean: a measured A/B of "
+            lines.append(f"  (the difference is inside the +-{fmt_q(ci, 'ms')} ms interval of a run's mean: a measured A/B of "
                          f"{r['tokens_decode']} tokens could not tell them apart)")
-    lines += ["", "Bytes are not time (see --cost-model); prefetch does not change the routing, so no quality is at stake; "
-              "a speculative read competes with demand reads for the same flash bandwidth."]
+    lines += ["", *plain_lines(r, model)]
+    lines += ["", ("Prefetch" if model is not None else "Bytes are not time (see --cost-model); prefetch")
+              + " does not change the routing, so no quality is at stake; a speculative read competes with demand reads "
+              "for the same flash bandwidth."]
     return "\n".join(lines)
+
+
+def plain_lines(r: dict, model) -> list[str]:
+    """The best plain policy at the same budget (no prefetch), and whether this what-if beats it."""
+    from replay.output import exact, fmt_q
+
+    name = r.get("best_plain_policy")
+    if name is None:
+        return [f"best plain policy at {exact(r['budget_mib'])} MiB: none fits the budget (every online policy overflowed)"]
+    timed = model is not None and r.get("best_plain_ms_per_token") is not None
+    line = (f"best plain policy at {exact(r['budget_mib'])} MiB (no prefetch, highest decode hit among online policies): "
+            f"{name} {fmt_q(r['best_plain_hit_pct_decode'], 'pct')}% decode hit, "
+            f"{fmt_q(r['best_plain_mib_per_token'], 'mib_per_token')} MiB/token"
+            + (f", {fmt_q(r['best_plain_ms_per_token'], 'ms')} ms/token ({fmt_q(r['best_plain_tok_s'], 'tok_s')} tok/s)"
+               if timed else ""))
+    out = [line]
+    beaten_hit = r["best_plain_hit_pct_decode"] >= (r["hit_pct_decode"] if r["hit_pct_decode"] is not None else -1)
+    if timed:
+        if r["best_plain_ms_per_token"] <= r["ms_per_token"]:
+            out.append(f"  plain {name} without prefetch is at least as fast as this prefetch under the cost model: "
+                       "the what-if is no win at this budget")
+        else:
+            out.append(f"  this prefetch is faster than plain {name} under the cost model by "
+                       f"{fmt_q(r['best_plain_ms_per_token'] - r['ms_per_token'], 'ms')} ms/token")
+    elif beaten_hit:
+        out.append(f"  plain {name} without prefetch hits at least as often as this prefetch: its hit gain over "
+                   f"{r['policy']} is no win at this budget")
+    return out

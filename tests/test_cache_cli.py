@@ -64,7 +64,7 @@ def test_text_table_flags_budgets_below_t(small):
     (["--budgets", "100,abc"], "'abc' is not a number"),
     (["--budgets", "0"], "not a positive number"),
     (["--budgets", "-5"], "not a positive number"),
-    (["--phase", "prefill"], "--phase"),
+    (["--phase", "both"], "--phase"),
     (["--validate"], "records no cache budget"),
 ])
 def test_bad_options_exit_2_one_line(small, args, words):

@@ -168,6 +168,47 @@ def test_device_check_tracks_recorded_speed(real_trace_dir, name):
     rec = {"qwen": 5.657, "gemma": 4.971, "gptoss": 0.503}[name]
     assert r["recorded_tok_s"] == pytest.approx(rec, abs=0.001)  # 1000 / mean wall, as the engine's summary says
     assert r["predicted_tok_s"] > 0 and abs(r["tok_s_err_pct"]) < 50
-    assert "heldout_tok_s_err_pct" in r
+    assert "heldout_run_mean_err_pct" in r and "heldout_mape_pct" in r and "heldout_tok_s_err_pct" not in r
     # the replay's own bytes, not the recorded ones, went into the model (they agree: validation is exact)
     assert r["replay_read_mib_per_token"] == pytest.approx(r["recorded_read_mib_per_token"], rel=1e-9)
+
+
+def test_check_with_the_model_fitted_on_the_same_run_says_in_sample(real_trace_dir, tmp_path):
+    q, g = real_trace_dir("qwen"), real_trace_dir("gemma")
+    fit = run_cli("cost", "fit", q, "--json")
+    row = [r for r in fit.json()["rows"] if r["selected"]][0]
+    assert row["fit_trace_id"].startswith("sha256:") and row["fit_trace"] == str(q)
+    # both held-out errors are reported, under different names
+    assert row["heldout_mape_pct"] > 0 and row["heldout_run_mean_err_pct"] is not None
+    (tmp_path / "q.json").write_text(fit.out)
+    res = run_cli("cost", "check", q, "--cost-model", tmp_path / "q.json", "--json")
+    assert res.code == 0, res.err
+    r = res.json()["rows"][0]
+    assert r["error_scope"].startswith("in-sample") and abs(r["tok_s_err_pct"]) < 1e-6  # 0 by construction
+    text = run_cli("cost", "check", q, "--cost-model", tmp_path / "q.json").out
+    assert "IN-SAMPLE" in text and "not a measure of accuracy" in text
+    # the same model on another run is out-of-sample, and says so
+    other = run_cli("cost", "check", g, "--cost-model", tmp_path / "q.json", "--json").json()["rows"][0]
+    assert other["error_scope"].startswith("out-of-sample")
+    # the same run imported again elsewhere is still the same run
+    from tests.conftest import real_files
+    from traces.importers.bigmoe import import_bigmoe
+
+    csv, metrics = real_files("qwen")
+    import_bigmoe(csv, tmp_path / "again", metrics=metrics)
+    again = run_cli("cost", "check", tmp_path / "again", "--cost-model", tmp_path / "q.json", "--json").json()["rows"][0]
+    assert again["error_scope"].startswith("in-sample")
+
+
+def test_check_at_another_budget_compares_nothing(real_trace_dir):
+    """The device ran at 4000 MiB; at 3000 MiB there is no recorded speed, so no error is printed."""
+    q = real_trace_dir("qwen")
+    r = run_cli("cost", "check", q, "--budget-mib", "3000", "--json").json()["rows"][0]
+    assert r["compared"] is False and r["budget_mib"] == 3000.0 and r["recorded_budget_mib"] == 4000.0
+    assert r["tok_s_err_pct"] is None and r["token_mape_pct"] is None and r["recorded_tok_s"] is None
+    assert "heldout_run_mean_err_pct" not in r and r["predicted_tok_s"] > 0
+    text = run_cli("cost", "check", q, "--budget-mib", "3000").out
+    assert "prediction only, no error" in text and "the device ran at 4000 MiB, not 3000 MiB" in text
+    assert "at the recorded budget" not in text
+    same = run_cli("cost", "check", q, "--budget-mib", "4000", "--json").json()["rows"][0]
+    assert same["compared"] is True and same["tok_s_err_pct"] is not None

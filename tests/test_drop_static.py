@@ -23,10 +23,11 @@ def test_static_drop_matches_naive_twin(tmp_path_factory, spec, frac, phase):
     tr = open_trace(write_trace(spec, tmp_path_factory.mktemp("drop")))
     k = spec["k"]
     got = static_drop(tr, [frac], phase=phase, keep_ks=[]).row(0, named=True)
-    saved, total, lost, mass, rdrop, surv = naive_static_drop(rows, k, frac)
+    saved, total, lost, mass, rdrop, surv, edrop = naive_static_drop(rows, k, frac)
     assert got["io_saved_pct"] == (saved / total * 100 if total else None)
     assert got["mass_lost_pct"] == pytest.approx(lost / mass * 100 if mass else None, abs=1e-9) if mass else got["mass_lost_pct"] is None
     assert got["routings_dropped_pct"] == rdrop / len(rows) * 100
+    assert got["experts_dropped_pct"] == edrop / (len(rows) * k) * 100  # skipped / routed experts
     for s in range(1, k + 1):
         assert got[f"survivors_{s}_pct"] == sum(1 for x in surv if x == s) / len(rows) * 100
     assert all(x >= 1 for x in surv)  # the top-weighted expert always survives
@@ -78,3 +79,48 @@ def test_bad_options(real_trace_dir, synth_trace_dir):
     assert_one_sentence_error(run_cli("drop", q, "--phase", "both"), "--phase")
     s = synth_trace_dir(layers=2, experts=8, top_k=2, embd=4, tokens=10, prompt_tokens=2, routing_only=True)
     assert_one_sentence_error(run_cli("drop", s, "--mode", "static"), "residency")
+
+
+def test_text_prints_parameters_exactly_and_labels_both_dropped_shares(real_trace_dir):
+    """F = 0.125 and 0.75 appear as given (not rounded to a fixed precision); the two dropped shares
+    carry labels that say which is which, and experts dropped is never above routings with a drop."""
+    res = run_cli("drop", real_trace_dir("qwen"), "--fracs", "0.125,0.75")
+    assert res.code == 0, res.err
+    lines = res.out.splitlines()
+    assert any(ln.split()[:1] == ["0.125"] for ln in lines) and any(ln.split()[:1] == ["0.75"] for ln in lines)
+    assert "routings with a drop %" in res.out and "experts dropped % (engine's 'routings dropped')" in res.out
+    rows = run_cli("drop", real_trace_dir("qwen"), "--fracs", "0.125,0.75", "--json").json()["rows"]
+    for r in rows:
+        assert 0 <= r["experts_dropped_pct"] <= r["routings_dropped_pct"] <= 100
+    cut = [r for r in rows if r["mode"] == "static-k"]
+    # the top-k cut at keep_k drops every routing's last k - keep_k slots: an exact share of routed experts
+    assert [r["experts_dropped_pct"] for r in cut] == [pytest.approx((6 - r["keep_k"]) / 6 * 100) for r in cut]
+
+
+def test_bytes_are_not_time_only_without_a_cost_model(real_trace_dir, tmp_path):
+    q = real_trace_dir("qwen")
+    assert "bytes are not time" in run_cli("drop", q, "--fracs", "0.5").out.lower()
+    fit = run_cli("cost", "fit", q, "--json")
+    (tmp_path / "m.json").write_text(fit.out)
+    for mode in ("static", "closed"):
+        res = run_cli("drop", q, "--mode", mode, "--fracs", "0.5", "--cost-model", tmp_path / "m.json")
+        assert res.code == 0, res.err
+        assert "ms/token" in res.out and "bytes are not time" not in res.out.lower()
+
+
+def test_phase_accepts_the_same_values_in_every_verb(real_trace_dir):
+    """decode, prefill and all are accepted by drop, predict and cache alike; anything else gets the
+    same one sentence from each."""
+    q = real_trace_dir("qwen")
+    verbs = {"drop": ["drop", q, "--fracs", "0.5"], "predict": ["predict", q, "--predictors", "prev-token"],
+             "cache": ["cache", q, "--policies", "lru", "--budgets", "4000"]}
+    for args in verbs.values():
+        for phase in ("decode", "prefill", "all"):
+            res = run_cli(*args, "--phase", phase)
+            assert res.code == 0, (args[0], phase, res.err)
+    errors = set()
+    for args in verbs.values():
+        res = run_cli(*args, "--phase", "both")
+        assert_one_sentence_error(res, "--phase", "'both'", "decode", "prefill", "all")
+        errors.add(res.err)
+    assert len(errors) == 1

@@ -55,3 +55,27 @@ def test_report_refuses_existing_output(synth_trace_dir, tmp_path):
     (tmp_path / "r" / "x").write_text("keep")
     assert_one_sentence_error(run_cli("report", d, "-o", tmp_path / "r"), "not empty")
     assert (tmp_path / "r" / "x").read_text() == "keep"
+
+
+def test_report_prints_parameters_exactly_and_labels_the_dropped_shares(synth_trace_dir, tmp_path):
+    """F = 0.25 and 0.75 in the drop tables (they used to print as 0.2 and 0.8: other thresholds)."""
+    d = synth_trace_dir(layers=6, experts=16, top_k=2, embd=8, tokens=40, prompt_tokens=8)
+    md = _report(d, tmp_path / "r")
+    drop = md.split("## Drop-cold trade-off")[1].split("\n## ")[0]
+    fracs = [ln.split("|")[2].strip() for ln in drop.splitlines() if ln.startswith("| closed |")]
+    assert fracs == ["0.25", "0.5", "0.75", "1", "1.5"]
+    assert "routings with a drop %" in drop and "experts dropped % (engine's 'routings dropped')" in drop
+    assert "| hit_pct_decode_baseline | hit_pct_decode |" in drop
+
+
+def test_one_precision_per_quantity():
+    from replay.output import PRECISION, cell, text_table
+
+    assert cell("frac", 0.25) == "0.25" and cell("budget_mib", 390.5, digits=0) == "390.5" and cell("keep_k", 3) == "3"
+    for col in ("hit_pct_decode", "hit_pct", "io_saved_pct", "experts_dropped_pct", "tok_s_err_pct", "heldout_mape_pct"):
+        assert cell(col, 12.3456) == f"{12.3456:.{PRECISION['pct']}f}", col
+    for col in ("tok_s", "tok_s_baseline", "best_plain_tok_s", "predicted_tok_s"):
+        assert cell(col, 5.6789) == f"{5.6789:.{PRECISION['tok_s']}f}", col
+    for col in ("ms_per_token", "ms_per_token_baseline", "best_plain_ms_per_token", "ms_per_token_ci95"):
+        assert cell(col, 176.849) == f"{176.849:.{PRECISION['ms']}f}", col
+    assert text_table([{"frac": 0.75, "io_saved_pct": 45.04}], ["frac", "io_saved_pct"]).splitlines()[-1].split() == ["0.75", "45.0"]

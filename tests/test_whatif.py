@@ -163,8 +163,10 @@ def test_real_qwen_closed_drop_at_recorded_budget(real_trace_dir):
     assert res.code == 0, res.err
     rows = res.json()["rows"]
     for r in rows:
-        for key in ("mode", "frac", "keep_k", "phase", "io_saved_pct", "mass_lost_pct", "routings_dropped_pct"):
+        for key in ("mode", "frac", "keep_k", "phase", "io_saved_pct", "mass_lost_pct", "routings_dropped_pct",
+                    "experts_dropped_pct", "hit_pct_decode", "hit_pct_cum", "hit_pct_decode_baseline"):
             assert key in r
+        assert "hit_pct" not in r  # DESIGN.md names hit rates by phase
         assert r["budget_mib"] == 4000.0 and r["policy"] == "lru" and r["phase"] == "decode"
     cold = [r for r in rows if r["mode"] == "closed"]
     assert [r["frac"] for r in cold] == [0.5, 1.0] and [r["keep_k"] for r in rows if r["mode"] == "closed-k"] == [5, 4, 3, 2, 1]
@@ -217,3 +219,41 @@ def test_bad_options(synth_trace_dir, tmp_path):
     assert_one_sentence_error(run_cli("prefetch", s, "--budget-mib", "1", "--cost-model", tmp_path / "none.json"), "cost-model")
     assert_one_sentence_error(run_cli("drop", s, "--mode", "closed", "--budget-mib", "1", "--phase", "all",
                                       "--cost-model", tmp_path / "x.json"), "--phase")
+
+
+def test_real_qwen_closed_drop_two_dropped_shares(real_trace_dir):
+    """Qwen, closed loop, LRU at 4000 MiB, F = 0.75, decode: 2,311 of the 6,144 (token, layer)
+    routings lose at least one expert (37.6%), but only 2,991 of the 36,864 routed experts are
+    skipped (8.1%): the share an engine's telemetry calls "routings dropped". Measured here."""
+    res = run_cli("drop", real_trace_dir("qwen"), "--mode", "closed", "--fracs", "0.75", "--budget-mib", "4000", "--json")
+    assert res.code == 0, res.err
+    r = res.json()["rows"][0]
+    assert r["routings"] == 6144 and r["slots_dropped"] == 2991
+    assert r["routings_dropped_pct"] == pytest.approx(2311 / 6144 * 100)
+    assert r["experts_dropped_pct"] == pytest.approx(2991 / 36864 * 100)
+    assert r["hit_pct_decode_baseline"] == pytest.approx(80.287, abs=0.001)
+
+
+def test_prefetch_shows_the_best_plain_policy(real_trace_dir, tmp_path):
+    """The what-if is shown next to the best plain online policy at the same budget (the max decode
+    hit % of a cache sweep over the online policies, ties by name), not only its own policy."""
+    from replay.cost import BOUNDS
+    from replay.policies import REGISTRY
+
+    q = real_trace_dir("qwen")
+    online = [p for p in REGISTRY if p not in BOUNDS]
+    sweep = run_cli("cache", q, "--budgets", "4000", "--policies", ",".join(online), "--json").json()["rows"]
+    top = max(r["hit_pct_decode"] for r in sweep)
+    best = sorted(r["policy"] for r in sweep if r["hit_pct_decode"] == top)[0]
+    res = run_cli("prefetch", q, "--predictor", "static-hot", "--policy", "lfru", "--json")
+    assert res.code == 0, res.err
+    r = res.json()["rows"][0]
+    assert r["best_plain_policy"] == best and r["best_plain_hit_pct_decode"] == pytest.approx(top)
+    text = run_cli("prefetch", q, "--predictor", "static-hot", "--policy", "lfru").out
+    assert f"best plain policy at 4000 MiB (no prefetch, highest decode hit among online policies): {best} " in text
+    assert "Bytes are not time (see --cost-model)" in text
+    fit = run_cli("cost", "fit", q, "--json")
+    (tmp_path / "m.json").write_text(fit.out)
+    timed = run_cli("prefetch", q, "--predictor", "static-hot", "--cost-model", tmp_path / "m.json")
+    assert timed.code == 0, timed.err
+    assert "Bytes are not time" not in timed.out and "ms/token" in timed.out.split("best plain policy")[1]

@@ -29,6 +29,7 @@ from replay.cache_kernel import (
 from replay.policies import REGISTRY
 from tests.naive.whatif import naive_whatif
 from tests.test_cache_twin import UNIT, _arrays, traces
+from tests.trace_strategies import recorded_traces
 
 ACC = {"lookups": ACC_LOOKUPS, "hits": ACC_HITS, "read": ACC_READ, "skipped": ACC_SKIPPED, "spec_hits": ACC_SPEC_HITS,
        "spec_fills": ACC_SPEC_FILLS, "spec_read": ACC_SPEC_READ}
@@ -112,3 +113,36 @@ def test_prefetch_under_every_policy_matches_naive_twin(data, t, policy, retain)
         return
     preds = data.draw(predictions(rows, n_expert, 2))
     _compare(t, policy, 3, preds=preds, ahead=1, cap=None, guard=True, retain=retain, fill=True)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(spec=recorded_traces(), policy=st.sampled_from(sorted(REGISTRY)), frac=st.sampled_from([0.25, 0.5, 1.0, 2.0]),
+       phase=st.sampled_from(["decode", "prefill", "all"]), data=st.data())
+def test_closed_drop_shares_match_naive_twin(tmp_path_factory, spec, policy, frac, phase, data):
+    """closed_drop's two dropped shares (routings with a drop, routed experts dropped) and its
+    per-phase hit rates agree exactly with the naive twin's replay."""
+    from replay.drop import closed_drop
+    from tests.naive.whatif import naive_closed_drop
+    from tests.trace_strategies import write_trace
+    from traces import open_trace
+
+    phases = {"decode": (1,), "prefill": (0,), "all": (0, 1)}[phase]
+    if not any(r["phase"] in phases for r in spec["rows"]):
+        return
+    k, n_layer = spec["k"], spec["n_layer"]
+    budget_bytes = data.draw(st.integers(1, sum(spec["sizes"]) * spec["n_expert"] + 3))
+    tr = open_trace(write_trace(spec, tmp_path_factory.mktemp("closed")))
+    got = closed_drop(tr, [frac], budget_mib=budget_bytes / (1 << 20), policy=policy, phase=phase, keep_ks=[]).row(0, named=True)
+    want = naive_closed_drop([(r["batch"], r["phase"], r["layer"], r["experts"]) for r in spec["rows"]],
+                             [r["weights"] for r in spec["rows"]], list(range(n_layer)), spec["n_expert"],
+                             dict(enumerate(spec["sizes"])), policy, budget_bytes, k, frac, phases)
+    assert got["routings"] == want["routings"]
+    assert got["routings_dropped_pct"] == want["routings_dropped"] / want["routings"] * 100
+    assert got["experts_dropped_pct"] == want["experts_dropped"] / want["experts_routed"] * 100
+    assert got["slots_dropped"] == want["experts_dropped"]
+    for name in ("", "_baseline"):
+        for key, ph in (("decode", (1,)), ("prefill", (0,)), ("cum", (0, 1))):
+            lk = sum(want[f"lookups_{p}{name}"] for p in ph)
+            ht = sum(want[f"hits_{p}{name}"] for p in ph)
+            assert got[f"hit_pct_{key}{name}"] == (100.0 * float(ht) / float(lk) if lk else None), (key, name)
+    assert "hit_pct" not in got and "hit_pct_baseline" not in got  # DESIGN.md's phase keys only

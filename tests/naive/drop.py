@@ -13,10 +13,13 @@ from collections import defaultdict
 def naive_static_drop(rows, k, frac):
     """rows: list of dicts with batch, layer, experts, weights, residency, read_bytes (lists of k).
 
-    Returns (saved_bytes, total_read_bytes, mass_lost, total_mass, routings_dropped, survivors)."""
+    Returns (saved_bytes, total_read_bytes, mass_lost, total_mass, routings_dropped, survivors,
+    experts_dropped): routings_dropped counts routings with at least one slot skipped,
+    experts_dropped counts skipped slots (routed experts), the engine's "routings dropped"."""
     per_load_expert = defaultdict(lambda: [0, 0.0])  # (batch, layer, expert) -> [kept slots, bytes]
     mass_lost = total_mass = 0.0
     routings_dropped = 0
+    experts_dropped = 0
     survivors = []
     total_read = 0.0
     for r in rows:
@@ -36,10 +39,11 @@ def naive_static_drop(rows, k, frac):
             if skip:
                 mass_lost += w
                 dropped_any = True
+                experts_dropped += 1
             else:
                 per_load_expert[key][0] += 1
                 alive += 1
         routings_dropped += dropped_any
         survivors.append(alive)
     saved = sum(b for kept, b in per_load_expert.values() if kept == 0)
-    return saved, total_read, mass_lost, total_mass, routings_dropped, survivors
+    return saved, total_read, mass_lost, total_mass, routings_dropped, survivors, experts_dropped

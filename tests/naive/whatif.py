@@ -230,3 +230,37 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
     st["spec_hits"] = sum(out["spec_hits"].values())
     return {**{k: dict(v) for k, v in out.items()}, "per_batch": {b: dict(v) for b, v in per_batch.items()},
             "codes": codes, "stats": dict(st)}
+
+
+def naive_closed_drop(rows, weights, moe_layers, n_expert, expert_bytes, policy, budget_bytes, k, frac, phases, seed=0):
+    """Closed-loop drop-cold F on the routings whose phase is in ``phases`` (DESIGN.md, "drop" keys):
+    a slot is flagged when its weight < F / k and it is not the routing's top-weighted slot (the
+    first of equal maxima); the replay skips a flagged slot iff its expert is not cached then.
+
+    rows: (batch, phase, layer, [expert ids]); weights: per row, k floats. Returns counts over the
+    phase's routings (``routings``, ``routings_dropped``: with at least one slot skipped,
+    ``experts_routed`` = k per routing, ``experts_dropped``: skipped slots) and all-phase
+    ``lookups``/``hits`` per phase (0 prefill, 1 decode) with and without dropping."""
+    drop = []
+    for (_batch, phase, _layer, _ex), w in zip(rows, weights):
+        top = 0
+        for s in range(k):
+            if w[s] > w[top]:
+                top = s
+        drop.append([1 if phase in phases and w[s] < frac / k and s != top else 0 for s in range(k)])
+    got = naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes, seed, drop=drop)
+    base = naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes, seed)
+    out = {"routings": 0, "routings_dropped": 0, "experts_routed": 0, "experts_dropped": 0}
+    for (_batch, phase, _layer, _ex), codes in zip(rows, got["codes"]):
+        if phase not in phases:
+            continue
+        out["routings"] += 1
+        out["experts_routed"] += len(codes)
+        skipped = sum(1 for c in codes if c == 3)
+        out["experts_dropped"] += skipped
+        out["routings_dropped"] += skipped > 0
+    for name, res in (("", got), ("_baseline", base)):
+        for ph in (0, 1):
+            out[f"lookups_{ph}{name}"] = sum(v for (p, _l), v in res["lookups"].items() if p == ph)
+            out[f"hits_{ph}{name}"] = sum(v for (p, _l), v in res["hits"].items() if p == ph)
+    return out
