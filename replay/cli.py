@@ -145,8 +145,15 @@ def main(argv: list[str] | None = None) -> None:
     args = [a for a in args if a != "--debug"]
     _register_modules()
     _register_plugins()
+    from contextlib import nullcontext
+
+    from replay.output import compile_notice
+
     try:
-        app(args=args, prog_name="moe-replay", standalone_mode=False)
+        # The first run after installation compiles the kernels (about a minute): say so on a
+        # terminal (never with --json, never in a pipe); later runs load them and print nothing.
+        with nullcontext() if "--json" in args else compile_notice():
+            app(args=args, prog_name="moe-replay", standalone_mode=False)
     except UserError as e:
         if debug:
             raise
