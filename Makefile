@@ -9,7 +9,8 @@ PIP    := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
 # (about 8 minutes on 2 cores the first time; pip's wheel cache makes later installs fast).
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
-export NUMBA_CACHE_DIR ?= $(CURDIR)/.venv/numba-cache
+# Numba keeps compiled kernels in its default place (__pycache__ beside the sources), the same one a
+# direct `.venv/bin/moe-replay` call uses: `make demo` leaves the next command fast.
 
 DEMO_TRACE := $(VENV)/work/demo-trace
 # The synthetic trace has no engine metrics to fit a cost model on: the demo assumes a manual one

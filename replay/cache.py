@@ -8,7 +8,13 @@ Definitions used everywhere here (DESIGN.md, "Replay semantics"):
 - hit% = hits / lookups x 100. ``hit_pct_decode`` counts decode loads only (phase 1);
   ``hit_pct_cum`` counts all loads, prefill included (what the engine's ``cache_hit_pct`` is);
 - ``read_mib`` = bytes the misses read, all phases, in MiB (2^20 bytes); bytes are not time;
-- budgets are bytes = floor(budget_mib x 2^20); an entry costs its layer's ``expert_bytes``.
+- budgets are bytes = floor(budget_mib x 2^20); an entry costs its layer's ``expert_bytes``;
+- ``peak_resident_mib`` = the most bytes resident at once (all layers), after any load's
+  eviction step; ``overflow_loads`` = loads after which their group still held more than its
+  budget (or, under ``layer``/``layerlfu``, its layer's share): nothing left to evict but the
+  load's own entries. A cell with ``overflow_loads > 0`` is *over budget* (``over_budget``): its hit
+  rate needs more memory than the budget it is listed under, and every table and verdict marks
+  it or leaves it out (:func:`within_budget`, :func:`pick_best`, :func:`over_budget_note`).
 
 Library API (frames in, frames out; the CLI in :mod:`replay.cache_cli` only formats):
 
@@ -17,12 +23,15 @@ Library API (frames in, frames out; the CLI in :mod:`replay.cache_cli` only form
 - :func:`sweep` -> pl.DataFrame of cache rows (many cells, parallel over cores)
 - :func:`result_rows`, :func:`batch_series`, :func:`decode_token_series`
 - :func:`default_budgets_mib`, :func:`validate`
+- :func:`within_budget`, :func:`pick_best`, :func:`over_budget_note`: the one way every verb and
+  the report choose a "best"/"fastest" cell and mark over-budget ones
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,6 +54,7 @@ from replay.cache_kernel import (
     OPT_RETAIN,
     STAT_EVICTIONS,
     STAT_OVERFLOW,
+    STAT_PEAK_BYTES,
     make_kernel,
     next_loads,
     no_options,
@@ -57,17 +67,34 @@ from traces.reader import RoutingArrays, Trace
 MIB = 1 << 20
 UNBOUNDED_BYTES = np.int64(1) << np.int64(62)
 
-_KERNELS: dict[str, Any] = {}
+_KERNELS: dict[tuple, Any] = {}
+_KERNELS_LOCK = threading.Lock()
 
 
 def kernel_for(policy: str, whatif: bool = False, slots: bool = False):
-    """The compiled driver for ``policy`` (compiled, or loaded from Numba's cache, once per process);
-    ``whatif`` = the variant with the drop / prediction paths (a plain replay has them compiled out);
-    ``slots`` = a plain variant that writes per-slot residency codes (a what-if variant always can)."""
+    """The compiled driver for ``policy``, ready to run: compiled, or loaded from Numba's on-disk
+    cache, once per process, by running it on a tiny input here (so a caller's timing, or a thread
+    pool's first calls, never include compilation; on a terminal the CLI's
+    :func:`replay.output.compile_notice` says when this compiles). ``whatif`` = the variant with
+    the drop / prediction paths (a plain replay has them compiled out); ``slots`` = a plain
+    variant that writes per-slot residency codes (a what-if variant always can)."""
     key = (policy, whatif, slots and not whatif)
-    if key not in _KERNELS:
-        _KERNELS[key] = make_kernel(policy, policy_module(policy), whatif, slots)
-    return _KERNELS[key]
+    with _KERNELS_LOCK:
+        if key not in _KERNELS:
+            pm = policy_module(policy)
+            kern = make_kernel(policy, pm, whatif, slots)
+            kern(*_driver_args(_tiny_loads(), pm, MIB, 0, bool(slots), None, None, no_options())[0])
+            _KERNELS[key] = kern
+        return _KERNELS[key]
+
+
+def _tiny_loads() -> Loads:
+    ra = RoutingArrays(
+        turn=np.zeros(2, np.int32), batch=np.array([0, 1], np.int32), phase=np.array([0, 1], np.int8),
+        step=np.array([0, 1], np.int32), layer=np.zeros(2, np.int16), experts=np.array([[0], [1]], np.int32),
+        weights=np.zeros((2, 1), np.float32),
+    )
+    return prepare_loads(ra, [0], 2, np.array([MIB]))
 
 
 def check_policies(policies: list[str] | tuple[str, ...]) -> list[str]:
@@ -205,6 +232,17 @@ class ReplayResult:
         return int(self.acc[:, :, ACC_LOOKUPS].sum())
 
     @property
+    def peak_resident_bytes(self) -> int | None:
+        """Most bytes resident in all groups together, after any load's eviction step (or its
+        speculative fills); above the budget only when a load overflowed."""
+        return int(self.stats[STAT_PEAK_BYTES]) if self.stats is not None else None
+
+    @property
+    def over_budget(self) -> bool:
+        """A load left its group above its budget (or its layer's share): the hit rate needs more memory."""
+        return self.overflow_loads > 0
+
+    @property
     def hits(self) -> int:
         return int(self.acc[:, :, ACC_HITS].sum())
 
@@ -243,7 +281,33 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     if loads.entries.size > MAX_SLOTS:
         raise UserError(f"the trace holds {loads.entries.size:,} routed slots; one replay handles at most {MAX_SLOTS:,}")
     pm = policy_module(policy)
+    if drop is not None and drop.shape != loads.entries.shape:
+        raise ValueError(f"drop flags must be [R, k] = {loads.entries.shape}, got {drop.shape}")
+    if pred is not None and (retain or fill) and pred.shape[0] != loads.entries.shape[0]:
+        raise ValueError(f"predictions must have one row per routing ({loads.entries.shape[0]}), got {pred.shape[0]}")
+    if (retain or fill) and ahead < 1:
+        raise UserError(f"predictions {ahead} layers ahead: must be >= 1.")
+    if cap is not None and cap < 0:
+        raise UserError(f"--cap {cap}: must be >= 0 predicted misses per layer.")
     kern = kernel_for(policy, whatif=drop is not None or retain or fill, slots=slots)
+    opts = no_options()
+    opts[OPT_AHEAD] = ahead
+    opts[OPT_CAP] = -1 if cap is None else cap
+    opts[OPT_GUARD] = int(guard)
+    opts[OPT_RETAIN] = int(retain)
+    opts[OPT_FILL] = int(fill)
+    args, stats, slot_out = _driver_args(loads, pm, budget, seed, slots, drop, pred if (retain or fill) else None, opts)
+    t0 = time.perf_counter()
+    kern(*args)
+    dt = time.perf_counter() - t0
+    acc, bacc = args[10], args[11]
+    return ReplayResult(policy, float(budget_mib), budget, acc, bacc, int(stats[STAT_EVICTIONS]), int(stats[STAT_OVERFLOW]),
+                        slot_out if slots else None, dt, stats)
+
+
+def _driver_args(loads: Loads, pm, budget: int, seed: int, slots: bool, drop: np.ndarray | None, pred: np.ndarray | None,
+                 opts: np.ndarray) -> tuple[tuple, np.ndarray, np.ndarray]:
+    """The driver's arguments for one replay (fresh state), its stats array and its slot_out array."""
     group, gbud = _groups(loads, pm, budget)
     ent, grp = new_state(loads.entry_bytes, group, gbud)
     ps = pm.init(ent, grp, int(seed))
@@ -254,43 +318,18 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     R, k = loads.entries.shape
     slot_out = np.zeros((R if slots else 0, k), np.uint8)
     nxt = loads.next_load if pm.NEEDS_NEXT_USE else np.zeros((0, k), np.int32)
-    if drop is None:
-        drop = np.zeros((0, k), np.uint8)
-    elif drop.shape != (R, k):
-        raise ValueError(f"drop flags must be [R, k] = {(R, k)}, got {drop.shape}")
-    if pred is None or not (retain or fill):
-        pred = np.zeros((0, 1), np.int32)
-    elif pred.shape[0] != R:
-        raise ValueError(f"predictions must have one row per routing ({R}), got {pred.shape[0]}")
-    if (retain or fill) and ahead < 1:
-        raise UserError(f"predictions {ahead} layers ahead: must be >= 1.")
-    if cap is not None and cap < 0:
-        raise UserError(f"--cap {cap}: must be >= 0 predicted misses per layer.")
-    opts = no_options()
-    opts[OPT_AHEAD] = ahead
-    opts[OPT_CAP] = -1 if cap is None else cap
-    opts[OPT_GUARD] = int(guard)
-    opts[OPT_RETAIN] = int(retain)
-    opts[OPT_FILL] = int(fill)
+    drop = np.zeros((0, k), np.uint8) if drop is None else np.ascontiguousarray(drop, np.uint8)
+    pred = np.zeros((0, 1), np.int32) if pred is None else np.ascontiguousarray(pred, np.int32)
     layer_info = np.stack([group[::loads.n_expert], loads.layer_expert_bytes]).T.astype(np.int64).copy()
-    t0 = time.perf_counter()
-    kern(loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, loads.load_batch, layer_info, nxt, ent, grp, ps,
-         acc, bacc, stats, slot_out, np.ascontiguousarray(drop, np.uint8), np.ascontiguousarray(pred, np.int32), opts)
-    dt = time.perf_counter() - t0
-    return ReplayResult(policy, float(budget_mib), budget, acc, bacc, int(stats[STAT_EVICTIONS]), int(stats[STAT_OVERFLOW]),
-                        slot_out if slots else None, dt, stats)
+    args = (loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, loads.load_batch, layer_info, nxt, ent, grp,
+            ps, acc, bacc, stats, slot_out, drop, pred, opts)
+    return args, stats, slot_out
 
 
-def warm_up(policies: list[str]) -> None:
-    """Compile (or load from cache) the kernels on a tiny input so timings exclude compilation."""
-    ra = RoutingArrays(
-        turn=np.zeros(2, np.int32), batch=np.array([0, 1], np.int32), phase=np.array([0, 1], np.int8),
-        step=np.array([0, 1], np.int32), layer=np.zeros(2, np.int16), experts=np.array([[0], [1]], np.int32),
-        weights=np.zeros((2, 1), np.float32),
-    )
-    lo = prepare_loads(ra, [0], 2, np.array([MIB]))
-    for p in policies:
-        replay(lo, p, 1.0)
+def warm_up(policies: list[str], whatif: bool = False, slots: bool = False) -> None:
+    """Compile (or load from cache) the kernels, so timings (and a sweep's threads) exclude compilation."""
+    for p in check_policies(policies):
+        kernel_for(p, whatif, slots)
 
 
 def _pct(h: np.ndarray | int, n: np.ndarray | int) -> float:
@@ -316,8 +355,49 @@ def result_rows(loads: Loads, res: ReplayResult, per_layer: bool = False) -> lis
             "read_mib_decode": float(rd[1]) / MIB,
             "evictions": res.evictions if layer is None else None,
             "overflow_loads": res.overflow_loads if layer is None else None,
+            "peak_resident_mib": res.peak_resident_bytes / MIB if layer is None and res.peak_resident_bytes is not None else None,
+            "over_budget": res.over_budget if layer is None else None,
         })
     return out
+
+
+# -- over-budget cells and the one tie-break for "best" / "fastest" -----------------------------
+
+def is_over_budget(row: dict[str, Any]) -> bool:
+    """A cache row whose replay overflowed (some load left its group above its budget or share)."""
+    return bool(row.get("overflow_loads") or 0)
+
+
+def within_budget(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rows within budget, rows over budget), each in the given order."""
+    ok = [r for r in rows if not is_over_budget(r)]
+    over = [r for r in rows if is_over_budget(r)]
+    return ok, over
+
+
+def pick_best(rows: list[dict[str, Any]], value: str, highest: bool) -> dict[str, Any] | None:
+    """The row with the highest (``highest``) or lowest ``value``; a missing or NaN value ranks last;
+    ties go to the policy name first in alphabetical order. Every "best online" / "fastest" choice
+    (the ``cache`` CLI, ``cost.verdict``, the report) goes through here, so they break ties alike.
+    Callers pass within-budget rows (:func:`within_budget`) and say which they left out."""
+    def rank(r: dict[str, Any]) -> tuple:
+        v = r.get(value)
+        missing = v is None or (isinstance(v, float) and math.isnan(v))
+        return (missing, 0.0 if missing else (-v if highest else v), str(r.get("policy")))
+
+    return min(rows, key=rank) if rows else None
+
+
+def over_budget_note(rows: list[dict[str, Any]]) -> str | None:
+    """One sentence naming every over-budget cell with its peak and overflowed loads, or None."""
+    over = [r for r in rows if is_over_budget(r)]
+    if not over:
+        return None
+    cells = "; ".join(f"{r['policy']} at {r['budget_mib']:g} MiB (peak {r['peak_resident_mib']:.1f} MiB resident, "
+                      f"{r['overflow_loads']:,} loads overflowed)" if r.get("peak_resident_mib") is not None else
+                      f"{r['policy']} at {r['budget_mib']:g} MiB ({r['overflow_loads']:,} loads overflowed)" for r in over)
+    return ("over budget: a load needed more than the budget (or its layer's share under layer/layerlfu), so the cache "
+            f"overflowed and the hit rate needs more memory than listed: {cells}.")
 
 
 def batch_series(loads: Loads, res: ReplayResult) -> pl.DataFrame:
@@ -367,7 +447,7 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
     budgets = [float(b) for b in budgets_mib]
     for b in budgets:
         budget_bytes(b)
-    warm_up(policies)
+    warm_up(policies, whatif=whatif.get("drop") is not None or bool(whatif.get("retain")) or bool(whatif.get("fill")))
     if any(policy_module(p).NEEDS_NEXT_USE for p in policies):
         _ = loads.next_load
     cells = [(p, b) for p in policies for b in budgets]
@@ -389,7 +469,8 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
         if r.budget_mib != b:
             r = ReplayResult(p, b, budget_bytes(b), r.acc, r.bacc, r.evictions, r.overflow_loads, None, r.seconds, r.stats)
         rows.extend(result_rows(loads, r, per_layer))
-    return pl.DataFrame(rows, schema_overrides={"layer": pl.Int64, "evictions": pl.Int64, "overflow_loads": pl.Int64},
+    return pl.DataFrame(rows, schema_overrides={"layer": pl.Int64, "evictions": pl.Int64, "overflow_loads": pl.Int64,
+                                                "peak_resident_mib": pl.Float64, "over_budget": pl.Boolean},
                         infer_schema_length=None)
 
 

@@ -33,6 +33,15 @@ def parse_budgets(text: str, option: str = "--budgets") -> list[float]:
     return out
 
 
+POLICIES_HELP = (
+    "Comma-separated: lru, lfu, lfu-incache, random, layer, layerlfu, layerlfu-incache, lfru, belady, infinite. "
+    "lfu evicts the entry touched by the fewest loads since the start of the run (the count survives eviction, as in "
+    "the reference replay behind the published curves); lfu-incache counts only since the entry's last admission; "
+    "ties go to the least recently used. layer / layerlfu[-incache] split the budget equally over the MoE layers. "
+    "lfru = frequency << 8 | recency byte, with lfu-incache's count. belady and infinite are bounds.")
+VALIDATE_TOLERANCE_PP = 0.1  # the engine prints its cumulative hit % with one decimal
+OVER = " !"  # marks an over-budget cell in the text tables
+
 COLLAPSE = ("global LRU collapses toward 0% hit below one token cycle T: each token sweeps all MoE layers, so "
             "by the time a layer comes round again the cycle has evicted exactly the experts it needs next")
 
@@ -43,16 +52,17 @@ def register(app: typer.Typer) -> None:
         trace: Path = typer.Argument(..., help="Trace directory (trace.json + routings/).", show_default=False),
         budgets: str | None = typer.Option(None, "--budgets", help="Cache budgets in MiB (2^20 bytes), comma-separated. "
                                            "Default: 9 budgets from T/2 to the working set (see output)."),
-        policies: str = typer.Option("lru,lfu,layer,lfru,belady,infinite", "--policies",
-                                     help="Comma-separated: lru, lfu, random, layer, layerlfu, lfru, belady, infinite."),
+        policies: str = typer.Option("lru,lfu,layer,lfru,belady,infinite", "--policies", help=POLICIES_HELP),
         per_layer: bool = typer.Option(False, "--per-layer", help="Also one row per MoE layer."),
         phase: str = typer.Option("decode", "--phase", help="Hit % the table leads with: decode (decode loads only), "
                                   "prefill (prompt loads only) or all (both: cumulative)."),
         seed: int = typer.Option(0, "--seed", help="Seed of the random policy."),
         csv: Path | None = typer.Option(None, "--csv", help="Also write every row to this CSV file (atomically)."),
-        validate: bool = typer.Option(False, "--validate", help="Replay LRU at the recorded budget and compare with the engine."),
+        validate: bool = typer.Option(False, "--validate", help="Replay LRU at the recorded budget and compare with the engine; "
+                                      f"exits 1 when the replay does not reproduce the engine (cumulative hit % more than "
+                                      f"{VALIDATE_TOLERANCE_PP} points off)."),
         budget_mib: float | None = typer.Option(None, "--budget-mib", help="Budget for --validate (default: the recorded one); "
-                                                "without --validate, a single budget to replay."),
+                                                "without --validate, a single budget to replay (not with --budgets)."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file: adds ms/token and tok/s."),
         flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
         compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
@@ -60,7 +70,12 @@ def register(app: typer.Typer) -> None:
         retain: bool = typer.Option(False, "--retain", help="Protect the --predictor's guesses for the next layer(s) from eviction."),
         predictor: str = typer.Option("prev-token", "--predictor", help="With --retain: prev-token | stale-gate[d] | static-hot."),
     ) -> None:
-        """Expert-cache hit rates per policy and budget (decode-only and cumulative), MiB read, T, bound."""
+        """Expert-cache hit rates per policy and budget (decode-only and cumulative), MiB read, T, bound.
+
+        A cell marked '!' is over budget: a load needed more than the budget (or its layer's share),
+        so the cache overflowed and the hit rate needs more memory (its peak is listed below the
+        tables; JSON/CSV rows carry peak_resident_mib, overflow_loads and over_budget).
+        --validate exits 1 when the replay does not reproduce the engine."""
         from replay.cache import check_policies, default_budgets_mib, loads_of, sweep
         from replay.cache import validate as run_validate
         from replay.cost import cost_model_from_options
@@ -76,6 +91,8 @@ def register(app: typer.Typer) -> None:
         if seed < 0:
             raise UserError(f"--seed: {seed} is negative.")
         blist = parse_budgets(budgets) if budgets is not None else None
+        if blist is not None and budget_mib is not None and not validate:
+            raise UserError("--budgets and --budget-mib both name the budgets to replay; give one of them.")
         if csv is not None:
             check_output_file(csv, inputs=[trace, cost_model])  # before the replay, not after
         t = open_trace(trace)
@@ -84,10 +101,14 @@ def register(app: typer.Typer) -> None:
             if csv is not None:
                 import polars as pl
                 write_output_file(csv, pl.DataFrame([row]).write_csv(), inputs=[trace, cost_model])
+            ok = validate_ok(row)
             if json_out:
-                typer.echo(json_object("cache", str(trace), [row], validate=True))
+                typer.echo(json_object("cache", str(trace), [row], validate=True, tolerance_pp=VALIDATE_TOLERANCE_PP,
+                                       reproduced=ok))
             else:
                 typer.echo(validate_text(t, row))
+            if ok is False:
+                raise SystemExit(1)  # the report is printed; a script sees the replay did not reproduce the engine
             return
         loads = loads_of(t)
         rec_budget = t.recorded.get("budget_mib")
@@ -133,20 +154,24 @@ def register(app: typer.Typer) -> None:
 
 
 def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed) -> str:
-    from replay.output import PHASE_HIT_KEY, rows_of, text_table
+    from replay.cache import is_over_budget, over_budget_note
+    from replay.output import PHASE_HIT_KEY, fmt, rows_of, text_table
 
     overall = rows_of(frame.filter(frame["layer"].is_null()))
     cell = {(r["policy"], r["budget_mib"]): r for r in overall}
     lead = PHASE_HIT_KEY[phase]
+
+    any_over = any(is_over_budget(c) for c in cell.values())
 
     def grid(field: str) -> str:
         rows = []
         for b in blist:
             row = {"budget": f"{b:g}" + (" *" if b < T else "")}
             for p in pols:
-                row[p] = cell[(p, b)][field]
+                c = cell[(p, b)]
+                row[p] = fmt(c[field], 1) + (OVER if is_over_budget(c) else " " * len(OVER) if any_over else "")
             rows.append(row)
-        return text_table(rows, ["budget", *pols], ["budget_mib", *pols], digits=1)
+        return "\n".join(line.rstrip() for line in text_table(rows, ["budget", *pols], ["budget_mib", *pols]).splitlines())
 
     counts = t.token_counts()
     lines = [
@@ -172,15 +197,22 @@ def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed)
     if collapsed:
         vals = ", ".join(f"{r['hit_pct_decode']:.1f}% at {r['budget_mib']:g} MiB" for r in collapsed)
         lines.append(f"  Here {COLLAPSE} (LRU decode-only hit: {vals}).")
+    note = over_budget_note([cell[(p, b)] for p in pols for b in blist])
+    if note:
+        lines.append(f"{OVER.strip()} {note[0].upper()}{note[1:]}")
     if "infinite" in pols:
         lines.append("infinite = no eviction: only compulsory misses, the bound for any policy at any budget.")
     if "belady" in pols:
         lines.append("belady = evict the entry whose next load is furthest: the offline bound at that budget.")
-    if "lfru" in pols and "lfu" in pols:
-        same = all(cell[("lfru", b)]["hits"] == cell[("lfu", b)]["hits"] for b in blist)
+    if "lfu" in pols or "layerlfu" in pols:
+        lines.append("lfu / layerlfu count every load that touched an entry since the start of the run (the count survives "
+                     "eviction); lfu-incache / layerlfu-incache restart it at admission.")
+    if "lfru" in pols and "lfu-incache" in pols:
+        same = all(cell[("lfru", b)]["hits"] == cell[("lfu-incache", b)]["hits"] for b in blist)
         if same:
-            lines.append("lfru = lfu, by construction: frequency fills the high bits, and the recency byte only orders "
-                         "entries of equal frequency by last load, which is the least-recent tie-break lfu already uses.")
+            lines.append("lfru = lfu-incache, by construction: lfru's frequency is the in-cache count and fills the high bits, "
+                         "and the recency byte only orders entries of equal frequency by last load, which is the least-recent "
+                         "tie-break lfu-incache already uses.")
     if per_layer:
         from replay.output import rows_of as _rows
 
@@ -193,23 +225,34 @@ def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed)
 
 def time_text(frame, pols, blist, cmodel) -> str:
     """The ms/token grid and which configuration wins on time (not just on hits)."""
+    from replay.cache import is_over_budget
     from replay.cost import verdict
-    from replay.output import rows_of, text_table
+    from replay.output import fmt, rows_of, text_table
 
     overall = rows_of(frame.filter(frame["layer"].is_null()))
     cell = {(r["policy"], r["budget_mib"]): r for r in overall}
+    any_over = any(is_over_budget(c) for c in cell.values())
     rows = []
     for b in blist:
         row = {"budget": f"{b:g}"}
         for p in pols:
-            row[p] = cell[(p, b)]["ms_per_token"]
+            c = cell[(p, b)]
+            row[p] = fmt(c["ms_per_token"], 1) + (OVER if is_over_budget(c) else " " * len(OVER) if any_over else "")
         rows.append(row)
     bw = cmodel.bandwidth_mib_s
     lines = [f"estimated ms per decoded token ({cmodel.kind} model: {cmodel.model}; intercept {cmodel.intercept_ms:.1f} ms, "
              f"{cmodel.ms_per_mib:.4f} ms/MiB" + (f" = {bw:.0f} MiB/s" if bw else "") + ")",
-             text_table(rows, ["budget", *pols], ["budget_mib", *pols], digits=1)]
+             "\n".join(line.rstrip() for line in text_table(rows, ["budget", *pols], ["budget_mib", *pols]).splitlines())]
     lines += verdict(overall)
     return "\n".join(lines)
+
+
+def validate_ok(row) -> bool | None:
+    """Did the replay reproduce the engine (cumulative hit % within the tolerance)? None when the
+    trace records no engine hit rate to compare with."""
+    if row.get("diff_pp") is None:
+        return None
+    return abs(row["diff_pp"]) <= VALIDATE_TOLERANCE_PP
 
 
 def validate_text(t, row) -> str:
@@ -219,10 +262,11 @@ def validate_text(t, row) -> str:
         f"(engine's recorded budget: {row['recorded_budget_mib'] if row['recorded_budget_mib'] is not None else 'none'})",
     ]
     if rec is not None:
-        ok = abs(row["diff_pp"]) <= 0.1
+        ok = validate_ok(row)
+        tol = f"{VALIDATE_TOLERANCE_PP:g} points"
         lines.append(f"cumulative hit % (prefill included): replay {row['hit_pct_cum']:.3f}, engine {rec} "
                      f"(its summary line), difference {row['diff_pp']:+.3f} points -> "
-                     + ("within 0.1 points" if ok else "NOT within 0.1 points"))
+                     + (f"within {tol}" if ok else f"NOT within {tol}: the replay does not reproduce the engine (exit 1)"))
     else:
         lines.append(f"cumulative hit % (prefill included): replay {row['hit_pct_cum']:.3f}; the trace records no engine hit rate")
     if row["token_max_abs_diff_pp"] is not None:

@@ -6,7 +6,27 @@ slots are visited token-major (row order, then slot order). Each unique entry (l
 admitted at once; a repeated id in the same load only promotes (recency). After the load,
 eviction runs once, in the load's eviction group, until the group's bytes fit its budget; it never
 evicts an entry the load touched (so a load larger than the budget overflows instead of thrashing;
-``stats[STAT_OVERFLOW]`` counts such loads).
+``stats[STAT_OVERFLOW]`` counts such loads: a load after whose eviction step its group still held
+more than the group's budget).
+
+Resident bytes: the driver keeps a running total of the bytes resident in all groups together
+(misses add, evictions and fills move it; one register add per load) and ``stats[STAT_PEAK_BYTES]``
+is its maximum, taken after each load's eviction step and after each load's speculative fills
+(never inside a load, where the engine too holds the whole load before it evicts). A cell that
+never overflowed has a peak within its budget (the partitioned policies: within the sum of the
+shares); one that overflowed needed ``peak`` bytes for the hit rate it reports.
+
+Frequency (``ent[FREQ]``, kept for policies with ``NEEDS_FREQ``) counts demand loads that looked
+the entry up (a repeat inside one load counts once), over one of two spans, chosen by the policy
+constant ``FREQ_SINCE``:
+
+- ``"run"`` (``lfu``, ``layerlfu``): since the start of the run; the count survives eviction, so a
+  readmitted entry keeps its history (a miss adds one, as a hit does);
+- ``"admission"`` (the default; ``lfu-incache``, ``layerlfu-incache``, ``lfru``): since the entry
+  was last admitted; a miss restarts it at 1.
+
+A speculative fill is not a demand access: under ``"run"`` it leaves the count as it is (no
+increase, no history erased); under ``"admission"`` it sets it to 0 (admitted, not yet demanded).
 
 Hooks every policy module in :mod:`replay.policies` exposes (all ``@njit(inline="always")``;
 ``ent``/``grp`` are the shared state matrices of :mod:`replay.cache_state`, ``ps`` the policy's
@@ -43,8 +63,9 @@ per slot or once per load; a plain replay passes empty arrays):
     ``OPT_AHEAD`` loads of the same batch (layers l+1 .. l+d) are protected (``PIN = load``);
   - speculative fills (``OPT_FILL``): after the eviction step, each prediction for the load
     ``OPT_AHEAD`` layers on (same batch) that is not resident is read into the same cache with
-    ``SPEC = 1``, ``FREQ = 0``, most recent (``LAST_TICK`` and ``LAST_LOAD`` are the fill's, so the
-    same step's later fills cannot evict it and LFRU's recency byte stays monotone); at most ``OPT_CAP`` such predicted misses per step
+    ``SPEC = 1``, ``FREQ`` as above (0 under ``"admission"``, unchanged under ``"run"``), most
+    recent (``LAST_TICK`` and ``LAST_LOAD`` are the fill's, so the same step's later fills cannot
+    evict it and LFRU's recency byte stays monotone); at most ``OPT_CAP`` such predicted misses per step
     (resident predictions do not use the cap); a fill evicts with the policy's own victim choice
     until it fits (never overflowing: no evictable victim refuses it); with ``OPT_GUARD`` a
     victim whose demand ``HEAT >= 2`` refuses the fill unless
@@ -93,7 +114,8 @@ N_ACC = 7
 STAT_EVICTIONS, STAT_OVERFLOW, STAT_SPEC_HITS, STAT_TICKS = 0, 1, 2, 3
 STAT_SPEC_EVICTED_UNUSED, STAT_SPEC_REFUSED, STAT_SPEC_NO_ROOM, STAT_SPEC_CAPPED = 4, 5, 6, 7
 STAT_SPEC_RESIDENT, STAT_SPEC_FILLS, STAT_SPEC_UNUSED_END = 8, 9, 10
-N_STATS = 11
+STAT_PEAK_BYTES = 11  # most bytes resident in all groups together, after an eviction step or a load's fills
+N_STATS = 12
 # opts[]: layers ahead the predictions are for; cap on predicted misses per layer (-1 none);
 # eviction guard on speculative fills; retention; speculative fills
 OPT_AHEAD, OPT_CAP, OPT_GUARD, OPT_RETAIN, OPT_FILL = 0, 1, 2, 3, 4
@@ -151,6 +173,7 @@ def _forget(ent, grp, g, e, keep_list, whatif):
 KEEP_RES_LIST = True  # maintain the resident list (only scanning policies read it)
 KEEP_TICK = True  # maintain ent[LAST_TICK] (policies whose order or tie-break reads it)
 KEEP_FREQ = True  # maintain ent[FREQ] (LFU, LFRU)
+FREQ_RUN = False  # ent[FREQ] counts over the whole run (FREQ_SINCE = "run"), not since admission
 KEEP_LAST_LOAD = True  # maintain ent[LAST_LOAD] in a plain replay (what-ifs always do: the guard reads it)
 WHATIF = True  # compile the what-if paths (drop, predictions); False compiles them out of plain replays
 SLOTS = True  # compile the per-slot residency codes (slot_out); False compiles them out
@@ -203,6 +226,8 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
     b_look = 0
     b_hit = 0
     b_read = np.int64(0)
+    resident = np.int64(0)  # bytes resident in all groups together
+    peak = np.int64(0)
     for load in range(n_load):
         lo = load_start[load]
         hi = load_start[load + 1]
@@ -263,7 +288,10 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
                     code = 0
                     ent[RESIDENT, e] = 1
                     if KEEP_FREQ:
-                        ent[FREQ, e] = 1  # the admitting load is its first
+                        if FREQ_RUN:
+                            ent[FREQ, e] += 1  # the whole run's count: history survives eviction
+                        else:
+                            ent[FREQ, e] = 1  # the admitting load is its first
                     if KEEP_RES_LIST:
                         grp[g, COUNT] += 1
                         _list_add(ent, grp, g, e)
@@ -310,7 +338,8 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
                             ent[PIN, ep] = load
         # Eviction: once, after the load, in the load's group, until the group fits. The group's
         # bytes and count live in registers through the step (no hook reads them).
-        used = grp[g, USED] + n_read
+        used0 = grp[g, USED]
+        used = used0 + n_read
         budget = grp[g, BUDGET]
         n_gone = 0
         while used > budget:
@@ -326,6 +355,9 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
             used -= ent[BYTES, v]
             n_gone += 1
         grp[g, USED] = used
+        resident += used - used0
+        if resident > peak:
+            peak = resident
         if not KEEP_RES_LIST:
             grp[g, COUNT] += n_miss - n_gone
         n_evict += n_gone
@@ -372,6 +404,7 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
                     on_evict(ps, ent, grp, ge, v)
                     _forget(ent, grp, ge, v, KEEP_RES_LIST, WHATIF)
                     grp[ge, USED] -= ent[BYTES, v]
+                    resident -= ent[BYTES, v]
                     if not KEEP_RES_LIST:
                         grp[ge, COUNT] -= 1
                     n_evict += 1
@@ -383,9 +416,11 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
                 ent[LAST_LOAD, e] = load  # most recent (LFRU's recency byte too); not a demand lookup
                 ent[PIN, e] = load  # this step's later fills cannot evict it
                 ent[RESIDENT, e] = 1
-                ent[FREQ, e] = 0  # no demand access yet: a speculative fill never raises frequency or heat
+                if not FREQ_RUN:
+                    ent[FREQ, e] = 0  # no demand access yet: a speculative fill never raises frequency or heat
                 ent[SPEC, e] = 1
                 grp[ge, USED] += need
+                resident += need
                 grp[ge, COUNT] += 1
                 if KEEP_RES_LIST:
                     _list_add(ent, grp, ge, e)
@@ -398,11 +433,14 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
         bacc[b, ACC_SPEC_FILLS] += n_fill
         bacc[b, ACC_SPEC_READ] += n_fill_bytes
         stats[STAT_SPEC_FILLS] += n_fill
+        if resident > peak:
+            peak = resident
     if cur_b >= 0:
         bacc[cur_b, ACC_LOOKUPS] += b_look
         bacc[cur_b, ACC_HITS] += b_hit
         bacc[cur_b, ACC_READ] += b_read
     stats[STAT_TICKS] = tick
+    stats[STAT_PEAK_BYTES] = peak
     stats[STAT_EVICTIONS] += n_evict
     if fill:
         for e in range(ent.shape[1]):
@@ -426,15 +464,23 @@ def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = Tr
     g = dict(_driver.__globals__)
     g.update(on_admit=pm.on_admit, on_touch=pm.on_touch, pick_victim=pm.pick_victim, on_evict=pm.on_evict,
              KEEP_RES_LIST=bool(getattr(pm, "NEEDS_RESIDENT_LIST", False)), KEEP_TICK=bool(getattr(pm, "NEEDS_TICK", True)),
-             KEEP_FREQ=bool(getattr(pm, "NEEDS_FREQ", True)),
+             KEEP_FREQ=bool(getattr(pm, "NEEDS_FREQ", True)), FREQ_RUN=freq_since(pm) == "run",
              KEEP_LAST_LOAD=bool(getattr(pm, "NEEDS_LAST_LOAD", True)), WHATIF=bool(whatif),
              SLOTS=bool(slots or whatif), NEXT_USE_COL=bool(pm.NEEDS_NEXT_USE))
     variant = "_whatif" if whatif else ("_slots" if slots else "")
-    qual = f"replay_kernel_{name}{variant}_{_source_hash(pm)}"
+    qual = f"replay_kernel_{name.replace('-', '_')}{variant}_{_source_hash(pm)}"
     f = FunctionType(_driver.__code__, g, qual, _driver.__defaults__, None)
     f.__qualname__ = qual
     f.__doc__ = _driver.__doc__
     return njit(cache=True, nogil=True, _nrt=False)(f)
+
+
+def freq_since(pm: ModuleType) -> str:
+    """A policy's ``FREQ_SINCE``: "run" (whole-run demand counts) or "admission" (the default)."""
+    since = getattr(pm, "FREQ_SINCE", "admission")
+    if since not in ("run", "admission"):
+        raise ValueError(f"{pm.__name__}.FREQ_SINCE = {since!r}: must be 'run' or 'admission'")
+    return since
 
 
 def _source_hash(pm: ModuleType) -> str:

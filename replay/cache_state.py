@@ -4,7 +4,7 @@ One *entry* is one (MoE layer, expert) pair, numbered ``entry = lidx * n_expert 
 ``lidx`` is the layer's position in ``trace.moe_layers``; it costs ``ent[BYTES, e]`` bytes (the
 layer's ``expert_bytes``; layers of one model differ). Entries are split into eviction *groups*:
 one group for a global cache, one group per MoE layer for the partitioned policies (``layer``,
-``layerlfu``); each group owns a contiguous segment of the resident list.
+``layerlfu``, ``layerlfu-incache``); each group owns a contiguous segment of the resident list.
 
 The state is two matrices (``ent`` int32, field-major: one row per field, one column per entry;
 ``grp`` int64, one row per group), so a hook gets the whole state for the price of a pointer (a
@@ -38,8 +38,8 @@ Fields of the what-ifs (prefetch, retention, eviction guard; :mod:`replay.cache_
 - ``PIN``: retention protects predicted entries by setting ``ent[PIN, e] = load``, so one field
   says "not evictable after this load" for all three reasons; every policy's victim search goes
   through :func:`evictable`.
-- ``HEAT``: the eviction guard's demand heat (lifetime, unlike ``FREQ`` which restarts at
-  admission); ``PRED_MARK``: dedupes the predictions of one speculative step.
+- ``HEAT``: the eviction guard's demand heat (lifetime, whatever the policy's ``FREQ_SINCE``);
+  ``PRED_MARK``: dedupes the predictions of one speculative step.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from numba import njit
 RESIDENT = 0  # 1 while cached
 LAST_TICK = 1  # tick of the last visit (recency, token-major inside a load); -1 never. Kept only for a policy with NEEDS_TICK
 LAST_LOAD = 2  # load of the last demand lookup or fill; -1 never. Kept only in what-ifs (guard) or for NEEDS_LAST_LOAD
-FREQ = 3  # demand loads that touched it since it was admitted (LFU, LFRU). Kept only for a policy with NEEDS_FREQ
+FREQ = 3  # demand loads that looked it up, since the run began or since its admission (the policy's FREQ_SINCE). Only with NEEDS_FREQ
 NEXT_USE = 4  # next load touching it after its last visit (Belady); NEVER if none
 OUTCOME = 5  # residency code of its lookup in its last load (a repeat reports the same)
 SPEC = 6  # 1 = filled speculatively, not yet demanded (prefetch extension)

@@ -214,8 +214,12 @@ def _os_error_sentence(e: OSError) -> str | None:
 def _run(args: list[str], debug: bool) -> int:
     """Run one command; return its exit code: 0 done, 1 a check ran and failed, 2 bad input or an
     OS error, 3 a bug, 128 + N killed by signal N (130 SIGINT, 143 SIGTERM)."""
+    from replay.output import compile_notice
+
     try:
-        with _signals_raise():
+        # The first run after installation compiles the kernels (about a minute): say so on a
+        # terminal (never with --json, never in a pipe); later runs load them and print nothing.
+        with _signals_raise(), contextlib.nullcontext() if "--json" in args else compile_notice():
             rv = app(args=args, prog_name="moe-replay", standalone_mode=False)
     except UserError as e:
         if debug:

@@ -264,7 +264,7 @@ def section_predictors(ctx: ReportContext) -> Section:
 
 def section_cache(ctx: ReportContext) -> Section:
     from replay import plots
-    from replay.cache import default_budgets_mib, loads_of, sweep
+    from replay.cache import default_budgets_mib, is_over_budget, loads_of, over_budget_note, pick_best, sweep, within_budget
 
     tr = ctx.trace
     loads = loads_of(tr)
@@ -295,6 +295,10 @@ def section_cache(ctx: ReportContext) -> Section:
         series[p] = (f["budget_mib"].to_numpy(), f["hit_pct_decode"].to_numpy())
         if p in ("belady", "infinite"):
             styles[p] = {"linestyle": "--", "color": "black" if p == "belady" else "grey", "marker": None}
+    ob = overall.filter(pl.col("over_budget")).sort("budget_mib")
+    if ob.height:
+        series["over budget (needs more memory)"] = (ob["budget_mib"].to_numpy(), ob["hit_pct_decode"].to_numpy())
+        styles["over budget (needs more memory)"] = {"linestyle": "none", "marker": "x", "markersize": 8, "color": "red"}
     vlines = {"T (one token cycle)": T}
     if rec is not None:
         vlines[f"recorded budget {rec:g} MiB"] = float(rec)
@@ -303,32 +307,52 @@ def section_cache(ctx: ReportContext) -> Section:
                 ylim=(0, 102))
     s.images.append(("cache_curves.png", "cache hit rate against budget"))
     online = [p for p in policies if p not in ("belady", "infinite")]
+    cells = overall.to_dicts()
+    over = [r for r in cells if is_over_budget(r)]
     gap_rows = []
     for b in budgets:
-        at = overall.filter(pl.col("budget_mib") == b)
-        hit = dict(zip(at["policy"].to_list(), at["hit_pct_decode"].to_list()))
-        best = max(online, key=lambda p: (hit.get(p) if hit.get(p) is not None else -1, p)) if online else None
-        row = {"budget_mib": b, "below_T": b < T, "best_online": best,
-               "best_online_hit_pct_decode": hit.get(best) if best else None,
-               "belady_hit_pct_decode": hit.get("belady"), "infinite_hit_pct_decode": hit.get("infinite")}
-        row["gap_to_belady_pp"] = (None if best is None or hit.get("belady") is None or hit.get(best) is None
-                                   else hit["belady"] - hit[best])
+        at = {r["policy"]: r for r in cells if r["budget_mib"] == b}
+        ok, excluded = within_budget([at[p] for p in online if p in at])
+        best = pick_best(ok, "hit_pct_decode", highest=True)
+        bel = at.get("belady")
+        row = {"budget_mib": b, "below_T": b < T, "best_online": best["policy"] if best else None,
+               "best_online_hit_pct_decode": best["hit_pct_decode"] if best else None,
+               "belady_hit_pct_decode": bel["hit_pct_decode"] if bel else None,
+               "infinite_hit_pct_decode": at["infinite"]["hit_pct_decode"] if "infinite" in at else None,
+               "belady_over_budget": is_over_budget(bel) if bel else None,
+               "over_budget_excluded": ", ".join(f"{r['policy']} (peak {r['peak_resident_mib']:.1f} MiB)" for r in excluded)
+               or None}
+        row["gap_to_belady_pp"] = (None if best is None or bel is None or bel["hit_pct_decode"] is None
+                                   or best["hit_pct_decode"] is None else bel["hit_pct_decode"] - best["hit_pct_decode"])
         gap_rows.append(row)
-    if "lfu" in policies and "lfru" in policies:
-        a = overall.filter(pl.col("policy") == "lfu").sort("budget_mib")["hits"].to_list()
+    note = over_budget_note(cells) if over else None
+    if note:
+        s.text.append(note[0].upper() + note[1:] + " These cells are marked "
+                      "over_budget in the table below (with peak_resident_mib), drawn as red crosses in the plot, and "
+                      "left out of the best-online column and its gap to Belady (over_budget_excluded names them).")
+    if "lfu-incache" in policies and "lfru" in policies:
+        a = overall.filter(pl.col("policy") == "lfu-incache").sort("budget_mib")["hits"].to_list()
         b = overall.filter(pl.col("policy") == "lfru").sort("budget_mib")["hits"].to_list()
         if a == b:
-            s.text.append("lfru and lfu coincide at every budget (their curves overlap): frequency fills lfru's high bits and "
-                          "the recency byte only orders equal frequencies, which is lfu's least-recent tie-break.")
-    s.tables.append(Table("cache_gap", pl.DataFrame(gap_rows), "best online policy against the bound, per budget (decode)"))
-    cols = ["policy", "budget_mib", "hit_pct_decode", "hit_pct_cum", "read_mib"]
+            s.text.append("lfru and lfu-incache coincide at every budget (their curves overlap): lfru's frequency is the "
+                          "in-cache count, it fills the high bits, and the recency byte only orders equal frequencies, which "
+                          "is lfu-incache's least-recent tie-break.")
+    if "lfu" in policies or "layerlfu" in policies:
+        s.text.append("lfu and layerlfu count every load that touched an entry since the start of the run (the count "
+                      "survives eviction, as in the reference replay behind the published curves); lfu-incache and "
+                      "layerlfu-incache restart it at admission.")
+    s.tables.append(Table("cache_gap", pl.DataFrame(gap_rows), "best within-budget online policy against the bound, per "
+                          "budget (decode)"))
+    cols = ["policy", "budget_mib", "hit_pct_decode", "hit_pct_cum", "read_mib", "peak_resident_mib", "overflow_loads",
+            "over_budget"]
     if model is not None:
         cols += ["ms_per_token", "tok_s"]
         from replay.cost import verdict
 
-        s.text += [v[0].upper() + v[1:] + "." for v in verdict(overall.to_dicts())]
-    s.tables.append(Table("cache", overall.sort("policy", "budget_mib"), "every (policy, budget) cell; read_mib = all phases",
-                          columns=cols))
+        s.text += [v[0].upper() + v[1:] + "." for v in verdict(cells)]
+    s.tables.append(Table("cache", overall.sort("policy", "budget_mib"), "every (policy, budget) cell; read_mib = all phases; "
+                          "peak_resident_mib = most bytes resident at once; over_budget = a load overflowed its budget "
+                          "(or its layer's share): that hit rate needs more memory", columns=cols))
     # per-layer heatmap for the chosen policy
     chosen = "lru" if "lru" in policies else online[0] if online else policies[0]
     per = frame.filter(pl.col("layer").is_not_null() & (pl.col("policy") == chosen))

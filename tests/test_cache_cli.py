@@ -84,3 +84,58 @@ def test_same_input_same_output(small):
     a = run(str(small), "--budgets", "3,9", "--policies", "random,lfru", "--json", "--seed", "7")
     b = run(str(small), "--budgets", "3,9", "--policies", "random,lfru", "--json", "--seed", "7")
     assert a.returncode == 0 and a.stdout == b.stdout
+
+
+def test_budgets_with_budget_mib_is_refused(small):
+    p = run(str(small), "--budgets", "4,8", "--budget-mib", "16")
+    assert p.returncode == 2 and p.stdout == ""
+    assert "--budgets and --budget-mib" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_over_budget_cells_are_marked(small, tmp_path):
+    """`layer` at 4 MiB gives each of the 4 layers 1 MiB, but a decode load routes 2 experts of
+    1 MiB: every such load overflows. Global LRU at 4 MiB overflows only on the prefill batch (6
+    prompt tokens route up to 12 experts a layer); at 64 MiB nothing overflows. Text marks the
+    cells and lists their peaks; JSON and CSV carry peak_resident_mib / overflow_loads /
+    over_budget on every row."""
+    p = run(str(small), "--budgets", "4,64", "--policies", "lru,layer", "--flash-mib-s", "1000", "--compute-ms", "10")
+    assert p.returncode == 0, p.stderr
+    assert " !" in p.stdout and "! Over budget:" in p.stdout
+    note = p.stdout.split("! Over budget:")[1].split("\n")[0]
+    assert "layer at 4 MiB (peak 22.0 MiB resident, 164 loads overflowed)" in note and "at 64 MiB" not in note
+    assert "lru at 4 MiB (peak 8.0 MiB resident, 3 loads overflowed)" in note
+    assert "4 MiB: none within budget; 64 MiB: " in p.stdout
+    out = tmp_path / "c.csv"
+    p = run(str(small), "--budgets", "4,64", "--policies", "lru,layer", "--json", "--csv", str(out))
+    rows = json.loads(p.stdout)["rows"]
+    assert all("peak_resident_mib" in r and "overflow_loads" in r for r in rows)
+    cell = {(r["policy"], r["budget_mib"]): r for r in rows}
+    lay = cell[("layer", 4.0)]
+    assert lay["over_budget"] and lay["overflow_loads"] > 0 and lay["peak_resident_mib"] > 4.0
+    assert not cell[("lru", 64.0)]["over_budget"] and cell[("lru", 64.0)]["peak_resident_mib"] <= 64.0
+    assert "peak_resident_mib" in out.read_text().splitlines()[0]
+
+
+def test_validate_exit_code(real_trace_dir):
+    """--validate exits 0 when the replay reproduces the engine, 1 (report printed) when not."""
+    q = str(real_trace_dir("qwen"))
+    ok = run(q, "--validate")
+    assert ok.returncode == 0 and "within 0.1 points" in ok.stdout
+    bad = run(q, "--validate", "--budget-mib", "3000")
+    assert bad.returncode == 1 and "NOT within 0.1 points" in bad.stdout
+    js = run(q, "--validate", "--budget-mib", "3000", "--json")
+    assert js.returncode == 1 and json.loads(js.stdout)["reproduced"] is False
+
+
+def test_help_states_both_lfu_definitions_and_the_exit_code():
+    p = run("--help")
+    text = " ".join(p.stdout.replace("│", " ").split())  # rich wraps option help inside a box
+    assert "since the start of the run" in text and "lfu-incache" in text
+    assert "exits 1 when the replay does not reproduce the engine" in text
+
+
+def test_lfru_note_names_lfu_incache(small):
+    p = run(str(small), "--budgets", "3,9", "--policies", "lfru,lfu-incache,lfu")
+    assert p.returncode == 0, p.stderr
+    assert "lfru = lfu-incache, by construction" in p.stdout
+    assert "lfru = lfu," not in p.stdout and "survives eviction" in p.stdout

@@ -48,7 +48,8 @@ def traces(draw):
 
 def assert_same_as_naive(res, want, moe_layers) -> None:
     """A kernel replay (``slots=True``) agrees exactly with the naive twin's result: per layer
-    and phase lookups, hits and bytes read, every slot's code, the eviction count."""
+    and phase lookups, hits and bytes read, every slot's code, the eviction count, the overflowed
+    loads and the peak resident bytes."""
     for i, layer in enumerate(moe_layers):
         for ph in (0, 1):
             assert res.acc[ph, i, 0] == want["lookups"].get((ph, layer), 0)
@@ -56,6 +57,8 @@ def assert_same_as_naive(res, want, moe_layers) -> None:
             assert res.acc[ph, i, 2] == want["read"].get((ph, layer), 0)
     assert res.slots.tolist() == want["codes"]
     assert res.evictions == want["evictions"]
+    assert res.overflow_loads == want["overflow"]
+    assert res.peak_resident_bytes == want["peak_bytes"]
 
 
 def _arrays(rows, k):
@@ -87,6 +90,57 @@ def test_kernel_matches_naive_twin(t, policy, seed):
     ser = batch_series(loads, res)
     got = {b: [lk, h, rd] for b, lk, h, rd in zip(range(ser.height), ser["lookups"], ser["hits"], ser["read_bytes"])}
     assert got == {b: want["per_batch"].get(b, [0, 0, 0]) for b in got}
+
+
+def _replay_both(rows, moe_layers, n_expert, eb, policy, budget_units, k):
+    expert_bytes = np.zeros(max(moe_layers) + 1, np.int64)
+    for l, b in eb.items():
+        expert_bytes[l] = b
+    loads = prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
+    res = replay(loads, policy, budget_units / 16, slots=True)
+    want = naive_replay([(r[1], r[2], r[4], r[5]) for r in rows], moe_layers, n_expert, eb, policy, budget_units * UNIT)
+    assert_same_as_naive(res, want, moe_layers)
+    return res
+
+
+def _decode_rows(experts, layer=0):
+    """One decode token per batch, one MoE layer, top-1: the expert ids in order."""
+    return [(0, b, 1, b, layer, [x]) for b, x in enumerate(experts)]
+
+
+def test_lfu_counts_survive_eviction_lfu_incache_restart():
+    """Two entries fit. Expert 0 is used twice, then evicted when 2 arrives (1 has 3 uses), and comes
+    back after 2 has 3 uses. Whole-run LFU counts 0's readmission as its third use, so 3 (one use)
+    cannot keep it out; in-cache LFU restarts 0 at 1 use, so 0 is evicted again and again."""
+    seq = [0, 0, 1, 1, 1, 2, 2, 2, 0, 3, 0, 3, 0]
+    rows = _decode_rows(seq)
+    eb = {0: UNIT}
+    # budget = 2 entries
+    run = _replay_both(rows, [0], 4, eb, "lfu", 2, 1)
+    inc = _replay_both(rows, [0], 4, eb, "lfu-incache", 2, 1)
+    assert run.slots[:, 0].tolist() != inc.slots[:, 0].tolist()
+    # The last three uses of expert 0 (positions 8, 10, 12): whole-run keeps it after readmission.
+    assert run.slots[[8, 10, 12], 0].tolist() == [0, 1, 1]
+    assert inc.slots[[8, 10, 12], 0].tolist() == [0, 0, 0]
+    assert run.hits > inc.hits
+    # lfru ranks exactly like lfu-incache (its frequency is the in-cache count).
+    assert _replay_both(rows, [0], 4, eb, "lfru", 2, 1).slots.tolist() == inc.slots.tolist()
+    # layerlfu / layerlfu-incache with one MoE layer are the same caches.
+    assert _replay_both(rows, [0], 4, eb, "layerlfu", 2, 1).slots.tolist() == run.slots.tolist()
+    assert _replay_both(rows, [0], 4, eb, "layerlfu-incache", 2, 1).slots.tolist() == inc.slots.tolist()
+
+
+def test_overflow_and_peak_resident():
+    """A load larger than its budget overflows: the peak is what it held, above the budget."""
+    # 2 MoE layers, 2 entries of 1 unit each per layer, budget 2 units -> share 1 per layer: every
+    # top-2 load overflows its layer's share under `layer`, and the peak is 4 units; global LRU
+    # holds 2 (one load fills the budget exactly) and never overflows.
+    rows = [(0, b, 1, b, layer, [0, 1]) for b in range(3) for layer in (0, 1)]
+    eb = {0: UNIT, 1: UNIT}
+    lay = _replay_both(rows, [0, 1], 2, eb, "layer", 2, 2)
+    assert lay.overflow_loads == 6 and lay.peak_resident_bytes == 4 * UNIT
+    lru = _replay_both(rows, [0, 1], 2, eb, "lru", 2, 2)
+    assert lru.overflow_loads == 0 and lru.peak_resident_bytes == 2 * UNIT
 
 
 def test_expert_id_out_of_range_is_refused():

@@ -17,6 +17,7 @@ from replay.cache_kernel import (
     ACC_SPEC_HITS,
     ACC_SPEC_READ,
     STAT_OVERFLOW,
+    STAT_PEAK_BYTES,
     STAT_SPEC_CAPPED,
     STAT_SPEC_EVICTED_UNUSED,
     STAT_SPEC_FILLS,
@@ -33,9 +34,10 @@ from tests.trace_strategies import recorded_traces
 
 ACC = {"lookups": ACC_LOOKUPS, "hits": ACC_HITS, "read": ACC_READ, "skipped": ACC_SKIPPED, "spec_hits": ACC_SPEC_HITS,
        "spec_fills": ACC_SPEC_FILLS, "spec_read": ACC_SPEC_READ}
-STATS = {"overflow": STAT_OVERFLOW, "spec_capped": STAT_SPEC_CAPPED, "spec_evicted_unused": STAT_SPEC_EVICTED_UNUSED,
-         "spec_fills": STAT_SPEC_FILLS, "spec_hits": STAT_SPEC_HITS, "spec_no_room": STAT_SPEC_NO_ROOM,
-         "spec_refused": STAT_SPEC_REFUSED, "spec_resident": STAT_SPEC_RESIDENT, "spec_unused_end": STAT_SPEC_UNUSED_END}
+STATS = {"overflow": STAT_OVERFLOW, "peak_bytes": STAT_PEAK_BYTES, "spec_capped": STAT_SPEC_CAPPED,
+         "spec_evicted_unused": STAT_SPEC_EVICTED_UNUSED, "spec_fills": STAT_SPEC_FILLS, "spec_hits": STAT_SPEC_HITS,
+         "spec_no_room": STAT_SPEC_NO_ROOM, "spec_refused": STAT_SPEC_REFUSED, "spec_resident": STAT_SPEC_RESIDENT,
+         "spec_unused_end": STAT_SPEC_UNUSED_END}
 
 
 def _compare(t, policy, seed, drop=None, preds=None, **opts):

@@ -11,9 +11,11 @@ from types import ModuleType
 REGISTRY: dict[str, str] = {
     "lru": "replay.policies.lru",
     "lfu": "replay.policies.lfu",
+    "lfu-incache": "replay.policies.lfu_incache",
     "random": "replay.policies.random",
     "layer": "replay.policies.layer",
     "layerlfu": "replay.policies.layerlfu",
+    "layerlfu-incache": "replay.policies.layerlfu_incache",
     "lfru": "replay.policies.lfru",
     "belady": "replay.policies.belady",
     "infinite": "replay.policies.infinite",

@@ -1,5 +1,6 @@
 """``layerlfu``: the ``layer`` partition (floor(budget_bytes / MoE layers) per layer, only the
-loaded layer evicts) with LFU inside each layer (ties to the least recently used)."""
+loaded layer evicts) with ``lfu`` inside each layer: whole-run counts (an entry readmitted after
+eviction keeps its history), ties to the least recently used."""
 
 from __future__ import annotations
 
@@ -9,3 +10,4 @@ PARTITION = "layer"
 UNBOUNDED = False
 NEEDS_NEXT_USE = False
 NEEDS_LAST_LOAD = False
+FREQ_SINCE = "run"

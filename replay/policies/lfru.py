@@ -1,15 +1,16 @@
 """``lfru``: colibri-style frequency-then-recency score, lowest score evicted.
 
-score = freq << 8 | recency, recency = max(0, 255 - (clock - last_load)), where freq is the demand
-frequency (loads that touched the entry since admission, as in ``lfu``), and the clock counts
+score = freq << 8 | recency, recency = max(0, 255 - (clock - last_load)), where freq is the
+in-cache demand frequency (loads that looked the entry up since it was last admitted, as in
+``lfu-incache``; not ``lfu``'s whole-run count), and the clock counts
 *loads* ((batch, layer) groups, 0-based over the trace): eviction after load ``c`` uses clock
 ``c``. An entry untouched for 255 loads (about 255 / MoE-layers tokens) has lost all recency
 credit. Ties (equal score) go to the least recently used.
 
 Said out loud: with frequency in the high bits and this tie-break, the victim order is exactly
-``lfu``'s (the recency byte falls with the last load, and saturated bytes tie and fall back to the
-same least-recent rule), so ``lfru`` replays identically to ``lfu``; it would differ only with a
-frequency that saturates or decays, which the specification does not give.
+``lfu-incache``'s (the recency byte falls with the last load, and saturated bytes tie and fall back
+to the same least-recent rule), so ``lfru`` replays identically to ``lfu-incache``; it would differ
+only with a frequency that saturates or decays, which the specification does not give.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from replay.policies import _heap
 PARTITION = "global"
 UNBOUNDED = False
 NEEDS_NEXT_USE = False
-
+FREQ_SINCE = "admission"  # the in-cache count (lfu-incache's), not lfu's whole-run count
 
 
 @njit(cache=True, inline="always")

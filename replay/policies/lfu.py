@@ -1,7 +1,10 @@
 """``lfu``: evict the entry touched by the fewest loads, ties to the least recently used.
 
-Frequency = number of loads that touched the entry since it was last admitted (in-cache LFU: it
-restarts at 1 on re-admission; a repeat inside one load does not count twice).
+Frequency = number of loads that looked the entry up since the start of the run (a repeat inside
+one load counts once). The count survives eviction: an entry readmitted after eviction keeps its
+history ("perfect LFU", as the reference replay behind the published cache curves counts).
+A speculative fill neither raises the count nor erases it. ``lfu-incache`` restarts the count at
+admission instead.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ PARTITION = "global"
 UNBOUNDED = False
 NEEDS_NEXT_USE = False
 NEEDS_LAST_LOAD = False
-
+FREQ_SINCE = "run"
 
 
 @njit(cache=True, inline="always")

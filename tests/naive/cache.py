@@ -3,7 +3,13 @@ definitions in replay/policies/*.py docstrings; dictionaries and loops, no cleve
 
 rows: list of (batch, phase, layer, [expert ids]) in file order (batch, layer, step).
 Returns per-(phase, layer) lookups / hits / read bytes, per-batch totals, one residency code per
-routed slot (a repeat inside a load reports its lookup's outcome), and the eviction count.
+routed slot (a repeat inside a load reports its lookup's outcome), the eviction count, the loads
+that overflowed (their group still over its budget after the eviction step) and the peak resident
+bytes (all groups together, after each load's eviction step).
+
+Two frequencies: ``lfu`` / ``layerlfu`` count the loads that looked an entry up since the start of
+the run (``run_freq``, a dict that outlives eviction); ``lfu-incache`` / ``layerlfu-incache`` /
+``lfru`` count since the entry's admission (``cache[key]["freq"]``, gone with the entry).
 """
 
 from __future__ import annotations
@@ -11,7 +17,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 M64 = (1 << 64) - 1
-PARTITIONED = {"layer", "layerlfu"}
+PARTITIONED = {"layer", "layerlfu", "layerlfu-incache"}
+RUN_FREQ = {"lfu", "layerlfu"}  # whole-run counts
+INCACHE_FREQ = {"lfu-incache", "layerlfu-incache"}  # counts since admission
 
 
 def splitmix64(x: int) -> int:
@@ -41,12 +49,15 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
         return later[0] if later else float("inf")
 
     cache = {}  # (layer, expert) -> dict(tick, load, freq, next)
+    run_freq = defaultdict(int)  # (layer, expert) -> loads that looked it up since the run began; never deleted
     lookups = defaultdict(int)
     hits = defaultdict(int)
     read = defaultdict(int)
     per_batch = defaultdict(lambda: [0, 0, 0])
     codes = []
     evictions = 0
+    overflow = 0
+    peak = 0
     tick = 0
     share = budget_bytes // len(moe_layers)
     for i, ld in enumerate(loads):
@@ -63,6 +74,7 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
                     continue
                 lookups[(phase, layer)] += 1
                 per_batch[ld["batch"]][0] += 1
+                run_freq[key] += 1
                 if key in cache:
                     hits[(phase, layer)] += 1
                     per_batch[ld["batch"]][1] += 1
@@ -79,6 +91,7 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
                 row_codes.append(outcome[key])
             codes.append(row_codes)
         if policy == "infinite":
+            peak = max(peak, sum(expert_bytes[x[0]] for x in cache))
             continue
         # Eviction once after the load, never an entry this load touched.
         partitioned = policy in PARTITIONED
@@ -89,13 +102,16 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
                 break
             candidates = [x for x in members if cache[x]["load"] != i]
             if not candidates:
+                overflow += 1
                 break
             keys = {}
             for x in candidates:
                 c = cache[x]
                 if policy in ("lru", "layer"):
                     k = 0
-                elif policy in ("lfu", "layerlfu"):
+                elif policy in RUN_FREQ:
+                    k = run_freq[x]
+                elif policy in INCACHE_FREQ:
                     k = c["freq"]
                 elif policy == "lfru":
                     k = (c["freq"] << 8) | max(0, 255 - (i - c["load"]))
@@ -110,6 +126,7 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
             victim = min(candidates, key=keys.__getitem__)
             del cache[victim]
             evictions += 1
+        peak = max(peak, sum(expert_bytes[x[0]] for x in cache))
     return {"lookups": dict(lookups), "hits": dict(hits), "read": dict(read), "per_batch": dict(per_batch),
-            "codes": codes, "evictions": evictions}
+            "codes": codes, "evictions": evictions, "overflow": overflow, "peak_bytes": peak}
 

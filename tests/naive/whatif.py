@@ -20,7 +20,11 @@ Rules as the issue states them:
   score(v) + score(v) // 4 + 4 * 256 <= score(candidate), score = heat << 8 | recency byte,
   recency = max(0, 255 - (loads since the last load that demanded it or after which it was
   filled)), 0 if never either (LFRU's own recency byte);
-- a filled expert has frequency 0 and is most recent (its tick and its load are the fill's), so
+- frequency: ``lfu`` / ``layerlfu`` rank by the whole-run demand count, which is ``heat`` (a fill
+  neither raises nor erases it); the in-cache policies (``lfu-incache``, ``layerlfu-incache``,
+  ``lfru``) by the count since admission;
+- the peak resident bytes (all groups) are taken after each load's eviction step and after its fills;
+- a filled expert has in-cache frequency 0 and is most recent (its tick and its load are the fill's), so
   the rest of the same step cannot evict it;
   a demand hit on it is a speculative hit (code 2) and makes it an ordinary entry;
 - retention: before load i's eviction step, the predictions for the loads of batch b at layer
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from tests.naive.cache import M64, PARTITIONED, splitmix64
+from tests.naive.cache import INCACHE_FREQ, M64, PARTITIONED, RUN_FREQ, splitmix64
 
 
 def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes, seed=0, drop=None, preds=None,
@@ -100,7 +104,9 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
             c = cache[x]
             if policy in ("lru", "layer"):
                 k = 0
-            elif policy in ("lfu", "layerlfu"):
+            elif policy in RUN_FREQ:
+                k = heat[x]  # demand lookups since the run began: the whole-run count
+            elif policy in INCACHE_FREQ:
                 k = c["freq"]
             elif policy == "lfru":
                 k = (c["freq"] << 8) | max(0, 255 - (i - c["load"]))
@@ -184,6 +190,7 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
                     st["overflow"] += 1
                     break
                 evict(v)
+        st["peak_bytes"] = max(st["peak_bytes"], sum(expert_bytes[x[0]] for x in cache))
         if not (fill and preds is not None):
             continue
         j = load_at(i, ahead)
@@ -226,6 +233,7 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
             out["spec_read"][(phase, tl)] += expert_bytes[tl]
             per_batch[batch]["spec_fills"] += 1
             per_batch[batch]["spec_read"] += expert_bytes[tl]
+        st["peak_bytes"] = max(st["peak_bytes"], sum(expert_bytes[x[0]] for x in cache))
     st["spec_unused_end"] = sum(1 for c in cache.values() if c["spec"])
     st["spec_hits"] = sum(out["spec_hits"].values())
     return {**{k: dict(v) for k, v in out.items()}, "per_batch": {b: dict(v) for b, v in per_batch.items()},
