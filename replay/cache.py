@@ -60,6 +60,7 @@ from replay.cache_kernel import (
     no_options,
 )
 from replay.cache_state import MAX_SLOTS, new_state
+from replay.output import exact
 from replay.policies import REGISTRY, policy_module
 from traces.errors import UserError
 from traces.reader import RoutingArrays, Trace
@@ -393,9 +394,9 @@ def over_budget_note(rows: list[dict[str, Any]]) -> str | None:
     over = [r for r in rows if is_over_budget(r)]
     if not over:
         return None
-    cells = "; ".join(f"{r['policy']} at {r['budget_mib']:g} MiB (peak {r['peak_resident_mib']:.1f} MiB resident, "
+    cells = "; ".join(f"{r['policy']} at {exact(r['budget_mib'])} MiB (peak {r['peak_resident_mib']:.1f} MiB resident, "
                       f"{r['overflow_loads']:,} loads overflowed)" if r.get("peak_resident_mib") is not None else
-                      f"{r['policy']} at {r['budget_mib']:g} MiB ({r['overflow_loads']:,} loads overflowed)" for r in over)
+                      f"{r['policy']} at {exact(r['budget_mib'])} MiB ({r['overflow_loads']:,} loads overflowed)" for r in over)
     return ("over budget: a load needed more than the budget (or its layer's share under layer/layerlfu), so the cache "
             f"overflowed and the hit rate needs more memory than listed: {cells}.")
 

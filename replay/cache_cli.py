@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from replay.output import exact
 from traces.errors import UserError
 
 MIB = 1 << 20
@@ -118,7 +119,7 @@ def register(app: typer.Typer) -> None:
         if blist is None:
             blist = default_budgets_mib(loads, rec_budget)
             chosen = ("default: 9 budgets geometric from T/2 to the working set W, 2 significant figures"
-                      + (f", the recorded {rec_budget:g} MiB replacing the nearest" if rec_budget in blist else ""))
+                      + (f", the recorded {exact(rec_budget)} MiB replacing the nearest" if rec_budget in blist else ""))
         if retain:
             from replay.prefetch import retain_sweep
             frame = retain_sweep(t, loads, pols, blist, predictor, per_layer=per_layer, seed=seed)
@@ -155,7 +156,7 @@ def register(app: typer.Typer) -> None:
 
 def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed) -> str:
     from replay.cache import is_over_budget, over_budget_note
-    from replay.output import PHASE_HIT_KEY, fmt, rows_of, text_table
+    from replay.output import PHASE_HIT_KEY, digits_for, fmt, rows_of, text_table
 
     overall = rows_of(frame.filter(frame["layer"].is_null()))
     cell = {(r["policy"], r["budget_mib"]): r for r in overall}
@@ -166,10 +167,10 @@ def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed)
     def grid(field: str) -> str:
         rows = []
         for b in blist:
-            row = {"budget": f"{b:g}" + (" *" if b < T else "")}
+            row = {"budget": exact(b) + (" *" if b < T else "")}
             for p in pols:
                 c = cell[(p, b)]
-                row[p] = fmt(c[field], 1) + (OVER if is_over_budget(c) else " " * len(OVER) if any_over else "")
+                row[p] = fmt(c[field], digits_for(field)) + (OVER if is_over_budget(c) else " " * len(OVER) if any_over else "")
             rows.append(row)
         return "\n".join(line.rstrip() for line in text_table(rows, ["budget", *pols], ["budget_mib", *pols]).splitlines())
 
@@ -195,7 +196,7 @@ def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed)
     if any(b < T for b in blist):
         lines.append(f"* budget below one token cycle T = {T:.1f} MiB.")
     if collapsed:
-        vals = ", ".join(f"{r['hit_pct_decode']:.1f}% at {r['budget_mib']:g} MiB" for r in collapsed)
+        vals = ", ".join(f"{r['hit_pct_decode']:.1f}% at {exact(r['budget_mib'])} MiB" for r in collapsed)
         lines.append(f"  Here {COLLAPSE} (LRU decode-only hit: {vals}).")
     note = over_budget_note([cell[(p, b)] for p in pols for b in blist])
     if note:
@@ -227,17 +228,18 @@ def time_text(frame, pols, blist, cmodel) -> str:
     """The ms/token grid and which configuration wins on time (not just on hits)."""
     from replay.cache import is_over_budget
     from replay.cost import verdict
-    from replay.output import fmt, rows_of, text_table
+    from replay.output import digits_for, fmt, rows_of, text_table
 
     overall = rows_of(frame.filter(frame["layer"].is_null()))
     cell = {(r["policy"], r["budget_mib"]): r for r in overall}
     any_over = any(is_over_budget(c) for c in cell.values())
     rows = []
     for b in blist:
-        row = {"budget": f"{b:g}"}
+        row = {"budget": exact(b)}
         for p in pols:
             c = cell[(p, b)]
-            row[p] = fmt(c["ms_per_token"], 1) + (OVER if is_over_budget(c) else " " * len(OVER) if any_over else "")
+            mark = OVER if is_over_budget(c) else " " * len(OVER) if any_over else ""
+            row[p] = fmt(c["ms_per_token"], digits_for("ms_per_token")) + mark
         rows.append(row)
     bw = cmodel.bandwidth_mib_s
     lines = [f"estimated ms per decoded token ({cmodel.kind} model: {cmodel.model}; intercept {cmodel.intercept_ms:.1f} ms, "
@@ -258,7 +260,7 @@ def validate_ok(row) -> bool | None:
 def validate_text(t, row) -> str:
     rec = row["recorded_hit_pct_cum"]
     lines = [
-        f"validate  LRU replay of {t.path} at {row['budget_mib']:g} MiB "
+        f"validate  LRU replay of {t.path} at {exact(row['budget_mib'])} MiB "
         f"(engine's recorded budget: {row['recorded_budget_mib'] if row['recorded_budget_mib'] is not None else 'none'})",
     ]
     if rec is not None:

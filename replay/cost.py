@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from replay.output import exact
 from traces.errors import UserError
 from traces.reader import Trace
 
@@ -377,7 +378,7 @@ def device_check(trace: Trace, model: CostModel | None = None, budget_mib: float
         "model": trace.model["name"], "budget_mib": float(budget), "recorded_budget_mib": recorded_budget,
         "policy": "lru", "tokens_decode": n, "compared": compared,
         "not_compared_why": None if compared else (
-            f"the device ran at {recorded_budget:g} MiB, not {float(budget):g} MiB: its recorded speed is not a "
+            f"the device ran at {exact(recorded_budget)} MiB, not {exact(float(budget))} MiB: its recorded speed is not a "
             "measurement of this budget" if recorded_budget is not None
             else "the trace records no budget, so its recorded speed cannot be tied to this one"),
         "error_scope": scope if compared else None,
@@ -445,16 +446,16 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
         left_out += over
         r = pick_best(ok, "ms_per_token", highest=False)
         if r is None:
-            best.append(f"{b:g} MiB: none within budget")
+            best.append(f"{exact(b)} MiB: none within budget")
             continue
         ci = r.get("ms_per_token_ci95")
         ci_txt = f" +/- {ci:.1f}" if ci is not None and math.isfinite(ci) else ""
-        best.append(f"{b:g} MiB: {r['policy']} {r['ms_per_token']:.1f}{ci_txt} ms ({r['tok_s']:.2f} tok/s)")
+        best.append(f"{exact(b)} MiB: {r['policy']} {r['ms_per_token']:.1f}{ci_txt} ms ({r['tok_s']:.2f} tok/s)")
     out = ["fastest online policy per budget (decode, estimated; belady/infinite are bounds, not candidates"
            + ("; over-budget cells left out" if left_out else "") + "): " + "; ".join(best)]
     if left_out:
         out.append("left out as over budget (the cache overflowed: the figure needs more memory than the budget): "
-                   + "; ".join(f"{r['policy']} at {r['budget_mib']:g} MiB" + (f" (peak {r['peak_resident_mib']:.1f} MiB)"
+                   + "; ".join(f"{r['policy']} at {exact(r['budget_mib'])} MiB" + (f" (peak {r['peak_resident_mib']:.1f} MiB)"
                                                                           if r.get("peak_resident_mib") is not None else "")
                                for r in left_out))
     for b in sorted({r["budget_mib"] for r in online}):
@@ -464,7 +465,7 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
         if by_time is None or by_hits is None:
             continue
         if by_time["policy"] != by_hits["policy"] and by_time["ms_per_token"] < by_hits["ms_per_token"]:
-            out.append(f"at {b:g} MiB, {by_hits['policy']} hits most ({by_hits['hit_pct_decode']:.1f}% decode) but "
+            out.append(f"at {exact(b)} MiB, {by_hits['policy']} hits most ({by_hits['hit_pct_decode']:.1f}% decode) but "
                        f"{by_time['policy']} is faster ({by_time['ms_per_token']:.1f} vs {by_hits['ms_per_token']:.1f} ms/token): "
                        "it reads fewer bytes per token (expert sizes differ by layer)")
     out.append("time estimates see bytes read (and misses, if the model has that term), not compute, thermal state or page "

@@ -301,7 +301,7 @@ def section_cache(ctx: ReportContext) -> Section:
         styles["over budget (needs more memory)"] = {"linestyle": "none", "marker": "x", "markersize": 8, "color": "red"}
     vlines = {"T (one token cycle)": T}
     if rec is not None:
-        vlines[f"recorded budget {rec:g} MiB"] = float(rec)
+        vlines[f"recorded budget {exact(rec)} MiB"] = float(rec)
     plots.lines(series, ctx.out / "cache_curves.png", "Expert-cache hit rate vs budget (decode loads)",
                 "cache budget (MiB, log scale)", "decode-only hit rate (%)", styles=styles, vlines=vlines, xlog=True,
                 ylim=(0, 102))
@@ -364,7 +364,7 @@ def section_cache(ctx: ReportContext) -> Section:
         if r["hit_pct_decode"] is not None:
             mat[li[r["layer"]], bi[r["budget_mib"]]] = r["hit_pct_decode"]
     plots.heatmap(mat, ctx.out / "cache_per_layer.png", f"{chosen}: decode hit rate per layer and budget", "cache budget (MiB)",
-                  "MoE layer", "decode-only hit rate (%)", ylabels=layers, xticklabels=[f"{b:g}" for b in budgets],
+                  "MoE layer", "decode-only hit rate (%)", ylabels=layers, xticklabels=[exact(b) for b in budgets],
                   vmin=0, vmax=100)
     s.images.append(("cache_per_layer.png", "per-layer hit rate heatmap"))
     s.tables.append(Table("cache_per_layer", per.select(["layer", "budget_mib", "lookups", "hits", "hit_pct_decode",
