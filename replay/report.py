@@ -182,7 +182,8 @@ def section_cost(ctx: ReportContext) -> Section:
         r = c.row()
         r["selected"] = c is best
         rows.append(r)
-    frame = pl.DataFrame(rows).drop("notes")
+    # The trace's name, not its path as typed: `report qwen` and `report /abs/qwen` write the same bytes.
+    frame = pl.DataFrame(rows).drop("notes").with_columns(pl.lit(ctx.name).alias("source"))
     bw = best.bandwidth_mib_s
     s.text.append(f"Fitted on this run's recorded decode tokens: {best.model}; intercept {best.intercept_ms:.1f} ms/token, "
                   f"slope {best.ms_per_mib:.4f} ms/MiB" + (f" (effective {bw:.0f} MiB/s)" if bw else "")
@@ -390,12 +391,17 @@ SECTIONS: list[Callable[[ReportContext], Section]] = [
 
 # -- rendering ---------------------------------------------------------------------------------
 
+def md_cell(text: str) -> str:
+    """A Markdown table cell: a ``|`` would end the cell (escaped), a newline the row (a space)."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
 def _md_table(t: Table) -> str:
     cols = t.columns or t.frame.columns
     rows = t.frame.select(cols).rows()
-    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
+    out = ["| " + " | ".join(md_cell(c) for c in cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
     for r in rows:
-        out.append("| " + " | ".join(fmt(v, t.digits) for v in r) + " |")
+        out.append("| " + " | ".join(md_cell(fmt(v, t.digits)) for v in r) + " |")
     return "\n".join(out)
 
 
@@ -455,7 +461,7 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
                  progress: Callable[[str], None] | None = None) -> Path:
     """Build every section and write index.md, index.html, PNGs and tables/*.csv into ``out_dir``."""
     trace = open_trace(trace_dir)
-    name = Path(trace_dir).name
+    name = Path(trace_dir).resolve().name  # `report .` is named after the directory, not ""
     with staged_dir(out_dir, force=force) as stage:
         (stage / "tables").mkdir()
         ctx = ReportContext(trace, name, stage, budgets_mib, policies, cost_model, progress)
@@ -467,7 +473,7 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
                 sections.append(build(ctx))
             except UserError as e:
                 sections.append(Section(build.__name__.removeprefix("section_").replace("_", " ").capitalize(),
-                                        unavailable=str(e).rstrip(".")))
+                                        unavailable=str(e).rstrip(".").replace(str(trace.path), name)))
         for s in sections:
             for t in s.tables:
                 atomic_write_text(stage / "tables" / f"{t.name}.csv", t.frame.write_csv(float_precision=6))
