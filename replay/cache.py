@@ -64,6 +64,7 @@ from replay.output import exact
 from replay.policies import REGISTRY, policy_module
 from traces.errors import UserError
 from traces.reader import RoutingArrays, Trace
+from traces.schema import MAX_BUDGET_MIB
 
 MIB = 1 << 20
 UNBOUNDED_BYTES = np.int64(1) << np.int64(62)
@@ -98,22 +99,23 @@ def _tiny_loads() -> Loads:
     return prepare_loads(ra, [0], 2, np.array([MIB]))
 
 
-def check_policies(policies: list[str] | tuple[str, ...]) -> list[str]:
+def check_policies(policies: list[str] | tuple[str, ...], option: str = "--policies") -> list[str]:
+    """The known, distinct policy names; ``option`` is the flag the names came from (for the error)."""
     out = []
     for p in policies:
         p = p.strip()
         if p not in REGISTRY:
-            raise UserError(f"--policies: unknown policy {p!r} (known: {', '.join(REGISTRY)}).")
+            raise UserError(f"{option}: unknown policy {p!r} (known: {', '.join(REGISTRY)}).")
         if p not in out:
             out.append(p)
     if not out:
-        raise UserError("--policies: no policy given.")
+        raise UserError(f"{option}: no policy given.")
     return out
 
 
 def budget_bytes(budget_mib: float) -> int:
-    if not (isinstance(budget_mib, (int, float)) and math.isfinite(budget_mib) and budget_mib > 0):
-        raise UserError(f"budget {budget_mib!r} MiB: a budget must be a positive number of MiB.")
+    if not (isinstance(budget_mib, (int, float)) and math.isfinite(budget_mib) and 0 < budget_mib <= MAX_BUDGET_MIB):
+        raise UserError(f"budget {budget_mib!r} MiB: a budget must be a positive number of MiB, at most 2^40.")
     return int(math.floor(budget_mib * MIB))
 
 
@@ -277,7 +279,7 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     ``fill`` (read the predictions ``ahead`` layers on speculatively, at most ``cap`` predicted
     misses per layer, with the eviction ``guard`` if asked).
     """
-    check_policies([policy])
+    check_policies([policy], option="--policy")
     budget = budget_bytes(budget_mib)
     if loads.entries.size > MAX_SLOTS:
         raise UserError(f"the trace holds {loads.entries.size:,} routed slots; one replay handles at most {MAX_SLOTS:,}")

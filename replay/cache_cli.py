@@ -11,6 +11,7 @@ import typer
 
 from replay.output import exact
 from traces.errors import UserError
+from traces.schema import MAX_BUDGET_MIB
 
 MIB = 1 << 20
 
@@ -27,6 +28,8 @@ def parse_budgets(text: str, option: str = "--budgets") -> list[float]:
             raise UserError(f"{option}: {tok!r} is not a number of MiB.") from None
         if not math.isfinite(v) or v <= 0:
             raise UserError(f"{option}: {tok!r} is not a positive number of MiB.")
+        if v > MAX_BUDGET_MIB:
+            raise UserError(f"{option}: {tok!r} MiB is more than 2^40 MiB (1 EiB), beyond any trace.")
         if v not in out:
             out.append(v)
     if not out:
@@ -86,11 +89,11 @@ def register(app: typer.Typer) -> None:
 
         check_phase(phase)
         cmodel = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
-        if budget_mib is not None and not (math.isfinite(budget_mib) and budget_mib > 0):
-            raise UserError(f"--budget-mib: {budget_mib} is not a positive number of MiB.")
+        if budget_mib is not None and not (math.isfinite(budget_mib) and 0 < budget_mib <= MAX_BUDGET_MIB):
+            raise UserError(f"--budget-mib: {budget_mib} is not a positive number of MiB (at most 2^40).")
         pols = check_policies([p for p in policies.split(",") if p.strip()])
-        if seed < 0:
-            raise UserError(f"--seed: {seed} is negative.")
+        if not 0 <= seed < 1 << 63:
+            raise UserError(f"--seed: {seed} is not in 0..2^63-1.")
         blist = parse_budgets(budgets) if budgets is not None else None
         if blist is not None and budget_mib is not None and not validate:
             raise UserError("--budgets and --budget-mib both name the budgets to replay; give one of them.")

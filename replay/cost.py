@@ -31,6 +31,7 @@ from traces.errors import UserError
 from traces.reader import Trace
 
 MIB = float(1 << 20)
+MAX_MS = 86_400_000.0  # one day: no per-token time, coefficient or intercept beyond it is a measurement
 
 FORMULAS = {
     "bytes": "wall_ms = intercept_ms + ms_per_mib * read_mib",
@@ -93,8 +94,10 @@ def manual_model(flash_mib_s: float, compute_ms: float) -> CostModel:
     """First-principles model for users without recorded metrics: reads are serial with compute."""
     if not (flash_mib_s > 0 and math.isfinite(flash_mib_s)):
         raise UserError(f"--flash-mib-s {flash_mib_s} must be a positive bandwidth in MiB/s.")
-    if not (compute_ms >= 0 and math.isfinite(compute_ms)):
-        raise UserError(f"--compute-ms {compute_ms} must be a non-negative time in ms per token.")
+    if not (compute_ms >= 0 and math.isfinite(compute_ms)) or compute_ms > MAX_MS:
+        raise UserError(f"--compute-ms {compute_ms} must be a non-negative time in ms per token (at most a day).")
+    if 1000.0 / flash_mib_s > MAX_MS:
+        raise UserError(f"--flash-mib-s {flash_mib_s} is below any real bandwidth (more than a day per MiB).")
     return CostModel(model=FORMULAS["manual"], terms="manual", intercept_ms=float(compute_ms),
                      ms_per_mib=1000.0 / flash_mib_s, kind="manual",
                      notes=["manual model: assumes reads do not overlap compute and bandwidth is constant"])
@@ -135,8 +138,18 @@ def recorded_token_features(trace: Trace, metrics: pl.DataFrame | None = None) -
         miss_slots = np.zeros(int(dec.sum()))
     misses = np.bincount(inv, weights=miss_slots.astype(np.float64), minlength=n_tok)
     wall = m["wall_ms"].to_numpy().astype(np.float64)
-    if not np.all(np.isfinite(wall)) or (wall <= 0).any():
-        raise UserError(f"{trace.path}: recorded wall_ms has non-positive or non-finite values.")
+    if not np.all(np.isfinite(wall)) or (wall <= 0).any() or (wall > MAX_MS).any():
+        i = int(np.argmax(~np.isfinite(wall) | (wall <= 0) | (wall > MAX_MS)))
+        raise UserError(f"{trace.path}: recorded wall_ms of decode token {i + 1} is {wall[i]:g}, not a time in (0, 1 day].")
+    if a.read_bytes is not None and "read_bytes" in m.columns:
+        # All bytes the engine read for a token include the expert bytes the trace says it read:
+        # fewer means the metrics are another run's.
+        total = m["read_bytes"].to_numpy().astype(np.float64)
+        short = np.flatnonzero(total < rb)
+        if short.size:
+            i = int(short[0])
+            raise UserError(f"{trace.path}: the metrics say decode token {i + 1} read {total[i]:.0f} bytes in all, fewer "
+                            f"than the {rb[i]:.0f} bytes of expert reads the trace records; not the metrics of this run.")
     return pl.DataFrame({
         "token": np.arange(n_tok), "turn": uniq[:, 0], "step": uniq[:, 1], "wall_ms": wall,
         "read_bytes": rb, "misses": misses,
@@ -203,6 +216,9 @@ def fit_candidates(features: pl.DataFrame, source: str) -> list[CostModel]:
         c = _ols(X, y)
         pred = X @ c
         resid = y - pred
+        if not np.isfinite(c).all() or not np.isfinite(c_half).all() or np.abs(c).max() > MAX_MS:
+            raise UserError(f"{source}: the {terms} fit gives coefficients {', '.join(f'{x:g}' for x in c)}, not "
+                            "plausible times; check the recorded wall_ms and read_bytes.")
         out.append(CostModel(
             model=FORMULAS[terms], terms=terms, intercept_ms=float(c[0]), ms_per_mib=float(c[1]),
             ms_per_miss=float(c[2]) if terms == "bytes+misses" else 0.0, r2=_r2(y, pred),
@@ -273,6 +289,31 @@ def cross_trace(models: list[tuple[str, CostModel]], feats: list[tuple[str, pl.D
 
 # -- files -------------------------------------------------------------------------------------
 
+def _model_number(p: Path, row: dict[str, Any], key: str, default: float | None = None) -> float | None:
+    v = row.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise UserError(f"{p}: {key} {v!r} is not a finite number.")
+    return float(v)
+
+
+def check_model(m: CostModel, where: str) -> CostModel:
+    """Refuse a model that would print nonsense times: a slope that is not a positive ms/MiB (more
+    bytes read would make a token faster, down to negative ms), a negative per-miss cost, or an
+    intercept outside -1 day..1 day per token."""
+    if not (math.isfinite(m.ms_per_mib) and m.ms_per_mib > 0):
+        raise UserError(f"{where}: ms_per_mib {m.ms_per_mib:g} is not a positive time per MiB read; reading more "
+                        "bytes must not make a token faster (refit on a run where bytes explain the time).")
+    if not (math.isfinite(m.ms_per_miss) and m.ms_per_miss >= 0):
+        raise UserError(f"{where}: ms_per_miss {m.ms_per_miss:g} is not a non-negative time per miss.")
+    if not (math.isfinite(m.intercept_ms) and abs(m.intercept_ms) <= MAX_MS):
+        raise UserError(f"{where}: intercept_ms {m.intercept_ms:g} is not a plausible time per token (|x| <= 1 day).")
+    if m.ms_per_mib > MAX_MS:
+        raise UserError(f"{where}: ms_per_mib {m.ms_per_mib:g} is more than a day per MiB read.")
+    return m
+
+
 def load_cost_model(path: str | Path) -> CostModel:
     """Read a ``cost fit --json`` output (the row marked ``selected``) or a bare model object."""
     p = Path(path)
@@ -288,21 +329,31 @@ def load_cost_model(path: str | Path) -> CostModel:
         row = sel[0] if sel else (obj["rows"][0] if obj["rows"] else None)
     if not isinstance(row, dict):
         raise UserError(f"{p}: holds no cost model row.")
-    try:
-        intercept, slope = float(row["intercept_ms"]), float(row["ms_per_mib"])
-    except (KeyError, TypeError, ValueError):
-        raise UserError(f"{p}: a cost model needs numeric intercept_ms and ms_per_mib.") from None
-    if not (math.isfinite(intercept) and math.isfinite(slope)):
-        raise UserError(f"{p}: intercept_ms and ms_per_mib must be finite.")
-    return CostModel(
-        model=str(row.get("model", FORMULAS["bytes"])), terms=str(row.get("terms", "bytes")), intercept_ms=intercept,
-        ms_per_mib=slope, ms_per_miss=float(row.get("ms_per_miss") or 0.0), kind=str(row.get("kind", "fit")),
-        r2=row.get("r2"), heldout_mape_pct=row.get("heldout_mape_pct"),
-        heldout_run_mean_err_pct=row.get("heldout_run_mean_err_pct"), tokens_fit=int(row.get("tokens_fit") or 0),
-        tokens_heldout=int(row.get("tokens_heldout") or 0), resid_std_ms=row.get("resid_std_ms"),
-        source=row.get("source"), fit_trace=row.get("fit_trace"), fit_trace_id=row.get("fit_trace_id"),
-        fit_tokens=row.get("fit_tokens"), notes=list(row.get("notes") or []),
+    if row.get("intercept_ms") is None or row.get("ms_per_mib") is None:
+        raise UserError(f"{p}: a cost model needs numeric intercept_ms and ms_per_mib.")
+    intercept, slope = _model_number(p, row, "intercept_ms"), _model_number(p, row, "ms_per_mib")
+    counts = {}
+    for key in ("tokens_fit", "tokens_heldout"):
+        v = row.get(key) or 0
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise UserError(f"{p}: {key} {v!r} is not a non-negative integer.")
+        counts[key] = v
+    notes = row.get("notes") or []
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise UserError(f"{p}: notes is not a list of strings.")
+    for key in ("model", "terms", "kind", "source", "fit_trace", "fit_trace_id", "fit_tokens"):
+        if row.get(key) is not None and not isinstance(row[key], str):
+            raise UserError(f"{p}: {key} {row[key]!r} is not a string.")
+    m = CostModel(
+        model=str(row.get("model", FORMULAS["bytes"])), terms=str(row.get("terms", "bytes")), intercept_ms=intercept,  # type: ignore[arg-type]
+        ms_per_mib=slope, ms_per_miss=_model_number(p, row, "ms_per_miss") or 0.0, kind=str(row.get("kind", "fit")),  # type: ignore[arg-type]
+        r2=_model_number(p, row, "r2"), heldout_mape_pct=_model_number(p, row, "heldout_mape_pct"),
+        heldout_run_mean_err_pct=_model_number(p, row, "heldout_run_mean_err_pct"),
+        tokens_fit=counts["tokens_fit"], tokens_heldout=counts["tokens_heldout"],
+        resid_std_ms=_model_number(p, row, "resid_std_ms"), source=row.get("source"), fit_trace=row.get("fit_trace"),
+        fit_trace_id=row.get("fit_trace_id"), fit_tokens=row.get("fit_tokens"), notes=list(notes),
     )
+    return check_model(m, str(p))
 
 
 def add_time_columns(frame: pl.DataFrame, model: CostModel, read_mib_col: str, misses_col: str | None,

@@ -179,7 +179,7 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
     from replay.cache import ACC_HITS, ACC_LOOKUPS, ACC_READ, check_policies, prepare_loads, replay
 
     _check_fracs(fracs)
-    check_policies([policy])
+    check_policies([policy], option="--policy")
     if budget_mib is None:
         budget_mib = trace.recorded.get("budget_mib")
         if budget_mib is None:

@@ -103,7 +103,7 @@ def guesses(trace: Trace, predictor: str, drop_frac: float | None = None, arr: R
     from replay.predictors.prev_token import predict_prev_token
     from replay.predictors.static_hot import predict_static_hot, predict_static_hot_prompt
 
-    fam, d = parse_predictor(predictor)
+    fam, d = parse_predictor(predictor, option="--predictor")
     arr = arr if arr is not None else trace.arrays(recorded=False)
     k, n_expert = trace.top_k, trace.n_expert
     dec = arr.phase == PHASE_DECODE
@@ -181,14 +181,14 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
     bytes per decoded token ``total_mib_per_token`` (demand + speculative) and its ``_baseline``,
     ``bytes_change_pct``; ``tokens_decode``, ``read_mib_decode``, ``misses_decode`` (+ baseline)."""
     if policy not in PREFETCH_POLICIES:
-        check_policies([policy])
+        check_policies([policy], option="--policy")
         raise UserError(f"--policy {policy}: prefetch replays {' or '.join(PREFETCH_POLICIES)} only.")
     if budget_mib is None:
         budget_mib = trace.recorded.get("budget_mib")
         if budget_mib is None:
             raise UserError(f"{trace.path}: the trace records no cache budget; pass --budget-mib.")
-    if cap is not None and cap < 0:
-        raise UserError(f"--cap {cap}: must be >= 0 predicted misses per layer.")
+    if cap is not None and not 0 <= cap < 1 << 31:
+        raise UserError(f"--cap {cap}: must be >= 0 predicted misses per layer (and below 2^31).")
     arr = trace.arrays(recorded=False)
     g = guesses(trace, predictor, drop_frac, arr)
     loads = prepare_loads(arr, trace.moe_layers, trace.n_expert, trace.expert_bytes)

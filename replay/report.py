@@ -196,7 +196,8 @@ def section_cost(ctx: ReportContext) -> Section:
         r = c.row()
         r["selected"] = c is best
         rows.append(r)
-    frame = pl.DataFrame(rows).drop("notes")
+    # The trace's name, not its path as typed: `report qwen` and `report /abs/qwen` write the same bytes.
+    frame = pl.DataFrame(rows).drop("notes").with_columns(pl.lit(ctx.name).alias("source"))
     bw = best.bandwidth_mib_s
     s.text.append(f"Fitted on this run's recorded decode tokens: {best.model}; intercept {fmt_q(best.intercept_ms, 'ms')} "
                   f"ms/token, slope {fmt_q(best.ms_per_mib, 'ms_per_mib')} ms/MiB"
@@ -464,12 +465,17 @@ def _header(t: Table, c: str) -> str:
     return (t.headers or {}).get(c, c)
 
 
+def md_cell(text: str) -> str:
+    """A Markdown table cell: a ``|`` would end the cell (escaped), a newline the row (a space)."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
 def _md_table(t: Table) -> str:
     cols = t.columns or t.frame.columns
     rows = t.frame.select(cols).rows()
-    out = ["| " + " | ".join(_header(t, c) for c in cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
+    out = ["| " + " | ".join(md_cell(_header(t, c)) for c in cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
     for r in rows:
-        out.append("| " + " | ".join(cell(c, v, t.digits) for c, v in zip(cols, r)) + " |")
+        out.append("| " + " | ".join(md_cell(cell(c, v, t.digits)) for c, v in zip(cols, r)) + " |")
     return "\n".join(out)
 
 
@@ -531,7 +537,7 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
 
     ``inputs``: files read besides the trace (a cost model); ``out_dir`` may not be, hold or lie in one."""
     trace = open_trace(trace_dir)
-    name = Path(trace_dir).name
+    name = Path(trace_dir).resolve().name  # `report .` is named after the directory, not ""
     with staged_dir(out_dir, force=force, inputs=[trace_dir, *inputs]) as stage:
         (stage / "tables").mkdir()
         ctx = ReportContext(trace, name, stage, budgets_mib, policies, cost_model, progress)
@@ -543,7 +549,7 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
                 sections.append(build(ctx))
             except UserError as e:
                 sections.append(Section(build.__name__.removeprefix("section_").replace("_", " ").capitalize(),
-                                        unavailable=str(e).rstrip(".")))
+                                        unavailable=str(e).rstrip(".").replace(str(trace.path), name)))
         for s in sections:
             for t in s.tables:
                 atomic_write_text(stage / "tables" / f"{t.name}.csv", t.frame.write_csv(float_precision=6))

@@ -72,7 +72,7 @@ def write_trace(out: Path, *, n_layer: int, moe_layers: list[int], n_expert: int
             ex = ids[0]
         else:
             ex = rng.permutation(n_expert)[:top_k]
-        wt = (rng.integers(1, 9, size=top_k) / 8).astype(np.float32)
+        wt = np.sort((rng.integers(1, 9, size=top_k) / 8).astype(np.float32))[::-1].copy()  # router rank order
         if rng.random() < nan_frac:
             wt[:] = np.nan
         opt = {"gate_input": g} if with_gate else {}

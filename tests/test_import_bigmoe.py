@@ -139,6 +139,10 @@ def _mutations():
         "dense model": ([PREAMBLE[0], "# model=/x/d.gguf arch=llama n_layer=2 n_expert=0 n_expert_used=0"] + PREAMBLE[2:]
                         + [HEADER] + rows, "not a MoE model"),
         "no rows": (PREAMBLE + [HEADER], "no rows"),
+        "expert_bytes beyond int64": (PREAMBLE[:3] + ["# layer=1 expert_bytes=99999999999999999999999 dense_bytes=10", HEADER]
+                                      + rows, "expert_bytes"),
+        "negative weight": (PREAMBLE + [HEADER] + [rows[0], rows[1].replace("0.4", "-0.4")] + rows[2:], "negative"),
+        "weights not in rank order": (PREAMBLE + [HEADER] + [rows[0].replace("0.6", "0.3")] + rows[1:], "rank order"),
         "empty file": ([""], "preamble"),
     }
 
@@ -168,7 +172,7 @@ def test_missing_file_and_existing_output(tmp_path):
 def test_metrics_mismatch_and_malformed(tmp_path):
     src = write_csv(tmp_path / "a.route.csv", PREAMBLE + [HEADER] + good_rows())
     hdr = "step,steps,wall_ms,io_ms,compute_ms,read_bytes,cache_hit_pct,stall_ms,mgmt_ms,majflt,cpu_ms"
-    row = "1,2,10.0,5.0,4.0,1000,50.0,1.0,0.5,0,20.0"
+    row = "1,2,10.0,5.0,4.0,6000,50.0,1.0,0.5,0,20.0"  # read_bytes covers the 6000 expert bytes per token
     summ = "# summary tokens=2 cache_hit_pct=50.0 cache_budget_MiB=1.0"
     good = write_csv(tmp_path / "a.metrics", [hdr, row, row.replace("1,2,", "2,2,", 1), summ])
     assert run_cli("import", "bigmoe", src, tmp_path / "ok", "--metrics", good).code == 0

@@ -128,6 +128,9 @@ def _edit_meta(path, fn):
         (lambda m: m["model"].update(n_expert=0), "n_expert"),
         (lambda m: m["model"].update(moe_layers=[2, 1]), "strictly increasing"),
         (lambda m: m["gating"].update(activation="relu"), "gating.activation"),
+        (lambda m: m["expert_bytes"].__setitem__(1, 99999999999999999999999), "expert_bytes[1]"),
+        (lambda m: m["gating"].update(selection_bias="yes"), "gating.selection_bias"),
+        (lambda m: m.update(recorded={"budget_mib": "4000MiB"}), "recorded.budget_mib"),
     ],
 )
 def test_reader_rejects_bad_metadata(tmp_path, edit, needle):
@@ -186,6 +189,8 @@ def _set_fixed(t, name, values, typ):
         (lambda t: _set_fixed(t, "experts", np.array([[2, 2]] * 6), pa.int32()), "same expert twice"),
         (lambda t: _set_fixed(t, "weights", np.array([[0.5, np.nan]] * 6), pa.float32()), "partly NaN"),
         (lambda t: _set_fixed(t, "weights", np.array([[np.inf, 0.1]] * 6), pa.float32()), "infinite"),
+        (lambda t: _set_fixed(t, "weights", np.array([[0.5, -0.1]] * 6), pa.float32()), "negative routing weight"),
+        (lambda t: _set_fixed(t, "weights", np.array([[0.1, 0.5]] * 6), pa.float32()), "not in router rank order"),
         (lambda t: t.set_column(4, t.schema.field("layer"), pa.array(np.array([0, 1, 2, 0, 1, 1], np.int16))),
          "duplicates the row before it"),
         (lambda t: t.set_column(4, t.schema.field("layer"), pa.array(np.array([0, 2, 1, 0, 1, 2], np.int16))),

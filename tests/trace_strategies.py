@@ -35,7 +35,7 @@ def recorded_traces(draw, max_layers=4, max_experts=8, max_k=4, max_tokens=6):
             for step in steps:
                 ex = rng.choice(n_expert, size=k, replace=False)
                 # coarse weights so ties and threshold edges happen
-                w = rng.integers(0, 5, size=k).astype(np.float32) / 4.0
+                w = np.sort(rng.integers(0, 5, size=k).astype(np.float32) / 4.0)[::-1]  # router rank order
                 res = rng.integers(0, 2, size=k)
                 rb = []
                 for s in range(k):

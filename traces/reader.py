@@ -31,6 +31,7 @@ from traces.schema import (
     ROUTINGS_DIR,
     TRACE_JSON,
     WIDE_COLUMNS,
+    metrics_first_problem,
     routings_schema,
     validate_meta,
 )
@@ -78,7 +79,17 @@ def fixed_list_to_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 def read_part(part: Path, columns: list[str], fast: tuple[str, ...] = WIDE_COLUMNS) -> pa.Table:
     """``columns`` of one Parquet file as an Arrow table; those in ``fast`` (the wide ones) by the
-    raw-page path of :mod:`traces.pages` where their pages allow it."""
+    raw-page path of :mod:`traces.pages` where their pages allow it.
+
+    A file whose footer is intact but whose data pages are not (a bad zstd frame, a cut page) is
+    only found out here, at the first read: that is a :class:`TraceError` naming the file."""
+    try:
+        return _read_part(part, columns, fast)
+    except (pa.ArrowException, OSError, ValueError, EOFError) as e:
+        raise _fail(part, f"has a corrupt or unreadable data page in column(s) {', '.join(columns)} ({_short(e)})") from None
+
+
+def _read_part(part: Path, columns: list[str], fast: tuple[str, ...]) -> pa.Table:
     pf = pq.ParquetFile(part)
     wide: dict[str, pa.Array] = {}
     for name in columns:
@@ -212,7 +223,8 @@ class Trace:
         """router.parquet as a frame (layer, expert, weight list, bias), or None."""
         if not self.has_router:
             return None
-        return pl.from_arrow(pq.read_table(self.path / ROUTER_FILE))  # type: ignore[return-value]
+        path = self.path / ROUTER_FILE
+        return pl.from_arrow(read_part(path, pq.ParquetFile(path).schema_arrow.names, fast=()))  # type: ignore[return-value]
 
     def router_matrices(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """{layer: (W [n_expert, n_embd] float32, bias [n_expert] float32)} from router.parquet."""
@@ -233,14 +245,14 @@ class Trace:
         from router.parquet's optional ``logit_bias`` column; {} when it has none."""
         if not self.has_router_logit_bias:
             return {}
-        t = pq.read_table(self.path / ROUTER_FILE, columns=["layer", "expert", "logit_bias"])
+        t = read_part(self.path / ROUTER_FILE, ["layer", "expert", "logit_bias"], fast=())
         return _router_by_layer(t, t.column("logit_bias").to_numpy())
 
     def metrics(self) -> pl.DataFrame | None:
         """The engine's recorded per-token metrics (metrics.parquet), or None."""
         if not self.has_metrics:
             return None
-        return pl.from_arrow(pq.read_table(self.path / METRICS_FILE))  # type: ignore[return-value]
+        return pl.from_arrow(_read_metrics(self.path / METRICS_FILE))  # type: ignore[return-value]
 
     # -- summaries ----------------------------------------------------------------------------
     def token_counts(self) -> dict[str, int]:
@@ -300,6 +312,8 @@ def open_trace(path: str | Path, check_rows: bool = True) -> Trace:
         _check_rows(trace)
     if trace.has_router:
         _check_router(trace)
+    if trace.has_metrics:
+        _read_metrics(root / METRICS_FILE)
     return trace
 
 
@@ -328,6 +342,7 @@ def _check_rows(trace: Trace) -> None:
     last: tuple[int, int, int, int] | None = None  # batch, layer, step, phase
     offset = 0
     recorded = [c for c in RECORDED_COLUMNS if trace.has(c)]
+    by_rank = not trace.gating.get("selection_bias")
     for part, t in zip(trace.parts, trace.iter_tables(list(NARROW) + recorded)):
         try:
             n = t.num_rows
@@ -382,6 +397,7 @@ def _check_rows(trace: Trace) -> None:
                     f"row {offset + bad[0]} has weights that are infinite or only partly NaN "
                     "(NaN is allowed only for a whole routing whose engine exposed no weights)"
                 )
+            _check_weights(w, lay[int(prepended):], offset, by_rank)
             if "residency" in recorded:
                 r = fixed_list_to_numpy(t.column("residency"))
                 bad = np.flatnonzero((r > 2).any(axis=1))
@@ -390,6 +406,50 @@ def _check_rows(trace: Trace) -> None:
             offset += n
         except ValueError as e:
             raise _fail(part, str(e)) from None
+
+
+def _check_weights(w: np.ndarray, layer: np.ndarray, offset: int, by_rank: bool) -> None:
+    """Routing weights are the final applied weights: >= 0, and (without a selection bias, which
+    ranks by a biased score instead) in router rank order, descending. A negative weight or an
+    order that is not the rank order makes drop-cold skip the wrong experts without a word."""
+    with np.errstate(invalid="ignore"):
+        bad = np.flatnonzero((w < 0).any(axis=1))
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(f"row {offset + i} (layer {layer[i]}) has a negative routing weight "
+                             f"({float(w[i].min()):g}); weights are the applied routing weights, >= 0")
+        if by_rank and w.shape[1] > 1:
+            bad = np.flatnonzero((w[:, 1:] > w[:, :-1]).any(axis=1))
+            if bad.size:
+                i = int(bad[0])
+                raise ValueError(
+                    f"row {offset + i} (layer {layer[i]}) lists its experts with weights "
+                    f"{', '.join(f'{x:.6g}' for x in w[i])}, not in router rank order (descending weight), and "
+                    "trace.json's gating has no selection bias that would explain another order")
+
+
+def _read_metrics(path: Path) -> pa.Table:
+    """metrics.parquet, checked: numeric columns with plausible values (times in ms, bytes, hit %),
+    at least ``wall_ms`` and ``read_bytes``; a :class:`TraceError` naming the file otherwise."""
+    try:
+        t = pq.read_table(path)
+    except (pa.ArrowException, OSError, ValueError, EOFError) as e:
+        raise _fail(path, f"is not a readable Parquet file (truncated or corrupt: {_short(e)})") from None
+    missing = [c for c in ("wall_ms", "read_bytes") if c not in t.column_names]
+    if missing:
+        raise _fail(path, f"has no {', '.join(missing)} column (engine per-token metrics need wall_ms and read_bytes)")
+    for name in t.column_names:
+        col = t.column(name)
+        if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+            raise _fail(path, f"column {name} is {col.type}, not a number")
+        if col.null_count:
+            raise _fail(path, f"column {name} holds a null")
+        bad = metrics_first_problem(name, col.to_numpy())
+        if bad:
+            raise _fail(path, f"row {bad[0]}: {bad[1]}")
+    if t.num_rows and (t.column("wall_ms").to_numpy() <= 0).any():
+        raise _fail(path, "column wall_ms holds a time <= 0 ms")
+    return t
 
 
 def _router_by_layer(t: pa.Table, values: np.ndarray) -> dict[int, np.ndarray]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 FORMAT = "moe-route-trace"
@@ -75,6 +76,83 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+# Upper bounds that keep every size inside the column types and int64 arithmetic: a layer index is
+# int16, expert ids and steps int32; one expert (or one layer's dense weights) above 1 TiB is not a
+# real model but a typo, and its bytes times k times the layers must still fit an int64.
+MAX_LAYERS = 1 << 15
+MAX_INT32 = (1 << 31) - 1
+MAX_BYTES = 1 << 40
+# Largest cache budget: 2^40 MiB (1 EiB) is beyond any trace's bytes, and its byte count fits an int64.
+MAX_BUDGET_MIB = float(1 << 40)
+# Engine metrics (metrics.parquet, .metrics files): per-token times above one day are not a
+# measurement; read bytes above 1 PiB per token neither.
+METRICS_MAX_MS = 86_400_000.0
+METRICS_MAX_BYTES = float(1 << 50)
+METRICS_TIME_COLUMNS = ("wall_ms", "io_ms", "compute_ms", "stall_ms", "mgmt_ms", "cpu_ms")
+
+
+def metrics_value_problem(column: str, value: float) -> str | None:
+    """Why one value of an engine metrics column is not a plausible measurement, or None."""
+    if not math.isfinite(value):
+        return f"{column} is not finite"
+    if value < 0:
+        return f"{column} {value:g} is negative"
+    if column in METRICS_TIME_COLUMNS and value > METRICS_MAX_MS:
+        return f"{column} {value:g} ms is more than a day per token"
+    if column == "read_bytes" and value > METRICS_MAX_BYTES:
+        return f"read_bytes {value:g} is more than 1 PiB per token"
+    if column == "cache_hit_pct" and value > 100:
+        return f"cache_hit_pct {value:g} is above 100"
+    if column in ("step", "steps") and (value != int(value) or value > MAX_INT32):
+        return f"{column} {value:g} is not a token count"
+    return None
+
+
+def metrics_first_problem(column: str, values: np.ndarray) -> tuple[int, str] | None:
+    """(row, problem) of the first implausible value of a metrics column, or None."""
+    v = np.asarray(values, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        suspect = ~np.isfinite(v) | (v < 0)
+        if column in METRICS_TIME_COLUMNS:
+            suspect |= v > METRICS_MAX_MS
+        elif column == "read_bytes":
+            suspect |= v > METRICS_MAX_BYTES
+        elif column == "cache_hit_pct":
+            suspect |= v > 100
+        elif column in ("step", "steps"):
+            suspect |= (v != np.floor(v)) | (v > MAX_INT32)
+    for i in np.flatnonzero(suspect):
+        problem = metrics_value_problem(column, float(v[i]))
+        if problem:
+            return int(i), problem
+    return None
+
+
+def _recorded_problems(rec: Any) -> list[str]:
+    """Problems with trace.json's optional ``recorded`` block (what the engine said about its run)."""
+    if rec is None:
+        return []
+    if not isinstance(rec, dict):
+        return ["'recorded' is not an object or null"]
+    budget = rec.get("budget_mib")
+    if budget is not None and not (_is_num(budget) and 0 < budget <= MAX_BUDGET_MIB):
+        return [f"recorded.budget_mib {budget!r} is not null or a positive number of MiB"]
+    hit = rec.get("cache_hit_pct_cum")
+    if hit is not None and not (_is_num(hit) and 0 <= hit <= 100):
+        return [f"recorded.cache_hit_pct_cum {hit!r} is not null or a percentage in 0..100"]
+    policy = rec.get("policy")
+    if policy is not None and not isinstance(policy, str):
+        return [f"recorded.policy {policy!r} is not null or a string"]
+    summary = rec.get("summary")
+    if summary is not None and not isinstance(summary, dict):
+        return ["recorded.summary is not an object or null"]
+    return []
+
+
 def validate_meta(meta: Any, where: str) -> list[str]:
     """Return the problems with a ``trace.json`` object (empty when it is valid).
 
@@ -101,6 +179,12 @@ def validate_meta(meta: Any, where: str) -> list[str]:
             problems.append(f"model.{key} is missing or not a positive integer")
     if problems:
         return problems
+    if model["n_layer"] > MAX_LAYERS:
+        problems.append(f"model.n_layer {model['n_layer']} exceeds {MAX_LAYERS} (layer indices are int16)")
+    if model["n_expert"] > MAX_INT32:
+        problems.append(f"model.n_expert {model['n_expert']} exceeds {MAX_INT32} (expert ids are int32)")
+    if problems:
+        return problems
     n_layer, n_expert, k = model["n_layer"], model["n_expert"], model["top_k"]
     if k > n_expert:
         problems.append(f"model.top_k ({k}) exceeds model.n_expert ({n_expert})")
@@ -108,8 +192,8 @@ def validate_meta(meta: Any, where: str) -> list[str]:
     if native is not None and (not _is_int(native) or not 0 < native <= n_expert):
         problems.append("model.top_k_native is not null or an integer in 1..n_expert")
     n_embd = model.get("n_embd")
-    if n_embd is not None and (not _is_int(n_embd) or n_embd <= 0):
-        problems.append("model.n_embd is not null or a positive integer")
+    if n_embd is not None and (not _is_int(n_embd) or not 0 < n_embd <= MAX_INT32):
+        problems.append("model.n_embd is not null or a positive integer (at most 2^31-1)")
     moe = model.get("moe_layers")
     if not isinstance(moe, list) or not moe or not all(_is_int(x) for x in moe):
         return problems + ["model.moe_layers is missing or not a non-empty list of integers"]
@@ -121,8 +205,8 @@ def validate_meta(meta: Any, where: str) -> list[str]:
             problems.append(f"'{key}' must be a list of {n_layer} entries (one per layer)")
             continue
         for i, v in enumerate(arr):
-            if v is not None and (not _is_int(v) or v < 0):
-                problems.append(f"{key}[{i}] is not null or a non-negative integer")
+            if v is not None and (not _is_int(v) or not 0 <= v <= MAX_BYTES):
+                problems.append(f"{key}[{i}] is not null or a byte count in 0..2^40")
                 break
     if not problems:
         # A missing expert size must never default to 0: a layer that costs nothing is admitted
@@ -140,6 +224,10 @@ def validate_meta(meta: Any, where: str) -> list[str]:
         act = gating.get("activation")
         if act is not None and act not in ACTIVATIONS:
             problems.append(f"gating.activation {act!r} is not one of {', '.join(ACTIVATIONS)} or null")
+        for key in ("selection_bias", "norm_topk"):
+            v = gating.get(key)
+            if v is not None and not isinstance(v, bool):
+                problems.append(f"gating.{key} is not a boolean or null")
         for key in ("n_group", "topk_group"):
             v = gating.get(key, 1)
             if not _is_int(v) or v <= 0:
@@ -148,8 +236,8 @@ def validate_meta(meta: Any, where: str) -> list[str]:
         if _is_int(ng) and _is_int(tg) and ng > 1 and (n_expert % ng or tg > ng):
             problems.append(f"gating.n_group {ng} does not divide n_expert {n_expert} or topk_group {tg} > n_group")
         scale = gating.get("scale", 1.0)
-        if not isinstance(scale, (int, float)) or isinstance(scale, bool) or not math.isfinite(scale):
-            problems.append("gating.scale is not a finite number")
+        if not _is_num(scale) or scale < 0:
+            problems.append("gating.scale is not a non-negative finite number")
     if not isinstance(meta.get("provenance"), dict):
         problems.append("has no 'provenance' object")
     cols = meta.get("columns", [])
@@ -157,6 +245,12 @@ def validate_meta(meta: Any, where: str) -> list[str]:
         problems.append(f"'columns' must list optional columns among {', '.join(OPTIONAL_COLUMNS)}")
     elif "gate_input" in cols and not n_embd:
         problems.append("lists a gate_input column but model.n_embd is null")
+    if meta.get("gate_input_dtype", "float32") not in ("float32", "float16"):
+        problems.append(f"gate_input_dtype {meta.get('gate_input_dtype')!r} is not float32 or float16")
+    rows = meta.get("rows")
+    if rows is not None and (not _is_int(rows) or rows < 0):
+        problems.append(f"'rows' {rows!r} is not a non-negative integer")
+    problems += _recorded_problems(meta.get("recorded"))
     return problems
 
 

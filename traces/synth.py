@@ -20,6 +20,7 @@ not the trace length.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,9 +29,10 @@ from typing import Any
 import numpy as np
 
 from traces.atomic import staged_dir
-from traces.errors import UserError
+from traces.errors import TraceError, UserError
 from traces.gating import select
-from traces.schema import default_gating
+from traces.reader import open_trace
+from traces.schema import MAX_INT32, MAX_LAYERS, default_gating
 from traces.version import __version__ as tool_version
 from traces.writer import TraceWriter
 
@@ -39,6 +41,9 @@ GATINGS = ("softmax", "sigmoid-bias", "grouped")
 # the layer's ffn_down more bits (Q6_K) or not (Q4_K).
 EXPERT_BYTES_MORE_BITS = 3_059_712
 EXPERT_BYTES_BASE = 2_654_208
+# Largest --drift / --skew / logit scale: the logits stay far inside float32, and a popularity
+# weight this strong already fixes every routing.
+MAX_SCALE = 1000.0
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,18 @@ class SynthConfig:
                 raise UserError(msg)
 
         need(self.layers >= 1, f"--layers {self.layers}: need at least 1 MoE layer.")
+        need(self.layers <= MAX_LAYERS, f"--layers {self.layers}: a trace holds at most {MAX_LAYERS} layers (int16 layer ids).")
+        need(self.experts <= MAX_INT32 and self.embd <= MAX_INT32,
+             f"--experts {self.experts} / --embd {self.embd}: at most {MAX_INT32} each.")
+        need(self.tokens <= MAX_INT32 and self.prompt_tokens <= MAX_INT32 - self.tokens,
+             f"--tokens {self.tokens} + --prompt-tokens {self.prompt_tokens}: at most {MAX_INT32} tokens in all (int32 steps).")
+        need(0 <= self.seed < 1 << 63, f"--seed {self.seed} must lie in 0..2^63-1.")
+        need(1 <= self.chunk_tokens <= MAX_INT32, f"chunk_tokens {self.chunk_tokens} must lie in 1..{MAX_INT32}.")
+        for name, v in (("--drift", self.drift), ("--reuse", self.reuse), ("--skew", self.skew),
+                        ("logit_scale", self.logit_scale)):
+            # Beyond these the router logits overflow float32/float64 (NaN routings) or are one-hot anyway.
+            need(math.isfinite(v), f"{name} {v} must be a finite number.")
+            need(v <= MAX_SCALE, f"{name} {v} exceeds {MAX_SCALE:g} (logits would overflow; {MAX_SCALE:g} is already one-hot).")
         need(self.experts >= 2, f"--experts {self.experts}: a MoE layer needs at least 2 experts.")
         need(1 <= self.top_k <= self.experts, f"--top-k {self.top_k} must lie in 1..{self.experts} (--experts).")
         need(self.embd >= 2, f"--embd {self.embd}: need at least 2 (one coordinate is the constant one).")
@@ -73,6 +90,7 @@ class SynthConfig:
         need(self.gating in GATINGS, f"--gating {self.gating!r} is not one of {', '.join(GATINGS)}.")
         need(0.0 <= self.reuse < 1.0, f"--reuse {self.reuse} must lie in [0, 1).")
         need(self.drift >= 0.0 and self.skew >= 0.0, "--drift and --skew must be >= 0.")
+        need(self.logit_scale > 0.0, f"logit_scale {self.logit_scale} must be > 0.")
         need(self.expert_bytes is None or 0 < self.expert_bytes < 1 << 40,
              f"--expert-bytes {self.expert_bytes} must be a positive byte count.")
         if self.gating == "grouped":
@@ -215,4 +233,8 @@ def write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool = False,
             if on_tokens:
                 on_tokens(n)
         w.close(complete=True)
+        try:  # the reader's checks before the rename: never a destination that every verb refuses
+            open_trace(stage)
+        except TraceError as e:
+            raise UserError(f"{out_dir}: the generated trace would be invalid ({e.problem}); nothing was written.") from None
     return out_dir

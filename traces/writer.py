@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.atomic import atomic_write_bytes, atomic_write_text
+from traces.errors import UserError
 from traces.schema import (
     FORMAT,
     KEY_COLUMNS,
@@ -153,9 +154,11 @@ class TraceWriter:
             v = np.broadcast_to(np.asarray(keys[name]), (n,)).astype(typ.to_pandas_dtype())
             cols[name] = v
             arrays.append(pa.array(v, type=typ))
+        weights = np.asarray(weights, dtype=np.float32)
+        self._check_values(weights, optional.get("logits"))
         self._check_order(cols["batch"], cols["layer"], cols["step"])
         arrays.append(_fixed_list(experts.astype(np.int32, copy=False), self.k, pa.int32()))
-        arrays.append(_fixed_list(np.asarray(weights, dtype=np.float32), self.k, pa.float32()))
+        arrays.append(_fixed_list(weights, self.k, pa.float32()))
         missing = [c for c in self.columns if c not in optional]
         extra = [c for c in optional if c not in self.columns]
         if missing or extra:
@@ -168,6 +171,25 @@ class TraceWriter:
         self._buffered += n
         if self._buffered >= self.rows_per_part:
             self.flush()
+
+    def _check_values(self, weights: np.ndarray, logits: np.ndarray | None) -> None:
+        """Refuse rows no reader would accept, before they reach a file: weights infinite, negative
+        or only partly NaN (NaN = the engine exposed none, for a whole routing), logits not finite."""
+        w = weights.reshape(weights.shape[0], -1)
+        nan = np.isnan(w)
+        with np.errstate(invalid="ignore"):
+            bad = np.isinf(w).any(axis=1) | (w < 0).any(axis=1) | (nan.any(axis=1) & ~nan.all(axis=1))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise UserError(f"{self.dir}: appended row {self.rows_written + self._buffered + i} has weights "
+                            f"{w[i].tolist()}: infinite, negative or only partly NaN; refused before writing it.")
+        if logits is not None:
+            lg = np.asarray(logits, dtype=np.float32)
+            fin = np.isfinite(lg).reshape(lg.shape[0], -1).all(axis=1)
+            if not fin.all():
+                i = int(np.argmin(fin))
+                raise UserError(f"{self.dir}: appended row {self.rows_written + self._buffered + i} has logits that are NaN "
+                                "or infinite; refused before writing it.")
 
     def _check_order(self, batch: np.ndarray, layer: np.ndarray, step: np.ndarray) -> None:
         b = batch.astype(np.int64)

@@ -37,18 +37,19 @@ def stale_gate_name(d: int) -> str:
     return f"stale-gate[{d}]"
 
 
-def parse_predictor(name: str) -> tuple[str, int | None]:
-    """``'stale-gate[2]'`` -> ``('stale-gate', 2)``; ``'ctrl'`` -> ``('ctrl', None)``; bad -> UserError."""
+def parse_predictor(name: str, option: str = "--predictors") -> tuple[str, int | None]:
+    """``'stale-gate[2]'`` -> ``('stale-gate', 2)``; ``'ctrl'`` -> ``('ctrl', None)``; bad -> UserError
+    naming ``option``, the flag the name came from."""
     name = name.strip()
     m = _STALE.match(name)
     if m:
         d = int(m.group(1))
         if d < 1:
-            raise UserError(f"--predictors {name}: the stale-gate horizon must be >= 1 (d=0 is ctrl).")
+            raise UserError(f"{option} {name}: the stale-gate horizon must be >= 1 (d=0 is ctrl).")
         return "stale-gate", d
     if name in FAMILIES:
         return name, None
-    raise UserError(f"--predictors: unknown predictor {name!r} (known: {', '.join(FAMILIES)}, stale-gate[d]).")
+    raise UserError(f"{option}: unknown predictor {name!r} (known: {', '.join(FAMILIES)}, stale-gate[d]).")
 
 
 def empty_prediction(name: str, n_rows: int, width: int) -> Prediction:

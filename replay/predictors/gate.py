@@ -41,7 +41,7 @@ from replay.predictors.base import NONE, Prediction, stale_gate_name
 from replay.predictors.metrics import warm_up as metrics_warm_up
 from traces.gating import activation, selection_scores, top_indices
 from traces.pages import PageFormatError, ValuePages, plan_fixed_list
-from traces.reader import Trace, fixed_list_to_numpy
+from traces.reader import Trace, fixed_list_to_numpy, read_part
 from traces.rounding import round_input
 
 CTRL = "ctrl"
@@ -339,7 +339,7 @@ def _gate_parts(trace: Trace, columns: list[str], rounding: str):
     firsts = _first_batches(trace)
     for k, part in enumerate(trace.parts):
         pf = pq.ParquetFile(part)
-        narrow_table = pf.read(columns=narrow)  # one read for all of them
+        narrow_table = read_part(part, narrow, fast=())  # one read for all of them; a corrupt page names the file
         out = {c: narrow_table.column(c).to_numpy() for c in narrow}
         n = out["layer"].shape[0]
         out["gate_row"] = np.arange(n)
@@ -351,7 +351,7 @@ def _gate_parts(trace: Trace, columns: list[str], rounding: str):
             except (OSError, ValueError, PageFormatError):
                 source = None  # cannot map (an empty file, a filesystem without mmap): read through Arrow
         if source is None:
-            g = fixed_list_to_numpy(pf.read(columns=["gate_input"]).column("gate_input"))
+            g = fixed_list_to_numpy(read_part(part, ["gate_input"], fast=()).column("gate_input"))
             if not fast:
                 g = round_input(g, rounding)  # the engine rounds the router input to the weight's dot type
             source = _InMemory(g.astype(np.float64))
@@ -545,21 +545,43 @@ def _agree(g: np.ndarray, w: np.ndarray, b: np.ndarray, gating: dict[str, Any], 
 def diagnose_ctrl(trace: Trace, failing: list[int], mats: dict[int, tuple[np.ndarray, np.ndarray]],
                   sample: int = 64) -> str:
     """A likely cause for ctrl failing on ``failing`` layers, from a sample of their routings."""
-    cols = ["layer", "experts", "gate_input"] + (["logits"] if trace.has("logits") else [])
+    cols = ["layer", "step", "experts", "gate_input"] + (["logits"] if trace.has("logits") else [])
     got: dict[int, list[dict[str, np.ndarray]]] = {l: [] for l in failing}
+    # Non-finite values are named as such (not blamed on near-ties): in the matrices (in memory
+    # already) and in any gate input of a failing layer (the whole layer is scanned, not a sample).
+    causes = []
+    for l in failing:
+        if l in mats and not (np.isfinite(mats[l][0]).all() and np.isfinite(mats[l][1]).all()):
+            causes.append(f"router.parquet's matrix or selection bias for layer {l} holds NaN or infinite values")
+    nan_rows: dict[int, list[int]] = {l: [0, -1] for l in failing}  # [rows with a non-finite gate input, first step]
     for table in trace.iter_tables(cols):
         lay = table.column("layer").to_numpy()
+        gin = None
         for l in failing:
+            sel = np.flatnonzero(lay == l)
+            if not sel.size:
+                continue
+            if gin is None:
+                gin = fixed_list_to_numpy(table.column("gate_input"))
+            bad = sel[~np.isfinite(gin[sel]).all(axis=1)]
+            if bad.size:
+                if not nan_rows[l][0]:
+                    nan_rows[l][1] = int(table.column("step")[int(bad[0])].as_py())
+                nan_rows[l][0] += int(bad.size)
             have = sum(x["experts"].shape[0] for x in got[l])
-            rows = np.flatnonzero(lay == l)[: max(0, sample - have)]
+            rows = sel[: max(0, sample - have)]
             if rows.size:
                 t = table.take(rows)
-                got[l].append({c: (fixed_list_to_numpy(t.column(c)) if c != "layer" else None) for c in cols})
-        if all(sum(x["experts"].shape[0] for x in got[l]) >= sample for l in failing):
-            break
+                got[l].append({c: (fixed_list_to_numpy(t.column(c)) if c not in ("layer", "step") else None) for c in cols})
+    for l in failing:
+        if nan_rows[l][0]:
+            causes.append(f"layer {l}: {nan_rows[l][0]} routing(s) have a gate input holding NaN or infinity (the first "
+                          f"at step {nan_rows[l][1]}), so no router can reproduce them")
+    named = {l for l in failing if nan_rows[l][0] or (l in mats and not (np.isfinite(mats[l][0]).all()
+                                                                           and np.isfinite(mats[l][1]).all()))}
+    failing = [l for l in failing if l not in named]
     gating = trace.gating
     lbias = trace.router_logit_bias()  # {} but for gpt-oss; stored logits include it (what the router ranks)
-    causes = []
     for l in failing:
         if not got[l]:
             continue
@@ -579,6 +601,9 @@ def diagnose_ctrl(trace: Trace, failing: list[int], mats: dict[int, tuple[np.nda
             continue
         if "logits" in got[l][0]:
             stored = np.concatenate([x["logits"] for x in got[l]]).astype(np.float64)
+            if not np.isfinite(stored).all():
+                causes.append(f"layer {l}: the stored logits hold NaN or infinite values")
+                continue
             recomputed = g @ w.astype(np.float64).T + (lbias[l].astype(np.float64) if l in lbias else 0.0)
             scale = max(float(np.abs(stored).max()), 1e-30)
             err = float(np.abs(recomputed - stored).max()) / scale

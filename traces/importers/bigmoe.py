@@ -21,7 +21,7 @@ from traces.atomic import staged_dir
 from traces.errors import TraceError, UserError
 from traces.gating import KNOWN_ARCH_GATING
 from traces.reader import open_trace
-from traces.schema import default_gating
+from traces.schema import MAX_BUDGET_MIB, MAX_BYTES, MAX_INT32, MAX_LAYERS, default_gating, metrics_first_problem
 from traces.version import __version__ as tool_version
 from traces.writer import TraceWriter
 
@@ -62,7 +62,7 @@ def parse_route_csv(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise UserError(f"{path}: is not a file.")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors) is not text
     except UnicodeDecodeError:
         raise UserError(f"{path}: is not a text file (not UTF-8).") from None
     lines = text.splitlines()
@@ -79,6 +79,9 @@ def parse_route_csv(path: Path) -> dict[str, Any]:
             layer = _int(kv["layer"], path, i + 1, "layer")
             eb = _int(kv.get("expert_bytes", "x"), path, i + 1, "expert_bytes")
             db = _int(kv.get("dense_bytes", "0"), path, i + 1, "dense_bytes")
+            if not 0 <= eb <= MAX_BYTES or not 0 <= db <= MAX_BYTES:
+                raise UserError(f"{path}: line {i + 1}: expert_bytes={eb} dense_bytes={db} is not a byte count in 0..2^40 "
+                                "(1 TiB) per expert and per layer.")
             layer_bytes[layer] = (eb, db)
         i += 1
     for key in ("arch", "n_layer", "n_expert", "n_expert_used"):
@@ -90,6 +93,9 @@ def parse_route_csv(path: Path) -> dict[str, Any]:
     if n_layer <= 0 or n_expert <= 0 or not 0 < k <= n_expert:
         raise UserError(f"{path}: preamble gives n_layer={n_layer}, n_expert={n_expert}, n_expert_used={k}, "
                         "which is not a MoE model (need n_expert >= n_expert_used > 0).")
+    if n_layer > MAX_LAYERS or n_expert > MAX_INT32:
+        raise UserError(f"{path}: preamble gives n_layer={n_layer}, n_expert={n_expert}; a trace holds at most "
+                        f"{MAX_LAYERS} layers and {MAX_INT32} experts.")
     if i >= len(lines):
         raise UserError(f"{path}: has a preamble but no header line and no rows.")
     header = lines[i].strip().split(",")
@@ -119,8 +125,10 @@ def parse_route_csv(path: Path) -> dict[str, Any]:
             w = float(f[6])
         except ValueError:
             raise UserError(f"{path}: line {lineno}: weight {f[6]!r} is not a number.") from None
-        if math.isinf(w):
-            raise UserError(f"{path}: line {lineno}: weight is infinite.")
+        if math.isinf(w) or abs(w) > 3.0e38:
+            raise UserError(f"{path}: line {lineno}: weight {f[6]} is infinite or beyond float32.")
+        if w < 0:
+            raise UserError(f"{path}: line {lineno}: weight {f[6]} is negative (the applied routing weight is >= 0).")
         weight[r] = w
         linenos[r] = lineno
     turn, phase, step, layer, slot, expert = (ints[:, c] for c in range(6))
@@ -133,6 +141,7 @@ def parse_route_csv(path: Path) -> dict[str, Any]:
             raise UserError(f"{path}: line {linenos[idx[0]]}: {what}.")
 
     bad_row((turn < 0) | (step < 0), "negative turn or step")
+    bad_row((turn > MAX_INT32) | (step > MAX_INT32), f"turn or step above {MAX_INT32}")
     bad_row((phase != 0) & (phase != 1), "phase is not 0 (prefill) or 1 (decode)")
     bad_row((layer < 0) | (layer >= n_layer), f"layer outside 0..{n_layer - 1}")
     bad_row((slot < 0) | (slot >= k), f"slot outside 0..{k - 1} (n_expert_used={k})")
@@ -177,6 +186,13 @@ def parse_route_csv(path: Path) -> dict[str, Any]:
     if partial.size:
         raise UserError(f"{path}: line {linenos[order[starts[partial[0]]]]}: a routing has NaN weights on some slots "
                         "but not all (NaN is accepted only when the engine exposed no weights for the routing).")
+    # Without a selection bias (this format carries none), the router's rank order is descending weight.
+    unranked = np.flatnonzero((w[:, 1:] > w[:, :-1]).any(axis=1)) if k > 1 else np.array([], dtype=np.int64)
+    if unranked.size:
+        r = int(unranked[0])
+        raise UserError(f"{path}: line {linenos[order[starts[r]]]}: the routing of layer {rkey[starts[r], 3]} at step "
+                        f"{rkey[starts[r], 2]} has weights {', '.join(f'{x:g}' for x in w[r])} by slot, not in router "
+                        "rank order (descending weight).")
     r_turn, r_phase, r_step, r_layer = (rkey[starts, c] for c in range(4))
     # A phase may not go back from decode to prefill inside one turn.
     return {
@@ -197,11 +213,16 @@ def assign_batches(turn: np.ndarray, phase: np.ndarray, step: np.ndarray) -> np.
 
 
 def parse_metrics(path: Path) -> tuple[pa.Table, dict[str, Any]]:
-    """Per-token engine metrics: a table (one row per decoded token) and the ``# summary`` values."""
+    """Per-token engine metrics: a table (one row per decoded token) and the ``# summary`` values.
+
+    Every value must be a plausible measurement (finite, >= 0, times under a day per token, hit
+    rates <= 100, integer counts); the summary's cache budget and hit rate must be numbers."""
     if not path.exists():
         raise UserError(f"{path}: no such file.")
+    if not path.is_file():
+        raise UserError(f"{path}: is not a file.")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
     except UnicodeDecodeError:
         raise UserError(f"{path}: is not a text file (not UTF-8).") from None
     rows = [(n + 1, ln) for n, ln in enumerate(lines) if ln.strip() and not ln.startswith("#")]
@@ -210,9 +231,10 @@ def parse_metrics(path: Path) -> tuple[pa.Table, dict[str, Any]]:
         if ln.startswith("# summary"):
             for k, v in _kv(ln[len("# summary"):]).items():
                 try:
-                    summary[k] = float(v)
+                    x = float(v)
                 except ValueError:
-                    summary[k] = v
+                    x = None
+                summary[k] = x if x is not None and math.isfinite(x) else v  # trace.json holds no NaN/inf
     if not rows:
         raise UserError(f"{path}: has no header and no rows; not a .metrics file.")
     header = rows[0][1].strip().split(",")
@@ -220,6 +242,7 @@ def parse_metrics(path: Path) -> tuple[pa.Table, dict[str, Any]]:
     if missing:
         raise UserError(f"{path}: line {rows[0][0]}: header lacks {', '.join(missing)}; not a BigMoeOnEdge .metrics file.")
     cols: dict[str, list[float]] = {c: [] for c in header}
+    linenos = [lineno for lineno, _ in rows[1:]]
     for lineno, ln in rows[1:]:
         f = ln.split(",")
         if len(f) != len(header):
@@ -234,12 +257,61 @@ def parse_metrics(path: Path) -> tuple[pa.Table, dict[str, Any]]:
             cols[c].append(x)
     if not cols["step"]:
         raise UserError(f"{path}: has a header but no per-token rows.")
+    for c, v in cols.items():
+        arr = np.array(v, dtype=np.float64)
+        bad = metrics_first_problem(c, arr)
+        if bad is None and c in METRICS_INT and (arr != np.floor(arr)).any():
+            bad = (int(np.flatnonzero(arr != np.floor(arr))[0]), f"{c} is not an integer")
+        if bad is not None:
+            raise UserError(f"{path}: line {linenos[bad[0]]}: {bad[1]}.")
+    if (np.array(cols["wall_ms"]) <= 0).any():
+        raise UserError(f"{path}: line {linenos[int(np.argmax(np.array(cols['wall_ms']) <= 0))]}: wall_ms is not > 0.")
     if "cache_budget_MiB" not in summary or "cache_hit_pct" not in summary:
         raise UserError(f"{path}: the '# summary' line is missing or lacks cache_budget_MiB / cache_hit_pct.")
+    budget, hit = summary["cache_budget_MiB"], summary["cache_hit_pct"]
+    if not isinstance(budget, float) or not 0 < budget <= MAX_BUDGET_MIB:
+        raise UserError(f"{path}: the '# summary' line gives cache_budget_MiB={budget}, not a positive number of MiB.")
+    if not isinstance(hit, float) or not 0 <= hit <= 100:
+        raise UserError(f"{path}: the '# summary' line gives cache_hit_pct={hit}, not a percentage in 0..100.")
     table = pa.table({
         c: pa.array(np.array(v, dtype=np.int64 if c in METRICS_INT else np.float64)) for c, v in cols.items()
     })
     return table, summary
+
+
+def check_metrics_match(p: dict[str, Any], route_csv: Path, metrics: Path, table: pa.Table, summary: dict[str, Any]) -> None:
+    """Refuse a .metrics file that belongs to another run: the token counts must agree, and every
+    decoded token's recorded bytes read must cover the expert bytes the route CSV says it read."""
+    dec = p["phase"] == 1
+    keys = np.stack([p["turn"], p["step"]], axis=1)
+    uniq, inv = np.unique(keys[dec], axis=0, return_inverse=True)
+    n_decode = uniq.shape[0]
+    n_prefill = len(np.unique(keys[~dec], axis=0))
+
+    def refuse(what: str) -> None:
+        raise UserError(f"{metrics}: {what}; not the metrics of the run in {route_csv}.")
+
+    if table.num_rows != n_decode:
+        refuse(f"has {table.num_rows} per-token rows but {route_csv.name} has {n_decode} decode tokens")
+    if isinstance(summary.get("tokens"), float) and summary["tokens"] != n_decode:
+        refuse(f"its summary says tokens={summary['tokens']:g} but {route_csv.name} has {n_decode} decode tokens")
+    if len(np.unique(p["turn"])) == 1:  # one turn: the engine's counts are the run's (multi-turn runs: unknown)
+        if isinstance(summary.get("n_prompt"), float) and summary["n_prompt"] != n_prefill:
+            refuse(f"its summary says n_prompt={summary['n_prompt']:g} but {route_csv.name} has {n_prefill} prompt tokens")
+        steps = table.column("steps").to_numpy()
+        if (steps != n_decode).any():
+            refuse(f"its steps column says {int(steps[np.argmax(steps != n_decode)])} decode steps, "
+                   f"{route_csv.name} has {n_decode}")
+        if not np.array_equal(table.column("step").to_numpy(), np.arange(1, n_decode + 1)):
+            refuse(f"its step column does not count 1..{n_decode}")
+    expert_read = np.bincount(inv.reshape(-1), weights=p["read_bytes"][dec].sum(axis=1).astype(np.float64),
+                              minlength=n_decode)
+    recorded = table.column("read_bytes").to_numpy().astype(np.float64)
+    short = np.flatnonzero(recorded < expert_read)
+    if short.size:
+        t = int(short[0])
+        refuse(f"decode token {t + 1} read {recorded[t]:.0f} bytes in all, fewer than the {expert_read[t]:.0f} "
+               f"bytes of expert reads {route_csv.name} records for it")
 
 
 def import_bigmoe(route_csv: str | Path, out_dir: str | Path, metrics: str | Path | None = None,
@@ -253,10 +325,7 @@ def import_bigmoe(route_csv: str | Path, out_dir: str | Path, metrics: str | Pat
     mtable, summary = (None, None)
     if metrics is not None:
         mtable, summary = parse_metrics(Path(metrics))
-        n_decode = len(np.unique(np.stack([p["turn"], p["step"]], axis=1)[p["phase"] == 1], axis=0))
-        if mtable.num_rows != n_decode:
-            raise UserError(f"{metrics}: has {mtable.num_rows} per-token rows but {route_csv} has {n_decode} decode tokens; "
-                            "not the metrics of this run.")
+        check_metrics_match(p, route_csv, Path(metrics), mtable, summary)
     batch = assign_batches(p["turn"], p["phase"], p["step"])
     order = np.lexsort((p["step"], p["layer"], batch))
     routed = sorted(set(int(x) for x in np.unique(p["layer"])))
