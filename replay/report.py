@@ -197,7 +197,7 @@ def section_cost(ctx: ReportContext) -> Section:
         r["selected"] = c is best
         rows.append(r)
     # The trace's name, not its path as typed: `report qwen` and `report /abs/qwen` write the same bytes.
-    frame = pl.DataFrame(rows).drop("notes").with_columns(pl.lit(ctx.name).alias("source"))
+    frame = pl.DataFrame(rows).drop("notes").with_columns(pl.lit(ctx.name).alias("source"), pl.lit(ctx.name).alias("fit_trace"))
     bw = best.bandwidth_mib_s
     s.text.append(f"Fitted on this run's recorded decode tokens: {best.model}; intercept {fmt_q(best.intercept_ms, 'ms')} "
                   f"ms/token, slope {fmt_q(best.ms_per_mib, 'ms_per_mib')} ms/MiB"
