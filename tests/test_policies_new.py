@@ -39,10 +39,11 @@ def _codes(res):
 
 
 def test_s3fifo_one_hit_wonder_leaves_through_small_queue_re_referenced_moves_to_main():
-    """Budget 20 entries: small queue 2, main 18. Fill the cache (ids 0..19, the first 18 go to M
-    only until S is full? no: before the first eviction S takes 2, the rest go to M), then expert
-    40 and 41 arrive in S; 41 is hit twice (frequency 2) and 40 never: a run of new ids then pushes
-    40 out through S into the ghost, while 41 moves to M and survives."""
+    """Budget 20 entries: small queue 2, main 18. Warm-up: S takes 0 and 1, and once S is full
+    (before the first eviction) 2..19 go to M. Then 40 and 41 arrive in S; 41 is hit twice
+    (frequency 2), 40 never: the run of new ids pushes 40 out through S into the ghost, while 41
+    moves to M and survives. 40 then comes back through the ghost straight into M and survives the
+    next one-hit wonders."""
     warm = list(range(20))  # S = [0, 1] (2 entries), then S is full and 2..19 go to M
     seq = warm + [0, 1, 0, 1]  # 0 and 1 reach frequency 2 in S
     seq += [40, 41, 41, 41]  # 40 evicts from S: 0 and 1 move to M, M overflows -> M evicts; ...
@@ -52,7 +53,6 @@ def test_s3fifo_one_hit_wonder_leaves_through_small_queue_re_referenced_moves_to
     c = _codes(res)
     assert c[-2] == 1, "41, re-referenced in S, moved to M and is still resident"
     assert c[-1] == 0, "40, a one-hit wonder, left through S"
-    # ...and came back through the ghost: readmitted to M it survives the next one-hit wonders.
     seq2 = seq + [60, 61, 62, 63, 40]
     c2 = _codes(_replay_both(_rows(seq2), [0], 70, {0: UNIT}, "s3fifo", 20, 1))
     assert c2[-1] == 1

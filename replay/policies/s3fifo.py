@@ -45,8 +45,9 @@ touched):
   entries the two differ (such a cache keeps cycling entries through S);
 - a search that finds nothing evictable returns -1 (the load overflows); moves it made stay.
 
-On a top-1, equal-size trace the hit counts equal libCacheSim's S3FIFO at every budget of at
-least 20 entries (``benchmarks.policies_vs_libcachesim``).
+On the top-1, equal-size trace of ``benchmarks.policies_vs_libcachesim`` the hit counts equal
+libCacheSim's S3FIFO at every budget measured from 16 entries up; at 8 entries its small queue
+holds 0 bytes and libCacheSim caches nothing at all.
 """
 
 from __future__ import annotations
