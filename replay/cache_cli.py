@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from replay.output import exact
+from replay.policies import REGISTRY
 from traces.errors import UserError
 from traces.schema import MAX_BUDGET_MIB
 
@@ -38,11 +39,15 @@ def parse_budgets(text: str, option: str = "--budgets") -> list[float]:
 
 
 POLICIES_HELP = (
-    "Comma-separated: lru, lfu, lfu-incache, random, layer, layerlfu, layerlfu-incache, lfru, belady, infinite. "
+    "Comma-separated: " + ", ".join(REGISTRY) + ". "
     "lfu evicts the entry touched by the fewest loads since the start of the run (the count survives eviction, as in "
     "the reference replay behind the published curves); lfu-incache counts only since the entry's last admission; "
     "ties go to the least recently used. layer / layerlfu[-incache] split the budget equally over the MoE layers. "
-    "lfru = frequency << 8 | recency byte, with lfu-incache's count. belady and infinite are bounds.")
+    "lfru = frequency << 8 | recency byte, with lfu-incache's count. belady and infinite are bounds. "
+    "s3fifo = S3-FIFO (SOSP 2023) as libCacheSim runs it: small FIFO of 10% of the bytes, main FIFO with a 2-bit "
+    "frequency, ghost of keys evicted from the small queue. sieve = SIEVE (NSDI 2024): one FIFO, a visited bit, a hand "
+    "that clears bits and evicts the first unvisited entry. least-stale = an interpretation of SpecMD's least-stale "
+    "(no official code): entries not touched in the current token pass (batch) go first, oldest admission first.")
 VALIDATE_TOLERANCE_PP = 0.1  # the engine prints its cumulative hit % with one decimal
 OVER = " !"  # marks an over-budget cell in the text tables
 

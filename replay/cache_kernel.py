@@ -45,6 +45,10 @@ knows per load, so no hook has to look it up):
 and constants ``PARTITION`` ("global" | "layer"), ``UNBOUNDED``, ``NEEDS_NEXT_USE``, and optionally
 ``NEEDS_RESIDENT_LIST`` (keep ``ent[RES_LIST]``, the per-group resident list a scan reads; it
 costs two random writes per miss and eviction, so policies that do not scan go without),
+``NEEDS_BATCH`` (default False: when True the driver writes, once per batch, the index of the
+batch's first load into ``grp[g, BATCH_LOAD]`` of every group before that load's lookups, so a
+hook knows which loads belong to the current token pass (``least-stale``): "touched in this batch"
+is ``ent[LAST_LOAD, e] >= grp[g, BATCH_LOAD]``; compiled out otherwise),
 ``NEEDS_TICK``, ``NEEDS_FREQ`` and ``NEEDS_LAST_LOAD`` (default True: keep ``ent[LAST_TICK]`` /
 ``ent[FREQ]`` / ``ent[LAST_LOAD]`` in a plain replay; a policy that does not read one, like LRU
 whose list is its recency, sets it False and the driver writes one field less per routed slot;
@@ -86,6 +90,7 @@ from numba import njit
 
 from replay.cache_state import (
     BASE,
+    BATCH_LOAD,
     BUDGET,
     BYTES,
     COUNT,
@@ -178,6 +183,7 @@ KEEP_LAST_LOAD = True  # maintain ent[LAST_LOAD] in a plain replay (what-ifs alw
 WHATIF = True  # compile the what-if paths (drop, predictions); False compiles them out of plain replays
 SLOTS = True  # compile the per-slot residency codes (slot_out); False compiles them out
 NEXT_USE_COL = True  # the policy reads ent[NEXT_USE] (Belady): next_load is given
+KEEP_BATCH = False  # write grp[:, BATCH_LOAD] at each batch's first load (policies with NEEDS_BATCH)
 
 def on_admit(ps, ent, grp, g, e):  # pragma: no cover
     raise NotImplementedError
@@ -228,6 +234,7 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
     b_read = np.int64(0)
     resident = np.int64(0)  # bytes resident in all groups together
     peak = np.int64(0)
+    batch_now = -1  # KEEP_BATCH: the batch whose first load grp[:, BATCH_LOAD] holds
     for load in range(n_load):
         lo = load_start[load]
         hi = load_start[load + 1]
@@ -237,6 +244,11 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
         lid = load_lidx[load]
         g = layer_info[lid, 0]
         nbytes = layer_info[lid, 1]
+        if KEEP_BATCH:
+            if load_batch[load] != batch_now:  # once per batch: a batch's loads are consecutive
+                batch_now = load_batch[load]
+                for gg in range(grp.shape[0]):
+                    grp[gg, BATCH_LOAD] = load
         # Per-load counters live in registers and are added to acc/bacc/grp once per load (a
         # read-modify-write of memory per slot costs a store-forwarding chain per slot).
         n_look = 0
@@ -466,7 +478,8 @@ def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = Tr
              KEEP_RES_LIST=bool(getattr(pm, "NEEDS_RESIDENT_LIST", False)), KEEP_TICK=bool(getattr(pm, "NEEDS_TICK", True)),
              KEEP_FREQ=bool(getattr(pm, "NEEDS_FREQ", True)), FREQ_RUN=freq_since(pm) == "run",
              KEEP_LAST_LOAD=bool(getattr(pm, "NEEDS_LAST_LOAD", True)), WHATIF=bool(whatif),
-             SLOTS=bool(slots or whatif), NEXT_USE_COL=bool(pm.NEEDS_NEXT_USE))
+             SLOTS=bool(slots or whatif), NEXT_USE_COL=bool(pm.NEEDS_NEXT_USE),
+             KEEP_BATCH=bool(getattr(pm, "NEEDS_BATCH", False)))
     variant = "_whatif" if whatif else ("_slots" if slots else "")
     qual = f"replay_kernel_{name.replace('-', '_')}{variant}_{_source_hash(pm)}"
     f = FunctionType(_driver.__code__, g, qual, _driver.__defaults__, None)

@@ -68,7 +68,8 @@ BASE = 0  # first index of the group's resident-list segment
 BUDGET = 1  # bytes the group may hold after a load
 USED = 2  # bytes resident in the group
 COUNT = 3  # resident entries in the group
-N_GRP = 4
+BATCH_LOAD = 4  # first load of the batch being replayed (written once per batch, only for a policy with NEEDS_BATCH)
+N_GRP = 5
 
 NEVER = (1 << 31) - 1  # next use of an entry no later load touches: infinitely far
 MAX_SLOTS = (1 << 31) - 2  # ticks and load indexes are int32: a trace may hold this many routed slots
@@ -93,6 +94,7 @@ def new_state(entry_bytes: np.ndarray, group: np.ndarray, group_budget: np.ndarr
     counts = np.bincount(group, minlength=n_groups).astype(np.int64)
     grp[1:, BASE] = np.cumsum(counts)[:-1]
     grp[:, BUDGET] = group_budget
+    grp[:, BATCH_LOAD] = -1
     return ent, grp
 
 

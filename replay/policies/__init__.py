@@ -19,6 +19,9 @@ REGISTRY: dict[str, str] = {
     "lfru": "replay.policies.lfru",
     "belady": "replay.policies.belady",
     "infinite": "replay.policies.infinite",
+    "s3fifo": "replay.policies.s3fifo",
+    "sieve": "replay.policies.sieve",
+    "least-stale": "replay.policies.least_stale",
 }
 
 DEFAULT_POLICIES = ("lru", "lfu", "layer", "lfru", "belady", "infinite")

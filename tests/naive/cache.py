@@ -22,6 +22,183 @@ RUN_FREQ = {"lfu", "layerlfu"}  # whole-run counts
 INCACHE_FREQ = {"lfu-incache", "layerlfu-incache"}  # counts since admission
 
 
+class NaiveS3FIFO:
+    """S3-FIFO from the ``replay.policies.s3fifo`` docstring: three Python lists (oldest first)."""
+
+    def __init__(self, budget, size):
+        self.size = size
+        self.budget = budget
+        self.cap_small = budget // 10
+        self.cap_main = budget - self.cap_small
+        self.cap_ghost = budget * 9 // 10
+        self.small, self.main, self.ghost = [], [], []
+        self.pending = []  # (key, "small" | "main"): this load's admissions, queued after its eviction step
+        self.freq = {}
+        self.counted = {}  # key -> the load that last raised (or reset) its frequency
+        self.has_evicted = False
+
+    def _bytes(self, keys):
+        return sum(self.size(k) for k in keys)
+
+    def begin_load(self, i, batch_first):
+        for key, q in self.pending:
+            (self.small if q == "small" else self.main).append(key)
+        self.pending = []
+
+    def admit(self, key, i):
+        b = self.size(key)
+        pend_small = self._bytes(k for k, q in self.pending if q == "small")
+        total = self._bytes(self.small) + self._bytes(self.main) + self._bytes(k for k, _ in self.pending)
+        if total + b > self.budget:
+            self.has_evicted = True
+        if key in self.ghost:
+            self.ghost.remove(key)
+            q = "main"
+        elif not self.has_evicted and self._bytes(self.small) + pend_small >= self.cap_small:
+            q = "main"
+        else:
+            q = "small"
+        self.pending.append((key, q))
+        self.freq[key] = 0
+        self.counted[key] = i
+
+    def touch(self, key, i):
+        if self.counted.get(key) != i:
+            self.counted[key] = i
+            self.freq[key] = min(self.freq[key] + 1, 3)
+
+    def _from_main(self, ok):
+        i = 0
+        while i < len(self.main):
+            k = self.main[i]
+            if self.freq[k] >= 1:  # reinserted at the newest end, one lower; the walk goes on from the next
+                self.freq[k] -= 1
+                self.main.append(self.main.pop(i))
+            elif ok(k):
+                return k
+            else:
+                i += 1
+        return None
+
+    def _from_small(self, ok):
+        i = 0
+        while i < len(self.small):
+            k = self.small[i]
+            if self.freq[k] >= 2:
+                self.main.append(self.small.pop(i))
+                self.freq[k] = 0
+            elif ok(k):
+                return k
+            else:
+                i += 1
+        return None
+
+    def victim(self, ok):
+        self.has_evicted = True
+        if self._bytes(self.main) > self.cap_main or not self.small:
+            order = (self._from_main, self._from_small, self._from_main)
+        else:
+            order = (self._from_small, self._from_main)
+        for f in order:
+            v = f(ok)
+            if v is not None:
+                return v
+        return None
+
+    def evict(self, key):
+        if key in self.main:
+            self.main.remove(key)
+            return
+        self.small.remove(key)
+        b = self.size(key)
+        if b > self.cap_ghost:
+            return
+        while self._bytes(self.ghost) + b > self.cap_ghost:
+            self.ghost.pop(0)
+        self.ghost.append(key)
+
+
+class NaiveSieve:
+    """SIEVE from the ``replay.policies.sieve`` docstring: one list (oldest first), a visited set, a hand."""
+
+    def __init__(self, budget, size):
+        self.queue = []
+        self.pending = []
+        self.visited = set()
+        self.hand = None  # the key the next search starts at; None = the oldest
+
+    def begin_load(self, i, batch_first):
+        self.queue += self.pending
+        self.pending = []
+
+    def admit(self, key, i):
+        self.pending.append(key)
+        self.visited.discard(key)
+
+    def touch(self, key, i):
+        if key in self.queue:
+            self.visited.add(key)
+
+    def victim(self, ok):
+        if not self.queue:
+            return None
+        pos = 0 if self.hand is None else self.queue.index(self.hand)
+        for _ in range(3 * len(self.queue) + 3):
+            if pos >= len(self.queue):
+                pos = 0
+            k = self.queue[pos]
+            if k in self.visited:
+                self.visited.discard(k)
+            elif ok(k):
+                return k
+            pos += 1
+        return None
+
+    def evict(self, key):
+        pos = self.queue.index(key)
+        self.hand = self.queue[pos + 1] if pos + 1 < len(self.queue) else None
+        self.queue.pop(pos)
+        self.visited.discard(key)
+
+
+class NaiveLeastStale:
+    """least-stale from its docstring: stale (not touched in this batch) before fresh, oldest admission first."""
+
+    def __init__(self, budget, size, last_load):
+        self.order = []
+        self.last_load = last_load  # key -> load of its last demand lookup (or fill)
+        self.batch_first = 0
+
+    def begin_load(self, i, batch_first):
+        self.batch_first = batch_first
+
+    def admit(self, key, i):
+        self.order.append(key)
+
+    def touch(self, key, i):
+        pass
+
+    def victim(self, ok):
+        cands = [k for k in self.order if ok(k)]
+        stale = [k for k in cands if self.last_load(k) < self.batch_first]
+        return (stale or cands or [None])[0]
+
+    def evict(self, key):
+        self.order.remove(key)
+
+
+STATEFUL = {"s3fifo", "sieve", "least-stale"}
+
+
+def stateful_policy(policy, budget, size, last_load):
+    """The naive policy object for a policy whose order is its own state (queues, a hand)."""
+    if policy == "s3fifo":
+        return NaiveS3FIFO(budget, size)
+    if policy == "sieve":
+        return NaiveSieve(budget, size)
+    return NaiveLeastStale(budget, size, last_load)
+
+
 def splitmix64(x: int) -> int:
     z = (x + 0x9E3779B97F4A7C15) & M64
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
@@ -60,8 +237,14 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
     peak = 0
     tick = 0
     share = budget_bytes // len(moe_layers)
+    pol = stateful_policy(policy, budget_bytes, lambda x: expert_bytes[x[0]], lambda x: cache[x]["load"]) \
+        if policy in STATEFUL else None
+    batch_first = {}
     for i, ld in enumerate(loads):
         layer, phase = ld["layer"], ld["phase"]
+        batch_first.setdefault(ld["batch"], i)
+        if pol:
+            pol.begin_load(i, batch_first[ld["batch"]])
         outcome = {}
         for row in ld["rows"]:
             row_codes = []
@@ -80,11 +263,15 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
                     per_batch[ld["batch"]][1] += 1
                     cache[key]["freq"] += 1
                     outcome[key] = 1
+                    if pol:
+                        pol.touch(key, i)
                 else:
                     read[(phase, layer)] += expert_bytes[layer]
                     per_batch[ld["batch"]][2] += expert_bytes[layer]
                     cache[key] = {"freq": 1}
                     outcome[key] = 0
+                    if pol:
+                        pol.admit(key, i)
                 cache[key]["tick"] = tick
                 cache[key]["load"] = i
                 cache[key]["next"] = next_use(key, i)
@@ -101,6 +288,15 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
             if sum(expert_bytes[x[0]] for x in members) <= limit:
                 break
             candidates = [x for x in members if cache[x]["load"] != i]
+            if pol:
+                victim = pol.victim(lambda x, i=i: cache[x]["load"] != i)
+                if victim is None:
+                    overflow += 1
+                    break
+                pol.evict(victim)
+                del cache[victim]
+                evictions += 1
+                continue
             if not candidates:
                 overflow += 1
                 break

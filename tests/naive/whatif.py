@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from tests.naive.cache import INCACHE_FREQ, M64, PARTITIONED, RUN_FREQ, splitmix64
+from tests.naive.cache import INCACHE_FREQ, M64, PARTITIONED, RUN_FREQ, STATEFUL, splitmix64, stateful_policy
 
 
 def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes, seed=0, drop=None, preds=None,
@@ -95,7 +95,12 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
     def used(g):
         return sum(expert_bytes[x[0]] for x in cache if group_of(x) == g)
 
+    pol = stateful_policy(policy, budget_bytes, lambda x: expert_bytes[x[0]], lambda x: cache[x]["load"]) \
+        if policy in STATEFUL else None
+
     def victim(g, i, shielded):
+        if pol:  # s3fifo, sieve, least-stale: the policy's own queues (a search may move entries)
+            return pol.victim(lambda x: cache[x]["load"] != i and x not in shielded)
         cands = [x for x in cache if group_of(x) == g and cache[x]["load"] != i and x not in shielded]
         if not cands:
             return None
@@ -121,6 +126,8 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
         return min(cands, key=keys.__getitem__)
 
     def evict(x):
+        if pol:
+            pol.evict(x)
         if cache[x]["spec"]:
             st["spec_evicted_unused"] += 1
         del cache[x]
@@ -130,8 +137,12 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
         rec = max(0, 255 - (i - last_touch[x])) if x in last_touch else 0
         return (heat[x] << 8) | rec
 
+    batch_first = {}
     for i, ld in enumerate(loads):
         layer, phase, batch = ld["layer"], ld["phase"], ld["batch"]
+        batch_first.setdefault(batch, i)
+        if pol:
+            pol.begin_load(i, batch_first[batch])
         outcome = {}
         for r in ld["rows"]:
             row_codes = []
@@ -156,6 +167,8 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
                     out["hits"][(phase, layer)] += 1
                     per_batch[batch]["hits"] += 1
                     cache[key]["freq"] += 1
+                    if pol:
+                        pol.touch(key, i)
                     if cache[key]["spec"]:
                         cache[key]["spec"] = False
                         out["spec_hits"][(phase, layer)] += 1
@@ -168,6 +181,8 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
                     per_batch[batch]["read"] += expert_bytes[layer]
                     cache[key] = {"freq": 1, "spec": False}
                     outcome[key] = 0
+                    if pol:
+                        pol.admit(key, i)
                 cache[key]["tick"] = tick
                 cache[key]["load"] = i
                 cache[key]["next"] = next_use(key, i)
@@ -227,6 +242,8 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
             tick += 1
             # A fill is most recent (tick and load both now), frequency 0, heat unchanged.
             cache[key] = {"freq": 0, "spec": True, "tick": tick, "load": i, "next": next_use(key, i)}
+            if pol:
+                pol.admit(key, i)
             last_touch[key] = i
             st["spec_fills"] += 1
             out["spec_fills"][(phase, tl)] += 1
