@@ -19,6 +19,8 @@ REGISTRY: dict[str, str] = {
     "lfru": "replay.policies.lfru",
     "belady": "replay.policies.belady",
     "infinite": "replay.policies.infinite",
+    "pin": "replay.policies.pin",
+    "layer-opt": "replay.policies.layer_opt",
 }
 
 DEFAULT_POLICIES = ("lru", "lfu", "layer", "lfru", "belady", "infinite")
@@ -26,3 +28,9 @@ DEFAULT_POLICIES = ("lru", "lfu", "layer", "lfru", "belady", "infinite")
 
 def policy_module(name: str) -> ModuleType:
     return importlib.import_module(REGISTRY[name])
+
+
+def bound_policies() -> tuple[str, ...]:
+    """The registry's offline bounds (a module constant ``BOUND = True``: it sees the whole trace),
+    which no "best online" verdict may pick: ``belady``, ``infinite``, ``layer-opt``."""
+    return tuple(p for p in REGISTRY if getattr(policy_module(p), "BOUND", False))
