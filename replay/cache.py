@@ -59,7 +59,7 @@ from replay.cache_kernel import (
     next_loads,
     no_options,
 )
-from replay.cache_state import MAX_SLOTS, new_state
+from replay.cache_state import BUDGET, MAX_SLOTS, RESIDENT, new_state
 from replay.output import exact
 from replay.policies import REGISTRY, policy_module
 from traces.errors import UserError
@@ -111,6 +111,25 @@ def check_policies(policies: list[str] | tuple[str, ...], option: str = "--polic
     if not out:
         raise UserError(f"{option}: no policy given.")
     return out
+
+
+def check_policy_options(policy: str, options: dict[str, Any] | None, loads: Loads) -> dict[str, Any]:
+    """``options`` for ``policy`` checked against the module's ``OPTIONS`` and resolved by its
+    ``prepare_options`` (once: a resolved dict is passed through). A policy without ``OPTIONS``
+    takes none."""
+    if options is not None and options.get("_prepared"):
+        return options
+    pm = policy_module(policy)
+    known = tuple(getattr(pm, "OPTIONS", ()))
+    options = dict(options or {})
+    for k in options:
+        if k not in known:
+            raise UserError(f"policy {policy}: unknown option {k!r} "
+                            + (f"(it takes {', '.join(known)})." if known else "(it takes no options)."))
+    if hasattr(pm, "prepare_options"):
+        options = pm.prepare_options(loads, options)
+    options["_prepared"] = True
+    return options
 
 
 def budget_bytes(budget_mib: float) -> int:
@@ -229,6 +248,8 @@ class ReplayResult:
     slots: np.ndarray | None
     seconds: float
     stats: np.ndarray | None = None  # int64 [N_STATS] (replay.cache_kernel.STAT_*)
+    preload_bytes: np.ndarray | None = None  # int64 [L] bytes a policy preloaded per MoE layer before the replay (pin)
+    layer_share_bytes: np.ndarray | None = None  # int64 [L] each layer's group budget under a per-layer partition, else None
 
     @property
     def lookups(self) -> int:
@@ -255,7 +276,9 @@ class ReplayResult:
         return 100.0 * self.hits / n if n else math.nan
 
 
-def _groups(loads: Loads, pm, budget: int) -> tuple[np.ndarray, np.ndarray]:
+def _groups(loads: Loads, pm, budget: int, options: dict[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(group of each entry, byte budget of each group): one group (the whole budget), or one per
+    MoE layer (floor(budget_bytes / MoE layers) each, unless the module's ``group_budgets`` says)."""
     L, n = len(loads.moe_layers), loads.n_expert
     if pm.PARTITION == "layer":
         group = np.repeat(np.arange(L, dtype=np.int32), n)
@@ -263,6 +286,12 @@ def _groups(loads: Loads, pm, budget: int) -> tuple[np.ndarray, np.ndarray]:
     else:
         group = np.zeros(L * n, dtype=np.int32)
         gbud = np.array([budget], dtype=np.int64)
+    if hasattr(pm, "group_budgets"):
+        own = np.asarray(pm.group_budgets(loads, budget, options or {}), dtype=np.int64)
+        if own.shape != gbud.shape or (own < 0).any() or int(own.sum()) > budget:
+            raise ValueError(f"{pm.__name__}.group_budgets: {own.shape[0]} group budgets summing to {int(own.sum())}; "
+                             f"need {gbud.shape[0]} >= 0 within {budget} bytes")
+        gbud = own
     if pm.UNBOUNDED:
         gbud[:] = UNBOUNDED_BYTES
     return group, gbud
@@ -270,8 +299,12 @@ def _groups(loads: Loads, pm, budget: int) -> tuple[np.ndarray, np.ndarray]:
 
 def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: bool = False, *,
            drop: np.ndarray | None = None, pred: np.ndarray | None = None, ahead: int = 1, cap: int | None = None,
-           guard: bool = False, retain: bool = False, fill: bool = False) -> ReplayResult:
+           guard: bool = False, retain: bool = False, fill: bool = False,
+           policy_options: dict[str, Any] | None = None) -> ReplayResult:
     """Replay ``loads`` through ``policy`` at ``budget_mib`` MiB (2^20 bytes).
+
+    ``policy_options``: the policy's parameters (its module's ``OPTIONS``), e.g. for ``pin``
+    ``{"per_layer": 4, "profile": "other/trace"}``; for ``layer-opt`` ``{"entries_per_layer": [...]}``.
 
     What-ifs (:mod:`replay.cache_kernel`): ``drop`` [R, k] uint8 (1 drop-cold: skip if not
     resident, 2 skip always); ``pred`` [R, w] int32 entries predicted for each routing row (-1
@@ -292,6 +325,7 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
         raise UserError(f"predictions {ahead} layers ahead: must be >= 1.")
     if cap is not None and cap < 0:
         raise UserError(f"--cap {cap}: must be >= 0 predicted misses per layer.")
+    popts = check_policy_options(policy, policy_options, loads)
     kern = kernel_for(policy, whatif=drop is not None or retain or fill, slots=slots)
     opts = no_options()
     opts[OPT_AHEAD] = ahead
@@ -299,21 +333,29 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     opts[OPT_GUARD] = int(guard)
     opts[OPT_RETAIN] = int(retain)
     opts[OPT_FILL] = int(fill)
-    args, stats, slot_out = _driver_args(loads, pm, budget, seed, slots, drop, pred if (retain or fill) else None, opts)
+    args, stats, slot_out = _driver_args(loads, pm, budget, seed, slots, drop, pred if (retain or fill) else None, opts, popts)
+    ent, grp = args[7], args[8]
+    L = len(loads.moe_layers)
+    pre = np.bincount(np.repeat(np.arange(L), loads.n_expert), weights=ent[RESIDENT, :loads.n_entries] * loads.entry_bytes,
+                      minlength=L).astype(np.int64)
+    shares = grp[:, BUDGET].copy() if pm.PARTITION == "layer" and not pm.UNBOUNDED else None
     t0 = time.perf_counter()
     kern(*args)
     dt = time.perf_counter() - t0
     acc, bacc = args[10], args[11]
     return ReplayResult(policy, float(budget_mib), budget, acc, bacc, int(stats[STAT_EVICTIONS]), int(stats[STAT_OVERFLOW]),
-                        slot_out if slots else None, dt, stats)
+                        slot_out if slots else None, dt, stats, pre, shares)
 
 
 def _driver_args(loads: Loads, pm, budget: int, seed: int, slots: bool, drop: np.ndarray | None, pred: np.ndarray | None,
-                 opts: np.ndarray) -> tuple[tuple, np.ndarray, np.ndarray]:
-    """The driver's arguments for one replay (fresh state), its stats array and its slot_out array."""
-    group, gbud = _groups(loads, pm, budget)
+                 opts: np.ndarray, policy_options: dict[str, Any] | None = None) -> tuple[tuple, np.ndarray, np.ndarray]:
+    """The driver's arguments for one replay (fresh state, after the policy's ``setup``), its stats
+    array and its slot_out array."""
+    group, gbud = _groups(loads, pm, budget, policy_options)
     ent, grp = new_state(loads.entry_bytes, group, gbud)
     ps = pm.init(ent, grp, int(seed))
+    if hasattr(pm, "setup"):
+        pm.setup(ps, ent, grp, loads, budget, policy_options or {})
     L, B = len(loads.moe_layers), loads.batch_turn.shape[0]
     acc = np.zeros((2, L, N_ACC), np.int64)
     bacc = np.zeros((B, N_ACC), np.int64)
@@ -339,9 +381,15 @@ def _pct(h: np.ndarray | int, n: np.ndarray | int) -> float:
     return 100.0 * float(h) / float(n) if n else math.nan
 
 
-def result_rows(loads: Loads, res: ReplayResult, per_layer: bool = False) -> list[dict[str, Any]]:
+def result_rows(loads: Loads, res: ReplayResult, per_layer: bool = False, extras: bool = False) -> list[dict[str, Any]]:
     """Cache rows (DESIGN.md keys first). ``lookups``/``hits``/``misses``/``read_mib`` are all
-    phases (cumulative); the ``_decode`` columns count decode loads only."""
+    phases (cumulative); the ``_decode`` columns count decode loads only.
+
+    ``extras`` (a sweep sets it when a policy preloads entries or sets its own per-layer budgets,
+    so other tables keep their columns) adds ``preload_mib`` (bytes a policy made resident before
+    the replay, e.g. ``pin``'s pinned experts: read once up front, not in ``read_mib``; 0 for the
+    others) and ``share_mib`` (a layer's budget under a per-layer partition; on the overall row
+    the sum of the shares; None for a global cache)."""
     out = []
     layers: list[int | None] = [None] + (list(loads.moe_layers) if per_layer else [])
     for i, layer in enumerate(layers):
@@ -361,6 +409,11 @@ def result_rows(loads: Loads, res: ReplayResult, per_layer: bool = False) -> lis
             "peak_resident_mib": res.peak_resident_bytes / MIB if layer is None and res.peak_resident_bytes is not None else None,
             "over_budget": res.over_budget if layer is None else None,
         })
+        if extras:
+            pre = res.preload_bytes
+            sh = res.layer_share_bytes
+            out[-1]["preload_mib"] = (0.0 if pre is None else float(pre.sum() if layer is None else pre[i - 1]) / MIB)
+            out[-1]["share_mib"] = None if sh is None else float(sh.sum() if layer is None else sh[i - 1]) / MIB
     return out
 
 
@@ -399,8 +452,9 @@ def over_budget_note(rows: list[dict[str, Any]]) -> str | None:
     cells = "; ".join(f"{r['policy']} at {exact(r['budget_mib'])} MiB (peak {r['peak_resident_mib']:.1f} MiB resident, "
                       f"{r['overflow_loads']:,} loads overflowed)" if r.get("peak_resident_mib") is not None else
                       f"{r['policy']} at {exact(r['budget_mib'])} MiB ({r['overflow_loads']:,} loads overflowed)" for r in over)
-    return ("over budget: a load needed more than the budget (or its layer's share under layer/layerlfu), so the cache "
-            f"overflowed and the hit rate needs more memory than listed: {cells}.")
+    return ("over budget: a load needed more than the budget (or its layer's share under a per-layer partition: layer, "
+            "layerlfu, layer-opt), so the cache overflowed"
+            f" and the hit rate needs more memory than listed: {cells}.")
 
 
 def batch_series(loads: Loads, res: ReplayResult) -> pl.DataFrame:
@@ -437,12 +491,16 @@ def default_budgets_mib(loads: Loads, recorded_mib: float | None = None, n: int 
 
 
 def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
-          threads: int | None = None, show_progress: bool = True, **whatif: Any) -> pl.DataFrame:
+          threads: int | None = None, show_progress: bool = True, policy_options: dict[str, dict[str, Any]] | None = None,
+          **whatif: Any) -> pl.DataFrame:
     """Every (policy, budget) cell, in parallel over the cores (the kernels release the GIL).
 
     Rows ordered by policy (as given) then budget (as given). ``infinite`` ignores the budget, so
     it is replayed once and its row repeated for every budget. ``whatif`` (e.g. ``pred``,
-    ``ahead``, ``retain``) is passed to every :func:`replay`.
+    ``ahead``, ``retain``) is passed to every :func:`replay`. ``policy_options`` maps a policy
+    name to its options (:func:`replay`'s ``policy_options``). When a policy preloads entries or
+    sets its own per-layer budgets (``pin``, ``layer-opt``), every row gains ``preload_mib`` and
+    ``share_mib`` (:func:`result_rows`).
     """
     from replay.output import progress
 
@@ -450,6 +508,12 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
     budgets = [float(b) for b in budgets_mib]
     for b in budgets:
         budget_bytes(b)
+    policy_options = dict(policy_options or {})
+    for p in policy_options:
+        if p not in policies:
+            raise UserError(f"options given for policy {p}, which is not among the policies replayed.")
+    popts = {p: check_policy_options(p, policy_options.get(p), loads) for p in policies}
+    extras = any(hasattr(policy_module(p), "setup") or hasattr(policy_module(p), "group_budgets") for p in policies)
     warm_up(policies, whatif=whatif.get("drop") is not None or bool(whatif.get("retain")) or bool(whatif.get("fill")))
     if any(policy_module(p).NEEDS_NEXT_USE for p in policies):
         _ = loads.next_load
@@ -461,7 +525,7 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
     threads = threads or min(os.cpu_count() or 1, len(unique)) or 1
     results: dict[tuple, ReplayResult] = {}
     with progress(len(unique), "cache replay", unit="cell") as bar, ThreadPoolExecutor(max_workers=threads) as pool:
-        futs = {key: pool.submit(replay, loads, p, b, seed, **whatif) for key, (p, b) in unique.items()}
+        futs = {key: pool.submit(replay, loads, p, b, seed, policy_options=popts[p], **whatif) for key, (p, b) in unique.items()}
         for key, f in futs.items():
             results[key] = f.result()
             bar.update(1)
@@ -470,10 +534,12 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
         key = (p, None) if policy_module(p).UNBOUNDED else (p, b)
         r = results[key]
         if r.budget_mib != b:
-            r = ReplayResult(p, b, budget_bytes(b), r.acc, r.bacc, r.evictions, r.overflow_loads, None, r.seconds, r.stats)
-        rows.extend(result_rows(loads, r, per_layer))
+            r = ReplayResult(p, b, budget_bytes(b), r.acc, r.bacc, r.evictions, r.overflow_loads, None, r.seconds, r.stats,
+                             r.preload_bytes, r.layer_share_bytes)
+        rows.extend(result_rows(loads, r, per_layer, extras))
+    extra_schema = {"preload_mib": pl.Float64, "share_mib": pl.Float64} if extras else {}
     return pl.DataFrame(rows, schema_overrides={"layer": pl.Int64, "evictions": pl.Int64, "overflow_loads": pl.Int64,
-                                                "peak_resident_mib": pl.Float64, "over_budget": pl.Boolean},
+                                                "peak_resident_mib": pl.Float64, "over_budget": pl.Boolean, **extra_schema},
                         infer_schema_length=None)
 
 

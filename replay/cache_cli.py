@@ -47,7 +47,12 @@ POLICIES_HELP = (
     "s3fifo = S3-FIFO (SOSP 2023) as libCacheSim runs it: small FIFO of 10% of the bytes, main FIFO with a 2-bit "
     "frequency, ghost of keys evicted from the small queue. sieve = SIEVE (NSDI 2024): one FIFO, a visited bit, a hand "
     "that clears bits and evicts the first unvisited entry. least-stale = an interpretation of SpecMD's least-stale "
-    "(no official code): entries not touched in the current token pass (batch) go first, oldest admission first.")
+    "(no official code): entries not touched in the current token pass (batch) go first, oldest admission first. "
+    "None of s3fifo, sieve, least-stale, pin, layer-opt is in the default list. "
+    "pin (the N most-routed experts of each layer in the prompt, or in --pin-profile's trace, "
+    "resident from the start and never evicted, LRU for the rest; see --pin-per-layer); layer-opt (per-layer LRU shares "
+    "chosen from each layer's miss curve over the whole trace: an offline bound over per-layer LRU partitions, "
+    "like belady not an online policy).")
 VALIDATE_TOLERANCE_PP = 0.1  # the engine prints its cumulative hit % with one decimal
 OVER = " !"  # marks an over-budget cell in the text tables
 
@@ -78,6 +83,10 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
         retain: bool = typer.Option(False, "--retain", help="Protect the --predictor's guesses for the next layer(s) from eviction."),
         predictor: str = typer.Option("prev-token", "--predictor", help="With --retain: prev-token | stale-gate[d] | static-hot."),
+        pin_per_layer: int | None = typer.Option(None, "--pin-per-layer", help="pin: experts pinned per MoE layer "
+                                                 "(default: as many as fit in half the budget, the same in every layer)."),
+        pin_profile: Path | None = typer.Option(None, "--pin-profile", help="pin: take the hot list from this trace's whole-run "
+                                                "routing counts (same MoE layers and experts) instead of this trace's prompt."),
     ) -> None:
         """Expert-cache hit rates per policy and budget (decode-only and cumulative), MiB read, T, bound.
 
@@ -97,6 +106,11 @@ def register(app: typer.Typer) -> None:
         if budget_mib is not None and not (math.isfinite(budget_mib) and 0 < budget_mib <= MAX_BUDGET_MIB):
             raise UserError(f"--budget-mib: {budget_mib} is not a positive number of MiB (at most 2^40).")
         pols = check_policies([p for p in policies.split(",") if p.strip()])
+        pin_opts = {k: v for k, v in (("per_layer", pin_per_layer), ("profile", pin_profile)) if v is not None}
+        if pin_opts and "pin" not in pols:
+            raise UserError(f"{'--pin-per-layer' if pin_per_layer is not None else '--pin-profile'}: only meaningful with pin "
+                            "in --policies.")
+        popts = {"pin": pin_opts} if pin_opts else None
         if not 0 <= seed < 1 << 63:
             raise UserError(f"--seed: {seed} is not in 0..2^63-1.")
         blist = parse_budgets(budgets) if budgets is not None else None
@@ -130,9 +144,9 @@ def register(app: typer.Typer) -> None:
                       + (f", the recorded {exact(rec_budget)} MiB replacing the nearest" if rec_budget in blist else ""))
         if retain:
             from replay.prefetch import retain_sweep
-            frame = retain_sweep(t, loads, pols, blist, predictor, per_layer=per_layer, seed=seed)
+            frame = retain_sweep(t, loads, pols, blist, predictor, per_layer=per_layer, seed=seed, policy_options=popts)
         else:
-            frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed)
+            frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed, policy_options=popts)
         if cmodel is not None:
             from replay.cost import with_time
 
@@ -153,7 +167,7 @@ def register(app: typer.Typer) -> None:
                 cost_model=(cmodel.row() if cmodel is not None else None),
             ))
             return
-        typer.echo(sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed))
+        typer.echo(sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed, loads, popts))
         if retain:
             from replay.prefetch import retain_text
             typer.echo(retain_text(frame, pols, blist))
@@ -162,7 +176,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(time_text(frame, pols, blist, cmodel))
 
 
-def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed) -> str:
+def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed, loads=None, popts=None) -> str:
     from replay.cache import is_over_budget, over_budget_note
     from replay.output import PHASE_HIT_KEY, digits_for, fmt, rows_of, text_table
 
@@ -213,6 +227,21 @@ def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed)
         lines.append("infinite = no eviction: only compulsory misses, the bound for any policy at any budget.")
     if "belady" in pols:
         lines.append("belady = evict the entry whose next load is furthest: the offline bound at that budget.")
+    if loads is not None:
+        from replay.cache import budget_bytes, check_policy_options
+        from replay.policies import policy_module
+
+        for p in pols:
+            pm = policy_module(p)
+            if hasattr(pm, "describe"):
+                opts = check_policy_options(p, (popts or {}).get(p), loads)
+                lines.append(pm.describe(loads, [budget_bytes(b) for b in blist], opts))
+        if "preload_mib" in frame.columns:
+            pre = [r for r in overall if (r.get("preload_mib") or 0) > 0]
+            if pre:
+                lines.append("preloaded before the replay (resident from the start; not in MiB read): "
+                             + ", ".join(f"{r['policy']} {r['preload_mib']:.1f} MiB at {exact(r['budget_mib'])} MiB" for r in pre)
+                             + ".")
     if "lfu" in pols or "layerlfu" in pols:
         lines.append("lfu / layerlfu count every load that touched an entry since the start of the run (the count survives "
                      "eviction); lfu-incache / layerlfu-incache restart it at admission.")
@@ -226,9 +255,11 @@ def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed)
         from replay.output import rows_of as _rows
 
         rows = _rows(frame.filter(frame["layer"].is_not_null()))
-        lines += ["", "per layer", text_table(
-            rows, ["policy", "budget_mib", "layer", "lookups", "hits", "hit_pct_decode", "hit_pct_cum", "read_mib"],
-            digits={"budget_mib": 0, "hit_pct_decode": 1, "hit_pct_cum": 1, "read_mib": 1})]
+        extra = [c for c in ("share_mib", "preload_mib") if c in frame.columns]
+        lines += ["", "per layer" + (" (share_mib: the layer's budget under a per-layer partition; preload_mib: bytes "
+                                     "resident from the start)" if extra else ""), text_table(
+            rows, ["policy", "budget_mib", "layer", "lookups", "hits", "hit_pct_decode", "hit_pct_cum", "read_mib", *extra],
+            digits={"budget_mib": 0, "hit_pct_decode": 1, "hit_pct_cum": 1, "read_mib": 1, "share_mib": 1, "preload_mib": 1})]
     return "\n".join(lines)
 
 

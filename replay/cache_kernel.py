@@ -53,6 +53,21 @@ is ``ent[LAST_LOAD, e] >= grp[g, BATCH_LOAD]``; compiled out otherwise),
 ``ent[FREQ]`` / ``ent[LAST_LOAD]`` in a plain replay; a policy that does not read one, like LRU
 whose list is its recency, sets it False and the driver writes one field less per routed slot;
 a what-if replay keeps ``LAST_LOAD`` regardless, for the guard).
+Optional plain-Python parts of a policy module, run before the replay (:mod:`replay.cache`), never
+inside the kernel:
+
+- ``BOUND = True``: an offline bound (it sees the whole trace), never an online candidate in a
+  "best online" verdict (``belady``, ``infinite``, ``layer-opt``);
+- ``OPTIONS`` (tuple of names) and ``prepare_options(loads, options) -> dict``: the policy's
+  parameters (``policy_options=`` of :func:`replay.cache.replay`), checked and resolved once per
+  sweep (a policy without ``OPTIONS`` takes none);
+- ``group_budgets(loads, budget_bytes, options) -> int64 [groups]``: each eviction group's byte
+  budget, instead of the whole budget (``"global"``) or floor(budget / MoE layers) each (``"layer"``);
+- ``setup(ps, ent, grp, loads, budget_bytes, options)``: after ``init``, e.g. preload entries with
+  :func:`replay.cache_state.preload` (resident from the start; their bytes count in the group's
+  ``USED`` and in the peak, and are reported as ``preload_mib``);
+- ``describe(loads, budgets_bytes, options) -> str``: one line for the cache text.
+
 :func:`make_kernel` compiles the driver once per policy with the hooks inlined (its code rebound to
 globals holding the module's hooks; Numba treats them as compile-time constants), so the interface costs nothing.
 
@@ -232,8 +247,10 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
     b_look = 0
     b_hit = 0
     b_read = np.int64(0)
-    resident = np.int64(0)  # bytes resident in all groups together
-    peak = np.int64(0)
+    resident = np.int64(0)  # bytes resident in all groups together (entries a policy preloaded included)
+    for g0 in range(grp.shape[0]):
+        resident += grp[g0, USED]
+    peak = resident
     batch_now = -1  # KEEP_BATCH: the batch whose first load grp[:, BATCH_LOAD] holds
     for load in range(n_load):
         lo = load_start[load]

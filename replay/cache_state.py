@@ -109,6 +109,21 @@ def row_length(n: int) -> int:
     return 16 * (lines | 1)
 
 
+def preload(ent: np.ndarray, grp: np.ndarray, e: int) -> None:
+    """Make entry ``e`` resident before the replay starts (a policy's ``setup``, e.g. ``pin``): it
+    is counted in its group's bytes and entries and listed in its resident-list segment, as an
+    admitted entry would be, but no load read it (no miss, no read bytes)."""
+    if ent[RESIDENT, e]:
+        raise ValueError(f"entry {e} is preloaded twice")
+    g = int(ent[GROUP, e])
+    ent[RESIDENT, e] = 1
+    grp[g, USED] += int(ent[BYTES, e])
+    grp[g, COUNT] += 1
+    pos = int(grp[g, BASE] + grp[g, COUNT] - 1)
+    ent[RES_LIST, pos] = e
+    ent[RES_POS, e] = pos
+
+
 @njit(cache=True, inline="always")
 def evictable(ent, e, load):
     """May the *resident* entry ``e`` be evicted after ``load``? Not touched, filled or protected

@@ -27,6 +27,7 @@ import numpy as np
 import polars as pl
 
 from replay.output import exact
+from replay.policies import bound_policies
 from traces.errors import UserError
 from traces.reader import Trace
 
@@ -454,7 +455,7 @@ def device_check(trace: Trace, model: CostModel | None = None, budget_mib: float
 
 # -- applying a model to replay rows -------------------------------------------------------------
 
-BOUNDS = ("belady", "infinite")  # offline bounds: not something an engine can run
+BOUNDS = bound_policies()  # offline bounds (policy constant BOUND): not something an engine can run
 
 
 def cost_model_from_options(path: str | Path | None, flash_mib_s: float | None, compute_ms: float | None) -> CostModel | None:
@@ -502,7 +503,8 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
         ci = r.get("ms_per_token_ci95")
         ci_txt = f" +/- {ci:.1f}" if ci is not None and math.isfinite(ci) else ""
         best.append(f"{exact(b)} MiB: {r['policy']} {r['ms_per_token']:.1f}{ci_txt} ms ({r['tok_s']:.2f} tok/s)")
-    out = ["fastest online policy per budget (decode, estimated; belady/infinite are bounds, not candidates"
+    named = ["belady", "infinite"] + sorted({r["policy"] for r in rows if r["policy"] in BOUNDS} - {"belady", "infinite"})
+    out = [f"fastest online policy per budget (decode, estimated; {'/'.join(named)} are bounds, not candidates"
            + ("; over-budget cells left out" if left_out else "") + "): " + "; ".join(best)]
     if left_out:
         out.append("left out as over budget (the cache overflowed: the figure needs more memory than the budget): "

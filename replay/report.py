@@ -266,6 +266,7 @@ def section_predictors(ctx: ReportContext) -> Section:
 def section_cache(ctx: ReportContext) -> Section:
     from replay import plots
     from replay.cache import default_budgets_mib, is_over_budget, loads_of, over_budget_note, pick_best, sweep, within_budget
+    from replay.cost import BOUNDS
 
     tr = ctx.trace
     loads = loads_of(tr)
@@ -307,7 +308,7 @@ def section_cache(ctx: ReportContext) -> Section:
                 "cache budget (MiB, log scale)", "decode-only hit rate (%)", styles=styles, vlines=vlines, xlog=True,
                 ylim=(0, 102))
     s.images.append(("cache_curves.png", "cache hit rate against budget"))
-    online = [p for p in policies if p not in ("belady", "infinite")]
+    online = [p for p in policies if p not in BOUNDS]
     cells = overall.to_dicts()
     over = [r for r in cells if is_over_budget(r)]
     gap_rows = []

@@ -22,6 +22,8 @@ REGISTRY: dict[str, str] = {
     "s3fifo": "replay.policies.s3fifo",
     "sieve": "replay.policies.sieve",
     "least-stale": "replay.policies.least_stale",
+    "pin": "replay.policies.pin",
+    "layer-opt": "replay.policies.layer_opt",
 }
 
 DEFAULT_POLICIES = ("lru", "lfu", "layer", "lfru", "belady", "infinite")
@@ -29,3 +31,9 @@ DEFAULT_POLICIES = ("lru", "lfu", "layer", "lfru", "belady", "infinite")
 
 def policy_module(name: str) -> ModuleType:
     return importlib.import_module(REGISTRY[name])
+
+
+def bound_policies() -> tuple[str, ...]:
+    """The registry's offline bounds (a module constant ``BOUND = True``: it sees the whole trace),
+    which no "best online" verdict may pick: ``belady``, ``infinite``, ``layer-opt``."""
+    return tuple(p for p in REGISTRY if getattr(policy_module(p), "BOUND", False))

@@ -16,6 +16,7 @@ from replay.cache_state import NEVER, NEXT_USE
 from replay.policies import _blocks
 
 PARTITION = "global"
+BOUND = True  # offline bound, not an online policy
 UNBOUNDED = False
 NEEDS_NEXT_USE = True
 NEEDS_LAST_LOAD = False

@@ -8,6 +8,7 @@ from numba import njit
 from replay.policies._scan import no_op, no_state
 
 PARTITION = "global"
+BOUND = True  # offline bound, not an online policy
 UNBOUNDED = True
 NEEDS_NEXT_USE = False
 NEEDS_LAST_LOAD = False

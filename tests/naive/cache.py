@@ -10,14 +10,21 @@ bytes (all groups together, after each load's eviction step).
 Two frequencies: ``lfu`` / ``layerlfu`` count the loads that looked an entry up since the start of
 the run (``run_freq``, a dict that outlives eviction); ``lfu-incache`` / ``layerlfu-incache`` /
 ``lfru`` count since the entry's admission (``cache[key]["freq"]``, gone with the entry).
+
+``pin``: the pinned entries (:func:`naive_pin_list`) are in the cache before the first load, are
+never eviction candidates (so a lookup of one is a hit from the start), and count in the peak; LRU
+over the rest. ``layer-opt``: per-layer LRU with the shares of :func:`naive_layer_opt_shares`
+(brute force over every partition of whole entries), or the ``shares`` given.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 
 M64 = (1 << 64) - 1
-PARTITIONED = {"layer", "layerlfu", "layerlfu-incache"}
+PARTITIONED = {"layer", "layerlfu", "layerlfu-incache", "layer-opt"}
+LRU_ORDER = {"lru", "layer", "pin", "layer-opt"}  # victim = least recent (key 0, ties by tick)
 RUN_FREQ = {"lfu", "layerlfu"}  # whole-run counts
 INCACHE_FREQ = {"lfu-incache", "layerlfu-incache"}  # counts since admission
 
@@ -206,8 +213,69 @@ def splitmix64(x: int) -> int:
     return z ^ (z >> 31)
 
 
-def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes, seed=0):
-    """expert_bytes: {layer: bytes}; budget_bytes: int."""
+def naive_pin_list(rows, moe_layers, n_expert, expert_bytes, budget_bytes, per_layer=None, profile=None):
+    """pin's pinned (layer, expert) set: per MoE layer the N experts with the most routed slots in
+    the rows before the first decode row (or in ``profile``: {(layer, expert): count}), ties to the
+    lower id; N = per_layer, or min(n_expert, budget // 2 // sum of the layers' expert bytes)."""
+    if profile is None:
+        profile = defaultdict(int)
+        for _batch, phase, layer, experts in rows:
+            if phase == 1:
+                break
+            for x in experts:
+                profile[(layer, x)] += 1
+    n = per_layer if per_layer is not None else min(n_expert, budget_bytes // 2 // sum(expert_bytes[l] for l in moe_layers))
+    out = set()
+    for layer in moe_layers:
+        ranked = sorted(range(n_expert), key=lambda x: (-profile.get((layer, x), 0), x))
+        out |= {(layer, x) for x in ranked[:n]}
+    return out
+
+
+def naive_lru_misses(rows, moe_layers, n_expert, expert_bytes, c):
+    """{layer: misses over all phases} of per-layer LRU with a share of c entries in every layer."""
+    res = naive_replay(rows, moe_layers, n_expert, expert_bytes, "layer-opt", 0, shares={l: c * expert_bytes[l] for l in moe_layers})
+    return {l: sum(res["lookups"].get((ph, l), 0) - res["hits"].get((ph, l), 0) for ph in (0, 1)) for l in moe_layers}
+
+
+def naive_largest_loads(rows, moe_layers):
+    """{(phase, layer): most unique experts in one load}."""
+    out = defaultdict(int)
+    i = 0
+    while i < len(rows):
+        j = i
+        while j < len(rows) and rows[j][0] == rows[i][0] and rows[j][2] == rows[i][2]:
+            j += 1
+        u = len({x for r in rows[i:j] for x in r[3]})
+        key = (rows[i][1], rows[i][2])
+        out[key] = max(out[key], u)
+        i = j
+    return out
+
+
+def naive_layer_opt_shares(rows, moe_layers, n_expert, expert_bytes, budget_bytes):
+    """layer-opt's shares {layer: bytes}, by brute force: every partition of whole entries per layer
+    (at least the floor: every layer's largest load, else its largest decode load, else 0, the
+    first that fits the budget) within the budget; the one with the fewest misses (all phases),
+    then fewest bytes, then the lexicographically smallest entries per layer."""
+    curve = [naive_lru_misses(rows, moe_layers, n_expert, expert_bytes, c) for c in range(n_expert + 1)]
+    big = naive_largest_loads(rows, moe_layers)
+    floors = ([max(big[(0, l)], big[(1, l)]) for l in moe_layers], [big[(1, l)] for l in moe_layers], [0] * len(moe_layers))
+    lo = next(f for f in floors if sum(c * expert_bytes[l] for c, l in zip(f, moe_layers)) <= budget_bytes)
+    best = None
+    for cs in itertools.product(*(range(a, n_expert + 1) for a in lo)):
+        b = sum(c * expert_bytes[l] for c, l in zip(cs, moe_layers))
+        if b > budget_bytes:
+            continue
+        key = (sum(curve[c][l] for c, l in zip(cs, moe_layers)), b, cs)
+        if best is None or key < best:
+            best = key
+    return {l: c * expert_bytes[l] for c, l in zip(best[2], moe_layers)}
+
+
+def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes, seed=0, pin_options=None, shares=None):
+    """expert_bytes: {layer: bytes}; budget_bytes: int. ``pin_options``: pin's per_layer / profile
+    (as :func:`naive_pin_list` takes them); ``shares``: layer-opt's {layer: bytes} instead of its optimum."""
     # Cut into loads: consecutive rows with the same (batch, layer).
     loads = []
     for batch, phase, layer, experts in rows:
@@ -237,6 +305,14 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
     peak = 0
     tick = 0
     share = budget_bytes // len(moe_layers)
+    if policy == "layer-opt" and shares is None:
+        shares = naive_layer_opt_shares(rows, moe_layers, n_expert, expert_bytes, budget_bytes)
+    pinned = naive_pin_list(rows, moe_layers, n_expert, expert_bytes, budget_bytes, **(pin_options or {})) if policy == "pin" else set()
+    if sum(expert_bytes[x[0]] for x in pinned) > budget_bytes:
+        raise ValueError("pinned entries exceed the budget")
+    for key in pinned:
+        cache[key] = {"freq": 0, "tick": -1, "load": -1}
+        peak = max(peak, sum(expert_bytes[x[0]] for x in cache))
     pol = stateful_policy(policy, budget_bytes, lambda x: expert_bytes[x[0]], lambda x: cache[x]["load"]) \
         if policy in STATEFUL else None
     batch_first = {}
@@ -282,12 +358,12 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
             continue
         # Eviction once after the load, never an entry this load touched.
         partitioned = policy in PARTITIONED
-        limit = share if partitioned else budget_bytes
+        limit = (shares[layer] if shares is not None else share) if partitioned else budget_bytes
         while True:
             members = [x for x in cache if x[0] == layer or not partitioned]
             if sum(expert_bytes[x[0]] for x in members) <= limit:
                 break
-            candidates = [x for x in members if cache[x]["load"] != i]
+            candidates = [x for x in members if cache[x]["load"] != i and x not in pinned]
             if pol:
                 victim = pol.victim(lambda x, i=i: cache[x]["load"] != i)
                 if victim is None:
@@ -303,7 +379,7 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
             keys = {}
             for x in candidates:
                 c = cache[x]
-                if policy in ("lru", "layer"):
+                if policy in LRU_ORDER:
                     k = 0
                 elif policy in RUN_FREQ:
                     k = run_freq[x]

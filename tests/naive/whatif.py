@@ -35,7 +35,18 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from tests.naive.cache import INCACHE_FREQ, M64, PARTITIONED, RUN_FREQ, STATEFUL, splitmix64, stateful_policy
+from tests.naive.cache import (
+    INCACHE_FREQ,
+    LRU_ORDER,
+    M64,
+    PARTITIONED,
+    RUN_FREQ,
+    STATEFUL,
+    naive_layer_opt_shares,
+    naive_pin_list,
+    splitmix64,
+    stateful_policy,
+)
 
 
 def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes, seed=0, drop=None, preds=None,
@@ -85,12 +96,20 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
     tick = 0
     share = budget_bytes // len(moe_layers)
     partitioned = policy in PARTITIONED
+    # layer-opt's shares and pin's list come from the plain rows (a what-if does not change them).
+    shares = naive_layer_opt_shares(rows, moe_layers, n_expert, expert_bytes, budget_bytes) if policy == "layer-opt" else None
+    pinned = naive_pin_list(rows, moe_layers, n_expert, expert_bytes, budget_bytes) if policy == "pin" else set()
+    for key in pinned:
+        cache[key] = {"freq": 0, "spec": False, "tick": -1, "load": -1, "next": float("inf")}
+    st["peak_bytes"] = sum(expert_bytes[x[0]] for x in cache)
 
     def group_of(key):
         return key[0] if partitioned else None
 
-    def limit():
-        return share if partitioned else budget_bytes
+    def limit(g):
+        if not partitioned:
+            return budget_bytes
+        return shares[g] if shares is not None else share
 
     def used(g):
         return sum(expert_bytes[x[0]] for x in cache if group_of(x) == g)
@@ -101,13 +120,13 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
     def victim(g, i, shielded):
         if pol:  # s3fifo, sieve, least-stale: the policy's own queues (a search may move entries)
             return pol.victim(lambda x: cache[x]["load"] != i and x not in shielded)
-        cands = [x for x in cache if group_of(x) == g and cache[x]["load"] != i and x not in shielded]
+        cands = [x for x in cache if group_of(x) == g and cache[x]["load"] != i and x not in shielded and x not in pinned]
         if not cands:
             return None
         keys = {}
         for x in cands:
             c = cache[x]
-            if policy in ("lru", "layer"):
+            if policy in LRU_ORDER:
                 k = 0
             elif policy in RUN_FREQ:
                 k = heat[x]  # demand lookups since the run began: the whole-run count
@@ -199,7 +218,7 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
                 shielded.update(predicted(j))
         if policy != "infinite":
             g = group_of((layer, 0))
-            while used(g) > limit():
+            while used(g) > limit(g):
                 v = victim(g, i, shielded)
                 if v is None:
                     st["overflow"] += 1
@@ -224,7 +243,7 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
             ok = True
             if policy != "infinite":
                 g = group_of(key)
-                while used(g) + expert_bytes[key[0]] > limit():
+                while used(g) + expert_bytes[key[0]] > limit(g):
                     v = victim(g, i, shielded)
                     if v is None:
                         st["spec_no_room"] += 1
