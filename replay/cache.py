@@ -83,9 +83,14 @@ def check_policies(policies: list[str] | tuple[str, ...]) -> list[str]:
     return out
 
 
+MAX_BUDGET_MIB = float(1 << 40)  # 1 EiB: far above any cache, and its bytes still fit the kernels' int64
+
+
 def budget_bytes(budget_mib: float) -> int:
     if not (isinstance(budget_mib, (int, float)) and math.isfinite(budget_mib) and budget_mib > 0):
         raise UserError(f"budget {budget_mib!r} MiB: a budget must be a positive number of MiB.")
+    if budget_mib > MAX_BUDGET_MIB:
+        raise UserError(f"budget {budget_mib:g} MiB: above 2^40 MiB (1 EiB), which no cache holds.")
     return int(math.floor(budget_mib * MIB))
 
 

@@ -26,6 +26,8 @@ def parse_budgets(text: str, option: str = "--budgets") -> list[float]:
             raise UserError(f"{option}: {tok!r} is not a number of MiB.") from None
         if not math.isfinite(v) or v <= 0:
             raise UserError(f"{option}: {tok!r} is not a positive number of MiB.")
+        if v > 2.0**40:
+            raise UserError(f"{option}: {tok!r} MiB is above 2^40 MiB (1 EiB), which no cache holds.")
         if v not in out:
             out.append(v)
     if not out:
@@ -71,11 +73,13 @@ def register(app: typer.Typer) -> None:
         if phase not in ("decode", "all"):
             raise UserError(f"--phase: {phase!r} is not decode or all.")
         cmodel = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
-        if budget_mib is not None and not (math.isfinite(budget_mib) and budget_mib > 0):
-            raise UserError(f"--budget-mib: {budget_mib} is not a positive number of MiB.")
+        if budget_mib is not None:
+            parse_budgets(repr(budget_mib), "--budget-mib")
         pols = check_policies([p for p in policies.split(",") if p.strip()])
         if seed < 0:
             raise UserError(f"--seed: {seed} is negative.")
+        if seed >= 1 << 63:
+            raise UserError(f"--seed: {seed} does not fit in 64 bits.")
         blist = parse_budgets(budgets) if budgets is not None else None
         t = open_trace(trace)
         require_routings(t, "replay")

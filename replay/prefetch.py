@@ -190,8 +190,8 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
         budget_mib = trace.recorded.get("budget_mib")
         if budget_mib is None:
             raise UserError(f"{trace.path}: the trace records no cache budget; pass --budget-mib.")
-    if cap is not None and cap < 0:
-        raise UserError(f"--cap {cap}: must be >= 0 predicted misses per layer.")
+    if cap is not None and not 0 <= cap < 1 << 31:
+        raise UserError(f"--cap {cap}: must be 0..{(1 << 31) - 1} predicted misses per layer.")
     from replay.cache import check_state_fits
     from replay.info import require_routings
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from replay.cache_cli import parse_budgets
 from traces.errors import UserError
 
 
@@ -40,8 +41,8 @@ def register(app: typer.Typer) -> None:
         values = parse_floats(fracs, "--fracs")
         if mode not in ("static", "closed"):
             raise UserError(f"--mode {mode!r} is not static or closed.")
-        if budget_mib is not None and not (budget_mib > 0 and budget_mib < float("inf")):
-            raise UserError(f"--budget-mib: {budget_mib} is not a positive number of MiB.")
+        if budget_mib is not None:
+            parse_budgets(repr(budget_mib), "--budget-mib")
         model = _cost_model(cost_model, phase)
         tr = open_trace(trace)
         if mode == "static":
@@ -79,8 +80,8 @@ def register(app: typer.Typer) -> None:
         from replay.prefetch import with_prefetch_time
         from traces import open_trace
 
-        if budget_mib is not None and not (budget_mib > 0 and budget_mib < float("inf")):
-            raise UserError(f"--budget-mib: {budget_mib} is not a positive number of MiB.")
+        if budget_mib is not None:
+            parse_budgets(repr(budget_mib), "--budget-mib")
         model = _cost_model(cost_model, "decode")
         tr = open_trace(trace)
         frame = run_prefetch(tr, predictor, budget_mib=budget_mib, policy=policy, cap=cap, guard=guard,

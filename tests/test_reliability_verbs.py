@@ -216,3 +216,21 @@ def test_report_n_expert_too_large_writes_nothing(huge_n_expert, tmp_path):
     assert_one_sentence_error(res, "trace.json", "GiB")
     assert not out.exists()
     assert run_cli("info", huge_n_expert).code == 0  # info allocates nothing per expert and still answers
+
+
+# -- option validation found by the fuzz test (tests/test_fuzz_cli.py) -------------------------
+
+@pytest.mark.parametrize("args,needle", [
+    (["cache", "{t}", "--seed", "abc"], "--seed"),  # was click's four-line usage block
+    (["cache", "{t}", "--bogus"], "--bogus"),
+    (["cache", "{t}", "--budgets", "1e300"], "--budgets"),  # was OverflowError, exit 3
+    (["cache", "{t}", "--validate", "--budget-mib", "1e300"], "--budget-mib"),
+    (["drop", "{t}", "--mode", "closed", "--budget-mib", "1e300"], "--budget-mib"),
+    (["cost", "check", "{t}", "--budget-mib", "1e300"], "--budget-mib"),
+    (["prefetch", "{t}", "--budget-mib", "10", "--cap", "99999999999999999999999"], "--cap"),
+    (["cache", "{t}", "--budgets", "10", "--policies", "random", "--seed", "99999999999999999999999"], "--seed"),
+])
+def test_option_refused_in_one_line_naming_it(small, args, needle):
+    res = run_cli(*[str(small) if a == "{t}" else a for a in args])
+    assert_one_sentence_error(res, needle)
+    assert res.code == 2
