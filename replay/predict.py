@@ -193,7 +193,6 @@ def horizon_curve(trace: Trace, max_horizon: int, width: int | None = None, phas
     """stale-gate[d] for d = 1..max_horizon in one pass over the gate inputs; ``horizon`` column added."""
     if max_horizon < 1:
         raise UserError(f"--horizon-curve {max_horizon} must be >= 1.")
-    check_horizon(trace, max_horizon, "--horizon-curve")
     res = evaluate(trace, ["stale-gate"], horizons=range(1, max_horizon + 1), width=width, phase=phase,
                    progress=progress)
     res.frame = res.frame.with_columns(

@@ -176,6 +176,8 @@ def register(app: typer.Typer) -> None:
         # one-layer trace is left to report itself unscored).
         if horizon is not None:
             check_horizon(t, horizons[-1], "--horizon")
+        if horizon_curve is not None and horizon_curve >= 1:
+            check_horizon(t, horizon_curve, "--horizon-curve")
         for d in explicit:
             check_horizon(t, d, "--predictors")
         with progress(len(t.parts), "gate inputs", unit="part") as bar:
