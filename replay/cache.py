@@ -227,7 +227,27 @@ def prepare_loads(arrays: RoutingArrays, moe_layers: list[int] | tuple[int, ...]
     )
 
 
+# Bytes of replay state per (layer, expert) entry: the driver's int32 field rows (cache_state.N_ENT),
+# a policy's int64 rows, entry bytes and group; two replays may be alive at once (a what-if and its
+# baseline, or two cells of a sweep).
+STATE_BYTES_PER_ENTRY = 2 * 96
+
+
+def check_state_fits(trace: Trace) -> None:
+    """Refuse, before allocating anything, a trace whose (MoE layer, expert) entries the replay
+    cannot hold: more than int32 entry ids, or more state than the memory available."""
+    from traces.memory import check_fits
+
+    L, n = len(trace.moe_layers), trace.n_expert
+    what = f"{trace.path / 'trace.json'}: n_expert {n:,} x {L} MoE layers"
+    check_fits(L * n * STATE_BYTES_PER_ENTRY, f"{what} (one cache-state entry per (layer, expert))")
+    if L * n > np.iinfo(np.int32).max:
+        raise UserError(f"{what} = {L * n:,} (layer, expert) entries, more than the replay's int32 entry ids hold "
+                        f"({np.iinfo(np.int32).max:,}).")
+
+
 def loads_of(trace: Trace) -> Loads:
+    check_state_fits(trace)
     return prepare_loads(trace.arrays(recorded=False), trace.moe_layers, trace.n_expert, trace.expert_bytes)
 
 
@@ -561,6 +581,7 @@ def validate(trace: Trace, budget_mib: float | None = None) -> dict[str, Any]:
         budget_mib = rec.get("budget_mib")
         if budget_mib is None:
             raise UserError(f"{trace.path}: the trace records no cache budget; pass --budget-mib for --validate.")
+    check_state_fits(trace)
     arrays = trace.arrays(recorded=True)
     loads = prepare_loads(arrays, trace.moe_layers, trace.n_expert, trace.expert_bytes)
     res = replay(loads, "lru", float(budget_mib), slots=True)

@@ -97,6 +97,7 @@ def register(app: typer.Typer) -> None:
         from replay.cache import check_policies, default_budgets_mib, loads_of, sweep
         from replay.cache import validate as run_validate
         from replay.cost import cost_model_from_options
+        from replay.info import NO_DECODE, require_routings
         from replay.output import check_phase, json_object, rows_of
         from traces import open_trace
         from traces.atomic import check_output_file, write_output_file
@@ -119,6 +120,7 @@ def register(app: typer.Typer) -> None:
         if csv is not None:
             check_output_file(csv, inputs=[trace, cost_model])  # before the replay, not after
         t = open_trace(trace)
+        require_routings(t, "replay")
         if validate:
             row = run_validate(t, budget_mib)
             if csv is not None:
@@ -156,18 +158,22 @@ def register(app: typer.Typer) -> None:
         below = [b for b in blist if b < T]
         overall = frame.filter(frame["layer"].is_null())
         lru_below = [r for r in rows_of(overall) if r["policy"] == "lru" and r["budget_mib"] < T]
-        collapsed = [r for r in lru_below if (r["hit_pct_decode"] or 0) < 5.0]
+        # No decode loads (prefill-only trace): decode hit % is null, which is not a collapse.
+        collapsed = [r for r in lru_below if r["hit_pct_decode"] is not None and r["hit_pct_decode"] < 5.0]
+        no_decode = not (loads.load_phase == 1).any()
         if csv is not None:
             write_output_file(csv, frame.write_csv(), inputs=[trace, cost_model])
         if json_out:
             typer.echo(json_object(
                 "cache", str(trace), rows_of(frame), phase=phase, token_cycle_mib=T, working_set_mib=W,
                 budgets_below_token_cycle=below, budgets_chosen=chosen,
-                note=(COLLAPSE if collapsed else None),
+                note=(NO_DECODE if no_decode else COLLAPSE if collapsed else None),
                 cost_model=(cmodel.row() if cmodel is not None else None),
             ))
             return
         typer.echo(sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed, loads, popts))
+        if no_decode:
+            typer.echo(f"note: {NO_DECODE}.")
         if retain:
             from replay.prefetch import retain_text
             typer.echo(retain_text(frame, pols, blist))

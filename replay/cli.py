@@ -240,7 +240,15 @@ def _run(args: list[str], debug: bool) -> int:
     except typer.TyperException as e:  # usage errors: unknown option, bad value, missing argument
         if debug:
             raise
-        e.show()
+        from typer._click.exceptions import NoArgsIsHelpError
+
+        if isinstance(e, NoArgsIsHelpError) or not hasattr(e, "format_message"):
+            e.show()  # a bare command prints its help
+        else:
+            # One sentence, like every other refusal (click's own form spans four lines).
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            print(f"moe-replay: error: {' '.join(e.format_message().split()).rstrip('.')}{hint}.", file=sys.stderr)
         return e.exit_code
     except OSError as e:  # a full disk, a missing folder, a read-only mount: the machine, not the tool
         sentence = _os_error_sentence(e)

@@ -68,6 +68,10 @@ def check(
     from replay.output import json_object
     from traces import open_trace
 
+    if budget_mib is not None:
+        from replay.cache_cli import parse_budgets
+
+        parse_budgets(repr(budget_mib), "--budget-mib")
     model = load_cost_model(cost_model) if cost_model else None
     rows = [device_check(open_trace(p), model, budget_mib) for p in traces]
     if json_out:

@@ -176,7 +176,7 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
     ``_baseline``: hits / lookups of decode loads, prefill loads, all loads; dropped slots are not
     lookups), ``lookups`` and ``lookups_baseline`` (of ``phase``); ``read_mib_decode`` /
     ``misses_decode`` / ``tokens_decode`` for the cost model."""
-    from replay.cache import ACC_HITS, ACC_LOOKUPS, ACC_READ, check_policies, prepare_loads, replay
+    from replay.cache import ACC_HITS, ACC_LOOKUPS, ACC_READ, check_policies, check_state_fits, prepare_loads, replay
 
     _check_fracs(fracs)
     check_policies([policy], option="--policy")
@@ -192,6 +192,7 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
     w_all = a.weights.astype(np.float64)
     if np.isnan(w_all[rows]).any():
         raise UserError(f"{trace.path}: the engine recorded no routing weights (NaN), so drop-cold cannot be judged.")
+    check_state_fits(trace)
     loads = prepare_loads(a, trace.moe_layers, trace.n_expert, trace.expert_bytes)
     phases = list(PHASES[phase])
     top = np.zeros(a.experts.shape, dtype=bool)

@@ -4,9 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from traces.errors import UserError
 from traces.reader import Trace
 
 MIB = 1 << 20
+
+NO_DECODE = ("the trace has no decoded tokens (prefill only: a prompt-only run or a capture stopped during the prompt), "
+             "so decode-only figures are null ('-'); the cumulative ones cover the prefill")
+
+
+def require_routings(trace: Trace, what: str) -> None:
+    """Refuse, in one sentence, a trace that holds no routing at all (nothing any verb can replay)."""
+    if trace.n_rows == 0:
+        why = " (trace.json says the capture did not complete)" if not trace.complete else ""
+        raise UserError(f"{trace.path}: holds no routings{why}, so there is nothing to {what}.")
 
 
 def info_rows(trace: Trace) -> list[dict[str, Any]]:
@@ -70,9 +81,14 @@ def info_text(trace: Trace, row: dict[str, Any]) -> str:
         f"complete   {'yes' if row['complete'] else 'NO: capture was interrupted; the trace holds what was written'}",
         f"source     {row['engine'] or 'unknown engine'}" + (f", {row['source']}" if row["source"] else ""),
     ]
+    if row["rows"] == 0:
+        lines.append("note       the trace holds no routings: every other verb has nothing to replay")
+    elif row["tokens_decode"] == 0:
+        lines.append(f"note       {NO_DECODE}")
     if row["recorded_budget_mib"] is not None:
         lines.append(
             f"recorded   engine cache budget {row['recorded_budget_mib']} MiB, "
-            f"cumulative hit {row['recorded_hit_pct_cum']}% (prefill included)"
+            + (f"cumulative hit {row['recorded_hit_pct_cum']}% (prefill included)" if row["recorded_hit_pct_cum"] is not None
+               else "no recorded hit rate")
         )
     return "\n".join(lines)

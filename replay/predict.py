@@ -88,6 +88,27 @@ def describe(name: str) -> str:
     return MEANS[fam].format(d=d)
 
 
+def check_horizon(trace: Trace, d: int, option: str) -> None:
+    """Refuse a stale-gate horizon that cannot score anything on ``trace`` (at once, not after a
+    pass over the gate inputs): stale-gate[d] predicts MoE layer i from MoE layer i-d's gate input,
+    so with L MoE layers only d < L reaches any layer."""
+    n = len(trace.moe_layers)
+    if d >= n:
+        raise UserError(f"{option}: stale-gate horizon {d} scores nothing on {trace.path}, which has {n} MoE layer(s); "
+                        f"a horizon must be below {n} (stale-gate[d] predicts a layer from the gate input d MoE layers "
+                        "earlier).")
+
+
+def check_memory(trace: Trace, n_predictors: int, rank_w: int) -> None:
+    """Refuse before allocating: per predictor an [R, w] ranking (+ weights, scores), and the
+    static hot lists' per-(layer, expert) counts."""
+    from traces.memory import check_fits
+
+    need = n_predictors * trace.n_rows * rank_w * 16 + len(trace.moe_layers) * trace.n_expert * 24
+    check_fits(need, f"{trace.path / 'trace.json'}: {trace.n_rows:,} routings x width {rank_w:,} for {n_predictors} "
+                     f"predictor(s), n_expert {trace.n_expert:,} x {len(trace.moe_layers)} MoE layers")
+
+
 def evaluate(trace: Trace, predictors: Sequence[str] = DEFAULT_PREDICTORS, horizons: Sequence[int] = (1,),
              width: int | None = None, phase: str = "decode", progress: Any = None) -> PredictResult:
     """Score ``predictors`` on ``trace``'s routings of ``phase`` at ``width`` (default top-k).
@@ -104,6 +125,7 @@ def evaluate(trace: Trace, predictors: Sequence[str] = DEFAULT_PREDICTORS, horiz
     names = expand(predictors, [int(h) for h in horizons])
     if not names:
         raise UserError("--predictors: no predictor named.")
+    check_memory(trace, len(names), max(width, k))
     arr = trace.arrays(recorded=False)
     in_phase = phase_mask(arr.phase, phase)
     rank_w = max(width, k)  # slot/whole accuracy need the top-k, recall/precision/mass the top-w

@@ -16,6 +16,7 @@ from replay.predict import PredictResult, describe
 from traces.errors import UserError
 
 DEFAULT = "prev-token,stale-gate,ctrl,static-hot,static-hot-prompt"
+MAX_HORIZON = (1 << 15) - 1  # the layer column is int16; the trace's own MoE layers bound it further (evaluate)
 
 
 def parse_horizons(text: str) -> list[int]:
@@ -26,10 +27,16 @@ def parse_horizons(text: str) -> list[int]:
         m = re.fullmatch(r"(\d+)\s*\.\.\s*(\d+)", part)
         if m:
             a, b = int(m.group(1)), int(m.group(2))
+            if b > MAX_HORIZON:
+                raise UserError(f"--horizon {text}: horizon {b} exceeds any trace (layers are int16: at most "
+                                f"{MAX_HORIZON + 1:,} MoE layers, so a horizon below that).")
             if a > b:
                 raise UserError(f"--horizon {text}: range {part} runs backwards.")
             out.update(range(a, b + 1))
         elif part.isdigit():
+            if int(part) > MAX_HORIZON:
+                raise UserError(f"--horizon {text}: horizon {part} exceeds any trace (layers are int16: at most "
+                                f"{MAX_HORIZON + 1:,} MoE layers, so a horizon below that).")
             out.add(int(part))
         else:
             raise UserError(f"--horizon {text}: expected horizons like 1,2,3 or 1..8, got {part!r}.")
@@ -146,9 +153,11 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     ) -> None:
         """Predictor accuracy per layer: prev-token, stale-gate[d], ctrl, static hot lists."""
+        from replay.info import require_routings
         from replay.output import check_phase, json_object, progress, rows_of
-        from replay.predict import evaluate
+        from replay.predict import check_horizon, evaluate
         from replay.predict import horizon_curve as curve
+        from replay.predictors.base import parse_predictor
         from traces import open_trace
 
         check_phase(phase)
@@ -156,9 +165,20 @@ def register(app: typer.Typer) -> None:
             raise UserError("--horizon and --horizon-curve: give one or the other.")
         names = [p for p in (s.strip() for s in predictors.split(",")) if p]
         horizons = parse_horizons(horizon) if horizon is not None else [1]
+        explicit = [d for d in (parse_predictor(n)[1] for n in names) if d is not None]  # also validates the names
         if horizon is not None and "stale-gate" not in names:
             raise UserError("--horizon is given but --predictors names no bare stale-gate to apply it to.")
         t = open_trace(trace)
+        require_routings(t, "score")
+        # Horizons the user asked for that reach beyond the trace's MoE layers are refused now, not
+        # after a pass over the gate inputs that can score nothing (the default horizon 1 on a
+        # one-layer trace is left to report itself unscored).
+        if horizon is not None:
+            check_horizon(t, horizons[-1], "--horizon")
+        if horizon_curve is not None and horizon_curve >= 1:
+            check_horizon(t, horizon_curve, "--horizon-curve")
+        for d in explicit:
+            check_horizon(t, d, "--predictors")
         with progress(len(t.parts), "gate inputs", unit="part") as bar:
             if horizon_curve is not None:
                 res = curve(t, horizon_curve, width=width, phase=phase, progress=bar)

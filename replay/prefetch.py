@@ -111,7 +111,10 @@ def guesses(trace: Trace, predictor: str, drop_frac: float | None = None, arr: R
         pred, ahead = predict_prev_token(arr, dec, k), 1
         pw = pred.weights
     elif fam == "stale-gate":
+        from replay.predict import check_horizon
         from replay.predictors.gate import gate_unavailable, matrix_problem, predict_gate
+
+        check_horizon(trace, d, "--predictor")
 
         reason = gate_unavailable(trace)
         mats = {} if reason else trace.router_matrices()
@@ -189,7 +192,16 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
             raise UserError(f"{trace.path}: the trace records no cache budget; pass --budget-mib.")
     if cap is not None and not 0 <= cap < 1 << 31:
         raise UserError(f"--cap {cap}: must be >= 0 predicted misses per layer (and below 2^31).")
+    from replay.cache import check_state_fits
+    from replay.info import require_routings
+
+    require_routings(trace, "prefetch")
+    check_state_fits(trace)
     arr = trace.arrays(recorded=False)
+    if not (arr.phase == PHASE_DECODE).any():
+        # Guesses are made for decode routings only: every figure would be null, so say so instead.
+        raise UserError(f"{trace.path}: has no decoded tokens (prefill only), and prefetch guesses are made for decode "
+                        "routings; use 'cache' for the prefill's hit rates.")
     g = guesses(trace, predictor, drop_frac, arr)
     loads = prepare_loads(arr, trace.moe_layers, trace.n_expert, trace.expert_bytes)
     base = replay(loads, policy, float(budget_mib))

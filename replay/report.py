@@ -537,7 +537,10 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
     """Build every section and write index.md, index.html, PNGs and tables/*.csv into ``out_dir``.
 
     ``inputs``: files read besides the trace (a cost model); ``out_dir`` may not be, hold or lie in one."""
+    from replay.cache import check_state_fits
+
     trace = open_trace(trace_dir)
+    check_state_fits(trace)  # every section but the summary holds per-(layer, expert) arrays
     name = Path(trace_dir).resolve().name  # `report .` is named after the directory, not ""
     with staged_dir(out_dir, force=force, inputs=[trace_dir, *inputs]) as stage:
         (stage / "tables").mkdir()
@@ -546,6 +549,11 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
         for build in SECTIONS:
             if progress:
                 progress(build.__name__.removeprefix("section_"))
+            if trace.n_rows == 0 and build is not section_summary:
+                # An interrupted capture that wrote no rows: the summary says so, the rest has nothing to show.
+                sections.append(Section(build.__name__.removeprefix("section_").replace("_", " ").capitalize(),
+                                        unavailable="the trace holds no routings"))
+                continue
             try:
                 sections.append(build(ctx))
             except UserError as e:

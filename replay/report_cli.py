@@ -20,13 +20,16 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
     ) -> None:
         """Write a report: summary, predictors, cache curves, popularity, drop, prefetch, cost."""
+        from replay.cache import check_policies
+        from replay.cache_cli import parse_budgets
         from replay.cost import cost_model_from_options
         from replay.output import progress
         from replay.report import SECTIONS, write_report
-        from replay.whatif_cli import parse_floats
 
-        b = parse_floats(budgets, "--budgets") if budgets else None
-        p = [x.strip() for x in policies.split(",") if x.strip()] if policies else None
+        # Validated up front, as 'cache' does: a bad value must not silently turn into a section
+        # marked unavailable (every section's UserError is caught and shown as "not available").
+        b = parse_budgets(budgets, "--budgets") if budgets is not None else None
+        p = check_policies([x for x in policies.split(",") if x.strip()]) if policies is not None else None
         m = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
         with progress(len(SECTIONS), "report", unit="section") as bar:
             write_report(trace, out, budgets_mib=b, policies=p, cost_model=m, force=force,

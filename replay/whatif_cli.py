@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
+from replay.cache_cli import parse_budgets
 from traces.errors import UserError
-from traces.schema import MAX_BUDGET_MIB
 
 
 def parse_floats(text: str, option: str) -> list[float]:
@@ -42,8 +42,8 @@ def register(app: typer.Typer) -> None:
         values = parse_floats(fracs, "--fracs")
         if mode not in ("static", "closed"):
             raise UserError(f"--mode {mode!r} is not static or closed.")
-        if budget_mib is not None and not (0 < budget_mib <= MAX_BUDGET_MIB):
-            raise UserError(f"--budget-mib: {budget_mib} is not a positive number of MiB (at most 2^40).")
+        if budget_mib is not None:
+            parse_budgets(repr(budget_mib), "--budget-mib")
         model = _cost_model(cost_model, phase)
         tr = open_trace(trace)
         if mode == "static":
@@ -82,8 +82,8 @@ def register(app: typer.Typer) -> None:
         from replay.prefetch import prefetch as run_prefetch
         from traces import open_trace
 
-        if budget_mib is not None and not (0 < budget_mib <= MAX_BUDGET_MIB):
-            raise UserError(f"--budget-mib: {budget_mib} is not a positive number of MiB (at most 2^40).")
+        if budget_mib is not None:
+            parse_budgets(repr(budget_mib), "--budget-mib")
         model = _cost_model(cost_model, "decode")
         tr = open_trace(trace)
         frame = run_prefetch(tr, predictor, budget_mib=budget_mib, policy=policy, cap=cap, guard=guard,

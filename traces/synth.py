@@ -31,6 +31,7 @@ import numpy as np
 from traces.atomic import staged_dir
 from traces.errors import TraceError, UserError
 from traces.gating import select
+from traces.memory import check_fits
 from traces.reader import open_trace
 from traces.schema import MAX_INT32, MAX_LAYERS, default_gating
 from traces.version import __version__ as tool_version
@@ -93,11 +94,23 @@ class SynthConfig:
         need(self.logit_scale > 0.0, f"logit_scale {self.logit_scale} must be > 0.")
         need(self.expert_bytes is None or 0 < self.expert_bytes < 1 << 40,
              f"--expert-bytes {self.expert_bytes} must be a positive byte count.")
+        # Sizes are options: refuse what cannot fit before numpy tries to allocate it.
+        check_fits(self.memory_bytes(), f"--layers {self.layers} x --experts {self.experts} x --embd {self.embd} "
+                                        "(the synthetic model's router matrices and per-chunk arrays)")
         if self.gating == "grouped":
             need(self.experts % 8 == 0 and self.experts >= 16,
                  f"--gating grouped uses 8 expert groups: --experts {self.experts} must be a multiple of 8 and >= 16.")
             need(self.top_k <= self.experts // 2,
                  f"--gating grouped keeps 4 of 8 groups: --top-k {self.top_k} must be <= {self.experts // 2}.")
+
+    def memory_bytes(self) -> int:
+        """Peak bytes :func:`write_synthetic` allocates, roughly: the router matrices [L, E, D]
+        (drawn in float64, kept in float32, copied once more to write router.parquet) and one
+        chunk's gate inputs, logits and routings (float64 logits, float32 copies, stacked); the
+        prompt is one chunk (one prefill batch)."""
+        L, E, D, K = self.layers, self.experts, self.embd, self.top_k
+        chunk = max(16, min(self.chunk_tokens, self.tokens), self.prompt_tokens)
+        return L * E * D * 24 + chunk * L * (E * 24 + D * 16 + K * 16)
 
 
 def realistic_expert_bytes(n_layers: int) -> list[int]:
