@@ -95,9 +95,7 @@ VERBS: dict[str, tuple[list[str], list[str]]] = {
 
 # Cases that fail only for want of another helper's fix on its own branch (issue 14): the
 # coordinator removes these marks after merging.
-PENDING: dict[str, str] = {
-    "cost fit": "issue 14 item 9 (helper D): 'cost fit T --metrics \"\"' (a directory) ends in IsADirectoryError, exit 3",
-}
+PENDING: dict[str, str] = {}
 
 
 def _verb_params():
@@ -194,12 +192,7 @@ MUTATIONS = {
 mutation = st.one_of(*MUTATIONS.values())
 # Mutation classes that fail only for want of helper E1's reader validation (issue 14 item 8: data
 # pages of a part whose footer is intact are read without naming the file): remove after merging.
-PENDING_TRACE: dict[str, str] = {
-    "flip-part": "issue 14 item 8 (helper E1): a corrupt data page in a routing part ends in OSError "
-                 "'Couldn't deserialize thrift' / ZSTD errors, exit 3",
-    "flip-router": "issue 14 item 8 (helper E1): a corrupt data page in router.parquet ends in OSError "
-                   "'Couldn't deserialize thrift', exit 3 (even 'info' reads it on open)",
-}
+PENDING_TRACE: dict[str, str] = {}
 
 
 TRACE_VERBS = [["info", "--json"], ["cache", "--json", "--budgets", "10,40"], ["cache", "--json", "--retain", "--budgets", "10"],
