@@ -54,3 +54,12 @@ def synth_trace_dir(tmp_path_factory):
         return cache[key]
 
     return get
+
+
+# CI (CI=true, as .ci/run is run) draws the same hypothesis examples every time, so a landing is
+# judged on a fixed sample; a local run draws new ones and keeps looking for bugs.
+if os.environ.get("CI"):
+    from hypothesis import settings as _hsettings
+
+    _hsettings.register_profile("ci", derandomize=True, print_blob=True)
+    _hsettings.load_profile("ci")

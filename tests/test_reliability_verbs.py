@@ -180,10 +180,17 @@ def test_largest_reachable_horizon_still_answers(small):
     assert {"stale-gate[1]", "stale-gate[2]"} <= set(res.json()["predictors"])
 
 
+def test_synth_layers_beyond_int16_refused(tmp_path):
+    out = tmp_path / "huge"
+    res = run_cli("synth", out, "--layers", "1000000")
+    assert_one_sentence_error(res, "--layers", "32768")
+    assert not out.exists()
+
+
 def test_synth_too_large_for_memory_refused_with_gib(tmp_path):
     out = tmp_path / "huge"
-    # 1e6 x 4096 x 4096 router weights: petabytes on any machine.
-    res = run_cli("synth", out, "--layers", "1000000", "--experts", "4096", "--embd", "4096")
+    # 32,768 layers (the most int16 layer ids allow) x 4096 x 4096 router weights: petabytes on any machine.
+    res = run_cli("synth", out, "--layers", "32768", "--experts", "4096", "--embd", "4096")
     assert_one_sentence_error(res, "--layers", "GiB")
     assert res.code == 2
     assert not out.exists()

@@ -34,11 +34,13 @@ from typing import Any
 
 import numba
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 from threadpoolctl import threadpool_limits
 
 from replay.predictors.base import NONE, Prediction, stale_gate_name
 from replay.predictors.metrics import warm_up as metrics_warm_up
+from traces.errors import UserError
 from traces.gating import activation, selection_scores, top_indices
 from traces.pages import PageFormatError, ValuePages, plan_fixed_list
 from traces.reader import Trace, fixed_list_to_numpy, read_part
@@ -188,7 +190,10 @@ def _first_batches(trace: Trace) -> list[int | None]:
         if pf.metadata.num_rows == 0:
             out.append(None)
             continue
-        first = pf.read_row_group(0, columns=["batch"]).column("batch")
+        try:
+            first = pf.read_row_group(0, columns=["batch"]).column("batch")
+        except (pa.ArrowException, OSError) as e:  # a corrupt data page: name the file, not an Arrow error
+            raise UserError(f"{part}: has a corrupt or unreadable data page in column batch ({e}).") from None
         out.append(int(first[0].as_py()))
     return out
 
