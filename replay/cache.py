@@ -375,7 +375,9 @@ def _driver_args(loads: Loads, pm, budget: int, seed: int, slots: bool, drop: np
     ent, grp = new_state(loads.entry_bytes, group, gbud)
     ps = pm.init(ent, grp, int(seed))
     if hasattr(pm, "setup"):
-        pm.setup(ps, ent, grp, loads, budget, policy_options or {})
+        built = pm.setup(ps, ent, grp, loads, budget, policy_options or {})
+        if built is not None:
+            ps = built  # a policy whose state depends on the trace (colibri's pass schedule) builds it here
     L, B = len(loads.moe_layers), loads.batch_turn.shape[0]
     acc = np.zeros((2, L, N_ACC), np.int64)
     bacc = np.zeros((B, N_ACC), np.int64)
@@ -472,8 +474,9 @@ def over_budget_note(rows: list[dict[str, Any]]) -> str | None:
     cells = "; ".join(f"{r['policy']} at {exact(r['budget_mib'])} MiB (peak {r['peak_resident_mib']:.1f} MiB resident, "
                       f"{r['overflow_loads']:,} loads overflowed)" if r.get("peak_resident_mib") is not None else
                       f"{r['policy']} at {exact(r['budget_mib'])} MiB ({r['overflow_loads']:,} loads overflowed)" for r in over)
-    return ("over budget: a load needed more than the budget (or its layer's share under a per-layer partition: layer, "
-            "layerlfu, layer-opt), so the cache overflowed"
+    parts = ", ".join(p for p in REGISTRY if policy_module(p).PARTITION == "layer")
+    return (f"over budget: a load needed more than the budget (or its layer's share under a per-layer partition: {parts}), "
+            "so the cache overflowed"
             f" and the hit rate needs more memory than listed: {cells}.")
 
 

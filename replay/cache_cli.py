@@ -48,11 +48,13 @@ POLICIES_HELP = (
     "frequency, ghost of keys evicted from the small queue. sieve = SIEVE (NSDI 2024): one FIFO, a visited bit, a hand "
     "that clears bits and evicts the first unvisited entry. least-stale = an interpretation of SpecMD's least-stale "
     "(no official code): entries not touched in the current token pass (batch) go first, oldest admission first. "
-    "None of s3fifo, sieve, least-stale, pin, layer-opt is in the default list. "
+    "None of s3fifo, sieve, least-stale, pin, layer-opt, colibri is in the default list. "
     "pin (the N most-routed experts of each layer in the prompt, or in --pin-profile's trace, "
     "resident from the start and never evicted, LRU for the rest; see --pin-per-layer); layer-opt (per-layer LRU shares "
     "chosen from each layer's miss curve over the whole trace: an offline bound over per-layer LRU partitions, "
-    "like belady not an online policy).")
+    "like belady not an online policy); colibri (the colibri engine's cache: per layer the N hottest experts pinned, "
+    "LRU over the layer's share of the rest, and every --colibri-repin tokens a re-pin by its LFRU score with demand "
+    "heat, halved after each swap; see --colibri-pin).")
 VALIDATE_TOLERANCE_PP = 0.1  # the engine prints its cumulative hit % with one decimal
 OVER = " !"  # marks an over-budget cell in the text tables
 
@@ -87,6 +89,11 @@ def register(app: typer.Typer) -> None:
                                                  "(default: as many as fit in half the budget, the same in every layer)."),
         pin_profile: Path | None = typer.Option(None, "--pin-profile", help="pin: take the hot list from this trace's whole-run "
                                                 "routing counts (same MoE layers and experts) instead of this trace's prompt."),
+        colibri_pin: int | None = typer.Option(None, "--colibri-pin", help="colibri: experts pinned per MoE layer "
+                                               "(default: as many as fit in half the budget, the same in every layer)."),
+        colibri_repin: int | None = typer.Option(None, "--colibri-repin", help="colibri: re-pin every this many tokens, at "
+                                                 "batch boundaries (default 0 = off, colibri's default; its balanced "
+                                                 "setting is 64)."),
     ) -> None:
         """Expert-cache hit rates per policy and budget (decode-only and cumulative), MiB read, T, bound.
 
@@ -111,7 +118,11 @@ def register(app: typer.Typer) -> None:
         if pin_opts and "pin" not in pols:
             raise UserError(f"{'--pin-per-layer' if pin_per_layer is not None else '--pin-profile'}: only meaningful with pin "
                             "in --policies.")
-        popts = {"pin": pin_opts} if pin_opts else None
+        col_opts = {k: v for k, v in (("per_layer", colibri_pin), ("repin", colibri_repin)) if v is not None}
+        if col_opts and "colibri" not in pols:
+            raise UserError(f"{'--colibri-pin' if colibri_pin is not None else '--colibri-repin'}: only meaningful with "
+                            "colibri in --policies.")
+        popts = {**({"pin": pin_opts} if pin_opts else {}), **({"colibri": col_opts} if col_opts else {})} or None
         if not 0 <= seed < 1 << 63:
             raise UserError(f"--seed: {seed} is not in 0..2^63-1.")
         blist = parse_budgets(budgets) if budgets is not None else None

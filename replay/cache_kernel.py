@@ -65,7 +65,8 @@ inside the kernel:
   budget, instead of the whole budget (``"global"``) or floor(budget / MoE layers) each (``"layer"``);
 - ``setup(ps, ent, grp, loads, budget_bytes, options)``: after ``init``, e.g. preload entries with
   :func:`replay.cache_state.preload` (resident from the start; their bytes count in the group's
-  ``USED`` and in the peak, and are reported as ``preload_mib``);
+  ``USED`` and in the peak, and are reported as ``preload_mib``); it may return a new ``ps`` that replaces
+  ``init``'s (a state sized by the trace, e.g. ``colibri``'s re-pin schedule);
 - ``describe(loads, budgets_bytes, options) -> str``: one line for the cache text.
 
 :func:`make_kernel` compiles the driver once per policy with the hooks inlined (its code rebound to

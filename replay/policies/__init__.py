@@ -24,6 +24,7 @@ REGISTRY: dict[str, str] = {
     "least-stale": "replay.policies.least_stale",
     "pin": "replay.policies.pin",
     "layer-opt": "replay.policies.layer_opt",
+    "colibri": "replay.policies.colibri",
 }
 
 DEFAULT_POLICIES = ("lru", "lfu", "layer", "lfru", "belady", "infinite")

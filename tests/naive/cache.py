@@ -23,7 +23,7 @@ import itertools
 from collections import defaultdict
 
 M64 = (1 << 64) - 1
-PARTITIONED = {"layer", "layerlfu", "layerlfu-incache", "layer-opt"}
+PARTITIONED = {"layer", "layerlfu", "layerlfu-incache", "layer-opt", "colibri"}
 LRU_ORDER = {"lru", "layer", "pin", "layer-opt"}  # victim = least recent (key 0, ties by tick)
 RUN_FREQ = {"lfu", "layerlfu"}  # whole-run counts
 INCACHE_FREQ = {"lfu-incache", "layerlfu-incache"}  # counts since admission
@@ -194,6 +194,117 @@ class NaiveLeastStale:
         self.order.remove(key)
 
 
+class NaiveColibri:
+    """colibri from the ``replay.policies.colibri`` docstring: per layer its pinned experts in slot
+    order (never victims), the LRU tier = the other cached experts of the layer by the cache's tick
+    (a demoted pin gets a tick below every other: the next victim); heat and last access per
+    (layer, expert), one access clock (+1 per demand lookup, all layers); the re-pin passes at the
+    batch starts :func:`naive_colibri_passes` lists."""
+
+    def __init__(self, pins, n_expert, passes, cache):
+        self.pins = {layer: list(p) for layer, p in pins.items()}
+        self.n_expert = n_expert
+        self.passes = passes
+        self.cache = cache
+        self.heat = defaultdict(int)
+        self.last = defaultdict(int)
+        self.clock = 0
+        self.swaps = 0
+
+    def pinned(self, key):
+        return key[1] in self.pins[key[0]]
+
+    def begin_load(self, i, batch_first):
+        if i in self.passes:
+            self.repin_pass()
+
+    def _demand(self, key):
+        self.clock += 1
+        self.heat[key] += 1
+        self.last[key] = self.clock
+
+    def admit(self, key, i):
+        self._demand(key)
+
+    def touch(self, key, i):
+        self._demand(key)
+
+    def fill(self, key, i):
+        pass  # a speculative fill: no heat, no clock
+
+    def score(self, key):
+        age = self.clock - self.last[key]
+        return (self.heat[key] << 8) | (255 - age if age < 255 else 0)
+
+    def repin_pass(self):
+        for layer, pins in self.pins.items():
+            free = [x for x in range(self.n_expert) if x not in pins]
+            if not pins or not free:
+                continue
+            cold = min(range(len(pins)), key=lambda z: (self.score((layer, pins[z])), z))
+            hot = max(free, key=lambda x: (self.score((layer, x)), -x))
+            cs, hs = self.score((layer, pins[cold])), self.score((layer, hot))
+            if hs <= cs + cs // 4 + 4 * 256:
+                continue
+            old = pins[cold]
+            pins[cold] = hot
+            self.swaps += 1
+            if (layer, old) in self.cache:
+                self.cache[(layer, old)]["tick"] = min(c["tick"] for c in self.cache.values()) - 1
+            for x in range(self.n_expert):
+                self.heat[(layer, x)] //= 2
+
+    def victim(self, ok):
+        cands = [x for x in self.cache if ok(x) and not self.pinned(x)]
+        return min(cands, key=lambda x: self.cache[x]["tick"]) if cands else None
+
+    def evict(self, key):
+        pass
+
+
+def naive_colibri_setup(loads, moe_layers, n_expert, expert_bytes, budget_bytes, per_layer=None, repin=0, profile=None):
+    """colibri's (pins {layer: [experts, hottest first]}, shares {layer: bytes}, pass loads) from
+    its docstring. ``loads``: the twin's list of {"batch", "phase", "layer", "rows"}."""
+    per_token = sum(expert_bytes[l] for l in moe_layers)
+    if per_layer is not None:
+        n = per_layer
+    elif budget_bytes >= n_expert * per_token:
+        n = n_expert
+    else:
+        n = min(n_expert, budget_bytes // 2 // per_token)
+    if profile is None:
+        profile = defaultdict(int)
+        for ld in loads:
+            if ld["phase"] == 1:
+                break
+            for row in ld["rows"]:
+                for x in row:
+                    profile[(ld["layer"], x)] += 1
+    pins = {l: sorted(range(n_expert), key=lambda x, l=l: (-profile.get((l, x), 0), x))[:n] for l in moe_layers}
+    lru = {l: 0 for l in moe_layers}
+    rest = budget_bytes - n * per_token
+    grew = True
+    while grew:
+        grew = False
+        for l in moe_layers:
+            if lru[l] < n_expert - n and rest >= expert_bytes[l]:
+                lru[l] += 1
+                rest -= expert_bytes[l]
+                grew = True
+    shares = {l: (n + lru[l]) * expert_bytes[l] for l in moe_layers}
+    tokens, first = {}, {}
+    for i, ld in enumerate(loads):
+        tokens[ld["batch"]] = max(tokens.get(ld["batch"], 0), len(ld["rows"]))
+        first.setdefault(ld["batch"], i)
+    passes, since = set(), 0
+    for j, b in enumerate(first):
+        if j > 0 and repin > 0 and since >= repin:
+            passes.add(first[b])
+            since = 0
+        since += tokens[b]
+    return pins, shares, passes
+
+
 STATEFUL = {"s3fifo", "sieve", "least-stale"}
 
 
@@ -273,9 +384,11 @@ def naive_layer_opt_shares(rows, moe_layers, n_expert, expert_bytes, budget_byte
     return {l: c * expert_bytes[l] for c, l in zip(best[2], moe_layers)}
 
 
-def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes, seed=0, pin_options=None, shares=None):
+def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes, seed=0, pin_options=None, shares=None,
+                 colibri_options=None):
     """expert_bytes: {layer: bytes}; budget_bytes: int. ``pin_options``: pin's per_layer / profile
-    (as :func:`naive_pin_list` takes them); ``shares``: layer-opt's {layer: bytes} instead of its optimum."""
+    (as :func:`naive_pin_list` takes them); ``shares``: layer-opt's {layer: bytes} instead of its optimum;
+    ``colibri_options``: colibri's per_layer / repin (as :func:`naive_colibri_setup` takes them)."""
     # Cut into loads: consecutive rows with the same (batch, layer).
     loads = []
     for batch, phase, layer, experts in rows:
@@ -310,11 +423,16 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
     pinned = naive_pin_list(rows, moe_layers, n_expert, expert_bytes, budget_bytes, **(pin_options or {})) if policy == "pin" else set()
     if sum(expert_bytes[x[0]] for x in pinned) > budget_bytes:
         raise ValueError("pinned entries exceed the budget")
+    if policy == "colibri":
+        pins, shares, passes = naive_colibri_setup(loads, moe_layers, n_expert, expert_bytes, budget_bytes, **(colibri_options or {}))
+        pinned = {(l, x) for l, p in pins.items() for x in p}
     for key in pinned:
         cache[key] = {"freq": 0, "tick": -1, "load": -1}
         peak = max(peak, sum(expert_bytes[x[0]] for x in cache))
     pol = stateful_policy(policy, budget_bytes, lambda x: expert_bytes[x[0]], lambda x: cache[x]["load"]) \
         if policy in STATEFUL else None
+    if policy == "colibri":
+        pol = NaiveColibri(pins, n_expert, passes, cache)
     batch_first = {}
     for i, ld in enumerate(loads):
         layer, phase = ld["layer"], ld["phase"]
@@ -365,7 +483,7 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
                 break
             candidates = [x for x in members if cache[x]["load"] != i and x not in pinned]
             if pol:
-                victim = pol.victim(lambda x, i=i: cache[x]["load"] != i)
+                victim = pol.victim(lambda x, i=i, lay=layer, part=partitioned: cache[x]["load"] != i and (not part or x[0] == lay))
                 if victim is None:
                     overflow += 1
                     break
@@ -400,5 +518,6 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
             evictions += 1
         peak = max(peak, sum(expert_bytes[x[0]] for x in cache))
     return {"lookups": dict(lookups), "hits": dict(hits), "read": dict(read), "per_batch": dict(per_batch),
-            "codes": codes, "evictions": evictions, "overflow": overflow, "peak_bytes": peak}
+            "codes": codes, "evictions": evictions, "overflow": overflow, "peak_bytes": peak,
+            "colibri_swaps": pol.swaps if policy == "colibri" else 0}
 

@@ -42,6 +42,8 @@ from tests.naive.cache import (
     PARTITIONED,
     RUN_FREQ,
     STATEFUL,
+    NaiveColibri,
+    naive_colibri_setup,
     naive_layer_opt_shares,
     naive_pin_list,
     splitmix64,
@@ -50,7 +52,7 @@ from tests.naive.cache import (
 
 
 def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes, seed=0, drop=None, preds=None,
-                 ahead=1, cap=None, guard=False, retain=False, fill=False):
+                 ahead=1, cap=None, guard=False, retain=False, fill=False, colibri_options=None):
     loads = []
     for i, (batch, phase, layer, _experts) in enumerate(rows):
         if loads and loads[-1]["batch"] == batch and loads[-1]["layer"] == layer:
@@ -99,6 +101,11 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
     # layer-opt's shares and pin's list come from the plain rows (a what-if does not change them).
     shares = naive_layer_opt_shares(rows, moe_layers, n_expert, expert_bytes, budget_bytes) if policy == "layer-opt" else None
     pinned = naive_pin_list(rows, moe_layers, n_expert, expert_bytes, budget_bytes) if policy == "pin" else set()
+    if policy == "colibri":
+        # colibri's pins, shares and pass schedule from the plain rows (one row = one token's routing at a layer).
+        plain = [{**ld, "rows": [rows[r][3] for r in ld["rows"]]} for ld in loads]
+        pins, shares, passes = naive_colibri_setup(plain, moe_layers, n_expert, expert_bytes, budget_bytes, **(colibri_options or {}))
+        pinned = {(l, x) for l, p in pins.items() for x in p}
     for key in pinned:
         cache[key] = {"freq": 0, "spec": False, "tick": -1, "load": -1, "next": float("inf")}
     st["peak_bytes"] = sum(expert_bytes[x[0]] for x in cache)
@@ -116,10 +123,12 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
 
     pol = stateful_policy(policy, budget_bytes, lambda x: expert_bytes[x[0]], lambda x: cache[x]["load"]) \
         if policy in STATEFUL else None
+    if policy == "colibri":
+        pol = NaiveColibri(pins, n_expert, passes, cache)
 
     def victim(g, i, shielded):
         if pol:  # s3fifo, sieve, least-stale: the policy's own queues (a search may move entries)
-            return pol.victim(lambda x: cache[x]["load"] != i and x not in shielded)
+            return pol.victim(lambda x: cache[x]["load"] != i and x not in shielded and group_of(x) == g)
         cands = [x for x in cache if group_of(x) == g and cache[x]["load"] != i and x not in shielded and x not in pinned]
         if not cands:
             return None
@@ -262,7 +271,7 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
             # A fill is most recent (tick and load both now), frequency 0, heat unchanged.
             cache[key] = {"freq": 0, "spec": True, "tick": tick, "load": i, "next": next_use(key, i)}
             if pol:
-                pol.admit(key, i)
+                (pol.fill if hasattr(pol, "fill") else pol.admit)(key, i)
             last_touch[key] = i
             st["spec_fills"] += 1
             out["spec_fills"][(phase, tl)] += 1
