@@ -13,9 +13,10 @@ import polars as pl
 import typer
 
 from replay.predict import PredictResult, describe
+from replay.predictors import REGISTRY as PREDICTOR_REGISTRY
 from traces.errors import UserError
 
-DEFAULT = "prev-token,stale-gate,ctrl,static-hot,static-hot-prompt"
+DEFAULT = ",".join(PREDICTOR_REGISTRY)
 MAX_HORIZON = (1 << 15) - 1  # the layer column is int16; the trace's own MoE layers bound it further (evaluate)
 
 
@@ -140,8 +141,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def predict(
         trace: Path = typer.Argument(..., help="Trace directory (trace.json + routings/).", show_default=False),
-        predictors: str = typer.Option(DEFAULT, "--predictors", help="Comma list: prev-token, stale-gate (one per "
-                                       "--horizon), stale-gate[d], ctrl, static-hot, static-hot-prompt."),
+        predictors: str = typer.Option(DEFAULT, "--predictors", help=f"Comma list of: {', '.join(PREDICTOR_REGISTRY)}; "
+                                       "stale-gate alone means one per --horizon, stale-gate[d] one horizon."),
         horizon: str | None = typer.Option(None, "--horizon", help="stale-gate horizons in MoE layers, e.g. 1,2,3 or "
                                            "1..8 [default: 1]."),
         horizon_curve: int | None = typer.Option(None, "--horizon-curve", help="Print stale-gate accuracy for "
@@ -157,7 +158,7 @@ def register(app: typer.Typer) -> None:
         from replay.output import check_phase, json_object, progress, rows_of
         from replay.predict import check_horizon, evaluate
         from replay.predict import horizon_curve as curve
-        from replay.predictors.base import parse_predictor
+        from replay.predictors import parse_predictor
         from traces import open_trace
 
         check_phase(phase)
