@@ -61,7 +61,7 @@ from replay.cache_kernel import (
 )
 from replay.cache_state import BUDGET, MAX_SLOTS, RESIDENT, new_state
 from replay.output import exact
-from replay.policies import REGISTRY, policy_module
+from replay.policies import is_plugin, names, policy_module
 from traces.errors import UserError
 from traces.reader import RoutingArrays, Trace
 from traces.schema import MAX_BUDGET_MIB
@@ -84,10 +84,29 @@ def kernel_for(policy: str, whatif: bool = False, slots: bool = False):
     with _KERNELS_LOCK:
         if key not in _KERNELS:
             pm = policy_module(policy)
-            kern = make_kernel(policy, pm, whatif, slots)
-            kern(*_driver_args(_tiny_loads(), pm, MIB, 0, bool(slots), None, None, no_options())[0])
+            try:
+                kern = make_kernel(policy, pm, whatif, slots)
+                kern(*_driver_args(_tiny_loads(), pm, MIB, 0, bool(slots), None, None, no_options())[0])
+            except Exception as e:
+                if not is_plugin(policy):
+                    raise
+                raise _plugin_error(policy, pm, e) from e
             _KERNELS[key] = kern
         return _KERNELS[key]
+
+
+def _plugin_error(policy: str, pm: Any, e: Exception) -> UserError:
+    """A user policy that does not compile or run in the driver: one sentence naming its file (the
+    Numba traceback only under --debug, as the cause)."""
+    import numba
+
+    from replay.plugins import where
+
+    if isinstance(e, UserError):
+        return e
+    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("\x1b")), type(e).__name__)
+    what = "does not compile with Numba" if isinstance(e, numba.core.errors.NumbaError) else "failed in the replay driver"
+    return UserError(f"{where(pm)}: policy {policy!r} {what} ({type(e).__name__}: {first[:200]}).")
 
 
 def _tiny_loads() -> Loads:
@@ -104,8 +123,8 @@ def check_policies(policies: list[str] | tuple[str, ...], option: str = "--polic
     out = []
     for p in policies:
         p = p.strip()
-        if p not in REGISTRY:
-            raise UserError(f"{option}: unknown policy {p!r} (known: {', '.join(REGISTRY)}).")
+        if p not in names():
+            raise UserError(f"{option}: unknown policy {p!r} (known: {', '.join(names())}).")
         if p not in out:
             out.append(p)
     if not out:

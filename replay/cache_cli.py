@@ -80,6 +80,10 @@ def register(app: typer.Typer) -> None:
         cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file: adds ms/token and tok/s."),
         flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
         compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
+        policy_file: list[Path] | None = typer.Option(None, "--policy-file", help="A policy module (.py) anywhere on disk; "
+                                                      "its NAME can then be named in --policies (repeatable)."),
+        predictor_file: list[Path] | None = typer.Option(None, "--predictor-file", help="A predictor module (.py) anywhere "
+                                                         "on disk; its NAME can then be named as a predictor (repeatable)."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
         retain: bool = typer.Option(False, "--retain", help="Protect the --predictor's guesses for the next layer(s) from eviction."),
         predictor: str = typer.Option("prev-token", "--predictor", help="With --retain: prev-token | stale-gate[d] | static-hot."),
@@ -106,6 +110,9 @@ def register(app: typer.Typer) -> None:
         cmodel = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
         if budget_mib is not None and not (math.isfinite(budget_mib) and 0 < budget_mib <= MAX_BUDGET_MIB):
             raise UserError(f"--budget-mib: {budget_mib} is not a positive number of MiB (at most 2^40).")
+        from replay.plugins import register_files
+
+        register_files(policy_file, predictor_file)
         pols = check_policies([p for p in policies.split(",") if p.strip()])
         pin_opts = {k: v for k, v in (("per_layer", pin_per_layer), ("profile", pin_profile)) if v is not None}
         if pin_opts and "pin" not in pols:

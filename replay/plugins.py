@@ -68,3 +68,21 @@ def entry_points(group: str) -> list[tuple[str, str]]:
     """(entry point name, module spec) of an entry-point group, sorted by name (deterministic)."""
     eps = importlib.metadata.entry_points(group=group)
     return sorted((ep.name, ep.value.split(":")[0]) for ep in eps)
+
+
+def _paths(files: str | Path | list | tuple | None) -> list[str]:
+    if files is None:
+        return []
+    if isinstance(files, (str, Path)):
+        return [str(files)]
+    return [str(f) for f in files]
+
+
+def register_files(policy_file: str | Path | list | tuple | None = None,
+                   predictor_file: str | Path | list | tuple | None = None) -> tuple[list[str], list[str]]:
+    """Register user policy and predictor modules (a path or a list of paths each); returns the
+    (policy names, predictor names) they define."""
+    from replay.policies import add_policy_file
+    from replay.predictors import add_predictor_file
+
+    return ([add_policy_file(p) for p in _paths(policy_file)], [add_predictor_file(p) for p in _paths(predictor_file)])

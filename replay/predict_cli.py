@@ -151,16 +151,20 @@ def register(app: typer.Typer) -> None:
                                          "and mass [default: top-k]; slot/whole accuracy stay at top-k."),
         phase: str = typer.Option("decode", "--phase", help="Routings to score: decode | prefill | all (both)."),
         per_layer: bool = typer.Option(True, "--per-layer/--no-per-layer", help="Add the per-layer table (JSON: rows)."),
+        predictor_file: list[Path] | None = typer.Option(None, "--predictor-file", help="A predictor module (.py) anywhere "
+                                                         "on disk; its NAME can then be named as a predictor (repeatable)."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     ) -> None:
         """Predictor accuracy per layer: prev-token, stale-gate[d], ctrl, static hot lists."""
         from replay.info import require_routings
         from replay.output import check_phase, json_object, progress, rows_of
+        from replay.plugins import register_files
         from replay.predict import check_horizon, evaluate
         from replay.predict import horizon_curve as curve
         from replay.predictors import parse_predictor
         from traces import open_trace
 
+        register_files(None, predictor_file)
         check_phase(phase)
         if horizon_curve is not None and horizon is not None:
             raise UserError("--horizon and --horizon-curve: give one or the other.")

@@ -18,14 +18,20 @@ def register(app: typer.Typer) -> None:
         flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
         compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
         force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+        policy_file: list[Path] | None = typer.Option(None, "--policy-file", help="A policy module (.py) anywhere on disk; "
+                                                      "its NAME can then be named as a policy (repeatable)."),
+        predictor_file: list[Path] | None = typer.Option(None, "--predictor-file", help="A predictor module (.py) anywhere "
+                                                         "on disk; its NAME can then be named as a predictor (repeatable)."),
     ) -> None:
         """Write a report: summary, predictors, cache curves, popularity, drop, prefetch, cost."""
         from replay.cache import check_policies
         from replay.cache_cli import parse_budgets
         from replay.cost import cost_model_from_options
         from replay.output import progress
+        from replay.plugins import register_files
         from replay.report import SECTIONS, write_report
 
+        register_files(policy_file, predictor_file)
         # Validated up front, as 'cache' does: a bad value must not silently turn into a section
         # marked unavailable (every section's UserError is caught and shown as "not available").
         b = parse_budgets(budgets, "--budgets") if budgets is not None else None

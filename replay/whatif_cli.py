@@ -31,9 +31,14 @@ def register(app: typer.Typer) -> None:
         budget_mib: float | None = typer.Option(None, "--budget-mib", help="closed: cache budget in MiB (default: the recorded one)."),
         policy: str = typer.Option("lru", "--policy", help="closed: cache policy of the replay."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="Add ms/token from a 'cost fit --json' file (decode only)."),
+        policy_file: list[Path] | None = typer.Option(None, "--policy-file", help="A policy module (.py) anywhere on disk; "
+                                                      "its NAME can then be named as a policy (repeatable)."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Drop-cold trade-off: reads avoided against router weight mass discarded, next to the top-k cut."""
+        from replay.plugins import register_files
+
+        register_files(policy_file, None)
         from replay.drop import closed_drop, static_drop
         from replay.output import check_phase, json_object, rows_of
         from traces import open_trace
@@ -66,7 +71,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def prefetch(
         trace: Path = typer.Argument(..., help="Trace directory."),
-        predictor: str = typer.Option("prev-token", "--predictor", help="prev-token | stale-gate[d] | static-hot | static-hot-prompt"),
+        predictor: str = typer.Option("prev-token", "--predictor", help="A predictor: prev-token, stale-gate[d], "
+                                       "static-hot, static-hot-prompt, or one from --predictor-file."),
         budget_mib: float | None = typer.Option(None, "--budget-mib", help="Cache budget in MiB (default: the recorded one)."),
         policy: str = typer.Option("lru", "--policy", help="lru | lfru"),
         cap: int | None = typer.Option(None, "--cap", help="At most N predicted misses read per layer."),
@@ -74,9 +80,16 @@ def register(app: typer.Typer) -> None:
         drop_frac: float | None = typer.Option(None, "--drop", help="Skip guesses with predicted weight < F/k (top kept)."),
         retain: bool = typer.Option(False, "--retain", help="Also protect the guesses for the next layer(s) from eviction."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="Add ms/token from a 'cost fit --json' file."),
+        policy_file: list[Path] | None = typer.Option(None, "--policy-file", help="A policy module (.py) anywhere on disk; "
+                                                      "its NAME can then be named as a policy (repeatable)."),
+        predictor_file: list[Path] | None = typer.Option(None, "--predictor-file", help="A predictor module (.py) anywhere "
+                                                         "on disk; its NAME can then be named as a predictor (repeatable)."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
         """Speculative prefetch: a predictor's guesses read into the same cache, against no prefetch."""
+        from replay.plugins import register_files
+
+        register_files(policy_file, predictor_file)
         from replay.output import json_object, rows_of
         from replay.prefetch import best_plain, with_best_plain, with_prefetch_time
         from replay.prefetch import prefetch as run_prefetch
