@@ -563,7 +563,8 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
         unique.setdefault(key, (p, b))
     threads = threads or min(os.cpu_count() or 1, len(unique)) or 1
     results: dict[tuple, ReplayResult] = {}
-    with progress(len(unique), "cache replay", unit="cell") as bar, ThreadPoolExecutor(max_workers=threads) as pool:
+    bar_ctx = progress(len(unique), "cache replay", unit="cell", enabled=show_progress)
+    with bar_ctx as bar, ThreadPoolExecutor(max_workers=threads) as pool:
         futs = {key: pool.submit(replay, loads, p, b, seed, policy_options=popts[p], **whatif) for key, (p, b) in unique.items()}
         for key, f in futs.items():
             results[key] = f.result()

@@ -98,7 +98,8 @@ def register(app: typer.Typer) -> None:
         so the cache overflowed and the hit rate needs more memory (its peak is listed below the
         tables; JSON/CSV rows carry peak_resident_mib, overflow_loads and over_budget).
         --validate exits 1 when the replay does not reproduce the engine."""
-        from replay.cache import check_policies, default_budgets_mib, loads_of, sweep
+        from replay import api
+        from replay.cache import check_policies, default_budgets_mib, loads_of
         from replay.cache import validate as run_validate
         from replay.cost import cost_model_from_options
         from replay.info import NO_DECODE, require_routings
@@ -151,15 +152,9 @@ def register(app: typer.Typer) -> None:
             blist = default_budgets_mib(loads, rec_budget)
             chosen = ("default: 9 budgets geometric from T/2 to the working set W, 2 significant figures"
                       + (f", the recorded {exact(rec_budget)} MiB replacing the nearest" if rec_budget in blist else ""))
-        if retain:
-            from replay.prefetch import retain_sweep
-            frame = retain_sweep(t, loads, pols, blist, predictor, per_layer=per_layer, seed=seed, policy_options=popts)
-        else:
-            frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed, policy_options=popts)
-        if cmodel is not None:
-            from replay.cost import with_time
-
-            frame = with_time(frame, cmodel, t.token_counts()["tokens_decode"])
+        frame = api.cache(t, policies=pols, budgets_mib=blist, per_layer=per_layer, phase=phase, seed=seed,
+                          policy_options=popts, cost_model=cmodel, retain_predictor=predictor if retain else None,
+                          show_progress=True, loads=loads)
         T = loads.token_cycle_bytes / MIB
         W = loads.working_set_bytes / MIB
         below = [b for b in blist if b < T]

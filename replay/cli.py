@@ -212,6 +212,16 @@ def _os_error_sentence(e: OSError) -> str | None:
 
 
 def _run(args: list[str], debug: bool) -> int:
+    from replay.api import cli_flags
+
+    token = cli_flags.set(True)  # library messages name the flags the user typed, not the API's keywords
+    try:
+        return _run_command(args, debug)
+    finally:
+        cli_flags.reset(token)
+
+
+def _run_command(args: list[str], debug: bool) -> int:
     """Run one command; return its exit code: 0 done, 1 a check ran and failed, 2 bad input or an
     OS error, 3 a bug, 128 + N killed by signal N (130 SIGINT, 143 SIGTERM)."""
     from replay.output import compile_notice

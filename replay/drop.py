@@ -262,3 +262,20 @@ def with_equal_read_comparison(frame: pl.DataFrame, cut_mode: str = "static-k",
         else:
             vals.append(float(np.interp(io, xs, ys)))
     return frame.with_columns(pl.Series(column, vals, dtype=pl.Float64))
+
+
+def drop_time_columns(frame, model, mode: str):
+    """ms/token of each drop row and of the no-drop baseline (decode tokens)."""
+    import polars as pl
+
+    from replay.cost import add_time_columns
+
+    if mode == "static":
+        f = add_time_columns(frame, model, "read_mib", "misses", "tokens")
+        base = add_time_columns(frame, model, "read_mib_baseline", "misses_baseline", "tokens")
+    else:
+        f = add_time_columns(frame, model, "read_mib_decode", "misses_decode", "tokens_decode")
+        base = add_time_columns(frame, model, "read_mib_decode_baseline", "misses_decode_baseline", "tokens_decode")
+    return f.with_columns(ms_per_token_baseline=base["ms_per_token"], tok_s_baseline=base["tok_s"],
+                          ms_saved_per_token=base["ms_per_token"] - f["ms_per_token"]).with_columns(
+        pl.col("ms_saved_per_token").cast(pl.Float64))

@@ -156,11 +156,11 @@ def register(app: typer.Typer) -> None:
         json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     ) -> None:
         """Predictor accuracy per layer: prev-token, stale-gate[d], ctrl, static hot lists."""
+        from replay.api import predict_run
         from replay.info import require_routings
         from replay.output import check_phase, json_object, progress, rows_of
         from replay.plugins import register_files
-        from replay.predict import check_horizon, evaluate
-        from replay.predict import horizon_curve as curve
+        from replay.predict import check_horizon
         from replay.predictors import parse_predictor
         from traces import open_trace
 
@@ -185,10 +185,8 @@ def register(app: typer.Typer) -> None:
         for d in explicit:
             check_horizon(t, d, "--predictors")
         with progress(len(t.parts), "gate inputs", unit="part") as bar:
-            if horizon_curve is not None:
-                res = curve(t, horizon_curve, width=width, phase=phase, progress=bar)
-            else:
-                res = evaluate(t, names, horizons=horizons, width=width, phase=phase, progress=bar)
+            res = predict_run(t, predictors=names, horizons=horizons, width=width, phase=phase, max_horizon=horizon_curve,
+                              progress=bar)
         if json_out:
             frame = res.frame if per_layer else res.overall()
             typer.echo(json_object(

@@ -282,7 +282,8 @@ def with_best_plain(frame: pl.DataFrame, plain: dict | None) -> pl.DataFrame:
 
 
 def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: list[float], predictor: str,
-                 per_layer: bool = False, seed: int = 0, policy_options: dict | None = None) -> pl.DataFrame:
+                 per_layer: bool = False, seed: int = 0, policy_options: dict | None = None,
+                 show_progress: bool = True) -> pl.DataFrame:
     """Cache rows with retention (the predictor's guesses for the next layer(s) protected from
     eviction), plus ``hit_pct_decode_no_retain``, ``hit_pct_cum_no_retain`` and
     ``retain_gain_pp_decode`` / ``retain_gain_pp_cum`` (percentage points) from the same sweep
@@ -291,7 +292,7 @@ def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: l
 
     g = guesses(trace, predictor)
     with_r = sweep(loads, policies, budgets_mib, per_layer=per_layer, seed=seed, pred=g.entries, ahead=g.ahead,
-                   retain=True, policy_options=policy_options)
+                   retain=True, policy_options=policy_options, show_progress=show_progress)
     without = sweep(loads, policies, budgets_mib, per_layer=per_layer, seed=seed, show_progress=False,
                     policy_options=policy_options)
     return with_r.with_columns(

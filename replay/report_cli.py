@@ -24,12 +24,13 @@ def register(app: typer.Typer) -> None:
                                                          "on disk; its NAME can then be named as a predictor (repeatable)."),
     ) -> None:
         """Write a report: summary, predictors, cache curves, popularity, drop, prefetch, cost."""
+        from replay.api import write_report
         from replay.cache import check_policies
         from replay.cache_cli import parse_budgets
         from replay.cost import cost_model_from_options
         from replay.output import progress
         from replay.plugins import register_files
-        from replay.report import SECTIONS, write_report
+        from replay.report import SECTIONS
 
         register_files(policy_file, predictor_file)
         # Validated up front, as 'cache' does: a bad value must not silently turn into a section
