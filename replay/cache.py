@@ -65,8 +65,8 @@ from replay.policies import is_plugin, names, policy_module
 from traces.errors import UserError
 from traces.reader import RoutingArrays, Trace
 from traces.schema import MAX_BUDGET_MIB
+from traces.units import MIB
 
-MIB = 1 << 20
 UNBOUNDED_BYTES = np.int64(1) << np.int64(62)
 
 _KERNELS: dict[tuple, Any] = {}
@@ -272,8 +272,10 @@ def loads_of(trace: Trace) -> Loads:
 
 @dataclass(frozen=True)
 class ReplayResult:
-    """One policy at one budget. ``acc`` [2, L, 3] int64: per phase (0 prefill, 1 decode) and MoE
-    layer, (lookups, hits, read bytes); ``bacc`` [B, 3] the same per batch; ``slots`` [R, k]
+    """One policy at one budget. ``acc`` [2, L, N_ACC = 7] int64: per phase (0 prefill, 1 decode)
+    and MoE layer, the fields ``ACC_*`` of :mod:`replay.cache_kernel` (lookups, hits, bytes read by
+    misses, slots dropped, speculative hits, speculative fills, speculative bytes); ``bacc``
+    [B, N_ACC] the same per batch; ``slots`` [R, k]
     uint8 residency code per routed slot (0 miss, 1 hit, 2 speculative hit; a repeat inside a load
     carries its lookup's code, as the engine's recorded residency does) or None."""
 

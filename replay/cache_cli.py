@@ -13,8 +13,7 @@ from replay.output import exact
 from replay.policies import REGISTRY
 from traces.errors import UserError
 from traces.schema import MAX_BUDGET_MIB
-
-MIB = 1 << 20
+from traces.units import MIB
 
 
 def parse_budgets(text: str, option: str = "--budgets") -> list[float]:

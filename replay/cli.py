@@ -135,17 +135,11 @@ def _register_plugins() -> None:
 
 
 def _register_modules() -> None:
-    """Commands of replay/ modules that are added as they land (each module owns its verb)."""
+    """Commands of the replay/ modules (each module owns its verb)."""
     import importlib
 
     for name in ("replay.cache_cli", "replay.predict_cli", "replay.whatif_cli", "replay.cost_cli", "replay.report_cli"):
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:
-                continue
-            raise
-        mod.register(app)
+        importlib.import_module(name).register(app)
 
 
 class Interrupted(BaseException):

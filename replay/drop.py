@@ -32,8 +32,7 @@ from replay.output import PHASE_CODES as PHASES
 from replay.output import check_phase
 from traces.errors import UserError
 from traces.reader import RoutingArrays, Trace
-
-MIB = float(1 << 20)
+from traces.units import MIB
 
 
 def _check_fracs(fracs: list[float]) -> None:
@@ -57,12 +56,6 @@ def load_ids(a: RoutingArrays, rows: np.ndarray) -> np.ndarray:
     key = a.batch[rows].astype(np.int64) * 65536 + a.layer[rows].astype(np.int64)
     _, inv = np.unique(key, return_inverse=True)
     return inv.reshape(-1)
-
-
-def saved_bytes(load: np.ndarray, experts: np.ndarray, read_bytes: np.ndarray, dropped: np.ndarray) -> float:
-    """Bytes not read: per (load, expert), its recorded reads count only if every slot routing it
-    in that load is dropped."""
-    return saved_bytes_and_misses(load, experts, read_bytes, dropped)[0]
 
 
 def saved_bytes_and_misses(load: np.ndarray, experts: np.ndarray, read_bytes: np.ndarray,

@@ -61,8 +61,8 @@ from replay.predictors.base import NONE
 from traces.errors import UserError
 from traces.reader import RoutingArrays, Trace
 from traces.schema import PHASE_DECODE
+from traces.units import MIB
 
-MIB = float(1 << 20)
 PREFETCH_POLICIES = ("lru", "lfru")
 
 
