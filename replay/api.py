@@ -49,6 +49,9 @@ def _api(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kw: Any) -> Any:
+        from replay.predictors import active_files
+
+        token = active_files.set(active_files.get())
         try:
             return fn(*args, **kw)
         except UserError as e:
@@ -58,6 +61,8 @@ def _api(fn: Callable) -> Callable:
             if msg == str(e):
                 raise
             raise type(e)(msg) from e
+        finally:
+            active_files.reset(token)
 
     return wrapper
 
@@ -70,9 +75,14 @@ def _trace(trace: TraceLike):
 
 
 def _plugins(policy_file: Any, predictor_file: Any) -> None:
+    """Register the files; the predictor files join this call's default lists (a contextvar,
+    reset by :func:`_api` when the call returns)."""
     from replay.plugins import register_files
+    from replay.predictors import active_files
 
-    register_files(policy_file, predictor_file)
+    _, preds = register_files(policy_file, predictor_file)
+    if preds:
+        active_files.set(tuple(dict.fromkeys((*active_files.get(), *preds))))
 
 
 @_api

@@ -16,7 +16,7 @@ Definitions used everywhere here (DESIGN.md, "Replay semantics"):
   rate needs more memory than the budget it is listed under, and every table and verdict marks
   it or leaves it out (:func:`within_budget`, :func:`pick_best`, :func:`over_budget_note`).
 
-Library API (frames in, frames out; the CLI in :mod:`replay.cache_cli` only formats):
+Library API (frames in, frames out; the CLI in :mod:`replay.cli.cache` only formats):
 
 - :func:`prepare_loads` / :func:`loads_of` -> :class:`Loads` (budget-independent arrays)
 - :func:`replay` -> :class:`ReplayResult` (one policy at one budget; optional per-slot flags)

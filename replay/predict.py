@@ -103,7 +103,7 @@ def evaluate(trace: Trace, predictors: Sequence[str] | None = DEFAULT_PREDICTORS
     object advanced once per part file read for gate inputs.
     """
     if predictors is None:
-        predictors = registry.names()
+        predictors = registry.default_names()
     k, n_expert = trace.top_k, trace.n_expert
     width = k if width is None else int(width)
     if not 1 <= width <= n_expert:

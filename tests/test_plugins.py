@@ -170,3 +170,16 @@ def test_builtins_go_through_the_registry():
     from replay.policies import REGISTRY
 
     assert set(REGISTRY) <= set(names())
+
+
+def test_a_file_predictor_joins_the_defaults_of_its_own_call_only(synth_trace_dir, tmp_path):
+    # a predictor file registered by one call must not change a later call's default list
+    import replay
+
+    t = synth_trace_dir(**SMALL)
+    with_it = replay.predict(t, predictor_file=TWO)
+    assert "two-tokens-ago" in set(with_it["predictor"])
+    later = replay.predict(t)
+    assert "two-tokens-ago" not in set(later["predictor"])
+    r = run_cli("predict", t, "--predictor-file", TWO, "--json")
+    assert "two-tokens-ago" in r.json()["predictors"]

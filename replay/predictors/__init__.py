@@ -33,6 +33,7 @@ Built-ins:
 
 from __future__ import annotations
 
+import contextvars
 import re
 from pathlib import Path
 from types import ModuleType
@@ -53,6 +54,10 @@ REGISTRY: dict[str, str] = {
 ENTRY_POINT_GROUP = "moe_replay.predictors"
 
 _MODULES: dict[str, ModuleType] = {}  # every loaded predictor, by name, in registration order
+_FROM_FILES: set[str] = set()  # names registered from a file (predictor_file=): in default lists only while asked for
+# The file predictors the running call named (predictor_file=): they join the default lists for that call only, so
+# a file registered by an earlier call does not change a later call's defaults.
+active_files: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("moe_replay_predictor_files", default=())
 _PARAM = re.compile(r"^(.+)\[(\d+)\]$")
 
 
@@ -96,7 +101,10 @@ def _ensure() -> None:
 def add_predictor_file(path: str | Path) -> str:
     """Register the predictor module in file ``path``; returns its name."""
     _ensure()
-    return _add(load(str(path), "predictor"))
+    n = _add(load(str(path), "predictor"))
+    if not _MODULES[n].__name__.startswith("replay."):
+        _FROM_FILES.add(n)
+    return n
 
 
 def names() -> tuple[str, ...]:
@@ -121,10 +129,17 @@ def prefetch_names() -> tuple[str, ...]:
                  for f in names() if getattr(module(f), "PREFETCH", True))
 
 
+def default_names() -> tuple[str, ...]:
+    """The default predictor list: built-ins and entry points, plus the files the running call
+    named (:data:`active_files`)."""
+    active = set(active_files.get())
+    return tuple(n for n in names() if n not in _FROM_FILES or n in active)
+
+
 def report_predictors() -> list[str]:
-    """The predictors the report's accuracy section evaluates: every registered one without
+    """The predictors the report's accuracy section evaluates: the default list without
     ``REPORT = False``."""
-    return [f for f in names() if getattr(module(f), "REPORT", True)]
+    return [f for f in default_names() if getattr(module(f), "REPORT", True)]
 
 
 def report_prefetch_predictors() -> list[tuple[str, str]]:
@@ -132,7 +147,7 @@ def report_prefetch_predictors() -> list[tuple[str, str]]:
     the parameter to show for a parametrised one): the plain ones first, then the parametrised
     (router) ones, each in registry order."""
     out = []
-    for f in sorted(names(), key=lambda f: bool(getattr(module(f), "PARAM", None))):
+    for f in sorted(default_names(), key=lambda f: bool(getattr(module(f), "PARAM", None))):
         v = getattr(module(f), "REPORT_PREFETCH", False)
         if v is not False and v is not None:
             out.append((f, full_name(f, v) if getattr(module(f), "PARAM", None) else f))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from replay.cli.options import JsonOpt, PolicyFileOpt, PredictorFileOpt, TraceArg
 from replay.output import exact
 from replay.policies import REGISTRY
 from traces.errors import UserError
@@ -62,7 +63,7 @@ COLLAPSE = ("global LRU collapses toward 0% hit below one token cycle T: each to
 def register(app: typer.Typer) -> None:
     @app.command()
     def cache(
-        trace: Path = typer.Argument(..., help="Trace directory (trace.json + routings/).", show_default=False),
+        trace: Path = TraceArg,
         budgets: str | None = typer.Option(None, "--budgets", help="Cache budgets in MiB (2^20 bytes), comma-separated. "
                                            "Default: 9 budgets from T/2 to the working set (see output)."),
         policies: str = typer.Option("lru,lfu,layer,lfru,belady,infinite", "--policies", help=POLICIES_HELP),
@@ -79,11 +80,9 @@ def register(app: typer.Typer) -> None:
         cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file: adds ms/token and tok/s."),
         flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
         compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
-        policy_file: list[Path] | None = typer.Option(None, "--policy-file", help="A policy module (.py) anywhere on disk; "
-                                                      "its NAME can then be named in --policies (repeatable)."),
-        predictor_file: list[Path] | None = typer.Option(None, "--predictor-file", help="A predictor module (.py) anywhere "
-                                                         "on disk; its NAME can then be named as a predictor (repeatable)."),
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+        policy_file: list[Path] | None = PolicyFileOpt,
+        predictor_file: list[Path] | None = PredictorFileOpt,
+        json_out: bool = JsonOpt,
         retain: bool = typer.Option(False, "--retain", help="Protect the --predictor's guesses for the next layer(s) from eviction."),
         predictor: str = typer.Option("prev-token", "--predictor", help="With --retain: prev-token | stale-gate[d] | static-hot."),
         pin_per_layer: int | None = typer.Option(None, "--pin-per-layer", help="pin: experts pinned per MoE layer "
@@ -153,7 +152,7 @@ def register(app: typer.Typer) -> None:
                       + (f", the recorded {exact(rec_budget)} MiB replacing the nearest" if rec_budget in blist else ""))
         frame = api.cache(t, policies=pols, budgets_mib=blist, per_layer=per_layer, phase=phase, seed=seed,
                           policy_options=popts, cost_model=cmodel, retain_predictor=predictor if retain else None,
-                          show_progress=True, loads=loads)
+                          show_progress=True, loads=loads, predictor_file=predictor_file)
         T = loads.token_cycle_bytes / MIB
         W = loads.working_set_bytes / MIB
         below = [b for b in blist if b < T]

@@ -12,6 +12,7 @@ from typing import Any
 import polars as pl
 import typer
 
+from replay.cli.options import JsonOpt, PredictorFileOpt, TraceArg
 from replay.predict import PredictResult, describe
 from replay.predictors import REGISTRY as PREDICTOR_REGISTRY
 from traces.errors import UserError
@@ -140,9 +141,10 @@ def curve_text(trace_path: Path, trace: Any, res: PredictResult, per_layer: bool
 def register(app: typer.Typer) -> None:
     @app.command()
     def predict(
-        trace: Path = typer.Argument(..., help="Trace directory (trace.json + routings/).", show_default=False),
-        predictors: str = typer.Option(DEFAULT, "--predictors", help=f"Comma list of: {', '.join(PREDICTOR_REGISTRY)}; "
-                                       "stale-gate alone means one per --horizon, stale-gate[d] one horizon."),
+        trace: Path = TraceArg,
+        predictors: str | None = typer.Option(None, "--predictors", help=f"Comma list of: {', '.join(PREDICTOR_REGISTRY)}; "
+                                       "stale-gate alone means one per --horizon, stale-gate[d] one horizon "
+                                       "[default: all of them and those of --predictor-file]."),
         horizon: str | None = typer.Option(None, "--horizon", help="stale-gate horizons in MoE layers, e.g. 1,2,3 or "
                                            "1..8 [default: 1]."),
         horizon_curve: int | None = typer.Option(None, "--horizon-curve", help="Print stale-gate accuracy for "
@@ -151,9 +153,8 @@ def register(app: typer.Typer) -> None:
                                          "and mass [default: top-k]; slot/whole accuracy stay at top-k."),
         phase: str = typer.Option("decode", "--phase", help="Routings to score: decode | prefill | all (both)."),
         per_layer: bool = typer.Option(True, "--per-layer/--no-per-layer", help="Add the per-layer table (JSON: rows)."),
-        predictor_file: list[Path] | None = typer.Option(None, "--predictor-file", help="A predictor module (.py) anywhere "
-                                                         "on disk; its NAME can then be named as a predictor (repeatable)."),
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+        predictor_file: list[Path] | None = PredictorFileOpt,
+        json_out: bool = JsonOpt,
     ) -> None:
         """Predictor accuracy per layer: prev-token, stale-gate[d], ctrl, static hot lists."""
         from replay.api import predict_run
@@ -168,7 +169,8 @@ def register(app: typer.Typer) -> None:
         check_phase(phase)
         if horizon_curve is not None and horizon is not None:
             raise UserError("--horizon and --horizon-curve: give one or the other.")
-        names = [p for p in (s.strip() for s in predictors.split(",")) if p]
+        # default: every registered predictor (with those of --predictor-file)
+        names = [p for p in (s.strip() for s in (predictors if predictors is not None else DEFAULT).split(",")) if p]
         horizons = parse_horizons(horizon) if horizon is not None else [1]
         explicit = [d for d in (parse_predictor(n)[1] for n in names) if d is not None]  # also validates the names
         if horizon is not None and "stale-gate" not in names:
@@ -185,8 +187,8 @@ def register(app: typer.Typer) -> None:
         for d in explicit:
             check_horizon(t, d, "--predictors")
         with progress(len(t.parts), "gate inputs", unit="part") as bar:
-            res = predict_run(t, predictors=names, horizons=horizons, width=width, phase=phase, max_horizon=horizon_curve,
-                              progress=bar)
+            res = predict_run(t, predictors=names if predictors is not None else None, horizons=horizons, width=width,
+                              phase=phase, max_horizon=horizon_curve, progress=bar, predictor_file=predictor_file)
         if json_out:
             frame = res.frame if per_layer else res.overall()
             typer.echo(json_object(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import typer
 
+from replay.cli.options import JsonOpt, TraceArg
 from traces.errors import UserError
 
 app = typer.Typer(
@@ -29,8 +30,8 @@ app = typer.Typer(
 import_app = typer.Typer(no_args_is_help=True, help="Import other engines' route logs as v1 traces.")
 app.add_typer(import_app, name="import")
 
-TraceArg = typer.Argument(..., help="Trace directory (trace.json + routings/).", show_default=False)
-JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
+# The verbs of replay/ (one module each in this package, each with ``register(app)``).
+VERB_MODULES = ("replay.cli.cache", "replay.cli.predict", "replay.cli.whatif", "replay.cli.cost", "replay.cli.report")
 
 
 def _echo(text: str) -> None:
@@ -138,7 +139,7 @@ def _register_modules() -> None:
     """Commands of the replay/ modules (each module owns its verb)."""
     import importlib
 
-    for name in ("replay.cache_cli", "replay.predict_cli", "replay.whatif_cli", "replay.cost_cli", "replay.report_cli"):
+    for name in VERB_MODULES:
         importlib.import_module(name).register(app)
 
 

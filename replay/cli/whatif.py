@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-from replay.cache_cli import parse_budgets
+from replay.cli.cache import parse_budgets
+from replay.cli.options import JsonOpt, PolicyFileOpt, PredictorFileOpt, TraceArg
 from traces.errors import UserError
 
 
@@ -24,16 +25,15 @@ def parse_floats(text: str, option: str) -> list[float]:
 def register(app: typer.Typer) -> None:
     @app.command()
     def drop(
-        trace: Path = typer.Argument(..., help="Trace directory."),
+        trace: Path = TraceArg,
         fracs: str = typer.Option("0.25,0.5,0.75,1.0", "--fracs", help="Drop-cold thresholds F: skip a miss whose weight < F/k."),
         mode: str = typer.Option("static", "--mode", help="static (recorded residency) | closed (replayed cache)."),
         phase: str = typer.Option("decode", "--phase", help="Routings to drop from and judge: decode | prefill | all (both)."),
         budget_mib: float | None = typer.Option(None, "--budget-mib", help="closed: cache budget in MiB (default: the recorded one)."),
         policy: str = typer.Option("lru", "--policy", help="closed: cache policy of the replay."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="Add ms/token from a 'cost fit --json' file (decode only)."),
-        policy_file: list[Path] | None = typer.Option(None, "--policy-file", help="A policy module (.py) anywhere on disk; "
-                                                      "its NAME can then be named as a policy (repeatable)."),
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        policy_file: list[Path] | None = PolicyFileOpt,
+        json_out: bool = JsonOpt,
     ) -> None:
         """Drop-cold trade-off: reads avoided against router weight mass discarded, next to the top-k cut."""
         from replay.plugins import register_files
@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def prefetch(
-        trace: Path = typer.Argument(..., help="Trace directory."),
+        trace: Path = TraceArg,
         predictor: str = typer.Option("prev-token", "--predictor", help="A predictor: prev-token, stale-gate[d], "
                                        "static-hot, static-hot-prompt, or one from --predictor-file."),
         budget_mib: float | None = typer.Option(None, "--budget-mib", help="Cache budget in MiB (default: the recorded one)."),
@@ -76,11 +76,9 @@ def register(app: typer.Typer) -> None:
         drop_frac: float | None = typer.Option(None, "--drop", help="Skip guesses with predicted weight < F/k (top kept)."),
         retain: bool = typer.Option(False, "--retain", help="Also protect the guesses for the next layer(s) from eviction."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="Add ms/token from a 'cost fit --json' file."),
-        policy_file: list[Path] | None = typer.Option(None, "--policy-file", help="A policy module (.py) anywhere on disk; "
-                                                      "its NAME can then be named as a policy (repeatable)."),
-        predictor_file: list[Path] | None = typer.Option(None, "--predictor-file", help="A predictor module (.py) anywhere "
-                                                         "on disk; its NAME can then be named as a predictor (repeatable)."),
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        policy_file: list[Path] | None = PolicyFileOpt,
+        predictor_file: list[Path] | None = PredictorFileOpt,
+        json_out: bool = JsonOpt,
     ) -> None:
         """Speculative prefetch: a predictor's guesses read into the same cache, against no prefetch."""
         from replay.plugins import register_files
@@ -95,7 +93,8 @@ def register(app: typer.Typer) -> None:
         model = _cost_model(cost_model, "decode")
         tr = open_trace(trace)
         frame = api_prefetch(tr, predictor=predictor, budget_mib=budget_mib, policy=policy, cap=cap, guard=guard,
-                             drop_frac=drop_frac, retain=retain, cost_model=model)
+                             drop_frac=drop_frac, retain=retain, cost_model=model,
+                                   predictor_file=predictor_file)
         if json_out:
             notes = [*PREFETCH_NOTES, BYTES_NOT_TIME if model is None else TIMED]
             typer.echo(json_object("prefetch", str(trace), rows_of(frame), notes=notes))
