@@ -183,3 +183,19 @@ def test_a_file_predictor_joins_the_defaults_of_its_own_call_only(synth_trace_di
     assert "two-tokens-ago" not in set(later["predictor"])
     r = run_cli("predict", t, "--predictor-file", TWO, "--json")
     assert "two-tokens-ago" in r.json()["predictors"]
+
+
+def test_entry_point_groups_load_through_the_same_path(monkeypatch):
+    # an installed package's entry point (group moe_replay.policies / moe_replay.predictors) is one more
+    # module for the same loader and validator; here the entry points name the example files
+    import replay.policies as pol
+
+    groups = {"moe_replay.policies": [("fifo", str(FIFO))], "moe_replay.predictors": [("two", str(TWO))]}
+    monkeypatch.setattr(pol, "_MODULES", {})
+    monkeypatch.setattr(pol, "entry_points", lambda group: groups[group])
+    monkeypatch.setattr(registry, "_MODULES", {})
+    monkeypatch.setattr(registry, "_FROM_FILES", set())
+    monkeypatch.setattr(registry, "entry_points", lambda group: groups[group])
+    assert pol.names()[-1] == "fifo" and set(pol.REGISTRY) < set(pol.names())
+    assert registry.names()[-1] == "two-tokens-ago"
+    assert "two-tokens-ago" in registry.default_names()  # an installed predictor is a default one
