@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._common import machine, synthetic_trace
+from traces.units import MIB
 
-MIB = 1 << 20
 ENTRIES = (8, 16, 19, 20, 64, 512, 2048)
 
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._common import best_of, machine, synthetic_trace
+from traces.units import MIB
 
-MIB = 1 << 20
 ROUNDS = 5
 
 

@@ -1,5 +1,82 @@
-"""Offline replay of expert-cache policies, predictors, drop and prefetch over v1 traces."""
+"""moe-replay: offline replay of Mixture-of-Experts expert caches, predictors, drop and prefetch
+over v1 traces. The public Python API (every function keyword-only past the trace; every analysis
+returns one Polars DataFrame with the DESIGN.md keys; bad input raises :class:`ReplayError`)::
 
+    import replay
+    t = replay.open_trace("trace_dir")
+    rows = replay.cache(t, policies=["lru", "belady"], budgets_mib=[512, 1024])
+    acc = replay.predict(t, predictors=["prev-token", "stale-gate[1]"])
+    pre = replay.prefetch(t, predictor="prev-token", budget_mib=512)
+    replay.write_report("trace_dir", "report_dir", force=True)
+
+Functions: open_trace, synth, cache, retain, predict, predict_run, drop, prefetch, fit_cost_model,
+cost_fit, load_cost_model, manual_cost_model, with_time, write_report, default_budgets_mib,
+policy_names, predictor_names.
+
+Four functions share their name with the library module that does the work (``replay.cache``,
+``replay.predict``, ``replay.drop``, ``replay.prefetch``): the package attribute is always the
+function; the modules are imported with ``from replay.cache import sweep`` as before.
+
+Your own policy or predictor module: ``policy_file=`` / ``predictor_file=`` (see examples/ and
+the README, "Write your own policy or predictor").
+"""
+
+import sys as _sys
+import types as _types
+
+from replay.api import (
+    ReplayError,
+    cache,
+    cost_fit,
+    default_budgets_mib,
+    drop,
+    fit_cost_model,
+    load_cost_model,
+    manual_cost_model,
+    open_trace,
+    policy_names,
+    predict,
+    predict_run,
+    predictor_names,
+    prefetch,
+    retain,
+    synth,
+    with_time,
+    write_report,
+)
 from traces.version import __version__
 
-__all__ = ["__version__"]
+__all__ = [
+    "ReplayError",
+    "__version__",
+    "cache",
+    "cost_fit",
+    "default_budgets_mib",
+    "drop",
+    "fit_cost_model",
+    "load_cost_model",
+    "manual_cost_model",
+    "open_trace",
+    "policy_names",
+    "predict",
+    "predict_run",
+    "predictor_names",
+    "prefetch",
+    "retain",
+    "synth",
+    "with_time",
+    "write_report",
+]
+
+
+class _Package(_types.ModuleType):
+    """The package keeps its API functions when a same-named library module is imported (Python's
+    import system sets ``replay.cache`` to the submodule otherwise)."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in __all__ and isinstance(value, _types.ModuleType):
+            return  # the module stays in sys.modules["replay." + name]
+        super().__setattr__(name, value)
+
+
+_sys.modules[__name__].__class__ = _Package

@@ -16,7 +16,7 @@ Definitions used everywhere here (DESIGN.md, "Replay semantics"):
   rate needs more memory than the budget it is listed under, and every table and verdict marks
   it or leaves it out (:func:`within_budget`, :func:`pick_best`, :func:`over_budget_note`).
 
-Library API (frames in, frames out; the CLI in :mod:`replay.cache_cli` only formats):
+Library API (frames in, frames out; the CLI in :mod:`replay.cli.cache` only formats):
 
 - :func:`prepare_loads` / :func:`loads_of` -> :class:`Loads` (budget-independent arrays)
 - :func:`replay` -> :class:`ReplayResult` (one policy at one budget; optional per-slot flags)
@@ -61,12 +61,12 @@ from replay.cache_kernel import (
 )
 from replay.cache_state import BUDGET, MAX_SLOTS, RESIDENT, new_state
 from replay.output import exact
-from replay.policies import REGISTRY, policy_module
+from replay.policies import is_plugin, names, policy_module
 from traces.errors import UserError
 from traces.reader import RoutingArrays, Trace
 from traces.schema import MAX_BUDGET_MIB
+from traces.units import MIB
 
-MIB = 1 << 20
 UNBOUNDED_BYTES = np.int64(1) << np.int64(62)
 
 _KERNELS: dict[tuple, Any] = {}
@@ -84,10 +84,29 @@ def kernel_for(policy: str, whatif: bool = False, slots: bool = False):
     with _KERNELS_LOCK:
         if key not in _KERNELS:
             pm = policy_module(policy)
-            kern = make_kernel(policy, pm, whatif, slots)
-            kern(*_driver_args(_tiny_loads(), pm, MIB, 0, bool(slots), None, None, no_options())[0])
+            try:
+                kern = make_kernel(policy, pm, whatif, slots)
+                kern(*_driver_args(_tiny_loads(), pm, MIB, 0, bool(slots), None, None, no_options())[0])
+            except Exception as e:
+                if not is_plugin(policy):
+                    raise
+                raise _plugin_error(policy, pm, e) from e
             _KERNELS[key] = kern
         return _KERNELS[key]
+
+
+def _plugin_error(policy: str, pm: Any, e: Exception) -> UserError:
+    """A user policy that does not compile or run in the driver: one sentence naming its file (the
+    Numba traceback only under --debug, as the cause)."""
+    import numba
+
+    from replay.plugins import where
+
+    if isinstance(e, UserError):
+        return e
+    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("\x1b")), type(e).__name__)
+    what = "does not compile with Numba" if isinstance(e, numba.core.errors.NumbaError) else "failed in the replay driver"
+    return UserError(f"{where(pm)}: policy {policy!r} {what} ({type(e).__name__}: {first[:200]}).")
 
 
 def _tiny_loads() -> Loads:
@@ -104,8 +123,8 @@ def check_policies(policies: list[str] | tuple[str, ...], option: str = "--polic
     out = []
     for p in policies:
         p = p.strip()
-        if p not in REGISTRY:
-            raise UserError(f"{option}: unknown policy {p!r} (known: {', '.join(REGISTRY)}).")
+        if p not in names():
+            raise UserError(f"{option}: unknown policy {p!r} (known: {', '.join(names())}).")
         if p not in out:
             out.append(p)
     if not out:
@@ -253,8 +272,10 @@ def loads_of(trace: Trace) -> Loads:
 
 @dataclass(frozen=True)
 class ReplayResult:
-    """One policy at one budget. ``acc`` [2, L, 3] int64: per phase (0 prefill, 1 decode) and MoE
-    layer, (lookups, hits, read bytes); ``bacc`` [B, 3] the same per batch; ``slots`` [R, k]
+    """One policy at one budget. ``acc`` [2, L, N_ACC = 7] int64: per phase (0 prefill, 1 decode)
+    and MoE layer, the fields ``ACC_*`` of :mod:`replay.cache_kernel` (lookups, hits, bytes read by
+    misses, slots dropped, speculative hits, speculative fills, speculative bytes); ``bacc``
+    [B, N_ACC] the same per batch; ``slots`` [R, k]
     uint8 residency code per routed slot (0 miss, 1 hit, 2 speculative hit; a repeat inside a load
     carries its lookup's code, as the engine's recorded residency does) or None."""
 
@@ -547,7 +568,8 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
         unique.setdefault(key, (p, b))
     threads = threads or min(os.cpu_count() or 1, len(unique)) or 1
     results: dict[tuple, ReplayResult] = {}
-    with progress(len(unique), "cache replay", unit="cell") as bar, ThreadPoolExecutor(max_workers=threads) as pool:
+    bar_ctx = progress(len(unique), "cache replay", unit="cell", enabled=show_progress)
+    with bar_ctx as bar, ThreadPoolExecutor(max_workers=threads) as pool:
         futs = {key: pool.submit(replay, loads, p, b, seed, policy_options=popts[p], **whatif) for key, (p, b) in unique.items()}
         for key, f in futs.items():
             results[key] = f.result()

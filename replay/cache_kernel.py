@@ -97,6 +97,7 @@ per slot or once per load; a plain replay passes empty arrays):
 from __future__ import annotations
 
 import hashlib
+import re
 import sys
 from pathlib import Path
 from types import FunctionType, ModuleType
@@ -499,7 +500,7 @@ def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = Tr
              SLOTS=bool(slots or whatif), NEXT_USE_COL=bool(pm.NEEDS_NEXT_USE),
              KEEP_BATCH=bool(getattr(pm, "NEEDS_BATCH", False)))
     variant = "_whatif" if whatif else ("_slots" if slots else "")
-    qual = f"replay_kernel_{name.replace('-', '_')}{variant}_{_source_hash(pm)}"
+    qual = f"replay_kernel_{re.sub(r'[^A-Za-z0-9_]', '_', name)}{variant}_{_source_hash(pm)}"
     f = FunctionType(_driver.__code__, g, qual, _driver.__defaults__, None)
     f.__qualname__ = qual
     f.__doc__ = _driver.__doc__

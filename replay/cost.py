@@ -30,8 +30,8 @@ from replay.output import exact
 from replay.policies import bound_policies
 from traces.errors import UserError
 from traces.reader import Trace
+from traces.units import MIB
 
-MIB = float(1 << 20)
 MAX_MS = 86_400_000.0  # one day: no per-token time, coefficient or intercept beyond it is a measurement
 
 FORMULAS = {

@@ -32,8 +32,7 @@ from replay.output import PHASE_CODES as PHASES
 from replay.output import check_phase
 from traces.errors import UserError
 from traces.reader import RoutingArrays, Trace
-
-MIB = float(1 << 20)
+from traces.units import MIB
 
 
 def _check_fracs(fracs: list[float]) -> None:
@@ -57,12 +56,6 @@ def load_ids(a: RoutingArrays, rows: np.ndarray) -> np.ndarray:
     key = a.batch[rows].astype(np.int64) * 65536 + a.layer[rows].astype(np.int64)
     _, inv = np.unique(key, return_inverse=True)
     return inv.reshape(-1)
-
-
-def saved_bytes(load: np.ndarray, experts: np.ndarray, read_bytes: np.ndarray, dropped: np.ndarray) -> float:
-    """Bytes not read: per (load, expert), its recorded reads count only if every slot routing it
-    in that load is dropped."""
-    return saved_bytes_and_misses(load, experts, read_bytes, dropped)[0]
 
 
 def saved_bytes_and_misses(load: np.ndarray, experts: np.ndarray, read_bytes: np.ndarray,
@@ -262,3 +255,20 @@ def with_equal_read_comparison(frame: pl.DataFrame, cut_mode: str = "static-k",
         else:
             vals.append(float(np.interp(io, xs, ys)))
     return frame.with_columns(pl.Series(column, vals, dtype=pl.Float64))
+
+
+def drop_time_columns(frame, model, mode: str):
+    """ms/token of each drop row and of the no-drop baseline (decode tokens)."""
+    import polars as pl
+
+    from replay.cost import add_time_columns
+
+    if mode == "static":
+        f = add_time_columns(frame, model, "read_mib", "misses", "tokens")
+        base = add_time_columns(frame, model, "read_mib_baseline", "misses_baseline", "tokens")
+    else:
+        f = add_time_columns(frame, model, "read_mib_decode", "misses_decode", "tokens_decode")
+        base = add_time_columns(frame, model, "read_mib_decode_baseline", "misses_decode_baseline", "tokens_decode")
+    return f.with_columns(ms_per_token_baseline=base["ms_per_token"], tok_s_baseline=base["tok_s"],
+                          ms_saved_per_token=base["ms_per_token"] - f["ms_per_token"]).with_columns(
+        pl.col("ms_saved_per_token").cast(pl.Float64))

@@ -6,8 +6,7 @@ from typing import Any
 
 from traces.errors import UserError
 from traces.reader import Trace
-
-MIB = 1 << 20
+from traces.units import MIB
 
 NO_DECODE = ("the trace has no decoded tokens (prefill only: a prompt-only run or a capture stopped during the prompt), "
              "so decode-only figures are null ('-'); the cumulative ones cover the prefill")

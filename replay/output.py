@@ -143,9 +143,10 @@ def text_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], headers: 
     return "\n".join(out)
 
 
-def progress(total: int | None, desc: str, unit: str = "it") -> tqdm:
-    """A progress bar on a terminal; silent when stderr is piped or redirected."""
-    return tqdm(total=total, desc=desc, unit=unit, disable=not sys.stderr.isatty(), leave=False, dynamic_ncols=True)
+def progress(total: int | None, desc: str, unit: str = "it", enabled: bool = True) -> tqdm:
+    """A progress bar on a terminal; silent when stderr is piped or redirected, or not ``enabled``."""
+    return tqdm(total=total, desc=desc, unit=unit, disable=not (enabled and sys.stderr.isatty()), leave=False,
+                dynamic_ncols=True)
 
 
 COMPILE_NOTICE = "compiling replay kernels (once per installation; later runs load them from the cache) ..."

@@ -19,26 +19,19 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from replay import predictors as registry
 from replay.output import check_phase  # one --phase vocabulary for every verb
-from replay.predictors.base import FAMILIES, Prediction, parse_predictor, stale_gate_name
-from replay.predictors.gate import CTRL, diagnose_ctrl, gate_unavailable, matrix_problem, predict_gate
+from replay.predictors import describe, parse_predictor  # noqa: F401 (describe: re-exported for the CLI and report)
+from replay.predictors.base import Prediction
+from replay.predictors.gate import CTRL, diagnose_ctrl
 from replay.predictors.metrics import FRAME_SCHEMA, score
-from replay.predictors.prev_token import predict_prev_token
-from replay.predictors.static_hot import predict_static_hot, predict_static_hot_prompt
 from traces.errors import UserError
 from traces.reader import Trace
 from traces.schema import PHASE_DECODE, PHASE_PREFILL
 
-DEFAULT_PREDICTORS = FAMILIES
-
-# What each figure measures (and what it does not), printed beside the headline.
-MEANS = {
-    "prev-token": "this layer's experts for the previous token of the turn (temporal reuse)",
-    "stale-gate": "layer l's router on the gate input {d} MoE layer(s) earlier (prefetch {d} layer(s) ahead)",
-    "ctrl": "layer l's router on its own gate input: must be 100.0% (a check, not a predictor)",
-    "static-hot": "the layer's most-routed experts over the scored routings (oracle: has seen the answers)",
-    "static-hot-prompt": "the layer's most-routed experts during prefill (pinnable after the prompt)",
-}
+# Every registered predictor (built-ins, then entry points and files added with --predictor-file),
+# in print order; what each figure measures is the module's DESCRIPTION (:func:`describe`).
+DEFAULT_PREDICTORS = None
 
 
 @dataclass
@@ -72,31 +65,24 @@ def phase_mask(phase_col: np.ndarray, phase: str) -> np.ndarray:
     raise AssertionError(phase)
 
 
-def expand(predictors: Sequence[str], horizons: Sequence[int]) -> list[str]:
-    """Predictor names in print order; bare ``stale-gate`` becomes one entry per horizon."""
+def expand(predictors: Sequence[str], horizons: Sequence[int], option: str = "--predictors") -> list[str]:
+    """Predictor names in print order; a bare parametrised name (``stale-gate``) becomes one entry
+    per horizon."""
     out: list[str] = []
     for p in predictors:
-        fam, d = parse_predictor(p)
-        names = [stale_gate_name(d)] if d is not None else (
-            [stale_gate_name(h) for h in horizons] if fam == "stale-gate" else [fam])
+        fam, d = parse_predictor(p, option)
+        names = [registry.full_name(fam, d)] if d is not None else (
+            [registry.full_name(fam, h) for h in horizons] if getattr(registry.module(fam), "PARAM", None) else [fam])
         out += [n for n in names if n not in out]
     return out
 
 
-def describe(name: str) -> str:
-    fam, d = parse_predictor(name)
-    return MEANS[fam].format(d=d)
-
-
 def check_horizon(trace: Trace, d: int, option: str) -> None:
     """Refuse a stale-gate horizon that cannot score anything on ``trace`` (at once, not after a
-    pass over the gate inputs): stale-gate[d] predicts MoE layer i from MoE layer i-d's gate input,
-    so with L MoE layers only d < L reaches any layer."""
-    n = len(trace.moe_layers)
-    if d >= n:
-        raise UserError(f"{option}: stale-gate horizon {d} scores nothing on {trace.path}, which has {n} MoE layer(s); "
-                        f"a horizon must be below {n} (stale-gate[d] predicts a layer from the gate input d MoE layers "
-                        "earlier).")
+    pass over the gate inputs)."""
+    reason = registry.check("stale-gate", trace, d)
+    if reason:
+        raise UserError(f"{option}: {reason}")
 
 
 def check_memory(trace: Trace, n_predictors: int, rank_w: int) -> None:
@@ -109,12 +95,15 @@ def check_memory(trace: Trace, n_predictors: int, rank_w: int) -> None:
                      f"predictor(s), n_expert {trace.n_expert:,} x {len(trace.moe_layers)} MoE layers")
 
 
-def evaluate(trace: Trace, predictors: Sequence[str] = DEFAULT_PREDICTORS, horizons: Sequence[int] = (1,),
+def evaluate(trace: Trace, predictors: Sequence[str] | None = DEFAULT_PREDICTORS, horizons: Sequence[int] = (1,),
              width: int | None = None, phase: str = "decode", progress: Any = None) -> PredictResult:
     """Score ``predictors`` on ``trace``'s routings of ``phase`` at ``width`` (default top-k).
 
-    ``progress``: optional tqdm-like object advanced once per part file read for gate inputs.
+    ``predictors``: names (``None``: every registered predictor). ``progress``: optional tqdm-like
+    object advanced once per part file read for gate inputs.
     """
+    if predictors is None:
+        predictors = registry.default_names()
     k, n_expert = trace.top_k, trace.n_expert
     width = k if width is None else int(width)
     if not 1 <= width <= n_expert:
@@ -136,35 +125,29 @@ def evaluate(trace: Trace, predictors: Sequence[str] = DEFAULT_PREDICTORS, horiz
         res.notes.append(f"the trace has no {phase} routings: nothing to score")
 
     preds: dict[str, Prediction] = {}
-    gate_names = [n for n in names if n == CTRL or n.startswith("stale-gate[")]
-    if gate_names:
-        reason = gate_unavailable(trace)
-        mats = {} if reason else trace.router_matrices()
-        reason = reason or matrix_problem(trace, mats)
-        if reason:
-            res.unavailable += [{"predictor": n, "reason": reason} for n in gate_names]
-        else:
-            horizons_used = [parse_predictor(n)[1] for n in gate_names if n != CTRL]
-            if progress is not None:
-                progress.reset(total=len(trace.parts))
-            preds.update(predict_gate(trace, in_phase, horizons_used, CTRL in gate_names, rank_w, mats,
-                                      on_part=(progress.update if progress is not None else None)))
+    requested: list[tuple[str, int | None]] = []
+    why: dict[str, str | None] = {}
     for n in names:
-        if n == "prev-token":
-            preds[n] = predict_prev_token(arr, in_phase, rank_w)
-        elif n == "static-hot":
-            preds[n] = predict_static_hot(arr, in_phase, n_expert, rank_w)
-        elif n == "static-hot-prompt":
-            preds[n] = predict_static_hot_prompt(arr, in_phase, n_expert, rank_w)
-            if not (arr.phase == PHASE_PREFILL).any():
-                res.notes.append("static-hot-prompt: the trace has no prefill routings to learn from; all unscored")
+        fam, d = parse_predictor(n)
+        if fam not in why:
+            why[fam] = registry.unavailable(fam, trace)
+        if why[fam]:
+            res.unavailable.append({"predictor": n, "reason": why[fam]})
+        else:
+            requested.append((fam, d))
+    preds.update(registry.run(trace, arr, in_phase, rank_w, requested, progress=progress))
+    for fam in dict.fromkeys(f for f, _ in requested):
+        note = getattr(registry.module(fam), "note", None)
+        msg = note(trace, arr, in_phase) if note is not None else None
+        if msg:
+            res.notes.append(msg)
     frames = [score(preds[n], arr.experts, arr.weights, arr.layer, in_phase, trace.moe_layers, n_expert, width, phase)
               for n in names if n in preds]
     if frames:
         res.frame = pl.concat(frames)
     res.predictors = [n for n in names if n in preds]
     if CTRL in preds:
-        _check_ctrl(trace, res, mats)
+        _check_ctrl(trace, res, trace.router_matrices())
     return res
 
 

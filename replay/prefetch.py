@@ -57,14 +57,13 @@ from replay.cache_kernel import (
     STAT_SPEC_RESIDENT,
     STAT_SPEC_UNUSED_END,
 )
-from replay.predictors.base import NONE, parse_predictor
+from replay.predictors.base import NONE
 from traces.errors import UserError
 from traces.reader import RoutingArrays, Trace
-from traces.schema import PHASE_DECODE, PHASE_PREFILL
+from traces.schema import PHASE_DECODE
+from traces.units import MIB
 
-MIB = float(1 << 20)
 PREFETCH_POLICIES = ("lru", "lfru")
-PREDICTORS = ("prev-token", "stale-gate[d]", "static-hot", "static-hot-prompt")
 
 
 @dataclass(frozen=True)
@@ -83,65 +82,35 @@ class Guesses:
     dropped_guesses: int  # guesses removed by --drop
 
 
-def _mean_weights(arr: RoutingArrays, learn: np.ndarray, n_expert: int) -> dict[int, np.ndarray]:
-    """{layer: mean applied weight of each expert over the rows ``learn`` that routed it} (NaN never)."""
-    out = {}
-    rows = np.flatnonzero(learn)
-    for layer in np.unique(arr.layer[rows]):
-        r = rows[arr.layer[rows] == layer]
-        ex = arr.experts[r].ravel()
-        w = arr.weights[r].astype(np.float64).ravel()
-        s = np.bincount(ex, weights=w, minlength=n_expert)
-        c = np.bincount(ex, minlength=n_expert)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out[int(layer)] = np.where(c > 0, s / np.maximum(c, 1), np.nan)
-    return out
+def guesses(trace: Trace, predictor: str, drop_frac: float | None = None, arr: RoutingArrays | None = None,
+            option: str = "--predictor", drop_option: str = "--drop") -> Guesses:
+    """The predictor's top-k guesses for every decode routing, as entries aligned with the rows.
 
+    ``option`` / ``drop_option``: the names the predictor and ``drop_frac`` came under (a CLI flag
+    or the API's keyword), for messages."""
+    from replay import predictors as registry
 
-def guesses(trace: Trace, predictor: str, drop_frac: float | None = None, arr: RoutingArrays | None = None) -> Guesses:
-    """The predictor's top-k guesses for every decode routing, as entries aligned with the rows."""
-    from replay.predictors.prev_token import predict_prev_token
-    from replay.predictors.static_hot import predict_static_hot, predict_static_hot_prompt
-
-    fam, d = parse_predictor(predictor, option="--predictor")
+    fam, d = registry.parse_predictor(predictor, option)
+    if not getattr(registry.module(fam), "PREFETCH", True):
+        raise UserError(f"{option} {predictor}: not a prefetch predictor (use one of {', '.join(registry.prefetch_names())}).")
+    reason = registry.check(fam, trace, d)
+    if reason:
+        raise UserError(f"{option}: {reason}")
+    reason = registry.unavailable(fam, trace)
+    if reason:
+        raise UserError(f"{option} {predictor}: {reason}.")
     arr = arr if arr is not None else trace.arrays(recorded=False)
     k, n_expert = trace.top_k, trace.n_expert
     dec = arr.phase == PHASE_DECODE
-    if fam == "prev-token":
-        pred, ahead = predict_prev_token(arr, dec, k), 1
-        pw = pred.weights
-    elif fam == "stale-gate":
-        from replay.predict import check_horizon
-        from replay.predictors.gate import gate_unavailable, matrix_problem, predict_gate
-
-        check_horizon(trace, d, "--predictor")
-
-        reason = gate_unavailable(trace)
-        mats = {} if reason else trace.router_matrices()
-        reason = reason or matrix_problem(trace, mats)
-        if reason:
-            raise UserError(f"--predictor {predictor}: {reason}.")
-        pred = predict_gate(trace, dec, [d], False, k, mats, with_weights=True)[f"stale-gate[{d}]"]
-        pw, ahead = pred.weights, d
-    elif fam in ("static-hot", "static-hot-prompt"):
-        prompt = fam == "static-hot-prompt"
-        learn = (arr.phase == PHASE_PREFILL) if prompt else dec
-        pred = (predict_static_hot_prompt if prompt else predict_static_hot)(arr, dec, n_expert, k)
-        means = _mean_weights(arr, learn, n_expert)
-        pw = np.full(pred.ranked.shape, np.nan, np.float32)
-        for layer, m in means.items():
-            rows = pred.scored & (arr.layer == layer)
-            ids = pred.ranked[rows]
-            pw[rows] = np.where(ids >= 0, m[np.maximum(ids, 0)], np.nan)
-        ahead = 1
-    else:
-        raise UserError(f"--predictor {predictor}: not a prefetch predictor (use one of {', '.join(PREDICTORS)}).")
+    pred = registry.run(trace, arr, dec, k, [(fam, d)], with_weights=True)[registry.full_name(fam, d)]
+    ahead = registry.ahead(fam, d)
+    pw = pred.weights if pred.weights is not None else np.full(pred.ranked.shape, np.nan, np.float32)
     ranked = pred.ranked
     keep = (ranked != NONE) & pred.scored[:, None]
     n_dropped = 0
     if drop_frac is not None:
         if not (math.isfinite(drop_frac) and drop_frac >= 0):
-            raise UserError(f"--drop {drop_frac}: not a non-negative fraction (F in 'weight < F / k').")
+            raise UserError(f"{drop_option} {drop_frac}: not a non-negative fraction (F in 'weight < F / k').")
         # A guess the engine would drop-cold anyway is not read; the top-ranked guess always is.
         # NaN (unknown) predicted weight: not below the threshold, so read.
         below = np.zeros(ranked.shape, dtype=bool)
@@ -313,7 +282,8 @@ def with_best_plain(frame: pl.DataFrame, plain: dict | None) -> pl.DataFrame:
 
 
 def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: list[float], predictor: str,
-                 per_layer: bool = False, seed: int = 0, policy_options: dict | None = None) -> pl.DataFrame:
+                 per_layer: bool = False, seed: int = 0, policy_options: dict | None = None,
+                 show_progress: bool = True) -> pl.DataFrame:
     """Cache rows with retention (the predictor's guesses for the next layer(s) protected from
     eviction), plus ``hit_pct_decode_no_retain``, ``hit_pct_cum_no_retain`` and
     ``retain_gain_pp_decode`` / ``retain_gain_pp_cum`` (percentage points) from the same sweep
@@ -322,7 +292,7 @@ def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: l
 
     g = guesses(trace, predictor)
     with_r = sweep(loads, policies, budgets_mib, per_layer=per_layer, seed=seed, pred=g.entries, ahead=g.ahead,
-                   retain=True, policy_options=policy_options)
+                   retain=True, policy_options=policy_options, show_progress=show_progress)
     without = sweep(loads, policies, budgets_mib, per_layer=per_layer, seed=seed, show_progress=False,
                     policy_options=policy_options)
     return with_r.with_columns(

@@ -222,11 +222,12 @@ def _signed_pct(v: float | None) -> str:
 def section_predictors(ctx: ReportContext) -> Section:
     from replay import plots
     from replay.predict import describe, evaluate, horizon_curve
+    from replay.predictors import report_predictors
 
     tr = ctx.trace
     s = Section("Predictor accuracy (decode)")
     horizons = [1, 2]
-    res = evaluate(tr, ["prev-token", "stale-gate", "ctrl", "static-hot", "static-hot-prompt"], horizons=horizons)
+    res = evaluate(tr, report_predictors(), horizons=horizons)
     overall = res.overall()
     s.text.append(f"Slot accuracy = |top-{tr.top_k} named ∩ routed| / {tr.top_k}; whole = the routed set named exactly; "
                   "over scored decode routings only. Unscored routings (first decoded token of a turn, the first d MoE "
@@ -378,7 +379,7 @@ def section_cache(ctx: ReportContext) -> Section:
 def section_prefetch(ctx: ReportContext) -> Section:
     from replay import plots
     from replay.cache import loads_of
-    from replay.predictors.gate import gate_unavailable
+    from replay.predictors import report_prefetch_predictors, unavailable
     from replay.prefetch import best_plain, prefetch, retain_sweep, with_prefetch_time
 
     tr = ctx.trace
@@ -391,11 +392,13 @@ def section_prefetch(ctx: ReportContext) -> Section:
     if budget is None:
         budget = float(f"{2 * tr.token_cycle_bytes / (1 << 20):.2g}")
         where = "2 x T (no recorded budget)"
-    predictors = ["prev-token", "static-hot"]
-    if gate_unavailable(tr) is None and tr.has_router:
-        predictors.append("stale-gate[1]")
-    else:
-        s.text.append(f"stale-gate prefetch is not shown: {gate_unavailable(tr) or 'the trace has no router.parquet'}.")
+    predictors = []
+    for fam, name in report_prefetch_predictors():
+        reason = unavailable(fam, tr)
+        if reason is None:
+            predictors.append(name)
+        else:
+            s.text.append(f"{fam} prefetch is not shown: {reason}.")
     rows = []
     for pred in predictors:
         for policy, guard in (("lru", False), ("lfru", True)):

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replay.cache import batch_series, prepare_loads, replay
-from replay.policies import REGISTRY
+from replay.policies import REGISTRY, add_policy_file
 from tests.naive.cache import naive_replay
 from traces.reader import RoutingArrays
 
+# The example plugin (examples/fifo_policy.py) goes through the same registry and driver as the built-ins.
+FIFO = add_policy_file(Path(__file__).resolve().parents[1] / "examples" / "fifo_policy.py")
 UNIT = 1 << 16  # expert sizes and budgets in 1/16 MiB, so budget_mib is exact in binary
 
 
@@ -75,7 +79,7 @@ def _arrays(rows, k):
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(t=traces(), policy=st.sampled_from(sorted(REGISTRY)), seed=st.integers(0, 1000))
+@given(t=traces(), policy=st.sampled_from(sorted(REGISTRY) + [FIFO]), seed=st.integers(0, 1000))
 def test_kernel_matches_naive_twin(t, policy, seed):
     moe_layers, n_layer, n_expert, k, eb, rows, budget_units = t
     if not rows:

@@ -11,8 +11,7 @@ from replay.prefetch import guesses, prefetch
 from tests.helpers import assert_one_sentence_error, run_cli
 from traces import open_trace
 from traces.reader import RoutingArrays
-
-MIB = 1 << 20
+from traces.units import MIB
 
 
 def _loads(batches):

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from traces.units import PHASE_DECODE, PHASE_PREFILL  # noqa: F401 (re-exported: the codes live in traces.units)
+
 FORMAT = "moe-route-trace"
 VERSION = 1
 TRACE_JSON = "trace.json"
@@ -19,8 +21,6 @@ ROUTINGS_DIR = "routings"
 ROUTER_FILE = "router.parquet"
 METRICS_FILE = "metrics.parquet"
 
-PHASE_PREFILL = 0
-PHASE_DECODE = 1
 PHASE_NAMES = {PHASE_PREFILL: "prefill", PHASE_DECODE: "decode"}
 
 # Residency codes recorded by an engine's cache (column ``residency``).

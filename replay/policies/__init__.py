@@ -1,12 +1,20 @@
 """Cache policies: one module per policy, each with the same hooks (see :mod:`replay.cache_kernel`).
 
-A new policy is one new module here plus one line in :data:`REGISTRY`.
+A new built-in policy is one new module here plus one line in :data:`REGISTRY`. A user's policy
+module anywhere on disk is added with :func:`add_policy_file` (``policy_file=`` in the API,
+``--policy-file`` on the CLI; its ``NAME`` constant is the name to ask for) or through the
+entry-point group ``moe_replay.policies``. Every module, built-in or not, is loaded and checked
+by the same code (:mod:`replay.plugins`, :func:`validate`) and compiled into the same driver.
 """
 
 from __future__ import annotations
 
-import importlib
+import re
+from pathlib import Path
 from types import ModuleType
+
+from replay.plugins import entry_points, load, where
+from traces.errors import UserError
 
 REGISTRY: dict[str, str] = {
     "lru": "replay.policies.lru",
@@ -30,11 +38,85 @@ REGISTRY: dict[str, str] = {
 DEFAULT_POLICIES = ("lru", "lfu", "layer", "lfru", "belady", "infinite")
 
 
+ENTRY_POINT_GROUP = "moe_replay.policies"
+HOOKS = ("init", "on_admit", "on_touch", "pick_victim", "on_evict")
+CONSTANTS = ("PARTITION", "UNBOUNDED", "NEEDS_NEXT_USE")
+_MODULES: dict[str, ModuleType] = {}
+
+
+def validate(mod: ModuleType, name: str | None = None) -> str:
+    """The policy's name (``NAME``, or the registry's key for a built-in), or one sentence naming
+    the module's file and the hook or constant that is missing or wrong."""
+    from numba.core.dispatcher import Dispatcher
+
+    src = where(mod)
+    got = getattr(mod, "NAME", name)
+    if not isinstance(got, str) or not re.fullmatch(r"[A-Za-z0-9_.+-]+", got or ""):
+        raise UserError(f"{src}: a policy module must define NAME, the policy's name (letters, digits and _ . + -).")
+    if name is not None and got != name:
+        raise UserError(f"{src}: NAME is {got!r} but the module is registered as {name!r}.")
+    for h in HOOKS:
+        f = getattr(mod, h, None)
+        if f is None:
+            raise UserError(f"{src}: policy {got!r} has no {h}() hook (every policy defines {', '.join(HOOKS)}; see "
+                            "replay/cache_kernel.py).")
+        if h != "init" and not isinstance(f, Dispatcher):
+            raise UserError(f"{src}: policy {got!r}'s {h}() is not compiled with Numba: decorate it with "
+                            "@njit(inline=\"always\").")
+    for c in CONSTANTS:
+        if not hasattr(mod, c):
+            raise UserError(f"{src}: policy {got!r} does not define the constant {c} (PARTITION = \"global\" or \"layer\", "
+                            "UNBOUNDED = False, NEEDS_NEXT_USE = False).")
+    if mod.PARTITION not in ("global", "layer"):
+        raise UserError(f"{src}: policy {got!r}: PARTITION is {mod.PARTITION!r}, must be \"global\" or \"layer\".")
+    if getattr(mod, "FREQ_SINCE", "admission") not in ("run", "admission"):
+        raise UserError(f"{src}: policy {got!r}: FREQ_SINCE is {mod.FREQ_SINCE!r}, must be \"run\" or \"admission\".")
+    return got
+
+
+def _add(mod: ModuleType, name: str | None = None) -> str:
+    n = validate(mod, name)
+    old = _MODULES.get(n)
+    if old is not None and old is not mod:
+        raise UserError(f"{where(mod)}: policy name {n!r} is already taken by {where(old)}.")
+    _MODULES[n] = mod
+    return n
+
+
+def _ensure() -> None:
+    if all(n in _MODULES for n in REGISTRY):
+        return
+    for n, spec in REGISTRY.items():
+        if n not in _MODULES:
+            _add(load(spec, "policy"), n)
+    for _, spec in entry_points(ENTRY_POINT_GROUP):
+        _add(load(spec, "policy"))
+
+
+def add_policy_file(path: str | Path) -> str:
+    """Register the policy module in file ``path`` (any directory); returns its ``NAME``."""
+    _ensure()
+    return _add(load(str(path), "policy"))
+
+
+def names() -> tuple[str, ...]:
+    """Every registered policy: built-ins in registry order, then entry points and files."""
+    _ensure()
+    return tuple(_MODULES)
+
+
 def policy_module(name: str) -> ModuleType:
-    return importlib.import_module(REGISTRY[name])
+    if name not in _MODULES:
+        _ensure()
+    return _MODULES[name]
+
+
+def is_plugin(name: str) -> bool:
+    """Whether ``name`` comes from outside this package (a file or an entry point)."""
+    return not policy_module(name).__name__.startswith("replay.policies.")
 
 
 def bound_policies() -> tuple[str, ...]:
     """The registry's offline bounds (a module constant ``BOUND = True``: it sees the whole trace),
     which no "best online" verdict may pick: ``belady``, ``infinite``, ``layer-opt``."""
-    return tuple(p for p in REGISTRY if getattr(policy_module(p), "BOUND", False))
+    return tuple(p for p in names() if getattr(policy_module(p), "BOUND", False))

@@ -1,13 +1,15 @@
 """Victim search with an indexed binary min-heap per eviction group, ordered by (key, last tick).
 
-For policies whose key changes only when the entry itself is touched (LFU: frequency; Belady:
-next use), a heap gives the same victim as the scan in :mod:`replay.policies._scan` (the smallest
+For policies whose key ``key(ent, e)`` changes only when the entry itself is touched (``lfu``,
+``lfu-incache`` and ``lfru``: the frequency; Belady uses the blocks of :mod:`._blocks` instead),
+a heap gives the same victim as the scan in :mod:`replay.policies._scan` (the smallest
 (key, last_tick) among evictable entries; the order is total, ticks being unique) in O(log n).
 Entries the current load touched (or protected ones) are not evictable: ``pick_victim`` pops them
 into a scratch stash until the top is evictable, then pushes them back, so the heap stays valid.
 
-ps rows (field-major, as ent): HEAP (slot -> entry, group g's heap in columns BASE[g] ..), POS
-(entry -> slot, -1 if absent), SIZE (column g: the group's heap size), STASH (scratch).
+``ps`` int32 [4, max(entries, groups)], field-major as ``ent``: row HEAP (slot -> entry, group
+g's heap in columns ``grp[g, BASE]`` ..), POS (entry -> slot, -1 if absent), SIZE (column g: the
+group's heap size), STASH (scratch for the entries popped while searching).
 """
 
 from __future__ import annotations

@@ -1,10 +1,14 @@
 """Victim search by scanning a group's resident entries for the smallest key.
 
-Policies whose order is not a simple list (LFU, LFRU, Belady, random) give ``key(ps, ent, e,
-load) -> int64``; the victim is the evictable entry with the smallest key, ties to the least
-recently used (ticks are unique, so the choice never depends on the resident list's order and
-the naive twin can take ``min`` over a set and agree exactly). O(resident entries of the group)
-per eviction. A policy using it must set ``NEEDS_RESIDENT_LIST = True``.
+A policy whose key is not kept in order by the other hooks (today ``random``, whose key is drawn
+afresh at each eviction) gives ``key(ps, ent, e, load) -> int64``; the victim is the evictable
+entry with the smallest key, ties to the least recently used (ticks are unique, so the choice
+never depends on the resident list's order and the naive twin can take ``min`` over a set and
+agree exactly). O(resident entries of the group) per eviction. A policy using it must set
+``NEEDS_RESIDENT_LIST = True``. (LFU and LFRU use :mod:`._heap`, Belady :mod:`._blocks`.)
+
+Also here: :func:`no_op` (a hook that does nothing) and :func:`no_state` (an ``init`` for a
+policy without state of its own), shared by ``infinite`` and ``random``.
 """
 
 from __future__ import annotations

@@ -18,22 +18,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from replay.cache_state import FREQ, LAST_LOAD
+from replay.cache_state import FREQ
 from replay.policies import _heap
 
 PARTITION = "global"
 UNBOUNDED = False
 NEEDS_NEXT_USE = False
 FREQ_SINCE = "admission"  # the in-cache count (lfu-incache's), not lfu's whole-run count
-
-
-@njit(cache=True, inline="always")
-def score(ent, e, load):
-    age = load - ent[LAST_LOAD, e]
-    rec = 255 - age
-    if rec < 0:
-        rec = 0
-    return (np.int64(ent[FREQ, e]) << 8) | rec
 
 
 @njit(cache=True, inline="always")

@@ -1,13 +1,270 @@
 """Expert predictors: each names, per (token, MoE layer) routing, a ranked list of experts — or
-says it cannot ("unscored"). One small module per predictor; :mod:`replay.predict` scores them.
+says it cannot ("unscored"). One small module per predictor behind the same hooks, found through
+:data:`REGISTRY` (built-ins), ``predictor_file=`` / ``--predictor-file`` (a module anywhere on
+disk) and the entry-point group ``moe_replay.predictors``; :mod:`replay.predict` scores them,
+:mod:`replay.prefetch` reads their guesses into the cache, and the report lists them.
+
+A predictor module defines (DESIGN.md, "Plugins"):
+
+- ``NAME`` (str): the name users type (``stale-gate``); ``DESCRIPTION`` (str): what its figure
+  measures, one line (``{d}`` is replaced by the parameter of a parametrised predictor);
+- ``predict(trace, arr, in_phase, width)`` -> int32 ``[routings, width]``: expert ids best first
+  for every row of ``arr`` (:class:`traces.reader.RoutingArrays`); ``-1`` = no guess; a row
+  whose first guess is -1 (or outside ``in_phase``) is unscored, never "wrong". It may return
+  ``(ranked, weights)`` with float32 predicted routing weights per rank (NaN unknown), which
+  ``prefetch --drop`` uses;
+
+and optionally ``PARAM = "d"`` (the name takes ``[int]``: ``stale-gate[2]``; ``predict`` gets
+``param=``), ``unavailable(trace) -> str | None`` (why it cannot run on this trace),
+``param_problem(value) -> str | None``, ``check(trace, value) -> str | None``,
+``ahead(value) -> int`` (MoE layers ahead its guess exists, default 1), ``PREFETCH = False``
+(not a prefetch predictor), ``REPORT = False`` (left out of the report), ``WEIGHTS = True``
+(``predict`` accepts ``with_weights=``), ``note(trace, arr, in_phase) -> str | None``, and
+``predict_many(...)`` (several names computed in one pass; see :mod:`.gate`).
+
+Built-ins:
 
 - :mod:`.prev_token` — what this layer routed for the previous token of the turn;
-- :mod:`.gate` — ``stale-gate[d]`` (layer l's router on the gate input of the MoE layer d places
-  earlier) and ``ctrl`` (layer l's router on its own gate input: must reproduce the routing);
-- :mod:`.static_hot` — the layer's most-routed experts (oracle over the scored phase, or learned
-  from the prompt only).
+- :mod:`.stale_gate` — layer l's router on the gate input of the MoE layer d places earlier, and
+  :mod:`.ctrl` — layer l's router on its own gate input (must reproduce the routing);
+- :mod:`.static_hot`, :mod:`.static_hot_prompt` — the layer's most-routed experts (oracle over
+  the scored phase, or learned from the prompt only).
 """
 
-from replay.predictors.base import Prediction, parse_predictor
+from __future__ import annotations
 
-__all__ = ["Prediction", "parse_predictor"]
+import contextvars
+import re
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+
+from replay.plugins import entry_points, load, where
+from replay.predictors.base import NONE, Prediction
+from traces.errors import UserError
+
+REGISTRY: dict[str, str] = {
+    "prev-token": "replay.predictors.prev_token",
+    "stale-gate": "replay.predictors.stale_gate",
+    "ctrl": "replay.predictors.ctrl",
+    "static-hot": "replay.predictors.static_hot",
+    "static-hot-prompt": "replay.predictors.static_hot_prompt",
+}
+ENTRY_POINT_GROUP = "moe_replay.predictors"
+
+_MODULES: dict[str, ModuleType] = {}  # every loaded predictor, by name, in registration order
+_FROM_FILES: set[str] = set()  # names registered from a file (predictor_file=): in default lists only while asked for
+# The file predictors the running call named (predictor_file=): they join the default lists for that call only, so
+# a file registered by an earlier call does not change a later call's defaults.
+active_files: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("moe_replay_predictor_files", default=())
+_PARAM = re.compile(r"^(.+)\[(\d+)\]$")
+
+
+def _validate(mod: ModuleType, name: str | None) -> str:
+    """The module's name, or one sentence naming the file and what is missing."""
+    src = where(mod)
+    got = getattr(mod, "NAME", None)
+    if not isinstance(got, str) or not got:
+        raise UserError(f"{src}: a predictor module must define NAME, the predictor's name (a non-empty string).")
+    if name is not None and got != name:
+        raise UserError(f"{src}: NAME is {got!r} but the module is registered as {name!r}.")
+    if not callable(getattr(mod, "predict", None)) and not callable(getattr(mod, "predict_many", None)):
+        raise UserError(f"{src}: a predictor module must define predict(trace, arr, in_phase, width) returning "
+                        "int32 guesses [routings, width].")
+    if not isinstance(getattr(mod, "DESCRIPTION", None), str):
+        raise UserError(f"{src}: a predictor module must define DESCRIPTION, one line saying what it predicts.")
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]+", got):
+        raise UserError(f"{src}: NAME {got!r} may hold only letters, digits and _ . + -.")
+    return got
+
+
+def _add(mod: ModuleType, name: str | None = None) -> str:
+    n = _validate(mod, name)
+    old = _MODULES.get(n)
+    if old is not None and old is not mod:
+        raise UserError(f"{where(mod)}: predictor name {n!r} is already taken by {where(old)}.")
+    _MODULES[n] = mod
+    return n
+
+
+def _ensure() -> None:
+    if len(_MODULES) >= len(REGISTRY) and all(n in _MODULES for n in REGISTRY):
+        return
+    for n, spec in REGISTRY.items():
+        if n not in _MODULES:
+            _add(load(spec, "predictor"), n)
+    for _, spec in entry_points(ENTRY_POINT_GROUP):
+        _add(load(spec, "predictor"))
+
+
+def add_predictor_file(path: str | Path) -> str:
+    """Register the predictor module in file ``path``; returns its name."""
+    _ensure()
+    n = _add(load(str(path), "predictor"))
+    if not _MODULES[n].__name__.startswith("replay."):
+        _FROM_FILES.add(n)
+    return n
+
+
+def names() -> tuple[str, ...]:
+    """Every registered predictor family, built-ins first (the default list and the help text)."""
+    _ensure()
+    return tuple(_MODULES)
+
+
+def module(family: str) -> ModuleType:
+    _ensure()
+    return _MODULES[family]
+
+
+def known_text() -> str:
+    fams = names()
+    return ", ".join(fams) + "".join(f", {f}[{_MODULES[f].PARAM}]" for f in fams if getattr(_MODULES[f], "PARAM", None))
+
+
+def prefetch_names() -> tuple[str, ...]:
+    """Names usable by prefetch and retention, parametrised ones as ``name[d]``."""
+    return tuple(f"{f}[{module(f).PARAM}]" if getattr(module(f), "PARAM", None) else f
+                 for f in names() if getattr(module(f), "PREFETCH", True))
+
+
+def default_names() -> tuple[str, ...]:
+    """The default predictor list: built-ins and entry points, plus the files the running call
+    named (:data:`active_files`)."""
+    active = set(active_files.get())
+    return tuple(n for n in names() if n not in _FROM_FILES or n in active)
+
+
+def report_predictors() -> list[str]:
+    """The predictors the report's accuracy section evaluates: the default list without
+    ``REPORT = False``."""
+    return [f for f in default_names() if getattr(module(f), "REPORT", True)]
+
+
+def report_prefetch_predictors() -> list[tuple[str, str]]:
+    """(family, name) of the report's prefetch rows: modules with ``REPORT_PREFETCH`` set (True, or
+    the parameter to show for a parametrised one): the plain ones first, then the parametrised
+    (router) ones, each in registry order."""
+    out = []
+    for f in sorted(default_names(), key=lambda f: bool(getattr(module(f), "PARAM", None))):
+        v = getattr(module(f), "REPORT_PREFETCH", False)
+        if v is not False and v is not None:
+            out.append((f, full_name(f, v) if getattr(module(f), "PARAM", None) else f))
+    return out
+
+
+def parse_predictor(name: str, option: str = "--predictors") -> tuple[str, int | None]:
+    """``'stale-gate[2]'`` -> ``('stale-gate', 2)``; ``'ctrl'`` -> ``('ctrl', None)``; bad -> UserError
+    naming ``option``, the flag or parameter the name came from."""
+    name = name.strip()
+    fams = names()
+    m = _PARAM.match(name)
+    if m and m.group(1) in fams and getattr(_MODULES[m.group(1)], "PARAM", None):
+        fam, d = m.group(1), int(m.group(2))
+        check = getattr(_MODULES[fam], "param_problem", None)
+        problem = check(d) if check is not None else None
+        if problem:
+            raise UserError(f"{option} {name}: {problem}.")
+        return fam, d
+    if name in fams:
+        return name, None
+    raise UserError(f"{option}: unknown predictor {name!r} (known: {known_text()}).")
+
+
+def full_name(family: str, param: int | None) -> str:
+    return f"{family}[{param}]" if param is not None else family
+
+
+def unavailable(family: str, trace) -> str | None:
+    f = getattr(module(family), "unavailable", None)
+    return f(trace) if f is not None else None
+
+
+def check(family: str, trace, param: int | None) -> str | None:
+    f = getattr(module(family), "check", None)
+    return f(trace, param) if f is not None and param is not None else None
+
+
+def ahead(family: str, param: int | None) -> int:
+    f = getattr(module(family), "ahead", None)
+    return int(f(param)) if f is not None else 1
+
+
+def describe(name: str) -> str:
+    fam, d = parse_predictor(name)
+    mod = module(fam)
+    return mod.DESCRIPTION.format(**({mod.PARAM: d} if getattr(mod, "PARAM", None) else {}))
+
+
+def as_prediction(mod: ModuleType, name: str, out, n_rows: int, width: int, n_expert: int,
+                  in_phase: np.ndarray) -> Prediction:
+    """A hook's return value checked (shape, dtype, range) and made a :class:`Prediction`; a
+    wrong one is one sentence naming the module's file."""
+    src = where(mod)
+    weights = None
+    if isinstance(out, Prediction):
+        out, weights = out.ranked, out.weights
+    elif isinstance(out, tuple) and len(out) == 2:
+        out, weights = out
+    if not isinstance(out, np.ndarray):
+        raise UserError(f"{src}: predict() for {name} returned {type(out).__name__}, not an int32 numpy array "
+                        f"[{n_rows}, {width}].")
+    if out.shape != (n_rows, width):
+        raise UserError(f"{src}: predict() for {name} returned shape {list(out.shape)}, expected [{n_rows}, {width}] "
+                        "(routings x width).")
+    if out.dtype != np.int32:
+        raise UserError(f"{src}: predict() for {name} returned dtype {out.dtype}, expected int32.")
+    if out.size and (int(out.min()) < NONE or int(out.max()) >= n_expert):
+        raise UserError(f"{src}: predict() for {name} returned expert ids outside -1..{n_expert - 1} "
+                        f"(-1 = no guess; the trace has {n_expert} experts).")
+    if weights is not None:
+        if not isinstance(weights, np.ndarray) or weights.shape != (n_rows, width):
+            raise UserError(f"{src}: predict() for {name} returned weights that are not a float array [{n_rows}, {width}].")
+        weights = weights.astype(np.float32, copy=False)
+    scored = in_phase & (out[:, 0] != NONE) if width else np.zeros(n_rows, dtype=bool)
+    return Prediction(name, np.ascontiguousarray(out), scored, weights)
+
+
+def run(trace, arr, in_phase: np.ndarray, width: int, requested: list[tuple[str, int | None]], progress=None,
+        with_weights: bool = False) -> dict[str, Prediction]:
+    """{full name: Prediction} for ``requested`` (family, param) pairs. Modules sharing one
+    ``predict_many`` hook are computed in one call (the router predictors' single pass over the
+    gate inputs)."""
+    out: dict[str, Prediction] = {}
+    shared: dict[int, tuple[object, list[tuple[str, int | None]]]] = {}
+    for fam, d in requested:
+        many = getattr(module(fam), "predict_many", None)
+        if many is not None:
+            shared.setdefault(id(many), (many, []))[1].append((fam, d))
+    done = set()
+    for fam, d in requested:
+        mod = module(fam)
+        many = getattr(mod, "predict_many", None)
+        if many is not None:
+            if id(many) in done:
+                continue
+            done.add(id(many))
+            got = many(trace, arr, in_phase, width, shared[id(many)][1], progress=progress, with_weights=with_weights)
+            for f2, d2 in shared[id(many)][1]:
+                n = full_name(f2, d2)
+                out[n] = as_prediction(module(f2), n, got[n], arr.n_rows, width, trace.n_expert, in_phase)
+            continue
+        kw = {"param": d} if getattr(mod, "PARAM", None) else {}
+        if with_weights and getattr(mod, "WEIGHTS", False):
+            kw["with_weights"] = True
+        n = full_name(fam, d)
+        try:
+            got = mod.predict(trace, arr, in_phase, width, **kw)
+        except UserError:
+            raise
+        except Exception as e:
+            if mod.__name__.startswith("replay."):
+                raise
+            raise UserError(f"{where(mod)}: predict() for {n} failed: {type(e).__name__}: {e}.") from e
+        out[n] = as_prediction(mod, n, got, arr.n_rows, width, trace.n_expert, in_phase)
+    return out
+
+
+__all__ = ["ENTRY_POINT_GROUP", "NONE", "REGISTRY", "Prediction", "add_predictor_file", "describe", "module", "names",
+           "parse_predictor", "prefetch_names", "run"]

@@ -1,19 +1,12 @@
-"""What every predictor hands back, and the predictor names the tool knows."""
+"""What every predictor hands back (the names the tool knows are in :mod:`replay.predictors`)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
-from traces.errors import UserError
-
-# Predictor families, in the order they print. ``stale-gate`` takes a horizon: ``stale-gate[d]``.
-FAMILIES = ("prev-token", "stale-gate", "ctrl", "static-hot", "static-hot-prompt")
 NONE = -1  # "nothing named at this rank" in a ranked prediction
-
-_STALE = re.compile(r"^stale-gate\[(\d+)\]$")
 
 
 @dataclass(frozen=True)
@@ -35,21 +28,6 @@ class Prediction:
 
 def stale_gate_name(d: int) -> str:
     return f"stale-gate[{d}]"
-
-
-def parse_predictor(name: str, option: str = "--predictors") -> tuple[str, int | None]:
-    """``'stale-gate[2]'`` -> ``('stale-gate', 2)``; ``'ctrl'`` -> ``('ctrl', None)``; bad -> UserError
-    naming ``option``, the flag the name came from."""
-    name = name.strip()
-    m = _STALE.match(name)
-    if m:
-        d = int(m.group(1))
-        if d < 1:
-            raise UserError(f"{option} {name}: the stale-gate horizon must be >= 1 (d=0 is ctrl).")
-        return "stale-gate", d
-    if name in FAMILIES:
-        return name, None
-    raise UserError(f"{option}: unknown predictor {name!r} (known: {', '.join(FAMILIES)}, stale-gate[d]).")
 
 
 def empty_prediction(name: str, n_rows: int, width: int) -> Prediction:

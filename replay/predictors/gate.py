@@ -66,6 +66,25 @@ def gate_unavailable(trace: Trace) -> str | None:
     return None
 
 
+def unavailable(trace: Trace) -> str | None:
+    """The registry hook: why the router predictors cannot run (the trace's columns, metadata or
+    router matrices), or None."""
+    reason = gate_unavailable(trace)
+    return reason or matrix_problem(trace, trace.router_matrices())
+
+
+def predict_many(trace: Trace, arr: Any, in_phase: np.ndarray, width: int, requested: list[tuple[str, int | None]],
+                 progress: Any = None, with_weights: bool = False) -> dict[str, Prediction]:
+    """The registry hook shared by ``stale-gate`` and ``ctrl``: every requested horizon (and ctrl)
+    in one pass over the gate inputs. ``progress``: a tqdm-like object advanced once per part."""
+    horizons = [d for fam, d in requested if fam != CTRL]
+    if progress is not None:
+        progress.reset(total=len(trace.parts))
+    return predict_gate(trace, in_phase, horizons, any(fam == CTRL for fam, _ in requested), width,
+                        trace.router_matrices(), on_part=(progress.update if progress is not None else None),
+                        with_weights=with_weights)
+
+
 def matrix_problem(trace: Trace, mats: dict[int, tuple[np.ndarray, np.ndarray]]) -> str | None:
     """A defect of the router matrices that makes recomputation impossible (missing, wrong shape)."""
     want = (trace.n_expert, int(trace.model.get("n_embd") or 0))

@@ -94,7 +94,7 @@ def warm_up() -> None:
                        np.zeros(1, bool), np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1), np.zeros(1))
 
 
-def row_scores(pred: Prediction, experts: np.ndarray, weights: np.ndarray, rows: np.ndarray, n_expert: int,
+def row_scores(pred: Prediction, experts: np.ndarray, weights: np.ndarray, rows: np.ndarray,
                width: int) -> dict[str, np.ndarray]:
     """Per-row hits for ``rows`` (which must be scored): hits_k, exact, hits_w, named_w, mass_named, mass_total.
 
@@ -121,7 +121,7 @@ def score(pred: Prediction, experts: np.ndarray, weights: np.ndarray, layer: np.
     k = experts.shape[1]
     scored_rows = np.flatnonzero(in_phase & pred.scored)
     unscored_rows = np.flatnonzero(in_phase & ~pred.scored)
-    s = row_scores(pred, experts, weights, scored_rows, n_expert, width)
+    s = row_scores(pred, experts, weights, scored_rows, width)
     has_mass = np.isfinite(s["mass_total"])  # a NaN-weight routing is left out of the mass ratio only
     pos = {l: i for i, l in enumerate(moe_layers)}
     n_l = len(moe_layers)

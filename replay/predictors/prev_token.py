@@ -43,3 +43,14 @@ def predict_prev_token(arr: RoutingArrays, in_phase: np.ndarray, width: int) -> 
         weights[cur, :m] = arr.weights[prev, :m]
         scored[cur] = True
     return Prediction("prev-token", ranked, scored, weights)
+
+
+NAME = "prev-token"
+DESCRIPTION = "this layer's experts for the previous token of the turn (temporal reuse)"
+WEIGHTS = True
+
+
+def predict(trace, arr: RoutingArrays, in_phase: np.ndarray, width: int, with_weights: bool = False) -> Prediction:
+    """The registry hook (the weights are the previous token's applied weights, always computed)."""
+    return predict_prev_token(arr, in_phase, width)
+REPORT_PREFETCH = True

@@ -57,3 +57,39 @@ def predict_static_hot(arr: RoutingArrays, in_phase: np.ndarray, n_expert: int, 
 def predict_static_hot_prompt(arr: RoutingArrays, in_phase: np.ndarray, n_expert: int, width: int) -> Prediction:
     """Learned from the prefill rows of the whole trace only."""
     return _predict("static-hot-prompt", arr, in_phase, arr.phase == PHASE_PREFILL, n_expert, width)
+
+
+NAME = "static-hot"
+DESCRIPTION = "the layer's most-routed experts over the scored routings (oracle: has seen the answers)"
+WEIGHTS = True
+
+
+def mean_weights(arr: RoutingArrays, learn: np.ndarray, n_expert: int) -> dict[int, np.ndarray]:
+    """{layer: mean applied weight of each expert over the rows ``learn`` that routed it} (NaN never)."""
+    out = {}
+    rows = np.flatnonzero(learn)
+    for layer in np.unique(arr.layer[rows]):
+        r = rows[arr.layer[rows] == layer]
+        ex = arr.experts[r].ravel()
+        w = arr.weights[r].astype(np.float64).ravel()
+        s = np.bincount(ex, weights=w, minlength=n_expert)
+        c = np.bincount(ex, minlength=n_expert)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[int(layer)] = np.where(c > 0, s / np.maximum(c, 1), np.nan)
+    return out
+
+
+def with_mean_weights(pred: Prediction, arr: RoutingArrays, learn: np.ndarray, n_expert: int) -> Prediction:
+    """``pred`` with, per guess, the mean weight the learning rows gave that expert (prefetch --drop)."""
+    pw = np.full(pred.ranked.shape, np.nan, np.float32)
+    for layer, m in mean_weights(arr, learn, n_expert).items():
+        rows = pred.scored & (arr.layer == layer)
+        ids = pred.ranked[rows]
+        pw[rows] = np.where(ids >= 0, m[np.maximum(ids, 0)], np.nan)
+    return Prediction(pred.name, pred.ranked, pred.scored, pw)
+
+
+def predict(trace, arr: RoutingArrays, in_phase: np.ndarray, width: int, with_weights: bool = False) -> Prediction:
+    pred = predict_static_hot(arr, in_phase, trace.n_expert, width)
+    return with_mean_weights(pred, arr, in_phase, trace.n_expert) if with_weights else pred
+REPORT_PREFETCH = True

@@ -27,6 +27,7 @@ PARTITIONED = {"layer", "layerlfu", "layerlfu-incache", "layer-opt", "colibri"}
 LRU_ORDER = {"lru", "layer", "pin", "layer-opt"}  # victim = least recent (key 0, ties by tick)
 RUN_FREQ = {"lfu", "layerlfu"}  # whole-run counts
 INCACHE_FREQ = {"lfu-incache", "layerlfu-incache"}  # counts since admission
+ADMISSION_ORDER = {"fifo"}  # examples/fifo_policy.py: victim = admitted longest ago (a hit changes nothing)
 
 
 class NaiveS3FIFO:
@@ -462,7 +463,7 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
                 else:
                     read[(phase, layer)] += expert_bytes[layer]
                     per_batch[ld["batch"]][2] += expert_bytes[layer]
-                    cache[key] = {"freq": 1}
+                    cache[key] = {"freq": 1, "admitted": tick}
                     outcome[key] = 0
                     if pol:
                         pol.admit(key, i)
@@ -499,6 +500,9 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
                 c = cache[x]
                 if policy in LRU_ORDER:
                     k = 0
+                elif policy in ADMISSION_ORDER:
+                    keys[x] = (0, c["admitted"])
+                    continue
                 elif policy in RUN_FREQ:
                     k = run_freq[x]
                 elif policy in INCACHE_FREQ:

@@ -6,11 +6,13 @@ from pathlib import Path
 
 import typer
 
+from replay.cli.options import PolicyFileOpt, PredictorFileOpt, TraceArg
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def report(
-        trace: Path = typer.Argument(..., help="Trace directory."),
+        trace: Path = TraceArg,
         out: Path = typer.Option(..., "-o", "--out", help="Report directory to create (index.md, index.html, PNGs, tables/)."),
         budgets: str | None = typer.Option(None, "--budgets", help="Cache budgets in MiB, comma-separated (default: derived from T)."),
         policies: str | None = typer.Option(None, "--policies", help="Cache policies, comma-separated."),
@@ -18,20 +20,25 @@ def register(app: typer.Typer) -> None:
         flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
         compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
         force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+        policy_file: list[Path] | None = PolicyFileOpt,
+        predictor_file: list[Path] | None = PredictorFileOpt,
     ) -> None:
         """Write a report: summary, predictors, cache curves, popularity, drop, prefetch, cost."""
+        from replay.api import write_report
         from replay.cache import check_policies
-        from replay.cache_cli import parse_budgets
+        from replay.cli.cache import parse_budgets
         from replay.cost import cost_model_from_options
         from replay.output import progress
-        from replay.report import SECTIONS, write_report
+        from replay.plugins import register_files
+        from replay.report import SECTIONS
 
+        register_files(policy_file, predictor_file)
         # Validated up front, as 'cache' does: a bad value must not silently turn into a section
         # marked unavailable (every section's UserError is caught and shown as "not available").
         b = parse_budgets(budgets, "--budgets") if budgets is not None else None
         p = check_policies([x for x in policies.split(",") if x.strip()]) if policies is not None else None
         m = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
         with progress(len(SECTIONS), "report", unit="section") as bar:
-            write_report(trace, out, budgets_mib=b, policies=p, cost_model=m, force=force,
+            write_report(trace, out, budgets_mib=b, policies=p, cost_model=m, force=force, predictor_file=predictor_file,
                          progress=lambda name: (bar.set_postfix_str(name), bar.update()), inputs=[cost_model])
         typer.echo(f"wrote {out}/index.md and {out}/index.html")

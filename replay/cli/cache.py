@@ -9,12 +9,12 @@ from pathlib import Path
 
 import typer
 
+from replay.cli.options import JsonOpt, PolicyFileOpt, PredictorFileOpt, TraceArg
 from replay.output import exact
 from replay.policies import REGISTRY
 from traces.errors import UserError
 from traces.schema import MAX_BUDGET_MIB
-
-MIB = 1 << 20
+from traces.units import MIB
 
 
 def parse_budgets(text: str, option: str = "--budgets") -> list[float]:
@@ -65,7 +65,7 @@ COLLAPSE = ("global LRU collapses toward 0% hit below one token cycle T: each to
 def register(app: typer.Typer) -> None:
     @app.command()
     def cache(
-        trace: Path = typer.Argument(..., help="Trace directory (trace.json + routings/).", show_default=False),
+        trace: Path = TraceArg,
         budgets: str | None = typer.Option(None, "--budgets", help="Cache budgets in MiB (2^20 bytes), comma-separated. "
                                            "Default: 9 budgets from T/2 to the working set (see output)."),
         policies: str = typer.Option("lru,lfu,layer,lfru,belady,infinite", "--policies", help=POLICIES_HELP),
@@ -82,7 +82,9 @@ def register(app: typer.Typer) -> None:
         cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file: adds ms/token and tok/s."),
         flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
         compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+        policy_file: list[Path] | None = PolicyFileOpt,
+        predictor_file: list[Path] | None = PredictorFileOpt,
+        json_out: bool = JsonOpt,
         retain: bool = typer.Option(False, "--retain", help="Protect the --predictor's guesses for the next layer(s) from eviction."),
         predictor: str = typer.Option("prev-token", "--predictor", help="With --retain: prev-token | stale-gate[d] | static-hot."),
         pin_per_layer: int | None = typer.Option(None, "--pin-per-layer", help="pin: experts pinned per MoE layer "
@@ -101,7 +103,8 @@ def register(app: typer.Typer) -> None:
         so the cache overflowed and the hit rate needs more memory (its peak is listed below the
         tables; JSON/CSV rows carry peak_resident_mib, overflow_loads and over_budget).
         --validate exits 1 when the replay does not reproduce the engine."""
-        from replay.cache import check_policies, default_budgets_mib, loads_of, sweep
+        from replay import api
+        from replay.cache import check_policies, default_budgets_mib, loads_of
         from replay.cache import validate as run_validate
         from replay.cost import cost_model_from_options
         from replay.info import NO_DECODE, require_routings
@@ -113,6 +116,9 @@ def register(app: typer.Typer) -> None:
         cmodel = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
         if budget_mib is not None and not (math.isfinite(budget_mib) and 0 < budget_mib <= MAX_BUDGET_MIB):
             raise UserError(f"--budget-mib: {budget_mib} is not a positive number of MiB (at most 2^40).")
+        from replay.plugins import register_files
+
+        register_files(policy_file, predictor_file)
         pols = check_policies([p for p in policies.split(",") if p.strip()])
         pin_opts = {k: v for k, v in (("per_layer", pin_per_layer), ("profile", pin_profile)) if v is not None}
         if pin_opts and "pin" not in pols:
@@ -155,15 +161,9 @@ def register(app: typer.Typer) -> None:
             blist = default_budgets_mib(loads, rec_budget)
             chosen = ("default: 9 budgets geometric from T/2 to the working set W, 2 significant figures"
                       + (f", the recorded {exact(rec_budget)} MiB replacing the nearest" if rec_budget in blist else ""))
-        if retain:
-            from replay.prefetch import retain_sweep
-            frame = retain_sweep(t, loads, pols, blist, predictor, per_layer=per_layer, seed=seed, policy_options=popts)
-        else:
-            frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed, policy_options=popts)
-        if cmodel is not None:
-            from replay.cost import with_time
-
-            frame = with_time(frame, cmodel, t.token_counts()["tokens_decode"])
+        frame = api.cache(t, policies=pols, budgets_mib=blist, per_layer=per_layer, phase=phase, seed=seed,
+                          policy_options=popts, cost_model=cmodel, retain_predictor=predictor if retain else None,
+                          show_progress=True, loads=loads, predictor_file=predictor_file)
         T = loads.token_cycle_bytes / MIB
         W = loads.working_set_bytes / MIB
         below = [b for b in blist if b < T]

@@ -12,10 +12,12 @@ from typing import Any
 import polars as pl
 import typer
 
+from replay.cli.options import JsonOpt, PredictorFileOpt, TraceArg
 from replay.predict import PredictResult, describe
+from replay.predictors import REGISTRY as PREDICTOR_REGISTRY
 from traces.errors import UserError
 
-DEFAULT = "prev-token,stale-gate,ctrl,static-hot,static-hot-prompt"
+DEFAULT = ",".join(PREDICTOR_REGISTRY)
 MAX_HORIZON = (1 << 15) - 1  # the layer column is int16; the trace's own MoE layers bound it further (evaluate)
 
 
@@ -139,9 +141,10 @@ def curve_text(trace_path: Path, trace: Any, res: PredictResult, per_layer: bool
 def register(app: typer.Typer) -> None:
     @app.command()
     def predict(
-        trace: Path = typer.Argument(..., help="Trace directory (trace.json + routings/).", show_default=False),
-        predictors: str = typer.Option(DEFAULT, "--predictors", help="Comma list: prev-token, stale-gate (one per "
-                                       "--horizon), stale-gate[d], ctrl, static-hot, static-hot-prompt."),
+        trace: Path = TraceArg,
+        predictors: str | None = typer.Option(None, "--predictors", help=f"Comma list of: {', '.join(PREDICTOR_REGISTRY)}; "
+                                       "stale-gate alone means one per --horizon, stale-gate[d] one horizon "
+                                       "[default: all of them and those of --predictor-file]."),
         horizon: str | None = typer.Option(None, "--horizon", help="stale-gate horizons in MoE layers, e.g. 1,2,3 or "
                                            "1..8 [default: 1]."),
         horizon_curve: int | None = typer.Option(None, "--horizon-curve", help="Print stale-gate accuracy for "
@@ -150,20 +153,24 @@ def register(app: typer.Typer) -> None:
                                          "and mass [default: top-k]; slot/whole accuracy stay at top-k."),
         phase: str = typer.Option("decode", "--phase", help="Routings to score: decode | prefill | all (both)."),
         per_layer: bool = typer.Option(True, "--per-layer/--no-per-layer", help="Add the per-layer table (JSON: rows)."),
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+        predictor_file: list[Path] | None = PredictorFileOpt,
+        json_out: bool = JsonOpt,
     ) -> None:
         """Predictor accuracy per layer: prev-token, stale-gate[d], ctrl, static hot lists."""
+        from replay.api import predict_run
         from replay.info import require_routings
         from replay.output import check_phase, json_object, progress, rows_of
-        from replay.predict import check_horizon, evaluate
-        from replay.predict import horizon_curve as curve
-        from replay.predictors.base import parse_predictor
+        from replay.plugins import register_files
+        from replay.predict import check_horizon
+        from replay.predictors import parse_predictor
         from traces import open_trace
 
+        register_files(None, predictor_file)
         check_phase(phase)
         if horizon_curve is not None and horizon is not None:
             raise UserError("--horizon and --horizon-curve: give one or the other.")
-        names = [p for p in (s.strip() for s in predictors.split(",")) if p]
+        # default: every registered predictor (with those of --predictor-file)
+        names = [p for p in (s.strip() for s in (predictors if predictors is not None else DEFAULT).split(",")) if p]
         horizons = parse_horizons(horizon) if horizon is not None else [1]
         explicit = [d for d in (parse_predictor(n)[1] for n in names) if d is not None]  # also validates the names
         if horizon is not None and "stale-gate" not in names:
@@ -180,10 +187,8 @@ def register(app: typer.Typer) -> None:
         for d in explicit:
             check_horizon(t, d, "--predictors")
         with progress(len(t.parts), "gate inputs", unit="part") as bar:
-            if horizon_curve is not None:
-                res = curve(t, horizon_curve, width=width, phase=phase, progress=bar)
-            else:
-                res = evaluate(t, names, horizons=horizons, width=width, phase=phase, progress=bar)
+            res = predict_run(t, predictors=names if predictors is not None else None, horizons=horizons, width=width,
+                              phase=phase, max_horizon=horizon_curve, progress=bar, predictor_file=predictor_file)
         if json_out:
             frame = res.frame if per_layer else res.overall()
             typer.echo(json_object(

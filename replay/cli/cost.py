@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from replay.cli.options import JsonOpt
+
 cost_app = typer.Typer(no_args_is_help=True, help="Cost model: from bytes read per token to time per token.")
 
 
@@ -60,7 +62,7 @@ def check(
     traces: list[Path] = typer.Argument(..., help="Traces with recorded metrics and a recorded cache budget."),
     cost_model: Path | None = typer.Option(None, "--cost-model", help="Use this model (default: fit on each trace's first half)."),
     budget_mib: float | None = typer.Option(None, "--budget-mib", help="Replay budget (default: the recorded one)."),
-    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    json_out: bool = JsonOpt,
 ) -> None:
     """Replay LRU at the recorded budget, turn the replay's bytes into time, compare with the device
     (at another --budget-mib: the prediction only, since the device ran at the recorded one)."""
@@ -69,7 +71,7 @@ def check(
     from traces import open_trace
 
     if budget_mib is not None:
-        from replay.cache_cli import parse_budgets
+        from replay.cli.cache import parse_budgets
 
         parse_budgets(repr(budget_mib), "--budget-mib")
     model = load_cost_model(cost_model) if cost_model else None

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import typer
 
+from replay.cli.options import JsonOpt, TraceArg
 from traces.errors import UserError
 
 app = typer.Typer(
@@ -29,8 +30,8 @@ app = typer.Typer(
 import_app = typer.Typer(no_args_is_help=True, help="Import other engines' route logs as v1 traces.")
 app.add_typer(import_app, name="import")
 
-TraceArg = typer.Argument(..., help="Trace directory (trace.json + routings/).", show_default=False)
-JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
+# The verbs of replay/ (one module each in this package, each with ``register(app)``).
+VERB_MODULES = ("replay.cli.cache", "replay.cli.predict", "replay.cli.whatif", "replay.cli.cost", "replay.cli.report")
 
 
 def _echo(text: str) -> None:
@@ -135,17 +136,11 @@ def _register_plugins() -> None:
 
 
 def _register_modules() -> None:
-    """Commands of replay/ modules that are added as they land (each module owns its verb)."""
+    """Commands of the replay/ modules (each module owns its verb)."""
     import importlib
 
-    for name in ("replay.cache_cli", "replay.predict_cli", "replay.whatif_cli", "replay.cost_cli", "replay.report_cli"):
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as e:
-            if e.name == name:
-                continue
-            raise
-        mod.register(app)
+    for name in VERB_MODULES:
+        importlib.import_module(name).register(app)
 
 
 class Interrupted(BaseException):
@@ -212,6 +207,16 @@ def _os_error_sentence(e: OSError) -> str | None:
 
 
 def _run(args: list[str], debug: bool) -> int:
+    from replay.api import cli_flags
+
+    token = cli_flags.set(True)  # library messages name the flags the user typed, not the API's keywords
+    try:
+        return _run_command(args, debug)
+    finally:
+        cli_flags.reset(token)
+
+
+def _run_command(args: list[str], debug: bool) -> int:
     """Run one command; return its exit code: 0 done, 1 a check ran and failed, 2 bad input or an
     OS error, 3 a bug, 128 + N killed by signal N (130 SIGINT, 143 SIGTERM)."""
     from replay.output import compile_notice

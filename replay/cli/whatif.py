@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-from replay.cache_cli import parse_budgets
+from replay.cli.cache import parse_budgets
+from replay.cli.options import JsonOpt, PolicyFileOpt, PredictorFileOpt, TraceArg
 from traces.errors import UserError
 
 
@@ -24,17 +25,21 @@ def parse_floats(text: str, option: str) -> list[float]:
 def register(app: typer.Typer) -> None:
     @app.command()
     def drop(
-        trace: Path = typer.Argument(..., help="Trace directory."),
+        trace: Path = TraceArg,
         fracs: str = typer.Option("0.25,0.5,0.75,1.0", "--fracs", help="Drop-cold thresholds F: skip a miss whose weight < F/k."),
         mode: str = typer.Option("static", "--mode", help="static (recorded residency) | closed (replayed cache)."),
         phase: str = typer.Option("decode", "--phase", help="Routings to drop from and judge: decode | prefill | all (both)."),
         budget_mib: float | None = typer.Option(None, "--budget-mib", help="closed: cache budget in MiB (default: the recorded one)."),
         policy: str = typer.Option("lru", "--policy", help="closed: cache policy of the replay."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="Add ms/token from a 'cost fit --json' file (decode only)."),
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        policy_file: list[Path] | None = PolicyFileOpt,
+        json_out: bool = JsonOpt,
     ) -> None:
         """Drop-cold trade-off: reads avoided against router weight mass discarded, next to the top-k cut."""
-        from replay.drop import closed_drop, static_drop
+        from replay.plugins import register_files
+
+        register_files(policy_file, None)
+        from replay.api import drop as api_drop
         from replay.output import check_phase, json_object, rows_of
         from traces import open_trace
 
@@ -46,13 +51,9 @@ def register(app: typer.Typer) -> None:
             parse_budgets(repr(budget_mib), "--budget-mib")
         model = _cost_model(cost_model, phase)
         tr = open_trace(trace)
-        if mode == "static":
-            frame = static_drop(tr, values, phase=phase)
-        else:
-            frame = closed_drop(tr, values, budget_mib=budget_mib, policy=policy, phase=phase)
+        frame = api_drop(tr, fracs=values, mode=mode, budget_mib=budget_mib, policy=policy, phase=phase, cost_model=model)
         notes = []
         if model is not None:
-            frame = drop_time_columns(frame, model, mode)
             notes.append(f"ms_per_token: {model.model} (decode tokens; {_model_scope()})")
         if json_out:
             typer.echo(json_object("drop", str(trace), rows_of(frame), mode=mode, notes=notes or None))
@@ -65,8 +66,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def prefetch(
-        trace: Path = typer.Argument(..., help="Trace directory."),
-        predictor: str = typer.Option("prev-token", "--predictor", help="prev-token | stale-gate[d] | static-hot | static-hot-prompt"),
+        trace: Path = TraceArg,
+        predictor: str = typer.Option("prev-token", "--predictor", help="A predictor: prev-token, stale-gate[d], "
+                                       "static-hot, static-hot-prompt, or one from --predictor-file."),
         budget_mib: float | None = typer.Option(None, "--budget-mib", help="Cache budget in MiB (default: the recorded one)."),
         policy: str = typer.Option("lru", "--policy", help="lru | lfru"),
         cap: int | None = typer.Option(None, "--cap", help="At most N predicted misses read per layer."),
@@ -74,23 +76,25 @@ def register(app: typer.Typer) -> None:
         drop_frac: float | None = typer.Option(None, "--drop", help="Skip guesses with predicted weight < F/k (top kept)."),
         retain: bool = typer.Option(False, "--retain", help="Also protect the guesses for the next layer(s) from eviction."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="Add ms/token from a 'cost fit --json' file."),
-        json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        policy_file: list[Path] | None = PolicyFileOpt,
+        predictor_file: list[Path] | None = PredictorFileOpt,
+        json_out: bool = JsonOpt,
     ) -> None:
         """Speculative prefetch: a predictor's guesses read into the same cache, against no prefetch."""
+        from replay.plugins import register_files
+
+        register_files(policy_file, predictor_file)
+        from replay.api import prefetch as api_prefetch
         from replay.output import json_object, rows_of
-        from replay.prefetch import best_plain, with_best_plain, with_prefetch_time
-        from replay.prefetch import prefetch as run_prefetch
         from traces import open_trace
 
         if budget_mib is not None:
             parse_budgets(repr(budget_mib), "--budget-mib")
         model = _cost_model(cost_model, "decode")
         tr = open_trace(trace)
-        frame = run_prefetch(tr, predictor, budget_mib=budget_mib, policy=policy, cap=cap, guard=guard,
-                             drop_frac=drop_frac, retain=retain)
-        if model is not None:
-            frame = with_prefetch_time(frame, model)
-        frame = with_best_plain(frame, best_plain(tr, frame["budget_mib"][0], model))
+        frame = api_prefetch(tr, predictor=predictor, budget_mib=budget_mib, policy=policy, cap=cap, guard=guard,
+                             drop_frac=drop_frac, retain=retain, cost_model=model,
+                                   predictor_file=predictor_file)
         if json_out:
             notes = [*PREFETCH_NOTES, BYTES_NOT_TIME if model is None else TIMED]
             typer.echo(json_object("prefetch", str(trace), rows_of(frame), notes=notes))
@@ -128,23 +132,6 @@ def _cost_model(path: Path | None, phase: str):
     if phase != "decode":
         raise UserError(f"--cost-model: time per token is modelled for decoded tokens; use --phase decode, not {phase!r}.")
     return load_cost_model(path)
-
-
-def drop_time_columns(frame, model, mode: str):
-    """ms/token of each drop row and of the no-drop baseline (decode tokens)."""
-    import polars as pl
-
-    from replay.cost import add_time_columns
-
-    if mode == "static":
-        f = add_time_columns(frame, model, "read_mib", "misses", "tokens")
-        base = add_time_columns(frame, model, "read_mib_baseline", "misses_baseline", "tokens")
-    else:
-        f = add_time_columns(frame, model, "read_mib_decode", "misses_decode", "tokens_decode")
-        base = add_time_columns(frame, model, "read_mib_decode_baseline", "misses_decode_baseline", "tokens_decode")
-    return f.with_columns(ms_per_token_baseline=base["ms_per_token"], tok_s_baseline=base["tok_s"],
-                          ms_saved_per_token=base["ms_per_token"] - f["ms_per_token"]).with_columns(
-        pl.col("ms_saved_per_token").cast(pl.Float64))
 
 
 def format_drop_time(frame, mode: str) -> str:

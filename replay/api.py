@@ -1,0 +1,330 @@
+"""The public Python API: keyword arguments in, one Polars DataFrame out (DESIGN.md keys).
+
+Every analysis function takes a trace (a :class:`traces.reader.Trace` from :func:`open_trace`,
+or a path to one), keyword-only options, and returns one ``polars.DataFrame``; where the
+command line prints more than the rows (warnings, predictors that could not run), a second
+function returns it (:func:`predict_run`). Bad input raises :class:`ReplayError` (the project's
+:class:`traces.errors.UserError`) with a message that names the parameter, never a CLI flag.
+The ``moe-replay`` verbs call exactly these functions.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from traces.errors import UserError
+
+ReplayError = UserError
+
+TraceLike = Any  # a traces.reader.Trace or a path to a trace directory
+
+# CLI flags a library message may name, and the keyword that replaces each in the API's messages.
+_KEYWORD = {
+    "--policies": "policies", "--policy": "policy", "--budgets": "budgets_mib", "--budget-mib": "budget_mib",
+    "--predictors": "predictors", "--predictor": "predictor", "--width": "width", "--horizon": "horizons",
+    "--horizon-curve": "max_horizon", "--cap": "cap", "--drop": "drop_frac", "--seed": "seed", "--phase": "phase",
+    "--fracs": "fracs", "--mode": "mode", "--cost-model": "cost_model", "--flash-mib-s": "flash_mib_s",
+    "--compute-ms": "compute_ms", "--pin-per-layer": "policy_options['pin']['per_layer']",
+    "--pin-profile": "policy_options['pin']['profile']", "--policy-file": "policy_file",
+    "--predictor-file": "predictor_file", "--force": "force", "--out": "out", "--retain": "retain_predictor",
+}
+# Set by the CLI while a verb runs: its messages keep the flag names the user typed.
+cli_flags: contextvars.ContextVar[bool] = contextvars.ContextVar("moe_replay_cli_flags", default=False)
+_FLAG = re.compile(r"(?<![\w/.-])(--[a-z][a-z0-9-]*)")
+
+
+def _keywords(message: str) -> str:
+    return _FLAG.sub(lambda m: _KEYWORD.get(m.group(1), m.group(1)[2:].replace("-", "_")), message)
+
+
+def _api(fn: Callable) -> Callable:
+    """Errors name the keyword, not a CLI flag (the library's messages were written for the CLI)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kw: Any) -> Any:
+        from replay.predictors import active_files
+
+        token = active_files.set(active_files.get())
+        try:
+            return fn(*args, **kw)
+        except UserError as e:
+            if cli_flags.get():
+                raise
+            msg = _keywords(str(e))
+            if msg == str(e):
+                raise
+            raise type(e)(msg) from e
+        finally:
+            active_files.reset(token)
+
+    return wrapper
+
+
+def _trace(trace: TraceLike):
+    from traces import open_trace as _open
+    from traces.reader import Trace
+
+    return trace if isinstance(trace, Trace) else _open(trace)
+
+
+def _plugins(policy_file: Any, predictor_file: Any) -> None:
+    """Register the files; the predictor files join this call's default lists (a contextvar,
+    reset by :func:`_api` when the call returns)."""
+    from replay.plugins import register_files
+    from replay.predictors import active_files
+
+    _, preds = register_files(policy_file, predictor_file)
+    if preds:
+        active_files.set(tuple(dict.fromkeys((*active_files.get(), *preds))))
+
+
+@_api
+def open_trace(path: str | Path):
+    """Open a v1 trace directory (validated); the object every other function takes."""
+    from traces import open_trace as _open
+
+    return _open(path)
+
+
+@_api
+def synth(out: str | Path, *, force: bool = False, **config: Any):
+    """Write a synthetic trace (the project's small residual-stream model, deterministic per
+    ``seed``) into ``out`` and open it. ``config``: the fields of :class:`traces.synth.SynthConfig`
+    (``layers``, ``experts``, ``top_k``, ``embd``, ``tokens``, ``prompt_tokens``, ``seed``,
+    ``gating``, ``routing_only``, ``expert_bytes``, ``drift``, ``reuse``, ``skew``)."""
+    import dataclasses
+
+    from traces import open_trace as _open
+    from traces.synth import SynthConfig, write_synthetic
+
+    known = {f.name for f in dataclasses.fields(SynthConfig)}
+    bad = sorted(set(config) - known)
+    if bad:
+        raise UserError(f"synth: unknown option {bad[0]!r} (known: {', '.join(sorted(known))}).")
+    write_synthetic(Path(out), SynthConfig(**config), force=force)
+    return _open(out)
+
+
+def default_budgets_mib(trace: TraceLike) -> list[float]:
+    """The default budgets: 9, geometric from T/2 to the working set W (2 significant figures),
+    the recorded budget replacing the nearest."""
+    from replay.cache import default_budgets_mib as _default
+    from replay.cache import loads_of
+
+    t = _trace(trace)
+    return _default(loads_of(t), t.recorded.get("budget_mib"))
+
+
+@_api
+def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer", "lfru", "belady", "infinite"),
+          budgets_mib: Sequence[float] | None = None, per_layer: bool = False, phase: str = "decode", seed: int = 0,
+          policy_options: dict[str, dict[str, Any]] | None = None, policy_file: Any = None, cost_model: Any = None,
+          retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
+          loads: Any = None) -> pl.DataFrame:
+    """Replay every (policy, budget) cell: one row per cell (``layer`` null) and, with
+    ``per_layer``, one per MoE layer. Keys: ``policy``, ``budget_mib``, ``layer``,
+    ``hit_pct_decode``, ``hit_pct_cum``, ``read_mib``, ``peak_resident_mib``, ``overflow_loads``,
+    ``over_budget``, ... (DESIGN.md, "cache"); with ``cost_model`` (a model from
+    :func:`fit_cost_model` / :func:`load_cost_model`) also ``ms_per_token``/``tok_s``; with
+    ``retain_predictor`` the replay protects that predictor's guesses for the next layer(s)
+    (``retain_gain_pp_*`` columns). ``budgets_mib`` default: :func:`default_budgets_mib`.
+    ``phase`` is checked (decode | prefill | all): it names the hit % a caller leads with; every
+    row carries all of them. ``policy_file``: a policy module (or a list) anywhere on disk."""
+    from replay.cache import check_policies, loads_of, sweep
+    from replay.info import require_routings
+    from replay.output import check_phase
+
+    check_phase(phase)
+    _plugins(policy_file, predictor_file)
+    pols = check_policies(list(policies), option="policies")
+    if not 0 <= seed < 1 << 63:
+        raise UserError(f"seed: {seed} is not in 0..2^63-1.")
+    t = _trace(trace)
+    require_routings(t, "replay")
+    loads = loads if loads is not None else loads_of(t)
+    blist = list(budgets_mib) if budgets_mib is not None else default_budgets_mib(t)
+    if retain_predictor is not None:
+        from replay.prefetch import retain_sweep
+
+        frame = retain_sweep(t, loads, pols, blist, retain_predictor, per_layer=per_layer, seed=seed,
+                             policy_options=policy_options, show_progress=show_progress)
+    else:
+        frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed, policy_options=policy_options,
+                      show_progress=show_progress)
+    if cost_model is not None:
+        frame = with_time(frame, cost_model, trace=t)
+    return frame
+
+
+@_api
+def retain(trace: TraceLike, *, predictor: str = "prev-token", policies: Sequence[str] = ("lru",),
+           budgets_mib: Sequence[float] | None = None, per_layer: bool = False, seed: int = 0,
+           policy_options: dict | None = None, policy_file: Any = None, predictor_file: Any = None) -> pl.DataFrame:
+    """:func:`cache` with retention: ``predictor``'s guesses for the next layer(s) protected from
+    eviction; rows gain ``retain_predictor``, ``hit_pct_*_no_retain`` and ``retain_gain_pp_*``."""
+    return cache(trace, policies=policies, budgets_mib=budgets_mib, per_layer=per_layer, seed=seed,
+                 policy_options=policy_options, policy_file=policy_file, predictor_file=predictor_file,
+                 retain_predictor=predictor)
+
+
+@_api
+def predict_run(trace: TraceLike, *, predictors: Sequence[str] | None = None, horizons: Sequence[int] = (1,),
+                width: int | None = None, phase: str = "decode", max_horizon: int | None = None,
+                predictor_file: Any = None, progress: Any = None):
+    """:func:`predict` with everything the command prints beside the rows: a
+    :class:`replay.predict.PredictResult` (``.frame``, ``.unavailable``, ``.warnings``, ``.notes``,
+    ``.ctrl_failing_layers``). ``max_horizon``: the stale-gate[1..D] curve instead (``horizon``
+    column)."""
+    from replay.info import require_routings
+    from replay.predict import evaluate, expand, horizon_curve
+
+    _plugins(None, predictor_file)
+    t = _trace(trace)
+    require_routings(t, "score")
+    if max_horizon is not None:
+        return horizon_curve(t, max_horizon, width=width, phase=phase, progress=progress)
+    names = None if predictors is None else expand(list(predictors), list(horizons), option="predictors")
+    return evaluate(t, names, horizons=horizons, width=width, phase=phase, progress=progress)
+
+
+@_api
+def predict(trace: TraceLike, *, predictors: Sequence[str] | None = None, horizons: Sequence[int] = (1,),
+            width: int | None = None, phase: str = "decode", max_horizon: int | None = None,
+            predictor_file: Any = None) -> pl.DataFrame:
+    """Predictor accuracy: one row per (predictor, MoE layer) and an overall row per predictor
+    (``layer`` null). Keys: ``predictor``, ``layer``, ``slot_acc_pct``, ``whole_acc_pct``,
+    ``recall_pct``, ``precision_pct``, ``mass_pct``, ``scored``, ``unscored``, ... (DESIGN.md,
+    "predict"). ``predictors`` default: every registered predictor (a bare ``stale-gate`` is one
+    per ``horizons``). Predictors the trace cannot run are left out: :func:`predict_run` says why."""
+    return predict_run(trace, predictors=predictors, horizons=horizons, width=width, phase=phase,
+                       max_horizon=max_horizon, predictor_file=predictor_file).frame
+
+
+@_api
+def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), mode: str = "static",
+         budget_mib: float | None = None, policy: str = "lru", phase: str = "decode", cost_model: Any = None,
+         policy_file: Any = None) -> pl.DataFrame:
+    """Drop-cold (skip a miss whose router weight < F/k) and top-k cut rows: reads avoided against
+    weight mass discarded. ``mode``: ``static`` (on the recorded residency) or ``closed`` (the
+    cache replayed at ``budget_mib`` under ``policy`` with dropping in the loop). With
+    ``cost_model``: ``ms_per_token`` and the no-drop baseline (decode only)."""
+    from replay.drop import closed_drop, drop_time_columns, static_drop
+    from replay.output import check_phase
+
+    check_phase(phase)
+    _plugins(policy_file, None)
+    if mode not in ("static", "closed"):
+        raise UserError(f"mode {mode!r} is not static or closed.")
+    if cost_model is not None and phase != "decode":
+        raise UserError(f"cost_model: time per token is modelled for decoded tokens; use phase='decode', not {phase!r}.")
+    t = _trace(trace)
+    vals = [float(f) for f in fracs]
+    frame = (static_drop(t, vals, phase=phase) if mode == "static"
+             else closed_drop(t, vals, budget_mib=budget_mib, policy=policy, phase=phase))
+    return drop_time_columns(frame, cost_model, mode) if cost_model is not None else frame
+
+
+@_api
+def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: float | None = None, policy: str = "lru",
+             cap: int | None = None, guard: bool = False, drop_frac: float | None = None, retain: bool = False,
+             cost_model: Any = None, policy_file: Any = None, predictor_file: Any = None) -> pl.DataFrame:
+    """One row: speculative prefetch of ``predictor``'s guesses into the same cache at
+    ``budget_mib`` (default: the recorded budget) against no prefetch and against the best plain
+    online policy at that budget (``best_plain_*``). With ``cost_model``: ``ms_per_token``,
+    ``tok_s`` and a ``verdict``."""
+    from replay.prefetch import best_plain, with_best_plain, with_prefetch_time
+    from replay.prefetch import prefetch as _prefetch
+
+    _plugins(policy_file, predictor_file)
+    t = _trace(trace)
+    frame = _prefetch(t, predictor, budget_mib=budget_mib, policy=policy, cap=cap, guard=guard, drop_frac=drop_frac,
+                      retain=retain)
+    if cost_model is not None:
+        frame = with_prefetch_time(frame, cost_model)
+    return with_best_plain(frame, best_plain(t, frame["budget_mib"][0], cost_model))
+
+
+@_api
+def fit_cost_model(trace: TraceLike):
+    """Fit the cost model (ms per token from expert bytes read and misses) on a trace with
+    recorded engine metrics; returns the chosen :class:`replay.cost.CostModel` (``.row()`` is its
+    DESIGN.md row; :func:`cost_fit` has every candidate)."""
+    from replay.cost import fit_trace
+
+    return fit_trace(_trace(trace))[0]
+
+
+@_api
+def cost_fit(trace: TraceLike) -> pl.DataFrame:
+    """Every candidate cost model fitted on ``trace``, one row each (``selected`` marks the chosen)."""
+    from replay.cost import fit_trace
+
+    best, cands, _ = fit_trace(_trace(trace))
+    return pl.DataFrame([{**c.row(), "selected": c is best} for c in cands])
+
+
+@_api
+def load_cost_model(path: str | Path):
+    """Read a cost model saved by ``moe-replay cost fit --json`` (or a bare model object)."""
+    from replay.cost import load_cost_model as _load
+
+    return _load(path)
+
+
+@_api
+def manual_cost_model(*, flash_mib_s: float, compute_ms: float):
+    """A cost model from a read bandwidth (MiB/s) and a compute time per token (ms)."""
+    from replay.cost import cost_model_from_options
+
+    return cost_model_from_options(None, flash_mib_s, compute_ms)
+
+
+@_api
+def with_time(frame: pl.DataFrame, model: Any, *, trace: TraceLike = None, tokens_decode: int | None = None) -> pl.DataFrame:
+    """``frame`` (rows of :func:`cache`) + ``ms_per_token``, ``tok_s`` and ``ms_per_token_ci95``
+    under ``model``, for the decode tokens of ``trace`` (or ``tokens_decode``)."""
+    from replay.cost import with_time as _with_time
+
+    if tokens_decode is None:
+        if trace is None:
+            raise UserError("with_time: give trace= or tokens_decode= (the decoded tokens the rows cover).")
+        tokens_decode = _trace(trace).token_counts()["tokens_decode"]
+    return _with_time(frame, model, tokens_decode)
+
+
+@_api
+def write_report(trace: str | Path, out: str | Path, *, budgets_mib: Sequence[float] | None = None,
+                 policies: Sequence[str] | None = None, cost_model: Any = None, force: bool = False,
+                 policy_file: Any = None, predictor_file: Any = None, progress: Callable[[str], None] | None = None,
+                 inputs: Sequence[Any] = ()) -> Path:
+    """Write the whole report of ``trace`` (index.md, index.html, PNGs, tables/*.csv) into ``out``;
+    returns ``out``."""
+    from replay.cache import check_policies
+    from replay.report import write_report as _write
+
+    _plugins(policy_file, predictor_file)
+    pols = check_policies(list(policies), option="policies") if policies is not None else None
+    path = trace.path if hasattr(trace, "path") else trace
+    return _write(path, out, budgets_mib=list(budgets_mib) if budgets_mib is not None else None, policies=pols,
+                  cost_model=cost_model, force=force, progress=progress, inputs=inputs)
+
+
+def policy_names() -> list[str]:
+    """Every registered cache policy (built-ins, then entry points and files added so far)."""
+    from replay.policies import names
+
+    return list(names())
+
+
+def predictor_names() -> list[str]:
+    """Every registered predictor family (a parametrised one, ``stale-gate``, takes ``[d]``)."""
+    from replay.predictors import names
+
+    return list(names())

@@ -1,0 +1,201 @@
+"""Policy and predictor plugins (issue 15 item 3): the example plugins run from the CLI and the
+library through the same registry as the built-ins; a broken plugin is one sentence naming its file."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from replay import predictors as registry
+from replay.cache import prepare_loads, replay
+from replay.policies import add_policy_file, names, policy_module
+from tests.helpers import assert_one_sentence_error, run_cli
+from tests.naive.cache import naive_replay
+from traces.errors import UserError
+from traces.reader import RoutingArrays
+
+ROOT = Path(__file__).resolve().parents[1]
+FIFO = ROOT / "examples" / "fifo_policy.py"
+TWO = ROOT / "examples" / "two_tokens_ago_predictor.py"
+SMALL = dict(layers=4, experts=16, top_k=2, embd=16, tokens=48, prompt_tokens=8, expert_bytes=1 << 16)
+
+
+def _rows_arrays(seq, n_expert):
+    """Top-1, one MoE layer (0), one decode token per batch: the expert ids in order."""
+    n = len(seq)
+    ra = RoutingArrays(turn=np.zeros(n, np.int32), batch=np.arange(n, dtype=np.int32), phase=np.ones(n, np.int8),
+                       step=np.arange(n, dtype=np.int32), layer=np.zeros(n, np.int16),
+                       experts=np.array([[x] for x in seq], np.int32), weights=np.ones((n, 1), np.float32))
+    return prepare_loads(ra, [0], n_expert, np.array([1 << 20]))
+
+
+def test_fifo_plugin_is_fifo_not_lru():
+    # budget 2 entries; 0 1 0 2 0: LRU keeps 0 (hit at the end), FIFO evicts 0 (oldest admitted) before 2
+    name = add_policy_file(FIFO)
+    assert name == "fifo" and name in names() and policy_module("fifo").__file__ == str(FIFO)
+    seq = [0, 1, 0, 2, 0]
+    loads = _rows_arrays(seq, 4)
+    fifo, lru = replay(loads, "fifo", 2.0, slots=True), replay(loads, "lru", 2.0, slots=True)
+    hits = lambda r: int(r.acc[1, 0, 1])  # noqa: E731 (decode, layer 0, hits)
+    assert (hits(fifo), hits(lru)) == (1, 2)
+    want = naive_replay([(b, 1, 0, [x]) for b, x in enumerate(seq)], [0], 4, {0: 1 << 20}, "fifo", 2 << 20)
+    assert hits(fifo) == sum(want["hits"].values())
+
+
+def test_fifo_plugin_from_the_cli(synth_trace_dir):
+    t = synth_trace_dir(**SMALL)
+    res = run_cli("cache", t, "--policy-file", FIFO, "--policies", "lru,fifo", "--budgets", "1,2", "--json")
+    assert res.code == 0, res.err
+    rows = [r for r in res.json()["rows"] if r["layer"] is None]
+    assert sorted({r["policy"] for r in rows}) == ["fifo", "lru"]
+    by = {(r["policy"], r["budget_mib"]): r["hit_pct_decode"] for r in rows}
+    assert by[("fifo", 1.0)] != by[("lru", 1.0)] or by[("fifo", 2.0)] != by[("lru", 2.0)]
+    for verb in (["drop", t, "--mode", "closed", "--policy", "fifo", "--budget-mib", "1"],
+                 ["prefetch", t, "--policy", "fifo", "--budget-mib", "1"]):
+        r = run_cli(*verb, "--policy-file", FIFO, "--json")
+        if verb[0] == "prefetch":  # prefetch runs on lru / lfru only: refused in one sentence, naming fifo
+            assert_one_sentence_error(r, "fifo")
+        else:
+            assert r.code == 0, r.err
+
+
+def _naive_two_ago(arr):
+    out = np.full((arr.n_rows, arr.experts.shape[1]), -1, np.int32)
+    for layer in np.unique(arr.layer):
+        rows = sorted(np.flatnonzero(arr.layer == layer), key=lambda r: (arr.step[r], r))
+        for i in range(2, len(rows)):
+            out[rows[i]] = arr.experts[rows[i - 2]]
+    return out
+
+
+def test_two_tokens_ago_predictor_cli_and_library(synth_trace_dir):
+    from replay.predict import evaluate
+    from traces import open_trace
+
+    t = synth_trace_dir(**SMALL)
+    assert registry.add_predictor_file(TWO) == "two-tokens-ago"
+    tr = open_trace(t)
+    arr = tr.arrays(recorded=False)
+    dec = arr.phase == 1
+    pred = registry.run(tr, arr, dec, tr.top_k, [("two-tokens-ago", None)])["two-tokens-ago"]
+    assert np.array_equal(pred.ranked, _naive_two_ago(arr))
+    res = evaluate(tr, ["prev-token", "two-tokens-ago"])
+    assert res.predictors == ["prev-token", "two-tokens-ago"]
+    r = run_cli("predict", t, "--predictor-file", TWO, "--predictors", "two-tokens-ago", "--json")
+    assert r.code == 0, r.err
+    overall = [x for x in r.json()["rows"] if x["layer"] is None][0]
+    assert overall["slot_acc_pct"] == res.overall().filter(res.overall()["predictor"] == "two-tokens-ago")["slot_acc_pct"][0]
+    r = run_cli("prefetch", t, "--predictor-file", TWO, "--predictor", "two-tokens-ago", "--budget-mib", "1", "--json")
+    assert r.code == 0, r.err
+    assert r.json()["rows"][0]["predictor"] == "two-tokens-ago"
+
+
+def _write(tmp_path, name, body):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(body))
+    return p
+
+
+FIFO_SRC = FIFO.read_text()
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda s: s.replace("@njit(inline=\"always\")\ndef pick_victim", "def _unused").replace("def pick_victim", "def _x"),
+     "pick_victim"),
+    (lambda s: s.replace("NEEDS_NEXT_USE = False\n", ""), "NEEDS_NEXT_USE"),
+    (lambda s: s.replace('NAME = "fifo"', "NAME = 3"), "NAME"),
+    (lambda s: s.replace('PARTITION = "global"', 'PARTITION = "everywhere"'), "PARTITION"),
+    (lambda s: s.replace("@njit(inline=\"always\")\ndef on_touch", "def on_touch"), "on_touch"),
+])
+def test_broken_policy_plugin_is_one_sentence(tmp_path, synth_trace_dir, change, needle):
+    t = synth_trace_dir(**SMALL)
+    src = change(FIFO_SRC).replace('NAME = "fifo"', 'NAME = "fifo-broken"')
+    p = _write(tmp_path, "broken_policy.py", src)
+    r = run_cli("cache", t, "--policy-file", p, "--policies", "lru", "--budgets", "1")
+    assert_one_sentence_error(r, str(p), needle)
+
+
+def test_policy_plugin_that_does_not_compile_names_its_file(tmp_path, synth_trace_dir):
+    t = synth_trace_dir(**SMALL)
+    src = FIFO_SRC.replace('NAME = "fifo"', 'NAME = "fifo-typo"').replace("pass  # a hit", "ps[e] = undefined_name  # a hit")
+    p = _write(tmp_path, "typo_policy.py", src)
+    r = run_cli("cache", t, "--policy-file", p, "--policies", "fifo-typo", "--budgets", "1")
+    assert_one_sentence_error(r, str(p), "does not compile with Numba")
+
+
+def test_missing_or_failing_plugin_file(tmp_path, synth_trace_dir):
+    t = synth_trace_dir(**SMALL)
+    assert_one_sentence_error(run_cli("cache", t, "--policy-file", tmp_path / "nope.py"), "nope.py", "no such policy file")
+    p = _write(tmp_path, "boom.py", "raise RuntimeError('boom at import')\n")
+    assert_one_sentence_error(run_cli("predict", t, "--predictor-file", p), str(p), "boom at import")
+
+
+@pytest.mark.parametrize("ret, needle", [
+    ("np.zeros((arr.n_rows, width + 1), np.int32)", "shape"),
+    ("np.zeros((arr.n_rows, width), np.int64)", "int32"),
+    ("np.full((arr.n_rows, width), 10_000, np.int32)", "outside -1.."),
+    ("[[0]]", "list"),
+])
+def test_broken_predictor_plugin_is_one_sentence(tmp_path, synth_trace_dir, ret, needle):
+    t = synth_trace_dir(**SMALL)
+    name = f"bad-{abs(hash(ret)) % 10_000}"
+    p = _write(tmp_path, f"bad_{name[4:]}.py", f"""
+        import numpy as np
+        NAME = "{name}"
+        DESCRIPTION = "broken on purpose"
+        def predict(trace, arr, in_phase, width):
+            return {ret}
+        """)
+    r = run_cli("predict", t, "--predictor-file", p, "--predictors", name)
+    assert_one_sentence_error(r, str(p), needle)
+
+
+def test_predictor_plugin_missing_hook_or_name(tmp_path):
+    p = _write(tmp_path, "nohook.py", 'NAME = "nohook"\nDESCRIPTION = "x"\n')
+    with pytest.raises(UserError, match="predict"):
+        registry.add_predictor_file(p)
+    p = _write(tmp_path, "noname.py", "def predict(trace, arr, in_phase, width):\n    return None\n")
+    with pytest.raises(UserError, match="NAME"):
+        registry.add_predictor_file(p)
+
+
+def test_builtins_go_through_the_registry():
+    # every built-in predictor and policy is a module the same validator accepted
+    assert set(registry.REGISTRY) <= set(registry.names())
+    for n in registry.REGISTRY:
+        assert registry.module(n).NAME == n
+    from replay.policies import REGISTRY
+
+    assert set(REGISTRY) <= set(names())
+
+
+def test_a_file_predictor_joins_the_defaults_of_its_own_call_only(synth_trace_dir, tmp_path):
+    # a predictor file registered by one call must not change a later call's default list
+    import replay
+
+    t = synth_trace_dir(**SMALL)
+    with_it = replay.predict(t, predictor_file=TWO)
+    assert "two-tokens-ago" in set(with_it["predictor"])
+    later = replay.predict(t)
+    assert "two-tokens-ago" not in set(later["predictor"])
+    r = run_cli("predict", t, "--predictor-file", TWO, "--json")
+    assert "two-tokens-ago" in r.json()["predictors"]
+
+
+def test_entry_point_groups_load_through_the_same_path(monkeypatch):
+    # an installed package's entry point (group moe_replay.policies / moe_replay.predictors) is one more
+    # module for the same loader and validator; here the entry points name the example files
+    import replay.policies as pol
+
+    groups = {"moe_replay.policies": [("fifo", str(FIFO))], "moe_replay.predictors": [("two", str(TWO))]}
+    monkeypatch.setattr(pol, "_MODULES", {})
+    monkeypatch.setattr(pol, "entry_points", lambda group: groups[group])
+    monkeypatch.setattr(registry, "_MODULES", {})
+    monkeypatch.setattr(registry, "_FROM_FILES", set())
+    monkeypatch.setattr(registry, "entry_points", lambda group: groups[group])
+    assert pol.names()[-1] == "fifo" and set(pol.REGISTRY) < set(pol.names())
+    assert registry.names()[-1] == "two-tokens-ago"
+    assert "two-tokens-ago" in registry.default_names()  # an installed predictor is a default one
