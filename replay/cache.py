@@ -495,7 +495,7 @@ def over_budget_note(rows: list[dict[str, Any]]) -> str | None:
     cells = "; ".join(f"{r['policy']} at {exact(r['budget_mib'])} MiB (peak {r['peak_resident_mib']:.1f} MiB resident, "
                       f"{r['overflow_loads']:,} loads overflowed)" if r.get("peak_resident_mib") is not None else
                       f"{r['policy']} at {exact(r['budget_mib'])} MiB ({r['overflow_loads']:,} loads overflowed)" for r in over)
-    parts = ", ".join(p for p in REGISTRY if policy_module(p).PARTITION == "layer")
+    parts = ", ".join(p for p in names() if policy_module(p).PARTITION == "layer")
     return (f"over budget: a load needed more than the budget (or its layer's share under a per-layer partition: {parts}), "
             "so the cache overflowed"
             f" and the hit rate needs more memory than listed: {cells}.")

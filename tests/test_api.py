@@ -35,7 +35,7 @@ def test_every_analysis_returns_one_frame(small):
 
 def test_keyword_only(small):
     with pytest.raises(TypeError):
-        replay.cache(small, ["lru"])  # noqa: the options are keyword-only
+        replay.cache(small, ["lru"])  # the options are keyword-only
 
 
 def test_cli_is_the_same_function(small):
