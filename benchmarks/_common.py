@@ -55,3 +55,23 @@ def synthetic_trace(out: Path, tokens: int = 20000, layers: int = 48, experts: i
                                          routing_only=True), force=True)
     t = open_trace(out, check_rows=False)
     return t.path
+
+
+def top1_decode_loads(trace_dir: Path):
+    """The top-1, decode-only, equal-size (1 MiB) view of the synthetic benchmark trace that both
+    libCacheSim comparisons replay (where our semantics and libCacheSim's coincide): (trace, loads,
+    object id per request = layer index x n_expert + expert)."""
+    import numpy as np
+
+    from replay.cache import prepare_loads
+    from traces import open_trace
+    from traces.reader import RoutingArrays
+    from traces.units import MIB
+
+    t = open_trace(synthetic_trace(trace_dir))
+    a = t.arrays(recorded=False)
+    dec = a.phase == 1
+    ra = RoutingArrays(turn=a.turn[dec], batch=a.batch[dec], phase=a.phase[dec], step=a.step[dec], layer=a.layer[dec],
+                       experts=np.ascontiguousarray(a.experts[dec, :1]), weights=np.ascontiguousarray(a.weights[dec, :1]))
+    loads = prepare_loads(ra, t.moe_layers, t.n_expert, np.where(t.expert_bytes > 0, MIB, 0))
+    return t, loads, loads.entries[:, 0].astype(np.int64)

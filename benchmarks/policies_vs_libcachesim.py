@@ -22,9 +22,7 @@ import struct
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
-from benchmarks._common import machine, synthetic_trace
+from benchmarks._common import machine, top1_decode_loads
 from traces.units import MIB
 
 ENTRIES = (8, 16, 19, 20, 64, 512, 2048)
@@ -36,18 +34,9 @@ def main() -> None:
     args = ap.parse_args()
     import libcachesim as lcs
 
-    from replay.cache import prepare_loads, replay
-    from traces import open_trace
-    from traces.reader import RoutingArrays
+    from replay.cache import replay
 
-    t = open_trace(synthetic_trace(args.trace))
-    a = t.arrays(recorded=False)
-    dec = a.phase == 1
-    ra = RoutingArrays(turn=a.turn[dec], batch=a.batch[dec], phase=a.phase[dec], step=a.step[dec], layer=a.layer[dec],
-                       experts=np.ascontiguousarray(a.experts[dec, :1]), weights=np.ascontiguousarray(a.weights[dec, :1]))
-    eb = np.where(t.expert_bytes > 0, MIB, 0)
-    loads = prepare_loads(ra, t.moe_layers, t.n_expert, eb)
-    obj = loads.entries[:, 0].astype(np.int64)
+    t, loads, obj = top1_decode_loads(args.trace)
     n = obj.shape[0]
     print(f"machine: {machine()}")
     print(f"trace: top-1 of {t.path} decode tokens: {n:,} requests over {len(set(obj.tolist()))} objects, 1 MiB each; "

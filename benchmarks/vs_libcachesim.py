@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._common import best_of, machine, synthetic_trace
+from benchmarks._common import best_of, machine, top1_decode_loads
 from traces.units import MIB
 
 ROUNDS = 5
@@ -36,19 +36,10 @@ def main() -> None:
     args = ap.parse_args()
     import libcachesim as lcs
 
-    from replay.cache import prepare_loads, replay, warm_up
+    from replay.cache import replay, warm_up
     from replay.cache_kernel import next_loads
-    from traces import open_trace
-    from traces.reader import RoutingArrays
 
-    t = open_trace(synthetic_trace(args.trace))
-    a = t.arrays(recorded=False)
-    dec = a.phase == 1
-    ra = RoutingArrays(turn=a.turn[dec], batch=a.batch[dec], phase=a.phase[dec], step=a.step[dec], layer=a.layer[dec],
-                       experts=np.ascontiguousarray(a.experts[dec, :1]), weights=np.ascontiguousarray(a.weights[dec, :1]))
-    eb = np.where(t.expert_bytes > 0, MIB, 0)
-    loads = prepare_loads(ra, t.moe_layers, t.n_expert, eb)
-    obj = loads.entries[:, 0].astype(np.int64)
+    t, loads, obj = top1_decode_loads(args.trace)
     n = obj.shape[0]
     # next access (request index) per request, -1 if none
     nxt = np.full(n, -1, np.int64)
