@@ -319,7 +319,8 @@ def load_cost_model(path: str | Path) -> CostModel:
     """Read a ``cost fit --json`` output (the row marked ``selected``) or a bare model object."""
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"{p}: no such cost-model file.")
+        # repr: a blank or odd path is visible in the sentence ("--cost-model ' '", not "--cost-model  ")
+        raise UserError(f"--cost-model {str(path)!r}: no such cost-model file.")
     try:
         obj = json.loads(p.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):

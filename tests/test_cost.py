@@ -212,3 +212,12 @@ def test_check_at_another_budget_compares_nothing(real_trace_dir):
     assert "at the recorded budget" not in text
     same = run_cli("cost", "check", q, "--budget-mib", "4000", "--json").json()["rows"][0]
     assert same["compared"] is True and same["tok_s_err_pct"] is not None
+
+
+def test_missing_cost_model_file_is_named_visibly(tmp_path):
+    """Found by the CLI fuzz test: a blank --cost-model printed 'error:  : no such cost-model file'
+    (the path invisible, the option unnamed)."""
+    from tests.helpers import assert_one_sentence_error, run_cli
+
+    res = run_cli("cost", "check", str(tmp_path / "nope"), "--cost-model", " ")
+    assert_one_sentence_error(res, "--cost-model ' '")
