@@ -28,7 +28,7 @@ $(VENV)/.core: pyproject.toml constraints.txt | $(VENV)/bin/python
 	touch $@
 
 $(VENV)/.dev: pyproject.toml constraints.txt | $(VENV)/bin/python
-	$(PIP) -e '.[dev,capture]'
+	$(PIP) -e '.[dev,capture,hf,cluster]'
 	touch $@ $(VENV)/.core
 
 # libCacheSim's binding pulls boto3, whose pins fight constraints.txt: installed unconstrained.
@@ -42,7 +42,7 @@ demo: $(VENV)/.core
 	$(VENV)/bin/moe-replay synth $(DEMO_TRACE) --force
 	$(VENV)/bin/moe-replay report $(DEMO_TRACE) -o reports/demo --force $(DEMO_COST)
 
-## test: the whole suite (unit, property, end-to-end on ../shared/data, capture through llama.cpp, notebooks)
+## test: the whole suite (unit, property, end-to-end on ../shared/data, capture through llama.cpp and transformers, Ray, notebooks)
 test: $(VENV)/.dev
 	$(VENV)/bin/python -m pytest -q
 
