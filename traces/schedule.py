@@ -228,6 +228,7 @@ def schedule(requests: Sequence[RequestRoutes], *, mode: Literal["sequential", "
     """
     _check_options(mode, max_batch, prefill_chunk)
     L, k, has_token, has_logits, n_expert = _check_requests(requests)
+    rb, ri, rp, rl = schedule_index(requests, mode=mode, max_batch=max_batch, prefill_chunk=prefill_chunk)
     if moe_layers is None:
         layer_ids = np.arange(L, dtype=np.int64)
     else:
@@ -236,28 +237,7 @@ def schedule(requests: Sequence[RequestRoutes], *, mode: Literal["sequential", "
                 or (layer_ids.size and layer_ids[-1] >= MAX_LAYERS):
             raise UserError(f"schedule: moe_layers {list(moe_layers)} is not {L} strictly increasing layer indices "
                             f"(one per MoE layer of the requests' arrays).")
-    steps = plan(requests, max_batch=int(max_batch) if mode == "continuous" else 1,
-                 prefill_chunk=prefill_chunk if mode == "continuous" else None)
-    # One event per scheduled routed position: (batch, request index, position).
-    ev_b, ev_i, ev_p = [], [], []
-    b = 0
-    for step in steps:
-        n = sum(pos.size for _, pos in step)
-        if not n:
-            continue
-        for i, pos in step:
-            ev_b.append(np.full(pos.size, b, np.int64))
-            ev_i.append(np.full(pos.size, i, np.int64))
-            ev_p.append(pos.astype(np.int64))
-        b += 1
-    eb, ei, ep = (np.concatenate(xs) if xs else np.zeros(0, np.int64) for xs in (ev_b, ev_i, ev_p))
     rid = np.array([int(r.request) for r in requests], dtype=np.int64)
-    # Rows: each event at every MoE layer, ordered (batch, layer, request, step).
-    T = eb.size
-    rb, ri, rp = np.repeat(eb, L), np.repeat(ei, L), np.repeat(ep, L)
-    rl = np.tile(np.arange(L, dtype=np.int64), T)
-    order = np.lexsort((rp, rid[ri], rl, rb))
-    rb, ri, rp, rl = rb[order], ri[order], rp[order], rl[order]
     R = rb.size
     experts = np.empty((R, k), np.int32)
     weights = np.full((R, k), np.nan, np.float32)
@@ -290,3 +270,32 @@ def schedule(requests: Sequence[RequestRoutes], *, mode: Literal["sequential", "
     if logits is not None:
         out["logits"] = logits
     return out
+
+
+def schedule_index(requests: Sequence[RequestRoutes], *, mode: Literal["sequential", "continuous"], max_batch: int = 1,
+                   prefill_chunk: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Where each output row of :func:`schedule` comes from: int64 arrays (batch, request index
+    into ``requests``, position, MoE layer index), rows in (batch, layer, request, step) order.
+    For a caller that gathers columns :class:`RequestRoutes` does not carry (gate inputs)."""
+    _check_options(mode, max_batch, prefill_chunk)
+    L = _check_requests(requests)[0]
+    steps = plan(requests, max_batch=int(max_batch) if mode == "continuous" else 1,
+                 prefill_chunk=prefill_chunk if mode == "continuous" else None)
+    # One event per scheduled routed position: (batch, request index, position).
+    ev_b, ev_i, ev_p = [], [], []
+    b = 0
+    for step in steps:
+        if not sum(pos.size for _, pos in step):
+            continue  # a step with no routed position (all unrouted): no batch number
+        for i, pos in step:
+            ev_b.append(np.full(pos.size, b, np.int64))
+            ev_i.append(np.full(pos.size, i, np.int64))
+            ev_p.append(pos.astype(np.int64))
+        b += 1
+    eb, ei, ep = (np.concatenate(xs) if xs else np.zeros(0, np.int64) for xs in (ev_b, ev_i, ev_p))
+    rid = np.array([int(r.request) for r in requests], dtype=np.int64)
+    # Rows: each event at every MoE layer, ordered (batch, layer, request, step).
+    rb, ri, rp = np.repeat(eb, L), np.repeat(ei, L), np.repeat(ep, L)
+    rl = np.tile(np.arange(L, dtype=np.int64), eb.size)
+    order = np.lexsort((rp, rid[ri], rl, rb))
+    return rb[order], ri[order], rp[order], rl[order]
