@@ -531,7 +531,11 @@ def batch_series(loads: Loads, res: ReplayResult) -> pl.DataFrame:
 def decode_token_series(loads: Loads, res: ReplayResult) -> pl.DataFrame:
     """Per decoded token (one decode batch = one token), in order: turn, step, lookups, hits,
     misses, read_bytes. Bytes are what the misses read for that token, not time: the cost model
-    turns them into time."""
+    turns them into time. A trace whose decode batches hold several requests' tokens has no such
+    series (a batch's reads are shared by its tokens): refused, never divided up silently."""
+    if loads.batch_tokens is not None and (loads.batch_tokens[loads.batch_phase == 1] > 1).any():
+        raise UserError(f"per-token figures need one decoded token per decode batch; this trace's decode batches hold up to "
+                        f"{int(loads.batch_tokens[loads.batch_phase == 1].max())} tokens of several requests.")
     return batch_series(loads, res).filter(pl.col("phase") == 1).drop("phase")
 
 

@@ -419,7 +419,10 @@ def device_check(trace: Trace, model: CostModel | None = None, budget_mib: float
         else:
             scope = f"out-of-sample (the model was fitted on another run: {model.fit_trace or model.source})"
     loads = loads_of(trace)
-    series = decode_token_series(loads, replay(loads, "lru", float(budget)))
+    try:
+        series = decode_token_series(loads, replay(loads, "lru", float(budget)))
+    except UserError as e:
+        raise UserError(f"{trace.path}: {e}") from None
     if series.height != n:
         raise UserError(f"{trace.path}: the replay has {series.height} decoded tokens, the metrics {n}.")
     pred = model.predict_ms(series["read_bytes"].to_numpy(), series["misses"].to_numpy())

@@ -101,3 +101,21 @@ def test_bad_input_one_sentence_nothing_written(synths, tmp_path):
     assert_one_sentence_error(run_cli("schedule", tmp_path / "half", out, "--schedule", "sequential"),
                               "request 1 step 1 is routed at some MoE layers and not at others")
     assert not out.exists()
+
+
+def test_synth_request_options(tmp_path):
+    # The batching options need --requests; the one-request trace records none of them (its
+    # trace.json is byte-identical to the one written before they existed).
+    assert_one_sentence_error(run_cli("synth", tmp_path / "x", "--max-batch", "4"), "give --requests N too")
+    assert_one_sentence_error(run_cli("synth", tmp_path / "x", "--requests", "0"), "--requests 0")
+    assert not (tmp_path / "x").exists()
+    one = replay.synth(tmp_path / "one", layers=2, experts=4, top_k=1, embd=4, tokens=2, prompt_tokens=1)
+    assert set(one.meta["provenance"]["synth"]) & {"requests", "max_batch", "prefill_chunk"} == set()
+    assert not one.has("request")
+    many = replay.synth(tmp_path / "many", layers=2, experts=4, top_k=1, embd=4, tokens=2, prompt_tokens=1,
+                        requests=3, max_batch=2)
+    assert many.meta["provenance"]["synth"]["requests"] == 3 and many.has("request")
+    # Requests differ from one another (each its own seeded stream).
+    r = many.routings(["request", "step", "layer", "experts"])
+    per = {i: r.filter(request=i).sort("step", "layer")["experts"].to_list() for i in range(3)}
+    assert per[0] != per[1] or per[1] != per[2]
