@@ -136,3 +136,15 @@ def test_traces_without_request_columns_still_read(tmp_path):
     tr = open_trace(write_trace(spec, tmp_path))
     a = tr.arrays()
     assert a.request is None and a.token is None and (a.request_or_zero == 0).all()
+
+
+def test_writer_refuses_a_negative_token_id(tmp_path):
+    from traces import UserError
+
+    w = TraceWriter(tmp_path / "t", _meta(), columns=("token",))
+    with pytest.raises(UserError, match="token id -1, outside 0..2"):
+        w.append(turn=0, batch=0, phase=1, step=0, layer=0, experts=[[0]], weights=[[1.0]], token=[-1])
+    w.append(turn=0, batch=0, phase=1, step=0, layer=0, experts=[[0]], weights=[[1.0]], token=[7])
+    w.close()
+    tr = open_trace(tmp_path / "t")
+    assert tr.arrays().token.tolist() == [7] and tr.arrays().request is None

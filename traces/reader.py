@@ -376,6 +376,11 @@ def _check_rows(trace: Trace) -> None:
                 raise ValueError(f"row {offset + bad[0]} has phase {ph[bad[0]]} (0 prefill, 1 decode)")
             if has_req:
                 _check_requests(t, offset, req_last)
+            if "token" in t.column_names:
+                tok = t.column("token").to_numpy()
+                bad = np.flatnonzero(tok < 0)
+                if bad.size:
+                    raise ValueError(f"row {offset + bad[0]} has token id {tok[bad[0]]}, which is negative")
             req = t.column("request").to_numpy().astype(np.int64) if has_req else np.zeros(n, dtype=np.int64)
             prepended = last is not None
             if prepended:
@@ -432,17 +437,12 @@ def _check_rows(trace: Trace) -> None:
 def _check_requests(t: pa.Table, offset: int, req_last: dict[tuple[int, int], tuple[int, int]]) -> None:
     """With a request column, ``step`` is the position inside its request: >= 0, and a request's
     tokens come in order (at each layer its steps strictly increase from batch to batch, inside
-    one turn or across later turns); a token id, where recorded, is >= 0. ``req_last`` carries
+    one turn or across later turns). ``req_last`` carries
     each (request, layer)'s last (step, turn) from part to part."""
     s = t.column("step").to_numpy().astype(np.int64)
     bad = np.flatnonzero(s < 0)
     if bad.size:
         raise ValueError(f"row {offset + bad[0]} has step {s[bad[0]]}; step is the position inside its request, >= 0")
-    if "token" in t.column_names:
-        tok = t.column("token").to_numpy()
-        bad = np.flatnonzero(tok < 0)
-        if bad.size:
-            raise ValueError(f"row {offset + bad[0]} has token id {tok[bad[0]]}, which is negative")
     req = t.column("request").to_numpy().astype(np.int64)
     lay = t.column("layer").to_numpy().astype(np.int64)
     turn = t.column("turn").to_numpy().astype(np.int64)

@@ -157,20 +157,20 @@ class TraceWriter:
             arrays.append(pa.array(v, type=typ))
         weights = np.asarray(weights, dtype=np.float32)
         self._check_values(weights, optional.get("logits"))
-        request = None
-        if "request" in self.columns and "request" in optional:
-            request = np.broadcast_to(np.asarray(optional["request"]), (n,)).astype(np.int64)
-        self._check_order(cols["batch"], cols["layer"], cols["step"], request)
-        arrays.append(_fixed_list(experts.astype(np.int32, copy=False), self.k, pa.int32()))
-        arrays.append(_fixed_list(weights, self.k, pa.float32()))
         missing = [c for c in self.columns if c not in optional]
         extra = [c for c in optional if c not in self.columns]
         if missing or extra:
             raise ValueError(f"append: missing columns {missing}, unexpected columns {extra}")
+        # request / token checked before the order check (which advances the last key): a refused
+        # append leaves the writer as it was.
+        scalars = {c: self._scalar_column(c, np.broadcast_to(np.asarray(optional[c]), (n,)))
+                   for c in REQUEST_COLUMNS if c in self.columns and c in optional}
+        self._check_order(cols["batch"], cols["layer"], cols["step"], scalars.get("request"))
+        arrays.append(_fixed_list(experts.astype(np.int32, copy=False), self.k, pa.int32()))
+        arrays.append(_fixed_list(weights, self.k, pa.float32()))
         for field in list(self.schema)[len(arrays):]:
             if field.name in REQUEST_COLUMNS:  # per-row scalars (scalars broadcast, as the key columns)
-                vals = np.broadcast_to(np.asarray(optional[field.name]), (n,))
-                arrays.append(pa.array(self._scalar_column(field.name, vals), type=field.type))
+                arrays.append(pa.array(scalars[field.name], type=field.type))
                 continue
             typ = field.type.value_type
             vals = np.asarray(optional[field.name]).astype(typ.to_pandas_dtype(), copy=False)
