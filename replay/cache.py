@@ -217,7 +217,9 @@ class Loads:
 
 def prepare_loads(arrays: RoutingArrays, moe_layers: list[int] | tuple[int, ...], n_expert: int,
                   expert_bytes: np.ndarray) -> Loads:
-    """Cut routing arrays (rows ordered by (batch, layer, step)) into loads.
+    """Cut routing arrays (rows ordered by (batch, layer, step), or (batch, layer, request, step)
+    with many requests in one batch) into loads: one (batch, layer) group each, whatever requests
+    it holds.
 
     ``expert_bytes`` is indexed by model layer (as ``Trace.expert_bytes``). Rows need not come
     from a valid trace: duplicate ids inside a routing are replayed as repeats.
