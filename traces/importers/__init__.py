@@ -224,6 +224,7 @@ def make_meta(*, what: str | Path, name: str, arch: str, n_layer: int, layers: l
     ``sizes``; where the sizes' model has MoE layers the log lacks, they are listed as
     ``model.moe_layers_absent`` and said in the notes (a report covers the layers the log has;
     nothing is extrapolated)."""
+    from traces.gating import KNOWN_ARCH_GATING
     from traces.schema import default_gating
     from traces.sizes import describe
 
@@ -242,8 +243,8 @@ def make_meta(*, what: str | Path, name: str, arch: str, n_layer: int, layers: l
         notes.append(f"the log holds layers {compact_ranges(layers)} only; others are absent (--expert-bytes "
                      "does not say which layers of the model are MoE)")
     prov["sizes"] = describe(sizes)
-    return {"model": model, "expert_bytes": eb, "dense_bytes": db, "gating": gating or default_gating(),
-            "provenance": prov}
+    gating = gating or default_gating(*KNOWN_ARCH_GATING.get(arch, (None, None)))
+    return {"model": model, "expert_bytes": eb, "dense_bytes": db, "gating": gating, "provenance": prov}
 
 
 def compact_ranges(xs: Iterable[int]) -> str:
@@ -272,6 +273,28 @@ def batches_from_file_order(block_layers: np.ndarray, block_phase: np.ndarray | 
         if block_phase is not None:
             new[1:] |= block_phase[1:] != block_phase[:-1]
     return (np.cumsum(new) - 1).astype(np.int64)
+
+
+def prompt_passes(ntok: np.ndarray, prompt_tokens: int | None, what: str | Path, notes: list[str]) -> np.ndarray:
+    """Which passes (forward passes of ``ntok`` tokens each, in order) are the prompt, for a log
+    that does not say: exactly ``prompt_tokens`` tokens when given (it must end where a pass
+    ends), else the passes before the first one-token pass (said in ``notes``)."""
+    n = ntok.size
+    ends = np.cumsum(ntok)
+    if prompt_tokens is not None:
+        if prompt_tokens < 0:
+            raise UserError(f"--prompt-tokens {prompt_tokens} is negative.")
+        if prompt_tokens and prompt_tokens not in set(ends.tolist()):
+            raise UserError(f"--prompt-tokens {prompt_tokens}: {what}'s passes end at tokens "
+                            f"{', '.join(str(int(e)) for e in ends[:8])}{' ...' if n > 8 else ''}; "
+                            "the prompt must end where a pass ends.")
+        notes.append(f"phase from --prompt-tokens {prompt_tokens}")
+        return ends <= prompt_tokens
+    single = np.flatnonzero(ntok == 1)
+    first_decode = int(single[0]) if single.size else n
+    notes.append(f"phase inferred: the {first_decode} pass(es) before the first one-token pass are the prompt "
+                 f"({int(ntok[:first_decode].sum())} tokens), the rest decode (give --prompt-tokens N to set it)")
+    return np.arange(n) < first_decode
 
 
 def write_trace(out_dir: Path, meta: dict[str, Any], *, batch: np.ndarray, phase: np.ndarray, step: np.ndarray,

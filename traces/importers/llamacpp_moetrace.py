@@ -34,6 +34,7 @@ from traces.importers import (
     head_lines,
     infer_shape,
     make_meta,
+    prompt_passes,
     provenance,
     read_text,
     write_trace,
@@ -238,22 +239,7 @@ def _parse_plain(path: Path, body: list[tuple[int, str]], top_k: int | None, pro
     within = np.arange(R) - np.repeat(np.searchsorted(block_of, np.arange(bstart.size)), b_ntok)
     step = pass_start[batch] + within
     moved = _place_short_blocks(batch, block_of, step)
-    if prompt_tokens is not None:
-        if prompt_tokens < 0:
-            raise UserError(f"--prompt-tokens {prompt_tokens} is negative.")
-        ends = pass_start + ntok
-        if prompt_tokens and prompt_tokens not in set(ends.tolist()):
-            raise UserError(f"--prompt-tokens {prompt_tokens}: {path}'s passes end at tokens "
-                            f"{', '.join(str(int(e)) for e in ends[:8])}{' ...' if ends.size > 8 else ''}; "
-                            "the prompt must end where a pass ends.")
-        prefill_pass = ends <= prompt_tokens
-        notes.append(f"phase from --prompt-tokens {prompt_tokens}")
-    else:
-        single = np.flatnonzero(ntok == 1)
-        first_decode = int(single[0]) if single.size else nbatch
-        prefill_pass = np.arange(nbatch) < first_decode
-        notes.append(f"phase inferred: the {first_decode} pass(es) before the first one-token pass are the prompt "
-                     f"({int(ntok[:first_decode].sum())} tokens), the rest decode (give --prompt-tokens N to set it)")
+    prefill_pass = prompt_passes(ntok, prompt_tokens, path, notes)
     notes.append(f"the plain CSV has no token column: passes end where the layer index stops rising, a layer's "
                  f"rows are tokens x top-k {k}, positions count up from 0 through the passes")
     if moved:
