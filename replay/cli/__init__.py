@@ -27,11 +27,10 @@ app = typer.Typer(
     help="Replay what a Mixture-of-Experts router did through expert-cache policies, predictors, "
     "drop and prefetch what-ifs, offline and exactly.",
 )
-import_app = typer.Typer(no_args_is_help=True, help="Import other engines' route logs as v1 traces.")
-app.add_typer(import_app, name="import")
 
 # The verbs of replay/ (one module each in this package, each with ``register(app)``).
-VERB_MODULES = ("replay.cli.cache", "replay.cli.predict", "replay.cli.whatif", "replay.cli.cost", "replay.cli.report")
+VERB_MODULES = ("replay.cli.cache", "replay.cli.predict", "replay.cli.whatif", "replay.cli.cost", "replay.cli.report",
+               "replay.cli.imports")
 
 
 def _echo(text: str) -> None:
@@ -48,34 +47,6 @@ def info(trace: Path = TraceArg, json_out: bool = JsonOpt) -> None:
     t = open_trace(trace)
     rows = info_rows(t)
     _echo(json_object("info", str(trace), rows) if json_out else info_text(t, rows[0]))
-
-
-@import_app.command("bigmoe")
-def import_bigmoe(
-    route_csv: Path = typer.Argument(..., help="A BigMoeOnEdge route_trace v1 CSV (FILE.route.csv)."),
-    out_dir: Path = typer.Argument(..., help="Trace directory to create."),
-    metrics: Path | None = typer.Option(None, "--metrics", help="The run's per-token .metrics file."),
-    top_k_native: int | None = typer.Option(None, "--top-k-native", help="The model's native top-k, if the run overrode it."),
-    force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists."),
-    json_out: bool = JsonOpt,
-) -> None:
-    """Import a BigMoeOnEdge ``--route-trace`` CSV (and optionally its .metrics) as a v1 trace."""
-    from replay.info import info_rows
-    from replay.output import json_object
-    from traces import open_trace
-    from traces.importers.bigmoe import import_bigmoe as run
-
-    run(route_csv, out_dir, metrics=metrics, top_k_native=top_k_native, force=force)
-    t = open_trace(out_dir)
-    row = info_rows(t)[0]
-    if json_out:
-        _echo(json_object("import bigmoe", str(out_dir), [row]))
-    else:
-        _echo(
-            f"wrote {out_dir}: {row['moe_layers']} MoE layers x {row['n_expert']} experts, top-k {row['top_k']}, "
-            f"{row['tokens_prefill']} prefill + {row['tokens_decode']} decode tokens"
-            + (", with engine metrics" if t.has_metrics else "")
-        )
 
 
 @app.command()

@@ -1,1 +1,246 @@
-"""Importers from other engines' route logs into trace format v1."""
+"""Importers from other engines' route logs into trace format v1: one module per format, one registry.
+
+The contract of an importer module (``traces/importers/<name>.py``; a new format is one new module
+found by :func:`importer_modules`: nothing else to edit):
+
+``NAME: str``
+    The format's name on the command line (``moe-replay import NAME SRC... OUT``).
+``SUMMARY: str``
+    One line for ``moe-replay import --list``: the engine and the file it writes.
+``ENGINE: str``
+    The engine that writes the format (provenance).
+``TAKES_SIZES: bool``
+    True when the format carries no expert sizes, so the command takes ``--expert-bytes N`` /
+    ``--sizes-from MODEL.gguf`` / ``--sizes-from config.json --dtype D`` (:mod:`traces.sizes`) and
+    the importer refuses to write without one of them. False when the file states its sizes.
+``MAX_SOURCES: int | None``
+    How many source files one import reads (None: any number, e.g. one file per layer or rank).
+``OPTIONS: tuple[ImportOption, ...]``
+    The format's own options. The CLI derives its flags, help and types from them; the library
+    receives them as keyword arguments named :attr:`ImportOption.name`.
+``sniff(paths: list[Path]) -> bool``
+    Cheap recognition for ``import auto``: reads at most a few kilobytes of each file, never raises
+    for a file of another format (a missing or unreadable file is simply not recognised).
+``import_(sources: list[Path], out_dir: Path, *, sizes: ExpertSizes | None, force: bool, **options) -> Path``
+    Read ``sources`` exactly as the engine writes them and write one trace at ``out_dir`` through
+    :func:`write_trace` (staged: nothing half-written), or raise :class:`~traces.errors.UserError`
+    with one sentence naming the file and the problem. What the importer had to infer (token order
+    from file order, batches, n_expert from the largest id) goes into ``provenance.notes``, which
+    the CLI prints after the import.
+
+Every importer records provenance through :func:`provenance`: the format, each source file with
+its sha256 and size, the engine and its version when the file says it, the tool version, and the
+sizes' origin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from traces.errors import TraceError, UserError
+
+
+def importer_modules() -> list[str]:
+    """Every importer module: each public module of this package (``_name`` modules are helpers),
+    in name order -- the order ``import --list`` shows. A new format is one new file, nothing else."""
+    import pkgutil
+
+    return sorted(f"{__name__}.{m.name}" for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+@dataclass(frozen=True)
+class ImportOption:
+    """One format-specific option: ``name`` is the keyword ``import_`` receives, ``flag`` the CLI's
+    spelling, ``type`` one of ``Path``, ``int``, ``float``, ``str``, ``bool`` (a bool is an on/off flag)."""
+
+    name: str
+    flag: str
+    type: type
+    help: str
+    default: Any = None
+
+
+def _load(modname: str) -> ModuleType:
+    mod = importlib.import_module(modname)
+    for attr in ("NAME", "SUMMARY", "ENGINE", "TAKES_SIZES", "MAX_SOURCES", "OPTIONS", "sniff", "import_"):
+        if not hasattr(mod, attr):
+            raise TypeError(f"importer module {modname} lacks {attr} (see traces/importers/__init__.py)")
+    return mod
+
+
+def registry() -> dict[str, ModuleType]:
+    """Every importer by its NAME, in :func:`importer_modules` order."""
+    mods = [_load(m) for m in importer_modules()]
+    return {m.NAME: m for m in mods}
+
+
+def get(name: str) -> ModuleType:
+    reg = registry()
+    if name not in reg:
+        raise UserError(f"unknown import format {name!r}; known: {', '.join(reg)} (or auto).")
+    return reg[name]
+
+
+def sniff_formats(paths: Sequence[Path]) -> list[str]:
+    """The formats whose ``sniff`` recognises ``paths`` (a sniffer that fails counts as no)."""
+    out = []
+    for name, mod in registry().items():
+        try:
+            ok = bool(mod.sniff(list(paths)))
+        except Exception:  # noqa: BLE001 - a sniffer must not decide for another format by crashing
+            ok = False
+        if ok:
+            out.append(name)
+    return out
+
+
+def choose_format(paths: Sequence[Path]) -> str:
+    """The one format that recognises ``paths``, or a one-sentence refusal."""
+    srcs = ", ".join(str(p) for p in paths)
+    for p in paths:
+        check_source(p)
+    found = sniff_formats(paths)
+    if not found:
+        raise UserError(f"{srcs}: no importer recognises it (tried {', '.join(registry())}); name the format "
+                        "with 'moe-replay import FORMAT SRC... OUT'.")
+    if len(found) > 1:
+        raise UserError(f"{srcs}: matches several formats ({', '.join(found)}); name one with "
+                        "'moe-replay import FORMAT SRC... OUT'.")
+    return found[0]
+
+
+# -- shared helpers -------------------------------------------------------------------------------
+
+def check_source(path: Path) -> Path:
+    """Refuse a missing source or a directory in one sentence."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{p}: no such file.")
+    if not p.is_file():
+        raise UserError(f"{p}: is not a file.")
+    return p
+
+
+def head_bytes(path: Path, n: int = 4096) -> bytes:
+    """The first ``n`` bytes of ``path`` (b"" when it cannot be read): what a sniffer looks at."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(n)
+    except OSError:
+        return b""
+
+
+def head_lines(path: Path, n: int = 4096) -> list[str]:
+    """The complete text lines in the first ``n`` bytes of ``path`` ([] for a non-text file)."""
+    raw = head_bytes(path, n)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return []
+    lines = text.splitlines()
+    if len(raw) == n and lines and not text.endswith("\n"):
+        lines = lines[:-1]  # the last line may be cut
+    return lines
+
+
+def read_text(path: Path) -> str:
+    check_source(path)
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: is not a text file (not UTF-8).") from None
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def provenance(fmt: str, sources: Iterable[Path], *, engine: str, engine_version: str | None = None,
+               notes: Iterable[str] = (), sizes: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """trace.json's ``provenance`` for an import: format, each source (file name, sha256, bytes),
+    the engine and its version when the file states it, the tool version, the sizes' origin and
+    the notes (what was inferred and how). File names only, never absolute paths: the same files
+    imported from another folder give a byte-identical trace."""
+    from traces.version import __version__ as tool_version
+
+    srcs = [Path(s) for s in sources]
+    files = [{"file": s.name, "sha256": sha256_file(s), "bytes": s.stat().st_size} for s in srcs]
+    prov: dict[str, Any] = {
+        "engine": engine, "engine_version": engine_version, "tool": "moe-replay", "tool_version": tool_version,
+        "importer": fmt, "source_file": files[0]["file"] if files else None,
+        "source_sha256": files[0]["sha256"] if files else None, "sources": files, "prompts": None,
+        "notes": list(notes),
+    }
+    if sizes is not None:
+        prov["sizes"] = sizes
+    prov.update(extra)
+    return prov
+
+
+def infer_shape(what: Path | str, layers: np.ndarray, experts: np.ndarray, sizes: Any, *, n_layer: int | None = None,
+                n_expert: int | None = None, notes: list[str]) -> tuple[int, int]:
+    """(n_layer, n_expert) of an imported log: from the log when it says, else from the model the sizes
+    came from, else the largest id + 1 (said in ``notes``). An id beyond the model's range is refused."""
+    max_layer = int(layers.max()) if layers.size else -1
+    max_expert = int(experts.max()) if experts.size else -1
+    if experts.size and int(experts.min()) < 0:
+        raise UserError(f"{what}: holds a negative expert id ({int(experts.min())}).")
+    if layers.size and int(layers.min()) < 0:
+        raise UserError(f"{what}: holds a negative layer index ({int(layers.min())}).")
+    if n_layer is None and sizes is not None and sizes.n_layer is not None:
+        n_layer = sizes.n_layer
+    if n_expert is None and sizes is not None and sizes.n_expert is not None:
+        n_expert = sizes.n_expert
+    if n_layer is None:
+        n_layer = max_layer + 1
+        notes.append(f"the log does not state the layer count: n_layer = largest layer index + 1 = {n_layer}")
+    if n_expert is None:
+        n_expert = max_expert + 1
+        notes.append(f"the log does not state the expert count: n_expert = largest expert id + 1 = {n_expert} "
+                     "(add --sizes-from MODEL to take it from the model)")
+    if max_layer >= n_layer:
+        raise UserError(f"{what}: routes layer {max_layer}, but the model has {n_layer} layers (0..{n_layer - 1}).")
+    if max_expert >= n_expert:
+        raise UserError(f"{what}: routes expert {max_expert}, but the model has {n_expert} experts (ids 0..{n_expert - 1}).")
+    return n_layer, n_expert
+
+
+def write_trace(out_dir: Path, meta: dict[str, Any], *, batch: np.ndarray, phase: np.ndarray, step: np.ndarray,
+                layer: np.ndarray, experts: np.ndarray, weights: np.ndarray, turn: np.ndarray | None = None,
+                optional: dict[str, np.ndarray] | None = None, force: bool, inputs: Iterable[Path | None],
+                tokens_per_part: int = 4096, what: str | Path = "the import") -> Path:
+    """The one write path of every importer: rows sorted into (batch, layer, step) order (stable, so
+    equal keys keep file order), written through :class:`~traces.writer.TraceWriter` into a staged
+    directory, checked by the reader, then renamed into place (nothing half-written)."""
+    from traces.atomic import staged_dir
+    from traces.reader import open_trace
+    from traces.writer import TraceWriter
+
+    optional = dict(optional or {})
+    n = experts.shape[0]
+    if n == 0:
+        raise UserError(f"{what}: holds no routings; nothing to import.")
+    turn = np.zeros(n, dtype=np.int64) if turn is None else turn
+    order = np.lexsort((step, layer, batch))
+    with staged_dir(out_dir, force=force, inputs=list(inputs)) as stage:
+        w = TraceWriter(stage, meta, columns=tuple(optional), tokens_per_part=tokens_per_part)
+        w.append(turn=turn[order], batch=batch[order], phase=phase[order], step=step[order], layer=layer[order],
+                 experts=experts[order], weights=weights[order], **{k: v[order] for k, v in optional.items()})
+        w.close(complete=True)
+        try:
+            open_trace(stage)
+        except TraceError as e:
+            raise UserError(f"{what}: does not make a valid trace: {e.problem}") from None
+    return Path(out_dir)

@@ -379,3 +379,35 @@ def import_bigmoe(route_csv: str | Path, out_dir: str | Path, metrics: str | Pat
         except TraceError as e:
             raise UserError(f"{route_csv}: does not make a valid trace: {e.problem}") from None
     return out_dir
+
+
+# -- registry entry (traces/importers/__init__.py) ------------------------------------------------
+
+NAME = "bigmoe"
+SUMMARY = "BigMoeOnEdge --route-trace CSV ('# route_trace v1'), optionally with its .metrics file"
+ENGINE = "BigMoeOnEdge"
+TAKES_SIZES = False  # the preamble states each layer's expert_bytes
+MAX_SOURCES = 1
+
+
+def _options() -> tuple:
+    from traces.importers import ImportOption
+
+    return (
+        ImportOption("metrics", "--metrics", Path, "The run's per-token .metrics file."),
+        ImportOption("top_k_native", "--top-k-native", int, "The model's native top-k, if the run overrode it."),
+    )
+
+
+OPTIONS = _options()
+
+
+def sniff(paths: list[Path]) -> bool:
+    from traces.importers import head_lines
+
+    return len(paths) == 1 and head_lines(paths[0], 64)[:1] == ["# route_trace v1"]
+
+
+def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: bool = False,
+            metrics: Path | None = None, top_k_native: int | None = None) -> Path:
+    return import_bigmoe(sources[0], out_dir, metrics=metrics, top_k_native=top_k_native, force=force)

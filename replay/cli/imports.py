@@ -1,0 +1,171 @@
+"""``import``: one command per registered importer (traces/importers), ``import --list`` and ``import auto``.
+
+Each format's flags are derived from its module (``OPTIONS``, and the size options when it takes
+sizes): nothing about a format is typed twice.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import typer
+
+from replay.cli.options import JsonOpt
+
+import_app = typer.Typer(no_args_is_help=True, invoke_without_command=True,
+                         help="Import other engines' route logs as v1 traces (--list shows the formats).")
+
+PathsArg = typer.Argument(..., metavar="SRC... OUT", help="Source file(s) of the log, then the trace directory to create.",
+                          show_default=False)
+ForceOpt = typer.Option(False, "--force", help="Replace OUT if it exists.")
+
+
+def _size_params() -> list[inspect.Parameter]:
+    from traces.sizes import DTYPES
+
+    kw = inspect.Parameter.KEYWORD_ONLY
+    return [
+        inspect.Parameter("expert_bytes", kw, annotation=int | None, default=typer.Option(
+            None, "--expert-bytes", help="Bytes of one expert, the same in every layer.")),
+        inspect.Parameter("sizes_from", kw, annotation=Path | None, default=typer.Option(
+            None, "--sizes-from", help="Expert sizes from the model: a .gguf file, or a Hugging Face config.json "
+            "(then --dtype).")),
+        inspect.Parameter("dtype", kw, annotation=str | None, default=typer.Option(
+            None, "--dtype", help=f"Storage type of the experts for --sizes-from config.json: {', '.join(DTYPES)}.")),
+    ]
+
+
+def _option_param(opt: Any) -> inspect.Parameter:
+    ann = bool if opt.type is bool else opt.type | None
+    default = False if opt.type is bool else opt.default
+    return inspect.Parameter(opt.name, inspect.Parameter.KEYWORD_ONLY, annotation=ann,
+                             default=typer.Option(default, opt.flag, help=opt.help))
+
+
+def _split(paths: list[Path], mod: ModuleType | None, fmt: str) -> tuple[list[Path], Path]:
+    from traces.errors import UserError
+
+    if len(paths) < 2:
+        raise UserError(f"import {fmt}: give the source file(s) and then the trace directory to create (SRC... OUT).")
+    sources, out = list(paths[:-1]), paths[-1]
+    if mod is not None and mod.MAX_SOURCES is not None and len(sources) > mod.MAX_SOURCES:
+        raise UserError(f"import {fmt}: takes {mod.MAX_SOURCES} source file(s), got {len(sources)} "
+                        f"({', '.join(str(s) for s in sources)}) before OUT.")
+    return sources, out
+
+
+def _report(fmt: str, out_dir: Path, json_out: bool, chosen: str | None = None) -> None:
+    from replay.info import info_rows
+    from replay.output import json_object
+    from traces import open_trace
+
+    t = open_trace(out_dir)
+    row = info_rows(t)[0]
+    notes = list(t.meta.get("provenance", {}).get("notes") or [])
+    if json_out:
+        extra: dict[str, Any] = {"notes": notes} if notes else {}
+        if chosen is not None:
+            extra["format"] = chosen
+        typer.echo(json_object(f"import {fmt}", str(out_dir), [row], **extra))
+        return
+    lines = [] if chosen is None else [f"format: {chosen} (recognised by its sniffer)"]
+    lines.append(
+        f"wrote {out_dir}: {row['moe_layers']} MoE layers x {row['n_expert']} experts, top-k {row['top_k']}, "
+        f"{row['tokens_prefill']} prefill + {row['tokens_decode']} decode tokens"
+        + (", with engine metrics" if t.has_metrics else ""))
+    lines += [f"note: {n}" for n in notes]
+    typer.echo("\n".join(lines))
+
+
+def _run(mod: ModuleType, fmt: str, paths: list[Path], values: dict[str, Any], json_out: bool, force: bool,
+         chosen: str | None = None) -> None:
+    from traces.errors import UserError
+    from traces.sizes import load_sizes
+
+    sources, out = _split(paths, mod, fmt)
+    size_keys = ("expert_bytes", "sizes_from", "dtype")
+    sizes = None
+    if mod.TAKES_SIZES:
+        sizes = load_sizes(values.get("expert_bytes"), values.get("sizes_from"), values.get("dtype"))
+    else:
+        given = [k for k in size_keys if values.get(k) is not None]
+        if given:
+            raise UserError(f"import {mod.NAME}: the {mod.NAME} format states its own expert sizes; drop "
+                            f"--{given[0].replace('_', '-')}.")
+    opts = {o.name: values[o.name] for o in mod.OPTIONS if o.name in values}
+    mod.import_(sources, out, sizes=sizes, force=force, **opts)
+    _report(fmt, out, json_out, chosen)
+
+
+def _make_command(mod: ModuleType):
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter("paths", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=list[Path], default=PathsArg)]
+    if mod.TAKES_SIZES:
+        params += _size_params()
+    params += [_option_param(o) for o in mod.OPTIONS]
+    params += [inspect.Parameter("force", kw, annotation=bool, default=ForceOpt),
+               inspect.Parameter("json_out", kw, annotation=bool, default=JsonOpt)]
+
+    def command(**values: Any) -> None:
+        _run(mod, mod.NAME, values.pop("paths"), values, values.pop("json_out"), values.pop("force"))
+
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {}
+    command.__doc__ = f"{mod.SUMMARY}."
+    command.__name__ = f"import_{mod.NAME.replace('-', '_')}"
+    return command
+
+
+@import_app.callback()
+def import_group(ctx: typer.Context,
+                 list_: bool = typer.Option(False, "--list", help="List the formats and what each reads.")) -> None:
+    """Import other engines' route logs as v1 traces."""
+    if list_:
+        from traces.importers import registry
+
+        reg = registry()
+        width = max(len(n) for n in reg)
+        lines = [f"{name:<{width}}  {mod.SUMMARY}" + ("" if mod.TAKES_SIZES else " (sizes in the file)")
+                 for name, mod in reg.items()]
+        lines.append(f"{'auto':<{width}}  recognise the format from the file(s) and say which was chosen")
+        typer.echo("\n".join(lines))
+        raise typer.Exit(0)
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+
+
+def _auto(
+    paths: list[Path] = PathsArg,
+    expert_bytes: int | None = typer.Option(None, "--expert-bytes", help="Bytes of one expert, the same in every layer."),
+    sizes_from: Path | None = typer.Option(None, "--sizes-from", help="Expert sizes from a .gguf or a config.json."),
+    dtype: str | None = typer.Option(None, "--dtype", help="Storage type of the experts for --sizes-from config.json."),
+    force: bool = ForceOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Recognise the format of SRC..., say which it is, and import it (format options need 'import FORMAT')."""
+    from traces.importers import choose_format, get
+
+    sources, _ = _split(paths, None, "auto")
+    fmt = choose_format(sources)
+    mod = get(fmt)
+    values = {"expert_bytes": expert_bytes, "sizes_from": sizes_from, "dtype": dtype}
+    values.update({o.name: (False if o.type is bool else o.default) for o in mod.OPTIONS})
+    _run(mod, "auto", paths, values, json_out, force, chosen=fmt)
+
+
+def _build() -> None:
+    from traces.importers import registry
+
+    for name, mod in registry().items():
+        import_app.command(name)(_make_command(mod))
+    import_app.command("auto")(_auto)
+
+
+_build()
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(import_app, name="import")
