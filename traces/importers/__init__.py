@@ -233,7 +233,9 @@ def write_trace(out_dir: Path, meta: dict[str, Any], *, batch: np.ndarray, phase
     if n == 0:
         raise UserError(f"{what}: holds no routings; nothing to import.")
     turn = np.zeros(n, dtype=np.int64) if turn is None else turn
-    order = np.lexsort((step, layer, batch))
+    # The format's row order: (batch, layer, step), or (batch, layer, request, step) with a request column.
+    keys = (step, optional["request"], layer, batch) if "request" in optional else (step, layer, batch)
+    order = np.lexsort(keys)
     with staged_dir(out_dir, force=force, inputs=list(inputs)) as stage:
         w = TraceWriter(stage, meta, columns=tuple(optional), tokens_per_part=tokens_per_part)
         w.append(turn=turn[order], batch=batch[order], phase=phase[order], step=step[order], layer=layer[order],

@@ -311,10 +311,7 @@ def _options():
     )
 
 
-def __getattr__(name: str) -> Any:
-    if name == "OPTIONS":
-        return _options()
-    raise AttributeError(name)
+OPTIONS = _options()
 
 
 def sniff(paths: list[Path]) -> bool:

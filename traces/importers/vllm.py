@@ -520,10 +520,7 @@ def _options():
     )
 
 
-def __getattr__(name: str) -> Any:  # OPTIONS built lazily: traces.importers imports this module
-    if name == "OPTIONS":
-        return _options()
-    raise AttributeError(name)
+OPTIONS = _options()
 
 
 def sniff(paths: list[Path]) -> bool:
