@@ -171,34 +171,50 @@ def dump_passes(path: Path, recs: list[dict], p2l: np.ndarray) -> list[dict]:
     return out
 
 
-def link_requests(passes: list[dict]) -> tuple[list[np.ndarray], int]:
+def link_requests(passes: list[dict]) -> tuple[list[np.ndarray], int, int]:
     """Request id per token of every pass, linking a request's segments across passes by position
-    continuity in batch order (SGLang keeps its running batch's order; new requests join at the end)."""
-    active: list[list[int]] = []  # [request id, next position], in batch order
+    continuity in batch order (SGLang keeps its running batch's order; new requests join at the end).
+
+    A decode (or mixed) pass holds every running request, so a decoding request missing from one has
+    finished and cannot claim a later token; a request seen only in extend passes may be part-way
+    through a chunked prompt and stays linkable. Where two running requests wait for the same
+    position, the first in batch order takes the token: the third value counts such ambiguous links
+    (positions cannot tell them apart: a request that just finished looks like one that goes on)."""
+    active: list[list[int]] = []  # [request id, next position, decoding (0/1)], in batch order
     next_id = 0
+    ambiguous = 0
     out = []
     for p in passes:
         req = np.empty(p["ids"].size, np.int64)
+        decode_pass = p["mode"] in (MODE_DECODE, MODE_MIXED)
+        by_pos: dict[int, list[int]] = {}  # next position -> indices into active, ascending
+        for j, a in enumerate(active):
+            by_pos.setdefault(a[1], []).append(j)
+        taken: set[int] = set()
         cursor = 0
         start = 0
         for n in p["seg"]:
             first = int(p["pos"][start])
-            found = None
-            for j in range(cursor, len(active)):
-                if active[j][1] == first:
-                    found = j
-                    break
-            if found is None or first == 0:
-                rid = next_id
+            cands = [j for j in by_pos.get(first, ()) if j >= cursor and j not in taken] if first > 0 else []
+            if cands:
+                found = cands[0]
+                ambiguous += len(cands) > 1
+                cursor = found + 1
+            else:
+                active.append([next_id, 0, 0])
                 next_id += 1
-                active.append([rid, 0])
                 found = len(active) - 1
-            cursor = found + 1
-            active[found][1] = int(p["pos"][start + n - 1]) + 1
-            req[start:start + n] = active[found][0]
+            taken.add(found)
+            entry = active[found]
+            entry[1] = int(p["pos"][start + n - 1]) + 1
+            if decode_pass and n == 1:
+                entry[2] = 1
+            req[start:start + n] = entry[0]
             start += n
+        if decode_pass:
+            active = [a for j, a in enumerate(active) if j in taken or not a[2]]
         out.append(req)
-    return out, next_id
+    return out, next_id, ambiguous
 
 
 def import_dumps(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool) -> Path:
@@ -260,26 +276,38 @@ def import_dumps(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool)
         notes.append(f"n_expert = largest logical id in the physical-to-logical map + 1 = {n_expert}")
     if int(p2l_all.max()) >= n_expert or int(p2l_all.min()) < 0:
         raise UserError(f"{where}: the physical-to-logical map names expert ids outside 0..{n_expert - 1}.")
-    reqs, n_req = link_requests(passes)
+    reqs, n_req, ambiguous = link_requests(passes)
     notes.append("one forward pass = one batch; SGLang's dump names no request: requests linked across passes by "
-                 f"position continuity in batch order ({n_req} requests)")
+                 f"position continuity in batch order ({n_req} requests; {ambiguous} token(s) where two running "
+                 "requests waited for the same position went to the first in batch order)")
     notes.append("physical expert slots mapped to expert ids with last_physical_to_logical_map (the map at dump time; "
                  "if EPLB rebalanced during recording, earlier passes used another map)")
     # Rows: (batch, layer, request, step).
     cols: dict[str, list[np.ndarray]] = {c: [] for c in ("batch", "phase", "step", "layer", "experts", "request", "token")}
-    for b, (p, req) in enumerate(zip(passes, reqs)):
+    b = 0
+    split = 0
+    for p, req in zip(passes, reqs):
         lg = p["logical"][moe][..., :k]  # [moe layers, T, k]
         ok = (lg >= 0).all(axis=2)
+        # A MIXED pass holds prefill and decode tokens; trace format v1 holds one phase per batch, so
+        # it becomes a prefill batch then a decode batch (said in the notes: their loads count apart).
+        two = bool((p["phase"] == PHASE_PREFILL).any() and (p["phase"] == PHASE_DECODE).any())
+        split += two
+        tb = b + (two & (p["phase"] == PHASE_DECODE)).astype(np.int32)
         order = np.lexsort((p["pos"], req))
         for li, layer in enumerate(layer_ids):
             sel = order[ok[li][order]]
-            cols["batch"].append(np.full(sel.size, b, np.int32))
+            cols["batch"].append(tb[sel])
             cols["phase"].append(p["phase"][sel])
             cols["step"].append(p["pos"][sel].astype(np.int32))
             cols["layer"].append(np.full(sel.size, layer, np.int16))
             cols["experts"].append(lg[li][sel].astype(np.int32))
             cols["request"].append(req[sel])
             cols["token"].append(p["ids"][sel].astype(np.int32))
+        b += 1 + two
+    if split:
+        notes.append(f"{split} MIXED forward pass(es) (--enable-mixed-chunk: prompt chunks with decode tokens) each "
+                     "became a prefill batch then a decode batch (a trace batch holds one phase); their loads count apart")
     cat = {c: np.concatenate(v) for c, v in cols.items()}
     ex = cat["experts"]
     if k > 1:
@@ -296,7 +324,8 @@ def import_dumps(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool)
                   "n_embd": sizes.n_embd},
         "expert_bytes": expert_bytes, "dense_bytes": dense_bytes, "gating": default_gating(),
         "provenance": provenance(NAME, sources, engine=ENGINE, engine_version=None, notes=notes, sizes=sizes.source,
-                                 batching="one forward pass of the engine = one batch (forward_pass_id order)",
+                                 batching="one forward pass of the engine = one batch (forward_pass_id order); "
+                                 "a MIXED pass = a prefill batch then a decode batch",
                                  rank=next(iter(ranks))),
     }
     weights = np.full(ex.shape, np.nan, np.float32)
