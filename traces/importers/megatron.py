@@ -223,6 +223,7 @@ def _build(jsonl: Path, records: list[tuple[int, dict]], sidecars: dict[str, Any
     cur = -1
     for (n, r), bb in zip(records, batch_of):
         T = r["num_tokens"]
+        ex = _indices(r, jsonl, n)
         if bb != cur:
             first_token += tokens_of_batch.get(cur, 0)
             cur = bb
@@ -230,7 +231,6 @@ def _build(jsonl: Path, records: list[tuple[int, dict]], sidecars: dict[str, Any
         elif tokens_of_batch[bb] != T:
             raise UserError(f"{jsonl}: line {n}: layer {r['layer']} has {T} tokens, the other layers of its forward "
                             f"pass {tokens_of_batch[bb]}.")
-        ex = _indices(r, jsonl, n)
         if T == 0:
             continue
         cols["batch"].append(np.full(T, bb, np.int32))
