@@ -56,8 +56,17 @@ def info_rows(trace: Trace) -> list[dict[str, Any]]:
         "recorded_hit_pct_cum": trace.recorded.get("cache_hit_pct_cum"),
         "engine": prov.get("engine"),
         "source": prov.get("source_file"),
+        # MoE layers of the model the log does not hold (an import of some layers only): every
+        # figure covers the layers the trace has; nothing is extrapolated to the others.
+        "moe_layers_absent": list(m.get("moe_layers_absent") or []),
     }
     return [row]
+
+
+def prov_notes(trace: Trace) -> list[str]:
+    """What an importer inferred (token order, batches, phase), as trace.json's provenance says."""
+    notes = trace.meta.get("provenance", {}).get("notes")
+    return [str(n) for n in notes] if isinstance(notes, list) else []
 
 
 def info_text(trace: Trace, row: dict[str, Any]) -> str:
@@ -84,6 +93,13 @@ def info_text(trace: Trace, row: dict[str, Any]) -> str:
         lines.append("note       the trace holds no routings: every other verb has nothing to replay")
     elif row["tokens_decode"] == 0:
         lines.append(f"note       {NO_DECODE}")
+    if row["moe_layers_absent"]:
+        from traces.importers import compact_ranges
+
+        lines.append(f"absent     MoE layers {compact_ranges(row['moe_layers_absent'])} of the model are not in the log; "
+                     "every figure covers only the layers the trace has")
+    for n in prov_notes(trace):
+        lines.append(f"import     {n}")
     if row["recorded_budget_mib"] is not None:
         lines.append(
             f"recorded   engine cache budget {row['recorded_budget_mib']} MiB, "

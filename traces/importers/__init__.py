@@ -217,6 +217,86 @@ def infer_shape(what: Path | str, layers: np.ndarray, experts: np.ndarray, sizes
     return n_layer, n_expert
 
 
+def make_meta(*, what: str | Path, name: str, arch: str, n_layer: int, layers: list[int], n_expert: int, top_k: int,
+              sizes: Any, prov: dict[str, Any], n_embd: int | None = None, top_k_native: int | None = None,
+              gating: dict[str, Any] | None = None) -> dict[str, Any]:
+    """trace.json content for an imported log that routes ``layers``: expert and dense bytes from
+    ``sizes``; where the sizes' model has MoE layers the log lacks, they are listed as
+    ``model.moe_layers_absent`` and said in the notes (a report covers the layers the log has;
+    nothing is extrapolated)."""
+    from traces.gating import KNOWN_ARCH_GATING
+    from traces.schema import default_gating
+    from traces.sizes import describe
+
+    eb, db = sizes.for_layers(n_layer, layers, what)
+    model: dict[str, Any] = {"name": name, "arch": arch, "n_layer": n_layer, "moe_layers": list(layers),
+                             "n_expert": n_expert, "top_k": top_k, "top_k_native": top_k_native, "n_embd": n_embd}
+    notes = prov.setdefault("notes", [])
+    model_moe = sizes.model_moe_layers
+    if model_moe is not None:
+        absent = [l for l in model_moe if l not in set(layers)]
+        if absent:
+            model["moe_layers_absent"] = absent
+            notes.append(f"the log holds {len(layers)} of the model's {len(model_moe)} MoE layers; layers "
+                         f"{compact_ranges(absent)} are absent and every figure covers only the layers it has")
+    elif sizes.uniform is not None and layers != list(range(layers[0], layers[-1] + 1)):
+        notes.append(f"the log holds layers {compact_ranges(layers)} only; others are absent (--expert-bytes "
+                     "does not say which layers of the model are MoE)")
+    prov["sizes"] = describe(sizes)
+    gating = gating or default_gating(*KNOWN_ARCH_GATING.get(arch, (None, None)))
+    return {"model": model, "expert_bytes": eb, "dense_bytes": db, "gating": gating, "provenance": prov}
+
+
+def compact_ranges(xs: Iterable[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"``."""
+    xs = sorted(set(int(x) for x in xs))
+    out: list[str] = []
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def batches_from_file_order(block_layers: np.ndarray, block_phase: np.ndarray | None = None) -> np.ndarray:
+    """Batch index of each layer block of a log written in evaluation order (one block = the rows
+    one MoE layer routed in one forward pass): a forward pass visits its layers in increasing
+    order, so a block whose layer is not above the previous block's starts a new pass (as does a
+    change of phase)."""
+    n = block_layers.size
+    new = np.ones(n, dtype=bool)
+    if n > 1:
+        new[1:] = block_layers[1:] <= block_layers[:-1]
+        if block_phase is not None:
+            new[1:] |= block_phase[1:] != block_phase[:-1]
+    return (np.cumsum(new) - 1).astype(np.int64)
+
+
+def prompt_passes(ntok: np.ndarray, prompt_tokens: int | None, what: str | Path, notes: list[str]) -> np.ndarray:
+    """Which passes (forward passes of ``ntok`` tokens each, in order) are the prompt, for a log
+    that does not say: exactly ``prompt_tokens`` tokens when given (it must end where a pass
+    ends), else the passes before the first one-token pass (said in ``notes``)."""
+    n = ntok.size
+    ends = np.cumsum(ntok)
+    if prompt_tokens is not None:
+        if prompt_tokens < 0:
+            raise UserError(f"--prompt-tokens {prompt_tokens} is negative.")
+        if prompt_tokens and prompt_tokens not in set(ends.tolist()):
+            raise UserError(f"--prompt-tokens {prompt_tokens}: {what}'s passes end at tokens "
+                            f"{', '.join(str(int(e)) for e in ends[:8])}{' ...' if n > 8 else ''}; "
+                            "the prompt must end where a pass ends.")
+        notes.append(f"phase from --prompt-tokens {prompt_tokens}")
+        return ends <= prompt_tokens
+    single = np.flatnonzero(ntok == 1)
+    first_decode = int(single[0]) if single.size else n
+    notes.append(f"phase inferred: the {first_decode} pass(es) before the first one-token pass are the prompt "
+                 f"({int(ntok[:first_decode].sum())} tokens), the rest decode (give --prompt-tokens N to set it)")
+    return np.arange(n) < first_decode
+
+
 def write_trace(out_dir: Path, meta: dict[str, Any], *, batch: np.ndarray, phase: np.ndarray, step: np.ndarray,
                 layer: np.ndarray, experts: np.ndarray, weights: np.ndarray, turn: np.ndarray | None = None,
                 optional: dict[str, np.ndarray] | None = None, force: bool, inputs: Iterable[Path | None],
@@ -233,7 +313,7 @@ def write_trace(out_dir: Path, meta: dict[str, Any], *, batch: np.ndarray, phase
     if n == 0:
         raise UserError(f"{what}: holds no routings; nothing to import.")
     turn = np.zeros(n, dtype=np.int64) if turn is None else turn
-    # The format's row order: (batch, layer, step), or (batch, layer, request, step) with a request column.
+    # The format's row order: (batch, layer, step), with a request column (batch, layer, request, step).
     keys = (step, optional["request"], layer, batch) if "request" in optional else (step, layer, batch)
     order = np.lexsort(keys)
     with staged_dir(out_dir, force=force, inputs=list(inputs)) as stage:

@@ -1,0 +1,192 @@
+"""Issue 16: the ``table`` importer (CSV / JSONL / Parquet, one routing per row, --map, --where)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import assert_one_sentence_error, run_cli
+from traces import open_trace
+from traces.importers.table import import_
+from traces.sizes import load_sizes
+
+
+def routings(seed, n_req, layers, n_prompt, n_dec, n_expert, k):
+    rng = np.random.default_rng(seed)
+    out = []
+    for r in range(n_req):
+        for pos in range(n_prompt + n_dec):
+            for il in layers:
+                ids = [int(x) for x in rng.choice(n_expert, size=k, replace=False)]
+                w = [float(np.float32(x)) for x in np.sort(rng.random(k))[::-1]]
+                out.append({"req_id": f"req-{r}", "token_idx": pos, "layer": il, "topk_ids": ids, "topk_weights": w,
+                            "phase": "prefill" if pos < n_prompt else "decode", "tok": 100 + pos})
+    return out
+
+
+MAP = "token=token_idx,layer=layer,experts=topk_ids,weights=topk_weights,request=req_id,phase=phase,token_id=tok"
+
+
+def write(path, rows, kind):
+    if kind == "jsonl":
+        with open(path, "w") as fh:
+            fh.write(json.dumps({"type": "meta", "engine_version": "0.9.1", "model": "x"}) + "\n")
+            for r in rows:
+                fh.write(json.dumps({"type": "route", **r}) + "\n")
+    elif kind == "csv":
+        with open(path, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(list(rows[0]))
+            for r in rows:
+                w.writerow([" ".join(map(str, v)) if isinstance(v, list) else v for v in r.values()])
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def got_of(out):
+    t = open_trace(out)
+    a = t.arrays()
+    req = t.routings(["request"])["request"].to_numpy() if "request" in t.meta["columns"] else np.zeros(a.n_rows)
+    return t, {(int(req[i]), int(a.step[i]), int(a.layer[i])): ([int(x) for x in a.experts[i]], [float(x) for x in a.weights[i]],
+                                                               int(a.phase[i])) for i in range(a.n_rows)}
+
+
+def want_of(rows):
+    ids: dict[str, int] = {}  # string request ids are numbered in order of first appearance
+    for r in rows:
+        ids.setdefault(r["req_id"], len(ids))
+    return {(ids[r["req_id"]], r["token_idx"], r["layer"]): (r["topk_ids"], r["topk_weights"],
+                                                            0 if r["phase"] == "prefill" else 1) for r in rows}
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory):
+    from engine_bridge.tinymodel import TinyModelConfig, write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("m") / "tiny.gguf", TinyModelConfig(layers=4, experts=16, top_k=4, embd=64))
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv", "parquet"])
+def test_each_table_kind_imports_exactly(tmp_path, gguf, kind):
+    rows = routings(0, 2, [0, 1, 2, 3], 3, 4, 16, 4)
+    src = tmp_path / f"routes.{kind}"
+    write(src, rows, kind)
+    args = ["import", "table", src, tmp_path / "t", "--map", MAP, "--sizes-from", gguf]
+    if kind == "jsonl":
+        args += ["--where", "type=route"]
+    res = run_cli(*args)
+    assert res.code == 0, res.err
+    t, got = got_of(tmp_path / "t")
+    assert got == want_of(rows)
+    assert "request" in t.meta["columns"] and "token" in t.meta["columns"]
+    assert "numbered 0..1" in res.out and "requests one after another" in res.out
+    prov = t.meta["provenance"]
+    if kind == "jsonl":
+        assert prov["skipped_records"] == {"count": 1, "keys": ["engine_version", "model", "type"]}
+        assert prov["engine_version"] == "0.9.1" and prov["where"] == {"type": "route"}
+    tok = t.routings(["token", "step"])
+    assert (tok["token"].to_numpy() == tok["step"].to_numpy() + 100).all()
+
+
+def test_where_is_needed_for_a_mixed_log(tmp_path):
+    rows = routings(1, 1, [0, 1], 2, 2, 8, 2)
+    src = tmp_path / "log.jsonl"
+    write(src, rows, "jsonl")
+    res = run_cli("import", "table", src, tmp_path / "t", "--map", MAP, "--expert-bytes", "64")
+    assert_one_sentence_error(res, "row 1", "--where")
+    assert not (tmp_path / "t").exists()
+
+
+def test_one_layer_per_file_some_layers_only(tmp_path, gguf):
+    rows = routings(2, 1, [1, 3], 2, 5, 16, 4)
+    files = []
+    for il in (1, 3):
+        p = tmp_path / f"router_layer_{il:02d}.jsonl"
+        with open(p, "w") as fh:
+            for r in rows:
+                if r["layer"] == il:  # no layer and no token field: the file name and the file order say them
+                    fh.write(json.dumps({"topk_ids": r["topk_ids"], "topk_weights": r["topk_weights"]}) + "\n")
+        files.append(p)
+    res = run_cli("import", "table", *files, tmp_path / "t", "--map", "experts=topk_ids,weights=topk_weights",
+                  "--sizes-from", gguf)
+    assert res.code == 0, res.err
+    t = open_trace(tmp_path / "t")
+    a = t.arrays()
+    assert t.moe_layers == [1, 3] and t.model["moe_layers_absent"] == [0, 2]
+    got = {(int(a.step[i]), int(a.layer[i])): [int(x) for x in a.experts[i]] for i in range(a.n_rows)}
+    assert got == {(r["token_idx"], r["layer"]): r["topk_ids"] for r in rows}
+    assert "file order is token order" in res.out and "last number in the file name" in res.out
+    assert "layers 0, 2 are absent" in res.out
+    info = run_cli("info", tmp_path / "t")
+    assert "absent     MoE layers 0, 2" in info.out
+    assert run_cli("info", tmp_path / "t", "--json").json()["rows"][0]["moe_layers_absent"] == [0, 2]
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_round_trip_hypothesis(tmp_path_factory, data):
+    k = data.draw(st.integers(1, 3))
+    n_expert = data.draw(st.integers(k, 10))
+    layers = sorted(data.draw(st.sets(st.integers(0, 5), min_size=1, max_size=3)))
+    rows = routings(data.draw(st.integers(0, 999)), data.draw(st.integers(1, 3)), layers, data.draw(st.integers(1, 3)),
+                    data.draw(st.integers(0, 3)), n_expert, k)
+    kind = data.draw(st.sampled_from(["jsonl", "csv", "parquet"]))
+    shuffle = data.draw(st.booleans())
+    if shuffle:  # with a token column, file order does not matter
+        rows = [rows[i] for i in np.random.default_rng(0).permutation(len(rows))]
+    d = tmp_path_factory.mktemp("tb")
+    write(d / f"r.{kind}", rows, kind)
+    import_([d / f"r.{kind}"], d / "t", sizes=load_sizes(expert_bytes=256), map=MAP,
+            where="type=route" if kind == "jsonl" else None)
+    _, got = got_of(d / "t")
+    assert got == want_of(rows)
+
+
+def _good(tmp_path):
+    rows = routings(3, 1, [0, 1], 2, 2, 8, 2)
+    src = tmp_path / "g.jsonl"
+    write(src, rows, "jsonl")
+    return src
+
+
+BAD = {
+    "truncated": (lambda t: t[:-9], "truncated"),
+    "corrupt line": (lambda t: t.replace("}\n", "\n", 2), "not a JSON object"),
+    "wrong shape": (lambda t: t.replace('"topk_ids": [', '"topk_ids": [1, ', 1), "experts"),
+    "weights shape": (lambda t: t.replace('"topk_weights": [', '"topk_weights": [0.9, ', 1), "weights for"),
+    "negative id": (lambda t: t.replace('"topk_ids": [', '"topk_ids": [-1', 1), "negative"),
+    "same token twice": (lambda t: t + t.splitlines(keepends=True)[-1], "a second time"),
+    "not a number": (lambda t: t.replace('"token_idx": 1', '"token_idx": "one"', 1), "not an integer"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_one_sentence_nothing_written(tmp_path, case):
+    src = _good(tmp_path)
+    mutate, needle = BAD[case]
+    src.write_text(mutate(src.read_text()))
+    res = run_cli("import", "table", src, tmp_path / "o", "--map", MAP, "--where", "type=route", "--expert-bytes", "64")
+    assert_one_sentence_error(res, needle)
+    assert not (tmp_path / "o").exists()
+
+
+def test_ids_out_of_range_missing_column_bad_map(tmp_path, gguf):
+    src = tmp_path / "r.csv"
+    src.write_text("layer,experts\n0,3 17\n1,1 2\n")
+    assert_one_sentence_error(run_cli("import", "table", src, tmp_path / "o", "--sizes-from", gguf), "expert 17")
+    assert_one_sentence_error(run_cli("import", "table", src, tmp_path / "o", "--map", "experts=ids", "--expert-bytes", "5"),
+                              "no column 'ids'")
+    assert_one_sentence_error(run_cli("import", "table", src, tmp_path / "o", "--map", "colour=red", "--expert-bytes", "5"),
+                              "unknown key 'colour'")
+    assert_one_sentence_error(run_cli("import", "table", src, tmp_path / "o"), "--expert-bytes")
+    assert not (tmp_path / "o").exists()
+    # the default mapping is the column names themselves, and auto recognises such a table
+    res = run_cli("import", "auto", src, tmp_path / "ok", "--expert-bytes", "5")
+    assert res.code == 0 and res.out.startswith("format: table"), res.err
