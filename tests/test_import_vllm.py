@@ -260,3 +260,19 @@ def test_hit_rate_moves_with_batch_size(sweep_log):
         assert hit[1] > hit[8] > hit[64], (policy, hit)
     # Only compulsory misses with an unbounded cache: the same for every batching of the same log.
     assert len({rows[b]["infinite"]["read_mib"] for b in rows}) == 1
+
+
+def test_parallel_sampling_routes_the_shared_prompt_once(tmp_path, reqs):
+    """n > 1: vLLM computes the prompt once; each completion is its own request after it."""
+    body = vllm_completion(reqs[0], 0, encoding="list")
+    second = reqs[1].generated
+    body["choices"].append(dict(body["choices"][0], index=1, routed_experts=second.tolist(), token_ids=reqs[1].output_ids))
+    src = tmp_path / "n2.json"
+    src.write_text(json.dumps(body))
+    res = run_cli("import", "vllm", src, tmp_path / "t", "--expert-bytes", "1000")
+    assert res.code == 0, res.err
+    rows = routed_rows(tmp_path / "t")
+    P = len(reqs[0].prompt_ids)
+    assert {s for (r, s, _) in rows if r == 1} == set(range(P, P + second.shape[0]))  # no prompt rows twice
+    assert rows[(1, P, 0)] == tuple(int(x) for x in second[0, 0])
+    assert "shared prompt is routed once" in res.out and "prefix cache" not in res.out

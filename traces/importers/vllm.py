@@ -326,6 +326,7 @@ def shape_requests(raw: list[RawRequest], notes: list[str]) -> list[Routes]:
     shape: tuple[int, int] | None = None
     split_full = 0
     forked = 0
+    cached_rows = 0
     for r in raw:
         arrays = ([r.prompt] if r.prompt is not None else []) + list(r.generated)
         for a in arrays:
@@ -336,6 +337,9 @@ def shape_requests(raw: list[RawRequest], notes: list[str]) -> list[Routes]:
             elif (a.shape[1], a.shape[2]) != shape:
                 raise UserError(f"{r.where}: routes {a.shape[1]} layers x top-{a.shape[2]}, the first request "
                                 f"{shape[0]} x top-{shape[1]}.")
+        if shape is not None:  # an empty list decodes as [0, 0, 0]: give it the log's layers and k
+            r.prompt = r.prompt.reshape((0, *shape)) if r.prompt is not None and r.prompt.size == 0 else r.prompt
+            r.generated = [g.reshape((0, *shape)) if g.size == 0 else g for g in r.generated]
         gens = r.generated or [np.zeros((0,) + (shape or (0, 0)), np.int64)]
         for j, gen in enumerate(gens):
             ptoks = r.prompt_token_ids
@@ -346,7 +350,7 @@ def shape_requests(raw: list[RawRequest], notes: list[str]) -> list[Routes]:
                     raise UserError(f"{r.where}: prompt_routed_experts has {prompt.shape[0]} positions but "
                                     f"prompt_token_ids has {len(ptoks)} tokens.")
                 P = prompt.shape[0]
-                full = np.concatenate([prompt, gen.reshape((-1,) + prompt.shape[1:]) if gen.size == 0 else gen])
+                full = np.concatenate([prompt, gen])
             elif ptoks is not None:
                 # Older vLLM: one array over the whole sequence; the prompt length splits it.
                 P = len(ptoks)
@@ -366,6 +370,7 @@ def shape_requests(raw: list[RawRequest], notes: list[str]) -> list[Routes]:
                                     f"{len(otoks)} generated tokens.")
                 token_ids = np.asarray(list(ptoks) + list(otoks[:gen_rows]), dtype=np.int64)
             routed = unrouted_rows(full, r.where)
+            cached_rows += int((~routed).sum())
             if j > 0:
                 # n > 1: vLLM computes a shared prompt once; the other completions reuse it.
                 routed = routed.copy()
@@ -373,6 +378,9 @@ def shape_requests(raw: list[RawRequest], notes: list[str]) -> list[Routes]:
                 forked += 1
             out.append(Routes(where=r.where, prompt_len=P, experts=np.where(full < 0, 0, full), routed=routed,
                               token_ids=token_ids))
+    if cached_rows:
+        notes.append(f"{cached_rows} position(s) not routed in this run (-1: served from the prefix cache) are absent "
+                     "from the trace, never counted as expert -1 or as misses")
     if split_full:
         notes.append(f"{split_full} request(s) carry one routed_experts array over the whole sequence (older vLLM): "
                      "split at len(prompt_token_ids)")
@@ -478,10 +486,6 @@ def import_routes(routes: list[Routes], keep: np.ndarray, sources: list[Path], o
                           routed=r.routed, token_ids=r.token_ids.astype(np.int32) if has_tokens else None)
             for i, r in enumerate(routes)]
     cols = build_batches(reqs, mode=schedule, max_batch=max_batch, prefill_chunk=prefill_chunk, moe_layers=layer_ids)
-    unrouted = sum(int((~r.routed).sum()) for r in routes)
-    if unrouted:
-        notes.append(f"{unrouted} position(s) not routed in this run (-1: served from the prefix cache) are absent "
-                     "from the trace, never counted as expert -1 or as misses")
     batching = (f"schedule {schedule}" + (f", max_batch {max_batch}" if schedule == "continuous" else "")
                 + (f", prefill_chunk {prefill_chunk}" if prefill_chunk is not None else "")
                 + f": {engine} records no forward-pass structure; batches built by traces.schedule")
