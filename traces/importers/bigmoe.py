@@ -354,6 +354,8 @@ def import_bigmoe(route_csv: str | Path, out_dir: str | Path, metrics: str | Pat
             "metrics_file": Path(metrics).name if metrics is not None else None,
             "metrics_sha256": sha256_file(Path(metrics)) if metrics is not None else None,
             "prompts": None, "batching": "prefill of a turn = one batch; each decode step = one batch",
+            # The preamble's model path as written: 'export bigmoe' writes it back (a byte-identical round trip).
+            "model_path": p["model"].get("model"),
         },
     }
     if summary is not None:
