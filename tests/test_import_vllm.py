@@ -276,3 +276,17 @@ def test_parallel_sampling_routes_the_shared_prompt_once(tmp_path, reqs):
     assert {s for (r, s, _) in rows if r == 1} == set(range(P, P + second.shape[0]))  # no prompt rows twice
     assert rows[(1, P, 0)] == tuple(int(x) for x in second[0, 0])
     assert "shared prompt is routed once" in res.out and "prefix cache" not in res.out
+
+
+def test_a_layer_axis_of_moe_layers_only_maps_onto_the_models_moe_layers(tmp_path, reqs):
+    """A log whose layer axis holds the MoE layers only (L entries) of a model with more layers."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": L + 1, "n_routed_experts": E, "first_k_dense_replace": 1,
+                               "moe_intermediate_size": 32, "intermediate_size": 128, "num_experts_per_tok": K,
+                               "num_attention_heads": 4, "num_key_value_heads": 4}))
+    src = write_vllm_jsonl(tmp_path / "r.jsonl", reqs)
+    res = run_cli("import", "vllm", src, tmp_path / "t", "--sizes-from", cfg, "--dtype", "bf16")
+    assert res.code == 0, res.err
+    assert open_trace(tmp_path / "t").moe_layers == [1, 2, 3, 4]
+    assert routed_rows(tmp_path / "t") == {(r, s, lay + 1): e for (r, s, lay), e in expected_rows(reqs).items()}
+    assert "axis i is MoE layer moe_layers[i]" in res.out
