@@ -17,14 +17,16 @@ What Megatron-LM writes (read in its own source, NVIDIA/Megatron-LM
 - ``--moe-routing-trace-capture-logits``: ``DIR/logits_rank{r}.bin``, bfloat16 pre-top-k router
   logits [num_tokens, num_experts] by ``logit_offset`` / ``logit_bytes`` / ``logit_shape`` -> the
   trace's ``logits``.
+- ``--moe-enable-routing-replay`` (the "sink", CUDA graphs on) writes the same JSONL from the
+  in-pipeline recorder: ids only, no sidecars.
 
 The log records no token positions, no requests and no phase: tokens are numbered in file order
 as one stream (``step`` = the token's index in the run), and the first ``--prefill-steps`` steps
 (default 1, the prompt's pass in inference) are prefill, the rest decode; all of this is said in
 the provenance notes. Megatron's hook path takes a routing's experts from the routing map, which
-lists them in ascending expert id, not router rank order; no weights are recorded (NaN). MTP-head
-records (``mtp_idx``) route the draft head's own experts, not the model's layers: left out, counted
-in the notes.
+lists them in ascending expert id, not router rank order (the sink keeps the router's order); no
+weights are recorded (NaN). MTP-head records (``mtp_idx``) route the draft head's own experts, not
+the model's layers: left out, counted in the notes.
 """
 
 from __future__ import annotations
@@ -283,8 +285,9 @@ def _build(jsonl: Path, records: list[tuple[int, dict]], sidecars: dict[str, Any
     expert_bytes, dense_bytes = sizes.for_layers(n_layer, moe_layers, where)
     notes.append("the log records no positions, requests or phase: tokens numbered in file order as one stream "
                  f"(step = token index in the run); the first {prefill_steps} step(s) taken as prefill, the rest decode")
-    notes.append("slot order as recorded: Megatron's hook path lists a routing's experts in ascending id, not router "
-                 "rank order; no routing weights recorded (NaN)")
+    notes.append("slot order as recorded: Megatron's hook path takes a routing's experts from the routing map, in "
+                 "ascending id, not router rank order (the --moe-enable-routing-replay sink keeps the router's order); "
+                 "no routing weights recorded (NaN)")
     meta = {
         "model": {"name": sizes.name or "unknown", "arch": sizes.arch or "unknown", "n_layer": n_layer,
                   "moe_layers": moe_layers, "n_expert": n_expert, "top_k": k, "top_k_native": sizes.top_k,
