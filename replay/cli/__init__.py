@@ -32,6 +32,7 @@ app.add_typer(import_app, name="import")
 
 # The verbs of replay/ (one module each in this package, each with ``register(app)``).
 VERB_MODULES = ("replay.cli.cache", "replay.cli.predict", "replay.cli.whatif", "replay.cli.cost", "replay.cli.report")
+VERB_MODULES += ("replay.cli.sweep",)
 
 
 def _echo(text: str) -> None:
