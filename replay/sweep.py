@@ -359,15 +359,14 @@ def read_grid(path: str | Path) -> Grid:
         if key == "traces":
             continue
         if key not in KINDS:
-            raise UserError(f"{_where(grid, None, key)}: unknown analysis kind (known: {', '.join(KIND_ORDER)}).")
+            raise UserError(f"{grid}: [{key}]: unknown analysis kind (known: {', '.join(KIND_ORDER)}).")
         # policy/predictor files are registered first: the names they define are then known
         if isinstance(value, dict):
             from replay.plugins import register_files
 
             for fk in ("policy_file", "predictor_file"):
                 if fk in value:
-                    files = value[fk] if isinstance(value[fk], list) else [value[fk]]
-                    checked = [_check_value(key, fk, f, None, _where(grid, key, fk), grid.parent) for f in files]
+                    checked = _check_value(key, fk, value[fk], None, _where(grid, key, fk), grid.parent)
                     register_files(*((checked, None) if fk == "policy_file" else (None, checked)))
         kinds[key] = _expand_kind(grid, KINDS[key], value)
     if not kinds:
@@ -678,7 +677,9 @@ def _run_ray(batches: list[list[Cell]], address: str | None, on_done: Callable[[
     ray = _import_ray()
     if not ray.is_initialized():
         try:
-            ray.init(address=address, include_dashboard=False, log_to_driver=False,
+            import logging
+
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                      runtime_env={"env_vars": {k: os.environ[k] for k in ("PYTHONPATH", "NUMBA_CACHE_DIR") if k in os.environ}})
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise UserError(f"--address {address}: cannot connect to a Ray cluster ({e}).") from None
