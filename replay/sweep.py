@@ -732,6 +732,10 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
     t0 = time.perf_counter()
     out.mkdir(exist_ok=True)
     with results_lock(out):
+        # until the sweep ends, sweep.json says it is unfinished (a killed sweep leaves it so; the
+        # tables, if any, are those of an earlier run): rerun the same grid to finish it
+        atomic_write_text(out / "sweep.json", json.dumps({"format": FORMAT, "version": 1, "tool_version": __version__,
+                                                          "grid": str(grid.file), "complete": False}, indent=1) + "\n")
         store = Store(out)
         done = store.done()
         todo, seen = [], set()
@@ -766,7 +770,7 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
             notes = sorted({n for c in kc for n in done[c.key][1]})
             kinds.append({"kind": kind, "cells": len(kc), "computed": sum(1 for c in kc if c.key in seen),
                           "rows": frame.height, "table": str(out / f"{kind}.parquet"), "notes": notes})
-        summary = {"format": FORMAT, "version": 1, "tool_version": __version__, "grid": str(grid.file),
+        summary = {"format": FORMAT, "version": 1, "tool_version": __version__, "grid": str(grid.file), "complete": True,
                    "traces": [s for s, _ in grid.traces], "engine": engine,
                    "workers": n_workers if engine == "local" else None, "cells": len(cells), "computed": computed,
                    "reused": len(cells) - computed, "seconds": seconds,

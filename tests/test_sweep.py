@@ -214,9 +214,11 @@ def test_killed_sweep_is_finished_by_a_rerun(world, tmp_path):
     chunks = list((out / "chunks").glob("*.parquet"))
     done = sum(pl.read_parquet(c).height for c in chunks)
     assert 1 <= done < 16 and not (out / "prefetch.parquet").exists()
+    assert json.loads((out / "sweep.json").read_text())["complete"] is False
 
     s = replay.sweep(grid, out, workers=1)
     assert s["computed"].to_list() == [16 - done]
+    assert json.loads((out / "sweep.json").read_text())["complete"] is True
     fresh = replay.sweep(grid, tmp_path / "fresh", workers=2)
     assert fresh["computed"].to_list() == [16]
     assert (out / "prefetch.parquet").read_bytes() == (tmp_path / "fresh" / "prefetch.parquet").read_bytes()

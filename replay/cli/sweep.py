@@ -49,7 +49,8 @@ def register(app: typer.Typer) -> None:
             typer.echo(json_object("sweep", None, summary["kinds"], results=str(out), **extra))
             return
         rate = f", {summary['cells_per_s']:.2f} cells/s" if summary["cells_per_s"] else ""
-        where = f"{summary['workers']} local workers" if engine == "local" else "Ray"
+        where = (f"{summary['workers']} local worker{'s' if summary['workers'] != 1 else ''}" if engine == "local"
+                 else "Ray")
         typer.echo(f"swept {summary['cells']} cells of {grid} over {len(summary['traces'])} traces: "
                    f"{summary['computed']} computed ({where}, {summary['seconds']:.1f} s{rate}), "
                    f"{summary['reused']} already in {out}")
