@@ -679,8 +679,7 @@ def _run_ray(batches: list[list[Cell]], address: str | None, on_done: Callable[[
         try:
             import logging
 
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                     runtime_env={"env_vars": {k: os.environ[k] for k in ("PYTHONPATH", "NUMBA_CACHE_DIR") if k in os.environ}})
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise UserError(f"--address {address}: cannot connect to a Ray cluster ({e}).") from None
     by_key = {c.key: c for b in batches for c in b}
@@ -714,6 +713,7 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
     """Run (or finish) the sweep of ``grid_file`` into ``out``; returns the summary :func:`summary` rows
     come from. Bad input is refused before anything is written."""
     from replay.output import progress
+    from traces import atomic
     from traces.atomic import atomic_write_bytes, atomic_write_text
     from traces.version import __version__
 
@@ -723,6 +723,8 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
         raise UserError(f"--workers {workers}: give at least 1 worker.")
     if address is not None and engine != "ray":
         raise UserError("--address: only meaningful with --engine ray.")
+    if workers is not None and engine != "local":
+        raise UserError("--workers: only meaningful with --engine local (Ray runs as many tasks as the cluster has CPUs).")
     if engine == "ray":
         _import_ray()
     out = Path(out)
@@ -750,6 +752,8 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
             def on_done(results: list) -> None:
                 nonlocal computed
                 store.write(results)
+                if not computed:  # an interrupted sweep says truthfully that it wrote finished cells
+                    atomic.written.append(store.dir)
                 computed += len(results)
                 bar.update(len(results))
 

@@ -30,6 +30,7 @@ traces = ["traces/t*"]
 [cache]
 policies = ["lru", "lfu", "belady"]
 budgets_mib = [12, 40]
+cost_model = "cost.json"
 [predict]
 predictors = ["prev-token", "stale-gate"]
 horizons = [1, 2]
@@ -91,6 +92,8 @@ def world(tmp_path_factory):
     (root / "traces").mkdir()
     for seed in (1, 2):
         replay.synth(root / "traces" / f"t{seed}", seed=seed, **SHAPE)
+    model = replay.manual_cost_model(flash_mib_s=2000, compute_ms=50)
+    (root / "cost.json").write_text(json.dumps(model.row()))
     (root / "grid.toml").write_text(GRID)
     replay.sweep(root / "grid.toml", root / "local", engine="local", workers=2)
     return root
@@ -124,9 +127,11 @@ def test_cells_equal_the_verbs_json_rows(world):
     out = world / "local"
     for t in ("t1", "t2"):
         path = world / "traces" / t
-        want = _verb_rows("cache", path, "--policies", "lru,lfu,belady", "--budgets", "12,40")
+        want = _verb_rows("cache", path, "--policies", "lru,lfu,belady", "--budgets", "12,40", "--cost-model",
+                          world / "cost.json")
         got = _sweep_rows(out / "cache.parquet", f"traces/{t}", list(want[0]))
-        assert len(want) == 6 and _sorted(got, "policy", "budget_mib") == _sorted(want, "policy", "budget_mib")
+        assert len(want) == 6 and "ms_per_token" in want[0]
+        assert _sorted(got, "policy", "budget_mib") == _sorted(want, "policy", "budget_mib")
 
         want = _verb_rows("predict", path, "--predictors", "prev-token,stale-gate", "--horizon", "1,2")
         got = _sweep_rows(out / "predict.parquet", f"traces/{t}", list(want[0]))
@@ -148,7 +153,7 @@ def test_cells_equal_the_verbs_json_rows(world):
 
 def test_table_layout_and_grid_order(world):
     f = pl.read_parquet(world / "local" / "cache.parquet")
-    assert f.columns[:5] == ["trace_id", "trace", "cell_key", "cell_policy", "cell_budget_mib"]
+    assert f.columns[:6] == ["trace_id", "trace", "cell_key", "cell_policy", "cell_budget_mib", "cell_cost_model"]
     # grid order: traces as matched (sorted), then policies x budgets as listed
     assert f.select("trace", "cell_policy", "cell_budget_mib").rows() == [
         (t, p, b) for t in ("traces/t1", "traces/t2") for p in ("lru", "lfu", "belady") for b in (12.0, 40.0)]
@@ -284,6 +289,8 @@ def test_sweep_report_compares_traces(world):
         else:
             assert r["best_online_hit_pct_decode"] == online["hit_pct_decode"].max()
         assert r["belady_hit_pct_decode"] == at.filter(pl.col("policy") == "belady")["hit_pct_decode"].item()
+        if online.height:  # the cells had a cost model: the fastest online policy within budget
+            assert r["fastest_ms_per_token"] == online["ms_per_token"].min()
     res = run_cli("sweep-report", world / "local")
     assert res.code == 0 and "best online" in res.out
     assert_one_sentence_error(run_cli("sweep-report", world / "traces"), "not a sweep results directory")
@@ -306,3 +313,23 @@ def test_trace_content_id(world, tmp_path):
     meta["model"]["name"] = "renamed"
     (tmp_path / "copy" / "trace.json").write_text(json.dumps(meta))
     assert trace_content_id(tmp_path / "copy") != trace_content_id(a)
+
+
+def test_a_failing_cell_is_named_and_unavailable_predictors_are_noted(tmp_path):
+    from replay.sweep import compute_cell, run_batch
+
+    t = replay.synth(tmp_path / "plain", routing_only=True, **SHAPE)
+    frame, notes = compute_cell("predict", str(t.path), {"predictor": "stale-gate[1]"})
+    assert frame.height == 0 and len(notes) == 1 and notes[0].startswith("stale-gate[1]: ")
+    with pytest.raises(UserError, match=r"sweep cell \[prefetch\] .*plain \(predictor=prev-token\): .*budget_mib"):
+        run_batch([("k", "prefetch", str(t.path), {"predictor": "prev-token"})])
+
+
+def test_engine_options_are_checked(world):
+    with pytest.raises(UserError, match="^workers: only meaningful with engine local"):
+        replay.sweep(world / "grid.toml", world / "never", engine="ray", workers=2)
+    with pytest.raises(UserError, match="^address: only meaningful with engine ray"):
+        replay.sweep(world / "grid.toml", world / "never", address="auto")
+    with pytest.raises(UserError, match="is not local or ray"):
+        replay.sweep(world / "grid.toml", world / "never", engine="dask")
+    assert not (world / "never").exists()
