@@ -673,15 +673,32 @@ def _import_ray():
     return ray
 
 
-def _run_ray(batches: list[list[Cell]], address: str | None, on_done: Callable[[list], None], max_retries: int = 3) -> None:
-    ray = _import_ray()
-    if not ray.is_initialized():
-        try:
-            import logging
+def ray_connect(address: str | None) -> None:
+    """Join the cluster at ``address`` (``auto``, ``HOST:PORT``; None starts Ray on this machine),
+    unless this process is already connected. A HOST:PORT nobody answers at is refused at once:
+    Ray itself would keep retrying for minutes."""
+    import logging
+    import socket
 
-            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise UserError(f"--address {address}: cannot connect to a Ray cluster ({e}).") from None
+    ray = _import_ray()
+    if ray.is_initialized():
+        return
+    if address not in (None, "auto", "local") and not address.startswith("ray://"):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise UserError(f"--address {address!r}: expected auto or HOST:PORT of a Ray head node (e.g. 10.0.0.5:6379).")
+        try:
+            socket.create_connection((host, int(port)), timeout=5).close()
+        except OSError as e:
+            raise UserError(f"--address {address}: no Ray head node answers there ({e.strerror or e}).") from None
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise UserError(f"--address {address}: cannot connect to a Ray cluster ({str(e).splitlines()[0]}).") from None
+
+
+def _run_ray(batches: list[list[Cell]], on_done: Callable[[list], None], max_retries: int = 3) -> None:
+    ray = _import_ray()
     by_key = {c.key: c for b in batches for c in b}
     # A task whose worker dies (killed, out of memory, node lost) is run again by Ray, up to
     # max_retries times; its result is delivered once, so each cell is stored once.
@@ -731,6 +748,8 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
     grid = read_grid(grid_file)
     _check_results_dir(out, [str(grid.file), *(ab for _, ab in grid.traces)])
     cells = cells_of(grid)
+    if engine == "ray":
+        ray_connect(address)  # before anything is written: a cluster that cannot be reached writes nothing
     t0 = time.perf_counter()
     out.mkdir(exist_ok=True)
     with results_lock(out):
@@ -761,7 +780,7 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
                 if engine == "local":
                     _run_local(batches, n_workers, on_done)
                 else:
-                    _run_ray(batches, address, on_done)
+                    _run_ray(batches, on_done)
         seconds = time.perf_counter() - t0
         tables = build_tables(grid, cells, store)
         for kind, frame in tables.items():

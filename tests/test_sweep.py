@@ -325,11 +325,16 @@ def test_a_failing_cell_is_named_and_unavailable_predictors_are_noted(tmp_path):
         run_batch([("k", "prefetch", str(t.path), {"predictor": "prev-token"})])
 
 
-def test_engine_options_are_checked(world):
+def test_engine_options_are_checked(world, monkeypatch):
     with pytest.raises(UserError, match="^workers: only meaningful with engine local"):
         replay.sweep(world / "grid.toml", world / "never", engine="ray", workers=2)
     with pytest.raises(UserError, match="^address: only meaningful with engine ray"):
         replay.sweep(world / "grid.toml", world / "never", address="auto")
     with pytest.raises(UserError, match="is not local or ray"):
         replay.sweep(world / "grid.toml", world / "never", engine="dask")
+    assert not (world / "never").exists()
+    ray = pytest.importorskip("ray")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as a fresh process would be
+    with pytest.raises(UserError, match="address 127.0.0.1:1: no Ray head node answers there"):
+        replay.sweep(world / "grid.toml", world / "never", engine="ray", address="127.0.0.1:1")
     assert not (world / "never").exists()
