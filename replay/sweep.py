@@ -7,11 +7,11 @@ Nothing here analyses anything: a worker opens the trace from its path and calls
 
 Layout of RESULTS::
 
-    sweep.json            what the last sweep did (grid, engine, cells, tables); marks a sweep directory
+    sweep.json            what the last sweep did (grid, engine, cells, tables); "complete": false while one runs
     grid.toml             a copy of the grid the tables were made from
     <kind>.parquet        one table per analysis kind of the grid (cache, predict, drop, prefetch, retention)
-    chunks/NNNNNN.json    the cell store: a finished batch's cell keys (the commit record of the chunk) ...
-    chunks/NNNNNN.<kind>.parquet   ... and their rows (a rows file without its .json is ignored)
+    chunks/NNNNNN.parquet the cell store: one atomically written file per finished batch of cells
+                          (compacted into one file when a sweep ends)
     .lock                 held (flock) while a sweep writes: a second sweep on the same RESULTS refuses
 
 Each cell is keyed by sha256 of (trace content id, kind, parameters with the content of any file
@@ -535,6 +535,28 @@ class Store:
         self.next += 1
         atomic_write_bytes(path, _parquet_bytes(frame))
 
+    def compact(self) -> None:
+        """Rewrite the store as one chunk holding the newest result of every cell (a ``force``
+        rerun leaves older copies behind). Killed midway it loses nothing: the new chunk is written
+        before the old ones go, and the newest chunk wins."""
+        chunks = self._chunks()
+        if len(chunks) <= 1:
+            return
+        latest: dict[str, tuple] = {}
+        for p in chunks:
+            for row in pl.read_parquet(p).iter_rows(named=True):
+                latest[row["key"]] = (row["kind"], row["notes"], row["rows"])
+        keys = sorted(latest)
+        frame = pl.DataFrame({"key": keys, "kind": [latest[k][0] for k in keys], "notes": [latest[k][1] for k in keys],
+                              "rows": [latest[k][2] for k in keys]},
+                             schema={"key": pl.String, "kind": pl.String, "notes": pl.List(pl.String), "rows": pl.Binary})
+        from traces.atomic import atomic_write_bytes
+
+        atomic_write_bytes(self.dir / f"{self.next:06d}.parquet", _parquet_bytes(frame))
+        self.next += 1
+        for p in chunks:
+            p.unlink()
+
     def frames(self, wanted: dict[str, tuple[Path, list[str]]]) -> dict[str, pl.DataFrame]:
         """The rows of the ``wanted`` cells (key -> frame as the cell computed it)."""
         out: dict[str, pl.DataFrame] = {}
@@ -782,6 +804,7 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
                 else:
                     _run_ray(batches, on_done)
         seconds = time.perf_counter() - t0
+        store.compact()
         tables = build_tables(grid, cells, store)
         for kind, frame in tables.items():
             atomic_write_bytes(out / f"{kind}.parquet", _parquet_bytes(frame))

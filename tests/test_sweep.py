@@ -173,6 +173,8 @@ def test_rerun_computes_nothing_force_recomputes(world):
     summary = json.loads(res.out)
     assert summary["computed"] == summary["cells"] == 26 and summary["reused"] == 0
     assert {k: (world / "local" / f"{k}.parquet").read_bytes() for k in KIND_NAMES} == before
+    chunks = list((world / "local" / "chunks").glob("*.parquet"))  # compacted: the newest copy of each cell
+    assert len(chunks) == 1 and pl.read_parquet(chunks[0])["key"].n_unique() == pl.read_parquet(chunks[0]).height == 26
 
 
 def test_ray_tables_byte_identical_and_a_lost_worker_is_retried(world, ray_local, tmp_path):
