@@ -20,9 +20,9 @@ def register(app: typer.Typer) -> None:
         out: Path | None = typer.Option(None, "-o", "--out", help="Results directory (created; a rerun finishes it)."),
         engine: str = typer.Option("local", "--engine", help="local (a process pool on this machine) | ray (cells as Ray "
                                    "tasks; needs the cluster extra)."),
-        workers: int | None = typer.Option(None, "--workers", help="local: worker processes [default: one per core]."),
+        workers: int | None = typer.Option(None, "--workers", help="local: worker processes (default: one per core)."),
         address: str | None = typer.Option(None, "--address", help="ray: auto (the cluster this machine belongs to) or "
-                                           "HOST:PORT of a running head node [default: start Ray here]."),
+                                           "HOST:PORT of a running head node (default: start Ray on this machine)."),
         force: bool = typer.Option(False, "--force", help="Recompute every cell of the grid, even those RESULTS holds."),
         example: bool = typer.Option(False, "--example", help="Print a commented example grid and exit."),
         json_out: bool = JsonOpt,
