@@ -814,12 +814,14 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
         for kind, frame in tables.items():
             kc = [c for c in cells if c.kind == kind]
             notes = sorted({n for c in kc for n in done[c.key][1]})
-            kinds.append({"kind": kind, "cells": len(kc), "computed": sum(1 for c in kc if c.key in seen),
+            kinds.append({"kind": kind, "cells": len(kc), "computed": len({c.key for c in kc if c.key in seen}),
                           "rows": frame.height, "table": str(out / f"{kind}.parquet"), "notes": notes})
         summary = {"format": FORMAT, "version": 1, "tool_version": __version__, "grid": str(grid.file), "complete": True,
                    "traces": [s for s, _ in grid.traces], "engine": engine,
                    "workers": n_workers if engine == "local" else None, "cells": len(cells), "computed": computed,
-                   "reused": len(cells) - computed, "seconds": seconds,
+                   "reused": sum(1 for c in cells if c.key not in seen),
+                   # cells whose trace has the same content as an earlier path of the grid: computed once
+                   "same_content": len(cells) - len({c.key for c in cells}), "seconds": seconds,
                    "cells_per_s": computed / seconds if computed and seconds > 0 else None, "kinds": kinds}
         # sweep.json is this run's record (times vary): the tables are the deterministic output
         atomic_write_text(out / "sweep.json", json.dumps(summary, indent=1) + "\n")

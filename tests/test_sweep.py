@@ -340,3 +340,16 @@ def test_engine_options_are_checked(world, monkeypatch):
     with pytest.raises(UserError, match="address 127.0.0.1:1: no Ray head node answers there"):
         replay.sweep(world / "grid.toml", world / "never", engine="ray", address="127.0.0.1:1")
     assert not (world / "never").exists()
+
+
+def test_two_paths_to_one_trace_content_are_computed_once(world, tmp_path):
+    import shutil
+
+    shutil.copytree(world / "traces" / "t1", tmp_path / "copy")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'traces = ["{world}/traces/t1", "copy"]\n[cache]\npolicies = ["lru"]\nbudgets_mib = [24]\n')
+    s = replay.sweep(grid, tmp_path / "R", workers=1)
+    assert s["cells"].to_list() == [2] and s["computed"].to_list() == [1]
+    f = pl.read_parquet(tmp_path / "R" / "cache.parquet")
+    assert f["trace"].to_list() == [str(world / "traces" / "t1"), "copy"] and f["cell_key"].n_unique() == 1
+    assert f.drop("trace").unique().height == 1  # the same rows under both names

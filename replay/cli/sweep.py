@@ -53,7 +53,9 @@ def register(app: typer.Typer) -> None:
                  else "Ray")
         typer.echo(f"swept {summary['cells']} cells of {grid} over {len(summary['traces'])} traces: "
                    f"{summary['computed']} computed ({where}, {summary['seconds']:.1f} s{rate}), "
-                   f"{summary['reused']} already in {out}")
+                   f"{summary['reused']} already in {out}"
+                   + (f" ({summary['same_content']} share a trace's content with another path of the grid: computed once)"
+                      if summary["same_content"] else ""))
         for k in summary["kinds"]:
             typer.echo(f"  {k['table']}: {k['rows']} rows from {k['cells']} cells")
             for n in k["notes"]:
