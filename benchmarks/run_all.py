@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 ALL = ["lru_throughput", "vs_libcachesim", "qwen_sweep", "stale_gate", "capture_overhead", "synth_scale", "export_libcachesim"]
+ALL += ["sweep_scale"]
 
 
 def main() -> None:

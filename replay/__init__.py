@@ -11,10 +11,10 @@ returns one Polars DataFrame with the DESIGN.md keys; bad input raises :class:`R
 
 Functions: open_trace, synth, cache, retain, predict, predict_run, drop, prefetch, fit_cost_model,
 cost_fit, load_cost_model, manual_cost_model, with_time, write_report, default_budgets_mib,
-policy_names, predictor_names.
+policy_names, predictor_names, sweep, sweep_report.
 
-Four functions share their name with the library module that does the work (``replay.cache``,
-``replay.predict``, ``replay.drop``, ``replay.prefetch``): the package attribute is always the
+Five functions share their name with the library module that does the work (``replay.cache``,
+``replay.predict``, ``replay.drop``, ``replay.prefetch``, ``replay.sweep``): the package attribute is always the
 function; the modules are imported with ``from replay.cache import sweep`` as before.
 
 Your own policy or predictor module: ``policy_file=`` / ``predictor_file=`` (see examples/ and
@@ -40,6 +40,8 @@ from replay.api import (
     predictor_names,
     prefetch,
     retain,
+    sweep,
+    sweep_report,
     synth,
     with_time,
     write_report,
@@ -63,6 +65,8 @@ __all__ = [
     "predictor_names",
     "prefetch",
     "retain",
+    "sweep",
+    "sweep_report",
     "synth",
     "with_time",
     "write_report",

@@ -328,3 +328,31 @@ def predictor_names() -> list[str]:
     from replay.predictors import names
 
     return list(names())
+
+
+@_api
+def sweep(grid: str | Path, out: str | Path, *, engine: str = "local", workers: int | None = None,
+          address: str | None = None, force: bool = False, show_progress: bool = False) -> pl.DataFrame:
+    """Run the sweep of the TOML ``grid`` into the results directory ``out`` (one Parquet table per
+    analysis kind, ``out/<kind>.parquet``: each row the kind's API rows plus ``trace_id``, ``trace``,
+    ``cell_key`` and every cell parameter as ``cell_<keyword>``). A rerun computes only the cells
+    ``out`` lacks (``force`` recomputes them). ``engine``: ``local`` (a process pool of ``workers``,
+    default one per core) or ``ray`` (``address``: ``auto``, ``HOST:PORT``, or None to start Ray
+    here). Returns one row per kind (cells, computed, rows, table); the whole run's record is
+    ``out/sweep.json``. The grid format: ``moe-replay sweep --example``."""
+    from replay.sweep import run_sweep
+
+    summary = run_sweep(grid, out, engine=engine, workers=workers, address=address, force=force,
+                        show_progress=show_progress)
+    return pl.DataFrame(summary["kinds"], schema={"kind": pl.String, "cells": pl.Int64, "computed": pl.Int64,
+                                                  "rows": pl.Int64, "table": pl.String, "notes": pl.List(pl.String)})
+
+
+@_api
+def sweep_report(results: str | Path) -> pl.DataFrame:
+    """Compare the traces of a sweep: per trace, cost model and budget of ``results/cache.parquet``,
+    the best within-budget online policy by decode hit % (and the fastest by ms per token where the
+    cells had a cost model), against Belady; over-budget cells are left out and named."""
+    from replay.sweep import sweep_report as _report
+
+    return _report(results)

@@ -31,6 +31,7 @@ app = typer.Typer(
 # The verbs of replay/ (one module each in this package, each with ``register(app)``).
 VERB_MODULES = ("replay.cli.cache", "replay.cli.predict", "replay.cli.whatif", "replay.cli.cost", "replay.cli.report",
                 "replay.cli.imports", "replay.cli.exports", "replay.cli.schedule")
+VERB_MODULES += ("replay.cli.sweep",)
 
 
 def _echo(text: str) -> None:

@@ -1,0 +1,107 @@
+"""``sweep`` (a TOML grid of traces x analyses x parameters into Parquet tables, resumable, on a
+local process pool or Ray) and ``sweep-report`` (compare the traces of a sweep). Thin: the work is
+in :mod:`replay.sweep`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from replay.cli.options import JsonOpt
+from traces.errors import UserError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def sweep(
+        grid: Path | None = typer.Argument(None, help="The grid (TOML): traces and, per analysis kind, the lists to cross.",
+                                           show_default=False),
+        out: Path | None = typer.Option(None, "-o", "--out", help="Results directory (created; a rerun finishes it)."),
+        engine: str = typer.Option("local", "--engine", help="local (a process pool on this machine) | ray (cells as Ray "
+                                   "tasks; needs the cluster extra)."),
+        workers: int | None = typer.Option(None, "--workers", help="local: worker processes (default: one per core)."),
+        address: str | None = typer.Option(None, "--address", help="ray: auto (the cluster this machine belongs to) or "
+                                           "HOST:PORT of a running head node (default: start Ray on this machine)."),
+        force: bool = typer.Option(False, "--force", help="Recompute every cell of the grid, even those RESULTS holds."),
+        example: bool = typer.Option(False, "--example", help="Print a commented example grid and exit."),
+        json_out: bool = JsonOpt,
+    ) -> None:
+        """Run a grid of analyses (cache, predict, drop, prefetch, retention) over traces into Parquet tables.
+
+        Each cell (one trace x one set of keyword arguments of the kind's API function) is computed
+        once: a rerun computes only the cells RESULTS lacks, so an interrupted sweep is finished by
+        running it again. Tables: RESULTS/<kind>.parquet, rows in grid order, identical whatever the
+        engine. Compare the traces with 'moe-replay sweep-report RESULTS'."""
+        from replay.output import json_object
+        from replay.sweep import EXAMPLE, run_sweep
+
+        if example:
+            typer.echo(EXAMPLE, nl=False)
+            return
+        if grid is None:
+            raise UserError("sweep: give the grid file (see 'moe-replay sweep --example').")
+        if out is None:
+            raise UserError("-o/--out: give the results directory.")
+        summary = run_sweep(grid, out, engine=engine, workers=workers, address=address, force=force, show_progress=True)
+        if json_out:
+            extra = {k: v for k, v in summary.items() if k not in ("kinds", "format", "version")}
+            typer.echo(json_object("sweep", None, summary["kinds"], results=str(out), **extra))
+            return
+        rate = f", {summary['cells_per_s']:.2f} cells/s" if summary["cells_per_s"] else ""
+        where = (f"{summary['workers']} local worker{'s' if summary['workers'] != 1 else ''}" if engine == "local"
+                 else "Ray")
+        typer.echo(f"swept {summary['cells']} cells of {grid} over {len(summary['traces'])} traces: "
+                   f"{summary['computed']} computed ({where}, {summary['seconds']:.1f} s{rate}), "
+                   f"{summary['reused']} already in {out}"
+                   + (f" ({summary['same_content']} share a trace's content with another path of the grid: computed once)"
+                      if summary["same_content"] else ""))
+        for k in summary["kinds"]:
+            typer.echo(f"  {k['table']}: {k['rows']} rows from {k['cells']} cells")
+            for n in k["notes"]:
+                typer.echo(f"    note: {n}")
+
+    @app.command("sweep-report")
+    def sweep_report(
+        results: Path = typer.Argument(..., help="A sweep's results directory (moe-replay sweep -o RESULTS).",
+                                       show_default=False),
+        json_out: bool = JsonOpt,
+    ) -> None:
+        """Compare the traces of a sweep: best within-budget online policy per budget and trace, against Belady.
+
+        With a cost model in the [cache] cells, also the fastest online policy by ms per decoded token."""
+        from replay.output import json_object, rows_of
+        from replay.sweep import sweep_report as run
+
+        frame = run(results)
+        if json_out:
+            typer.echo(json_object("sweep-report", None, rows_of(frame), results=str(results)))
+            return
+        typer.echo(report_text(frame, results))
+
+
+def report_text(frame, results: Path) -> str:
+    from replay.output import rows_of, text_table
+
+    if frame.height == 0:
+        return f"{results}: the cache table has no rows."
+    cols = ["trace", "budget_mib", "best_online", "best_online_hit_pct_decode", "belady_hit_pct_decode", "gap_to_belady_pp"]
+    heads = ["trace", "budget_MiB", "best online", "hit_%_decode", "belady_%", "gap_pp"]
+    if "cell_cost_model" in frame.columns:
+        cols.insert(1, "cell_cost_model")
+        heads.insert(1, "cost model")
+    if "fastest_online" in frame.columns:
+        cols += ["fastest_online", "fastest_ms_per_token", "fastest_tok_s"]
+        heads += ["fastest online", "ms/token", "tok/s"]
+    rows = rows_of(frame)
+    for r in rows:
+        if r.get("cell_cost_model"):
+            r["cell_cost_model"] = Path(r["cell_cost_model"]).name
+    lines = [f"sweep {results}: per trace and budget, the online policy (not a bound) with the highest decode hit % among "
+             "the cells that stayed within budget; gap = Belady (the offline bound at that budget) minus it, in points",
+             text_table(rows, cols, heads)]
+    over = [r for r in rows if r.get("over_budget_excluded")]
+    if over:
+        lines.append("left out as over budget (a load needed more than the budget: that hit rate needs more memory): "
+                     + "; ".join(f"{r['trace']} at {r['budget_mib']:g} MiB: {r['over_budget_excluded']}" for r in over))
+    return "\n".join(lines)
