@@ -31,7 +31,8 @@ import_app = typer.Typer(no_args_is_help=True, help="Import other engines' route
 app.add_typer(import_app, name="import")
 
 # The verbs of replay/ (one module each in this package, each with ``register(app)``).
-VERB_MODULES = ("replay.cli.cache", "replay.cli.predict", "replay.cli.whatif", "replay.cli.cost", "replay.cli.report")
+VERB_MODULES = ("replay.cli.cache", "replay.cli.predict", "replay.cli.whatif", "replay.cli.cost", "replay.cli.report",
+                "replay.cli.compare")
 
 
 def _echo(text: str) -> None:
