@@ -275,7 +275,8 @@ class _Rows:
         self.chunks: list[dict[str, np.ndarray]] = []
         self.tokens = 0
 
-    def add(self, batch: int, phase: int, pos0: int, layers: list[int], caps: dict[int, LayerCapture]) -> None:
+    def add(self, batch: int, phase: int, pos0: int, layers: list[int], caps: dict[int, LayerCapture],
+            tokens: list[int]) -> None:
         n_tok = caps[layers[0]].experts.shape[0]
         steps = pos0 + np.arange(n_tok, dtype=np.int32)
         d = {
@@ -291,6 +292,8 @@ class _Rows:
                                           for l in layers])
         if "gate_input" in self.columns:
             d["gate_input"] = np.concatenate([caps[l].gate_input for l in layers])
+        if "token" in self.columns:  # the token id each row's position holds (compare checks two runs saw the same)
+            d["token"] = np.tile(np.asarray(tokens, dtype=np.int32), len(layers))
         self.chunks.append(d)
         self.tokens += n_tok
 
@@ -325,8 +328,9 @@ def capture(opts: CaptureOptions, plan: CapturePlan | None = None,
     re-reading the GGUF)."""
     plan = plan or validate(opts, static)
     static = plan.static
-    columns = tuple(c for c, on in (("logits", opts.logits), ("gate_input", opts.gate_input)) if on)
-    hook = MoeHook(static.n_layer, observe_logits=bool(columns), want_logits=opts.logits, want_gate_input=opts.gate_input)
+    wide = tuple(c for c, on in (("logits", opts.logits), ("gate_input", opts.gate_input)) if on)
+    columns = (*wide, "token")
+    hook = MoeHook(static.n_layer, observe_logits=bool(wide), want_logits=opts.logits, want_gate_input=opts.gate_input)
     # The context holds exactly the positions the run reaches; one llama_decode = one ubatch.
     eopts = EngineOptions(n_ctx=plan.n_ctx, ubatch=plan.ubatch, threads=opts.threads, n_expert_used=opts.n_expert_used,
                           arch=static.arch, verbose=opts.verbose)
@@ -382,7 +386,7 @@ def _run(opts: CaptureOptions, plan: CapturePlan, hook: MoeHook, engine: Engine,
                 _check_batch(caps, layers, len(chunk), opts)
                 if writer is None:
                     writer = open_writer(caps[layers[0]].experts.shape[1])
-                rows.add(batch, 0, pos, layers, caps)
+                rows.add(batch, 0, pos, layers, caps, chunk)
                 rows.flush(writer)
                 prefill_s += time.perf_counter() - t0
                 batch += 1
@@ -399,7 +403,7 @@ def _run(opts: CaptureOptions, plan: CapturePlan, hook: MoeHook, engine: Engine,
                 logits_vocab = engine.decode([tok], pos)
                 caps = hook.take()
                 _check_batch(caps, layers, 1, opts)
-                rows.add(batch, 1, pos, layers, caps)
+                rows.add(batch, 1, pos, layers, caps, [tok])
                 if rows.tokens >= opts.tokens_per_part:
                     rows.flush(writer)  # one append per part file: the writer closes it at once
                 decode_s += time.perf_counter() - t0

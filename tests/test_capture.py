@@ -190,7 +190,7 @@ def test_routing_only_capture_routes_identically(models, traces_full, tmp_path):
     d_full, _ = traces_full["qwen3moe"]
     res = _capture(models["qwen3moe"], tmp_path / "r", logits=False, gate_input=False)
     t, full = open_trace(res.out), open_trace(d_full)
-    assert t.columns == [] and res.checks["topk_of_logits"].get("skipped")
+    assert t.columns == ["token"] and res.checks["topk_of_logits"].get("skipped")
     a, b = t.arrays(), full.arrays()
     assert np.array_equal(a.experts, b.experts) and np.array_equal(a.step, b.step)
     np.testing.assert_array_equal(a.weights, b.weights)
@@ -276,3 +276,23 @@ def test_ctrl_predictor_reads_100_on_captures(traces_full, arch):
     assert row["slot_acc_pct"] == 100.0 and row["whole_acc_pct"] == 100.0
     assert row["scored"] == t.n_rows and row["unscored"] == 0
     assert not res.ctrl_failing_layers
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_token_column_holds_the_prompt_and_the_decoded_tokens(models, traces_full, arch):
+    """Each row carries the token id of its position (compare checks two runs saw the same tokens):
+    the prompt as the model's vocabulary tokenizes it, then the tokens decoded greedily."""
+    import polars as pl
+
+    from engine_bridge.engine import Vocab
+
+    d, res = traces_full[arch]
+    t = open_trace(d)
+    assert "token" in t.columns
+    df = t.routings(["step", "layer", "token"])
+    per_step = df.group_by("step").agg(pl.col("token").n_unique().alias("n"), pl.col("token").first().alias("tok")).sort("step")
+    assert per_step["n"].max() == 1  # every layer of a position carries the same token
+    with Vocab(str(models[arch])) as v:
+        prompt = v.tokenize(PROMPT)
+    toks = per_step["tok"].to_list()
+    assert toks[:len(prompt)] == prompt and len(toks) == len(prompt) + N_DECODE
