@@ -150,12 +150,13 @@ def _align_positions(a: Trace, b: Trace, da: dict, db: dict, align: str) -> tupl
     keep = common
     if tok_diff.height:
         # Everything from a request's first differing token on saw a different context: cut it.
-        first_bad = tok_diff.group_by("request").agg(pl.struct("turn", "step").min().alias("cut"))
-        keep = keep.join(first_bad, on="request", how="left").filter(
-            pl.col("cut").is_null()
-            | (pl.col("turn") < pl.col("cut").struct.field("turn"))
-            | ((pl.col("turn") == pl.col("cut").struct.field("turn")) & (pl.col("step") < pl.col("cut").struct.field("step")))
-        ).drop("cut")
+        cut = tok_diff.sort(POS).group_by("request", maintain_order=True).first().select(
+            "request", pl.col("turn").alias("cut_turn"), pl.col("step").alias("cut_step"))
+        keep = keep.join(cut, on="request", how="left").filter(
+            pl.col("cut_turn").is_null()
+            | (pl.col("turn") < pl.col("cut_turn"))
+            | ((pl.col("turn") == pl.col("cut_turn")) & (pl.col("step") < pl.col("cut_step")))
+        ).drop("cut_turn", "cut_step")
     return keep.select(POS), both_tokens, notes
 
 
