@@ -96,12 +96,12 @@ def _finish(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def checks_passed(checks: dict[str, Any]) -> bool:
-    """True when every check that ran agreed on every row (and logits were within tolerance)."""
+    """True when every check that ran agreed on every row (and logits, and weights where judged, were within tolerance)."""
     ok = True
     for c in checks.values():
         if not isinstance(c, dict) or "skipped" in c:
             continue
-        ok &= c["rows"] > 0 and c["agree"] == c["rows"] and c.get("logits_within_tol", True)
+        ok &= c["rows"] > 0 and c["agree"] == c["rows"] and c.get("logits_within_tol", True) and c.get("weights_within_tol", True)
     return bool(ok)
 
 
