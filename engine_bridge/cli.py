@@ -41,6 +41,10 @@ def capture_cmd(
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Keep decoding past an end-of-generation token."),
     part_tokens: int = typer.Option(64, "--part-tokens", help="Tokens per routings/ part file (an interrupted run keeps whole parts)."),
     verbose: bool = typer.Option(False, "--verbose", help="Show llama.cpp's own log."),
+    kv_type: str = typer.Option("f16", "--kv-type", help="KV cache type: f16 (llama.cpp's default), f32, bf16, q8_0."),
+    flash_attn: str = typer.Option("auto", "--flash-attn", help="Flash attention: auto (llama.cpp's default), on, off. "
+                                   "--kv-type f32 --flash-attn off computes attention in float32 (to compare with "
+                                   "another float32 engine)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
 ) -> None:
     """Run MODEL on a prompt through llama.cpp and record every MoE layer's routing as a v1 trace.
@@ -68,7 +72,7 @@ def capture_cmd(
         model=str(model), prompt=prompt or "", out=str(out), n_decode=n_decode, logits=not no_logits,
         gate_input=not no_gate_input, n_expert_used=n_expert_used, ubatch=ubatch, threads=threads, seed=seed,
         temp=temp, ignore_eos=ignore_eos, tokens_per_part=part_tokens, verbose=verbose,
-        prompt_source=str(prompt_file) if prompt_file else None,
+        prompt_source=str(prompt_file) if prompt_file else None, kv_type=kv_type, flash_attn=flash_attn,
     )
     plan = validate(opts)
     bar = progress(len(plan.tokens) + n_decode, "capture", unit="tok")

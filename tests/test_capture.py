@@ -296,3 +296,28 @@ def test_token_column_holds_the_prompt_and_the_decoded_tokens(models, traces_ful
         prompt = v.tokenize(PROMPT)
     toks = per_step["tok"].to_list()
     assert toks[:len(prompt)] == prompt and len(toks) == len(prompt) + N_DECODE
+
+
+def test_kv_type_and_flash_attn_options(models, traces_full, tmp_path):
+    """--kv-type f32 --flash-attn off computes attention in float32: recorded in provenance, the same
+    routings as llama.cpp's default (f16 cache) on this model, logits that differ by f16 rounding only."""
+    from replay.compare import compare
+    from tests.helpers import assert_one_sentence_error, run_cli
+    from traces.errors import UserError
+
+    res = _capture(models["qwen3moe"], tmp_path / "f32", kv_type="f32", flash_attn="off")
+    t = open_trace(res.out)
+    cap = t.meta["provenance"]["capture"]
+    assert (cap["kv_type"], cap["flash_attn"]) == ("f32", "off")
+    assert open_trace(traces_full["qwen3moe"][0]).meta["provenance"]["capture"]["kv_type"] == "f16"
+    # on a random model the f16 rounding flips a greedy choice of the vocabulary late in the run:
+    # compare refuses, and --align step compares the positions before the first differing token
+    with pytest.raises(UserError, match="token ids differ"):
+        compare(open_trace(traces_full["qwen3moe"][0]), t)
+    res_c = compare(open_trace(traces_full["qwen3moe"][0]), t, tol=1e-2, align="step")
+    ov = res_c.overall()
+    assert res_c.positions >= res.prompt_tokens and ov["logit_max_abs_diff"] > 0 and ov["set_agree_pct"] >= 99.0, ov
+    for flag, bad in (("--kv-type", "q3"), ("--flash-attn", "maybe")):
+        r = run_cli("capture", models["qwen3moe"], "--prompt", "hi", "-n", 1, "--out", tmp_path / "x", flag, bad)
+        assert_one_sentence_error(r, flag, repr(bad))
+        assert not (tmp_path / "x").exists()
