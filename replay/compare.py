@@ -271,6 +271,15 @@ def compare(a: Trace, b: Trace, *, tol: float = DEFAULT_TOL, align: str = "none"
     explained = ~np.isnan(margin) & (margin < tol)
     if not sources and dis.size:
         notes.append("neither trace holds router logits: no disagreement's margin can be measured, none is explained.")
+    if ldiff is not None and dis.size:
+        # Two engines whose logits differ by up to d per expert can order two experts either way when
+        # their margin is below 2d: such a flip is within the engines' own difference, say so.
+        noise = 2.0 * ldiff[dis].max(axis=1)
+        within = ~explained & ~np.isnan(margin) & (margin < noise)
+        if within.any():
+            notes.append(f"{int(within.sum())} unexplained disagreement(s) have a margin below twice the two traces' own "
+                         f"logit difference at that routing (up to {float(noise[within].max()):.2e}): a --tol of that "
+                         "size would count them as near-ties.")
 
     per: list[dict[str, Any]] = []
     d_layer = layer[dis]

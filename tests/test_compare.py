@@ -277,3 +277,31 @@ def test_cli_text_json_and_strict(tmp_path):
 def test_same_input_same_output(tmp_path):
     a, b = _tie_pair(tmp_path, 0.5)
     assert run_cli("compare", a, b, "--json").out == run_cli("compare", a, b, "--json").out
+
+
+def test_public_api(tmp_path):
+    import replay
+
+    a, b = _tie_pair(tmp_path, 0.5)
+    frame = replay.compare(str(a), str(b), tol=0.75)
+    assert frame["layer"].to_list() == [0, None] and frame["explained"].to_list() == [1, 1]
+    run = replay.compare_run(a, b)
+    assert run.disagreements["margin"].to_list() == [0.5] and run.tokens_checked
+    with pytest.raises(replay.ReplayError, match="^align 'x'"):  # the keyword, not the CLI flag
+        replay.compare(a, b, align="x")
+
+
+def test_note_when_a_flip_is_within_the_engines_own_logit_difference(tmp_path):
+    """B's logits differ from A's by 0.3 at the flipped routing and its margin is 0.5 < 2 x 0.3: said."""
+    a, b = _tie_pair(tmp_path, 0.5)
+    s = spec(n_layer=1, n_expert=4, k=2, prefill=2, decode=2)
+    for t in range(4):
+        s["logits"][t, 0] = [3.0, 2.0, 1.5, -1.0]
+        s["experts"][t, 0] = [0, 1]
+    b2 = copy_spec(s)
+    b2["experts"][3, 0] = [0, 2]
+    b2["logits"][3, 0] = [3.0, 1.7, 1.8, -1.0]
+    res = compare(open_trace(write(s, tmp_path)), open_trace(write(b2, tmp_path)), tol=1e-3)
+    assert res.overall()["unexplained"] == 1
+    assert any("below twice the two traces' own logit difference" in n for n in res.notes)
+    assert not any("twice" in n for n in compare(open_trace(a), open_trace(b), tol=1e-3).notes)
