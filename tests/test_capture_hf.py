@@ -263,12 +263,29 @@ def test_parse_drop_rule():
 
 
 # -- refusals and the CLI -----------------------------------------------------------------------
-def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "replay.cli", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+class Run:
+    def __init__(self, code: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = code, stdout, stderr
 
 
-def one_sentence(r: subprocess.CompletedProcess) -> str:
+@pytest.fixture
+def cli(capsys):
+    """The real CLI in this process (importing torch in a subprocess per call costs seconds)."""
+    from replay.cli import main
+
+    def run(*args) -> Run:
+        capsys.readouterr()
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as e:
+            code = int(e.code or 0)
+        out, err = capsys.readouterr()
+        return Run(code, out, err)
+    return run
+
+
+def one_sentence(r) -> str:
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("moe-replay: error: "), r.stderr
@@ -282,7 +299,7 @@ def _save_config_only(path: Path, model_type: str, **kw) -> Path:
     return path
 
 
-def test_dense_and_unknown_architectures_refused_in_one_sentence(tmp_path):
+def test_dense_and_unknown_architectures_refused_in_one_sentence(cli, tmp_path):
     dense = _save_config_only(tmp_path / "dense", "llama", hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
     msg = one_sentence(cli("capture-hf", dense, "--prompt", "hi", "--out", tmp_path / "o1"))
     assert "llama" in msg and "no MoE layer" in msg
@@ -293,7 +310,7 @@ def test_dense_and_unknown_architectures_refused_in_one_sentence(tmp_path):
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 
 
-def test_cli_capture_and_bad_input(hf_models, tmp_path):
+def test_cli_capture_and_bad_input(cli, hf_models, tmp_path):
     m = hf_models("qwen3_moe")
     r = cli("capture-hf", m, "--prompt", "hello", "-n", "3", "--out", tmp_path / "t", "--ignore-eos")
     assert r.returncode == 0, r.stderr
@@ -315,6 +332,7 @@ def test_cli_capture_and_bad_input(hf_models, tmp_path):
         (("--prompts", tmp_path / "missing.txt"), "no such prompts file"),
         (("--prompt", "hi", "-n", "-1"), "-n must be"),
         (("--prompt", "hi", "-n", "100000"), "max_position_embeddings"),
+        (("--prompt", "hi", "--no-renormalise"), "--no-renormalise"),
     ]:
         out = tmp_path / "bad"
         msg = one_sentence(cli("capture-hf", m, *args, "--out", out))
@@ -322,13 +340,15 @@ def test_cli_capture_and_bad_input(hf_models, tmp_path):
         assert not out.exists()
     msg = one_sentence(cli("capture-hf", tmp_path / "nope", "--prompt", "hi", "--out", tmp_path / "bad"))
     assert "not a model directory" in msg
+    r = cli("capture-hf", m, "--prompt", "hi", "--out", tmp_path / "t")  # exists, not empty
+    assert "not empty" in one_sentence(r)
 
 
 def test_missing_extra_named_in_one_sentence(tmp_path):
     code = "import sys; sys.modules['torch'] = None; from replay.cli import main; main(sys.argv[1:])"
     r = subprocess.run([sys.executable, "-c", code, "capture-hf", str(tmp_path), "--prompt", "hi", "--out", str(tmp_path / "o")],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
-    msg = one_sentence(r)
+    msg = one_sentence(Run(r.returncode, r.stdout, r.stderr))
     assert "pip install 'moe-replay[hf]'" in msg and "'torch'" in msg
 
 
