@@ -593,6 +593,7 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
     writer.write_router(lay, ex, W, np.concatenate([sel_bias[l] for l in layers]),
                         np.concatenate([logit_bias[l] for l in layers]) if logit_bias else None)
     rec = _Recorder(blocks, hidden, override, opts.gate_input, opts.logits)
+    rows = _Rows(layers, gating, sel_bias, columns)
     dev = next(model.parameters()).device
     eos = set(_as_list(getattr(model.generation_config, "eos_token_id", None) or config.eos_token_id))
     cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -614,8 +615,10 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
                 for start in range(0, len(tokens), opts.ubatch):
                     chunk = tokens[start:start + opts.ubatch]
                     t0 = time.perf_counter()
-                    last = _step(model, rec, writer, chunk, pos, batch, turn, 0, layers, gating, top_k, sel_bias, columns,
-                                 dev, cache, cache_kw, kept if keep_logits else None)
+                    last = _step(model, rec, rows, chunk, pos, batch, turn, 0, layers, dev, cache, cache_kw,
+                                 kept if keep_logits else None)
+                    if rows.tokens >= opts.tokens_per_part:
+                        rows.flush(writer)
                     prefill_s += time.perf_counter() - t0
                     batch += 1
                     pos += len(chunk)
@@ -632,8 +635,10 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
                         break
                     gen.append(nxt)
                     t0 = time.perf_counter()
-                    last = _step(model, rec, writer, [nxt], pos, batch, turn, 1, layers, gating, top_k, sel_bias, columns,
-                                 dev, cache, cache_kw, kept if keep_logits else None)
+                    last = _step(model, rec, rows, [nxt], pos, batch, turn, 1, layers, dev, cache, cache_kw,
+                                 kept if keep_logits else None)
+                    if rows.tokens >= opts.tokens_per_part:
+                        rows.flush(writer)
                     decode_s += time.perf_counter() - t0
                     batch += 1
                     pos += 1
@@ -644,7 +649,10 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
                     out_logits.append(np.concatenate(kept))
         complete = True
     finally:
-        writer.close(complete=complete)
+        try:
+            rows.flush(writer)
+        finally:
+            writer.close(complete=complete)
     writer.update_meta(capture_summary={
         "prompt_tokens": n_prompt, "decode_tokens": n_dec, "stop_reasons": reasons,
         "generated_tokens": generated, "generated_text": [tok.decode(g) for g in generated],
@@ -687,10 +695,56 @@ def rank_order(ids: np.ndarray, weights: np.ndarray, logits: np.ndarray, gating:
     return np.take_along_axis(ids, order, axis=1), np.take_along_axis(weights, order, axis=1), take
 
 
-def _step(model: Any, rec: _Recorder, writer: TraceWriter, chunk: list[int], pos: int, batch: int, turn: int, phase: int,
-          layers: list[int], gating: dict[str, Any], top_k: int, sel_bias: dict[int, np.ndarray], columns: tuple[str, ...],
-          dev: Any, cache: Any, cache_kw: str, kept: list[np.ndarray] | None) -> Any:
-    """One forward of ``chunk`` at positions pos.., its rows appended; returns the last position's
+class _Rows:
+    """Rows of whole forwards not yet handed to the writer: put in rank order and appended in one
+    call per part (a writer call per token cost more than the hooks)."""
+
+    def __init__(self, layers: list[int], gating: dict[str, Any], sel_bias: dict[int, np.ndarray],
+                 columns: tuple[str, ...]) -> None:
+        self.layers, self.gating, self.sel_bias, self.columns = layers, gating, sel_bias, columns
+        self.chunks: list[dict[str, Any]] = []
+        self.tokens = 0
+
+    def add(self, caps: dict[int, dict[str, Any]], pos: int, n: int, batch: int, turn: int, phase: int) -> None:
+        self.chunks.append({"caps": caps, "pos": pos, "n": n, "batch": batch, "turn": turn, "phase": phase})
+        self.tokens += n
+
+    def flush(self, writer: TraceWriter) -> None:
+        if not self.chunks:
+            return
+        layers = self.layers
+        cols: dict[str, list[np.ndarray]] = {c: [] for c in ("turn", "batch", "phase", "step", "layer", "experts",
+                                                                "weights", "logits", "dropped", "gate_input")}
+        for c in self.chunks:
+            n, caps = c["n"], c["caps"]
+            m = n * len(layers)
+            cols["turn"].append(np.full(m, c["turn"], np.int32))
+            cols["batch"].append(np.full(m, c["batch"], np.int32))
+            cols["phase"].append(np.full(m, c["phase"], np.int8))
+            cols["step"].append(np.tile(c["pos"] + np.arange(n, dtype=np.int32), len(layers)))
+            cols["layer"].append(np.repeat(np.asarray(layers, dtype=np.int16), n))
+            for l in layers:
+                d = caps[l]
+                cols["experts"].append(d["ids"])
+                cols["weights"].append(d["weights"])
+                cols["logits"].append(d["logits"])
+                cols["dropped"].append(d["dropped"] if "dropped" in d else np.zeros(d["ids"].shape, dtype=bool))
+                if "gate_input" in self.columns:
+                    cols["gate_input"].append(d["gate_input"])
+        cat = {k: np.concatenate(v) for k, v in cols.items() if v}
+        ids, w, dropped = cat["experts"], cat["weights"], cat["dropped"]
+        for l in layers:  # rank order, one vectorised pass per layer over the whole part
+            sel = np.flatnonzero(cat["layer"] == l)
+            ids[sel], w[sel], (dropped[sel],) = rank_order(ids[sel], w[sel], cat["logits"][sel], self.gating,
+                                                           self.sel_bias[l], [dropped[sel]])
+        writer.append(turn=cat["turn"], batch=cat["batch"], phase=cat["phase"], step=cat["step"], layer=cat["layer"],
+                      experts=ids, weights=w, **{c: cat[c] for c in self.columns})
+        self.chunks, self.tokens = [], 0
+
+
+def _step(model: Any, rec: _Recorder, rows: _Rows, chunk: list[int], pos: int, batch: int, turn: int, phase: int,
+          layers: list[int], dev: Any, cache: Any, cache_kw: str, kept: list[np.ndarray] | None) -> Any:
+    """One forward of ``chunk`` at positions pos.., its rows buffered; returns the last position's
     next-token logits."""
     import torch
 
@@ -698,26 +752,9 @@ def _step(model: Any, rec: _Recorder, writer: TraceWriter, chunk: list[int], pos
     rec.positions = pos + np.arange(n, dtype=np.int64)
     ids_t = torch.tensor([chunk], dtype=torch.long, device=dev)
     out = model(input_ids=ids_t, use_cache=True, **{cache_kw: cache})
-    caps = rec.take(n, layers)
+    rows.add(rec.take(n, layers), pos, n, batch, turn, phase)
     if kept is not None:
         kept.append(out.logits[0].float().cpu().numpy())
-    cols: dict[str, list[np.ndarray]] = {c: [] for c in ("experts", "weights", *columns)}
-    for l in layers:
-        d = caps[l]
-        extra = [d["dropped"] if "dropped" in d else np.zeros(d["ids"].shape, dtype=bool)]
-        ids, w, (dropped,) = rank_order(d["ids"], d["weights"], d["logits"], gating, sel_bias[l], extra)
-        cols["experts"].append(ids)
-        cols["weights"].append(w)
-        if "dropped" in columns:
-            cols["dropped"].append(dropped)
-        if "logits" in columns:
-            cols["logits"].append(d["logits"])
-        if "gate_input" in columns:
-            cols["gate_input"].append(d["gate_input"])
-    steps = pos + np.arange(n, dtype=np.int32)
-    writer.append(turn=turn, batch=batch, phase=phase, step=np.tile(steps, len(layers)),
-                  layer=np.repeat(np.asarray(layers, dtype=np.int16), n),
-                  **{c: np.concatenate(v) for c, v in cols.items()})
     return out.logits[0, -1]
 
 
