@@ -204,7 +204,8 @@ def capture_hf_cmd(
         typer.echo(json_object("capture-hf", str(out), [row], checks=res.checks))
     else:
         m = res.meta["model"]
-        typer.echo(f"wrote {out}: {m['name']} ({m['arch']}), {len(m['moe_layers'])} MoE layers x {m['n_expert']} experts, "
+        state = "" if res.complete else f" [INCOMPLETE: {res.stop_reason}]"
+        typer.echo(f"wrote {out}{state}: {m['name']} ({m['arch']}), {len(m['moe_layers'])} MoE layers x {m['n_expert']} experts, "
                    f"top-k {m['top_k']}; {len(prompts)} prompt(s), {res.prompt_tokens} prompt tokens + {res.decode_tokens} "
                    f"decoded tokens" + (f"; override: {res.meta['intervention']}" if res.meta.get("intervention") else ""))
         dec = f"{res.decode_tok_s:.1f} tok/s" if res.decode_tok_s else "-"
@@ -215,6 +216,9 @@ def capture_hf_cmd(
         print("moe-replay: error: a capture self-check failed: the trace does not reproduce the model's routing "
               "(this is a bug in the capture, please report it)", file=sys.stderr)
         sys.exit(1)
+    if not res.complete:
+        sig = signal.SIGTERM if "SIGTERM" in res.stop_reason else signal.SIGINT
+        sys.exit(128 + int(sig))
 
 
 def make_hf_model_cmd(

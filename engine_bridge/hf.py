@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from engine_bridge.capture import _catch_signals, _Stop
 from engine_bridge.checks import checks_passed, run_checks
 from traces.atomic import check_output_dir
 from traces.errors import UserError
@@ -212,7 +214,8 @@ class HfCaptureResult:
     meta: dict[str, Any]
     generated: list[list[int]]  # per prompt: the decoded token ids
     output_logits: list[np.ndarray] | None = None  # per prompt: [positions, vocab] float32 (keep_output_logits)
-    stop_reasons: list[str] = field(default_factory=list)
+    stop_reasons: list[str] = field(default_factory=list)  # per prompt
+    stop_reason: str = "done"  # the run's: done | interrupted by SIGINT / SIGTERM
 
     @property
     def decode_tok_s(self) -> float | None:
@@ -604,15 +607,20 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
     out_logits: list[np.ndarray] | None = [] if keep_logits else None
     reasons: list[str] = []
     complete = False
+    stop = _Stop()
     try:
-        with rec, torch.inference_mode():
+        with rec, torch.inference_mode(), _catch_signals(stop):
             for turn, tokens in enumerate(token_lists):
+                if stop.signal is not None:
+                    break
                 cache = _new_cache(model)
                 pos = 0
                 gen: list[int] = []
                 kept: list[np.ndarray] = []
                 last = None
                 for start in range(0, len(tokens), opts.ubatch):
+                    if stop.signal is not None:
+                        break
                     chunk = tokens[start:start + opts.ubatch]
                     t0 = time.perf_counter()
                     last = _step(model, rec, rows, chunk, pos, batch, turn, 0, layers, dev, cache, cache_kw,
@@ -625,14 +633,17 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
                     n_prompt += len(chunk)
                 reason = "done"
                 fseq = list(forced[turn]) if forced is not None else None
-                while len(gen) < opts.n_decode:
-                    nxt = fseq[len(gen)] if fseq is not None and len(gen) < len(fseq) else int(torch.argmax(last).item())
-                    if fseq is not None and len(gen) >= len(fseq):
-                        reason = "forced tokens exhausted"
-                        break
-                    if nxt in eos and not opts.ignore_eos and fseq is None:
-                        reason = "end of generation token"
-                        break
+                while len(gen) < opts.n_decode and stop.signal is None and last is not None:
+                    if fseq is not None:
+                        if len(gen) >= len(fseq):
+                            reason = "forced tokens exhausted"
+                            break
+                        nxt = int(fseq[len(gen)])
+                    else:
+                        nxt = int(torch.argmax(last).item())
+                        if nxt in eos and not opts.ignore_eos:
+                            reason = "end of generation token"
+                            break
                     gen.append(nxt)
                     t0 = time.perf_counter()
                     last = _step(model, rec, rows, [nxt], pos, batch, turn, 1, layers, dev, cache, cache_kw,
@@ -643,18 +654,23 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
                     batch += 1
                     pos += 1
                     n_dec += 1
+                if stop.signal is not None:
+                    reason = f"interrupted by {signal.Signals(stop.signal).name}"
                 generated.append(gen)
                 reasons.append(reason)
-                if out_logits is not None:
+                if out_logits is not None and kept:
                     out_logits.append(np.concatenate(kept))
-        complete = True
+        complete = stop.signal is None
+        stop_reason = "done" if complete else f"interrupted by {signal.Signals(stop.signal).name}"
     finally:
         try:
             rows.flush(writer)
         finally:
             writer.close(complete=complete)
+    if writer.rows_written == 0:
+        raise UserError("nothing was captured: the run was interrupted before the first forward finished.")
     writer.update_meta(capture_summary={
-        "prompt_tokens": n_prompt, "decode_tokens": n_dec, "stop_reasons": reasons,
+        "prompt_tokens": n_prompt, "decode_tokens": n_dec, "stop_reason": stop_reason, "stop_reasons": reasons,
         "generated_tokens": generated, "generated_text": [tok.decode(g) for g in generated],
     })
     checks = run_checks(out, logit_bias=logit_bias, rel_tol=rel_tol)
@@ -669,7 +685,7 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
     writer.update_meta(checks=checks)
     return HfCaptureResult(out=out, complete=complete, prompt_tokens=n_prompt, decode_tokens=n_dec, prefill_s=prefill_s,
                            decode_s=decode_s, checks=checks, meta=writer.meta, generated=generated,
-                           output_logits=out_logits, stop_reasons=reasons)
+                           output_logits=out_logits, stop_reasons=reasons, stop_reason=stop_reason)
 
 
 def _as_list(x: Any) -> list[int]:

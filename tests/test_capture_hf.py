@@ -237,6 +237,29 @@ def test_drop_override_changes_the_output_and_is_recorded(hf_models, hf_traces, 
     assert not np.array_equal(r["weights"][~l0], b["weights"][~l0])
 
 
+def test_interrupt_leaves_a_valid_incomplete_trace(hf_models, tmp_path):
+    """SIGTERM (or Ctrl-C) during the decode: the forward under way finishes, every routing so far is
+    written, trace.json says complete: false, the self-checks pass on what is there."""
+    import signal
+
+    decoded = []
+
+    def kill_at_decode_4(layer, positions, ids, weights):
+        if layer == 0 and len(positions) == 1:
+            decoded.append(int(positions[0]))
+            if len(decoded) == 4:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return None
+    res = capture_hf(hf_models("qwen3_moe"), PROMPT, n_predict=40, out=tmp_path / "t", ignore_eos=True,
+                     override=kill_at_decode_4)
+    assert not res.complete and res.stop_reason == "interrupted by SIGTERM"
+    assert res.decode_tokens == 4 == len(decoded)
+    t = open_trace(res.out)
+    assert t.meta["complete"] is False and res.checks["passed"]
+    steps = _rows(res.out, ["step"])["step"]
+    assert steps.max() == decoded[-1] and len(steps) == (decoded[-1] + 1) * len(t.moe_layers)
+
+
 def test_drop_rule_renormalises_as_the_model_does():
     w = torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.45, 0.05]])
     ids = torch.tensor([[3, 1, 2], [0, 2, 1]])
