@@ -27,6 +27,7 @@ from traces.schema import (
     PHASE_DECODE,
     PHASE_PREFILL,
     RECORDED_COLUMNS,
+    REQUEST_COLUMNS,
     ROUTER_FILE,
     ROUTINGS_DIR,
     TRACE_JSON,
@@ -57,10 +58,19 @@ class RoutingArrays:
     residency: np.ndarray | None = None  # uint8 [R, k]
     read_bytes: np.ndarray | None = None  # uint32 [R, k]
     dropped: np.ndarray | None = None  # bool [R, k]
+    request: np.ndarray | None = None  # int64 [R]: the request of each row; None = one request
+    token: np.ndarray | None = None  # int32 [R]: the token id at that position, when recorded
 
     @property
     def n_rows(self) -> int:
         return int(self.batch.shape[0])
+
+    @property
+    def request_or_zero(self) -> np.ndarray:
+        """int64 [R]: the request column, or zeros for a trace of one request. Everything
+        "previous" (prev-token, a token's identity) is keyed by it: with many requests in one
+        batch, ``step`` is the position inside its request and repeats across requests."""
+        return self.request if self.request is not None else np.zeros(self.batch.shape[0], dtype=np.int64)
 
 
 def fixed_list_to_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -211,9 +221,10 @@ class Trace:
     def arrays(self, recorded: bool = True) -> RoutingArrays:
         """Dense numpy arrays of the narrow columns (and the recorded ones when present)."""
         extra = [c for c in RECORDED_COLUMNS if recorded and self.has(c)]
-        t = self.table(list(NARROW) + extra)
+        scalars = [c for c in REQUEST_COLUMNS if self.has(c)]
+        t = self.table(list(NARROW) + scalars + extra)
         out: dict[str, Any] = {}
-        for name in ("turn", "batch", "phase", "step", "layer"):
+        for name in ("turn", "batch", "phase", "step", "layer", *scalars):
             out[name] = t.column(name).to_numpy()
         for name in ["experts", "weights", *extra]:
             out[name] = fixed_list_to_numpy(t.column(name))
@@ -256,8 +267,8 @@ class Trace:
 
     # -- summaries ----------------------------------------------------------------------------
     def token_counts(self) -> dict[str, int]:
-        """Distinct (turn, step) tokens per phase."""
-        df = self.routings(["turn", "phase", "step"]).unique()
+        """Distinct (request, turn, step) tokens per phase (request only when the trace has it)."""
+        df = self.routings((["request"] if self.has("request") else []) + ["turn", "phase", "step"]).unique()
         return {
             "tokens_prefill": int((df["phase"] == PHASE_PREFILL).sum()),
             "tokens_decode": int((df["phase"] == PHASE_DECODE).sum()),
@@ -339,11 +350,13 @@ def _check_rows(trace: Trace) -> None:
     k, n_expert = trace.top_k, trace.n_expert
     moe = np.zeros(trace.n_layer, dtype=bool)
     moe[trace.moe_layers] = True
-    last: tuple[int, int, int, int] | None = None  # batch, layer, step, phase
+    last: tuple[int, ...] | None = None  # batch, layer, step, phase[, request]
     offset = 0
     recorded = [c for c in RECORDED_COLUMNS if trace.has(c)]
     by_rank = not trace.gating.get("selection_bias")
-    for part, t in zip(trace.parts, trace.iter_tables(list(NARROW) + recorded)):
+    has_req = trace.has("request")
+    req_last: dict[tuple[int, int], tuple[int, int]] = {}  # (request, layer) -> (its last step, turn)
+    for part, t in zip(trace.parts, trace.iter_tables(list(NARROW) + recorded + [c for c in REQUEST_COLUMNS if trace.has(c)])):
         try:
             n = t.num_rows
             if n == 0:
@@ -361,24 +374,32 @@ def _check_rows(trace: Trace) -> None:
             bad = np.flatnonzero((ph != PHASE_PREFILL) & (ph != PHASE_DECODE))
             if bad.size:
                 raise ValueError(f"row {offset + bad[0]} has phase {ph[bad[0]]} (0 prefill, 1 decode)")
+            if has_req:
+                _check_requests(t, offset, req_last)
+            req = t.column("request").to_numpy().astype(np.int64) if has_req else np.zeros(n, dtype=np.int64)
             prepended = last is not None
             if prepended:
                 b = np.concatenate([[last[0]], b])
                 lay = np.concatenate([[last[1]], lay])
                 s = np.concatenate([[last[2]], s])
                 ph = np.concatenate([[last[3]], ph])
-            db, dl, ds = np.diff(b), np.diff(lay), np.diff(s)
-            ok = (db > 0) | ((db == 0) & ((dl > 0) | ((dl == 0) & (ds > 0))))
+                req = np.concatenate([[last[4]], req])
+            # (batch, layer[, request], step): with many requests, steps repeat across requests in
+            # a load. Comparisons, not np.diff: request ids may span the whole int64 range.
+            db, dl = np.diff(b), np.diff(lay)
+            r_gt, r_eq = req[1:] > req[:-1], req[1:] == req[:-1]
+            s_gt, s_eq = s[1:] > s[:-1], s[1:] == s[:-1]
+            ok = (db > 0) | ((db == 0) & ((dl > 0) | ((dl == 0) & (r_gt | (r_eq & s_gt)))))
             if not ok.all():
                 i = int(np.argmin(ok))
-                kind = "duplicates the row before it" if (db[i] == 0 and dl[i] == 0 and ds[i] == 0) else \
-                    "breaks the (batch, layer, step) row order"
+                kind = "duplicates the row before it" if (db[i] == 0 and dl[i] == 0 and r_eq[i] and s_eq[i]) else \
+                    ("breaks the (batch, layer, request, step) row order" if has_req else "breaks the (batch, layer, step) row order")
                 raise ValueError(f"row {offset + i + 1 - int(prepended)} {kind}")
             same_batch_phase_change = (db == 0) & (np.diff(ph) != 0)
             if same_batch_phase_change.any():
                 i = int(np.argmax(same_batch_phase_change))
                 raise ValueError(f"batch {b[i + 1]} mixes prefill and decode rows")
-            last = (int(b[-1]), int(lay[-1]), int(s[-1]), int(ph[-1]))
+            last = (int(b[-1]), int(lay[-1]), int(s[-1]), int(ph[-1]), int(req[-1]))
             ex = fixed_list_to_numpy(t.column("experts"))
             bad = np.flatnonzero(((ex < 0) | (ex >= n_expert)).any(axis=1))
             if bad.size:
@@ -406,6 +427,48 @@ def _check_rows(trace: Trace) -> None:
             offset += n
         except ValueError as e:
             raise _fail(part, str(e)) from None
+
+
+def _check_requests(t: pa.Table, offset: int, req_last: dict[tuple[int, int], tuple[int, int]]) -> None:
+    """With a request column, ``step`` is the position inside its request: >= 0, and a request's
+    tokens come in order (at each layer its steps strictly increase from batch to batch, inside
+    one turn or across later turns); a token id, where recorded, is >= 0. ``req_last`` carries
+    each (request, layer)'s last (step, turn) from part to part."""
+    s = t.column("step").to_numpy().astype(np.int64)
+    bad = np.flatnonzero(s < 0)
+    if bad.size:
+        raise ValueError(f"row {offset + bad[0]} has step {s[bad[0]]}; step is the position inside its request, >= 0")
+    if "token" in t.column_names:
+        tok = t.column("token").to_numpy()
+        bad = np.flatnonzero(tok < 0)
+        if bad.size:
+            raise ValueError(f"row {offset + bad[0]} has token id {tok[bad[0]]}, which is negative")
+    req = t.column("request").to_numpy().astype(np.int64)
+    lay = t.column("layer").to_numpy().astype(np.int64)
+    turn = t.column("turn").to_numpy().astype(np.int64)
+    # Rows grouped by (request, layer), file order kept inside a group (file order = batch order).
+    order = np.lexsort((np.arange(req.size), lay, req))
+    r, l_, st, tu = req[order], lay[order], s[order], turn[order]
+    first = np.r_[True, (r[1:] != r[:-1]) | (l_[1:] != l_[:-1])]
+    back = np.r_[False, ~first[1:]]  # a row whose group's previous row is in this part
+    later_turn = tu[1:] > tu[:-1]
+    bad_in = back[1:] & ~((st[1:] > st[:-1]) & (tu[1:] >= tu[:-1]) | later_turn)
+    if bad_in.any():
+        i = int(order[1:][np.argmax(bad_in)])
+        raise ValueError(f"row {offset + i} (request {req[i]}, layer {lay[i]}) has step {s[i]}, not after that "
+                         "request's previous token at this layer: step must be the position inside its request, "
+                         "and a request's tokens must come in order")
+    for j in np.flatnonzero(first):
+        key = (int(r[j]), int(l_[j]))
+        prev = req_last.get(key)
+        if prev is not None and not (int(tu[j]) > prev[1] or (int(tu[j]) == prev[1] and int(st[j]) > prev[0])):
+            i = int(order[j])
+            raise ValueError(f"row {offset + i} (request {req[i]}, layer {lay[i]}) has step {s[i]}, not after that "
+                             "request's previous token at this layer: step must be the position inside its request, "
+                             "and a request's tokens must come in order")
+    last_of = np.r_[first[1:], True]
+    for j in np.flatnonzero(last_of):
+        req_last[(int(r[j]), int(l_[j]))] = (int(st[j]), int(tu[j]))
 
 
 def _check_weights(w: np.ndarray, layer: np.ndarray, offset: int, by_rank: bool) -> None:

@@ -44,7 +44,14 @@ RECORDED_COLUMNS: dict[str, pa.DataType] = {
 }
 # Optional wide columns: never loaded unless asked for.
 WIDE_COLUMNS = ("logits", "gate_input")
-OPTIONAL_COLUMNS = tuple(RECORDED_COLUMNS) + WIDE_COLUMNS
+# Optional per-row scalars of server engines that batch many requests: the request (sequence) a
+# row's token belongs to, and the token id at that position. With ``request``, ``step`` is the
+# position inside its request and rows are ordered (batch, layer, request, step).
+REQUEST_COLUMNS: dict[str, pa.DataType] = {
+    "request": pa.int64(),
+    "token": pa.int32(),
+}
+OPTIONAL_COLUMNS = tuple(RECORDED_COLUMNS) + WIDE_COLUMNS + tuple(REQUEST_COLUMNS)
 
 
 def routings_schema(meta: dict[str, Any], columns: tuple[str, ...] = (), gate_input_dtype: str = "float32") -> pa.Schema:
@@ -57,6 +64,8 @@ def routings_schema(meta: dict[str, Any], columns: tuple[str, ...] = (), gate_in
     for name in columns:
         if name in RECORDED_COLUMNS:
             fields.append(pa.field(name, pa.list_(RECORDED_COLUMNS[name], k), nullable=False))
+        elif name in REQUEST_COLUMNS:
+            fields.append(pa.field(name, REQUEST_COLUMNS[name], nullable=False))
         elif name == "logits":
             fields.append(pa.field(name, pa.list_(pa.float32(), n_expert), nullable=False))
         elif name == "gate_input":

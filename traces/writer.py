@@ -25,6 +25,7 @@ from traces.schema import (
     KEY_COLUMNS,
     METRICS_FILE,
     OPTIONAL_COLUMNS,
+    REQUEST_COLUMNS,
     ROUTER_FILE,
     ROUTINGS_DIR,
     TRACE_JSON,
@@ -116,7 +117,7 @@ class TraceWriter:
         self._buf: list[pa.RecordBatch] = []
         self._buffered = 0
         self._part = 0
-        self._last_key: tuple[int, int, int] | None = None
+        self._last_key: tuple[int, ...] | None = None
         self.rows_written = 0
         self._closed = False
         (self.dir / ROUTINGS_DIR).mkdir(parents=True, exist_ok=True)
@@ -156,7 +157,10 @@ class TraceWriter:
             arrays.append(pa.array(v, type=typ))
         weights = np.asarray(weights, dtype=np.float32)
         self._check_values(weights, optional.get("logits"))
-        self._check_order(cols["batch"], cols["layer"], cols["step"])
+        request = None
+        if "request" in self.columns and "request" in optional:
+            request = np.broadcast_to(np.asarray(optional["request"]), (n,)).astype(np.int64)
+        self._check_order(cols["batch"], cols["layer"], cols["step"], request)
         arrays.append(_fixed_list(experts.astype(np.int32, copy=False), self.k, pa.int32()))
         arrays.append(_fixed_list(weights, self.k, pa.float32()))
         missing = [c for c in self.columns if c not in optional]
@@ -164,6 +168,10 @@ class TraceWriter:
         if missing or extra:
             raise ValueError(f"append: missing columns {missing}, unexpected columns {extra}")
         for field in list(self.schema)[len(arrays):]:
+            if field.name in REQUEST_COLUMNS:  # per-row scalars (scalars broadcast, as the key columns)
+                vals = np.broadcast_to(np.asarray(optional[field.name]), (n,))
+                arrays.append(pa.array(self._scalar_column(field.name, vals), type=field.type))
+                continue
             typ = field.type.value_type
             vals = np.asarray(optional[field.name]).astype(typ.to_pandas_dtype(), copy=False)
             arrays.append(_fixed_list(vals, field.type.list_size, typ))
@@ -191,20 +199,33 @@ class TraceWriter:
                 raise UserError(f"{self.dir}: appended row {self.rows_written + self._buffered + i} has logits that are NaN "
                                 "or infinite; refused before writing it.")
 
-    def _check_order(self, batch: np.ndarray, layer: np.ndarray, step: np.ndarray) -> None:
-        b = batch.astype(np.int64)
-        l_ = layer.astype(np.int64)
-        s = step.astype(np.int64)
+    def _scalar_column(self, name: str, vals: np.ndarray) -> np.ndarray:
+        """``request`` / ``token`` values checked against their column type (one sentence, nothing written)."""
+        v = np.asarray(vals)
+        if not (np.issubdtype(v.dtype, np.integer) or v.size == 0):
+            raise UserError(f"{self.dir}: appended {name} values are {v.dtype}, not integers; refused before writing them.")
+        if name == "token" and v.size and (v.min() < 0 or v.max() > np.iinfo(np.int32).max):
+            i = int(np.argmax((v < 0) | (v > np.iinfo(np.int32).max)))
+            raise UserError(f"{self.dir}: appended row {self.rows_written + self._buffered + i} has token id {v[i]}, "
+                            "outside 0..2^31-1; refused before writing it.")
+        return v.astype(REQUEST_COLUMNS[name].to_pandas_dtype())
+
+    def _check_order(self, batch: np.ndarray, layer: np.ndarray, step: np.ndarray, request: np.ndarray | None = None) -> None:
+        """Rows must continue the (batch, layer, step) order -- (batch, layer, request, step) when
+        the trace has a request column (several requests share a batch and may share a step)."""
+        keys = [batch.astype(np.int64), layer.astype(np.int64)] + ([request] if request is not None else []) + [step.astype(np.int64)]
         if self._last_key is not None:
-            b = np.concatenate([[self._last_key[0]], b])
-            l_ = np.concatenate([[self._last_key[1]], l_])
-            s = np.concatenate([[self._last_key[2]], s])
-        db, dl, ds = np.diff(b), np.diff(l_), np.diff(s)
-        ok = (db > 0) | ((db == 0) & ((dl > 0) | ((dl == 0) & (ds > 0))))
+            keys = [np.concatenate([[last], k]) for last, k in zip(self._last_key, keys)]
+        ok = np.zeros(keys[0].size - 1, dtype=bool)
+        tied = np.ones(keys[0].size - 1, dtype=bool)
+        for k in keys:  # comparisons, not np.diff: request ids may span the whole int64 range
+            ok |= tied & (k[1:] > k[:-1])
+            tied &= k[1:] == k[:-1]
         if not ok.all():
             i = int(np.argmin(ok))
-            raise ValueError(f"rows out of (batch, layer, step) order at appended row {i}")
-        self._last_key = (int(b[-1]), int(l_[-1]), int(s[-1]))
+            what = "(batch, layer, request, step)" if request is not None else "(batch, layer, step)"
+            raise ValueError(f"rows out of {what} order at appended row {i}")
+        self._last_key = tuple(int(k[-1]) for k in keys)
 
     def flush(self) -> None:
         """Close the buffered rows as the next part file (no-op when nothing is buffered)."""
