@@ -159,7 +159,7 @@ def capture_hf_cmd(
                                  show_default=False),
     prompt: str | None = typer.Option(None, "--prompt", help="Prompt text."),
     prompts_file: Path | None = typer.Option(None, "--prompts", help="UTF-8 file, one prompt per non-empty line: each is "
-                                             "its own turn with a fresh KV cache (the expert cache of a replay persists)."),
+                                             "its own request (request column), run one after the other with a fresh KV cache."),
     n_decode: int = typer.Option(64, "-n", "--n-decode", help="Tokens to decode greedily after each prompt."),
     out: Path = typer.Option(..., "--out", help="Trace directory to create (must not exist or be empty).", show_default=False),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N."),

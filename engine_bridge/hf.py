@@ -508,7 +508,8 @@ def capture_hf(model: str | Any, prompt: str | Sequence[str] | None = None, *, n
                keep_output_logits: bool = False, ignore_eos: bool = False, ubatch: int = 512, logits: bool = True,
                gate_input: bool = True, tokens_per_part: int = 64, prompt_source: str | None = None) -> HfCaptureResult:
     """Capture ``model`` (a local checkpoint directory, or a loaded transformers model with
-    ``tokenizer``) on ``prompt`` (one string, or several: each its own turn with a fresh KV cache)
+    ``tokenizer``) on ``prompt`` (one string, or several: each its own request, run one after the other with a fresh KV cache;
+    the trace then has a ``request`` column)
     into the new trace directory ``out``; ``n_predict`` tokens decoded greedily after each prompt.
 
     ``override``: a routing intervention applied inside every MoE block's forward (a
@@ -581,6 +582,8 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
     columns = tuple(c for c, on in (("logits", opts.logits), ("gate_input", opts.gate_input)) if on)
     if override is not None:
         columns = ("dropped",) + columns
+    # token ids always; the request column where there are several prompts (each its own sequence)
+    columns += ("request", "token") if len(token_lists) > 1 else ("token",)
     out = Path(opts.out)
     meta = _meta(model, fam, gating, top_k, n_expert, hidden, layers, n_layer, expert_bytes, dense_bytes, nonlayer,
                  opts, rounding, token_lists, ov_desc)
@@ -721,20 +724,23 @@ class _Rows:
         self.chunks: list[dict[str, Any]] = []
         self.tokens = 0
 
-    def add(self, caps: dict[int, dict[str, Any]], pos: int, n: int, batch: int, turn: int, phase: int) -> None:
-        self.chunks.append({"caps": caps, "pos": pos, "n": n, "batch": batch, "turn": turn, "phase": phase})
+    def add(self, caps: dict[int, dict[str, Any]], pos: int, tokens: list[int], batch: int, request: int, phase: int) -> None:
+        n = len(tokens)
+        self.chunks.append({"caps": caps, "pos": pos, "n": n, "batch": batch, "request": request, "phase": phase,
+                            "token": np.asarray(tokens, dtype=np.int32)})
         self.tokens += n
 
     def flush(self, writer: TraceWriter) -> None:
         if not self.chunks:
             return
         layers = self.layers
-        cols: dict[str, list[np.ndarray]] = {c: [] for c in ("turn", "batch", "phase", "step", "layer", "experts",
+        cols: dict[str, list[np.ndarray]] = {c: [] for c in ("request", "token", "batch", "phase", "step", "layer", "experts",
                                                                 "weights", "logits", "dropped", "gate_input")}
         for c in self.chunks:
             n, caps = c["n"], c["caps"]
             m = n * len(layers)
-            cols["turn"].append(np.full(m, c["turn"], np.int32))
+            cols["request"].append(np.full(m, c["request"], np.int64))
+            cols["token"].append(np.tile(c["token"], len(layers)))
             cols["batch"].append(np.full(m, c["batch"], np.int32))
             cols["phase"].append(np.full(m, c["phase"], np.int8))
             cols["step"].append(np.tile(c["pos"] + np.arange(n, dtype=np.int32), len(layers)))
@@ -753,7 +759,7 @@ class _Rows:
             sel = np.flatnonzero(cat["layer"] == l)
             ids[sel], w[sel], (dropped[sel],) = rank_order(ids[sel], w[sel], cat["logits"][sel], self.gating,
                                                            self.sel_bias[l], [dropped[sel]])
-        writer.append(turn=cat["turn"], batch=cat["batch"], phase=cat["phase"], step=cat["step"], layer=cat["layer"],
+        writer.append(turn=0, batch=cat["batch"], phase=cat["phase"], step=cat["step"], layer=cat["layer"],
                       experts=ids, weights=w, **{c: cat[c] for c in self.columns})
         self.chunks, self.tokens = [], 0
 
@@ -768,7 +774,7 @@ def _step(model: Any, rec: _Recorder, rows: _Rows, chunk: list[int], pos: int, b
     rec.positions = pos + np.arange(n, dtype=np.int64)
     ids_t = torch.tensor([chunk], dtype=torch.long, device=dev)
     out = model(input_ids=ids_t, use_cache=True, **{cache_kw: cache})
-    rows.add(rec.take(n, layers), pos, n, batch, turn, phase)
+    rows.add(rec.take(n, layers), pos, chunk, batch, turn, phase)
     if kept is not None:
         kept.append(out.logits[0].float().cpu().numpy())
     return out.logits[0, -1]
@@ -806,6 +812,6 @@ def _meta(model: Any, fam: Family, gating: dict[str, Any], top_k: int, n_expert:
             "source_file": opts.model, "prompts": list(opts.prompts), "prompt_file": opts.prompt_source,
             "capture": {"prompt_tokens": [len(t) for t in token_lists], "decode_tokens_requested": opts.n_decode,
                         "ubatch": opts.ubatch, "ignore_eos": opts.ignore_eos, "columns_logits": opts.logits,
-                        "columns_gate_input": opts.gate_input, "turns": "one per prompt, each with a fresh KV cache"},
+                        "columns_gate_input": opts.gate_input, "requests": "one per prompt, run in turn, each with a fresh KV cache"},
         },
     }

@@ -104,6 +104,19 @@ def test_every_family_captures_with_self_checks_and_ctrl_100(hf_traces, family):
     assert sg is not None and 0.0 <= sg <= 100.0 and overall["stale-gate[1]"]["scored"] > 0
 
 
+def test_token_column_holds_the_prompt_and_the_generated_ids(hf_models, hf_traces):
+    out, res = hf_traces("mixtral")
+    from transformers import AutoTokenizer
+
+    prompt_ids = AutoTokenizer.from_pretrained(hf_models("mixtral"))(PROMPT)["input_ids"]
+    t = open_trace(out)
+    assert t.has("token") and not t.has("request")
+    r = _rows(out, ["layer", "step", "phase", "token"])
+    first = r["layer"] == t.moe_layers[0]
+    assert r["token"][first].tolist() == prompt_ids + res.generated[0]
+    assert r["step"][first].tolist() == list(range(len(prompt_ids) + N))
+
+
 @pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe", "gpt_oss", "qwen2_moe"])
 def test_the_rule_the_trace_states_is_needed(hf_traces, family):
     """The captured routings are the stated rule's and not a simpler one's: without the selection
@@ -344,8 +357,8 @@ def test_cli_capture_and_bad_input(cli, hf_models, tmp_path):
     r = cli("capture-hf", m, "--prompts", prompts, "-n", "2", "--out", tmp_path / "t2", "--ignore-eos", "--drop", "rank>=1")
     assert r.returncode == 0, r.stderr
     t = open_trace(tmp_path / "t2")
-    turns = _rows(tmp_path / "t2", ["turn"])["turn"]
-    assert set(turns.tolist()) == {0, 1} and t.has("dropped")
+    req = _rows(tmp_path / "t2", ["request"])["request"]
+    assert set(req.tolist()) == {0, 1} and t.has("dropped") and t.has("token")
     for args, needle in [
         (("--prompt", "hi", "--expert-dtype", "q9"), "--expert-dtype 'q9'"),
         (("--prompt", "hi", "--dtype", "float8"), "--dtype 'float8'"),
