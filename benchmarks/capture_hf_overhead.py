@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from engine_bridge.hf import _new_cache, capture_hf, quiet_transformers
+    from engine_bridge.hf import _cache_of, capture_hf, quiet_transformers
     from engine_bridge.hf_tiny import TinyHfConfig, write_tiny_hf_model
 
     quiet_transformers()
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> None:
 
         def loop_rate() -> float:
             with torch.inference_mode():
-                cache = _new_cache(model)
-                out = model(input_ids=ids, use_cache=True, cache=cache)
+                out = model(input_ids=ids, use_cache=True)
+                cache = _cache_of(out)
                 nxt = int(out.logits[0, -1].argmax())
                 t0 = time.perf_counter()
                 for _ in range(n):

@@ -223,9 +223,10 @@ def capture_hf_cmd(
 
 def make_hf_model_cmd(
     out: Path = typer.Argument(..., help="Directory to write the checkpoint and tokenizer into.", show_default=False),
-    family: str = typer.Option("qwen3_moe", "--family", help="qwen3_moe | qwen2_moe | mixtral | olmoe | deepseek_v3 | "
-                               "gpt_oss | glm4_moe (a transformers model_type)."),
-    layers: int = typer.Option(3, "--layers", help="Decoder layers (DeepSeek-V3, GLM-4.5 and Qwen2-MoE keep layer 0 dense)."),
+    family: str = typer.Option("qwen3_moe", "--family", help="A transformers model_type: qwen3_moe qwen2_moe mixtral olmoe "
+                               "deepseek_v3 gpt_oss glm4_moe flex_olmo dots1 glm4_moe_lite minimax minimax_m2 "
+                               "hunyuan_v1_moe lfm2_moe ernie4_5_moe."),
+    layers: int = typer.Option(3, "--layers", help="Decoder layers (families with dense first layers keep layer 0 dense)."),
     experts: int = typer.Option(8, "--experts", help="Routed experts per MoE layer."),
     top_k: int = typer.Option(2, "--top-k", help="Experts used per token."),
     hidden: int = typer.Option(64, "--hidden", help="Hidden size (multiple of 16)."),

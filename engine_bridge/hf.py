@@ -60,23 +60,59 @@ def require_hf_extra(command: str = "capture-hf") -> None:
 @dataclass(frozen=True)
 class Family:
     """How one transformers MoE family routes: the block's router child, the router class the rule
-    was read from, and the rule's kind."""
+    was read from, the rule's kind, and where its tensors live (dotted paths; ``block.`` = on the MoE
+    block instead of the router)."""
 
     router_attr: str  # the block's child that routes ("gate" | "router")
     router_class: str  # the class whose forward the rule below describes
     activation: str  # softmax | sigmoid | softmax_weight (traces.gating vocabulary)
-    always_norm: bool = False  # Mixtral normalises the top-k without a config flag
+    always_norm: bool = False  # the router normalises the top-k whatever the config says
+    weight: str = "weight"  # the router matrix [n_expert, hidden]
+    selection_bias: str | None = None  # added to the scores for selection only (not to the weights)
+    logit_bias: str | None = None  # added to the logits by the router's linear (gpt-oss)
 
 
 FAMILIES: dict[str, Family] = {
     "mixtral": Family("gate", "MixtralTopKRouter", "softmax", always_norm=True),
+    "minimax": Family("gate", "MiniMaxTopKRouter", "softmax", always_norm=True),
     "qwen2_moe": Family("gate", "Qwen2MoeTopKRouter", "softmax"),
     "qwen3_moe": Family("gate", "Qwen3MoeTopKRouter", "softmax"),
     "olmoe": Family("gate", "OlmoeTopKRouter", "softmax"),
-    "deepseek_v3": Family("gate", "DeepseekV3TopkRouter", "sigmoid"),
-    "glm4_moe": Family("gate", "Glm4MoeTopkRouter", "sigmoid"),
-    "gpt_oss": Family("router", "GptOssTopKRouter", "softmax_weight"),
+    "flex_olmo": Family("gate", "FlexOlmoTopKRouter", "softmax"),
+    "hunyuan_v1_moe": Family("gate", "HunYuanMoEV1Gate", "softmax", always_norm=True, weight="wg.weight"),
+    "ernie4_5_moe": Family("gate", "Ernie4_5_MoeTopKRouter", "softmax", always_norm=True,
+                           selection_bias="moe_statics.e_score_correction_bias"),
+    "deepseek_v3": Family("gate", "DeepseekV3TopkRouter", "sigmoid", selection_bias="e_score_correction_bias"),
+    "glm4_moe": Family("gate", "Glm4MoeTopkRouter", "sigmoid", selection_bias="e_score_correction_bias"),
+    "glm4_moe_lite": Family("gate", "Glm4MoeLiteTopkRouter", "sigmoid", selection_bias="e_score_correction_bias"),
+    "dots1": Family("gate", "Dots1TopkRouter", "sigmoid", selection_bias="e_score_correction_bias"),
+    "minimax_m2": Family("gate", "MiniMaxM2TopKRouter", "sigmoid", always_norm=True,
+                         selection_bias="block.e_score_correction_bias"),
+    "lfm2_moe": Family("gate", "Lfm2MoeTopKRouter", "sigmoid", selection_bias="block.expert_bias"),
+    "gpt_oss": Family("router", "GptOssTopKRouter", "softmax_weight", logit_bias="bias"),
 }
+
+
+def _tensor_at(block: Any, router: Any, path: str | None) -> Any:
+    """The tensor at ``path`` (on the router, or on the block with a ``block.`` prefix), or None."""
+    if path is None:
+        return None
+    obj = block if path.startswith("block.") else router
+    for part in path.removeprefix("block.").split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+# Routers that cast their input and matrix to float32 before the linear.
+_FLOAT32_ROUTERS = {"DeepseekV3TopkRouter", "Glm4MoeTopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter",
+                    "Ernie4_5_MoeTopKRouter"}
+
+
+def layers_of(blocks: list[Any]) -> list[int]:
+    return [b.layer for b in blocks]
+
 
 # Config keys that say a model has routed experts (to tell "not MoE" from "MoE we do not know").
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
@@ -290,7 +326,7 @@ def gating_of(blocks: list[_Block], fam: Family) -> tuple[dict[str, Any], int]:
             "activation": fam.activation,
             "norm_topk": bool(fam.always_norm or getattr(r, "norm_topk_prob", False)) if fam.activation != "softmax_weight"
             else False,
-            "selection_bias": getattr(r, "e_score_correction_bias", None) is not None,
+            "selection_bias": _tensor_at(b.block, r, fam.selection_bias) is not None,
             "n_group": n_group,
             "topk_group": int(getattr(r, "topk_group", 1) or 1) if n_group > 1 else 1,
             "scale": float(getattr(r, "routed_scaling_factor", 1.0) or 1.0),
@@ -551,13 +587,13 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
     fam = _family_of(config, where)
     blocks = find_blocks(model, fam, where)
     gating, top_k = gating_of(blocks, fam)
-    n_expert = int(blocks[0].router.weight.shape[0])
-    hidden = int(blocks[0].router.weight.shape[1])
+    weights = {b.layer: _tensor_at(b.block, b.router, fam.weight) for b in blocks}
+    n_expert, hidden = (int(x) for x in weights[layers_of(blocks)[0]].shape)
     layers = [b.layer for b in blocks]
     n_layer = len(_decoder_layers(model))
-    router_dtype = str(blocks[0].router.weight.dtype).replace("torch.", "")
-    if gating["activation"] == "sigmoid":
-        router_dtype = "float32"  # DeepSeek-V3 / GLM-4.5 routers compute in float32 whatever the model's dtype
+    router_dtype = str(weights[layers[0]].dtype).replace("torch.", "")
+    if fam.router_class in _FLOAT32_ROUTERS:
+        router_dtype = "float32"  # these routers compute in float32 whatever the model's dtype
     rounding = _INPUT_ROUNDING.get(router_dtype, "unknown")
     rel_tol = _REL_TOL.get(router_dtype, 1e-2)
     expert_bytes, dense_bytes, nonlayer = sizes_of(model, blocks, n_expert, opts.expert_dtype, where)
@@ -591,11 +627,11 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
     writer = TraceWriter(out, meta, columns=columns, tokens_per_part=opts.tokens_per_part)
     lay = np.repeat(np.asarray(layers), n_expert)
     ex = np.tile(np.arange(n_expert), len(layers))
-    W = np.concatenate([b.router.weight.detach().float().cpu().numpy() for b in blocks])
-    sel_bias = {b.layer: (b.router.e_score_correction_bias.detach().float().cpu().numpy()
+    W = np.concatenate([weights[l].detach().float().cpu().numpy() for l in layers])
+    sel_bias = {b.layer: (_tensor_at(b.block, b.router, fam.selection_bias).detach().float().cpu().numpy().reshape(n_expert)
                           if gating["selection_bias"] else np.zeros(n_expert, np.float32)) for b in blocks}
-    logit_bias = {b.layer: b.router.bias.detach().float().cpu().numpy() for b in blocks
-                  if getattr(b.router, "bias", None) is not None}
+    logit_bias = {b.layer: _tensor_at(b.block, b.router, fam.logit_bias).detach().float().cpu().numpy() for b in blocks
+                  if _tensor_at(b.block, b.router, fam.logit_bias) is not None}
     writer.write_router(lay, ex, W, np.concatenate([sel_bias[l] for l in layers]),
                         np.concatenate([logit_bias[l] for l in layers]) if logit_bias else None)
     rec = _Recorder(blocks, hidden, override, opts.gate_input, opts.logits)
@@ -697,10 +733,18 @@ def _as_list(x: Any) -> list[int]:
     return [int(v) for v in x] if isinstance(x, (list, tuple)) else [int(x)]
 
 
-def _new_cache(model: Any) -> Any:
-    from transformers import DynamicCache
+def _new_cache(_model: Any) -> list[Any]:
+    """A holder for the KV cache of one sequence: the first forward lets the model create its own
+    kind (MiniMax, LFM2 and other hybrids keep a cache of their own), later ones pass it back."""
+    return [None]
 
-    return DynamicCache(config=model.config)
+
+def _cache_of(out: Any) -> Any:
+    for name in ("past_key_values", "cache"):
+        c = getattr(out, name, None)
+        if c is not None:
+            return c
+    raise RuntimeError("the model's forward returned no cache (use_cache=True)")
 
 
 def rank_order(ids: np.ndarray, weights: np.ndarray, logits: np.ndarray, gating: dict[str, Any],
@@ -773,7 +817,8 @@ def _step(model: Any, rec: _Recorder, rows: _Rows, chunk: list[int], pos: int, b
     n = len(chunk)
     rec.positions = pos + np.arange(n, dtype=np.int64)
     ids_t = torch.tensor([chunk], dtype=torch.long, device=dev)
-    out = model(input_ids=ids_t, use_cache=True, **{cache_kw: cache})
+    out = model(input_ids=ids_t, use_cache=True, **({cache_kw: cache[0]} if cache[0] is not None else {}))
+    cache[0] = _cache_of(out)
     rows.add(rec.take(n, layers), pos, chunk, batch, turn, phase)
     if kept is not None:
         kept.append(out.logits[0].float().cpu().numpy())
@@ -800,7 +845,7 @@ def _meta(model: Any, fam: Family, gating: dict[str, Any], top_k: int, n_expert:
         "gating": gating,
         "router_input_rounding": rounding,
         "router_stored_type": str(next(iter(model.parameters())).dtype).replace("torch.", ""),
-        "router_logit_bias": fam.activation == "softmax_weight",
+        "router_logit_bias": fam.logit_bias is not None,
         "intervention": override,
         "provenance": {
             "engine": "transformers (forward hooks on the router and experts modules)",

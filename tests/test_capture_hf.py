@@ -80,6 +80,14 @@ EXPECTED_GATING = {
     "deepseek_v3": ("sigmoid", True, True, 4),
     "glm4_moe": ("sigmoid", True, True, 1),
     "gpt_oss": ("softmax_weight", False, False, 1),
+    "flex_olmo": ("softmax", False, False, 1),
+    "dots1": ("sigmoid", True, True, 2),
+    "glm4_moe_lite": ("sigmoid", True, True, 1),
+    "minimax": ("softmax", True, False, 1),
+    "minimax_m2": ("sigmoid", True, True, 1),
+    "hunyuan_v1_moe": ("softmax", True, False, 1),
+    "lfm2_moe": ("sigmoid", True, True, 1),
+    "ernie4_5_moe": ("softmax", True, True, 1),
 }
 
 
@@ -117,7 +125,8 @@ def test_token_column_holds_the_prompt_and_the_generated_ids(hf_models, hf_trace
     assert r["step"][first].tolist() == list(range(len(prompt_ids) + N))
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe", "gpt_oss", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe", "gpt_oss", "qwen2_moe", "minimax_m2", "ernie4_5_moe", "lfm2_moe",
+                                    "dots1"])
 def test_the_rule_the_trace_states_is_needed(hf_traces, family):
     """The captured routings are the stated rule's and not a simpler one's: without the selection
     bias / groups (sigmoid families), the logit bias (gpt-oss) or the rule's normalisation
