@@ -163,6 +163,27 @@ def test_a_wrong_rule_fails_the_self_check(hf_models, tmp_path, monkeypatch):
     assert not res.checks["topk_of_logits"]["weights_within_tol"]
 
 
+def test_bf16_capture_checks_with_dtype_tolerances(hf_models, tmp_path):
+    """bfloat16 weights: logits and weights are bf16-rounded, so the checks use bf16 tolerances,
+    emulate the output rounding, and accept exact ties broken the other way; a float32 run's
+    tolerances would fail it."""
+    res = capture_hf(hf_models("qwen3_moe"), PROMPT, n_predict=N, out=tmp_path / "t", dtype="bfloat16", ignore_eos=True)
+    assert res.checks["passed"], res.checks
+    a = res.checks["topk_of_logits"]
+    assert a["weights_tol"] == 4e-3 and a["weights_max_abs_err"] > 1e-5  # float32's tolerance would fail
+    assert open_trace(res.out).meta["router_input_rounding"] == "bf16"
+
+
+def test_exact_ties_are_told_from_wrong_ids():
+    from engine_bridge.checks import _tied
+
+    g = {"activation": "softmax", "norm_topk": True}
+    logits = np.array([[2.0, 1.0, 1.0, 0.0], [2.0, 1.0, 1.0, 0.0]])
+    rule = np.array([[0, 1], [0, 1]])
+    assert _tied(logits, np.array([[0, 2], [0, 2]]), rule, g, None) == 2  # 1 and 2 tie: either is the rule's
+    assert _tied(logits, np.array([[0, 3], [1, 2]]), rule, g, None) == 0  # 3 is below the k-th; 0 is left out
+
+
 def test_ids_in_rank_order_for_unsorted_topk(hf_traces):
     """DeepSeek-V3 selects with topk(sorted=False); the trace lists experts by descending score."""
     out, _ = hf_traces("deepseek_v3")
