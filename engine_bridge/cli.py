@@ -163,7 +163,7 @@ def capture_hf_cmd(
                                  show_default=False),
     prompt: str | None = typer.Option(None, "--prompt", help="Prompt text."),
     prompts_file: Path | None = typer.Option(None, "--prompts", help="UTF-8 file, one prompt per non-empty line: each is "
-                                             "its own turn with a fresh KV cache (the expert cache of a replay persists)."),
+                                             "its own request (request column), run one after the other with a fresh KV cache."),
     n_decode: int = typer.Option(64, "-n", "--n-decode", help="Tokens to decode greedily after each prompt."),
     out: Path = typer.Option(..., "--out", help="Trace directory to create (must not exist or be empty).", show_default=False),
     device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N."),
@@ -208,7 +208,8 @@ def capture_hf_cmd(
         typer.echo(json_object("capture-hf", str(out), [row], checks=res.checks))
     else:
         m = res.meta["model"]
-        typer.echo(f"wrote {out}: {m['name']} ({m['arch']}), {len(m['moe_layers'])} MoE layers x {m['n_expert']} experts, "
+        state = "" if res.complete else f" [INCOMPLETE: {res.stop_reason}]"
+        typer.echo(f"wrote {out}{state}: {m['name']} ({m['arch']}), {len(m['moe_layers'])} MoE layers x {m['n_expert']} experts, "
                    f"top-k {m['top_k']}; {len(prompts)} prompt(s), {res.prompt_tokens} prompt tokens + {res.decode_tokens} "
                    f"decoded tokens" + (f"; override: {res.meta['intervention']}" if res.meta.get("intervention") else ""))
         dec = f"{res.decode_tok_s:.1f} tok/s" if res.decode_tok_s else "-"
@@ -219,13 +220,17 @@ def capture_hf_cmd(
         print("moe-replay: error: a capture self-check failed: the trace does not reproduce the model's routing "
               "(this is a bug in the capture, please report it)", file=sys.stderr)
         sys.exit(1)
+    if not res.complete:
+        sig = signal.SIGTERM if "SIGTERM" in res.stop_reason else signal.SIGINT
+        sys.exit(128 + int(sig))
 
 
 def make_hf_model_cmd(
     out: Path = typer.Argument(..., help="Directory to write the checkpoint and tokenizer into.", show_default=False),
-    family: str = typer.Option("qwen3_moe", "--family", help="qwen3_moe | qwen2_moe | mixtral | olmoe | deepseek_v3 | "
-                               "gpt_oss | glm4_moe (a transformers model_type)."),
-    layers: int = typer.Option(3, "--layers", help="Decoder layers (DeepSeek-V3, GLM-4.5 and Qwen2-MoE keep layer 0 dense)."),
+    family: str = typer.Option("qwen3_moe", "--family", help="A transformers model_type: qwen3_moe qwen2_moe mixtral olmoe "
+                               "deepseek_v3 gpt_oss glm4_moe flex_olmo dots1 glm4_moe_lite minimax minimax_m2 "
+                               "hunyuan_v1_moe lfm2_moe ernie4_5_moe."),
+    layers: int = typer.Option(3, "--layers", help="Decoder layers (families with dense first layers keep layer 0 dense)."),
     experts: int = typer.Option(8, "--experts", help="Routed experts per MoE layer."),
     top_k: int = typer.Option(2, "--top-k", help="Experts used per token."),
     hidden: int = typer.Option(64, "--hidden", help="Hidden size (multiple of 16)."),

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from engine_bridge.capture import _catch_signals, _Stop
 from engine_bridge.checks import checks_passed, run_checks
 from traces.atomic import check_output_dir
 from traces.errors import UserError
@@ -58,23 +60,59 @@ def require_hf_extra(command: str = "capture-hf") -> None:
 @dataclass(frozen=True)
 class Family:
     """How one transformers MoE family routes: the block's router child, the router class the rule
-    was read from, and the rule's kind."""
+    was read from, the rule's kind, and where its tensors live (dotted paths; ``block.`` = on the MoE
+    block instead of the router)."""
 
     router_attr: str  # the block's child that routes ("gate" | "router")
     router_class: str  # the class whose forward the rule below describes
     activation: str  # softmax | sigmoid | softmax_weight (traces.gating vocabulary)
-    always_norm: bool = False  # Mixtral normalises the top-k without a config flag
+    always_norm: bool = False  # the router normalises the top-k whatever the config says
+    weight: str = "weight"  # the router matrix [n_expert, hidden]
+    selection_bias: str | None = None  # added to the scores for selection only (not to the weights)
+    logit_bias: str | None = None  # added to the logits by the router's linear (gpt-oss)
 
 
 FAMILIES: dict[str, Family] = {
     "mixtral": Family("gate", "MixtralTopKRouter", "softmax", always_norm=True),
+    "minimax": Family("gate", "MiniMaxTopKRouter", "softmax", always_norm=True),
     "qwen2_moe": Family("gate", "Qwen2MoeTopKRouter", "softmax"),
     "qwen3_moe": Family("gate", "Qwen3MoeTopKRouter", "softmax"),
     "olmoe": Family("gate", "OlmoeTopKRouter", "softmax"),
-    "deepseek_v3": Family("gate", "DeepseekV3TopkRouter", "sigmoid"),
-    "glm4_moe": Family("gate", "Glm4MoeTopkRouter", "sigmoid"),
-    "gpt_oss": Family("router", "GptOssTopKRouter", "softmax_weight"),
+    "flex_olmo": Family("gate", "FlexOlmoTopKRouter", "softmax"),
+    "hunyuan_v1_moe": Family("gate", "HunYuanMoEV1Gate", "softmax", always_norm=True, weight="wg.weight"),
+    "ernie4_5_moe": Family("gate", "Ernie4_5_MoeTopKRouter", "softmax", always_norm=True,
+                           selection_bias="moe_statics.e_score_correction_bias"),
+    "deepseek_v3": Family("gate", "DeepseekV3TopkRouter", "sigmoid", selection_bias="e_score_correction_bias"),
+    "glm4_moe": Family("gate", "Glm4MoeTopkRouter", "sigmoid", selection_bias="e_score_correction_bias"),
+    "glm4_moe_lite": Family("gate", "Glm4MoeLiteTopkRouter", "sigmoid", selection_bias="e_score_correction_bias"),
+    "dots1": Family("gate", "Dots1TopkRouter", "sigmoid", selection_bias="e_score_correction_bias"),
+    "minimax_m2": Family("gate", "MiniMaxM2TopKRouter", "sigmoid", always_norm=True,
+                         selection_bias="block.e_score_correction_bias"),
+    "lfm2_moe": Family("gate", "Lfm2MoeTopKRouter", "sigmoid", selection_bias="block.expert_bias"),
+    "gpt_oss": Family("router", "GptOssTopKRouter", "softmax_weight", logit_bias="bias"),
 }
+
+
+def _tensor_at(block: Any, router: Any, path: str | None) -> Any:
+    """The tensor at ``path`` (on the router, or on the block with a ``block.`` prefix), or None."""
+    if path is None:
+        return None
+    obj = block if path.startswith("block.") else router
+    for part in path.removeprefix("block.").split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+# Routers that cast their input and matrix to float32 before the linear.
+_FLOAT32_ROUTERS = {"DeepseekV3TopkRouter", "Glm4MoeTopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter",
+                    "Ernie4_5_MoeTopKRouter"}
+
+
+def layers_of(blocks: list[Any]) -> list[int]:
+    return [b.layer for b in blocks]
+
 
 # Config keys that say a model has routed experts (to tell "not MoE" from "MoE we do not know").
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
@@ -90,6 +128,10 @@ _DTYPES = {"float32": "float32", "f32": "float32", "bfloat16": "bfloat16", "bf16
 # Relative logit tolerance of the fresh-gate check by the router's compute dtype: float32 logits
 # recomputed in float64 agree to ~1e-6; bf16 / f16 outputs are rounded to 8 / 11 mantissa bits.
 _REL_TOL = {"float32": 1e-4, "bfloat16": 1e-2, "float16": 2e-3}
+# Absolute tolerance of the applied weights against the rule's (float64) by the dtype the router
+# returns them in: float32 ~1e-7; bf16 rounds a weight <= 1 by up to 2^-9.
+_WEIGHTS_TOL = {"float32": 1e-5, "bfloat16": 4e-3, "float16": 1e-3}
+_OUTPUT_ROUNDING = {"bfloat16": "bf16", "float16": "f16"}
 _INPUT_ROUNDING = {"float32": "none", "bfloat16": "bf16", "float16": "f16"}
 
 
@@ -212,7 +254,8 @@ class HfCaptureResult:
     meta: dict[str, Any]
     generated: list[list[int]]  # per prompt: the decoded token ids
     output_logits: list[np.ndarray] | None = None  # per prompt: [positions, vocab] float32 (keep_output_logits)
-    stop_reasons: list[str] = field(default_factory=list)
+    stop_reasons: list[str] = field(default_factory=list)  # per prompt
+    stop_reason: str = "done"  # the run's: done | interrupted by SIGINT / SIGTERM
 
     @property
     def decode_tok_s(self) -> float | None:
@@ -287,7 +330,7 @@ def gating_of(blocks: list[_Block], fam: Family) -> tuple[dict[str, Any], int]:
             "activation": fam.activation,
             "norm_topk": bool(fam.always_norm or getattr(r, "norm_topk_prob", False)) if fam.activation != "softmax_weight"
             else False,
-            "selection_bias": getattr(r, "e_score_correction_bias", None) is not None,
+            "selection_bias": _tensor_at(b.block, r, fam.selection_bias) is not None,
             "n_group": n_group,
             "topk_group": int(getattr(r, "topk_group", 1) or 1) if n_group > 1 else 1,
             "scale": float(getattr(r, "routed_scaling_factor", 1.0) or 1.0),
@@ -505,7 +548,8 @@ def capture_hf(model: str | Any, prompt: str | Sequence[str] | None = None, *, n
                keep_output_logits: bool = False, ignore_eos: bool = False, ubatch: int = 512, logits: bool = True,
                gate_input: bool = True, tokens_per_part: int = 64, prompt_source: str | None = None) -> HfCaptureResult:
     """Capture ``model`` (a local checkpoint directory, or a loaded transformers model with
-    ``tokenizer``) on ``prompt`` (one string, or several: each its own turn with a fresh KV cache)
+    ``tokenizer``) on ``prompt`` (one string, or several: each its own request, run one after the other with a fresh KV cache;
+    the trace then has a ``request`` column)
     into the new trace directory ``out``; ``n_predict`` tokens decoded greedily after each prompt.
 
     ``override``: a routing intervention applied inside every MoE block's forward (a
@@ -547,14 +591,16 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
     fam = _family_of(config, where)
     blocks = find_blocks(model, fam, where)
     gating, top_k = gating_of(blocks, fam)
-    n_expert = int(blocks[0].router.weight.shape[0])
-    hidden = int(blocks[0].router.weight.shape[1])
+    weights = {b.layer: _tensor_at(b.block, b.router, fam.weight) for b in blocks}
+    n_expert, hidden = (int(x) for x in weights[layers_of(blocks)[0]].shape)
     layers = [b.layer for b in blocks]
     n_layer = len(_decoder_layers(model))
-    router_dtype = str(blocks[0].router.weight.dtype).replace("torch.", "")
-    if gating["activation"] == "sigmoid":
-        router_dtype = "float32"  # DeepSeek-V3 / GLM-4.5 routers compute in float32 whatever the model's dtype
+    router_dtype = str(weights[layers[0]].dtype).replace("torch.", "")
+    if fam.router_class in _FLOAT32_ROUTERS:
+        router_dtype = "float32"  # these routers compute in float32 whatever the model's dtype
     rounding = _INPUT_ROUNDING.get(router_dtype, "unknown")
+    # the weights the experts receive: Mixtral / MiniMax keep them in float32, others cast to the model's dtype
+    weights_dtype = str(next(iter(model.parameters())).dtype).replace("torch.", "")
     rel_tol = _REL_TOL.get(router_dtype, 1e-2)
     expert_bytes, dense_bytes, nonlayer = sizes_of(model, blocks, n_expert, opts.expert_dtype, where)
     token_lists = []
@@ -578,6 +624,8 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
     columns = tuple(c for c, on in (("logits", opts.logits), ("gate_input", opts.gate_input)) if on)
     if override is not None:
         columns = ("dropped",) + columns
+    # token ids always; the request column where there are several prompts (each its own sequence)
+    columns += ("request", "token") if len(token_lists) > 1 else ("token",)
     out = Path(opts.out)
     meta = _meta(model, fam, gating, top_k, n_expert, hidden, layers, n_layer, expert_bytes, dense_bytes, nonlayer,
                  opts, rounding, token_lists, ov_desc)
@@ -585,14 +633,15 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
     writer = TraceWriter(out, meta, columns=columns, tokens_per_part=opts.tokens_per_part)
     lay = np.repeat(np.asarray(layers), n_expert)
     ex = np.tile(np.arange(n_expert), len(layers))
-    W = np.concatenate([b.router.weight.detach().float().cpu().numpy() for b in blocks])
-    sel_bias = {b.layer: (b.router.e_score_correction_bias.detach().float().cpu().numpy()
+    W = np.concatenate([weights[l].detach().float().cpu().numpy() for l in layers])
+    sel_bias = {b.layer: (_tensor_at(b.block, b.router, fam.selection_bias).detach().float().cpu().numpy().reshape(n_expert)
                           if gating["selection_bias"] else np.zeros(n_expert, np.float32)) for b in blocks}
-    logit_bias = {b.layer: b.router.bias.detach().float().cpu().numpy() for b in blocks
-                  if getattr(b.router, "bias", None) is not None}
+    logit_bias = {b.layer: _tensor_at(b.block, b.router, fam.logit_bias).detach().float().cpu().numpy() for b in blocks
+                  if _tensor_at(b.block, b.router, fam.logit_bias) is not None}
     writer.write_router(lay, ex, W, np.concatenate([sel_bias[l] for l in layers]),
                         np.concatenate([logit_bias[l] for l in layers]) if logit_bias else None)
     rec = _Recorder(blocks, hidden, override, opts.gate_input, opts.logits)
+    rows = _Rows(layers, gating, sel_bias, columns)
     dev = next(model.parameters()).device
     eos = set(_as_list(getattr(model.generation_config, "eos_token_id", None) or config.eos_token_id))
     cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -603,57 +652,77 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
     out_logits: list[np.ndarray] | None = [] if keep_logits else None
     reasons: list[str] = []
     complete = False
+    stop = _Stop()
     try:
-        with rec, torch.inference_mode():
+        with rec, torch.inference_mode(), _catch_signals(stop):
             for turn, tokens in enumerate(token_lists):
+                if stop.signal is not None:
+                    break
                 cache = _new_cache(model)
                 pos = 0
                 gen: list[int] = []
                 kept: list[np.ndarray] = []
                 last = None
                 for start in range(0, len(tokens), opts.ubatch):
+                    if stop.signal is not None:
+                        break
                     chunk = tokens[start:start + opts.ubatch]
                     t0 = time.perf_counter()
-                    last = _step(model, rec, writer, chunk, pos, batch, turn, 0, layers, gating, top_k, sel_bias, columns,
-                                 dev, cache, cache_kw, kept if keep_logits else None)
+                    last = _step(model, rec, rows, chunk, pos, batch, turn, 0, layers, dev, cache, cache_kw,
+                                 kept if keep_logits else None)
+                    if rows.tokens >= opts.tokens_per_part:
+                        rows.flush(writer)
                     prefill_s += time.perf_counter() - t0
                     batch += 1
                     pos += len(chunk)
                     n_prompt += len(chunk)
                 reason = "done"
                 fseq = list(forced[turn]) if forced is not None else None
-                while len(gen) < opts.n_decode:
-                    nxt = fseq[len(gen)] if fseq is not None and len(gen) < len(fseq) else int(torch.argmax(last).item())
-                    if fseq is not None and len(gen) >= len(fseq):
-                        reason = "forced tokens exhausted"
-                        break
-                    if nxt in eos and not opts.ignore_eos and fseq is None:
-                        reason = "end of generation token"
-                        break
+                while len(gen) < opts.n_decode and stop.signal is None and last is not None:
+                    if fseq is not None:
+                        if len(gen) >= len(fseq):
+                            reason = "forced tokens exhausted"
+                            break
+                        nxt = int(fseq[len(gen)])
+                    else:
+                        nxt = int(torch.argmax(last).item())
+                        if nxt in eos and not opts.ignore_eos:
+                            reason = "end of generation token"
+                            break
                     gen.append(nxt)
                     t0 = time.perf_counter()
-                    last = _step(model, rec, writer, [nxt], pos, batch, turn, 1, layers, gating, top_k, sel_bias, columns,
-                                 dev, cache, cache_kw, kept if keep_logits else None)
+                    last = _step(model, rec, rows, [nxt], pos, batch, turn, 1, layers, dev, cache, cache_kw,
+                                 kept if keep_logits else None)
+                    if rows.tokens >= opts.tokens_per_part:
+                        rows.flush(writer)
                     decode_s += time.perf_counter() - t0
                     batch += 1
                     pos += 1
                     n_dec += 1
+                if stop.signal is not None:
+                    reason = f"interrupted by {signal.Signals(stop.signal).name}"
                 generated.append(gen)
                 reasons.append(reason)
-                if out_logits is not None:
+                if out_logits is not None and kept:
                     out_logits.append(np.concatenate(kept))
-        complete = True
+        complete = stop.signal is None
+        stop_reason = "done" if complete else f"interrupted by {signal.Signals(stop.signal).name}"
     finally:
-        writer.close(complete=complete)
+        try:
+            rows.flush(writer)
+        finally:
+            writer.close(complete=complete)
+    if writer.rows_written == 0:
+        raise UserError("nothing was captured: the run was interrupted before the first forward finished.")
     writer.update_meta(capture_summary={
-        "prompt_tokens": n_prompt, "decode_tokens": n_dec, "stop_reasons": reasons,
+        "prompt_tokens": n_prompt, "decode_tokens": n_dec, "stop_reason": stop_reason, "stop_reasons": reasons,
         "generated_tokens": generated, "generated_text": [tok.decode(g) for g in generated],
     })
-    checks = run_checks(out, logit_bias=logit_bias, rel_tol=rel_tol)
+    checks = run_checks(out, logit_bias=logit_bias, rel_tol=rel_tol, output_rounding=_OUTPUT_ROUNDING.get(router_dtype))
     a = checks.get("topk_of_logits", {})
     if "skipped" not in a:
         if override is None:
-            a["weights_tol"] = 1e-5 * max(1.0, gating["scale"])
+            a["weights_tol"] = _WEIGHTS_TOL.get(weights_dtype, 4e-3) * max(1.0, gating["scale"])
             a["weights_within_tol"] = bool(a["weights_max_abs_err"] <= a["weights_tol"])
         else:
             a["weights_note"] = "the override changes the applied weights; the weights column holds the router's"
@@ -661,7 +730,7 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
     writer.update_meta(checks=checks)
     return HfCaptureResult(out=out, complete=complete, prompt_tokens=n_prompt, decode_tokens=n_dec, prefill_s=prefill_s,
                            decode_s=decode_s, checks=checks, meta=writer.meta, generated=generated,
-                           output_logits=out_logits, stop_reasons=reasons)
+                           output_logits=out_logits, stop_reasons=reasons, stop_reason=stop_reason)
 
 
 def _as_list(x: Any) -> list[int]:
@@ -670,10 +739,18 @@ def _as_list(x: Any) -> list[int]:
     return [int(v) for v in x] if isinstance(x, (list, tuple)) else [int(x)]
 
 
-def _new_cache(model: Any) -> Any:
-    from transformers import DynamicCache
+def _new_cache(_model: Any) -> list[Any]:
+    """A holder for the KV cache of one sequence: the first forward lets the model create its own
+    kind (MiniMax, LFM2 and other hybrids keep a cache of their own), later ones pass it back."""
+    return [None]
 
-    return DynamicCache(config=model.config)
+
+def _cache_of(out: Any) -> Any:
+    for name in ("past_key_values", "cache"):
+        c = getattr(out, name, None)
+        if c is not None:
+            return c
+    raise RuntimeError("the model's forward returned no cache (use_cache=True)")
 
 
 def rank_order(ids: np.ndarray, weights: np.ndarray, logits: np.ndarray, gating: dict[str, Any],
@@ -687,37 +764,70 @@ def rank_order(ids: np.ndarray, weights: np.ndarray, logits: np.ndarray, gating:
     return np.take_along_axis(ids, order, axis=1), np.take_along_axis(weights, order, axis=1), take
 
 
-def _step(model: Any, rec: _Recorder, writer: TraceWriter, chunk: list[int], pos: int, batch: int, turn: int, phase: int,
-          layers: list[int], gating: dict[str, Any], top_k: int, sel_bias: dict[int, np.ndarray], columns: tuple[str, ...],
-          dev: Any, cache: Any, cache_kw: str, kept: list[np.ndarray] | None) -> Any:
-    """One forward of ``chunk`` at positions pos.., its rows appended; returns the last position's
+class _Rows:
+    """Rows of whole forwards not yet handed to the writer: put in rank order and appended in one
+    call per part (a writer call per token cost more than the hooks)."""
+
+    def __init__(self, layers: list[int], gating: dict[str, Any], sel_bias: dict[int, np.ndarray],
+                 columns: tuple[str, ...]) -> None:
+        self.layers, self.gating, self.sel_bias, self.columns = layers, gating, sel_bias, columns
+        self.chunks: list[dict[str, Any]] = []
+        self.tokens = 0
+
+    def add(self, caps: dict[int, dict[str, Any]], pos: int, tokens: list[int], batch: int, request: int, phase: int) -> None:
+        n = len(tokens)
+        self.chunks.append({"caps": caps, "pos": pos, "n": n, "batch": batch, "request": request, "phase": phase,
+                            "token": np.asarray(tokens, dtype=np.int32)})
+        self.tokens += n
+
+    def flush(self, writer: TraceWriter) -> None:
+        if not self.chunks:
+            return
+        layers = self.layers
+        cols: dict[str, list[np.ndarray]] = {c: [] for c in ("request", "token", "batch", "phase", "step", "layer", "experts",
+                                                                "weights", "logits", "dropped", "gate_input")}
+        for c in self.chunks:
+            n, caps = c["n"], c["caps"]
+            m = n * len(layers)
+            cols["request"].append(np.full(m, c["request"], np.int64))
+            cols["token"].append(np.tile(c["token"], len(layers)))
+            cols["batch"].append(np.full(m, c["batch"], np.int32))
+            cols["phase"].append(np.full(m, c["phase"], np.int8))
+            cols["step"].append(np.tile(c["pos"] + np.arange(n, dtype=np.int32), len(layers)))
+            cols["layer"].append(np.repeat(np.asarray(layers, dtype=np.int16), n))
+            for l in layers:
+                d = caps[l]
+                cols["experts"].append(d["ids"])
+                cols["weights"].append(d["weights"])
+                cols["logits"].append(d["logits"])
+                cols["dropped"].append(d["dropped"] if "dropped" in d else np.zeros(d["ids"].shape, dtype=bool))
+                if "gate_input" in self.columns:
+                    cols["gate_input"].append(d["gate_input"])
+        cat = {k: np.concatenate(v) for k, v in cols.items() if v}
+        ids, w, dropped = cat["experts"], cat["weights"], cat["dropped"]
+        for l in layers:  # rank order, one vectorised pass per layer over the whole part
+            sel = np.flatnonzero(cat["layer"] == l)
+            ids[sel], w[sel], (dropped[sel],) = rank_order(ids[sel], w[sel], cat["logits"][sel], self.gating,
+                                                           self.sel_bias[l], [dropped[sel]])
+        writer.append(turn=0, batch=cat["batch"], phase=cat["phase"], step=cat["step"], layer=cat["layer"],
+                      experts=ids, weights=w, **{c: cat[c] for c in self.columns})
+        self.chunks, self.tokens = [], 0
+
+
+def _step(model: Any, rec: _Recorder, rows: _Rows, chunk: list[int], pos: int, batch: int, turn: int, phase: int,
+          layers: list[int], dev: Any, cache: Any, cache_kw: str, kept: list[np.ndarray] | None) -> Any:
+    """One forward of ``chunk`` at positions pos.., its rows buffered; returns the last position's
     next-token logits."""
     import torch
 
     n = len(chunk)
     rec.positions = pos + np.arange(n, dtype=np.int64)
     ids_t = torch.tensor([chunk], dtype=torch.long, device=dev)
-    out = model(input_ids=ids_t, use_cache=True, **{cache_kw: cache})
-    caps = rec.take(n, layers)
+    out = model(input_ids=ids_t, use_cache=True, **({cache_kw: cache[0]} if cache[0] is not None else {}))
+    cache[0] = _cache_of(out)
+    rows.add(rec.take(n, layers), pos, chunk, batch, turn, phase)
     if kept is not None:
         kept.append(out.logits[0].float().cpu().numpy())
-    cols: dict[str, list[np.ndarray]] = {c: [] for c in ("experts", "weights", *columns)}
-    for l in layers:
-        d = caps[l]
-        extra = [d["dropped"] if "dropped" in d else np.zeros(d["ids"].shape, dtype=bool)]
-        ids, w, (dropped,) = rank_order(d["ids"], d["weights"], d["logits"], gating, sel_bias[l], extra)
-        cols["experts"].append(ids)
-        cols["weights"].append(w)
-        if "dropped" in columns:
-            cols["dropped"].append(dropped)
-        if "logits" in columns:
-            cols["logits"].append(d["logits"])
-        if "gate_input" in columns:
-            cols["gate_input"].append(d["gate_input"])
-    steps = pos + np.arange(n, dtype=np.int32)
-    writer.append(turn=turn, batch=batch, phase=phase, step=np.tile(steps, len(layers)),
-                  layer=np.repeat(np.asarray(layers, dtype=np.int16), n),
-                  **{c: np.concatenate(v) for c, v in cols.items()})
     return out.logits[0, -1]
 
 
@@ -741,7 +851,7 @@ def _meta(model: Any, fam: Family, gating: dict[str, Any], top_k: int, n_expert:
         "gating": gating,
         "router_input_rounding": rounding,
         "router_stored_type": str(next(iter(model.parameters())).dtype).replace("torch.", ""),
-        "router_logit_bias": fam.activation == "softmax_weight",
+        "router_logit_bias": fam.logit_bias is not None,
         "intervention": override,
         "provenance": {
             "engine": "transformers (forward hooks on the router and experts modules)",
@@ -753,6 +863,6 @@ def _meta(model: Any, fam: Family, gating: dict[str, Any], top_k: int, n_expert:
             "source_file": opts.model, "prompts": list(opts.prompts), "prompt_file": opts.prompt_source,
             "capture": {"prompt_tokens": [len(t) for t in token_lists], "decode_tokens_requested": opts.n_decode,
                         "ubatch": opts.ubatch, "ignore_eos": opts.ignore_eos, "columns_logits": opts.logits,
-                        "columns_gate_input": opts.gate_input, "turns": "one per prompt, each with a fresh KV cache"},
+                        "columns_gate_input": opts.gate_input, "requests": "one per prompt, run in turn, each with a fresh KV cache"},
         },
     }

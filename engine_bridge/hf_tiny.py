@@ -28,7 +28,8 @@ _CORPUS = [
 ]
 TOKENIZER_VOCAB = 320  # 256 byte tokens + 3 specials + merges
 
-TINY_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss", "glm4_moe")
+TINY_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss", "glm4_moe", "flex_olmo", "dots1",
+                 "glm4_moe_lite", "minimax", "minimax_m2", "hunyuan_v1_moe", "lfm2_moe", "ernie4_5_moe")
 
 
 @dataclass
@@ -97,6 +98,30 @@ def tiny_config(cfg: TinyHfConfig, vocab_size: int, bos: int, eos: int, pad: int
         kw = dict(num_local_experts=e, intermediate_size=ff, sliding_window=16,
                   rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
                   layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(cfg.layers)])
+    elif f == "flex_olmo":
+        kw = dict(num_experts=e, intermediate_size=ff, norm_topk_prob=False)
+    elif f == "dots1":
+        kw = dict(n_routed_experts=e, moe_intermediate_size=ff, n_shared_experts=1, first_k_dense_replace=1,
+                  n_group=2 if e % 2 == 0 and k <= e // 2 else 1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.5,
+                  layer_types=["full_attention"] * cfg.layers)
+    elif f == "glm4_moe_lite":
+        kw = dict(n_routed_experts=e, moe_intermediate_size=ff, n_shared_experts=1, n_group=1, topk_group=1,
+                  norm_topk_prob=True, routed_scaling_factor=1.8, mlp_layer_types=["dense"] + ["sparse"] * (cfg.layers - 1),
+                  kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=h // 4,
+                  num_key_value_heads=4)
+    elif f == "minimax":
+        kw = dict(num_local_experts=e, intermediate_size=ff, block_size=16,
+                  layer_types=["linear_attention" if i % 2 == 0 else "full_attention" for i in range(cfg.layers)])
+    elif f == "minimax_m2":
+        kw = dict(num_local_experts=e, intermediate_size=ff)
+    elif f == "hunyuan_v1_moe":
+        kw = dict(num_experts=e, moe_topk=k, intermediate_size=ff)
+    elif f == "lfm2_moe":
+        kw = dict(num_experts=e, moe_intermediate_size=ff, num_dense_layers=1, use_expert_bias=True, norm_topk_prob=True,
+                  routed_scaling_factor=1.0, layer_types=["conv" if i % 2 == 0 else "full_attention" for i in range(cfg.layers)])
+    elif f == "ernie4_5_moe":
+        kw = dict(moe_num_experts=e, moe_k=k, moe_intermediate_size=ff, moe_num_shared_experts=1, moe_layer_start_index=1,
+                  moe_layer_end_index=cfg.layers - 1, moe_layer_interval=1)
     common.update(kw)
     conf = AutoConfig.for_model(f, **common)
     conf.dtype = "float32"
@@ -116,13 +141,14 @@ def build_tiny_model(cfg: TinyHfConfig) -> tuple[Any, Any]:
     with torch.no_grad():
         for name, mod in model.named_modules():
             leaf = name.rsplit(".", 1)[-1]
-            if leaf in ("gate", "router") and hasattr(mod, "weight") and getattr(mod, "weight", None) is not None \
+            if leaf in ("gate", "router", "wg") and hasattr(mod, "weight") and getattr(mod, "weight", None) is not None \
                     and mod.weight.ndim == 2 and mod.weight.shape[0] == cfg.experts:
                 mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * cfg.router_std)
                 if getattr(mod, "bias", None) is not None:  # gpt-oss: the router's logit bias
                     mod.bias.copy_(torch.randn(mod.bias.shape, generator=gen) * cfg.router_std)
-                if getattr(mod, "e_score_correction_bias", None) is not None:  # sigmoid families' selection bias
-                    mod.e_score_correction_bias.copy_(torch.randn(mod.e_score_correction_bias.shape, generator=gen) * 0.1)
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            if name.endswith(("e_score_correction_bias", "expert_bias")) and t.numel() == cfg.experts:
+                t.copy_(torch.randn(t.shape, generator=gen) * 0.1)  # selection bias: drawn so it changes selections
     model.eval()
     return model, tokenizer
 

@@ -177,6 +177,18 @@ class Loads:
     batch_turn: np.ndarray  # int32 [B]
     batch_step: np.ndarray  # int32 [B]
     batch_phase: np.ndarray  # int8 [B]
+    # int32 [B]: tokens in each batch, the most rows any of its loads holds (a load holds one row
+    # per token at its layer). One per decode batch for a single request; with many requests in
+    # one batch, several: a per-token figure divides by decode_tokens, never by decode batches.
+    batch_tokens: np.ndarray | None = None
+
+    @property
+    def decode_tokens(self) -> int:
+        """Decoded tokens (all requests): the tokens of the decode batches."""
+        dec = self.batch_phase == 1
+        if self.batch_tokens is None:
+            return int(np.count_nonzero(dec))
+        return int(self.batch_tokens[dec].sum())
 
     @property
     def n_entries(self) -> int:
@@ -237,12 +249,17 @@ def prepare_loads(arrays: RoutingArrays, moe_layers: list[int] | tuple[int, ...]
     bfirst = np.zeros(len(ub), dtype=np.int64)
     if R:
         bfirst = np.flatnonzero(np.r_[True, np.diff(batch) != 0])
+    load_batch = binv.reshape(-1)[starts].astype(np.int32)
+    batch_tokens = np.zeros(len(ub), dtype=np.int32)
+    if R:  # loads come in batch order: one reduceat over each batch's loads
+        first_load = np.flatnonzero(np.r_[True, np.diff(load_batch) != 0])
+        batch_tokens = np.maximum.reduceat(np.diff(load_start), first_load).astype(np.int32)
     return Loads(
         entries=entries, load_start=load_start, load_lidx=lidx[starts].astype(np.int32),
-        load_phase=arrays.phase[starts].astype(np.int8), load_batch=binv.reshape(-1)[starts].astype(np.int32),
+        load_phase=arrays.phase[starts].astype(np.int8), load_batch=load_batch,
         moe_layers=moe_layers, n_expert=int(n_expert), layer_expert_bytes=leb,
         batch_turn=arrays.turn[bfirst].astype(np.int32), batch_step=arrays.step[bfirst].astype(np.int32),
-        batch_phase=arrays.phase[bfirst].astype(np.int8),
+        batch_phase=arrays.phase[bfirst].astype(np.int8), batch_tokens=batch_tokens,
     )
 
 
@@ -514,7 +531,11 @@ def batch_series(loads: Loads, res: ReplayResult) -> pl.DataFrame:
 def decode_token_series(loads: Loads, res: ReplayResult) -> pl.DataFrame:
     """Per decoded token (one decode batch = one token), in order: turn, step, lookups, hits,
     misses, read_bytes. Bytes are what the misses read for that token, not time: the cost model
-    turns them into time."""
+    turns them into time. A trace whose decode batches hold several requests' tokens has no such
+    series (a batch's reads are shared by its tokens): refused, never divided up silently."""
+    if loads.batch_tokens is not None and (loads.batch_tokens[loads.batch_phase == 1] > 1).any():
+        raise UserError(f"per-token figures need one decoded token per decode batch; this trace's decode batches hold up to "
+                        f"{int(loads.batch_tokens[loads.batch_phase == 1].max())} tokens of several requests.")
     return batch_series(loads, res).filter(pl.col("phase") == 1).drop("phase")
 
 

@@ -119,7 +119,7 @@ def recorded_token_features(trace: Trace, metrics: pl.DataFrame | None = None) -
         raise UserError(f"{trace.path}: has no recorded per-token metrics (import with --metrics, or pass --metrics FILE).")
     a = trace.arrays()
     dec = a.phase == 1
-    keys = np.stack([a.turn[dec], a.step[dec]], axis=1).astype(np.int64)
+    keys = np.stack([a.request_or_zero[dec], a.turn[dec], a.step[dec]], axis=1).astype(np.int64)
     uniq, inv = np.unique(keys, axis=0, return_inverse=True)
     inv = inv.reshape(-1)
     n_tok = uniq.shape[0]
@@ -152,7 +152,7 @@ def recorded_token_features(trace: Trace, metrics: pl.DataFrame | None = None) -
             raise UserError(f"{trace.path}: the metrics say decode token {i + 1} read {total[i]:.0f} bytes in all, fewer "
                             f"than the {rb[i]:.0f} bytes of expert reads the trace records; not the metrics of this run.")
     return pl.DataFrame({
-        "token": np.arange(n_tok), "turn": uniq[:, 0], "step": uniq[:, 1], "wall_ms": wall,
+        "token": np.arange(n_tok), "turn": uniq[:, 1], "step": uniq[:, 2], "wall_ms": wall,
         "read_bytes": rb, "misses": misses,
     }).with_columns(pl.lit(bytes_source).alias("bytes_source"))
 
@@ -419,7 +419,10 @@ def device_check(trace: Trace, model: CostModel | None = None, budget_mib: float
         else:
             scope = f"out-of-sample (the model was fitted on another run: {model.fit_trace or model.source})"
     loads = loads_of(trace)
-    series = decode_token_series(loads, replay(loads, "lru", float(budget)))
+    try:
+        series = decode_token_series(loads, replay(loads, "lru", float(budget)))
+    except UserError as e:
+        raise UserError(f"{trace.path}: {e}") from None
     if series.height != n:
         raise UserError(f"{trace.path}: the replay has {series.height} decoded tokens, the metrics {n}.")
     pred = model.predict_ms(series["read_bytes"].to_numpy(), series["misses"].to_numpy())

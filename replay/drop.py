@@ -150,9 +150,11 @@ def _keep_ks(keep_ks: list[int] | None, k: int) -> list[int]:
 
 
 def _n_tokens(a: RoutingArrays, rows: np.ndarray) -> int:
-    """Tokens (distinct (turn, step)) among the selected rows."""
+    """Tokens (distinct (request, turn, step)) among the selected rows."""
     key = a.turn[rows].astype(np.int64) << 32 | a.step[rows].astype(np.int64)
-    return int(np.unique(key).size)
+    if a.request is None:
+        return int(np.unique(key).size)
+    return int(np.unique(np.stack([a.request[rows], key], axis=1), axis=0).shape[0])
 
 
 def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = None, policy: str = "lru",
@@ -206,7 +208,7 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
     b_hits = hit_pcts(base, "_baseline")
     total_read = float(b_acc[ACC_READ])
     w = w_all[rows]
-    n_tok_dec = int(np.count_nonzero(loads.batch_phase == 1))
+    n_tok_dec = loads.decode_tokens  # tokens, not decode batches: a batch may hold many requests' tokens
 
     def summary(mode, f, kk, flags):
         res = replay(loads, policy, float(budget_mib), seed=seed, slots=True, drop=flags)

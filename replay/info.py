@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import polars as pl
+
 from traces.errors import UserError
 from traces.reader import Trace
 from traces.units import MIB
@@ -19,13 +21,34 @@ def require_routings(trace: Trace, what: str) -> None:
         raise UserError(f"{trace.path}: holds no routings{why}, so there is nothing to {what}.")
 
 
+def batch_sizes(trace: Trace) -> dict[str, Any]:
+    """Tokens per engine batch, by phase: ``batches_decode``/``batches_prefill`` and the
+    ``{decode,prefill}_batch_tokens_{min,median,max}`` (None without such batches). A token is a
+    distinct (request, turn, step); one decode token per batch unless many requests share one."""
+    key = (["request"] if trace.has("request") else []) + ["turn", "step"]
+    sizes = trace.routings(["batch", "phase", *key]).unique().group_by("batch", "phase").len()
+    out: dict[str, Any] = {}
+    for code, name in ((1, "decode"), (0, "prefill")):
+        n = sizes.filter(pl.col("phase") == code)["len"]
+        out[f"batches_{name}"] = int(n.len())
+        out[f"{name}_batch_tokens_min"] = int(n.min()) if n.len() else None  # type: ignore[arg-type]
+        out[f"{name}_batch_tokens_median"] = float(n.median()) if n.len() else None  # type: ignore[arg-type]
+        out[f"{name}_batch_tokens_max"] = int(n.max()) if n.len() else None  # type: ignore[arg-type]
+    return out
+
+
 def info_rows(trace: Trace) -> list[dict[str, Any]]:
-    """One flat row describing the trace. Token counts are distinct (turn, step) per phase."""
+    """One flat row describing the trace. Token counts are distinct (request, turn, step) per
+    phase; ``requests`` is the number of requests (1 for a trace without a request column)."""
     m = trace.model
     counts = trace.token_counts()
     per_turn = (
         trace.routings(["turn", "phase", "step"]).unique().group_by("turn", "phase").len().sort("turn", "phase")
     )
+    if trace.has("request"):
+        n_requests = int(trace.routings(["request"])["request"].n_unique())
+    else:
+        n_requests = 1 if trace.n_rows else 0
     prov = trace.meta.get("provenance", {})
     eb = [int(trace.expert_bytes[l]) for l in trace.moe_layers]
     row: dict[str, Any] = {
@@ -48,6 +71,10 @@ def info_rows(trace: Trace) -> list[dict[str, Any]]:
         "has_read_bytes": trace.has("read_bytes"),
         "has_dropped": trace.has("dropped"),
         "has_metrics": trace.has_metrics,
+        "has_request": trace.has("request"),
+        "has_token": trace.has("token"),
+        "requests": n_requests,
+        **batch_sizes(trace),
         "expert_bytes_min": min(eb),
         "expert_bytes_max": max(eb),
         "token_cycle_mib": trace.token_cycle_bytes / MIB,
@@ -61,7 +88,7 @@ def info_rows(trace: Trace) -> list[dict[str, Any]]:
 
 
 def info_text(trace: Trace, row: dict[str, Any]) -> str:
-    opt = [c for c in ("logits", "gate_input", "residency", "read_bytes", "dropped") if trace.has(c)]
+    opt = [c for c in ("logits", "gate_input", "residency", "read_bytes", "dropped", "request", "token") if trace.has(c)]
     native = row["top_k_native"]
     eb = sorted({int(trace.expert_bytes[l]) for l in trace.moe_layers})
     eb_txt = ", ".join(f"{b:,}" for b in eb[:6]) + (" ..." if len(eb) > 6 else "")
@@ -71,8 +98,9 @@ def info_text(trace: Trace, row: dict[str, Any]) -> str:
         f"layers     {row['n_layer']} ({row['moe_layers']} MoE), {row['n_expert']} experts, "
         f"top-k {row['top_k']} effective / {native if native is not None else 'unknown'} native, "
         f"n_embd {row['n_embd'] if row['n_embd'] else 'unknown'}",
-        f"tokens     {row['tokens_prefill']} prefill + {row['tokens_decode']} decode in {row['turns']} turn(s); "
-        f"{row['rows']:,} routings",
+        f"tokens     {row['tokens_prefill']} prefill + {row['tokens_decode']} decode in {row['turns']} turn(s)"
+        + (f" of {row['requests']:,} requests" if row["has_request"] else "") + f"; {row['rows']:,} routings",
+        f"batches    {_batches_text(row)}",
         f"columns    {', '.join(opt) if opt else 'routing only (experts, weights)'}"
         + ("; router.parquet" if row["has_router"] else "") + ("; metrics.parquet" if row["has_metrics"] else ""),
         f"expert     bytes of one expert per layer: {eb_txt}",
@@ -91,3 +119,16 @@ def info_text(trace: Trace, row: dict[str, Any]) -> str:
                else "no recorded hit rate")
         )
     return "\n".join(lines)
+
+
+def _batches_text(row: dict[str, Any]) -> str:
+    """Tokens per batch, decode and prefill: 'decode 120 batches of 1 token', or min/median/max."""
+    parts = []
+    for name in ("decode", "prefill"):
+        n = row[f"batches_{name}"]
+        if not n:
+            continue
+        lo, med, hi = row[f"{name}_batch_tokens_min"], row[f"{name}_batch_tokens_median"], row[f"{name}_batch_tokens_max"]
+        size = f"{lo} token{'s' if lo != 1 else ''}" if lo == hi else f"{lo} / {med:g} / {hi} tokens (min / median / max)"
+        parts.append(f"{name} {n:,} batch{'es' if n != 1 else ''} of {size}")
+    return "; ".join(parts) if parts else "none"

@@ -127,7 +127,7 @@ def guesses(trace: Trace, predictor: str, drop_frac: float | None = None, arr: R
 def _totals(loads: Loads, res: ReplayResult) -> dict[str, float]:
     a = res.acc
     dec, cum = a[1].sum(axis=0), a.sum(axis=(0, 1))
-    n_tok = int(np.count_nonzero(loads.batch_phase == 1))
+    n_tok = loads.decode_tokens  # tokens, not decode batches: a batch may hold many requests' tokens
     out = {
         "hit_pct_decode": 100.0 * dec[ACC_HITS] / dec[ACC_LOOKUPS] if dec[ACC_LOOKUPS] else None,
         "hit_pct_cum": 100.0 * cum[ACC_HITS] / cum[ACC_LOOKUPS] if cum[ACC_LOOKUPS] else None,
@@ -255,7 +255,7 @@ def best_plain(trace: Trace, budget_mib: float, model=None, loads: Loads | None 
     online = [p for p in REGISTRY if p not in BOUNDS]
     frame = sweep(loads, online, [float(budget_mib)], show_progress=False)
     if model is not None:
-        frame = with_time(frame, model, int(np.count_nonzero(loads.batch_phase == 1)))
+        frame = with_time(frame, model, loads.decode_tokens)
     rows = [r for r in rows_of(frame) if r["layer"] is None and r["hit_pct_decode"] is not None
             and not (r.get("overflow_loads") or 0) > 0
             and not (r.get("peak_resident_mib") is not None and r["peak_resident_mib"] > r["budget_mib"])]

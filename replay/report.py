@@ -230,7 +230,8 @@ def section_predictors(ctx: ReportContext) -> Section:
     res = evaluate(tr, report_predictors(), horizons=horizons)
     overall = res.overall()
     s.text.append(f"Slot accuracy = |top-{tr.top_k} named ∩ routed| / {tr.top_k}; whole = the routed set named exactly; "
-                  "over scored decode routings only. Unscored routings (first decoded token of a turn, the first d MoE "
+                  "over scored decode routings only. Unscored routings (first decoded token of a turn"
+                  + (" of each request" if tr.has("request") else "") + ", the first d MoE "
                   "layers for stale-gate[d], no prompt for static-hot-prompt) are counted apart, never as wrong; "
                   "a layer with nothing scored shows '-'.")
     s.text += res.warnings + [f"Unavailable: {u['predictor']}: {u['reason']}." for u in res.unavailable] + res.notes

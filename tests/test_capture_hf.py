@@ -80,6 +80,14 @@ EXPECTED_GATING = {
     "deepseek_v3": ("sigmoid", True, True, 4),
     "glm4_moe": ("sigmoid", True, True, 1),
     "gpt_oss": ("softmax_weight", False, False, 1),
+    "flex_olmo": ("softmax", False, False, 1),
+    "dots1": ("sigmoid", True, True, 2),
+    "glm4_moe_lite": ("sigmoid", True, True, 1),
+    "minimax": ("softmax", True, False, 1),
+    "minimax_m2": ("sigmoid", True, True, 1),
+    "hunyuan_v1_moe": ("softmax", True, False, 1),
+    "lfm2_moe": ("sigmoid", True, True, 1),
+    "ernie4_5_moe": ("softmax", True, True, 1),
 }
 
 
@@ -104,7 +112,21 @@ def test_every_family_captures_with_self_checks_and_ctrl_100(hf_traces, family):
     assert sg is not None and 0.0 <= sg <= 100.0 and overall["stale-gate[1]"]["scored"] > 0
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe", "gpt_oss", "qwen2_moe"])
+def test_token_column_holds_the_prompt_and_the_generated_ids(hf_models, hf_traces):
+    out, res = hf_traces("mixtral")
+    from transformers import AutoTokenizer
+
+    prompt_ids = AutoTokenizer.from_pretrained(hf_models("mixtral"))(PROMPT)["input_ids"]
+    t = open_trace(out)
+    assert t.has("token") and not t.has("request")
+    r = _rows(out, ["layer", "step", "phase", "token"])
+    first = r["layer"] == t.moe_layers[0]
+    assert r["token"][first].tolist() == prompt_ids + res.generated[0]
+    assert r["step"][first].tolist() == list(range(len(prompt_ids) + N))
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "glm4_moe", "gpt_oss", "qwen2_moe", "minimax_m2", "ernie4_5_moe", "lfm2_moe",
+                                    "dots1"])
 def test_the_rule_the_trace_states_is_needed(hf_traces, family):
     """The captured routings are the stated rule's and not a simpler one's: without the selection
     bias / groups (sigmoid families), the logit bias (gpt-oss) or the rule's normalisation
@@ -139,6 +161,27 @@ def test_a_wrong_rule_fails_the_self_check(hf_models, tmp_path, monkeypatch):
     res = capture_hf(hf_models("mixtral"), PROMPT, n_predict=2, out=tmp_path / "t", ignore_eos=True)
     assert not res.checks["passed"]
     assert not res.checks["topk_of_logits"]["weights_within_tol"]
+
+
+def test_bf16_capture_checks_with_dtype_tolerances(hf_models, tmp_path):
+    """bfloat16 weights: logits and weights are bf16-rounded, so the checks use bf16 tolerances,
+    emulate the output rounding, and accept exact ties broken the other way; a float32 run's
+    tolerances would fail it."""
+    res = capture_hf(hf_models("qwen3_moe"), PROMPT, n_predict=N, out=tmp_path / "t", dtype="bfloat16", ignore_eos=True)
+    assert res.checks["passed"], res.checks
+    a = res.checks["topk_of_logits"]
+    assert a["weights_tol"] == 4e-3 and a["weights_max_abs_err"] > 1e-5  # float32's tolerance would fail
+    assert open_trace(res.out).meta["router_input_rounding"] == "bf16"
+
+
+def test_exact_ties_are_told_from_wrong_ids():
+    from engine_bridge.checks import _tied
+
+    g = {"activation": "softmax", "norm_topk": True}
+    logits = np.array([[2.0, 1.0, 1.0, 0.0], [2.0, 1.0, 1.0, 0.0]])
+    rule = np.array([[0, 1], [0, 1]])
+    assert _tied(logits, np.array([[0, 2], [0, 2]]), rule, g, None) == 2  # 1 and 2 tie: either is the rule's
+    assert _tied(logits, np.array([[0, 3], [1, 2]]), rule, g, None) == 0  # 3 is below the k-th; 0 is left out
 
 
 def test_ids_in_rank_order_for_unsorted_topk(hf_traces):
@@ -237,6 +280,29 @@ def test_drop_override_changes_the_output_and_is_recorded(hf_models, hf_traces, 
     assert not np.array_equal(r["weights"][~l0], b["weights"][~l0])
 
 
+def test_interrupt_leaves_a_valid_incomplete_trace(hf_models, tmp_path):
+    """SIGTERM (or Ctrl-C) during the decode: the forward under way finishes, every routing so far is
+    written, trace.json says complete: false, the self-checks pass on what is there."""
+    import signal
+
+    decoded = []
+
+    def kill_at_decode_4(layer, positions, ids, weights):
+        if layer == 0 and len(positions) == 1:
+            decoded.append(int(positions[0]))
+            if len(decoded) == 4:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return None
+    res = capture_hf(hf_models("qwen3_moe"), PROMPT, n_predict=40, out=tmp_path / "t", ignore_eos=True,
+                     override=kill_at_decode_4)
+    assert not res.complete and res.stop_reason == "interrupted by SIGTERM"
+    assert res.decode_tokens == 4 == len(decoded)
+    t = open_trace(res.out)
+    assert t.meta["complete"] is False and res.checks["passed"]
+    steps = _rows(res.out, ["step"])["step"]
+    assert steps.max() == decoded[-1] and len(steps) == (decoded[-1] + 1) * len(t.moe_layers)
+
+
 def test_drop_rule_renormalises_as_the_model_does():
     w = torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.45, 0.05]])
     ids = torch.tensor([[3, 1, 2], [0, 2, 1]])
@@ -263,12 +329,29 @@ def test_parse_drop_rule():
 
 
 # -- refusals and the CLI -----------------------------------------------------------------------
-def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "replay.cli", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+class Run:
+    def __init__(self, code: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = code, stdout, stderr
 
 
-def one_sentence(r: subprocess.CompletedProcess) -> str:
+@pytest.fixture
+def cli(capsys):
+    """The real CLI in this process (importing torch in a subprocess per call costs seconds)."""
+    from replay.cli import main
+
+    def run(*args) -> Run:
+        capsys.readouterr()
+        try:
+            main([str(a) for a in args])
+            code = 0
+        except SystemExit as e:
+            code = int(e.code or 0)
+        out, err = capsys.readouterr()
+        return Run(code, out, err)
+    return run
+
+
+def one_sentence(r) -> str:
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("moe-replay: error: "), r.stderr
@@ -282,7 +365,7 @@ def _save_config_only(path: Path, model_type: str, **kw) -> Path:
     return path
 
 
-def test_dense_and_unknown_architectures_refused_in_one_sentence(tmp_path):
+def test_dense_and_unknown_architectures_refused_in_one_sentence(cli, tmp_path):
     dense = _save_config_only(tmp_path / "dense", "llama", hidden_size=32, num_hidden_layers=1, num_attention_heads=2)
     msg = one_sentence(cli("capture-hf", dense, "--prompt", "hi", "--out", tmp_path / "o1"))
     assert "llama" in msg and "no MoE layer" in msg
@@ -293,7 +376,7 @@ def test_dense_and_unknown_architectures_refused_in_one_sentence(tmp_path):
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 
 
-def test_cli_capture_and_bad_input(hf_models, tmp_path):
+def test_cli_capture_and_bad_input(cli, hf_models, tmp_path):
     m = hf_models("qwen3_moe")
     r = cli("capture-hf", m, "--prompt", "hello", "-n", "3", "--out", tmp_path / "t", "--ignore-eos")
     assert r.returncode == 0, r.stderr
@@ -304,8 +387,8 @@ def test_cli_capture_and_bad_input(hf_models, tmp_path):
     r = cli("capture-hf", m, "--prompts", prompts, "-n", "2", "--out", tmp_path / "t2", "--ignore-eos", "--drop", "rank>=1")
     assert r.returncode == 0, r.stderr
     t = open_trace(tmp_path / "t2")
-    turns = _rows(tmp_path / "t2", ["turn"])["turn"]
-    assert set(turns.tolist()) == {0, 1} and t.has("dropped")
+    req = _rows(tmp_path / "t2", ["request"])["request"]
+    assert set(req.tolist()) == {0, 1} and t.has("dropped") and t.has("token")
     for args, needle in [
         (("--prompt", "hi", "--expert-dtype", "q9"), "--expert-dtype 'q9'"),
         (("--prompt", "hi", "--dtype", "float8"), "--dtype 'float8'"),
@@ -315,6 +398,7 @@ def test_cli_capture_and_bad_input(hf_models, tmp_path):
         (("--prompts", tmp_path / "missing.txt"), "no such prompts file"),
         (("--prompt", "hi", "-n", "-1"), "-n must be"),
         (("--prompt", "hi", "-n", "100000"), "max_position_embeddings"),
+        (("--prompt", "hi", "--no-renormalise"), "--no-renormalise"),
     ]:
         out = tmp_path / "bad"
         msg = one_sentence(cli("capture-hf", m, *args, "--out", out))
@@ -322,13 +406,15 @@ def test_cli_capture_and_bad_input(hf_models, tmp_path):
         assert not out.exists()
     msg = one_sentence(cli("capture-hf", tmp_path / "nope", "--prompt", "hi", "--out", tmp_path / "bad"))
     assert "not a model directory" in msg
+    r = cli("capture-hf", m, "--prompt", "hi", "--out", tmp_path / "t")  # exists, not empty
+    assert "not empty" in one_sentence(r)
 
 
 def test_missing_extra_named_in_one_sentence(tmp_path):
     code = "import sys; sys.modules['torch'] = None; from replay.cli import main; main(sys.argv[1:])"
     r = subprocess.run([sys.executable, "-c", code, "capture-hf", str(tmp_path), "--prompt", "hi", "--out", str(tmp_path / "o")],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
-    msg = one_sentence(r)
+    msg = one_sentence(Run(r.returncode, r.stdout, r.stderr))
     assert "pip install 'moe-replay[hf]'" in msg and "'torch'" in msg
 
 

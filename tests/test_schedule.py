@@ -113,7 +113,7 @@ def test_weights_logits_and_layer_ids():
     ({"mode": "continuous", "max_batch": 2, "prefill_chunk": 0}, "prefill_chunk 0"),
     ({"mode": "continuous", "max_batch": 2.5}, "max_batch 2.5"),
     ({"mode": "round-robin"}, "'round-robin' is not one of sequential, continuous"),
-    ({"mode": "sequential", "max_batch": 4}, "continuous schedule only"),
+    ({"mode": "sequential", "max_batch": 4}, "max_batch 4: the sequential schedule runs one request at a time"),
 ])
 def test_bad_options(kw, needle):
     with pytest.raises(UserError, match=needle.replace("(", r"\(").replace(")", r"\)")) as e:

@@ -41,10 +41,12 @@ layer, request, step). Batches are numbered 0, 1, ... over the batches that hold
 
 from __future__ import annotations
 
+import shutil
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
@@ -147,8 +149,9 @@ def _check_options(mode: str, max_batch: object, prefill_chunk: object) -> None:
                                       not isinstance(prefill_chunk, (int, np.integer)) or prefill_chunk < 1):
         raise UserError(f"prefill_chunk {prefill_chunk!r} must be an integer >= 1 (prompt positions per prefill batch) or None.")
     if mode == "sequential" and (max_batch != 1 or prefill_chunk is not None):
-        raise UserError(f"schedule sequential runs one request at a time with its whole prompt in one batch; "
-                        f"max_batch {max_batch} / prefill_chunk {prefill_chunk} apply to the continuous schedule only.")
+        given = " and ".join(f"{n} {v}" for n, v, d in (("max_batch", max_batch, 1), ("prefill_chunk", prefill_chunk, None)) if v != d)
+        raise UserError(f"{given}: the sequential schedule runs one request at a time, its whole prompt in one batch "
+                        "(these options apply to the continuous schedule).")
 
 
 def plan(requests: Sequence[RequestRoutes], *, max_batch: int, prefill_chunk: int | None) -> list[list[tuple[int, np.ndarray]]]:
@@ -228,6 +231,7 @@ def schedule(requests: Sequence[RequestRoutes], *, mode: Literal["sequential", "
     """
     _check_options(mode, max_batch, prefill_chunk)
     L, k, has_token, has_logits, n_expert = _check_requests(requests)
+    rb, ri, rp, rl = schedule_index(requests, mode=mode, max_batch=max_batch, prefill_chunk=prefill_chunk)
     if moe_layers is None:
         layer_ids = np.arange(L, dtype=np.int64)
     else:
@@ -236,28 +240,7 @@ def schedule(requests: Sequence[RequestRoutes], *, mode: Literal["sequential", "
                 or (layer_ids.size and layer_ids[-1] >= MAX_LAYERS):
             raise UserError(f"schedule: moe_layers {list(moe_layers)} is not {L} strictly increasing layer indices "
                             f"(one per MoE layer of the requests' arrays).")
-    steps = plan(requests, max_batch=int(max_batch) if mode == "continuous" else 1,
-                 prefill_chunk=prefill_chunk if mode == "continuous" else None)
-    # One event per scheduled routed position: (batch, request index, position).
-    ev_b, ev_i, ev_p = [], [], []
-    b = 0
-    for step in steps:
-        n = sum(pos.size for _, pos in step)
-        if not n:
-            continue
-        for i, pos in step:
-            ev_b.append(np.full(pos.size, b, np.int64))
-            ev_i.append(np.full(pos.size, i, np.int64))
-            ev_p.append(pos.astype(np.int64))
-        b += 1
-    eb, ei, ep = (np.concatenate(xs) if xs else np.zeros(0, np.int64) for xs in (ev_b, ev_i, ev_p))
     rid = np.array([int(r.request) for r in requests], dtype=np.int64)
-    # Rows: each event at every MoE layer, ordered (batch, layer, request, step).
-    T = eb.size
-    rb, ri, rp = np.repeat(eb, L), np.repeat(ei, L), np.repeat(ep, L)
-    rl = np.tile(np.arange(L, dtype=np.int64), T)
-    order = np.lexsort((rp, rid[ri], rl, rb))
-    rb, ri, rp, rl = rb[order], ri[order], rp[order], rl[order]
     R = rb.size
     experts = np.empty((R, k), np.int32)
     weights = np.full((R, k), np.nan, np.float32)
@@ -290,3 +273,131 @@ def schedule(requests: Sequence[RequestRoutes], *, mode: Literal["sequential", "
     if logits is not None:
         out["logits"] = logits
     return out
+
+
+def schedule_index(requests: Sequence[RequestRoutes], *, mode: Literal["sequential", "continuous"], max_batch: int = 1,
+                   prefill_chunk: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Where each output row of :func:`schedule` comes from: int64 arrays (batch, request index
+    into ``requests``, position, MoE layer index), rows in (batch, layer, request, step) order.
+    For a caller that gathers columns :class:`RequestRoutes` does not carry (gate inputs)."""
+    _check_options(mode, max_batch, prefill_chunk)
+    L = _check_requests(requests)[0]
+    steps = plan(requests, max_batch=int(max_batch) if mode == "continuous" else 1,
+                 prefill_chunk=prefill_chunk if mode == "continuous" else None)
+    # One event per scheduled routed position: (batch, request index, position).
+    ev_b, ev_i, ev_p = [], [], []
+    b = 0
+    for step in steps:
+        if not sum(pos.size for _, pos in step):
+            continue  # a step with no routed position (all unrouted): no batch number
+        for i, pos in step:
+            ev_b.append(np.full(pos.size, b, np.int64))
+            ev_i.append(np.full(pos.size, i, np.int64))
+            ev_p.append(pos.astype(np.int64))
+        b += 1
+    eb, ei, ep = (np.concatenate(xs) if xs else np.zeros(0, np.int64) for xs in (ev_b, ev_i, ev_p))
+    rid = np.array([int(r.request) for r in requests], dtype=np.int64)
+    # Rows: each event at every MoE layer, ordered (batch, layer, request, step).
+    rb, ri, rp = np.repeat(eb, L), np.repeat(ei, L), np.repeat(ep, L)
+    rl = np.tile(np.arange(L, dtype=np.int64), eb.size)
+    order = np.lexsort((rp, rid[ri], rl, rb))
+    return rb[order], ri[order], rp[order], rl[order]
+
+
+def rebatch_trace(src: str | Path, out_dir: str | Path, *, mode: Literal["sequential", "continuous"], max_batch: int = 1,
+                  prefill_chunk: int | None = None, force: bool = False) -> dict[str, Any]:
+    """Re-batch a trace that has a request column by the schedule ``mode`` into a new trace
+    ``out_dir`` (atomically: nothing is left behind on an error). Each request keeps every routing,
+    position and column it has (token, logits, gate_input); requests are admitted in the order of
+    their first row in ``src``. The engine-recorded columns (residency, read_bytes, dropped) and
+    metrics.parquet describe the original run's batching and cache, so they are not carried over
+    (the returned dict says which were left out; provenance.rebatched records the schedule).
+
+    Returns {"requests", "batches", "dropped_columns"}."""
+    import copy
+
+    from traces.atomic import staged_dir
+    from traces.errors import TraceError
+    from traces.reader import fixed_list_to_numpy, open_trace
+    from traces.schema import RECORDED_COLUMNS, ROUTER_FILE
+    from traces.writer import TraceWriter
+
+    _check_options(mode, max_batch, prefill_chunk)
+    tr = open_trace(src)
+    if not tr.has("request"):
+        raise UserError(f"{tr.path}: has no request column, so there are no requests to re-batch "
+                        "(a trace of one request is already batched one token per decode step).")
+    turns = tr.routings(["turn"])["turn"].unique()
+    if turns.len() > 1:
+        raise UserError(f"{tr.path}: holds {turns.len()} turns; schedule re-batches the requests of one turn.")
+    wide = [c for c in ("token", "logits", "gate_input") if tr.has(c)]
+    t = tr.table(["batch", "phase", "step", "layer", "experts", "weights", "request", *wide])
+    req = t.column("request").to_numpy().astype(np.int64)
+    step = t.column("step").to_numpy().astype(np.int64)
+    phase = t.column("phase").to_numpy()
+    moe = tr.moe_layers
+    lidx = np.searchsorted(np.array(moe), t.column("layer").to_numpy().astype(np.int64))  # rows are MoE layers (reader-checked)
+    experts = fixed_list_to_numpy(t.column("experts"))
+    weights = fixed_list_to_numpy(t.column("weights"))
+    L = len(moe)
+    # Requests in the order of their first row (admission order), each a dense [positions, L] map of rows.
+    ids, first = np.unique(req, return_index=True)
+    ids = ids[np.argsort(first, kind="stable")]
+    order = np.lexsort((lidx, step, req))
+    reqs: list[RequestRoutes] = []
+    row_of: list[np.ndarray] = []
+    bounds = np.searchsorted(req[order], np.sort(ids)), np.searchsorted(req[order], np.sort(ids), side="right")
+    span = {int(r): (int(a), int(b)) for r, a, b in zip(np.sort(ids), *bounds)}
+    for rid in ids.tolist():
+        a, b = span[rid]
+        rows = order[a:b]
+        P = int(step[rows].max()) + 1
+        rmap = np.full((P, L), -1, dtype=np.int64)
+        rmap[step[rows], lidx[rows]] = rows
+        routed = (rmap >= 0).any(axis=1)
+        partial = np.flatnonzero(routed & (rmap < 0).any(axis=1))
+        if partial.size:
+            raise UserError(f"{tr.path}: request {rid} step {partial[0]} is routed at some MoE layers and not at others; "
+                            "a re-batched token needs its routing at every MoE layer.")
+        pre = step[rows][phase[rows] == 0]
+        dec = step[rows][phase[rows] == 1]
+        prompt_len = int(pre.max()) + 1 if pre.size else (int(dec.min()) if dec.size else P)
+        if dec.size and int(dec.min()) < prompt_len:
+            raise UserError(f"{tr.path}: request {rid} has a decode token at step {int(dec.min())} before its last "
+                            f"prompt token (step {prompt_len - 1}); its prompt must come first.")
+        safe = np.where(rmap >= 0, rmap, rows[0])
+        reqs.append(RequestRoutes(rid, prompt_len, experts[safe], routed=routed))
+        row_of.append(safe)
+    rb, ri, rp, rl = schedule_index(reqs, mode=mode, max_batch=max_batch, prefill_chunk=prefill_chunk)
+    src_rows = np.empty(rb.size, dtype=np.int64)
+    for i, safe in enumerate(row_of):
+        sel = np.flatnonzero(ri == i)
+        src_rows[sel] = safe[rp[sel], rl[sel]]
+    meta = {k: copy.deepcopy(v) for k, v in tr.meta.items() if k not in ("format", "version", "complete", "columns", "rows",
+                                                                          "gate_input_dtype", "recorded")}
+    dropped = [c for c in RECORDED_COLUMNS if tr.has(c)] + (["metrics.parquet"] if tr.has_metrics else [])
+    if tr.recorded:
+        dropped.append("recorded (trace.json)")
+    meta.setdefault("provenance", {})["rebatched"] = {
+        "from": str(tr.path), "schedule": mode, "max_batch": int(max_batch), "prefill_chunk": prefill_chunk,
+        "dropped": dropped}
+    columns = ("request", *wide)
+    with staged_dir(out_dir, force=force, inputs=[tr.path]) as stage:
+        w = TraceWriter(stage, meta, columns=columns, gate_input_dtype=tr.meta.get("gate_input_dtype", "float32"))
+        cols = {"turn": np.zeros(rb.size, np.int32), "batch": rb, "phase": phase[src_rows], "step": rp,
+                "layer": np.array(moe, dtype=np.int64)[rl], "experts": experts[src_rows], "weights": weights[src_rows],
+                "request": req[src_rows]}
+        for c in wide:
+            col = t.column(c)
+            cols[c] = col.to_numpy()[src_rows] if c == "token" else fixed_list_to_numpy(col)[src_rows]
+        step_rows = max(1, w.rows_per_part)
+        for a in range(0, rb.size, step_rows):
+            w.append(**{c: v[a:a + step_rows] for c, v in cols.items()})
+        w.close()
+        if tr.has_router:
+            shutil.copyfile(tr.path / ROUTER_FILE, stage / ROUTER_FILE)
+        try:
+            open_trace(stage)
+        except TraceError as e:
+            raise UserError(f"{out_dir}: the re-batched trace would be invalid ({e.problem}); nothing was written.") from None
+    return {"requests": len(reqs), "batches": int(rb.max()) + 1 if rb.size else 0, "dropped_columns": dropped}

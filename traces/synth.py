@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from traces.errors import TraceError, UserError
 from traces.gating import select
 from traces.memory import check_fits
 from traces.reader import open_trace
+from traces.schedule import RequestRoutes, schedule, schedule_index
 from traces.schema import MAX_INT32, MAX_LAYERS, default_gating
 from traces.version import __version__ as tool_version
 from traces.writer import TraceWriter
@@ -64,6 +65,12 @@ class SynthConfig:
     skew: float = 3.0
     logit_scale: float = 2.0
     chunk_tokens: int = 256
+    # Many requests (None = one request, no request column: the trace of before). Each request has
+    # its own prompt (prompt_tokens) and decode (tokens), drawn from its own seeded stream through
+    # the same routers, batched by traces.schedule's continuous schedule at max_batch.
+    requests: int | None = None
+    max_batch: int = 1
+    prefill_chunk: int | None = None
 
     def check(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -88,6 +95,13 @@ class SynthConfig:
         need(self.embd >= 2, f"--embd {self.embd}: need at least 2 (one coordinate is the constant one).")
         need(self.tokens >= 0 and self.prompt_tokens >= 0, "--tokens and --prompt-tokens must be >= 0.")
         need(self.tokens + self.prompt_tokens > 0, "--tokens and --prompt-tokens are both 0: nothing to generate.")
+        need(self.requests is None or 1 <= self.requests <= 1 << 20,
+             f"--requests {self.requests} must lie in 1..{1 << 20}.")
+        need(self.max_batch >= 1, f"--max-batch {self.max_batch} must be >= 1 (requests decoding together).")
+        need(self.requests is not None or (self.max_batch == 1 and self.prefill_chunk is None),
+             "--max-batch and --prefill-chunk batch many requests: give --requests N too.")
+        need(self.prefill_chunk is None or self.prefill_chunk >= 1,
+             f"--prefill-chunk {self.prefill_chunk} must be >= 1 (prompt tokens per prefill batch).")
         need(self.gating in GATINGS, f"--gating {self.gating!r} is not one of {', '.join(GATINGS)}.")
         need(0.0 <= self.reuse < 1.0, f"--reuse {self.reuse} must lie in [0, 1).")
         need(self.drift >= 0.0 and self.skew >= 0.0, "--drift and --skew must be >= 0.")
@@ -110,6 +124,8 @@ class SynthConfig:
         prompt is one chunk (one prefill batch)."""
         L, E, D, K = self.layers, self.experts, self.embd, self.top_k
         chunk = max(16, min(self.chunk_tokens, self.tokens), self.prompt_tokens)
+        if self.requests is not None:  # every request's arrays are held, then scheduled and gathered
+            chunk = max(chunk, 3 * self.requests * (self.tokens + self.prompt_tokens))
         return L * E * D * 24 + chunk * L * (E * 24 + D * 16 + K * 16)
 
 
@@ -178,6 +194,51 @@ class _Model:
         return ids, w, logits.astype(np.float32)
 
 
+def _provenance(cfg: SynthConfig) -> dict[str, Any]:
+    """The config as trace.json records it; the request options only when used (a one-request
+    trace's trace.json stays byte-identical to the one written before they existed)."""
+    out = asdict(cfg)
+    if cfg.requests is None:
+        for key in ("requests", "max_batch", "prefill_chunk"):
+            out.pop(key)
+    return out
+
+
+def _write_requests(w: TraceWriter, model: _Model, cfg: SynthConfig, on_tokens: Callable[[int], None] | None) -> None:
+    """``cfg.requests`` requests, each ``prompt_tokens`` + ``tokens`` positions drawn from its own
+    stream (topic and residual state seeded by (seed, request)) through the shared routers, then
+    batched by the continuous schedule (traces.schedule) and written in its row order."""
+    L, D = cfg.layers, cfg.embd
+    reqs, gates = [], []
+    for r in range(int(cfg.requests or 0)):
+        model.rng = np.random.default_rng([cfg.seed, 0x70CE, 0x2E9, r])
+        model.topic = model.rng.standard_normal(D)
+        model.u = model.rng.standard_normal((L, D))
+        P = cfg.prompt_tokens + cfg.tokens
+        g = model.tokens(P)  # [L, P, D]
+        routed = [model.route(l, g[l]) for l in range(L)]
+        reqs.append(RequestRoutes(
+            r, cfg.prompt_tokens, np.stack([x[0] for x in routed], axis=1).astype(np.int32),
+            weights=np.stack([x[1] for x in routed], axis=1),
+            logits=None if cfg.routing_only else np.stack([x[2] for x in routed], axis=1)))
+        gates.append(None if cfg.routing_only else g)
+        if on_tokens:
+            on_tokens(P)
+    out = schedule(reqs, mode="continuous", max_batch=cfg.max_batch, prefill_chunk=cfg.prefill_chunk)
+    opt: dict[str, np.ndarray] = {}
+    if not cfg.routing_only:
+        _, ri, rp, rl = schedule_index(reqs, mode="continuous", max_batch=cfg.max_batch, prefill_chunk=cfg.prefill_chunk)
+        gate = np.empty((ri.size, D), np.float32)
+        for i, g in enumerate(gates):
+            sel = np.flatnonzero(ri == i)
+            gate[sel] = g[rl[sel], rp[sel]]
+        opt = {"logits": out["logits"], "gate_input": gate}
+    cols = {c: out[c] for c in ("turn", "batch", "phase", "step", "layer", "experts", "weights", "request")}
+    step = max(1, w.rows_per_part)
+    for a in range(0, out["batch"].size, step):
+        w.append(**{c: v[a:a + step] for c, v in cols.items()}, **{c: v[a:a + step] for c, v in opt.items()})
+
+
 def write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool = False,
                     on_tokens: Callable[[int], None] | None = None) -> Path:
     """Generate a synthetic trace into a new directory ``out_dir`` (atomically).
@@ -200,18 +261,23 @@ def write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool = False,
         "provenance": {
             "engine": "moe-replay synth", "engine_version": tool_version, "tool": "moe-replay",
             "tool_version": tool_version, "importer": None, "source_file": None, "prompts": None,
-            "synth": asdict(cfg),
+            "synth": _provenance(cfg),
         },
     }
     columns: tuple[str, ...] = () if cfg.routing_only else ("logits", "gate_input")
     row_bytes = 64 + K * 8 + (0 if cfg.routing_only else 4 * (E + D))
     tokens_per_part = int(max(16, min(4096, (128 << 20) // (row_bytes * L))))
     chunk = int(max(1, min(cfg.chunk_tokens, tokens_per_part)))
+    if cfg.requests is not None:
+        columns = (*columns, "request")
     with staged_dir(out_dir, force=force) as stage:
         w = TraceWriter(stage, meta, columns=columns, tokens_per_part=tokens_per_part)
         if not cfg.routing_only:
             lay = np.repeat(np.arange(L), E)
             w.write_router(lay, np.tile(np.arange(E), L), model.W.reshape(L * E, D), model.bias.reshape(-1))
+        if cfg.requests is not None:
+            _write_requests(w, model, cfg, on_tokens)
+            cfg = replace(cfg, tokens=0, prompt_tokens=0)  # nothing more below
         batch = 0
         if cfg.prompt_tokens:
             # Prefill: one batch, rows layer-major then step (the (batch, layer, step) order).

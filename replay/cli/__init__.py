@@ -32,7 +32,7 @@ app.add_typer(import_app, name="import")
 
 # The verbs of replay/ (one module each in this package, each with ``register(app)``).
 VERB_MODULES = ("replay.cli.cache", "replay.cli.predict", "replay.cli.whatif", "replay.cli.cost", "replay.cli.report",
-                "replay.cli.compare")
+                "replay.cli.schedule", "replay.cli.compare")
 
 
 def _echo(text: str) -> None:
@@ -97,6 +97,11 @@ def synth(
     skew: float = typer.Option(3.0, "--skew", help="Expert popularity skew at the last layer (rises linearly with depth from 0)."),
     force: bool = typer.Option(False, "--force", help="Replace OUT_DIR if it exists."),
     json_out: bool = JsonOpt,
+    requests: int | None = typer.Option(None, "--requests", help="Generate N requests (each --prompt-tokens + --tokens, its own "
+                                        "seeded stream) batched by the continuous schedule; default: one request."),
+    max_batch: int = typer.Option(1, "--max-batch", help="With --requests: requests decoding together (continuous schedule)."),
+    prefill_chunk: int | None = typer.Option(None, "--prefill-chunk", help="With --requests: prompt tokens per prefill batch "
+                                             "(default: unbounded)."),
 ) -> None:
     """Generate a synthetic trace from a small residual-stream model (deterministic per seed)."""
     from replay.info import info_rows
@@ -107,19 +112,20 @@ def synth(
     cfg = SynthConfig(
         layers=layers, experts=experts, top_k=top_k, embd=embd, tokens=tokens, prompt_tokens=prompt_tokens,
         seed=seed, gating=gating, routing_only=routing_only, expert_bytes=expert_bytes, drift=drift,
-        reuse=reuse, skew=skew,
+        reuse=reuse, skew=skew, requests=requests, max_batch=max_batch, prefill_chunk=prefill_chunk,
     )
     from replay.output import progress
 
-    with progress(tokens + prompt_tokens, "synth", unit="tok") as bar:
+    with progress((tokens + prompt_tokens) * (requests or 1), "synth", unit="tok") as bar:
         write_synthetic(out_dir, cfg, force=force, on_tokens=bar.update)
     t = open_trace(out_dir, check_rows=False)
     row = info_rows(t)[0]
     if json_out:
         _echo(json_object("synth", str(out_dir), [row]))
     else:
+        many = f" in each of {requests} requests, continuous batching at --max-batch {max_batch}" if requests else ""
         _echo(f"wrote {out_dir}: {layers} MoE layers x {experts} experts, top-k {top_k}, "
-              f"{prompt_tokens} prefill + {tokens} decode tokens, gating {gating}")
+              f"{prompt_tokens} prefill + {tokens} decode tokens{many}, gating {gating}")
 
 
 def _register_plugins() -> None:

@@ -82,7 +82,7 @@ def _footer(res: PredictResult) -> list[str]:
     lines = [
         f"slot acc = |top-{res.k} named ∩ routed| / {res.k}; whole acc = the routed set named exactly; "
         f"both over scored {res.phase} routings only.",
-        "unscored = routings a predictor could not rank (first token of a turn, first d MoE layers, missing "
+        "unscored = routings a predictor could not rank (first token of a turn or request, first d MoE layers, missing "
         "source row, no prompt): counted apart, never as wrong; '-' = nothing scored.",
         f"mass@{res.width} = share of the routed experts' router weight that the top-{res.width} named "
         "(weight mass is not output quality; '-' where the engine exposed no weights).",

@@ -524,9 +524,10 @@ def predict_gate(trace: Trace, in_phase: np.ndarray, horizons: list[int], ctrl: 
 
     workers = _workers()
     with ThreadPoolExecutor(workers, thread_name_prefix="moe-replay-gate") as pool, _blas_threads(workers):
-        for start, cur in _chunks(trace, ["batch", "step", "layer", "gate_input"], rounding):
+        req_col = ["request"] if trace.has("request") else []
+        for start, cur in _chunks(trace, ["batch", "step", "layer", *req_col, "gate_input"], rounding):
             layer = cur["layer"]
-            keys = (cur["batch"].astype(np.int64) << 32) | cur["step"].astype(np.int64)
+            keys = _token_keys(cur)
             order = np.argsort(layer, kind="stable")  # per layer, rows keep their (batch, step) order
             lay_sorted = layer[order]
             present = np.unique(lay_sorted)
@@ -538,6 +539,23 @@ def predict_gate(trace: Trace, in_phase: np.ndarray, horizons: list[int], ctrl: 
             if on_part is not None:
                 on_part()
     return {name: Prediction(name, r, s, pw.get(name)) for name, (r, s) in preds.items()}
+
+
+def _token_keys(cur: dict[str, np.ndarray]) -> np.ndarray:
+    """int64 [rows]: one key per token, equal at every layer of that token, increasing along each
+    layer's rows (which come in (batch[, request], step) order). A token is (batch, step) -- and,
+    with many requests in one batch, (batch, request, step): steps repeat across requests."""
+    keys = (cur["batch"].astype(np.int64) << 32) | cur["step"].astype(np.int64)
+    if "request" not in cur:
+        return keys
+    # Dense ranks of (batch, request, step) in that order (request ids span all of int64: no packing).
+    b, r, s = cur["batch"].astype(np.int64), cur["request"].astype(np.int64), cur["step"].astype(np.int64)
+    order = np.lexsort((s, r, b))
+    bo, ro, so = b[order], r[order], s[order]
+    new = np.r_[True, (bo[1:] != bo[:-1]) | (ro[1:] != ro[:-1]) | (so[1:] != so[:-1])]
+    out = np.empty(b.size, dtype=np.int64)
+    out[order] = np.cumsum(new) - 1
+    return out
 
 
 def applied_weights(logits: np.ndarray, ids: np.ndarray, gating: dict[str, Any]) -> np.ndarray:

@@ -1,10 +1,11 @@
 """``prev-token``: predict that a layer routes what it routed for the previous token of the turn.
 
-"Previous token" is the previous token *in step order within the same turn, among the tokens of
-the scored phase(s)*, at the same MoE layer:
+"Previous token" is the previous token *in step order within the same request and turn, among the
+tokens of the scored phase(s)*, at the same MoE layer (a trace without a request column is one
+request; with one, the tokens of other requests batched alongside are never "previous"):
 
 - ``--phase decode`` (the default): the previous decoded token; the first decoded token of each
-  turn has none and is unscored (the last prompt token is not used: in decode the predictor is
+  turn (of each request) has none and is unscored (the last prompt token is not used: in decode the predictor is
   meant as "what the engine just did for this layer");
 - ``--phase prefill``: the previous prompt token. The engine computes a prompt batch all at once,
   so this measures how persistent routing is along the prompt, not a prefetch an engine could
@@ -32,11 +33,14 @@ def predict_prev_token(arr: RoutingArrays, in_phase: np.ndarray, width: int) -> 
     scored = np.zeros(n, dtype=bool)
     rows = np.flatnonzero(in_phase)
     if rows.size:
-        # (turn, layer, step, row) order: a row's predecessor is the row just before it in this order
-        # when it has the same turn and layer. The row index breaks ties between equal steps.
-        order = rows[np.lexsort((rows, arr.step[rows], arr.layer[rows], arr.turn[rows]))]
+        # (request, turn, layer, step, row) order: a row's predecessor is the row just before it in
+        # this order when it has the same request, turn and layer. With many requests in one batch
+        # the previous row of the file is another request's token: the previous token is the
+        # previous one *of this request*. The row index breaks ties between equal steps.
+        req = arr.request_or_zero
+        order = rows[np.lexsort((rows, arr.step[rows], arr.layer[rows], arr.turn[rows], req[rows]))]
         cur, prev = order[1:], order[:-1]
-        same = (arr.turn[cur] == arr.turn[prev]) & (arr.layer[cur] == arr.layer[prev])
+        same = (req[cur] == req[prev]) & (arr.turn[cur] == arr.turn[prev]) & (arr.layer[cur] == arr.layer[prev])
         cur, prev = cur[same], prev[same]
         m = min(k, width)
         ranked[cur, :m] = arr.experts[prev, :m]

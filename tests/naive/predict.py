@@ -58,7 +58,9 @@ def naive_evaluate(path, names: list[str], width: int | None = None, phase: str 
     rank_w = max(width, k)
     gate_ok = t.has("gate_input") and t.has_router
     cols = ["turn", "batch", "phase", "step", "layer", "experts", "weights"] + (["gate_input"] if gate_ok else [])
-    rows = t.routings(cols).to_dicts()
+    rows = t.routings(cols + (["request"] if t.has("request") else [])).to_dicts()
+    for r in rows:  # DESIGN.md: no request column = one request; with one, step is the position in its request
+        r.setdefault("request", 0)
     scored_idx = [i for i, r in enumerate(rows) if _in_phase(r["phase"], phase)]
 
     router: dict[int, dict[int, tuple[list[float], float, float]]] = defaultdict(dict)
@@ -81,9 +83,10 @@ def naive_evaluate(path, names: list[str], width: int | None = None, phase: str 
     for name in names:
         pred: dict[int, list[int]] = {}  # row index -> ranked experts; absent = unscored
         if name == "prev-token":
+            # "previous" is per request: the previous token of the same request and turn at this layer
             by_turn_layer = defaultdict(list)
             for i in scored_idx:
-                by_turn_layer[(rows[i]["turn"], rows[i]["layer"])].append(i)
+                by_turn_layer[(rows[i]["request"], rows[i]["turn"], rows[i]["layer"])].append(i)
             for seq in by_turn_layer.values():
                 seq.sort(key=lambda i: (rows[i]["step"], i))
                 for a, b in zip(seq, seq[1:]):
@@ -98,13 +101,13 @@ def naive_evaluate(path, names: list[str], width: int | None = None, phase: str 
             if not gate_ok:
                 continue
             d = 0 if name == "ctrl" else int(name[len("stale-gate["):-1])
-            by_key = {(r["batch"], r["step"], r["layer"]): i for i, r in enumerate(rows)}
+            by_key = {(r["batch"], r["request"], r["step"], r["layer"]): i for i, r in enumerate(rows)}
             for i in scored_idx:
                 r = rows[i]
                 pos = moe.index(r["layer"])
                 if pos - d < 0:
                     continue  # out of reach: the first d MoE layers
-                src = by_key.get((r["batch"], r["step"], moe[pos - d]))
+                src = by_key.get((r["batch"], r["request"], r["step"], moe[pos - d]))
                 if src is None:
                     continue  # the trace lacks the source row
                 pred[i] = router_rank(r["layer"], rows[src]["gate_input"])
