@@ -127,6 +127,10 @@ def _align_positions(a: Trace, b: Trace, da: dict, db: dict, align: str) -> tupl
         which = " and ".join(n for n, d in (("A", da), ("B", db)) if "token" not in d)
         notes.append(f"{which} recorded no token ids: that both saw the same tokens is assumed, not checked.")
     problems: list[str] = []
+    prompts = [t.meta.get("provenance", {}).get("prompts") for t in (a, b)]
+    if not both_tokens and all(isinstance(p, list) and p for p in prompts) and prompts[0] != prompts[1]:
+        # Without token ids on both sides, the recorded prompts are the only witness of "same prompt".
+        problems.append("their recorded prompts differ (provenance.prompts) and the token ids cannot be checked")
     if tok_diff.height:
         r = tok_diff.row(0, named=True)
         problems.append(f"their token ids differ from {_where(r)} on (A {r['token_a']}, B {r['token_b']}; "

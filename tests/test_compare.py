@@ -37,13 +37,15 @@ def spec(*, n_layer=2, n_expert=6, k=2, prefill=3, decode=3, seed=0, logits=True
             "tokens": rng.integers(0, 100, size=T).astype(np.int32) if tokens else None, "gating": default_gating("softmax", True)}
 
 
-def write(s: dict, root: Path, *, drop_steps: tuple[int, ...] = (), router_bias: list[float] | None = None) -> Path:
+def write(s: dict, root: Path, *, drop_steps: tuple[int, ...] = (), router_bias: list[float] | None = None,
+          prompt: str = "p") -> Path:
     out = root / f"t{next(_n)}"
     out.mkdir(parents=True)
     L, k = s["n_layer"], s["k"]
     meta = {"model": {"name": "m", "arch": "test", "n_layer": L, "moe_layers": list(range(L)), "n_expert": s["n_expert"],
                       "top_k": k, "top_k_native": k, "n_embd": None if router_bias is None else 1},
-            "expert_bytes": [1000] * L, "dense_bytes": [None] * L, "gating": s["gating"], "provenance": {"engine": "test"}}
+            "expert_bytes": [1000] * L, "dense_bytes": [None] * L, "gating": s["gating"],
+            "provenance": {"engine": "test", "prompts": [prompt]}}
     cols = tuple(c for c in ("logits", "token") if s[c if c == "logits" else "tokens"] is not None)
     w = TraceWriter(out, meta, columns=cols, tokens_per_part=2)
     if router_bias is not None:  # a selection bias per expert (the router matrices themselves are not used)
@@ -305,3 +307,13 @@ def test_note_when_a_flip_is_within_the_engines_own_logit_difference(tmp_path):
     assert res.overall()["unexplained"] == 1
     assert any("below twice the two traces' own logit difference" in n for n in res.notes)
     assert not any("twice" in n for n in compare(open_trace(a), open_trace(b), tol=1e-3).notes)
+
+
+def test_without_tokens_different_recorded_prompts_are_refused(tmp_path):
+    s = spec(tokens=False)
+    a, b = write(s, tmp_path, prompt="one"), write(s, tmp_path, prompt="two")
+    assert_one_sentence_error(run_cli("compare", a, b), "recorded prompts differ")
+    assert compare(open_trace(a), open_trace(b), align="step").overall()["set_agree_pct"] == 100.0
+    # with token ids on both sides the ids decide, not the prompt text (a prompt file vs the same text)
+    t = spec()
+    assert compare(open_trace(write(t, tmp_path, prompt="one")), open_trace(write(t, tmp_path, prompt="two"))).tokens_checked
