@@ -28,15 +28,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "moe-replay"
 
+# argv: script, pre-tokenizer, outtype, then (checkpoint, out.gguf) pairs: one process for all
+# (torch and transformers imported once).
 _RUNNER = """
 import runpy, sys
 from pathlib import Path
-script, pre = Path(sys.argv[1]), sys.argv[2]
+script, pre, outtype, rest = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
 sys.path.insert(0, str(script.parent)); sys.path.insert(1, str(script.parent / "gguf-py"))
 import conversion.base as base
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre  # see tests/llama_convert.py
-sys.argv = [str(script), *sys.argv[3:]]
-runpy.run_path(str(script), run_name="__main__")
+for src, out in zip(rest[::2], rest[1::2]):
+    sys.argv = [str(script), src, "--outfile", out, "--outtype", outtype]
+    runpy.run_path(str(script), run_name="__main__")
 """
 
 
@@ -92,13 +95,15 @@ def extract_converter(sdist: Path, dest: Path) -> Path:
     return script
 
 
-def convert(script: Path, hf_dir: Path, out: Path, outtype: str = "f32", pre: str = "gpt-2") -> Path:
-    """Run the converter on a saved checkpoint; raise with its last lines of output on failure."""
+def convert(script: Path, pairs: list[tuple[Path, Path]], outtype: str = "f32", pre: str = "gpt-2") -> None:
+    """Run the converter on saved checkpoints, (checkpoint dir, out .gguf) each, in one process;
+    raise with its last lines of output on failure."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("NO_LOCAL_GGUF", None)
-    r = subprocess.run([sys.executable, "-c", _RUNNER, str(script), pre, str(hf_dir), "--outfile", str(out),
-                        "--outtype", outtype], capture_output=True, text=True, env=env, timeout=300)
-    if r.returncode != 0 or not out.is_file():
-        raise RuntimeError(f"convert_hf_to_gguf.py failed on {hf_dir} (exit {r.returncode}):\n"
+    args = [str(p) for pair in pairs for p in pair]
+    r = subprocess.run([sys.executable, "-c", _RUNNER, str(script), pre, outtype, *args], capture_output=True, text=True,
+                       env=env, timeout=600)
+    missing = [str(out) for _, out in pairs if not out.is_file()]
+    if r.returncode != 0 or missing:
+        raise RuntimeError(f"convert_hf_to_gguf.py failed (exit {r.returncode}; not written: {', '.join(missing)}):\n"
                            + "\n".join((r.stderr or r.stdout).splitlines()[-15:]))
-    return out
