@@ -73,8 +73,9 @@ def obtain_sdist(ver: str) -> tuple[Path | None, str]:
         return None, f"pip download llama-cpp-python=={ver} (sdist) failed: {e}"
     found = find_sdist(ver)
     if found is None:
-        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
-        return None, f"pip download llama-cpp-python=={ver} (sdist) did not produce it: {tail[0][:200]}"
+        lines = [ln.strip() for ln in (r.stderr or r.stdout).splitlines() if ln.strip()]
+        why = next((ln for ln in lines if ln.startswith("ERROR")), lines[-1] if lines else "no output")
+        return None, f"pip download llama-cpp-python=={ver} (sdist) did not produce it: {why[:200]}"
     return found, ""
 
 
