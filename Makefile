@@ -42,8 +42,16 @@ demo: $(VENV)/.core
 	$(VENV)/bin/moe-replay synth $(DEMO_TRACE) --force
 	$(VENV)/bin/moe-replay report $(DEMO_TRACE) -o reports/demo --force $(DEMO_COST)
 
+# llama.cpp's own convert_hf_to_gguf.py ships in the llama-cpp-python source distribution: the
+# cross-engine test (tests/test_compare_engines.py) converts tiny transformers checkpoints with it.
+# Downloaded once from PyPI; if that fails the test says so and skips ('-': the rest still runs).
+LLAMA_SDIST := $(VENV)/work/llama_cpp_python-0.3.36.tar.gz
+$(LLAMA_SDIST): | $(VENV)/bin/python
+	mkdir -p $(VENV)/work
+	-$(PY) -m pip download --disable-pip-version-check -q --no-deps --no-binary :all: -d $(VENV)/work llama-cpp-python==0.3.36
+
 ## test: the whole suite (unit, property, end-to-end on ../shared/data, capture through llama.cpp and transformers, Ray, notebooks)
-test: $(VENV)/.dev
+test: $(VENV)/.dev $(LLAMA_SDIST)
 	$(VENV)/bin/python -m pytest -q
 
 lint: $(VENV)/.dev

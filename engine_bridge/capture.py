@@ -28,7 +28,17 @@ from typing import Any
 import numpy as np
 
 from engine_bridge.checks import checks_passed, run_checks
-from engine_bridge.engine import MAX_PROMPT_BYTES, MAX_THREADS, Engine, EngineOptions, Vocab, engine_version, require_capture_extra
+from engine_bridge.engine import (
+    FLASH_ATTN,
+    KV_TYPES,
+    MAX_PROMPT_BYTES,
+    MAX_THREADS,
+    Engine,
+    EngineOptions,
+    Vocab,
+    engine_version,
+    require_capture_extra,
+)
 from engine_bridge.gguf_static import GgufStatic, read_static
 from engine_bridge.hook import GraphShape, LayerCapture, MoeHook
 from traces.atomic import check_output_dir
@@ -54,6 +64,8 @@ class CaptureOptions:
     tokens_per_part: int = 64
     verbose: bool = False
     prompt_source: str | None = None  # the --prompt-file path, for provenance
+    kv_type: str = "f16"  # KV cache type (llama.cpp's default f16)
+    flash_attn: str = "auto"  # flash attention: auto | on | off
 
 
 @dataclass
@@ -112,6 +124,10 @@ def _check_options(opts: CaptureOptions) -> None:
         raise UserError("--temp must be 0 (greedy) or a finite positive number.")
     if opts.seed < 0:
         raise UserError("--seed must be 0 or more.")
+    if opts.kv_type not in KV_TYPES:
+        raise UserError(f"--kv-type {opts.kv_type!r} is not one of {', '.join(KV_TYPES)}.")
+    if opts.flash_attn not in FLASH_ATTN:
+        raise UserError(f"--flash-attn {opts.flash_attn!r} is not one of {', '.join(FLASH_ATTN)}.")
 
 
 def validate(opts: CaptureOptions, static: GgufStatic | None = None) -> CapturePlan:
@@ -230,6 +246,7 @@ def build_meta(static: GgufStatic, shape: GraphShape, top_k: int, opts: CaptureO
                 "ubatch_requested": opts.ubatch, "n_ctx": plan.n_ctx, "n_ctx_train": plan.n_ctx_train,
                 "threads": opts.threads, "seed": opts.seed, "temp": opts.temp, "ignore_eos": opts.ignore_eos,
                 "n_expert_used": opts.n_expert_used, "columns_logits": opts.logits, "columns_gate_input": opts.gate_input,
+                "kv_type": opts.kv_type, "flash_attn": opts.flash_attn,
             },
         },
     }
@@ -275,7 +292,8 @@ class _Rows:
         self.chunks: list[dict[str, np.ndarray]] = []
         self.tokens = 0
 
-    def add(self, batch: int, phase: int, pos0: int, layers: list[int], caps: dict[int, LayerCapture]) -> None:
+    def add(self, batch: int, phase: int, pos0: int, layers: list[int], caps: dict[int, LayerCapture],
+            tokens: list[int]) -> None:
         n_tok = caps[layers[0]].experts.shape[0]
         steps = pos0 + np.arange(n_tok, dtype=np.int32)
         d = {
@@ -291,6 +309,8 @@ class _Rows:
                                           for l in layers])
         if "gate_input" in self.columns:
             d["gate_input"] = np.concatenate([caps[l].gate_input for l in layers])
+        if "token" in self.columns:  # the token id each row's position holds (compare checks two runs saw the same)
+            d["token"] = np.tile(np.asarray(tokens, dtype=np.int32), len(layers))
         self.chunks.append(d)
         self.tokens += n_tok
 
@@ -325,11 +345,12 @@ def capture(opts: CaptureOptions, plan: CapturePlan | None = None,
     re-reading the GGUF)."""
     plan = plan or validate(opts, static)
     static = plan.static
-    columns = tuple(c for c, on in (("logits", opts.logits), ("gate_input", opts.gate_input)) if on)
-    hook = MoeHook(static.n_layer, observe_logits=bool(columns), want_logits=opts.logits, want_gate_input=opts.gate_input)
+    wide = tuple(c for c, on in (("logits", opts.logits), ("gate_input", opts.gate_input)) if on)
+    columns = (*wide, "token")
+    hook = MoeHook(static.n_layer, observe_logits=bool(wide), want_logits=opts.logits, want_gate_input=opts.gate_input)
     # The context holds exactly the positions the run reaches; one llama_decode = one ubatch.
     eopts = EngineOptions(n_ctx=plan.n_ctx, ubatch=plan.ubatch, threads=opts.threads, n_expert_used=opts.n_expert_used,
-                          arch=static.arch, verbose=opts.verbose)
+                          arch=static.arch, verbose=opts.verbose, kv_type=opts.kv_type, flash_attn=opts.flash_attn)
     engine = Engine(opts.model, eopts, hook.callback)
     try:
         # The training context as llama.cpp itself read it, once more before anything is written.
@@ -382,7 +403,7 @@ def _run(opts: CaptureOptions, plan: CapturePlan, hook: MoeHook, engine: Engine,
                 _check_batch(caps, layers, len(chunk), opts)
                 if writer is None:
                     writer = open_writer(caps[layers[0]].experts.shape[1])
-                rows.add(batch, 0, pos, layers, caps)
+                rows.add(batch, 0, pos, layers, caps, chunk)
                 rows.flush(writer)
                 prefill_s += time.perf_counter() - t0
                 batch += 1
@@ -399,7 +420,7 @@ def _run(opts: CaptureOptions, plan: CapturePlan, hook: MoeHook, engine: Engine,
                 logits_vocab = engine.decode([tok], pos)
                 caps = hook.take()
                 _check_batch(caps, layers, 1, opts)
-                rows.add(batch, 1, pos, layers, caps)
+                rows.add(batch, 1, pos, layers, caps, [tok])
                 if rows.tokens >= opts.tokens_per_part:
                     rows.flush(writer)  # one append per part file: the writer closes it at once
                 decode_s += time.perf_counter() - t0

@@ -2,8 +2,9 @@
 
 1. ``topk_of_logits``: the architecture's selection rule (:func:`traces.gating.select`) applied to
    the captured logits picks exactly the captured ids, in rank order; the captured weights agree
-   with the rule's weights. Fails if the hook read the wrong node, the wrong rows or misread the
-   gating.
+   with the rule's weights. A routing that differs only among exactly tied selection scores
+   (``ties``: bf16 / f16 logits tie often, and the rule's lower-id choice is a convention)
+   passes. Fails if the hook read the wrong node, the wrong rows or misread the gating.
 2. ``fresh_gate``: the router matrix stored in router.parquet applied to the captured gate input
    reproduces the captured logits (relative tolerance) and the captured routing. This is the
    ``ctrl`` predictor's 100% in miniature; it fails if gate inputs or router matrices are wrong.
@@ -20,13 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from traces.gating import select
+from traces.gating import select, selection_scores
 from traces.reader import fixed_list_to_numpy, open_trace
 from traces.rounding import round_input
 
 
-def run_checks(trace_dir: str | Path, logit_bias: dict[int, np.ndarray] | None = None, rel_tol: float = 1e-4) -> dict[str, Any]:
-    """Both checks over the whole trace, streamed one part file at a time."""
+def run_checks(trace_dir: str | Path, logit_bias: dict[int, np.ndarray] | None = None, rel_tol: float = 1e-4,
+               output_rounding: str | None = None) -> dict[str, Any]:
+    """Both checks over the whole trace, streamed one part file at a time. ``output_rounding``
+    (bf16 / f16): the engine returns its logits in that type, so check 2 rounds the recomputed
+    logits the same way before selecting, and exact ties count as in check 1."""
     t = open_trace(trace_dir, check_rows=False)
     gating, k = t.gating, t.top_k
     has_logits, has_gate = t.has("logits"), t.has("gate_input")
@@ -51,6 +55,8 @@ def run_checks(trace_dir: str | Path, logit_bias: dict[int, np.ndarray] | None =
                 a["rows"] += idx.size
                 a["agree"] += int((ids == ex).all(axis=1).sum())
                 same = (ids == ex).all(axis=1)
+                if not same.all():
+                    a["ties"] = a.get("ties", 0) + _tied(logits[idx][~same], ex[~same], ids[~same], gating, bias)
                 if same.any():
                     err = float(np.abs(w[same] - weights[idx][same]).max())
                     a["weights_max_abs_err"] = max(a["weights_max_abs_err"], err)
@@ -66,9 +72,14 @@ def run_checks(trace_dir: str | Path, logit_bias: dict[int, np.ndarray] | None =
                     scale = np.maximum(np.abs(ref).max(axis=1, keepdims=True), 1e-6)
                     b["max_abs_logit_err"] = max(b["max_abs_logit_err"], float(diff.max()))
                     b["max_rel_logit_err"] = max(b["max_rel_logit_err"], float((diff / scale).max()))
+                if output_rounding:
+                    fresh = round_input(fresh.astype(np.float32), output_rounding).astype(np.float64)
                 ids, _ = select(fresh, gating, k, sel_bias)
                 b["rows"] += idx.size
-                b["agree"] += int((ids == ex).all(axis=1).sum())
+                same = (ids == ex).all(axis=1)
+                b["agree"] += int(same.sum())
+                if output_rounding and not same.all():
+                    b["ties"] = b.get("ties", 0) + _tied(fresh[~same], ex[~same], ids[~same], gating, sel_bias)
     out: dict[str, Any] = {}
     if has_logits:
         out["topk_of_logits"] = _finish(a)
@@ -89,6 +100,18 @@ def run_checks(trace_dir: str | Path, logit_bias: dict[int, np.ndarray] | None =
     return out
 
 
+def _tied(logits: np.ndarray, got: np.ndarray, rule: np.ndarray, gating: dict[str, Any], bias: np.ndarray | None) -> int:
+    """Rows whose captured ids differ from the rule's only among exactly tied selection scores: the
+    captured set holds every id scoring above the rule's k-th value and only ids scoring at least
+    it (bf16 / f16 logits tie often; the rule sends a tie to the lower id, an engine may not)."""
+    sel = selection_scores(logits, gating, bias)
+    kth = np.take_along_axis(sel, rule[:, -1:].astype(np.int64), axis=1)
+    s_got = np.take_along_axis(sel, got.astype(np.int64), axis=1)
+    above = (sel > kth).sum(axis=1)
+    ok = (s_got >= kth).all(axis=1) & ((s_got > kth).sum(axis=1) == above)
+    return int(ok.sum())
+
+
 def _finish(d: dict[str, Any]) -> dict[str, Any]:
     d = dict(d)
     d["agree_pct"] = 100.0 * d["agree"] / d["rows"] if d["rows"] else None
@@ -96,12 +119,13 @@ def _finish(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def checks_passed(checks: dict[str, Any]) -> bool:
-    """True when every check that ran agreed on every row (and logits were within tolerance)."""
+    """True when every check that ran agreed on every row (and logits, and weights where judged, were within tolerance)."""
     ok = True
     for c in checks.values():
         if not isinstance(c, dict) or "skipped" in c:
             continue
-        ok &= c["rows"] > 0 and c["agree"] == c["rows"] and c.get("logits_within_tol", True)
+        ok &= (c["rows"] > 0 and c["agree"] + c.get("ties", 0) == c["rows"] and c.get("logits_within_tol", True)
+               and c.get("weights_within_tol", True))
     return bool(ok)
 
 
@@ -112,14 +136,15 @@ def summary_line(checks: dict[str, Any]) -> str:
     if "skipped" in a:
         parts.append(f"ids = top-k(logits): skipped ({a['skipped']})")
     else:
-        parts.append(f"ids = top-k(logits) {a['agree']}/{a['rows']} routings ({a['agree_pct']:.1f}%), "
+        tie = f" + {a['ties']} exact ties broken the other way" if a.get("ties") else ""
+        parts.append(f"ids = top-k(logits) {a['agree']}/{a['rows']} routings ({a['agree_pct']:.1f}%){tie}, "
                      f"weights max err {a['weights_max_abs_err']:.1e}")
     b = checks.get("fresh_gate", {})
     if "skipped" in b:
         parts.append(f"fresh-gate control: skipped ({b['skipped']})")
     else:
         s = f"fresh-gate control (router.parquet x gate_input, input rounding {b['input_rounding']}) {b['agree']}/{b['rows']}"
-        s += f" ({b['agree_pct']:.1f}%)"
+        s += f" ({b['agree_pct']:.1f}%)" + (f" + {b['ties']} exact ties" if b.get("ties") else "")
         if "max_rel_logit_err" in b:
             s += f", max rel logit err {b['max_rel_logit_err']:.1e}"
         parts.append(s)

@@ -19,6 +19,8 @@ from traces.errors import UserError
 def register(app: typer.Typer) -> None:
     app.command("capture")(capture_cmd)
     app.command("make-model")(make_model_cmd)
+    app.command("capture-hf")(capture_hf_cmd)
+    app.command("make-hf-model")(make_hf_model_cmd)
 
 
 def capture_cmd(
@@ -39,6 +41,10 @@ def capture_cmd(
     ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Keep decoding past an end-of-generation token."),
     part_tokens: int = typer.Option(64, "--part-tokens", help="Tokens per routings/ part file (an interrupted run keeps whole parts)."),
     verbose: bool = typer.Option(False, "--verbose", help="Show llama.cpp's own log."),
+    kv_type: str = typer.Option("f16", "--kv-type", help="KV cache type: f16 (llama.cpp's default), f32, bf16, q8_0."),
+    flash_attn: str = typer.Option("auto", "--flash-attn", help="Flash attention: auto (llama.cpp's default), on, off. "
+                                   "--kv-type f32 --flash-attn off computes attention in float32 (to compare with "
+                                   "another float32 engine)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
 ) -> None:
     """Run MODEL on a prompt through llama.cpp and record every MoE layer's routing as a v1 trace.
@@ -66,7 +72,7 @@ def capture_cmd(
         model=str(model), prompt=prompt or "", out=str(out), n_decode=n_decode, logits=not no_logits,
         gate_input=not no_gate_input, n_expert_used=n_expert_used, ubatch=ubatch, threads=threads, seed=seed,
         temp=temp, ignore_eos=ignore_eos, tokens_per_part=part_tokens, verbose=verbose,
-        prompt_source=str(prompt_file) if prompt_file else None,
+        prompt_source=str(prompt_file) if prompt_file else None, kv_type=kv_type, flash_attn=flash_attn,
     )
     plan = validate(opts)
     bar = progress(len(plan.tokens) + n_decode, "capture", unit="tok")
@@ -133,3 +139,112 @@ def make_model_cmd(
     write_tiny_model(out, cfg, force=force)
     typer.echo(f"wrote {out}: {arch}, {layers} layers x {experts} experts, top-k {top_k}, embd {embd}, "
                f"expert ff {cfg.ff}, router {router_type}, context {context}, seed {seed} ({out.stat().st_size} bytes)")
+
+
+def _read_prompts(prompt: str | None, prompts_file: Path | None) -> list[str]:
+    if (prompt is None) == (prompts_file is None):
+        raise UserError("give exactly one of --prompt TEXT or --prompts FILE.")
+    if prompts_file is None:
+        return [prompt or ""]
+    if not prompts_file.is_file():
+        raise UserError(f"{prompts_file}: no such prompts file.")
+    try:
+        text = prompts_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{prompts_file}: cannot be read as UTF-8 text ({e.__class__.__name__}).") from None
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        raise UserError(f"{prompts_file}: holds no prompt (one prompt per non-empty line).")
+    return lines
+
+
+def capture_hf_cmd(
+    model: Path = typer.Argument(..., help="A local transformers checkpoint directory (config.json, weights, tokenizer).",
+                                 show_default=False),
+    prompt: str | None = typer.Option(None, "--prompt", help="Prompt text."),
+    prompts_file: Path | None = typer.Option(None, "--prompts", help="UTF-8 file, one prompt per non-empty line: each is "
+                                             "its own request (request column), run one after the other with a fresh KV cache."),
+    n_decode: int = typer.Option(64, "-n", "--n-decode", help="Tokens to decode greedily after each prompt."),
+    out: Path = typer.Option(..., "--out", help="Trace directory to create (must not exist or be empty).", show_default=False),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N."),
+    dtype: str = typer.Option("float32", "--dtype", help="Load the weights as float32 | bfloat16 | float16 | auto "
+                              "(the checkpoint's)."),
+    expert_dtype: str | None = typer.Option(None, "--expert-dtype", help="Size experts as an offloading engine would "
+                                            "store them: f32 f16 bf16 fp8 q8_0 q6_k q5_k q5_0 q4_k q4_0 iq4_xs q3_k q2_k "
+                                            "mxfp4 (matrices; biases as f32). Default: as loaded."),
+    no_logits: bool = typer.Option(False, "--no-logits", help="Do not record the router logits column."),
+    no_gate_input: bool = typer.Option(False, "--no-gate-input", help="Do not record the router input (gate_input) column."),
+    ubatch: int = typer.Option(512, "--ubatch", help="Prompt tokens per forward (each forward is one batch of the trace)."),
+    ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Keep decoding past an end-of-generation token."),
+    part_tokens: int = typer.Option(64, "--part-tokens", help="Tokens per routings/ part file."),
+    drop: str | None = typer.Option(None, "--drop", help="Routing override inside the forward pass: zero chosen experts' "
+                                    "weights by a rule (weight<W; rank>=R; expert=I|J; layers=L|M), renormalised as the "
+                                    "model does; the trace marks them in a dropped column."),
+    no_renormalise: bool = typer.Option(False, "--no-renormalise", help="With --drop: leave the surviving weights as they are."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
+) -> None:
+    """Run MODEL through Hugging Face transformers (greedy, KV cache) and record every MoE layer's
+    router input, raw router logits, selected experts and applied weights as a v1 trace."""
+    from engine_bridge.hf import require_hf_extra
+
+    require_hf_extra("capture-hf")
+    from engine_bridge.checks import summary_line
+    from engine_bridge.hf import capture_hf, parse_drop_rule
+    from replay.output import json_object
+
+    prompts = _read_prompts(prompt, prompts_file)
+    rule = parse_drop_rule(drop, renormalise=not no_renormalise) if drop is not None else None
+    if rule is None and no_renormalise:
+        raise UserError("--no-renormalise applies to --drop only.")
+    res = capture_hf(str(model), prompts, n_predict=n_decode, out=out, device=device, dtype=dtype, expert_dtype=expert_dtype,
+                     override=rule, ignore_eos=ignore_eos, ubatch=ubatch, logits=not no_logits, gate_input=not no_gate_input,
+                     tokens_per_part=part_tokens, prompt_source=str(prompts_file) if prompts_file else None)
+    row = {
+        "complete": res.complete, "stop_reasons": res.stop_reasons, "tokens_prefill": res.prompt_tokens,
+        "tokens_decode": res.decode_tokens, "prefill_tok_s": res.prefill_tok_s, "decode_tok_s": res.decode_tok_s,
+        "checks_passed": res.checks["passed"],
+    }
+    if json_out:
+        typer.echo(json_object("capture-hf", str(out), [row], checks=res.checks))
+    else:
+        m = res.meta["model"]
+        state = "" if res.complete else f" [INCOMPLETE: {res.stop_reason}]"
+        typer.echo(f"wrote {out}{state}: {m['name']} ({m['arch']}), {len(m['moe_layers'])} MoE layers x {m['n_expert']} experts, "
+                   f"top-k {m['top_k']}; {len(prompts)} prompt(s), {res.prompt_tokens} prompt tokens + {res.decode_tokens} "
+                   f"decoded tokens" + (f"; override: {res.meta['intervention']}" if res.meta.get("intervention") else ""))
+        dec = f"{res.decode_tok_s:.1f} tok/s" if res.decode_tok_s else "-"
+        pre = f"{res.prefill_tok_s:.1f} tok/s" if res.prefill_tok_s else "-"
+        typer.echo(f"speed with capture on (includes the capture's own cost): prefill {pre}, decode {dec}")
+        typer.echo(f"self-checks: {summary_line(res.checks)}")
+    if not res.checks["passed"]:
+        print("moe-replay: error: a capture self-check failed: the trace does not reproduce the model's routing "
+              "(this is a bug in the capture, please report it)", file=sys.stderr)
+        sys.exit(1)
+    if not res.complete:
+        sig = signal.SIGTERM if "SIGTERM" in res.stop_reason else signal.SIGINT
+        sys.exit(128 + int(sig))
+
+
+def make_hf_model_cmd(
+    out: Path = typer.Argument(..., help="Directory to write the checkpoint and tokenizer into.", show_default=False),
+    family: str = typer.Option("qwen3_moe", "--family", help="A transformers model_type: qwen3_moe qwen2_moe mixtral olmoe "
+                               "deepseek_v3 gpt_oss glm4_moe flex_olmo dots1 glm4_moe_lite minimax minimax_m2 "
+                               "hunyuan_v1_moe lfm2_moe ernie4_5_moe."),
+    layers: int = typer.Option(3, "--layers", help="Decoder layers (families with dense first layers keep layer 0 dense)."),
+    experts: int = typer.Option(8, "--experts", help="Routed experts per MoE layer."),
+    top_k: int = typer.Option(2, "--top-k", help="Experts used per token."),
+    hidden: int = typer.Option(64, "--hidden", help="Hidden size (multiple of 16)."),
+    expert_ff: int = typer.Option(32, "--expert-ff", help="Expert hidden width."),
+    seed: int = typer.Option(0, "--seed"),
+    force: bool = typer.Option(False, "--force", help="Write into OUT even if it holds files."),
+) -> None:
+    """Write a tiny random-weight transformers MoE checkpoint with a small BPE tokenizer (tests, demos)."""
+    from engine_bridge.hf import require_hf_extra
+
+    require_hf_extra("make-hf-model")
+    from engine_bridge.hf_tiny import TinyHfConfig, write_tiny_hf_model
+
+    cfg = TinyHfConfig(family=family, layers=layers, experts=experts, top_k=top_k, hidden=hidden, expert_ff=expert_ff, seed=seed)
+    write_tiny_hf_model(out, cfg, force=force)
+    typer.echo(f"wrote {out}: {family}, {layers} layers x {experts} experts, top-k {top_k}, hidden {hidden}, "
+               f"expert ff {expert_ff}, seed {seed}")

@@ -114,6 +114,14 @@ class _LogSink:
 _SINK: _LogSink | None = None
 
 
+# KV cache types a capture may ask for (llama.cpp's -ctk/-ctv; f16 is its default) and flash
+# attention modes (-fa). On CPU, llama.cpp's default (f16 cache, flash attention on where it can)
+# rounds attention through f16: float32 weights then differ from a float32 engine by ~1e-3
+# relative; f32 + off computes attention in float32 (what a cross-engine check of float32 weights wants).
+KV_TYPES = ("f16", "f32", "bf16", "q8_0")
+FLASH_ATTN = ("auto", "on", "off")
+
+
 @dataclass
 class EngineOptions:
     n_ctx: int
@@ -122,6 +130,8 @@ class EngineOptions:
     n_expert_used: int | None = None
     arch: str = ""
     verbose: bool = False
+    kv_type: str = "f16"
+    flash_attn: str = "auto"
 
 
 def _log_sink(lc: Any, verbose: bool) -> _LogSink:
@@ -223,6 +233,10 @@ class Engine:
             cp.n_threads = opts.threads
             cp.n_threads_batch = opts.threads
         cp.no_perf = True
+        kv = getattr(lc, f"GGML_TYPE_{opts.kv_type.upper()}")
+        cp.type_k = cp.type_v = kv
+        cp.flash_attn_type = {"auto": lc.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                              "off": lc.LLAMA_FLASH_ATTN_TYPE_DISABLED}[opts.flash_attn]
         self.callback = callback
         if callback is not None:
             cp.cb_eval = callback

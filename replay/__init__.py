@@ -11,7 +11,7 @@ returns one Polars DataFrame with the DESIGN.md keys; bad input raises :class:`R
 
 Functions: open_trace, synth, cache, retain, predict, predict_run, drop, prefetch, fit_cost_model,
 cost_fit, load_cost_model, manual_cost_model, with_time, write_report, default_budgets_mib,
-policy_names, predictor_names, sweep, sweep_report.
+policy_names, predictor_names, sweep, sweep_report, compare, compare_run.
 
 Five functions share their name with the library module that does the work (``replay.cache``,
 ``replay.predict``, ``replay.drop``, ``replay.prefetch``, ``replay.sweep``): the package attribute is always the
@@ -27,6 +27,8 @@ import types as _types
 from replay.api import (
     ReplayError,
     cache,
+    compare,
+    compare_run,
     cost_fit,
     default_budgets_mib,
     drop,
@@ -52,6 +54,8 @@ __all__ = [
     "ReplayError",
     "__version__",
     "cache",
+    "compare",
+    "compare_run",
     "cost_fit",
     "default_budgets_mib",
     "drop",

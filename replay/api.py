@@ -356,3 +356,25 @@ def sweep_report(results: str | Path) -> pl.DataFrame:
     from replay.sweep import sweep_report as _report
 
     return _report(results)
+
+
+@_api
+def compare_run(trace_a: TraceLike, trace_b: TraceLike, *, tol: float = 1e-3, align: str = "none", phase: str = "all"):
+    """:func:`compare` with everything the command prints beside the rows: a
+    :class:`replay.compare.CompareResult` (``.per_layer``, ``.disagreements`` with each one's
+    margin and whether it is explained, ``.positions``, ``.tokens_checked``, ``.notes``)."""
+    from replay.compare import compare as run
+
+    return run(_trace(trace_a), _trace(trace_b), tol=tol, align=align, phase=phase)
+
+
+@_api
+def compare(trace_a: TraceLike, trace_b: TraceLike, *, tol: float = 1e-3, align: str = "none",
+            phase: str = "all") -> pl.DataFrame:
+    """Two traces of the same prompt (two engines, two quantisations, CPU vs GPU), routing by
+    routing: one row per MoE layer and the overall row (``layer`` null) with ``routings``,
+    ``set_agree_pct``, ``top1_agree_pct``, ``weight_max_abs_diff``, ``weight_mean_abs_diff``,
+    ``logit_max_abs_diff``, ``logit_mean_abs_diff``, ``disagreements``, ``explained`` (a near-tie:
+    router margin below ``tol``) and ``unexplained``. Traces of other shapes, positions or token
+    ids are refused unless ``align="step"`` (the overlap, up to the first differing token)."""
+    return compare_run(trace_a, trace_b, tol=tol, align=align, phase=phase).per_layer

@@ -190,7 +190,7 @@ def test_routing_only_capture_routes_identically(models, traces_full, tmp_path):
     d_full, _ = traces_full["qwen3moe"]
     res = _capture(models["qwen3moe"], tmp_path / "r", logits=False, gate_input=False)
     t, full = open_trace(res.out), open_trace(d_full)
-    assert t.columns == [] and res.checks["topk_of_logits"].get("skipped")
+    assert t.columns == ["token"] and res.checks["topk_of_logits"].get("skipped")
     a, b = t.arrays(), full.arrays()
     assert np.array_equal(a.experts, b.experts) and np.array_equal(a.step, b.step)
     np.testing.assert_array_equal(a.weights, b.weights)
@@ -276,3 +276,48 @@ def test_ctrl_predictor_reads_100_on_captures(traces_full, arch):
     assert row["slot_acc_pct"] == 100.0 and row["whole_acc_pct"] == 100.0
     assert row["scored"] == t.n_rows and row["unscored"] == 0
     assert not res.ctrl_failing_layers
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_token_column_holds_the_prompt_and_the_decoded_tokens(models, traces_full, arch):
+    """Each row carries the token id of its position (compare checks two runs saw the same tokens):
+    the prompt as the model's vocabulary tokenizes it, then the tokens decoded greedily."""
+    import polars as pl
+
+    from engine_bridge.engine import Vocab
+
+    d, res = traces_full[arch]
+    t = open_trace(d)
+    assert "token" in t.columns
+    df = t.routings(["step", "layer", "token"])
+    per_step = df.group_by("step").agg(pl.col("token").n_unique().alias("n"), pl.col("token").first().alias("tok")).sort("step")
+    assert per_step["n"].max() == 1  # every layer of a position carries the same token
+    with Vocab(str(models[arch])) as v:
+        prompt = v.tokenize(PROMPT)
+    toks = per_step["tok"].to_list()
+    assert toks[:len(prompt)] == prompt and len(toks) == len(prompt) + N_DECODE
+
+
+def test_kv_type_and_flash_attn_options(models, traces_full, tmp_path):
+    """--kv-type f32 --flash-attn off computes attention in float32: recorded in provenance, the same
+    routings as llama.cpp's default (f16 cache) on this model, logits that differ by f16 rounding only."""
+    from replay.compare import compare
+    from tests.helpers import assert_one_sentence_error, run_cli
+    from traces.errors import UserError
+
+    res = _capture(models["qwen3moe"], tmp_path / "f32", kv_type="f32", flash_attn="off")
+    t = open_trace(res.out)
+    cap = t.meta["provenance"]["capture"]
+    assert (cap["kv_type"], cap["flash_attn"]) == ("f32", "off")
+    assert open_trace(traces_full["qwen3moe"][0]).meta["provenance"]["capture"]["kv_type"] == "f16"
+    # on a random model the f16 rounding flips a greedy choice of the vocabulary late in the run:
+    # compare refuses, and --align step compares the positions before the first differing token
+    with pytest.raises(UserError, match="token ids differ"):
+        compare(open_trace(traces_full["qwen3moe"][0]), t)
+    res_c = compare(open_trace(traces_full["qwen3moe"][0]), t, tol=1e-2, align="step")
+    ov = res_c.overall()
+    assert res_c.positions >= res.prompt_tokens and ov["logit_max_abs_diff"] > 0 and ov["set_agree_pct"] >= 99.0, ov
+    for flag, bad in (("--kv-type", "q3"), ("--flash-attn", "maybe")):
+        r = run_cli("capture", models["qwen3moe"], "--prompt", "hi", "-n", 1, "--out", tmp_path / "x", flag, bad)
+        assert_one_sentence_error(r, flag, repr(bad))
+        assert not (tmp_path / "x").exists()

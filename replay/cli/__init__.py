@@ -32,6 +32,7 @@ app = typer.Typer(
 VERB_MODULES = ("replay.cli.cache", "replay.cli.predict", "replay.cli.whatif", "replay.cli.cost", "replay.cli.report",
                 "replay.cli.imports", "replay.cli.exports", "replay.cli.schedule")
 VERB_MODULES += ("replay.cli.sweep",)
+VERB_MODULES += ("replay.cli.compare",)
 
 
 def _echo(text: str) -> None:
