@@ -13,8 +13,8 @@ Functions: open_trace, synth, cache, retain, predict, predict_run, drop, prefetc
 cost_fit, load_cost_model, manual_cost_model, with_time, write_report, default_budgets_mib,
 policy_names, predictor_names, sweep, sweep_report, compare, compare_run.
 
-Five functions share their name with the library module that does the work (``replay.cache``,
-``replay.predict``, ``replay.drop``, ``replay.prefetch``, ``replay.sweep``): the package attribute is always the
+Six functions share their name with the library module that does the work (``replay.cache``,
+``replay.predict``, ``replay.drop``, ``replay.prefetch``, ``replay.sweep``, ``replay.compare``): the package attribute is always the
 function; the modules are imported with ``from replay.cache import sweep`` as before.
 
 Your own policy or predictor module: ``policy_file=`` / ``predictor_file=`` (see examples/ and
