@@ -433,8 +433,12 @@ class _Recorder:
         names = list(sig.parameters)[1:4]  # self, hidden_states, ids, weights
 
         def hook(mod: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-            bound = sig.bind(mod, *args, **kwargs)
-            ids, weights = bound.arguments[names[1]], bound.arguments[names[2]]
+            if len(args) >= 3:  # the blocks call experts(hidden, ids, weights): no binding needed
+                ids, weights = args[1], args[2]
+                bound = None
+            else:
+                bound = sig.bind(mod, *args, **kwargs)
+                ids, weights = bound.arguments[names[1]], bound.arguments[names[2]]
             d = self.cur.setdefault(layer, {})
             d["ids"] = ids.detach().cpu().numpy().astype(np.int32)
             d["weights"] = weights.detach().float().cpu().numpy()
@@ -448,6 +452,8 @@ class _Recorder:
                                 f"expected {list(weights.shape)}.")
             new = new.to(weights.dtype)
             d["dropped"] = ((new == 0) & (weights != 0)).cpu().numpy()
+            if bound is None:
+                return (args[0], args[1], new, *args[3:]), kwargs
             bound.arguments[names[2]] = new
             return tuple(bound.args[1:]), dict(bound.kwargs)
         return hook
