@@ -11,7 +11,7 @@ import argparse
 import subprocess
 import sys
 
-ALL = ["lru_throughput", "vs_libcachesim", "qwen_sweep", "stale_gate", "capture_overhead", "synth_scale"]
+ALL = ["lru_throughput", "vs_libcachesim", "qwen_sweep", "stale_gate", "capture_overhead", "capture_hf_overhead", "synth_scale"]
 
 
 def main() -> None:
