@@ -410,6 +410,18 @@ def test_cli_capture_and_bad_input(cli, hf_models, tmp_path):
     assert "not empty" in one_sentence(r)
 
 
+def test_make_hf_model_is_deterministic_and_refuses_a_full_directory(cli, tmp_path):
+    for d in ("a", "b"):
+        r = cli("make-hf-model", tmp_path / d, "--family", "olmoe", "--layers", "2", "--seed", "5")
+        assert r.returncode == 0, r.stderr
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert "model.safetensors" in files and "tokenizer.json" in files
+    for f in files:
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+    assert "not empty" in one_sentence(cli("make-hf-model", tmp_path / "a"))
+    assert "--family 'bogus'" in one_sentence(cli("make-hf-model", tmp_path / "c", "--family", "bogus"))
+
+
 def test_missing_extra_named_in_one_sentence(tmp_path):
     code = "import sys; sys.modules['torch'] = None; from replay.cli import main; main(sys.argv[1:])"
     r = subprocess.run([sys.executable, "-c", code, "capture-hf", str(tmp_path), "--prompt", "hi", "--out", str(tmp_path / "o")],
