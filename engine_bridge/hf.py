@@ -82,6 +82,7 @@ FAMILIES: dict[str, Family] = {
     "hunyuan_v1_moe": Family("gate", "HunYuanMoEV1Gate", "softmax", always_norm=True, weight="wg.weight"),
     "ernie4_5_moe": Family("gate", "Ernie4_5_MoeTopKRouter", "softmax", always_norm=True,
                            selection_bias="moe_statics.e_score_correction_bias"),
+    "deepseek_v2": Family("gate", "DeepseekV2TopkRouter", "softmax"),  # topk_method greedy only (gating_of)
     "deepseek_v3": Family("gate", "DeepseekV3TopkRouter", "sigmoid", selection_bias="e_score_correction_bias"),
     "glm4_moe": Family("gate", "Glm4MoeTopkRouter", "sigmoid", selection_bias="e_score_correction_bias"),
     "glm4_moe_lite": Family("gate", "Glm4MoeLiteTopkRouter", "sigmoid", selection_bias="e_score_correction_bias"),
@@ -106,7 +107,7 @@ def _tensor_at(block: Any, router: Any, path: str | None) -> Any:
 
 
 # Routers that cast their input and matrix to float32 before the linear.
-_FLOAT32_ROUTERS = {"DeepseekV3TopkRouter", "Glm4MoeTopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter",
+_FLOAT32_ROUTERS = {"DeepseekV2TopkRouter", "DeepseekV3TopkRouter", "Glm4MoeTopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter",
                     "Ernie4_5_MoeTopKRouter"}
 
 
@@ -325,7 +326,12 @@ def gating_of(blocks: list[_Block], fam: Family) -> tuple[dict[str, Any], int]:
     seen = set()
     for b in blocks:
         r = b.router
-        n_group = int(getattr(r, "num_group", 1) or 1)
+        method = getattr(r, "topk_method", None)  # DeepSeek-V2
+        if method is not None and method != "greedy":
+            raise UserError(f"layer {b.layer}'s router selects with topk_method {method!r} (the best expert of each "
+                            "group ranks the groups), a rule the trace format's gating cannot state; capture-hf knows "
+                            "'greedy' only for this family.")
+        n_group = 1 if method == "greedy" else int(getattr(r, "num_group", 1) or 1)
         g = {
             "activation": fam.activation,
             "norm_topk": bool(fam.always_norm or getattr(r, "norm_topk_prob", False)) if fam.activation != "softmax_weight"
