@@ -446,6 +446,8 @@ class _Recorder:
                 bound = sig.bind(mod, *args, **kwargs)
                 ids, weights = bound.arguments[names[1]], bound.arguments[names[2]]
             d = self.cur.setdefault(layer, {})
+            if "ids" in d:
+                raise RuntimeError(f"layer {layer}: the experts ran twice in one forward")
             d["ids"] = ids.detach().cpu().numpy().astype(np.int32)
             d["weights"] = weights.detach().float().cpu().numpy()
             if self.override is None:
