@@ -15,11 +15,12 @@ import functools
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
-
-import polars as pl
+from typing import TYPE_CHECKING, Any
 
 from traces.errors import UserError
+
+if TYPE_CHECKING:  # Polars is imported where a function runs, not by ``import replay.cli`` (``--help`` stays fast)
+    import polars as pl
 
 ReplayError = UserError
 
@@ -139,7 +140,7 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     row carries all of them. ``policy_file``: a policy module (or a list) anywhere on disk."""
     from replay.cache import check_policies, loads_of, sweep
     from replay.info import require_routings
-    from replay.output import check_phase
+    from replay.phases import check_phase
 
     check_phase(phase)
     _plugins(policy_file, predictor_file)
@@ -216,7 +217,7 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
     cache replayed at ``budget_mib`` under ``policy`` with dropping in the loop). With
     ``cost_model``: ``ms_per_token`` and the no-drop baseline (decode only)."""
     from replay.drop import closed_drop, drop_time_columns, static_drop
-    from replay.output import check_phase
+    from replay.phases import check_phase
 
     check_phase(phase)
     _plugins(policy_file, None)
@@ -247,7 +248,9 @@ def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: flo
     frame = _prefetch(t, predictor, budget_mib=budget_mib, policy=policy, cap=cap, guard=guard, drop_frac=drop_frac,
                       retain=retain)
     if cost_model is not None:
-        frame = with_prefetch_time(frame, cost_model)
+        from replay.present.whatif import with_verdict
+
+        frame = with_verdict(with_prefetch_time(frame, cost_model))
     return with_best_plain(frame, best_plain(t, frame["budget_mib"][0], cost_model))
 
 
@@ -267,6 +270,8 @@ def cost_fit(trace: TraceLike) -> pl.DataFrame:
     from replay.cost import fit_trace
 
     best, cands, _ = fit_trace(_trace(trace))
+    import polars as pl
+
     return pl.DataFrame([{**c.row(), "selected": c is best} for c in cands])
 
 
