@@ -40,7 +40,7 @@ def test_help_imports_no_numba_or_polars():
 
 
 def test_import_replay_is_lazy_but_complete():
-    got = _py("import sys, replay\nprint('polars' in sys.modules)\nprint(callable(replay.cache), 'polars' in sys.modules)\n"
+    got = _py("import sys, replay\nprint('polars' in sys.modules)\nprint(callable(replay.cache), 'replay.api' in sys.modules)\n"
               "import replay.cache\nprint(callable(replay.cache), sorted(set(replay.__all__) - set(dir(replay))))")
     assert got.split("\n")[:3] == ["False", "True True", "True []"]
 
@@ -163,6 +163,18 @@ def test_budgets_take_units(tiny):
     a = run_cli("cache", tiny, "--policies", "lru", "--budgets", "0.25GiB,1GiB", "--json").json()
     b = run_cli("cache", tiny, "--policies", "lru", "--budgets", "256,1024", "--json").json()
     assert a["rows"] == b["rows"] and [r["budget_mib"] for r in a["rows"]] == [256.0, 1024.0]
+
+
+def test_api_budgets_take_units(tiny):
+    import replay
+
+    a = replay.cache(str(tiny), policies=["lru"], budgets_mib=["0.5GiB", "1GiB"])
+    b = replay.cache(str(tiny), policies=["lru"], budgets_mib=[512, 1024])
+    assert a.equals(b)
+    assert replay.drop(str(tiny), mode="closed", fracs=[0.5], budget_mib="512MiB").equals(
+        replay.drop(str(tiny), mode="closed", fracs=[0.5], budget_mib=512))
+    with pytest.raises(replay.ReplayError, match="^budget_mib: '4GB' is not a budget"):
+        replay.prefetch(str(tiny), budget_mib="4GB")
 
 
 # -- compact output -------------------------------------------------------------------------------
