@@ -14,17 +14,20 @@ Definitions used everywhere here (DESIGN.md, "Replay semantics"):
   budget (or, under ``layer``/``layerlfu``, its layer's share): nothing left to evict but the
   load's own entries. A cell with ``overflow_loads > 0`` is *over budget* (``over_budget``): its hit
   rate needs more memory than the budget it is listed under, and every table and verdict marks
-  it or leaves it out (:func:`within_budget`, :func:`pick_best`, :func:`over_budget_note`).
+  it or leaves it out (:func:`within_budget`, :func:`pick_best`; the sentence naming such cells is
+  :func:`replay.present.cache.over_budget_note`).
 
-Library API (frames in, frames out; the CLI in :mod:`replay.cli.cache` only formats):
+Library API (frames in, frames out; :mod:`replay.present.cache` formats them, :mod:`replay.cli.cache`
+only parses options):
 
 - :func:`prepare_loads` / :func:`loads_of` -> :class:`Loads` (budget-independent arrays)
 - :func:`replay` -> :class:`ReplayResult` (one policy at one budget; optional per-slot flags)
 - :func:`sweep` -> pl.DataFrame of cache rows (many cells, parallel over cores)
 - :func:`result_rows`, :func:`batch_series`, :func:`decode_token_series`
 - :func:`default_budgets_mib`, :func:`validate`
-- :func:`within_budget`, :func:`pick_best`, :func:`over_budget_note`: the one way every verb and
-  the report choose a "best"/"fastest" cell and mark over-budget ones
+- :func:`within_budget`, :func:`pick_best`: the one way every verb and the report choose a
+  "best"/"fastest" cell and leave over-budget ones out
+- :func:`validate_ok`: did ``--validate`` reproduce the engine (within :data:`VALIDATE_TOLERANCE_PP`)
 """
 
 from __future__ import annotations
@@ -474,7 +477,7 @@ def within_budget(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], lis
 def pick_best(rows: list[dict[str, Any]], value: str, highest: bool) -> dict[str, Any] | None:
     """The row with the highest (``highest``) or lowest ``value``; a missing or NaN value ranks last;
     ties go to the policy name first in alphabetical order. Every "best online" / "fastest" choice
-    (the ``cache`` CLI, ``cost.verdict``, the report) goes through here, so they break ties alike.
+    (the ``cache`` CLI, ``replay.present.cost.verdict``, the report) goes through here, so they break ties alike.
     Callers pass within-budget rows (:func:`within_budget`) and say which they left out."""
     def rank(r: dict[str, Any]) -> tuple:
         v = r.get(value)

@@ -17,7 +17,7 @@ MAX_BUDGET_MIB = float(1 << 40)
 # Binary units a budget may carry, in MiB. Decimal ones (MB, GB) are refused, not guessed: a
 # "4GB" budget read as 4000 MiB or as 4096 MiB would move every hit rate.
 _BUDGET_UNITS = {"": 1.0, "kib": 1.0 / 1024, "mib": 1.0, "gib": 1024.0, "tib": 1024.0 * 1024.0}
-_BUDGET = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*")
+_BUDGET = re.compile(r"\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*")
 
 
 def exact(v: object) -> str:
@@ -49,11 +49,14 @@ def parse_budget_mib(text: str | float | int, what: str = "budget") -> float:
     m = _BUDGET.fullmatch(text)
     unit = m.group(2).lower() if m else None
     if m is None or unit not in _BUDGET_UNITS:
-        hint = (" (decimal units are ambiguous: write MiB or GiB)" if unit in ("kb", "mb", "gb", "tb", "k", "m", "g", "t")
-                else "")
-        raise _budget_error(what, f"{text.strip()!r} is not a budget: give MiB as a number (4000) or with a unit "
-                                  f"(4000MiB, 4GiB, 1.5GiB){hint}")
-    return check_budget_mib(float(m.group(1)) * _BUDGET_UNITS[unit], what)
+        if unit in ("kb", "mb", "gb", "tb", "k", "m", "g", "t"):
+            raise _budget_error(what, f"{text.strip()!r}: decimal units are ambiguous; give MiB or GiB (4000MiB, 4GiB, 1.5GiB)")
+        raise _budget_error(what, f"{text.strip()!r} is not a number of MiB, nor a size with a binary unit "
+                                  "(4000, 4000MiB, 4GiB, 1.5GiB)")
+    v = float(m.group(1)) * _BUDGET_UNITS[unit]
+    if not v > 0:
+        raise _budget_error(what, f"{text.strip()!r} is not a positive number of MiB")
+    return check_budget_mib(v, what)
 
 
 def parse_budgets_mib(text: str, what: str = "--budgets") -> list[float]:
