@@ -31,9 +31,10 @@ import_app = typer.Typer(no_args_is_help=True, help="Import other engines' route
 app.add_typer(import_app, name="import")
 
 def _usage_name(self: typer.core.TyperArgument) -> str:
-    """An argument on the usage line as a command line reads: TRACE, [OPTIONAL]; typer 0.29 writes
-    a required one as {TRACE}, which reads like a placeholder of a format string."""
-    name = self.display_name_raw
+    """An argument on the usage line as a command line reads: TRACE, OUT_DIR, [OPTIONAL]; typer 0.29
+    writes a required one as {TRACE} (and a plain one in lower case), which reads like a placeholder
+    of a format string."""
+    name = self.metavar or (self.name or self.display_name_raw).upper()
     return (name if self.required else f"[{name}]") + ("..." if self.nargs != 1 else "")
 
 
