@@ -14,13 +14,12 @@ inputs a Python caller would want refused. The prompt is tokenized first, with t
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from engine_bridge.hook import GraphShape, LayerCapture, MoeHook
 from traces.atomic import check_output_dir
 from traces.errors import UserError
 from traces.rounding import input_rounding
+from traces.signals import on_signals
 from traces.writer import TraceWriter
 
 
@@ -262,21 +262,6 @@ class _Stop:
         self.signal = signum
 
 
-@contextlib.contextmanager
-def _catch_signals(stop: _Stop) -> Iterator[None]:
-    old = {}
-    for s in (signal.SIGINT, signal.SIGTERM):
-        try:
-            old[s] = signal.signal(s, stop)
-        except ValueError:  # not the main thread: no handler, the run is not interruptible
-            pass
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
 class _Rows:
     """Rows of whole batches not yet handed to the writer (appended in one call per flush).
 
@@ -391,7 +376,7 @@ def _run(opts: CaptureOptions, plan: CapturePlan, hook: MoeHook, engine: Engine,
 
     complete = False
     try:
-        with _catch_signals(stop):
+        with on_signals(stop):
             logits_vocab = None
             for start in range(0, len(tokens), ubatch):
                 if stop.signal is not None:

@@ -17,10 +17,12 @@ from traces.errors import UserError
 
 
 def register(app: typer.Typer) -> None:
-    app.command("capture")(capture_cmd)
-    app.command("make-model")(make_model_cmd)
-    app.command("capture-hf")(capture_hf_cmd)
-    app.command("make-hf-model")(make_hf_model_cmd)
+    from replay.cli.options import example
+
+    app.command("capture", epilog=example('moe-replay capture model.gguf --prompt "Hello" -n 32 --out traces/mine'))(capture_cmd)
+    app.command("make-model", epilog=example("moe-replay make-model /tmp/tiny.gguf --layers 4 --experts 16"))(make_model_cmd)
+    app.command("capture-hf", epilog=example('moe-replay capture-hf /tmp/q3 --prompt "Hello" -n 32 --out traces/mine-hf'))(capture_hf_cmd)
+    app.command("make-hf-model", epilog=example("moe-replay make-hf-model /tmp/q3 --family qwen3_moe"))(make_hf_model_cmd)
 
 
 def capture_cmd(
@@ -57,7 +59,8 @@ def capture_cmd(
     require_capture_extra("capture")  # before any file is looked at: name the extra, not a module
     from engine_bridge.capture import CaptureOptions, capture, validate
     from engine_bridge.checks import summary_line
-    from replay.output import json_object, progress
+    from replay.present.format import json_object
+    from replay.progress import progress
 
     if (prompt is None) == (prompt_file is None):
         raise UserError("give exactly one of --prompt TEXT or --prompt-file FILE.")

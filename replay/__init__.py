@@ -24,30 +24,6 @@ the README, "Write your own policy or predictor").
 import sys as _sys
 import types as _types
 
-from replay.api import (
-    ReplayError,
-    cache,
-    compare,
-    compare_run,
-    cost_fit,
-    default_budgets_mib,
-    drop,
-    fit_cost_model,
-    load_cost_model,
-    manual_cost_model,
-    open_trace,
-    policy_names,
-    predict,
-    predict_run,
-    predictor_names,
-    prefetch,
-    retain,
-    sweep,
-    sweep_report,
-    synth,
-    with_time,
-    write_report,
-)
 from traces.version import __version__
 
 __all__ = [
@@ -75,6 +51,22 @@ __all__ = [
     "with_time",
     "write_report",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """The API functions are imported on first use (PEP 562): ``import replay.cli`` (and so
+    ``moe-replay --help``) must not wait for Polars and Numba."""
+    if name in __all__:
+        from replay import api
+
+        value = getattr(api, name)
+        _types.ModuleType.__setattr__(_sys.modules[__name__], name, value)
+        return value
+    raise AttributeError(f"module 'replay' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 class _Package(_types.ModuleType):

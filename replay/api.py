@@ -15,11 +15,12 @@ import functools
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
-
-import polars as pl
+from typing import TYPE_CHECKING, Any
 
 from traces.errors import UserError
+
+if TYPE_CHECKING:  # Polars is imported where a function runs, not by ``import replay.cli`` (``--help`` stays fast)
+    import polars as pl
 
 ReplayError = UserError
 
@@ -85,6 +86,19 @@ def _plugins(policy_file: Any, predictor_file: Any) -> None:
         active_files.set(tuple(dict.fromkeys((*active_files.get(), *preds))))
 
 
+def _budget(value: Any, what: str = "budget_mib") -> float | None:
+    """A budget in MiB: a number, or text with a binary unit ("4GiB"), read by the CLI's own parser."""
+    from traces.units import parse_budget_mib
+
+    return None if value is None else parse_budget_mib(value, what)
+
+
+def _budgets(values: Sequence[Any]) -> list[float]:
+    if isinstance(values, (str, int, float)):
+        values = [values]
+    return [_budget(v, "budgets_mib") for v in values]
+
+
 @_api
 def open_trace(path: str | Path):
     """Open a v1 trace directory (validated); the object every other function takes."""
@@ -134,12 +148,13 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     ``over_budget``, ... (DESIGN.md, "cache"); with ``cost_model`` (a model from
     :func:`fit_cost_model` / :func:`load_cost_model`) also ``ms_per_token``/``tok_s``; with
     ``retain_predictor`` the replay protects that predictor's guesses for the next layer(s)
-    (``retain_gain_pp_*`` columns). ``budgets_mib`` default: :func:`default_budgets_mib`.
+    (``retain_gain_pp_*`` columns). ``budgets_mib`` default: :func:`default_budgets_mib`; a budget
+    is MiB, or text with a binary unit (``"4GiB"``, ``"1.5GiB"``), in every function that takes one.
     ``phase`` is checked (decode | prefill | all): it names the hit % a caller leads with; every
     row carries all of them. ``policy_file``: a policy module (or a list) anywhere on disk."""
     from replay.cache import check_policies, loads_of, sweep
     from replay.info import require_routings
-    from replay.output import check_phase
+    from replay.phases import check_phase
 
     check_phase(phase)
     _plugins(policy_file, predictor_file)
@@ -149,7 +164,7 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     t = _trace(trace)
     require_routings(t, "replay")
     loads = loads if loads is not None else loads_of(t)
-    blist = list(budgets_mib) if budgets_mib is not None else default_budgets_mib(t)
+    blist = _budgets(budgets_mib) if budgets_mib is not None else default_budgets_mib(t)
     if retain_predictor is not None:
         from replay.prefetch import retain_sweep
 
@@ -216,7 +231,7 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
     cache replayed at ``budget_mib`` under ``policy`` with dropping in the loop). With
     ``cost_model``: ``ms_per_token`` and the no-drop baseline (decode only)."""
     from replay.drop import closed_drop, drop_time_columns, static_drop
-    from replay.output import check_phase
+    from replay.phases import check_phase
 
     check_phase(phase)
     _plugins(policy_file, None)
@@ -227,7 +242,7 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
     t = _trace(trace)
     vals = [float(f) for f in fracs]
     frame = (static_drop(t, vals, phase=phase) if mode == "static"
-             else closed_drop(t, vals, budget_mib=budget_mib, policy=policy, phase=phase))
+             else closed_drop(t, vals, budget_mib=_budget(budget_mib), policy=policy, phase=phase))
     return drop_time_columns(frame, cost_model, mode) if cost_model is not None else frame
 
 
@@ -244,10 +259,12 @@ def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: flo
 
     _plugins(policy_file, predictor_file)
     t = _trace(trace)
-    frame = _prefetch(t, predictor, budget_mib=budget_mib, policy=policy, cap=cap, guard=guard, drop_frac=drop_frac,
+    frame = _prefetch(t, predictor, budget_mib=_budget(budget_mib), policy=policy, cap=cap, guard=guard, drop_frac=drop_frac,
                       retain=retain)
     if cost_model is not None:
-        frame = with_prefetch_time(frame, cost_model)
+        from replay.present.whatif import with_verdict
+
+        frame = with_verdict(with_prefetch_time(frame, cost_model))
     return with_best_plain(frame, best_plain(t, frame["budget_mib"][0], cost_model))
 
 
@@ -267,6 +284,8 @@ def cost_fit(trace: TraceLike) -> pl.DataFrame:
     from replay.cost import fit_trace
 
     best, cands, _ = fit_trace(_trace(trace))
+    import polars as pl
+
     return pl.DataFrame([{**c.row(), "selected": c is best} for c in cands])
 
 
@@ -312,7 +331,7 @@ def write_report(trace: str | Path, out: str | Path, *, budgets_mib: Sequence[fl
     _plugins(policy_file, predictor_file)
     pols = check_policies(list(policies), option="policies") if policies is not None else None
     path = trace.path if hasattr(trace, "path") else trace
-    return _write(path, out, budgets_mib=list(budgets_mib) if budgets_mib is not None else None, policies=pols,
+    return _write(path, out, budgets_mib=_budgets(budgets_mib) if budgets_mib is not None else None, policies=pols,
                   cost_model=cost_model, force=force, progress=progress, inputs=inputs)
 
 

@@ -14,17 +14,20 @@ Definitions used everywhere here (DESIGN.md, "Replay semantics"):
   budget (or, under ``layer``/``layerlfu``, its layer's share): nothing left to evict but the
   load's own entries. A cell with ``overflow_loads > 0`` is *over budget* (``over_budget``): its hit
   rate needs more memory than the budget it is listed under, and every table and verdict marks
-  it or leaves it out (:func:`within_budget`, :func:`pick_best`, :func:`over_budget_note`).
+  it or leaves it out (:func:`within_budget`, :func:`pick_best`; the sentence naming such cells is
+  :func:`replay.present.cache.over_budget_note`).
 
-Library API (frames in, frames out; the CLI in :mod:`replay.cli.cache` only formats):
+Library API (frames in, frames out; :mod:`replay.present.cache` formats them, :mod:`replay.cli.cache`
+only parses options):
 
 - :func:`prepare_loads` / :func:`loads_of` -> :class:`Loads` (budget-independent arrays)
 - :func:`replay` -> :class:`ReplayResult` (one policy at one budget; optional per-slot flags)
 - :func:`sweep` -> pl.DataFrame of cache rows (many cells, parallel over cores)
 - :func:`result_rows`, :func:`batch_series`, :func:`decode_token_series`
 - :func:`default_budgets_mib`, :func:`validate`
-- :func:`within_budget`, :func:`pick_best`, :func:`over_budget_note`: the one way every verb and
-  the report choose a "best"/"fastest" cell and mark over-budget ones
+- :func:`within_budget`, :func:`pick_best`: the one way every verb and the report choose a
+  "best"/"fastest" cell and leave over-budget ones out
+- :func:`validate_ok`: did ``--validate`` reproduce the engine (within :data:`VALIDATE_TOLERANCE_PP`)
 """
 
 from __future__ import annotations
@@ -60,12 +63,10 @@ from replay.cache_kernel import (
     no_options,
 )
 from replay.cache_state import BUDGET, MAX_SLOTS, RESIDENT, new_state
-from replay.output import exact
 from replay.policies import is_plugin, names, policy_module
 from traces.errors import UserError
 from traces.reader import RoutingArrays, Trace
-from traces.schema import MAX_BUDGET_MIB
-from traces.units import MIB
+from traces.units import MIB, check_budget_mib
 
 UNBOUNDED_BYTES = np.int64(1) << np.int64(62)
 
@@ -77,7 +78,7 @@ def kernel_for(policy: str, whatif: bool = False, slots: bool = False):
     """The compiled driver for ``policy``, ready to run: compiled, or loaded from Numba's on-disk
     cache, once per process, by running it on a tiny input here (so a caller's timing, or a thread
     pool's first calls, never include compilation; on a terminal the CLI's
-    :func:`replay.output.compile_notice` says when this compiles). ``whatif`` = the variant with
+    :func:`replay.progress.compile_notice` says when this compiles). ``whatif`` = the variant with
     the drop / prediction paths (a plain replay has them compiled out); ``slots`` = a plain
     variant that writes per-slot residency codes (a what-if variant always can)."""
     key = (policy, whatif, slots and not whatif)
@@ -152,9 +153,8 @@ def check_policy_options(policy: str, options: dict[str, Any] | None, loads: Loa
 
 
 def budget_bytes(budget_mib: float) -> int:
-    if not (isinstance(budget_mib, (int, float)) and math.isfinite(budget_mib) and 0 < budget_mib <= MAX_BUDGET_MIB):
-        raise UserError(f"budget {budget_mib!r} MiB: a budget must be a positive number of MiB, at most 2^40.")
-    return int(math.floor(budget_mib * MIB))
+    """A budget in MiB as bytes (floor), checked as every budget is (:func:`traces.units.check_budget_mib`)."""
+    return int(math.floor(check_budget_mib(budget_mib, "budget") * MIB))
 
 
 @dataclass(frozen=True)
@@ -496,7 +496,7 @@ def within_budget(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], lis
 def pick_best(rows: list[dict[str, Any]], value: str, highest: bool) -> dict[str, Any] | None:
     """The row with the highest (``highest``) or lowest ``value``; a missing or NaN value ranks last;
     ties go to the policy name first in alphabetical order. Every "best online" / "fastest" choice
-    (the ``cache`` CLI, ``cost.verdict``, the report) goes through here, so they break ties alike.
+    (the ``cache`` CLI, ``replay.present.cost.verdict``, the report) goes through here, so they break ties alike.
     Callers pass within-budget rows (:func:`within_budget`) and say which they left out."""
     def rank(r: dict[str, Any]) -> tuple:
         v = r.get(value)
@@ -505,19 +505,6 @@ def pick_best(rows: list[dict[str, Any]], value: str, highest: bool) -> dict[str
 
     return min(rows, key=rank) if rows else None
 
-
-def over_budget_note(rows: list[dict[str, Any]]) -> str | None:
-    """One sentence naming every over-budget cell with its peak and overflowed loads, or None."""
-    over = [r for r in rows if is_over_budget(r)]
-    if not over:
-        return None
-    cells = "; ".join(f"{r['policy']} at {exact(r['budget_mib'])} MiB (peak {r['peak_resident_mib']:.1f} MiB resident, "
-                      f"{r['overflow_loads']:,} loads overflowed)" if r.get("peak_resident_mib") is not None else
-                      f"{r['policy']} at {exact(r['budget_mib'])} MiB ({r['overflow_loads']:,} loads overflowed)" for r in over)
-    parts = ", ".join(p for p in names() if policy_module(p).PARTITION == "layer")
-    return (f"over budget: a load needed more than the budget (or its layer's share under a per-layer partition: {parts}), "
-            "so the cache overflowed"
-            f" and the hit rate needs more memory than listed: {cells}.")
 
 
 def batch_series(loads: Loads, res: ReplayResult) -> pl.DataFrame:
@@ -569,7 +556,7 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
     sets its own per-layer budgets (``pin``, ``layer-opt``), every row gains ``preload_mib`` and
     ``share_mib`` (:func:`result_rows`).
     """
-    from replay.output import progress
+    from replay.progress import progress
 
     policies = check_policies(policies)
     budgets = [float(b) for b in budgets_mib]
@@ -686,3 +673,14 @@ def _slot_read_bytes(loads: Loads, slots: np.ndarray) -> np.ndarray:
         miss = slots[lo:hi].ravel() == 0
         out[lo:hi] = (np.where(flat & miss, eb[ent], 0)).reshape(hi - lo, -1)
     return out
+
+
+VALIDATE_TOLERANCE_PP = 0.1  # the engine prints its cumulative hit % with one decimal
+
+
+def validate_ok(row) -> bool | None:
+    """Did the replay reproduce the engine (cumulative hit % within the tolerance)? None when the
+    trace records no engine hit rate to compare with."""
+    if row.get("diff_pp") is None:
+        return None
+    return abs(row["diff_pp"]) <= VALIDATE_TOLERANCE_PP

@@ -26,11 +26,10 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from replay.output import exact
 from replay.policies import bound_policies
 from traces.errors import UserError
 from traces.reader import Trace
-from traces.units import MIB
+from traces.units import MIB, exact
 
 MAX_MS = 86_400_000.0  # one day: no per-token time, coefficient or intercept beyond it is a measurement
 
@@ -484,47 +483,3 @@ def with_time(frame: pl.DataFrame, model: CostModel, tokens_decode: int) -> pl.D
     return add_time_columns(f, model, "read_mib_decode", "misses_decode", "tokens_decode")
 
 
-def verdict(rows: list[dict[str, Any]]) -> list[str]:
-    """Which online configuration wins on time, and whether that is the one that wins on hits.
-
-    Only within-budget cells compete (:func:`replay.cache.within_budget`): an over-budget cell's
-    time needs more memory than its budget, so it is named as left out, never picked. Ties go the
-    way :func:`replay.cache.pick_best` breaks them (the CLI and the report alike)."""
-    from replay.cache import pick_best, within_budget
-
-    online = [r for r in rows if r.get("layer") is None and r["policy"] not in BOUNDS and r.get("ms_per_token") is not None]
-    if not online:
-        return []
-    best = []
-    left_out = []
-    for b in sorted({r["budget_mib"] for r in online}):
-        ok, over = within_budget([r for r in online if r["budget_mib"] == b])
-        left_out += over
-        r = pick_best(ok, "ms_per_token", highest=False)
-        if r is None:
-            best.append(f"{exact(b)} MiB: none within budget")
-            continue
-        ci = r.get("ms_per_token_ci95")
-        ci_txt = f" +/- {ci:.1f}" if ci is not None and math.isfinite(ci) else ""
-        best.append(f"{exact(b)} MiB: {r['policy']} {r['ms_per_token']:.1f}{ci_txt} ms ({r['tok_s']:.2f} tok/s)")
-    named = ["belady", "infinite"] + sorted({r["policy"] for r in rows if r["policy"] in BOUNDS} - {"belady", "infinite"})
-    out = [f"fastest online policy per budget (decode, estimated; {'/'.join(named)} are bounds, not candidates"
-           + ("; over-budget cells left out" if left_out else "") + "): " + "; ".join(best)]
-    if left_out:
-        out.append("left out as over budget (the cache overflowed: the figure needs more memory than the budget): "
-                   + "; ".join(f"{r['policy']} at {exact(r['budget_mib'])} MiB" + (f" (peak {r['peak_resident_mib']:.1f} MiB)"
-                                                                          if r.get("peak_resident_mib") is not None else "")
-                               for r in left_out))
-    for b in sorted({r["budget_mib"] for r in online}):
-        at, _ = within_budget([r for r in online if r["budget_mib"] == b])
-        by_time = pick_best(at, "ms_per_token", highest=False)
-        by_hits = pick_best(at, "hit_pct_decode", highest=True)
-        if by_time is None or by_hits is None:
-            continue
-        if by_time["policy"] != by_hits["policy"] and by_time["ms_per_token"] < by_hits["ms_per_token"]:
-            out.append(f"at {exact(b)} MiB, {by_hits['policy']} hits most ({by_hits['hit_pct_decode']:.1f}% decode) but "
-                       f"{by_time['policy']} is faster ({by_time['ms_per_token']:.1f} vs {by_hits['ms_per_token']:.1f} ms/token): "
-                       "it reads fewer bytes per token (expert sizes differ by layer)")
-    out.append("time estimates see bytes read (and misses, if the model has that term), not compute, thermal state or page "
-               "faults; the +/- is a 95% interval from the fit's residuals (none for a manual model), not run-to-run drift")
-    return out

@@ -28,8 +28,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from replay.output import PHASE_CODES as PHASES
-from replay.output import check_phase
+from replay.phases import PHASE_CODES as PHASES
+from replay.phases import check_phase
 from traces.errors import UserError
 from traces.reader import RoutingArrays, Trace
 from traces.units import MIB

@@ -14,6 +14,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -76,6 +77,69 @@ def _paths(files: str | Path | list | tuple | None) -> list[str]:
     if isinstance(files, (str, Path)):
         return [str(files)]
     return [str(f) for f in files]
+
+
+class Registry:
+    """One kind of plugin (policies, predictors): built-ins by name, then entry points, then files,
+    each module checked by ``validate(module, name or None) -> name`` before it is usable.
+
+    Built-ins and entry points are loaded on first use, not at import (``moe-replay --help`` lists
+    the built-in names from ``builtins`` without compiling anything). A name taken twice by
+    different modules is one sentence naming both files."""
+
+    def __init__(self, kind: str, builtins: dict[str, str], group: str,
+                 validate: Callable[[ModuleType, str | None], str]) -> None:
+        self.kind = kind
+        self.builtins = builtins  # name -> dotted module (the registry's own, typed once)
+        self.group = group
+        self.validate = validate
+        self._modules: dict[str, ModuleType] = {}
+        self.from_files: set[str] = set()  # names registered from a file (not a built-in or an entry point)
+
+    def add(self, mod: ModuleType, name: str | None = None) -> str:
+        n = self.validate(mod, name)
+        old = self._modules.get(n)
+        if old is not None and old is not mod:
+            raise UserError(f"{where(mod)}: {self.kind} name {n!r} is already taken by {where(old)}.")
+        self._modules[n] = mod
+        return n
+
+    def ensure(self) -> None:
+        """Load (once) every built-in, then every entry point of the group."""
+        if all(n in self._modules for n in self.builtins):
+            return
+        for n, spec in self.builtins.items():
+            if n not in self._modules:
+                self.add(load(spec, self.kind), n)
+        for _, spec in entry_points(self.group):
+            self.add(load(spec, self.kind))
+
+    def add_file(self, path: str | Path) -> str:
+        """Register the module in file ``path`` (any directory); returns its name."""
+        self.ensure()
+        n = self.add(load(str(path), self.kind))
+        if not self._modules[n].__name__.startswith("replay."):
+            self.from_files.add(n)
+        return n
+
+    def names(self) -> tuple[str, ...]:
+        """Every registered name: built-ins in registry order, then entry points and files."""
+        self.ensure()
+        return tuple(self._modules)
+
+    def module(self, name: str) -> ModuleType:
+        if name not in self._modules:
+            self.ensure()
+        return self._modules[name]
+
+    def is_plugin(self, name: str) -> bool:
+        """Whether ``name`` comes from outside this package (a file or an entry point)."""
+        return not self.module(name).__name__.startswith("replay.")
+
+    def reset(self) -> None:
+        """Forget every loaded module (tests: a fresh registry, as a new process sees it)."""
+        self._modules.clear()
+        self.from_files.clear()
 
 
 def register_files(policy_file: str | Path | list | tuple | None = None,

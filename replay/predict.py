@@ -20,7 +20,7 @@ import numpy as np
 import polars as pl
 
 from replay import predictors as registry
-from replay.output import check_phase  # one --phase vocabulary for every verb
+from replay.phases import check_phase  # one --phase vocabulary for every verb
 from replay.predictors import describe, parse_predictor  # noqa: F401 (describe: re-exported for the CLI and report)
 from replay.predictors.base import Prediction
 from replay.predictors.gate import CTRL, diagnose_ctrl

@@ -207,33 +207,14 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
 
 def with_prefetch_time(frame: pl.DataFrame, model) -> pl.DataFrame:
     """Add ``ms_per_token``/``tok_s``/``ms_per_token_ci95`` (prefetch: demand + speculative bytes
-    and demand misses per decoded token) and the same ``_baseline`` columns, plus ``verdict``."""
+    and demand misses per decoded token) and the same ``_baseline`` columns (the ``verdict`` sentence
+    is presentation: :func:`replay.present.whatif.with_verdict`)."""
     from replay.cost import add_time_columns
 
     f = add_time_columns(frame, model, "total_mib_decode", "misses_decode", "tokens_decode")
     base = add_time_columns(frame, model, "read_mib_decode_baseline", "misses_decode_baseline", "tokens_decode")
-    f = f.with_columns(ms_per_token_baseline=base["ms_per_token"], tok_s_baseline=base["tok_s"])
-    return f.with_columns(pl.Series("verdict", [verdict(r) for r in f.to_dicts()], dtype=pl.String))
+    return f.with_columns(ms_per_token_baseline=base["ms_per_token"], tok_s_baseline=base["tok_s"])
 
-
-def verdict(r: dict) -> str:
-    """Which wins on time under the model, and why, in one sentence."""
-    from replay.output import fmt_q
-
-    dh = (r["hit_pct_decode"] or 0.0) - (r["hit_pct_decode_baseline"] or 0.0)
-    db = r["bytes_change_pct"] or 0.0
-    dms = r["ms_per_token"] - r["ms_per_token_baseline"]
-    if not r.get("spec_fills"):
-        return ("prefetch read nothing here (every guess was already resident or refused), so it cannot change the "
-                "time per token")
-    hit = (f"raises the decode hit rate by {fmt_q(dh, 'pp')} points" if dh >= 0
-           else f"lowers the decode hit rate by {fmt_q(-dh, 'pp')} points")
-    byt = (f"reads {fmt_q(db, 'pct')}% more bytes per decoded token" if db >= 0
-           else f"reads {fmt_q(-db, 'pct')}% fewer bytes per decoded token")
-    if dms > 0:
-        return (f"prefetch {hit} but {byt} (speculative reads included): {fmt_q(dms, 'ms')} ms/token slower under the "
-                "cost model, so no prefetch wins on time")
-    return f"prefetch {hit} and {byt}: {fmt_q(-dms, 'ms')} ms/token faster under the cost model, so prefetch wins on time"
 
 
 def best_plain(trace: Trace, budget_mib: float, model=None, loads: Loads | None = None) -> dict | None:
@@ -248,7 +229,7 @@ def best_plain(trace: Trace, budget_mib: float, model=None, loads: Loads | None 
     replace the choice below.)"""
     from replay.cache import loads_of, sweep
     from replay.cost import BOUNDS, with_time
-    from replay.output import rows_of
+    from replay.frames import rows_of
     from replay.policies import REGISTRY
 
     loads = loads if loads is not None else loads_of(trace)
@@ -304,17 +285,3 @@ def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: l
     )
 
 
-def retain_text(frame: pl.DataFrame, policies: list[str], budgets_mib: list[float]) -> str:
-    """The hit-rate change retention buys, per policy and budget (percentage points)."""
-    from replay.output import PRECISION, exact, rows_of, text_table
-
-    overall = rows_of(frame.filter(pl.col("layer").is_null()))
-    cell = {(r["policy"], r["budget_mib"]): r for r in overall}
-    name = overall[0]["retain_predictor"] if overall else "?"
-    out = ["", f"retention ({name}'s guesses for the next layer(s) protected from eviction; zero extra bytes): the hit % "
-           "tables above are WITH retention; change against the same replay without it, in points"]
-    for field, title in (("retain_gain_pp_decode", "decode-only"), ("retain_gain_pp_cum", "cumulative (prefill included)")):
-        rows = [{"budget": exact(float(b)), **{p: cell[(p, b)][field] for p in policies}} for b in budgets_mib]
-        out += [title, text_table(rows, ["budget", *policies], ["budget_mib", *policies], digits=PRECISION["pp"])]
-    out.append("Hit % is not time: retention reads no extra bytes, so fewer misses are fewer bytes here (see the MiB table).")
-    return "\n".join(out)

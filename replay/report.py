@@ -7,8 +7,6 @@ output is byte-identical for the same trace and options (no timestamps, sorted e
 
 from __future__ import annotations
 
-import base64
-import html
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,32 +15,14 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from replay.info import info_rows, info_text
-from replay.output import cell, exact, fmt_q
+from replay.info import info_rows
+from replay.present.format import exact, fmt_q
+from replay.present.info import info_text
+from replay.present.report import Section, Table, render_html, render_markdown
 from traces import open_trace
 from traces.atomic import atomic_write_text, staged_dir
 from traces.errors import UserError
 from traces.reader import Trace
-
-
-@dataclass
-class Table:
-    name: str  # CSV file stem
-    frame: pl.DataFrame
-    caption: str
-    columns: list[str] | None = None  # shown in md/html (CSV holds all)
-    digits: int | dict[str, int] | None = None  # None: each column at its quantity's precision (replay.output.PRECISION)
-    headers: dict[str, str] | None = None  # md/html header of a column, where its key alone could be misread
-
-
-@dataclass
-class Section:
-    title: str
-    text: list[str] = field(default_factory=list)
-    tables: list[Table] = field(default_factory=list)
-    images: list[tuple[str, str]] = field(default_factory=list)  # (file, alt text)
-    unavailable: str | None = None
-    code: str | None = None
 
 
 @dataclass
@@ -70,23 +50,16 @@ def section_summary(ctx: ReportContext) -> Section:
 
 
 def section_popularity(ctx: ReportContext) -> Section:
-    from replay import plots
+    from replay.popularity import popularity
+    from replay.present import plots
 
     tr = ctx.trace
-    a = tr.arrays(recorded=False)
     k, E = tr.top_k, tr.n_expert
     layers = tr.moe_layers
     s = Section("Expert popularity")
-    dec = a.phase == 1
-    use = dec if dec.any() else np.ones_like(dec)
-    phase = "decode" if dec.any() else "prefill"
-    counts = np.zeros((len(layers), E))
-    idx = {l: i for i, l in enumerate(layers)}
-    li = np.array([idx[int(l)] for l in a.layer[use]])
-    np.add.at(counts, (np.repeat(li, k), a.experts[use].reshape(-1)), 1)
-    routings = counts.sum(axis=1) / k
-    sorted_share = -np.sort(-counts, axis=1) / np.maximum(routings[:, None], 1) * 100.0
-    hot_k = sorted_share[:, :k].sum(axis=1) / k  # share of routed slots taken by the hottest k experts
+    pop = popularity(tr)
+    phase, sorted_share, frame = pop.phase, pop.sorted_share_pct, pop.frame
+    hot_k = frame[f"hot{k}_share_pct"].to_numpy()
     uniform = k / E * 100.0
     s.text.append(
         f"Share of {phase} routings that selected each expert, experts sorted by popularity within each layer "
@@ -100,9 +73,6 @@ def section_popularity(ctx: ReportContext) -> Section:
                f"Concentration: share of routed slots taken by the hottest {k} experts ({phase})", "MoE layer",
                "% of routed slots")
     s.images += [("popularity.png", "expert popularity heatmap"), ("concentration.png", "per-layer concentration")]
-    frame = pl.DataFrame({"layer": layers, "routings": routings.astype(np.int64), f"hot{k}_share_pct": hot_k,
-                          "hottest_expert_pct": sorted_share[:, 0],
-                          "experts_never_routed": (counts == 0).sum(axis=1)})
     s.tables.append(Table("concentration", frame, f"per-layer concentration ({phase} routings)",
                           columns=["layer", "routings", f"hot{k}_share_pct", "hottest_expert_pct", "experts_never_routed"]))
     return s
@@ -115,8 +85,8 @@ DROP_HEADERS = {"routings_dropped_pct": "routings with a drop %",
 def section_drop(ctx: ReportContext) -> Section:
     """Static drop-cold on the recorded residency when the engine recorded it; otherwise (and in
     addition) closed-loop drop-cold, where the replayed cache reacts to what was not read."""
-    from replay import plots
     from replay.drop import closed_drop, static_drop
+    from replay.present import plots
 
     s = Section("Drop-cold trade-off")
     tr = ctx.trace
@@ -220,9 +190,9 @@ def _signed_pct(v: float | None) -> str:
 
 
 def section_predictors(ctx: ReportContext) -> Section:
-    from replay import plots
     from replay.predict import describe, evaluate, horizon_curve
     from replay.predictors import report_predictors
+    from replay.present import plots
 
     tr = ctx.trace
     s = Section("Predictor accuracy (decode)")
@@ -266,9 +236,10 @@ def section_predictors(ctx: ReportContext) -> Section:
 
 
 def section_cache(ctx: ReportContext) -> Section:
-    from replay import plots
-    from replay.cache import default_budgets_mib, is_over_budget, loads_of, over_budget_note, pick_best, sweep, within_budget
+    from replay.cache import default_budgets_mib, is_over_budget, loads_of, pick_best, sweep, within_budget
     from replay.cost import BOUNDS
+    from replay.present import plots
+    from replay.present.cache import over_budget_note
 
     tr = ctx.trace
     loads = loads_of(tr)
@@ -351,7 +322,7 @@ def section_cache(ctx: ReportContext) -> Section:
             "over_budget"]
     if model is not None:
         cols += ["ms_per_token", "tok_s"]
-        from replay.cost import verdict
+        from replay.present.cost import verdict
 
         s.text += [v[0].upper() + v[1:] + "." for v in verdict(cells)]
     s.tables.append(Table("cache", overall.sort("policy", "budget_mib"), "every (policy, budget) cell; read_mib = all phases; "
@@ -378,10 +349,10 @@ def section_cache(ctx: ReportContext) -> Section:
 
 
 def section_prefetch(ctx: ReportContext) -> Section:
-    from replay import plots
     from replay.cache import loads_of
     from replay.predictors import report_prefetch_predictors, unavailable
     from replay.prefetch import best_plain, prefetch, retain_sweep, with_prefetch_time
+    from replay.present import plots
 
     tr = ctx.trace
     s = Section("Prefetch and retention what-ifs")
@@ -413,7 +384,9 @@ def section_prefetch(ctx: ReportContext) -> Section:
                   "bytes per decoded token include the speculative reads. A speculative read competes with demand "
                   "reads for the same flash bandwidth: more hits can still mean more time.")
     if model is not None:
-        frame = with_prefetch_time(frame, model)
+        from replay.present.whatif import with_verdict
+
+        frame = with_verdict(with_prefetch_time(frame, model))
         cols += ["ms_per_token_baseline", "ms_per_token"]
         s.text += [f"{r['predictor']} ({r['policy']}{' + guard' if r['guard'] else ''}): {r['verdict']}."
                    for r in frame.to_dicts()]
@@ -465,74 +438,6 @@ SECTIONS: list[Callable[[ReportContext], Section]] = [
 
 
 # -- rendering ---------------------------------------------------------------------------------
-
-def _header(t: Table, c: str) -> str:
-    return (t.headers or {}).get(c, c)
-
-
-def md_cell(text: str) -> str:
-    """A Markdown table cell: a ``|`` would end the cell (escaped), a newline the row (a space)."""
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
-
-
-def _md_table(t: Table) -> str:
-    cols = t.columns or t.frame.columns
-    rows = t.frame.select(cols).rows()
-    out = ["| " + " | ".join(md_cell(_header(t, c)) for c in cols) + " |", "|" + "|".join("---:" for _ in cols) + "|"]
-    for r in rows:
-        out.append("| " + " | ".join(md_cell(cell(c, v, t.digits)) for c, v in zip(cols, r)) + " |")
-    return "\n".join(out)
-
-
-def _html_table(t: Table) -> str:
-    cols = t.columns or t.frame.columns
-    head = "".join(f"<th>{html.escape(_header(t, c))}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(cell(c, v, t.digits))}</td>" for c, v in zip(cols, r)) + "</tr>"
-                   for r in t.frame.select(cols).rows())
-    return f"<table><caption>{html.escape(t.caption)}</caption><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def render_markdown(title: str, sections: list[Section]) -> str:
-    out = [f"# {title}", ""]
-    for s in sections:
-        out += [f"## {s.title}", ""]
-        if s.unavailable:
-            out += [f"*Not available for this trace: {s.unavailable}.*", ""]
-            continue
-        if s.code:
-            out += ["```", s.code, "```", ""]
-        for p in s.text:
-            out += [p, ""]
-        for img, alt in s.images:
-            out += [f"![{alt}]({img})", ""]
-        for t in s.tables:
-            out += [f"**{t.caption}** ([CSV](tables/{t.name}.csv))", "", _md_table(t), ""]
-    return "\n".join(out)
-
-
-CSS = ("body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;color:#222}"
-       "table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px;"
-       "text-align:right}caption{text-align:left;font-weight:600;margin-bottom:4px}img{max-width:100%}"
-       "pre{background:#f5f5f5;padding:8px;overflow-x:auto}.na{color:#a33;font-style:italic}")
-
-
-def render_html(title: str, sections: list[Section], out: Path) -> str:
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
-    for s in sections:
-        parts.append(f"<h2>{html.escape(s.title)}</h2>")
-        if s.unavailable:
-            parts.append(f"<p class='na'>Not available for this trace: {html.escape(s.unavailable)}.</p>")
-            continue
-        if s.code:
-            parts.append(f"<pre>{html.escape(s.code)}</pre>")
-        parts += [f"<p>{html.escape(p)}</p>" for p in s.text]
-        for img, alt in s.images:
-            data = base64.b64encode((out / img).read_bytes()).decode()
-            parts.append(f"<p><img alt='{html.escape(alt)}' src='data:image/png;base64,{data}'></p>")
-        parts += [_html_table(t) for t in s.tables]
-    parts.append("</body></html>")
-    return "\n".join(parts)
 
 
 def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[float] | None = None,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numba
 
-from replay.output import COMPILE_NOTICE, compile_notice
+from replay.progress import COMPILE_NOTICE, compile_notice
 
 ROOT = Path(__file__).resolve().parent.parent
 

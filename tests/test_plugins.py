@@ -191,11 +191,14 @@ def test_entry_point_groups_load_through_the_same_path(monkeypatch):
     import replay.policies as pol
 
     groups = {"moe_replay.policies": [("fifo", str(FIFO))], "moe_replay.predictors": [("two", str(TWO))]}
-    monkeypatch.setattr(pol, "_MODULES", {})
-    monkeypatch.setattr(pol, "entry_points", lambda group: groups[group])
-    monkeypatch.setattr(registry, "_MODULES", {})
-    monkeypatch.setattr(registry, "_FROM_FILES", set())
-    monkeypatch.setattr(registry, "entry_points", lambda group: groups[group])
+    import replay.plugins as plugins
+
+    # one generic registry (replay.plugins.Registry) behind both kinds: the same loader and entry points
+    assert type(pol.REG) is type(registry.REG) is plugins.Registry
+    monkeypatch.setattr(pol.REG, "_modules", {})
+    monkeypatch.setattr(registry.REG, "_modules", {})
+    monkeypatch.setattr(registry.REG, "from_files", set())
+    monkeypatch.setattr(plugins, "entry_points", lambda group: groups[group])
     assert pol.names()[-1] == "fifo" and set(pol.REGISTRY) < set(pol.names())
     assert registry.names()[-1] == "two-tokens-ago"
     assert "two-tokens-ago" in registry.default_names()  # an installed predictor is a default one

@@ -218,7 +218,8 @@ def test_cli_pin_and_layer_opt(small, synth_trace_dir):
 
 
 def test_layer_opt_is_a_bound_never_the_best_online():
-    from replay.cost import BOUNDS, verdict
+    from replay.cost import BOUNDS
+    from replay.present.cost import verdict
 
     assert set(bound_policies()) == {"belady", "infinite", "layer-opt"} and set(BOUNDS) == set(bound_policies())
     assert "pin" not in BOUNDS

@@ -480,7 +480,7 @@ def test_option_names_in_errors(small_synth):
 def test_markdown_table_escapes_pipes():
     import polars as pl
 
-    from replay.report import Table, _md_table
+    from replay.present.report import Table, _md_table
 
     t = Table("summary", pl.DataFrame({"model": ["qwen|evil\nname"], "top_k": [6]}), "c")
     lines = _md_table(t).splitlines()

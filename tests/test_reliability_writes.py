@@ -340,3 +340,26 @@ def test_a_read_only_mount(small, mounts):
         assert res.code == 2, (args, res)
         assert_one_sentence_error(res, str(args[-1] if args[0] == "cache" else (ro / ("r" if args[0] == "report" else "t"))),
                                   "Read-only file system")
+
+
+def test_an_interrupt_as_the_staging_directory_is_made_leaves_nothing(tmp_path, monkeypatch):
+    # the signal handler runs when os.mkdir returns, before staged_dir's next line: the directory
+    # exists, so it must be removed and the output counted as abandoned (the CLI then names it)
+    from traces import atomic
+
+    made = []
+    real_mkdir = Path.mkdir
+
+    def mkdir_then_interrupt(self, *a, **kw):
+        real_mkdir(self, *a, **kw)
+        made.append(self)
+        raise KeyboardInterrupt
+
+    out = tmp_path / "out"
+    atomic.abandoned.clear()
+    monkeypatch.setattr(Path, "mkdir", mkdir_then_interrupt)
+    with pytest.raises(KeyboardInterrupt), atomic.staged_dir(out):
+        pass
+    monkeypatch.undo()
+    assert made and not made[0].exists() and sorted(tmp_path.iterdir()) == []
+    assert atomic.abandoned == [out]

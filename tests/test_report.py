@@ -69,7 +69,7 @@ def test_report_prints_parameters_exactly_and_labels_the_dropped_shares(synth_tr
 
 
 def test_one_precision_per_quantity():
-    from replay.output import PRECISION, cell, text_table
+    from replay.present.format import PRECISION, cell, text_table
 
     assert cell("frac", 0.25) == "0.25" and cell("budget_mib", 390.5, digits=0) == "390.5" and cell("keep_k", 3) == "3"
     for col in ("hit_pct_decode", "hit_pct", "io_saved_pct", "experts_dropped_pct", "tok_s_err_pct", "heldout_mape_pct"):

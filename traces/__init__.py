@@ -1,7 +1,23 @@
 """The moe-route-trace format, version 1: schema, writer, validating reader, importers, synthetic traces."""
 
 from traces.errors import TraceError, UserError
-from traces.reader import RoutingArrays, Trace, open_trace
-from traces.writer import TraceWriter
 
 __all__ = ["Trace", "TraceError", "TraceWriter", "RoutingArrays", "UserError", "open_trace"]
+# Imported on first use (PEP 562): the errors are light, the reader and writer pull in Arrow and Polars,
+# which ``moe-replay --help`` must not wait for.
+_LAZY = {"Trace": "traces.reader", "RoutingArrays": "traces.reader", "open_trace": "traces.reader",
+         "TraceWriter": "traces.writer"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'traces' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

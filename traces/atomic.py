@@ -258,6 +258,12 @@ def staged_dir(out_dir: str | os.PathLike[str], force: bool = False,
         stage.mkdir()
     except OSError as e:
         raise UserError(f"{out}: cannot create the staging directory {stage} ({e.strerror}).") from None
+    except BaseException:
+        # An interrupt that lands while mkdir returns (the directory exists, the handler runs before
+        # the next line): the stage is removed and the output counted as abandoned, as below.
+        shutil.rmtree(stage, ignore_errors=True)
+        abandoned.append(out)
+        raise
     try:
         yield stage
         with _signals_blocked(), _dir_lock(dest.parent):

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from traces.units import PHASE_DECODE, PHASE_PREFILL  # noqa: F401 (re-exported: the codes live in traces.units)
+from traces.units import MAX_BUDGET_MIB, PHASE_DECODE, PHASE_PREFILL  # noqa: F401 (re-exported: they live in traces.units)
 
 FORMAT = "moe-route-trace"
 VERSION = 1
@@ -95,8 +95,7 @@ def _is_num(x: Any) -> bool:
 MAX_LAYERS = 1 << 15
 MAX_INT32 = (1 << 31) - 1
 MAX_BYTES = 1 << 40
-# Largest cache budget: 2^40 MiB (1 EiB) is beyond any trace's bytes, and its byte count fits an int64.
-MAX_BUDGET_MIB = float(1 << 40)
+# Largest cache budget: traces.units.MAX_BUDGET_MIB (2^40 MiB, 1 EiB), beside the one budget parser.
 # Engine metrics (metrics.parquet, .metrics files): per-token times above one day are not a
 # measurement; read bytes above 1 PiB per token neither.
 METRICS_MAX_MS = 86_400_000.0

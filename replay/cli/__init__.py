@@ -11,22 +11,48 @@ import errno
 import signal
 import sys
 import traceback
-from collections.abc import Iterator
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import typer
 
-from replay.cli.options import JsonOpt, TraceArg
+from replay.cli.options import JsonOpt, TraceArg, example
 from traces.errors import UserError
+from traces.signals import on_signals
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (typer's, for bash, zsh, fish, PowerShell)
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Replay what a Mixture-of-Experts router did through expert-cache policies, predictors, "
     "drop and prefetch what-ifs, offline and exactly.",
 )
+
+def _usage_name(self: typer.core.TyperArgument) -> str:
+    """An argument on the usage line as a command line reads: TRACE, OUT_DIR, [OPTIONAL]; typer 0.29
+    writes a required one as {TRACE} (and a plain one in lower case), which reads like a placeholder
+    of a format string."""
+    name = self.metavar or (self.name or self.display_name_raw).upper()
+    return (name if self.required else f"[{name}]") + ("..." if self.nargs != 1 else "")
+
+
+if hasattr(typer.core.TyperArgument, "_usage_display_name"):
+    typer.core.TyperArgument._usage_display_name = _usage_name
+
+
+def _version(value: bool) -> None:
+    if value:
+        from traces.version import __version__
+
+        typer.echo(f"moe-replay {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", help="Print the version and exit.", callback=_version,
+                                       is_eager=True)) -> None:
+    pass  # the group's own options (--version); the verbs do the work
+
 
 # The verbs of replay/ (one module each in this package, each with ``register(app)``).
 VERB_MODULES = ("replay.cli.cache", "replay.cli.predict", "replay.cli.whatif", "replay.cli.cost", "replay.cli.report",
@@ -39,11 +65,12 @@ def _echo(text: str) -> None:
     typer.echo(text)
 
 
-@app.command()
+@app.command(epilog=example("moe-replay info traces/qwen"))
 def info(trace: Path = TraceArg, json_out: bool = JsonOpt) -> None:
     """Model, shape, tokens per phase, optional columns, expert sizes, token-cycle size, provenance."""
-    from replay.info import info_rows, info_text
-    from replay.output import json_object
+    from replay.info import info_rows
+    from replay.present.format import json_object
+    from replay.present.info import info_text
     from traces import open_trace
 
     t = open_trace(trace)
@@ -51,7 +78,7 @@ def info(trace: Path = TraceArg, json_out: bool = JsonOpt) -> None:
     _echo(json_object("info", str(trace), rows) if json_out else info_text(t, rows[0]))
 
 
-@app.command()
+@app.command(epilog=example("moe-replay synth /tmp/demo-trace --layers 8 --tokens 128 --seed 1"))
 def synth(
     out_dir: Path = typer.Argument(..., help="Trace directory to create."),
     layers: int = typer.Option(16, "--layers", help="MoE layers."),
@@ -77,7 +104,7 @@ def synth(
 ) -> None:
     """Generate a synthetic trace from a small residual-stream model (deterministic per seed)."""
     from replay.info import info_rows
-    from replay.output import json_object
+    from replay.present.format import json_object
     from traces import open_trace
     from traces.synth import SynthConfig, write_synthetic
 
@@ -86,7 +113,7 @@ def synth(
         seed=seed, gating=gating, routing_only=routing_only, expert_bytes=expert_bytes, drift=drift,
         reuse=reuse, skew=skew, requests=requests, max_batch=max_batch, prefill_chunk=prefill_chunk,
     )
-    from replay.output import progress
+    from replay.progress import progress
 
     with progress((tokens + prompt_tokens) * (requests or 1), "synth", unit="tok") as bar:
         write_synthetic(out_dir, cfg, force=force, on_tokens=bar.update)
@@ -136,22 +163,6 @@ def _raise_interrupted(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
-@contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
-    """While a command runs, SIGINT and SIGTERM raise :class:`Interrupted` (restored after)."""
-    old = {}
-    try:
-        for s in (signal.SIGINT, signal.SIGTERM):
-            old[s] = signal.signal(s, _raise_interrupted)
-    except ValueError:  # not the main thread: leave the handlers alone
-        pass
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
 def _interrupted(signum: int) -> int:
     """Say in one line what an interrupted run left behind; return 128 + the signal number."""
     from traces import atomic
@@ -198,12 +209,12 @@ def _run(args: list[str], debug: bool) -> int:
 def _run_command(args: list[str], debug: bool) -> int:
     """Run one command; return its exit code: 0 done, 1 a check ran and failed, 2 bad input or an
     OS error, 3 a bug, 128 + N killed by signal N (130 SIGINT, 143 SIGTERM)."""
-    from replay.output import compile_notice
+    from replay.progress import compile_notice
 
     try:
         # The first run after installation compiles the kernels (about a minute): say so on a
         # terminal (never with --json, never in a pipe); later runs load them and print nothing.
-        with _signals_raise(), contextlib.nullcontext() if "--json" in args else compile_notice():
+        with on_signals(_raise_interrupted), contextlib.nullcontext() if "--json" in args else compile_notice():
             rv = app(args=args, prog_name="moe-replay", standalone_mode=False)
     except UserError as e:
         if debug:

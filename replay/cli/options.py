@@ -1,17 +1,43 @@
 """Options shared by the verbs: one definition each, so every verb spells and explains them alike.
 
 Each verb module of this package defines ``register(app)`` and takes its shared parameters from
-here (``trace: Path = TraceArg``, ``json_out: bool = JsonOpt``, ...)."""
+here (``trace: Path = TraceArg``, ``json_out: bool = JsonOpt``, ...). Budgets, wherever a verb
+takes them, are read by :func:`parse_budget` / :func:`parse_budgets` (MiB, or with a binary unit:
+``4000``, ``4000MiB``, ``4GiB``, ``1.5GiB``), the one parser of :mod:`traces.units`.
+
+This module imports only typer: ``moe-replay --help`` must not wait for Numba or Polars.
+"""
 
 from __future__ import annotations
 
 import typer
 
-TraceArg = typer.Argument(..., help="Trace directory (trace.json + routings/).", show_default=False)
+from traces.units import parse_budget_mib, parse_budgets_mib
+
+TraceArg = typer.Argument(..., help="Trace directory (trace.json + routings/).", show_default=False, metavar="TRACE")
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
 CostModelOpt = typer.Option(None, "--cost-model", help="A 'cost fit --json' file: adds ms/token and tok/s.")
-BudgetsOpt = typer.Option(None, "--budgets", help="Cache budgets in MiB (2^20 bytes), comma-separated.")
+BUDGET_UNITS_HELP = "MiB (2^20 bytes), or with a unit: 4000, 4000MiB, 4GiB, 1.5GiB"
+BudgetsOpt = typer.Option(None, "--budgets", help=f"Cache budgets, comma-separated, each in {BUDGET_UNITS_HELP}. "
+                          "Default: derived from the trace (see output).", show_default=False)
+BudgetMibOpt = typer.Option(None, "--budget-mib", help=f"Cache budget in {BUDGET_UNITS_HELP} (default: the recorded one).",
+                            show_default=False)
 PolicyFileOpt = typer.Option(None, "--policy-file", help="A policy module (.py) anywhere on disk; its NAME can then be "
                              "named as a policy (repeatable).")
 PredictorFileOpt = typer.Option(None, "--predictor-file", help="A predictor module (.py) anywhere on disk; its NAME can "
                                 "then be named as a predictor (repeatable).")
+
+
+def example(command_line: str) -> str:
+    """A verb's ``--help`` epilog: one command line to copy (every verb has one; tests/test_cli_feel.py)."""
+    return f"Example: {command_line}"
+
+
+def parse_budget(text: str | float | None, option: str = "--budget-mib") -> float | None:
+    """One budget option's value in MiB (None stays None); a bad one is one sentence naming ``option``."""
+    return None if text is None else parse_budget_mib(text, option)
+
+
+def parse_budgets(text: str, option: str = "--budgets") -> list[float]:
+    """A comma-separated budget list in MiB, distinct, in the order given."""
+    return parse_budgets_mib(text, option)

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import typer
 
-from replay.cli.options import PolicyFileOpt, PredictorFileOpt, TraceArg
+from replay.cli.options import BudgetsOpt, PolicyFileOpt, PredictorFileOpt, TraceArg, example, parse_budgets
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(epilog=example("moe-replay report traces/qwen -o reports/qwen --force"))
     def report(
         trace: Path = TraceArg,
         out: Path = typer.Option(..., "-o", "--out", help="Report directory to create (index.md, index.html, PNGs, tables/)."),
-        budgets: str | None = typer.Option(None, "--budgets", help="Cache budgets in MiB, comma-separated (default: derived from T)."),
+        budgets: str | None = BudgetsOpt,
         policies: str | None = typer.Option(None, "--policies", help="Cache policies, comma-separated."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file (default: fit on the metrics)."),
         flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
@@ -26,10 +26,9 @@ def register(app: typer.Typer) -> None:
         """Write a report: summary, predictors, cache curves, popularity, drop, prefetch, cost."""
         from replay.api import write_report
         from replay.cache import check_policies
-        from replay.cli.cache import parse_budgets
         from replay.cost import cost_model_from_options
-        from replay.output import progress
         from replay.plugins import register_files
+        from replay.progress import progress
         from replay.report import SECTIONS
 
         register_files(policy_file, predictor_file)

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from types import ModuleType
 
-from replay.plugins import entry_points, load, where
+from replay.plugins import Registry, where
 from traces.errors import UserError
 
 REGISTRY: dict[str, str] = {
@@ -41,7 +41,6 @@ DEFAULT_POLICIES = ("lru", "lfu", "layer", "lfru", "belady", "infinite")
 ENTRY_POINT_GROUP = "moe_replay.policies"
 HOOKS = ("init", "on_admit", "on_touch", "pick_victim", "on_evict")
 CONSTANTS = ("PARTITION", "UNBOUNDED", "NEEDS_NEXT_USE")
-_MODULES: dict[str, ModuleType] = {}
 
 
 def validate(mod: ModuleType, name: str | None = None) -> str:
@@ -74,46 +73,26 @@ def validate(mod: ModuleType, name: str | None = None) -> str:
     return got
 
 
-def _add(mod: ModuleType, name: str | None = None) -> str:
-    n = validate(mod, name)
-    old = _MODULES.get(n)
-    if old is not None and old is not mod:
-        raise UserError(f"{where(mod)}: policy name {n!r} is already taken by {where(old)}.")
-    _MODULES[n] = mod
-    return n
-
-
-def _ensure() -> None:
-    if all(n in _MODULES for n in REGISTRY):
-        return
-    for n, spec in REGISTRY.items():
-        if n not in _MODULES:
-            _add(load(spec, "policy"), n)
-    for _, spec in entry_points(ENTRY_POINT_GROUP):
-        _add(load(spec, "policy"))
+REG = Registry("policy", REGISTRY, ENTRY_POINT_GROUP, validate)
 
 
 def add_policy_file(path: str | Path) -> str:
     """Register the policy module in file ``path`` (any directory); returns its ``NAME``."""
-    _ensure()
-    return _add(load(str(path), "policy"))
+    return REG.add_file(path)
 
 
 def names() -> tuple[str, ...]:
     """Every registered policy: built-ins in registry order, then entry points and files."""
-    _ensure()
-    return tuple(_MODULES)
+    return REG.names()
 
 
 def policy_module(name: str) -> ModuleType:
-    if name not in _MODULES:
-        _ensure()
-    return _MODULES[name]
+    return REG.module(name)
 
 
 def is_plugin(name: str) -> bool:
     """Whether ``name`` comes from outside this package (a file or an entry point)."""
-    return not policy_module(name).__name__.startswith("replay.policies.")
+    return REG.is_plugin(name)
 
 
 def bound_policies() -> tuple[str, ...]:

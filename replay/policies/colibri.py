@@ -81,9 +81,9 @@ import numpy as np
 from numba import njit
 
 from replay.cache_state import BATCH_LOAD, PIN, RESIDENT, SPEC, evictable, preload
-from replay.output import exact
 from replay.policies import pin as _pin
 from traces.errors import UserError
+from traces.units import exact
 
 PARTITION = "layer"
 UNBOUNDED = False

@@ -34,10 +34,10 @@ import numpy as np
 from numba import njit
 
 from replay.cache_state import preload
-from replay.output import exact
 from replay.policies import lru
 from replay.policies.lru import PREV, init, on_admit, on_evict, pick_victim  # noqa: F401
 from traces.errors import UserError
+from traces.units import exact
 
 PARTITION = "global"
 UNBOUNDED = False

@@ -37,12 +37,14 @@ import contextvars
 import re
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from replay.plugins import entry_points, load, where
+from replay.plugins import Registry, where
 from replay.predictors.base import NONE, Prediction
 from traces.errors import UserError
+
+if TYPE_CHECKING:  # imported where used: ``moe-replay --help`` lists the names without NumPy
+    import numpy as np
 
 REGISTRY: dict[str, str] = {
     "prev-token": "replay.predictors.prev_token",
@@ -53,8 +55,6 @@ REGISTRY: dict[str, str] = {
 }
 ENTRY_POINT_GROUP = "moe_replay.predictors"
 
-_MODULES: dict[str, ModuleType] = {}  # every loaded predictor, by name, in registration order
-_FROM_FILES: set[str] = set()  # names registered from a file (predictor_file=): in default lists only while asked for
 # The file predictors the running call named (predictor_file=): they join the default lists for that call only, so
 # a file registered by an earlier call does not change a later call's defaults.
 active_files: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("moe_replay_predictor_files", default=())
@@ -79,48 +79,28 @@ def _validate(mod: ModuleType, name: str | None) -> str:
     return got
 
 
-def _add(mod: ModuleType, name: str | None = None) -> str:
-    n = _validate(mod, name)
-    old = _MODULES.get(n)
-    if old is not None and old is not mod:
-        raise UserError(f"{where(mod)}: predictor name {n!r} is already taken by {where(old)}.")
-    _MODULES[n] = mod
-    return n
-
-
-def _ensure() -> None:
-    if len(_MODULES) >= len(REGISTRY) and all(n in _MODULES for n in REGISTRY):
-        return
-    for n, spec in REGISTRY.items():
-        if n not in _MODULES:
-            _add(load(spec, "predictor"), n)
-    for _, spec in entry_points(ENTRY_POINT_GROUP):
-        _add(load(spec, "predictor"))
+# Every loaded predictor, by name, in registration order; REG.from_files: names registered from a file
+# (predictor_file=): in default lists only while asked for.
+REG = Registry("predictor", REGISTRY, ENTRY_POINT_GROUP, _validate)
 
 
 def add_predictor_file(path: str | Path) -> str:
     """Register the predictor module in file ``path``; returns its name."""
-    _ensure()
-    n = _add(load(str(path), "predictor"))
-    if not _MODULES[n].__name__.startswith("replay."):
-        _FROM_FILES.add(n)
-    return n
+    return REG.add_file(path)
 
 
 def names() -> tuple[str, ...]:
     """Every registered predictor family, built-ins first (the default list and the help text)."""
-    _ensure()
-    return tuple(_MODULES)
+    return REG.names()
 
 
 def module(family: str) -> ModuleType:
-    _ensure()
-    return _MODULES[family]
+    return REG.module(family)
 
 
 def known_text() -> str:
     fams = names()
-    return ", ".join(fams) + "".join(f", {f}[{_MODULES[f].PARAM}]" for f in fams if getattr(_MODULES[f], "PARAM", None))
+    return ", ".join(fams) + "".join(f", {f}[{module(f).PARAM}]" for f in fams if getattr(module(f), "PARAM", None))
 
 
 def prefetch_names() -> tuple[str, ...]:
@@ -133,7 +113,7 @@ def default_names() -> tuple[str, ...]:
     """The default predictor list: built-ins and entry points, plus the files the running call
     named (:data:`active_files`)."""
     active = set(active_files.get())
-    return tuple(n for n in names() if n not in _FROM_FILES or n in active)
+    return tuple(n for n in names() if n not in REG.from_files or n in active)
 
 
 def report_predictors() -> list[str]:
@@ -160,9 +140,9 @@ def parse_predictor(name: str, option: str = "--predictors") -> tuple[str, int |
     name = name.strip()
     fams = names()
     m = _PARAM.match(name)
-    if m and m.group(1) in fams and getattr(_MODULES[m.group(1)], "PARAM", None):
+    if m and m.group(1) in fams and getattr(module(m.group(1)), "PARAM", None):
         fam, d = m.group(1), int(m.group(2))
-        check = getattr(_MODULES[fam], "param_problem", None)
+        check = getattr(module(fam), "param_problem", None)
         problem = check(d) if check is not None else None
         if problem:
             raise UserError(f"{option} {name}: {problem}.")
@@ -201,6 +181,8 @@ def as_prediction(mod: ModuleType, name: str, out, n_rows: int, width: int, n_ex
                   in_phase: np.ndarray) -> Prediction:
     """A hook's return value checked (shape, dtype, range) and made a :class:`Prediction`; a
     wrong one is one sentence naming the module's file."""
+    import numpy as np
+
     src = where(mod)
     weights = None
     if isinstance(out, Prediction):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # imported where used: the CLI lists the predictors before any array exists
+    import numpy as np
 
 NONE = -1  # "nothing named at this rank" in a ranked prediction
 
@@ -31,4 +33,6 @@ def stale_gate_name(d: int) -> str:
 
 
 def empty_prediction(name: str, n_rows: int, width: int) -> Prediction:
+    import numpy as np
+
     return Prediction(name, np.full((n_rows, width), NONE, dtype=np.int32), np.zeros(n_rows, dtype=bool))

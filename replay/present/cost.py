@@ -1,0 +1,127 @@
+"""``cost``'s text: a fitted model described, the device check table, and which cache
+configuration wins on time (``cache --cost-model``, the report)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from replay.cost import BOUNDS
+from replay.present.format import exact, fmt_q, text_table
+
+
+def check_text(rows: list[dict], model) -> str:
+    """The check table: like with like only (the error columns are blank where the replayed budget is
+    not the one the device ran at), with each error named by what it is."""
+
+    cols = ["model", "budget_mib", "recorded_tok_s", "predicted_tok_s", "tok_s_err_pct", "token_mape_pct"]
+    heads = ["model", "budget_mib", "recorded tok/s", "predicted tok/s", "run-mean error %", "per-token MAPE %"]
+    if any("heldout_run_mean_err_pct" in r for r in rows):
+        cols += ["heldout_run_mean_err_pct", "heldout_mape_pct"]
+        heads += ["held-out run-mean error %", "held-out per-token MAPE %"]
+    lines = [text_table(rows, cols, heads)]
+    compared = [r for r in rows if r["compared"]]
+    if compared:
+        lines.append("predicted = LRU replay at the recorded budget -> the replay's own expert bytes per decoded token -> "
+                     "cost model; recorded = the engine's wall time per decoded token (decode only). run-mean error = "
+                     "predicted against recorded tok/s over the run; per-token MAPE = mean |error| of single tokens.")
+    for r in rows:
+        if not r["compared"]:
+            lines.append(f"{r['model']} at {exact(r['budget_mib'])} MiB: prediction only, no error: {r['not_compared_why']} "
+                         + (f"(recorded {fmt_q(r['recorded_tok_s_at_recorded_budget'], 'tok_s')} tok/s there)."
+                            if r["recorded_budget_mib"] is not None else "."))
+    if model is None:
+        if compared:
+            lines.append("model fitted on each trace's first half of decoded tokens: the run-mean error and MAPE over all "
+                         "tokens are half in-sample; the held-out columns are the second half only.")
+    else:
+        scopes = sorted({r["error_scope"] for r in compared})
+        for sc in scopes:
+            if sc.startswith("in-sample"):
+                lines.append("IN-SAMPLE: the given model was fitted on this same run, so its run-mean error is 0 by "
+                             "construction (least squares with an intercept), not a measure of accuracy; its own held-out "
+                             f"figures from 'cost fit': run-mean error {_pct_or_dash(compared[0]['model_heldout_run_mean_err_pct'])}, "
+                             f"per-token MAPE {_mape_or_dash(compared[0]['model_heldout_mape_pct'])}.")
+            else:
+                lines.append(f"errors are {sc}.")
+    return "\n".join(lines)
+
+
+def _mape_or_dash(v) -> str:
+
+    return "-" if v is None else f"{fmt_q(v, 'pct')}%"
+
+
+def _pct_or_dash(v) -> str:
+
+    return "-" if v is None else f"{'+' if v >= 0 else ''}{fmt_q(v, 'pct')}%"
+
+
+def _describe(path: str, best, cands) -> str:
+
+    bw = best.bandwidth_mib_s
+    lines = [
+        f"{path}: {best.model}",
+        f"  intercept {fmt_q(best.intercept_ms, 'ms')} ms/token, slope {fmt_q(best.ms_per_mib, 'ms_per_mib')} ms/MiB"
+        + (f", {fmt_q(best.ms_per_miss, 'ms_per_miss')} ms/miss" if best.terms == "bytes+misses" else "")
+        + (f" (effective bandwidth {fmt_q(bw, 'mib_s')} MiB/s)" if bw else " (no positive bandwidth implied)"),
+        f"  r2 {fmt_q(best.r2, 'r2')} on all {best.tokens_fit + best.tokens_heldout} decoded tokens (the coefficients are "
+        "fitted on all of them)",
+        f"  held out (fit on the first {best.tokens_fit}, tested on the last {best.tokens_heldout}): per-token MAPE "
+        f"{fmt_q(best.heldout_mape_pct, 'pct')}%, run-mean error {_pct_or_dash(best.heldout_run_mean_err_pct)} "
+        "(predicted against recorded tok/s)",
+    ]
+    others = [c for c in cands if c is not best]
+    for c in others:
+        lines.append(f"  not chosen: {c.terms} (held-out per-token MAPE {fmt_q(c.heldout_mape_pct, 'pct')}%; a richer model "
+                     "must cut it by >5%)")
+    lines += [f"  note: {n}" for n in best.notes]
+    lines.append("  measures: decode-phase ms per token from expert bytes read; prefill is not modelled")
+    lines.append(f"  fit provenance: {best.fit_trace_id} ({best.fit_tokens}); 'cost check' on this same run is in-sample")
+    return "\n".join(lines)
+
+
+def verdict(rows: list[dict[str, Any]]) -> list[str]:
+    """Which online configuration wins on time, and whether that is the one that wins on hits.
+
+    Only within-budget cells compete (:func:`replay.cache.within_budget`): an over-budget cell's
+    time needs more memory than its budget, so it is named as left out, never picked. Ties go the
+    way :func:`replay.cache.pick_best` breaks them (the CLI and the report alike)."""
+    from replay.cache import pick_best, within_budget
+
+    online = [r for r in rows if r.get("layer") is None and r["policy"] not in BOUNDS and r.get("ms_per_token") is not None]
+    if not online:
+        return []
+    best = []
+    left_out = []
+    for b in sorted({r["budget_mib"] for r in online}):
+        ok, over = within_budget([r for r in online if r["budget_mib"] == b])
+        left_out += over
+        r = pick_best(ok, "ms_per_token", highest=False)
+        if r is None:
+            best.append(f"{exact(b)} MiB: none within budget")
+            continue
+        ci = r.get("ms_per_token_ci95")
+        ci_txt = f" +/- {ci:.1f}" if ci is not None and math.isfinite(ci) else ""
+        best.append(f"{exact(b)} MiB: {r['policy']} {r['ms_per_token']:.1f}{ci_txt} ms ({r['tok_s']:.2f} tok/s)")
+    named = ["belady", "infinite"] + sorted({r["policy"] for r in rows if r["policy"] in BOUNDS} - {"belady", "infinite"})
+    out = [f"fastest online policy per budget (decode, estimated; {'/'.join(named)} are bounds, not candidates"
+           + ("; over-budget cells left out" if left_out else "") + "): " + "; ".join(best)]
+    if left_out:
+        out.append("left out as over budget (the cache overflowed: the figure needs more memory than the budget): "
+                   + "; ".join(f"{r['policy']} at {exact(r['budget_mib'])} MiB" + (f" (peak {r['peak_resident_mib']:.1f} MiB)"
+                                                                          if r.get("peak_resident_mib") is not None else "")
+                               for r in left_out))
+    for b in sorted({r["budget_mib"] for r in online}):
+        at, _ = within_budget([r for r in online if r["budget_mib"] == b])
+        by_time = pick_best(at, "ms_per_token", highest=False)
+        by_hits = pick_best(at, "hit_pct_decode", highest=True)
+        if by_time is None or by_hits is None:
+            continue
+        if by_time["policy"] != by_hits["policy"] and by_time["ms_per_token"] < by_hits["ms_per_token"]:
+            out.append(f"at {exact(b)} MiB, {by_hits['policy']} hits most ({by_hits['hit_pct_decode']:.1f}% decode) but "
+                       f"{by_time['policy']} is faster ({by_time['ms_per_token']:.1f} vs {by_hits['ms_per_token']:.1f} ms/token): "
+                       "it reads fewer bytes per token (expert sizes differ by layer)")
+    out.append("time estimates see bytes read (and misses, if the model has that term), not compute, thermal state or page "
+               "faults; the +/- is a 95% interval from the fit's residuals (none for a manual model), not run-to-run drift")
+    return out

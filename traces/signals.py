@@ -1,0 +1,29 @@
+"""SIGINT and SIGTERM handled for the length of a block: one installer for every command that
+must clean up or stop between steps (the CLI's verbs raise, the capture loop sets a flag)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def on_signals(handler: Callable[[int, Any], Any], signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """While the block runs, ``signals`` call ``handler(signum, frame)``; the previous handlers are
+    restored after. Outside the main thread Python allows no handler: nothing is installed (the
+    block runs, uninterruptible by these signals, as before)."""
+    old = {}
+    for s in signals:
+        try:
+            old[s] = signal.signal(s, handler)
+        except ValueError:  # not the main thread
+            pass
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
