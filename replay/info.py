@@ -7,6 +7,7 @@ from typing import Any
 import polars as pl
 
 from traces.errors import UserError
+from traces.importers import compact_ranges
 from traces.reader import Trace
 from traces.units import MIB
 
@@ -83,9 +84,10 @@ def info_rows(trace: Trace) -> list[dict[str, Any]]:
         "recorded_hit_pct_cum": trace.recorded.get("cache_hit_pct_cum"),
         "engine": prov.get("engine"),
         "source": prov.get("source_file"),
-        # MoE layers of the model the log does not hold (an import of some layers only): every
-        # figure covers the layers the trace has; nothing is extrapolated to the others.
-        "moe_layers_absent": list(m.get("moe_layers_absent") or []),
+        # MoE layers of the model the log does not hold (an import of some layers only), as ranges
+        # ("0-2, 5"; null when none): every figure covers the layers the trace has, nothing is
+        # extrapolated to the others. A string, so the row stays flat (JSON, CSV tables).
+        "moe_layers_absent": compact_ranges(m["moe_layers_absent"]) if m.get("moe_layers_absent") else None,
     }
     return [row]
 

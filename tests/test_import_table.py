@@ -126,7 +126,10 @@ def test_one_layer_per_file_some_layers_only(tmp_path, gguf):
     assert "layers 0, 2 are absent" in res.out
     info = run_cli("info", tmp_path / "t")
     assert "absent     MoE layers 0, 2" in info.out
-    assert run_cli("info", tmp_path / "t", "--json").json()["rows"][0]["moe_layers_absent"] == [0, 2]
+    assert run_cli("info", tmp_path / "t", "--json").json()["rows"][0]["moe_layers_absent"] == "0, 2"
+    rep = run_cli("report", tmp_path / "t", "-o", tmp_path / "rep", "--budgets", "1")
+    assert rep.code == 0, rep.err
+    assert "MoE layers 0, 2 of the model are not in the log" in (tmp_path / "rep" / "index.md").read_text()
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

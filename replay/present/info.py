@@ -36,9 +36,7 @@ def info_text(trace: Trace, row: dict[str, Any]) -> str:
     elif row["tokens_decode"] == 0:
         lines.append(f"note       {NO_DECODE}")
     if row["moe_layers_absent"]:
-        from traces.importers import compact_ranges
-
-        lines.append(f"absent     MoE layers {compact_ranges(row['moe_layers_absent'])} of the model are not in the log; "
+        lines.append(f"absent     MoE layers {row['moe_layers_absent']} of the model are not in the log; "
                      "every figure covers only the layers the trace has")
     for n in prov_notes(trace):
         lines.append(f"import     {n}")
