@@ -11,7 +11,8 @@ import argparse
 import subprocess
 import sys
 
-ALL = ["lru_throughput", "vs_libcachesim", "qwen_sweep", "stale_gate", "capture_overhead", "synth_scale", "export_libcachesim"]
+ALL = ["lru_throughput", "vs_libcachesim", "qwen_sweep", "stale_gate", "capture_overhead", "capture_hf_overhead", "synth_scale",
+       "export_libcachesim"]
 ALL += ["sweep_scale"]
 
 

@@ -229,7 +229,7 @@ def make_hf_model_cmd(
     out: Path = typer.Argument(..., help="Directory to write the checkpoint and tokenizer into.", show_default=False),
     family: str = typer.Option("qwen3_moe", "--family", help="A transformers model_type: qwen3_moe qwen2_moe mixtral olmoe "
                                "deepseek_v3 gpt_oss glm4_moe flex_olmo dots1 glm4_moe_lite minimax minimax_m2 "
-                               "hunyuan_v1_moe lfm2_moe ernie4_5_moe."),
+                               "hunyuan_v1_moe lfm2_moe ernie4_5_moe deepseek_v2."),
     layers: int = typer.Option(3, "--layers", help="Decoder layers (families with dense first layers keep layer 0 dense)."),
     experts: int = typer.Option(8, "--experts", help="Routed experts per MoE layer."),
     top_k: int = typer.Option(2, "--top-k", help="Experts used per token."),

@@ -82,6 +82,7 @@ FAMILIES: dict[str, Family] = {
     "hunyuan_v1_moe": Family("gate", "HunYuanMoEV1Gate", "softmax", always_norm=True, weight="wg.weight"),
     "ernie4_5_moe": Family("gate", "Ernie4_5_MoeTopKRouter", "softmax", always_norm=True,
                            selection_bias="moe_statics.e_score_correction_bias"),
+    "deepseek_v2": Family("gate", "DeepseekV2TopkRouter", "softmax"),  # topk_method greedy only (gating_of)
     "deepseek_v3": Family("gate", "DeepseekV3TopkRouter", "sigmoid", selection_bias="e_score_correction_bias"),
     "glm4_moe": Family("gate", "Glm4MoeTopkRouter", "sigmoid", selection_bias="e_score_correction_bias"),
     "glm4_moe_lite": Family("gate", "Glm4MoeLiteTopkRouter", "sigmoid", selection_bias="e_score_correction_bias"),
@@ -106,7 +107,7 @@ def _tensor_at(block: Any, router: Any, path: str | None) -> Any:
 
 
 # Routers that cast their input and matrix to float32 before the linear.
-_FLOAT32_ROUTERS = {"DeepseekV3TopkRouter", "Glm4MoeTopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter",
+_FLOAT32_ROUTERS = {"DeepseekV2TopkRouter", "DeepseekV3TopkRouter", "Glm4MoeTopkRouter", "Glm4MoeLiteTopkRouter", "Dots1TopkRouter",
                     "Ernie4_5_MoeTopKRouter"}
 
 
@@ -325,7 +326,12 @@ def gating_of(blocks: list[_Block], fam: Family) -> tuple[dict[str, Any], int]:
     seen = set()
     for b in blocks:
         r = b.router
-        n_group = int(getattr(r, "num_group", 1) or 1)
+        method = getattr(r, "topk_method", None)  # DeepSeek-V2
+        if method is not None and method != "greedy":
+            raise UserError(f"layer {b.layer}'s router selects with topk_method {method!r} (the best expert of each "
+                            "group ranks the groups), a rule the trace format's gating cannot state; capture-hf knows "
+                            "'greedy' only for this family.")
+        n_group = 1 if method == "greedy" else int(getattr(r, "num_group", 1) or 1)
         g = {
             "activation": fam.activation,
             "norm_topk": bool(fam.always_norm or getattr(r, "norm_topk_prob", False)) if fam.activation != "softmax_weight"
@@ -433,9 +439,15 @@ class _Recorder:
         names = list(sig.parameters)[1:4]  # self, hidden_states, ids, weights
 
         def hook(mod: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-            bound = sig.bind(mod, *args, **kwargs)
-            ids, weights = bound.arguments[names[1]], bound.arguments[names[2]]
+            if len(args) >= 3:  # the blocks call experts(hidden, ids, weights): no binding needed
+                ids, weights = args[1], args[2]
+                bound = None
+            else:
+                bound = sig.bind(mod, *args, **kwargs)
+                ids, weights = bound.arguments[names[1]], bound.arguments[names[2]]
             d = self.cur.setdefault(layer, {})
+            if "ids" in d:
+                raise RuntimeError(f"layer {layer}: the experts ran twice in one forward")
             d["ids"] = ids.detach().cpu().numpy().astype(np.int32)
             d["weights"] = weights.detach().float().cpu().numpy()
             if self.override is None:
@@ -448,6 +460,8 @@ class _Recorder:
                                 f"expected {list(weights.shape)}.")
             new = new.to(weights.dtype)
             d["dropped"] = ((new == 0) & (weights != 0)).cpu().numpy()
+            if bound is None:
+                return (args[0], args[1], new, *args[3:]), kwargs
             bound.arguments[names[2]] = new
             return tuple(bound.args[1:]), dict(bound.kwargs)
         return hook

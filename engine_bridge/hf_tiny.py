@@ -29,7 +29,7 @@ _CORPUS = [
 TOKENIZER_VOCAB = 320  # 256 byte tokens + 3 specials + merges
 
 TINY_FAMILIES = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "deepseek_v3", "gpt_oss", "glm4_moe", "flex_olmo", "dots1",
-                 "glm4_moe_lite", "minimax", "minimax_m2", "hunyuan_v1_moe", "lfm2_moe", "ernie4_5_moe")
+                 "glm4_moe_lite", "minimax", "minimax_m2", "hunyuan_v1_moe", "lfm2_moe", "ernie4_5_moe", "deepseek_v2")
 
 
 @dataclass
@@ -98,6 +98,10 @@ def tiny_config(cfg: TinyHfConfig, vocab_size: int, bos: int, eos: int, pad: int
         kw = dict(num_local_experts=e, intermediate_size=ff, sliding_window=16,
                   rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
                   layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(cfg.layers)])
+    elif f == "deepseek_v2":
+        kw = dict(n_routed_experts=e, num_experts=e, moe_intermediate_size=ff, n_shared_experts=1, first_k_dense_replace=1,
+                  topk_method="greedy", routed_scaling_factor=1.5, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
+                  qk_nope_head_dim=8, v_head_dim=h // 4, head_dim=8, num_key_value_heads=4)
     elif f == "flex_olmo":
         kw = dict(num_experts=e, intermediate_size=ff, norm_topk_prob=False)
     elif f == "dots1":

@@ -88,6 +88,7 @@ EXPECTED_GATING = {
     "hunyuan_v1_moe": ("softmax", True, False, 1),
     "lfm2_moe": ("sigmoid", True, True, 1),
     "ernie4_5_moe": ("softmax", True, True, 1),
+    "deepseek_v2": ("softmax", False, False, 1),
 }
 
 
@@ -182,6 +183,17 @@ def test_exact_ties_are_told_from_wrong_ids():
     rule = np.array([[0, 1], [0, 1]])
     assert _tied(logits, np.array([[0, 2], [0, 2]]), rule, g, None) == 2  # 1 and 2 tie: either is the rule's
     assert _tied(logits, np.array([[0, 3], [1, 2]]), rule, g, None) == 0  # 3 is below the k-th; 0 is left out
+
+
+def test_a_rule_the_gating_cannot_state_is_refused(tmp_path):
+    """DeepSeek-V2's group-limited greedy ranks groups by their best expert: not expressible in the
+    trace's gating, so the capture refuses before writing anything."""
+    model, tok = build_tiny_model(TinyHfConfig(family="deepseek_v2", seed=1))
+    for layer in model.model.layers[1:]:
+        layer.mlp.gate.topk_method = "group_limited_greedy"
+    with pytest.raises(UserError, match="topk_method 'group_limited_greedy'"):
+        capture_hf(model, "hi", tokenizer=tok, n_predict=1, out=tmp_path / "t")
+    assert not (tmp_path / "t").exists()
 
 
 def test_ids_in_rank_order_for_unsorted_topk(hf_traces):
@@ -408,6 +420,18 @@ def test_cli_capture_and_bad_input(cli, hf_models, tmp_path):
     assert "not a model directory" in msg
     r = cli("capture-hf", m, "--prompt", "hi", "--out", tmp_path / "t")  # exists, not empty
     assert "not empty" in one_sentence(r)
+
+
+def test_make_hf_model_is_deterministic_and_refuses_a_full_directory(cli, tmp_path):
+    for d in ("a", "b"):
+        r = cli("make-hf-model", tmp_path / d, "--family", "olmoe", "--layers", "2", "--seed", "5")
+        assert r.returncode == 0, r.stderr
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert "model.safetensors" in files and "tokenizer.json" in files
+    for f in files:
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+    assert "not empty" in one_sentence(cli("make-hf-model", tmp_path / "a"))
+    assert "--family 'bogus'" in one_sentence(cli("make-hf-model", tmp_path / "c", "--family", "bogus"))
 
 
 def test_missing_extra_named_in_one_sentence(tmp_path):
