@@ -21,6 +21,9 @@ def register(app: typer.Typer) -> None:
     app.command("make-model")(make_model_cmd)
     app.command("capture-hf")(capture_hf_cmd)
     app.command("make-hf-model")(make_hf_model_cmd)
+    from engine_bridge.quality import quality_cmd
+
+    app.command("quality")(quality_cmd)
 
 
 def capture_cmd(

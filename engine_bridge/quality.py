@@ -1,0 +1,366 @@
+"""``moe-replay quality``: drop-cold's price in output quality, measured by running the model with
+the drop applied inside the forward pass, next to what the offline closed-loop replay predicted.
+
+Per setting (drop-cold F, or the static top-k cut ``keep-k K``) the text is run teacher-forced,
+**one token per forward** (each token is its own batch, so one load = one (token, MoE layer)
+routing, exactly the decode-style loads the offline closed-loop replay of the run's trace replays).
+At every MoE layer a simulated expert cache (:class:`LruStep`: the replay's LRU semantics, stepped
+one load at a time, its state carried from token to token) is visited in rank order: a slot is
+dropped iff its entry is not resident, its router weight is below F / k and it is not the routing's
+top-weighted slot (the top-k cut drops every slot at rank >= K, resident or not). A dropped slot is
+neither looked up, nor read, nor admitted; its weight is set to zero without renormalising the
+others (``renormalize``: the survivors are rescaled to the sum the router gave the whole set).
+
+Each run writes its trace (the router's routing, with a ``dropped`` column marking what the run
+dropped) under OUT; the offline closed-loop replay of that trace (:func:`replay.drop.closed_drop`'s
+flags through :func:`replay.cache.replay`) drops exactly the same slots (tests/test_quality.py).
+
+Figures per setting: perplexity over the text and its change from the undropped (plain) run; KL
+(undropped || run) of the next-token distribution (nats; mean and p95 over positions), top-1
+agreement; routings dropped, reads avoided, weight mass discarded as they happened in the run,
+and beside them (``*_replay``) the closed-loop replay's prediction from the undropped run's trace.
+Quality figures of a random-weight model say nothing about a real model's quality.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import typer
+
+from traces.errors import UserError
+
+KEYS = ("setting", "ppl", "ppl_delta_pct", "kl_mean", "kl_p95", "top1_agree_pct", "routings_dropped_pct", "io_saved_pct",
+        "mass_lost_pct", "experts_dropped_pct", "routings_dropped_pct_replay", "io_saved_pct_replay",
+        "mass_lost_pct_replay", "experts_dropped_pct_replay")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One run: drop-cold at ``frac`` or the top-k cut at ``keep_k``."""
+
+    frac: float | None = None
+    keep_k: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"drop F={self.frac:g}" if self.frac is not None else f"keep-k {self.keep_k}"
+
+    @property
+    def dirname(self) -> str:
+        return f"drop-F{self.frac:g}" if self.frac is not None else f"keep-k{self.keep_k}"
+
+
+class LruStep:
+    """The replay's global LRU (replay/policies/lru.py with the driver's rules), stepped one load at
+    a time: entries are (MoE layer index, expert); a load visits its slots token-major in rank order;
+    a repeat inside the load is only promoted; misses are admitted, then, once after the load,
+    least-recent entries not touched by the load are evicted until the bytes fit (an overflow if
+    none is left). A slot flagged 1 is skipped iff its entry is not resident at that moment, 2
+    always; a skipped slot leaves no trace in the cache."""
+
+    def __init__(self, entry_bytes: np.ndarray, n_expert: int, budget: int) -> None:
+        self.entry_bytes, self.n_expert, self.budget = entry_bytes, n_expert, budget
+        self.order: OrderedDict[int, int] = OrderedDict()  # resident entry -> last load touching it; head = least recent
+        self.used = 0
+        self.load = -1
+        self.lookups = self.hits = self.read_bytes = self.skipped = self.overflow_loads = 0
+
+    def step(self, lidx: int, ids: np.ndarray, flags: np.ndarray) -> np.ndarray:
+        """One load of layer index ``lidx``: ``ids`` [T, k] in rank order, ``flags`` [T, k] uint8;
+        returns the bool [T, k] of skipped slots."""
+        self.load += 1
+        load, order = self.load, self.order
+        nbytes = int(self.entry_bytes[lidx])
+        skipped = np.zeros(ids.shape, dtype=bool)
+        n_miss = 0
+        for r in range(ids.shape[0]):
+            for j in range(ids.shape[1]):
+                e = lidx * self.n_expert + int(ids[r, j])
+                f = flags[r, j]
+                if f and (f == 2 or e not in order):
+                    skipped[r, j] = True
+                    continue
+                last = order.get(e)
+                if last == load:  # a repeat inside this load: promoted only
+                    order.move_to_end(e)
+                    continue
+                self.lookups += 1
+                if last is not None:
+                    self.hits += 1
+                else:
+                    n_miss += 1
+                order[e] = load
+                order.move_to_end(e)
+        self.skipped += int(skipped.sum())
+        self.read_bytes += n_miss * nbytes
+        used = self.used + n_miss * nbytes
+        while used > self.budget:
+            victim = next((e for e, last in order.items() if last != load), None)
+            if victim is None:
+                self.overflow_loads += 1
+                break
+            del order[victim]
+            used -= int(self.entry_bytes[victim // self.n_expert])
+        self.used = used
+        return skipped
+
+
+def parse_fracs(text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--drop-frac {text!r}: give comma-separated fractions, e.g. 0,0.5,0.75,1.0.") from None
+    for f in vals:
+        if not (math.isfinite(f) and f >= 0):
+            raise UserError(f"--drop-frac: {f} is not a non-negative fraction (F in 'weight < F / k').")
+    return vals
+
+
+class _DropCold:
+    """The routing override of one setting (engine_bridge.hf.Override): the simulated cache says
+    which slots are misses; the rule drops them; the weights are rewritten inside the forward."""
+
+    def __init__(self, setting: Setting, k: int, layers: list[int], gating: dict[str, Any], sel_bias: dict[int, np.ndarray],
+                 logits: dict[int, np.ndarray], cache: LruStep, renormalize: bool) -> None:
+        self.setting, self.k, self.gating, self.sel_bias, self.logits = setting, k, gating, sel_bias, logits
+        self.lidx = {layer: i for i, layer in enumerate(layers)}
+        self.cache, self.renormalize = cache, renormalize
+        self.__name__ = setting.label + (", survivors renormalised" if renormalize else ", not renormalised")
+
+    def __call__(self, layer: int, _positions: np.ndarray, ids: Any, weights: Any) -> Any:
+        import torch
+
+        from engine_bridge.hf import rank_order
+
+        ids_np = ids.detach().cpu().numpy().astype(np.int32)
+        w_np = weights.detach().float().cpu().numpy()
+        T, k = ids_np.shape
+        slot = np.broadcast_to(np.arange(k, dtype=np.int64), (T, k)).copy()
+        ids_r, w_r, (slot_r,) = rank_order(ids_np, w_np, self.logits[layer], self.gating, self.sel_bias[layer], [slot])
+        w64 = w_r.astype(np.float64)
+        flags = np.zeros((T, k), np.uint8)
+        if self.setting.frac is not None:
+            top = np.zeros((T, k), dtype=bool)
+            top[np.arange(T), np.argmax(w64, axis=1)] = True
+            flags[(w64 < self.setting.frac / self.k) & ~top] = 1
+        else:
+            flags[:, self.setting.keep_k:] = 2
+        skipped = self.cache.step(self.lidx[layer], ids_r, flags)
+        if not skipped.any():
+            return None
+        mask = np.zeros((T, k), dtype=bool)
+        np.put_along_axis(mask, slot_r, skipped, axis=1)
+        m = torch.from_numpy(mask).to(weights.device)
+        new = weights.masked_fill(m, 0.0)
+        if self.renormalize:
+            new = new * (weights.sum(dim=1, keepdim=True) / new.sum(dim=1, keepdim=True))
+        return new
+
+
+def _router_logit_hooks(blocks: list[Any], store: dict[int, np.ndarray]) -> list[Any]:
+    def make(layer: int):
+        def hook(_mod: Any, _args: tuple, output: Any) -> None:
+            lg = output[0] if isinstance(output, tuple) else output
+            store[layer] = lg.detach().float().reshape(-1, lg.shape[-1]).cpu().numpy()
+        return hook
+    return [b.router.register_forward_hook(make(b.layer)) for b in blocks]
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+
+
+def output_figures(base_logits: np.ndarray, logits: np.ndarray, targets: np.ndarray) -> dict[str, float]:
+    """ppl over the positions that predict a token of the text; KL(base || run) in nats and top-1
+    agreement over the same positions."""
+    n = targets.shape[0]
+    lp0, lp = _log_softmax(base_logits[:n]), _log_softmax(logits[:n])
+    nll = -lp[np.arange(n), targets]
+    kl = (np.exp(lp0) * (lp0 - lp)).sum(axis=1)
+    kl = np.maximum(kl, 0.0)  # rounding can leave -1e-17 where the distributions are equal
+    return {"ppl": float(np.exp(nll.mean())), "kl_mean": float(kl.mean()), "kl_p95": float(np.percentile(kl, 95)),
+            "top1_agree_pct": float((base_logits[:n].argmax(axis=1) == logits[:n].argmax(axis=1)).mean() * 100.0)}
+
+
+def run_figures(trace_dir: Path, read_bytes: int, base_read_bytes: int) -> dict[str, float | None]:
+    """Routings dropped, reads avoided, mass discarded as they happened: from the run's trace (its
+    ``dropped`` column and the router's weights) and its simulated cache's reads."""
+    from traces import open_trace
+
+    a = open_trace(trace_dir).arrays(recorded=True)
+    w = a.weights.astype(np.float64)
+    d = a.dropped if a.dropped is not None else np.zeros(w.shape, dtype=bool)
+    return {
+        "routings_dropped_pct": float(d.any(axis=1).mean() * 100.0),
+        "experts_dropped_pct": float(d.mean() * 100.0),
+        "mass_lost_pct": float(w[d].sum() / w.sum() * 100.0),
+        "io_saved_pct": (base_read_bytes - read_bytes) / base_read_bytes * 100.0 if base_read_bytes > 0 else None,
+    }
+
+
+def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str | Path, budget_mib: float,
+            policy: str = "lru", keep_ks: list[int] | None = None, renormalize: bool = False, tokenizer: Any = None,
+            device: str = "cpu", dtype: str = "float32", expert_dtype: str | None = None, force: bool = False,
+            text_source: str | None = None) -> dict[str, Any]:
+    """Run the settings (each F of ``fracs``, each K of ``keep_ks``) and the undropped run over
+    ``text``; write OUT/quality.json, OUT/plain/ and one trace per setting; return the JSON object."""
+    from engine_bridge import hf
+    from replay.cache import budget_bytes, check_policies, prepare_loads, replay
+    from replay.cache_kernel import ACC_READ
+    from replay.drop import closed_drop
+    from replay.output import json_object
+    from traces import open_trace
+    from traces.atomic import staged_dir
+
+    hf.require_hf_extra("quality")
+    check_policies([policy], option="--policy")
+    if policy != "lru":
+        raise UserError(f"--policy {policy}: quality simulates the cache inside the forward pass for lru only so far.")
+    for f in fracs:
+        if not (math.isfinite(f) and f >= 0):
+            raise UserError(f"--drop-frac: {f} is not a non-negative fraction (F in 'weight < F / k').")
+    if not fracs and not keep_ks:
+        raise UserError("--drop-frac and --keep-k give no setting to run.")
+    if len(set(fracs)) != len(fracs) or len(set(keep_ks or [])) != len(keep_ks or []):
+        raise UserError("--drop-frac / --keep-k: a setting is given twice.")
+    budget = budget_bytes(budget_mib)
+    if not text or not text.strip():
+        raise UserError(f"{text_source or '--text'}: the text is empty.")
+    if isinstance(model, (str, Path)):
+        model_obj, tok = hf.load_model(str(model), dtype, device)
+        where = str(model)
+    else:
+        if tokenizer is None:
+            raise UserError("quality: a loaded model needs its tokenizer (tokenizer=...).")
+        model_obj, tok, where = model.to(device).eval(), tokenizer, type(model).__name__
+    fam = hf._family_of(model_obj.config, where)
+    blocks = hf.find_blocks(model_obj, fam, where)
+    gating, k = hf.gating_of(blocks, fam)
+    n_expert = int(hf._tensor_at(blocks[0].block, blocks[0].router, fam.weight).shape[0])
+    for kk in keep_ks or []:
+        if not 1 <= kk < k:
+            raise UserError(f"--keep-k {kk} must lie in 1..{k - 1} (the model routes top-{k}).")
+    layers = [b.layer for b in blocks]
+    sel_bias = {b.layer: (hf._tensor_at(b.block, b.router, fam.selection_bias).detach().float().cpu().numpy().reshape(n_expert)
+                          if gating["selection_bias"] else np.zeros(n_expert, np.float32)) for b in blocks}
+    expert_bytes = hf.sizes_of(model_obj, blocks, n_expert, expert_dtype, where)[0]
+    leb = np.array([expert_bytes[layer] for layer in layers], dtype=np.int64)
+    targets = np.asarray(tok(text)["input_ids"][1:], dtype=np.int64)
+    if targets.size == 0:
+        raise UserError(f"{text_source or '--text'}: the text tokenizes to fewer than 2 tokens; nothing to predict.")
+    settings = [Setting(frac=float(f)) for f in fracs] + [Setting(keep_k=int(kk)) for kk in keep_ks or []]
+    logits_store: dict[int, np.ndarray] = {}
+
+    def run(o: Path, override: Any) -> Any:
+        return hf.capture_hf(model_obj, text, tokenizer=tok, n_predict=0, out=o, device=device, dtype=dtype,
+                             expert_dtype=expert_dtype, override=override, keep_output_logits=True, ubatch=1,
+                             gate_input=False, prompt_source=text_source)
+
+    with staged_dir(out, force=force, inputs=[str(model) if isinstance(model, (str, Path)) else None, text_source]) as stage:
+        base = run(stage / "plain", None)
+        base_logits = base.output_logits[0]
+        plain = open_trace(stage / "plain")
+        loads = prepare_loads(plain.arrays(recorded=False), plain.moe_layers, plain.n_expert, plain.expert_bytes)
+        base_read = int(replay(loads, policy, float(budget_mib)).acc[:, :, ACC_READ].sum())
+        pred = closed_drop(plain, [s.frac for s in settings if s.frac is not None], budget_mib=float(budget_mib),
+                           policy=policy, phase="all", keep_ks=[s.keep_k for s in settings if s.keep_k is not None])
+        pred_rows = pred.to_dicts()
+        base_fig = output_figures(base_logits, base_logits, targets)
+        rows = []
+        handles = _router_logit_hooks(blocks, logits_store)
+        try:
+            for s in settings:
+                cache = LruStep(leb, n_expert, budget)
+                ov = _DropCold(s, k, layers, gating, sel_bias, logits_store, cache, renormalize)
+                res = run(stage / s.dirname, ov)
+                fig = output_figures(base_logits, res.output_logits[0], targets)
+                row: dict[str, Any] = {"setting": s.label, "frac": s.frac, "keep_k": s.keep_k, "ppl": fig["ppl"],
+                                       "ppl_delta_pct": (fig["ppl"] - base_fig["ppl"]) / base_fig["ppl"] * 100.0,
+                                       "kl_mean": fig["kl_mean"], "kl_p95": fig["kl_p95"],
+                                       "top1_agree_pct": fig["top1_agree_pct"]}
+                row.update(run_figures(stage / s.dirname, cache.read_bytes, base_read))
+                p = next(r for r in pred_rows if (r["mode"] == "closed" and r["frac"] == s.frac)
+                         or (r["mode"] == "closed-k" and r["keep_k"] == s.keep_k))
+                for key in ("routings_dropped_pct", "io_saved_pct", "mass_lost_pct", "experts_dropped_pct"):
+                    row[f"{key}_replay"] = p[key]
+                row.update(read_mib=cache.read_bytes / 2**20, read_mib_plain=base_read / 2**20,
+                           overflow_loads=cache.overflow_loads, trace=s.dirname)
+                rows.append(row)
+        finally:
+            for h in handles:
+                h.remove()
+        obj = json.loads(json_object("quality", str(Path(out) / "plain"), rows))
+        obj.update(plain={"ppl": base_fig["ppl"], "tokens": int(targets.size + 1)}, budget_mib=float(budget_mib),
+                   policy=policy, renormalize=renormalize, load="one token per forward (teacher-forced)")
+        (stage / "quality.json").write_text(json.dumps(obj, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    return obj
+
+
+def format_table(obj: dict[str, Any]) -> str:
+    def f(v: Any, d: int = 1) -> str:
+        return "-" if v is None else f"{v:.{d}f}"
+
+    def e(v: Any) -> str:
+        return "-" if v is None else ("0" if v == 0 else f"{v:.1e}")
+
+    head = (f"{'setting':<14} {'ppl':>8} {'dppl %':>7} {'KL mean':>8} {'KL p95':>8} {'top1 %':>7} "
+            f"{'routings dropped % run/replay':>30} {'reads avoided % run/replay':>27} {'mass lost % run/replay':>23}")
+    lines = [f"plain (undropped): ppl {obj['plain']['ppl']:.3f} over {obj['plain']['tokens']} tokens; "
+             f"policy {obj['policy']}, budget {obj['budget_mib']:g} MiB; KL in nats, KL(undropped || run)", head]
+    for r in obj["rows"]:
+        lines.append(f"{r['setting']:<14} {f(r['ppl'], 3):>8} {f(r['ppl_delta_pct'], 2):>7} {e(r['kl_mean']):>8} "
+                     f"{e(r['kl_p95']):>8} {f(r['top1_agree_pct']):>7} "
+                     f"{f(r['routings_dropped_pct']) + ' / ' + f(r['routings_dropped_pct_replay']):>30} "
+                     f"{f(r['io_saved_pct']) + ' / ' + f(r['io_saved_pct_replay']):>27} "
+                     f"{f(r['mass_lost_pct']) + ' / ' + f(r['mass_lost_pct_replay']):>23}")
+    return "\n".join(lines)
+
+
+def quality_cmd(
+    model: Path = typer.Argument(..., help="A local transformers checkpoint directory.", show_default=False),
+    text: Path = typer.Option(..., "--text", help="UTF-8 text run teacher-forced, one token per forward.", show_default=False),
+    drop_frac: str = typer.Option("0,0.5,0.75,1.0", "--drop-frac", help="Drop-cold F values (comma-separated): a miss "
+                                  "whose weight is below F / k is dropped, never the routing's top expert."),
+    budget_mib: float = typer.Option(..., "--budget-mib", help="Simulated expert cache budget in MiB (2^20 bytes).",
+                                     show_default=False),
+    policy: str = typer.Option("lru", "--policy", help="Cache policy of the simulated cache (lru only so far)."),
+    engine: str = typer.Option("transformers", "--engine", help="transformers (llama.cpp: not yet)."),
+    renormalize: bool = typer.Option(False, "--renormalize", help="Rescale the surviving weights to the sum the router "
+                                     "gave the whole set (default: dropped weight is zeroed, survivors unchanged)."),
+    keep_k: list[int] = typer.Option([], "--keep-k", help="Also run the static top-k cut at K (repeatable)."),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16 | auto."),
+    expert_dtype: str | None = typer.Option(None, "--expert-dtype", help="Size experts as an offloading engine stores them "
+                                            "(as capture-hf)."),
+    out: Path = typer.Option(..., "-o", "--out", help="Directory to create: quality.json, plain/ and one trace per setting.",
+                             show_default=False),
+    force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
+) -> None:
+    """Run MODEL teacher-forced over a text with drop-cold applied inside the forward pass (a
+    simulated expert cache decides the misses), once per setting, and compare each run's outputs
+    with the undropped run's, beside the offline closed-loop replay's prediction."""
+    if engine != "transformers":
+        raise UserError(f"--engine {engine!r}: quality runs on transformers only so far (llama.cpp is not built yet).")
+    from engine_bridge.hf import require_hf_extra
+
+    require_hf_extra("quality")
+    if not text.is_file():
+        raise UserError(f"{text}: no such text file (--text).")
+    try:
+        body = text.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{text}: cannot be read as UTF-8 text ({e.__class__.__name__}).") from None
+    obj = quality(str(model), body, fracs=parse_fracs(drop_frac), out=out, budget_mib=budget_mib, policy=policy,
+                  keep_ks=list(keep_k), renormalize=renormalize, device=device, dtype=dtype, expert_dtype=expert_dtype,
+                  force=force, text_source=str(text))
+    typer.echo(json.dumps(obj, indent=1, allow_nan=False) if json_out else format_table(obj))
