@@ -261,9 +261,13 @@ def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str 
     logits_store: dict[int, np.ndarray] = {}
 
     def run(o: Path, override: Any) -> Any:
-        return hf.capture_hf(model_obj, text, tokenizer=tok, n_predict=0, out=o, device=device, dtype=dtype,
-                             expert_dtype=expert_dtype, override=override, keep_output_logits=True, ubatch=1,
-                             gate_input=False, prompt_source=text_source)
+        res = hf.capture_hf(model_obj, text, tokenizer=tok, n_predict=0, out=o, device=device, dtype=dtype,
+                            expert_dtype=expert_dtype, override=override, keep_output_logits=True, ubatch=1,
+                            gate_input=False, prompt_source=text_source)
+        if not res.checks["passed"]:
+            raise UserError(f"{where}: a capture self-check failed in the {o.name} run: its trace does not reproduce the "
+                            "model's routing, so the run's drops cannot be compared (a bug in the capture, please report it).")
+        return res
 
     with staged_dir(out, force=force, inputs=[str(model) if isinstance(model, (str, Path)) else None, text_source]) as stage:
         base = run(stage / "plain", None)
