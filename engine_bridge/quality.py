@@ -123,15 +123,36 @@ def parse_fracs(text: str) -> list[float]:
     return vals
 
 
+class DropCold:
+    """One setting's decision at one load: ``decide(lidx, ids, weights)`` with ids and weights
+    [T, k] in rank order returns the skipped slots, stepping the simulated cache."""
+
+    def __init__(self, setting: Setting, cache: LruStep) -> None:
+        self.setting, self.cache = setting, cache
+
+    def decide(self, lidx: int, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        T, k = ids.shape
+        w64 = weights.astype(np.float64)
+        flags = np.zeros((T, k), np.uint8)
+        if self.setting.frac is not None:
+            top = np.zeros((T, k), dtype=bool)
+            top[np.arange(T), np.argmax(w64, axis=1)] = True
+            flags[(w64 < self.setting.frac / k) & ~top] = 1
+        else:
+            flags[:, self.setting.keep_k:] = 2
+        return self.cache.step(lidx, ids, flags)
+
+
 class _DropCold:
-    """The routing override of one setting (engine_bridge.hf.Override): the simulated cache says
-    which slots are misses; the rule drops them; the weights are rewritten inside the forward."""
+    """The routing override of one setting on transformers (engine_bridge.hf.Override): the slots
+    are put in rank order (as the trace writes them), the simulated cache says which are misses,
+    the rule drops them; the weights are rewritten inside the forward."""
 
     def __init__(self, setting: Setting, k: int, layers: list[int], gating: dict[str, Any], sel_bias: dict[int, np.ndarray],
                  logits: dict[int, np.ndarray], cache: LruStep, renormalize: bool) -> None:
-        self.setting, self.k, self.gating, self.sel_bias, self.logits = setting, k, gating, sel_bias, logits
+        self.gating, self.sel_bias, self.logits = gating, sel_bias, logits
         self.lidx = {layer: i for i, layer in enumerate(layers)}
-        self.cache, self.renormalize = cache, renormalize
+        self.rule, self.renormalize = DropCold(setting, cache), renormalize
         self.__name__ = setting.label + (", survivors renormalised" if renormalize else ", not renormalised")
 
     def __call__(self, layer: int, _positions: np.ndarray, ids: Any, weights: Any) -> Any:
@@ -144,15 +165,7 @@ class _DropCold:
         T, k = ids_np.shape
         slot = np.broadcast_to(np.arange(k, dtype=np.int64), (T, k)).copy()
         ids_r, w_r, (slot_r,) = rank_order(ids_np, w_np, self.logits[layer], self.gating, self.sel_bias[layer], [slot])
-        w64 = w_r.astype(np.float64)
-        flags = np.zeros((T, k), np.uint8)
-        if self.setting.frac is not None:
-            top = np.zeros((T, k), dtype=bool)
-            top[np.arange(T), np.argmax(w64, axis=1)] = True
-            flags[(w64 < self.setting.frac / self.k) & ~top] = 1
-        else:
-            flags[:, self.setting.keep_k:] = 2
-        skipped = self.cache.step(self.lidx[layer], ids_r, flags)
+        skipped = self.rule.decide(self.lidx[layer], ids_r, w_r)
         if not skipped.any():
             return None
         mask = np.zeros((T, k), dtype=bool)
@@ -161,6 +174,24 @@ class _DropCold:
         new = weights.masked_fill(m, 0.0)
         if self.renormalize:
             new = new * (weights.sum(dim=1, keepdim=True) / new.sum(dim=1, keepdim=True))
+        return new
+
+
+class _DropColdGgml:
+    """The same override on llama.cpp (engine_bridge.capture's ``override``): the eval callback
+    hands ids already in rank order and the final weights as float32 numpy arrays."""
+
+    def __init__(self, setting: Setting, layers: list[int], cache: LruStep, renormalize: bool) -> None:
+        self.lidx = {layer: i for i, layer in enumerate(layers)}
+        self.rule, self.renormalize = DropCold(setting, cache), renormalize
+
+    def __call__(self, layer: int, ids: np.ndarray, weights: np.ndarray) -> np.ndarray | None:
+        skipped = self.rule.decide(self.lidx[layer], ids, weights)
+        if not skipped.any():
+            return None
+        new = np.where(skipped, np.float32(0), weights).astype(np.float32)
+        if self.renormalize:
+            new = (new * (weights.sum(axis=1, keepdims=True) / new.sum(axis=1, keepdims=True))).astype(np.float32)
         return new
 
 
@@ -207,13 +238,97 @@ def run_figures(trace_dir: Path, read_bytes: int, base_read_bytes: int) -> dict[
     }
 
 
+class _HfRunner:
+    """Teacher-forced runs of a transformers model through capture_hf (one token per forward)."""
+
+    def __init__(self, model: Any, tokenizer: Any, device: str, dtype: str, expert_dtype: str | None, text: str,
+                 text_source: str | None) -> None:
+        from engine_bridge import hf
+
+        hf.require_hf_extra("quality")
+        if isinstance(model, (str, Path)):
+            self.model, self.tok = hf.load_model(str(model), dtype, device)
+            self.where = str(model)
+        else:
+            if tokenizer is None:
+                raise UserError("quality: a loaded model needs its tokenizer (tokenizer=...).")
+            self.model, self.tok, self.where = model.to(device).eval(), tokenizer, type(model).__name__
+        self.device, self.dtype, self.expert_dtype, self.text, self.text_source = device, dtype, expert_dtype, text, text_source
+        fam = hf._family_of(self.model.config, self.where)
+        self.blocks = hf.find_blocks(self.model, fam, self.where)
+        self.gating, self.k = hf.gating_of(self.blocks, fam)
+        self.n_expert = int(hf._tensor_at(self.blocks[0].block, self.blocks[0].router, fam.weight).shape[0])
+        self.layers = [b.layer for b in self.blocks]
+        self.sel_bias = {b.layer: (hf._tensor_at(b.block, b.router, fam.selection_bias).detach().float().cpu().numpy()
+                                   .reshape(self.n_expert) if self.gating["selection_bias"]
+                                   else np.zeros(self.n_expert, np.float32)) for b in self.blocks}
+        expert_bytes = hf.sizes_of(self.model, self.blocks, self.n_expert, expert_dtype, self.where)[0]
+        self.leb = np.array([expert_bytes[layer] for layer in self.layers], dtype=np.int64)
+        self.targets = np.asarray(self.tok(text)["input_ids"][1:], dtype=np.int64)
+
+    def run(self, out: Path, setting: Setting | None, cache: LruStep | None, renormalize: bool) -> np.ndarray:
+        from engine_bridge import hf
+
+        store: dict[int, np.ndarray] = {}
+        handles = _router_logit_hooks(self.blocks, store) if setting is not None else []
+        ov = (_DropCold(setting, self.k, self.layers, self.gating, self.sel_bias, store, cache, renormalize)
+              if setting is not None and cache is not None else None)
+        try:
+            res = hf.capture_hf(self.model, self.text, tokenizer=self.tok, n_predict=0, out=out, device=self.device,
+                                dtype=self.dtype, expert_dtype=self.expert_dtype, override=ov, keep_output_logits=True,
+                                ubatch=1, gate_input=False, prompt_source=self.text_source)
+        finally:
+            for h in handles:
+                h.remove()
+        _check_passed(res.checks, self.where, out)
+        return res.output_logits[0]
+
+
+class _LlamaRunner:
+    """Teacher-forced runs of a GGUF through llama.cpp's capture (ubatch 1: one token per decode);
+    the override writes the final MoE weights node from the eval callback (CPU buffers)."""
+
+    def __init__(self, model: str, text: str, text_source: str | None) -> None:
+        from engine_bridge.capture import CaptureOptions, _plan
+        from engine_bridge.engine import require_capture_extra
+        from engine_bridge.gguf_static import read_static
+
+        require_capture_extra("quality")
+        if not Path(model).is_file():
+            raise UserError(f"{model}: no such GGUF file (quality --engine llama.cpp takes a GGUF model file).")
+        self.model, self.text, self.text_source, self.where = model, text, text_source, model
+        self.plan = _plan(CaptureOptions(model=model, prompt=text, out="", n_decode=0, ubatch=1), read_static(model))
+        st = self.plan.static
+        self.layers = list(st.moe_layers)
+        self.n_expert = int(st.n_expert)
+        self.k = int(st.top_k_native)
+        self.leb = np.array([st.expert_bytes[layer] for layer in self.layers], dtype=np.int64)
+        self.targets = np.asarray(self.plan.tokens[1:], dtype=np.int64)
+
+    def run(self, out: Path, setting: Setting | None, cache: LruStep | None, renormalize: bool) -> np.ndarray:
+        from engine_bridge.capture import CaptureOptions, capture, validate
+
+        opts = CaptureOptions(model=self.model, prompt=self.text, out=str(out), n_decode=0, ubatch=1, gate_input=False,
+                              prompt_source=self.text_source, kv_type="f32", flash_attn="off")
+        ov = _DropColdGgml(setting, self.layers, cache, renormalize) if setting is not None and cache is not None else None
+        logits: list[np.ndarray] = []
+        res = capture(opts, validate(opts, self.plan.static), override=ov, output_logits=logits)
+        _check_passed(res.checks, self.where, out)
+        return np.stack(logits)
+
+
+def _check_passed(checks: dict[str, Any], where: str, out: Path) -> None:
+    if not checks["passed"]:
+        raise UserError(f"{where}: a capture self-check failed in the {out.name} run: its trace does not reproduce the "
+                        "model's routing, so the run's drops cannot be compared (a bug in the capture, please report it).")
+
+
 def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str | Path, budget_mib: float,
             policy: str = "lru", keep_ks: list[int] | None = None, renormalize: bool = False, tokenizer: Any = None,
             device: str = "cpu", dtype: str = "float32", expert_dtype: str | None = None, force: bool = False,
-            text_source: str | None = None) -> dict[str, Any]:
+            text_source: str | None = None, engine: str = "transformers") -> dict[str, Any]:
     """Run the settings (each F of ``fracs``, each K of ``keep_ks``) and the undropped run over
     ``text``; write OUT/quality.json, OUT/plain/ and one trace per setting; return the JSON object."""
-    from engine_bridge import hf
     from replay.cache import budget_bytes, check_policies, prepare_loads, replay
     from replay.cache_kernel import ACC_READ
     from replay.drop import closed_drop
@@ -221,7 +336,6 @@ def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str 
     from traces import open_trace
     from traces.atomic import staged_dir
 
-    hf.require_hf_extra("quality")
     check_policies([policy], option="--policy")
     if policy != "lru":
         raise UserError(f"--policy {policy}: quality simulates the cache inside the forward pass for lru only so far.")
@@ -235,43 +349,24 @@ def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str 
     budget = budget_bytes(budget_mib)
     if not text or not text.strip():
         raise UserError(f"{text_source or '--text'}: the text is empty.")
-    if isinstance(model, (str, Path)):
-        model_obj, tok = hf.load_model(str(model), dtype, device)
-        where = str(model)
+    if engine == "transformers":
+        runner: Any = _HfRunner(model, tokenizer, device, dtype, expert_dtype, text, text_source)
+    elif engine == "llama.cpp":
+        if not isinstance(model, (str, Path)):
+            raise UserError("quality --engine llama.cpp takes a GGUF file path.")
+        runner = _LlamaRunner(str(model), text, text_source)
     else:
-        if tokenizer is None:
-            raise UserError("quality: a loaded model needs its tokenizer (tokenizer=...).")
-        model_obj, tok, where = model.to(device).eval(), tokenizer, type(model).__name__
-    fam = hf._family_of(model_obj.config, where)
-    blocks = hf.find_blocks(model_obj, fam, where)
-    gating, k = hf.gating_of(blocks, fam)
-    n_expert = int(hf._tensor_at(blocks[0].block, blocks[0].router, fam.weight).shape[0])
+        raise UserError(f"--engine {engine!r} is not transformers or llama.cpp.")
+    k, targets, leb, n_expert = runner.k, runner.targets, runner.leb, runner.n_expert
     for kk in keep_ks or []:
         if not 1 <= kk < k:
             raise UserError(f"--keep-k {kk} must lie in 1..{k - 1} (the model routes top-{k}).")
-    layers = [b.layer for b in blocks]
-    sel_bias = {b.layer: (hf._tensor_at(b.block, b.router, fam.selection_bias).detach().float().cpu().numpy().reshape(n_expert)
-                          if gating["selection_bias"] else np.zeros(n_expert, np.float32)) for b in blocks}
-    expert_bytes = hf.sizes_of(model_obj, blocks, n_expert, expert_dtype, where)[0]
-    leb = np.array([expert_bytes[layer] for layer in layers], dtype=np.int64)
-    targets = np.asarray(tok(text)["input_ids"][1:], dtype=np.int64)
     if targets.size == 0:
         raise UserError(f"{text_source or '--text'}: the text tokenizes to fewer than 2 tokens; nothing to predict.")
     settings = [Setting(frac=float(f)) for f in fracs] + [Setting(keep_k=int(kk)) for kk in keep_ks or []]
-    logits_store: dict[int, np.ndarray] = {}
-
-    def run(o: Path, override: Any) -> Any:
-        res = hf.capture_hf(model_obj, text, tokenizer=tok, n_predict=0, out=o, device=device, dtype=dtype,
-                            expert_dtype=expert_dtype, override=override, keep_output_logits=True, ubatch=1,
-                            gate_input=False, prompt_source=text_source)
-        if not res.checks["passed"]:
-            raise UserError(f"{where}: a capture self-check failed in the {o.name} run: its trace does not reproduce the "
-                            "model's routing, so the run's drops cannot be compared (a bug in the capture, please report it).")
-        return res
 
     with staged_dir(out, force=force, inputs=[str(model) if isinstance(model, (str, Path)) else None, text_source]) as stage:
-        base = run(stage / "plain", None)
-        base_logits = base.output_logits[0]
+        base_logits = runner.run(stage / "plain", None, None, renormalize)
         plain = open_trace(stage / "plain")
         loads = prepare_loads(plain.arrays(recorded=False), plain.moe_layers, plain.n_expert, plain.expert_bytes)
         base_read = int(replay(loads, policy, float(budget_mib)).acc[:, :, ACC_READ].sum())
@@ -280,31 +375,25 @@ def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str 
         pred_rows = pred.to_dicts()
         base_fig = output_figures(base_logits, base_logits, targets)
         rows = []
-        handles = _router_logit_hooks(blocks, logits_store)
-        try:
-            for s in settings:
-                cache = LruStep(leb, n_expert, budget)
-                ov = _DropCold(s, k, layers, gating, sel_bias, logits_store, cache, renormalize)
-                res = run(stage / s.dirname, ov)
-                fig = output_figures(base_logits, res.output_logits[0], targets)
-                row: dict[str, Any] = {"setting": s.label, "frac": s.frac, "keep_k": s.keep_k, "ppl": fig["ppl"],
-                                       "ppl_delta_pct": (fig["ppl"] - base_fig["ppl"]) / base_fig["ppl"] * 100.0,
-                                       "kl_mean": fig["kl_mean"], "kl_p95": fig["kl_p95"],
-                                       "top1_agree_pct": fig["top1_agree_pct"]}
-                row.update(run_figures(stage / s.dirname, cache.read_bytes, base_read))
-                p = next(r for r in pred_rows if (r["mode"] == "closed" and r["frac"] == s.frac)
-                         or (r["mode"] == "closed-k" and r["keep_k"] == s.keep_k))
-                for key in ("routings_dropped_pct", "io_saved_pct", "mass_lost_pct", "experts_dropped_pct"):
-                    row[f"{key}_replay"] = p[key]
-                row.update(read_mib=cache.read_bytes / 2**20, read_mib_plain=base_read / 2**20,
-                           overflow_loads=cache.overflow_loads, trace=s.dirname)
-                rows.append(row)
-        finally:
-            for h in handles:
-                h.remove()
+        for s in settings:
+            cache = LruStep(leb, n_expert, budget)
+            logits = runner.run(stage / s.dirname, s, cache, renormalize)
+            fig = output_figures(base_logits, logits, targets)
+            row: dict[str, Any] = {"setting": s.label, "frac": s.frac, "keep_k": s.keep_k, "ppl": fig["ppl"],
+                                   "ppl_delta_pct": (fig["ppl"] - base_fig["ppl"]) / base_fig["ppl"] * 100.0,
+                                   "kl_mean": fig["kl_mean"], "kl_p95": fig["kl_p95"],
+                                   "top1_agree_pct": fig["top1_agree_pct"]}
+            row.update(run_figures(stage / s.dirname, cache.read_bytes, base_read))
+            p = next(r for r in pred_rows if (r["mode"] == "closed" and r["frac"] == s.frac)
+                     or (r["mode"] == "closed-k" and r["keep_k"] == s.keep_k))
+            for key in ("routings_dropped_pct", "io_saved_pct", "mass_lost_pct", "experts_dropped_pct"):
+                row[f"{key}_replay"] = p[key]
+            row.update(read_mib=cache.read_bytes / 2**20, read_mib_plain=base_read / 2**20,
+                       overflow_loads=cache.overflow_loads, trace=s.dirname)
+            rows.append(row)
         obj = json.loads(json_object("quality", str(Path(out) / "plain"), rows))
         obj.update(plain={"ppl": base_fig["ppl"], "tokens": int(targets.size + 1)}, budget_mib=float(budget_mib),
-                   policy=policy, renormalize=renormalize, load="one token per forward (teacher-forced)")
+                   policy=policy, renormalize=renormalize, engine=engine, load="one token per forward (teacher-forced)")
         (stage / "quality.json").write_text(json.dumps(obj, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return obj
 
@@ -330,14 +419,16 @@ def format_table(obj: dict[str, Any]) -> str:
 
 
 def quality_cmd(
-    model: Path = typer.Argument(..., help="A local transformers checkpoint directory.", show_default=False),
+    model: Path = typer.Argument(..., help="A local transformers checkpoint directory, or a GGUF file with --engine llama.cpp.",
+                                 show_default=False),
     text: Path = typer.Option(..., "--text", help="UTF-8 text run teacher-forced, one token per forward.", show_default=False),
     drop_frac: str = typer.Option("0,0.5,0.75,1.0", "--drop-frac", help="Drop-cold F values (comma-separated): a miss "
                                   "whose weight is below F / k is dropped, never the routing's top expert."),
     budget_mib: float = typer.Option(..., "--budget-mib", help="Simulated expert cache budget in MiB (2^20 bytes).",
                                      show_default=False),
     policy: str = typer.Option("lru", "--policy", help="Cache policy of the simulated cache (lru only so far)."),
-    engine: str = typer.Option("transformers", "--engine", help="transformers (llama.cpp: not yet)."),
+    engine: str = typer.Option("transformers", "--engine", help="transformers (MODEL: a checkpoint directory) | llama.cpp "
+                               "(MODEL: a GGUF file; CPU, KV cache f32, flash attention off)."),
     renormalize: bool = typer.Option(False, "--renormalize", help="Rescale the surviving weights to the sum the router "
                                      "gave the whole set (default: dropped weight is zeroed, survivors unchanged)."),
     keep_k: list[int] = typer.Option([], "--keep-k", help="Also run the static top-k cut at K (repeatable)."),
@@ -353,11 +444,8 @@ def quality_cmd(
     """Run MODEL teacher-forced over a text with drop-cold applied inside the forward pass (a
     simulated expert cache decides the misses), once per setting, and compare each run's outputs
     with the undropped run's, beside the offline closed-loop replay's prediction."""
-    if engine != "transformers":
-        raise UserError(f"--engine {engine!r}: quality runs on transformers only so far (llama.cpp is not built yet).")
-    from engine_bridge.hf import require_hf_extra
-
-    require_hf_extra("quality")
+    if engine not in ("transformers", "llama.cpp"):
+        raise UserError(f"--engine {engine!r} is not transformers or llama.cpp.")
     if not text.is_file():
         raise UserError(f"{text}: no such text file (--text).")
     try:
@@ -366,5 +454,5 @@ def quality_cmd(
         raise UserError(f"{text}: cannot be read as UTF-8 text ({e.__class__.__name__}).") from None
     obj = quality(str(model), body, fracs=parse_fracs(drop_frac), out=out, budget_mib=budget_mib, policy=policy,
                   keep_ks=list(keep_k), renormalize=renormalize, device=device, dtype=dtype, expert_dtype=expert_dtype,
-                  force=force, text_source=str(text))
+                  force=force, text_source=str(text), engine=engine)
     typer.echo(json.dumps(obj, indent=1, allow_nan=False) if json_out else format_table(obj))
