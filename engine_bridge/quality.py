@@ -280,7 +280,7 @@ class _HfRunner:
         finally:
             for h in handles:
                 h.remove()
-        _check_passed(res.checks, self.where, out)
+        _check_passed(res, self.where, out)
         return res.output_logits[0]
 
 
@@ -313,11 +313,19 @@ class _LlamaRunner:
         ov = _DropColdGgml(setting, self.layers, cache, renormalize) if setting is not None and cache is not None else None
         logits: list[np.ndarray] = []
         res = capture(opts, validate(opts, self.plan.static), override=ov, output_logits=logits)
-        _check_passed(res.checks, self.where, out)
+        _check_passed(res, self.where, out)
         return np.stack(logits)
 
 
-def _check_passed(checks: dict[str, Any], where: str, out: Path) -> None:
+def _check_passed(res: Any, where: str, out: Path) -> None:
+    """A run the capture stopped early (it catches SIGINT / SIGTERM to keep a valid trace) is re-raised
+    as that signal, so nothing is written; a failed self-check is an error."""
+    if not res.complete:
+        import signal
+
+        signal.raise_signal(signal.SIGTERM if "SIGTERM" in res.stop_reason else signal.SIGINT)
+        raise KeyboardInterrupt  # a handler that returned: stop anyway
+    checks = res.checks
     if not checks["passed"]:
         raise UserError(f"{where}: a capture self-check failed in the {out.name} run: its trace does not reproduce the "
                         "model's routing, so the run's drops cannot be compared (a bug in the capture, please report it).")

@@ -227,3 +227,27 @@ def test_llama_drops_change_outputs_and_equal_the_replay_of_the_runs_own_trace(l
         assert np.array_equal(a.dropped, own_replay_drops(out / s.dirname, s, 0.1))
         top = np.argmax(a.weights, axis=1)
         assert not a.dropped[np.arange(top.size), top].any()
+
+
+def test_interrupt_leaves_nothing(model_dir, tmp_path, monkeypatch):
+    """SIGINT during a setting's run: the capture stops the run cleanly, quality re-raises the signal,
+    exit 130 and no OUT (the staged directory is removed)."""
+    import signal
+
+    from engine_bridge import quality as q
+    from tests.helpers import run_cli
+
+    step, calls = q.LruStep.step, []
+
+    def interrupting(self, lidx, ids, flags):
+        calls.append(1)
+        if len(calls) == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+        return step(self, lidx, ids, flags)
+
+    monkeypatch.setattr(q.LruStep, "step", interrupting)
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    res = run_cli("quality", model_dir, "--text", text, "--budget-mib", "0.05", "--drop-frac", "0.5", "-o", tmp_path / "o")
+    assert res.code == 130, res.err
+    assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.partial-*"))
