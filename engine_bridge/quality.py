@@ -36,10 +36,6 @@ import typer
 
 from traces.errors import UserError
 
-KEYS = ("setting", "ppl", "ppl_delta_pct", "kl_mean", "kl_p95", "top1_agree_pct", "routings_dropped_pct", "io_saved_pct",
-        "mass_lost_pct", "experts_dropped_pct", "routings_dropped_pct_replay", "io_saved_pct_replay",
-        "mass_lost_pct_replay", "experts_dropped_pct_replay")
-
 
 @dataclass(frozen=True)
 class Setting:
