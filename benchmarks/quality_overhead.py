@@ -1,7 +1,7 @@
 """Cost of one quality run (drop-cold inside the forward pass) against a plain teacher-forced pass.
 
-    python -m benchmarks.quality_overhead [--family qwen3_moe --layers 8 --hidden 512 --experts 64 --top-k 8]
-                                          [--tokens 128] [--repeats 3] [--threads 1]
+    python -m benchmarks.quality_overhead [--engine transformers|llama.cpp] [--family qwen3_moe --layers 8 --hidden 512
+                                          --experts 64 --top-k 8] [--tokens 128] [--repeats 3] [--threads 1]
 
 Builds a random-weight model (engine_bridge.hf_tiny, float32) and times, interleaved ``--repeats``
 times (median and best reported), over the same text of ``--tokens`` tokens:
@@ -14,6 +14,10 @@ times (median and best reported), over the same text of ``--tokens`` tokens:
   override at a budget of a quarter of the experts: router hooks, rank order, the stepped LRU,
   weights rewritten, trace rows) timed as its forwards (capture_hf's ``prefill_s``) and as the
   whole call (trace files and the self-checks included).
+
+``--engine llama.cpp``: a random-weight qwen3moe GGUF of the same sizes (f16 matrices); ``loop`` is
+one ``llama_decode`` per token with no eval callback (KV f32, flash attention off, as quality runs
+it), ``quality`` the capture at ubatch 1 with the drop-cold override writing the weights node.
 
 The figures measure this machine's CPU, thread count and load, not an engine in general.
 """
@@ -44,7 +48,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--engine", default="transformers", choices=["transformers", "llama.cpp"])
     a = ap.parse_args(argv)
+    if a.engine == "llama.cpp":
+        return _llama(a)
 
     import numpy as np
     import torch
@@ -125,6 +132,72 @@ def main(argv: list[str] | None = None) -> None:
                          ("quality F=0.75, forwards", qf), ("quality F=0.75, whole call", qw)):
             print(f"{name:<34} {statistics.median(xs):>9.3f} {min(xs):>8.3f} {statistics.median(xs) / base:>16.2f}")
         print(f"{len(ids)} tokens; budget {budget_mib:.1f} MiB (a quarter of the experts)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _llama(a: argparse.Namespace) -> None:
+    import numpy as np
+
+    from engine_bridge.capture import CaptureOptions, capture, validate
+    from engine_bridge.engine import Engine, EngineOptions
+    from engine_bridge.gguf_static import read_static
+    from engine_bridge.quality import LruStep, Setting, _DropColdGgml
+    from engine_bridge.tinymodel import TinyModelConfig, write_tiny_model
+    from replay.cache import budget_bytes
+
+    print(machine())
+    cfg = TinyModelConfig(arch="qwen3moe", layers=a.layers, experts=a.experts, top_k=a.top_k, embd=a.hidden,
+                          expert_ff=a.expert_ff, heads=8, kv_heads=4, seed=0)
+    tmp = Path(tempfile.mkdtemp(prefix="quality-bench-"))
+    try:
+        model = write_tiny_model(tmp / "m.gguf", cfg)
+        static = read_static(model)
+        print(f"llama.cpp, {a.threads} thread(s); qwen3moe GGUF: {a.layers} layers, embd {a.hidden}, {a.experts} experts, "
+              f"top-{a.top_k}, expert ff {cfg.ff}, f16; {a.tokens} tokens teacher-forced")
+        text = TEXT[:4 * a.tokens]  # the tiny GGUF's vocabulary makes short tokens: enough, within its context
+        probe = validate(CaptureOptions(model=str(model), prompt=text, out=str(tmp / "probe"), n_decode=0, ubatch=1))
+        tokens = probe.tokens[:a.tokens]
+        leb = np.array([static.expert_bytes[l] for l in static.moe_layers], np.int64)
+        budget_mib = float(leb.sum()) * a.experts / 4 / 2**20
+
+        def loop_s() -> float:
+            eng = Engine(str(model), EngineOptions(n_ctx=len(tokens), ubatch=1, threads=a.threads, arch=static.arch,
+                                                   kv_type="f32", flash_attn="off"), None)
+            try:
+                t0 = time.perf_counter()
+                for pos, t in enumerate(tokens):
+                    eng.decode([t], pos)
+                return time.perf_counter() - t0
+            finally:
+                eng.close()
+
+        def quality_s(n: int) -> tuple[float, float]:
+            opts = CaptureOptions(model=str(model), prompt=text, out=str(tmp / f"q{n}"), n_decode=0, ubatch=1,
+                                  gate_input=False, kv_type="f32", flash_attn="off", threads=a.threads)
+            plan = validate(opts, static)
+            plan.tokens[:] = tokens
+            plan.n_ctx = len(tokens)
+            ov = _DropColdGgml(Setting(frac=0.75), list(static.moe_layers), LruStep(leb, a.experts, budget_bytes(budget_mib)),
+                               False)
+            t0 = time.perf_counter()
+            res = capture(opts, plan, override=ov, output_logits=[])
+            wall = time.perf_counter() - t0
+            shutil.rmtree(tmp / f"q{n}")
+            return res.prefill_s, wall
+
+        loop, qf, qw = [], [], []
+        for r in range(a.repeats):
+            loop.append(loop_s())
+            f, w = quality_s(r)
+            qf.append(f)
+            qw.append(w)
+        base = statistics.median(loop)
+        print(f"{'mode':<34} {'median s':>9} {'best s':>8} {'x loop (median)':>16}")
+        for name, xs in (("loop (plain teacher-forced pass)", loop), ("quality F=0.75, decodes", qf),
+                         ("quality F=0.75, whole call", qw)):
+            print(f"{name:<34} {statistics.median(xs):>9.3f} {min(xs):>8.3f} {statistics.median(xs) / base:>16.2f}")
+        print(f"{len(tokens)} tokens; budget {budget_mib:.1f} MiB (a quarter of the experts)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -415,7 +415,8 @@ def _run(opts: CaptureOptions, plan: CapturePlan, hook: MoeHook, engine: Engine,
                 if writer is None:
                     writer = open_writer(caps[layers[0]].experts.shape[1])
                 rows.add(batch, 0, pos, layers, caps, chunk)
-                rows.flush(writer)
+                if rows.tokens >= opts.tokens_per_part:
+                    rows.flush(writer)  # one append per part (small --ubatch: not one per batch)
                 prefill_s += time.perf_counter() - t0
                 batch += 1
                 pos += len(chunk)

@@ -76,10 +76,10 @@ class LruStep:
         nbytes = int(self.entry_bytes[lidx])
         skipped = np.zeros(ids.shape, dtype=bool)
         n_miss = 0
-        for r in range(ids.shape[0]):
-            for j in range(ids.shape[1]):
-                e = lidx * self.n_expert + int(ids[r, j])
-                f = flags[r, j]
+        base = lidx * self.n_expert
+        for r, (row, frow) in enumerate(zip(ids.tolist(), flags.tolist())):  # lists: no numpy scalar per slot
+            for j, (x, f) in enumerate(zip(row, frow)):
+                e = base + x
                 if f and (f == 2 or e not in order):
                     skipped[r, j] = True
                     continue
