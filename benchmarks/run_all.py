@@ -14,6 +14,7 @@ import sys
 ALL = ["lru_throughput", "vs_libcachesim", "qwen_sweep", "stale_gate", "capture_overhead", "synth_scale", "export_libcachesim"]
 ALL += ["sweep_scale"]
 ALL += ["capture_hf_overhead"]
+ALL += ["quality_overhead"]
 
 
 def main() -> None:

@@ -296,6 +296,8 @@ class _Rows:
             d["gate_input"] = np.concatenate([caps[l].gate_input for l in layers])
         if "token" in self.columns:  # the token id each row's position holds (compare checks two runs saw the same)
             d["token"] = np.tile(np.asarray(tokens, dtype=np.int32), len(layers))
+        if "dropped" in self.columns:  # the slots a routing override zeroed
+            d["dropped"] = np.concatenate([caps[l].dropped for l in layers])
         self.chunks.append(d)
         self.tokens += n_tok
 
@@ -323,16 +325,22 @@ def _check_batch(caps: dict[int, LayerCapture], layers: list[int], n_tok: int, o
 
 
 def capture(opts: CaptureOptions, plan: CapturePlan | None = None,
-            progress: Callable[[int, str], None] | None = None, *, static: GgufStatic | None = None) -> CaptureResult:
+            progress: Callable[[int, str], None] | None = None, *, static: GgufStatic | None = None,
+            override: Callable[[int, np.ndarray, np.ndarray], np.ndarray | None] | None = None,
+            output_logits: list[np.ndarray] | None = None) -> CaptureResult:
     """Run the capture described by ``opts`` into the new directory ``opts.out``.
 
     ``plan``: what :func:`validate` returned (validated here when not given; ``static`` saves
-    re-reading the GGUF)."""
+    re-reading the GGUF). ``override``: a routing intervention (layer, ids [T, k] in rank order,
+    final weights [T, k]) -> new weights or None, written into the weights node inside the forward
+    pass (the trace gains a ``dropped`` column: the slots it zeroed). ``output_logits``: a list the
+    vocabulary logits of each batch's last token are appended to (with ``ubatch`` 1: every position)."""
     plan = plan or validate(opts, static)
     static = plan.static
     wide = tuple(c for c, on in (("logits", opts.logits), ("gate_input", opts.gate_input)) if on)
-    columns = (*wide, "token")
+    columns = (*wide, "token") + (("dropped",) if override is not None else ())
     hook = MoeHook(static.n_layer, observe_logits=bool(wide), want_logits=opts.logits, want_gate_input=opts.gate_input)
+    hook.override = override
     # The context holds exactly the positions the run reaches; one llama_decode = one ubatch.
     eopts = EngineOptions(n_ctx=plan.n_ctx, ubatch=plan.ubatch, threads=opts.threads, n_expert_used=opts.n_expert_used,
                           arch=static.arch, verbose=opts.verbose, kv_type=opts.kv_type, flash_attn=opts.flash_attn)
@@ -340,13 +348,14 @@ def capture(opts: CaptureOptions, plan: CapturePlan | None = None,
     try:
         # The training context as llama.cpp itself read it, once more before anything is written.
         _check_context(opts, len(plan.tokens), engine.n_ctx_train)
-        return _run(opts, plan, hook, engine, columns, progress)
+        return _run(opts, plan, hook, engine, columns, progress, output_logits)
     finally:
         engine.close()
 
 
 def _run(opts: CaptureOptions, plan: CapturePlan, hook: MoeHook, engine: Engine,
-         columns: tuple[str, ...], progress: Callable[[int, str], None] | None) -> CaptureResult:
+         columns: tuple[str, ...], progress: Callable[[int, str], None] | None,
+         output_logits: list[np.ndarray] | None = None) -> CaptureResult:
     static, tokens, ubatch = plan.static, plan.tokens, plan.ubatch
     out = Path(opts.out)
     layers = static.moe_layers
@@ -384,12 +393,15 @@ def _run(opts: CaptureOptions, plan: CapturePlan, hook: MoeHook, engine: Engine,
                 chunk = tokens[start:start + ubatch]
                 t0 = time.perf_counter()
                 logits_vocab = engine.decode(chunk, pos)
+                if output_logits is not None:
+                    output_logits.append(logits_vocab)
                 caps = hook.take()
                 _check_batch(caps, layers, len(chunk), opts)
                 if writer is None:
                     writer = open_writer(caps[layers[0]].experts.shape[1])
                 rows.add(batch, 0, pos, layers, caps, chunk)
-                rows.flush(writer)
+                if rows.tokens >= opts.tokens_per_part:
+                    rows.flush(writer)  # one append per part (small --ubatch: not one per batch)
                 prefill_s += time.perf_counter() - t0
                 batch += 1
                 pos += len(chunk)
@@ -403,6 +415,8 @@ def _run(opts: CaptureOptions, plan: CapturePlan, hook: MoeHook, engine: Engine,
                 generated.append(tok)
                 t0 = time.perf_counter()
                 logits_vocab = engine.decode([tok], pos)
+                if output_logits is not None:
+                    output_logits.append(logits_vocab)
                 caps = hook.take()
                 _check_batch(caps, layers, 1, opts)
                 rows.add(batch, 1, pos, layers, caps, [tok])

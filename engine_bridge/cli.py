@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from replay.cli.options import BUDGET_UNITS_HELP
 from traces.errors import UserError
 
 
@@ -23,6 +24,8 @@ def register(app: typer.Typer) -> None:
     app.command("make-model", epilog=example("moe-replay make-model /tmp/tiny.gguf --layers 4 --experts 16"))(make_model_cmd)
     app.command("capture-hf", epilog=example('moe-replay capture-hf /tmp/q3 --prompt "Hello" -n 32 --out traces/mine-hf'))(capture_hf_cmd)
     app.command("make-hf-model", epilog=example("moe-replay make-hf-model /tmp/q3 --family qwen3_moe"))(make_hf_model_cmd)
+    app.command("quality", epilog=example("moe-replay quality /tmp/q3 --text wiki.txt --drop-frac 0,0.5,1 --budget-mib 64 "
+                                          "-o /tmp/q3-quality"))(quality_cmd)
 
 
 def capture_cmd(
@@ -251,3 +254,47 @@ def make_hf_model_cmd(
     write_tiny_hf_model(out, cfg, force=force)
     typer.echo(f"wrote {out}: {family}, {layers} layers x {experts} experts, top-k {top_k}, hidden {hidden}, "
                f"expert ff {expert_ff}, seed {seed}")
+
+
+def quality_cmd(
+    model: Path = typer.Argument(..., help="A local transformers checkpoint directory, or a GGUF file with --engine llama.cpp.",
+                                 show_default=False),
+    text: Path = typer.Option(..., "--text", help="UTF-8 text run teacher-forced, one token per forward.", show_default=False),
+    drop_frac: str = typer.Option("0,0.5,0.75,1.0", "--drop-frac", help="Drop-cold F values (comma-separated): a miss "
+                                  "whose weight is below F / k is dropped, never the routing's top expert."),
+    budget_mib: str = typer.Option(..., "--budget-mib", help=f"Simulated expert cache budget in {BUDGET_UNITS_HELP}.",
+                                   show_default=False),
+    policy: str = typer.Option("lru", "--policy", help="Cache policy of the simulated cache (lru only so far)."),
+    engine: str = typer.Option("transformers", "--engine", help="transformers (MODEL: a checkpoint directory) | llama.cpp "
+                               "(MODEL: a GGUF file; CPU, KV cache f32, flash attention off)."),
+    renormalize: bool = typer.Option(False, "--renormalize", help="Rescale the surviving weights to the sum the router "
+                                     "gave the whole set (default: dropped weight is zeroed, survivors unchanged)."),
+    keep_k: list[int] = typer.Option([], "--keep-k", help="Also run the static top-k cut at K (repeatable)."),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda | cuda:N."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16 | auto."),
+    expert_dtype: str | None = typer.Option(None, "--expert-dtype", help="Size experts as an offloading engine stores them "
+                                            "(as capture-hf)."),
+    out: Path = typer.Option(..., "-o", "--out", help="Directory to create: quality.json, plain/ and one trace per setting.",
+                             show_default=False),
+    force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of the table."),
+) -> None:
+    """Run MODEL teacher-forced over a text with drop-cold applied inside the forward pass (a
+    simulated expert cache decides the misses), once per setting, and compare each run's outputs
+    with the undropped run's, beside the offline closed-loop replay's prediction."""
+    from engine_bridge.quality import format_table, parse_fracs, quality
+    from replay.cli.options import parse_budget
+    if engine not in ("transformers", "llama.cpp"):
+        raise UserError(f"--engine {engine!r} is not transformers or llama.cpp.")
+    if not text.is_file():
+        raise UserError(f"{text}: no such text file (--text).")
+    try:
+        body = text.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{text}: cannot be read as UTF-8 text ({e.__class__.__name__}).") from None
+    obj = quality(str(model), body, fracs=parse_fracs(drop_frac), out=out, budget_mib=parse_budget(budget_mib), policy=policy,
+                  keep_ks=list(keep_k), renormalize=renormalize, device=device, dtype=dtype, expert_dtype=expert_dtype,
+                  force=force, text_source=str(text), engine=engine)
+    import json
+
+    typer.echo(json.dumps(obj, indent=1, allow_nan=False) if json_out else format_table(obj))

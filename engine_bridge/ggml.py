@@ -78,6 +78,7 @@ def lib() -> ctypes.CDLL:
         "ggml_get_name": ([ctypes.c_void_p], ctypes.c_char_p),
         "ggml_set_name": ([ctypes.c_void_p, ctypes.c_char_p], ctypes.c_void_p),
         "ggml_backend_tensor_get": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t], None),
+        "ggml_backend_tensor_set": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t], None),
         "ggml_op_name": ([ctypes.c_int], ctypes.c_char_p),
         "ggml_type_name": ([ctypes.c_int], ctypes.c_char_p),
         "ggml_type_size": ([ctypes.c_int], ctypes.c_size_t),
@@ -218,6 +219,31 @@ def read_array(ptr: int) -> np.ndarray:
     _tensor_get()(ptr, raw.ctypes.data, 0, nbytes)
     view = np.ndarray(shape=shape, dtype=dtype, buffer=raw, offset=0, strides=tuple(reversed(nb)))
     return np.ascontiguousarray(view)
+
+
+def write_array(ptr: int, values: np.ndarray) -> None:
+    """Overwrite a contiguous float32 tensor's data with ``values`` (same element count), through
+    ``ggml_backend_tensor_set`` (host or device buffer). Used inside the eval callback to change a
+    node's output before its consumers run (a routing intervention on the final MoE weights)."""
+    typ = ctypes.c_int.from_address(ptr).value
+    ne = _NE.from_address(ptr + _NE_OFFSET)[:]
+    nb = _NB.from_address(ptr + _NB_OFFSET)[:]
+    if typ != GGML_TYPE_F32:
+        raise LayoutError(f"tensor {tensor_name(ptr)!r} has ggml type {type_name(typ)}; an override writes float32 only")
+    expect = [4]
+    for n in ne[:-1]:
+        expect.append(expect[-1] * n)
+    if list(nb) != expect:
+        raise LayoutError(f"tensor {tensor_name(ptr)!r} is not contiguous (nb {list(nb)}); an override cannot write it")
+    data = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    if data.size != int(np.prod(ne)):
+        raise LayoutError(f"tensor {tensor_name(ptr)!r} holds {int(np.prod(ne))} values; the override gave {data.size}")
+    _tensor_set()(ptr, data.ctypes.data, 0, data.nbytes)
+
+
+@cache
+def _tensor_set():  # noqa: ANN202 - the bound C function
+    return lib().ggml_backend_tensor_set
 
 
 @cache

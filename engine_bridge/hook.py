@@ -51,6 +51,7 @@ class LayerCapture:
     weights: np.ndarray | None = None  # float32 [T, k]
     logits: np.ndarray | None = None  # float32 [T, n_expert]
     gate_input: np.ndarray | None = None  # float32 [T, n_embd]
+    dropped: np.ndarray | None = None  # bool [T, k]: slots an override zeroed (None: no override)
 
 
 @dataclass
@@ -90,6 +91,9 @@ class MoeHook:
         self._checked = False
         self.error: BaseException | None = None
         self.observed = 0  # nodes observed (graph splits forced), for the overhead report
+        # A routing intervention: (layer, ids [T, k] rank order, weights [T, k] float32) -> new
+        # weights or None; written into the final weights node before the expert outputs are mixed.
+        self.override: Any = None
         self.asked = 0
         ops = ggml.probe_layout()
         self._mul_mat_id = ops["MUL_MAT_ID"]
@@ -158,6 +162,14 @@ class MoeHook:
         cap = self.layers.setdefault(il, LayerCapture())
         cap.experts = topk.reshape(n_tok, k)
         cap.weights = ggml.read_array(wptr).reshape(n_tok, k).astype(np.float32, copy=False)
+        if self.override is not None:
+            new = self.override(il, cap.experts, cap.weights)
+            if new is None:
+                cap.dropped = np.zeros((n_tok, k), dtype=bool)
+            else:
+                new = np.asarray(new, dtype=np.float32).reshape(n_tok, k)
+                ggml.write_array(wptr, new)  # consumed only after the expert matmuls (ggml_mul with the outputs)
+                cap.dropped = (new == 0) & (cap.weights != 0)
         self._topk_layer = -1
         self._topk_ptr = 0
         return True

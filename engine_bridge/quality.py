@@ -1,0 +1,422 @@
+"""``moe-replay quality``: drop-cold's price in output quality, measured by running the model with
+the drop applied inside the forward pass, next to what the offline closed-loop replay predicted.
+
+Per setting (drop-cold F, or the static top-k cut ``keep-k K``) the text is run teacher-forced,
+**one token per forward** (each token is its own batch, so one load = one (token, MoE layer)
+routing, exactly the decode-style loads the offline closed-loop replay of the run's trace replays).
+At every MoE layer a simulated expert cache (:class:`LruStep`: the replay's LRU semantics, stepped
+one load at a time, its state carried from token to token) is visited in rank order: a slot is
+dropped iff its entry is not resident, its router weight is below F / k and it is not the routing's
+top-weighted slot (the top-k cut drops every slot at rank >= K, resident or not). A dropped slot is
+neither looked up, nor read, nor admitted; its weight is set to zero without renormalising the
+others (``renormalize``: the survivors are rescaled to the sum the router gave the whole set).
+
+Each run writes its trace (the router's routing, with a ``dropped`` column marking what the run
+dropped) under OUT; the offline closed-loop replay of that trace (:func:`replay.drop.closed_drop`'s
+flags through :func:`replay.cache.replay`) drops exactly the same slots (tests/test_quality.py).
+
+Figures per setting: perplexity over the text and its change from the undropped (plain) run; KL
+(undropped || run) of the next-token distribution (nats; mean and p95 over positions), top-1
+agreement; routings dropped, reads avoided, weight mass discarded as they happened in the run,
+and beside them (``*_replay``) the closed-loop replay's prediction from the undropped run's trace.
+Quality figures of a random-weight model say nothing about a real model's quality.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from traces.errors import UserError
+from traces.units import exact
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One run: drop-cold at ``frac`` or the top-k cut at ``keep_k``."""
+
+    frac: float | None = None
+    keep_k: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"drop F={self.frac:g}" if self.frac is not None else f"keep-k {self.keep_k}"
+
+    @property
+    def dirname(self) -> str:
+        return f"drop-F{self.frac:g}" if self.frac is not None else f"keep-k{self.keep_k}"
+
+
+class LruStep:
+    """The replay's global LRU (replay/policies/lru.py with the driver's rules), stepped one load at
+    a time: entries are (MoE layer index, expert); a load visits its slots token-major in rank order;
+    a repeat inside the load is only promoted; misses are admitted, then, once after the load,
+    least-recent entries not touched by the load are evicted until the bytes fit (an overflow if
+    none is left). A slot flagged 1 is skipped iff its entry is not resident at that moment, 2
+    always; a skipped slot leaves no trace in the cache."""
+
+    def __init__(self, entry_bytes: np.ndarray, n_expert: int, budget: int) -> None:
+        self.entry_bytes, self.n_expert, self.budget = entry_bytes, n_expert, budget
+        self.order: OrderedDict[int, int] = OrderedDict()  # resident entry -> last load touching it; head = least recent
+        self.used = 0
+        self.load = -1
+        self.lookups = self.hits = self.read_bytes = self.skipped = self.overflow_loads = 0
+
+    def step(self, lidx: int, ids: np.ndarray, flags: np.ndarray) -> np.ndarray:
+        """One load of layer index ``lidx``: ``ids`` [T, k] in rank order, ``flags`` [T, k] uint8;
+        returns the bool [T, k] of skipped slots."""
+        self.load += 1
+        load, order = self.load, self.order
+        nbytes = int(self.entry_bytes[lidx])
+        skipped = np.zeros(ids.shape, dtype=bool)
+        n_miss = 0
+        base = lidx * self.n_expert
+        for r, (row, frow) in enumerate(zip(ids.tolist(), flags.tolist())):  # lists: no numpy scalar per slot
+            for j, (x, f) in enumerate(zip(row, frow)):
+                e = base + x
+                if f and (f == 2 or e not in order):
+                    skipped[r, j] = True
+                    continue
+                last = order.get(e)
+                if last == load:  # a repeat inside this load: promoted only
+                    order.move_to_end(e)
+                    continue
+                self.lookups += 1
+                if last is not None:
+                    self.hits += 1
+                else:
+                    n_miss += 1
+                order[e] = load
+                order.move_to_end(e)
+        self.skipped += int(skipped.sum())
+        self.read_bytes += n_miss * nbytes
+        used = self.used + n_miss * nbytes
+        while used > self.budget:
+            victim = next((e for e, last in order.items() if last != load), None)
+            if victim is None:
+                self.overflow_loads += 1
+                break
+            del order[victim]
+            used -= int(self.entry_bytes[victim // self.n_expert])
+        self.used = used
+        return skipped
+
+
+def parse_fracs(text: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--drop-frac {text!r}: give comma-separated fractions, e.g. 0,0.5,0.75,1.0.") from None
+    for f in vals:
+        if not (math.isfinite(f) and f >= 0):
+            raise UserError(f"--drop-frac: {f} is not a non-negative fraction (F in 'weight < F / k').")
+    return vals
+
+
+class DropCold:
+    """One setting's decision at one load: ``decide(lidx, ids, weights)`` with ids and weights
+    [T, k] in rank order returns the skipped slots, stepping the simulated cache."""
+
+    def __init__(self, setting: Setting, cache: LruStep) -> None:
+        self.setting, self.cache = setting, cache
+
+    def decide(self, lidx: int, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        T, k = ids.shape
+        w64 = weights.astype(np.float64)
+        flags = np.zeros((T, k), np.uint8)
+        if self.setting.frac is not None:
+            top = np.zeros((T, k), dtype=bool)
+            top[np.arange(T), np.argmax(w64, axis=1)] = True
+            flags[(w64 < self.setting.frac / k) & ~top] = 1
+        else:
+            flags[:, self.setting.keep_k:] = 2
+        return self.cache.step(lidx, ids, flags)
+
+
+class _DropCold:
+    """The routing override of one setting on transformers (engine_bridge.hf.Override): the slots
+    are put in rank order (as the trace writes them), the simulated cache says which are misses,
+    the rule drops them; the weights are rewritten inside the forward."""
+
+    def __init__(self, setting: Setting, k: int, layers: list[int], gating: dict[str, Any], sel_bias: dict[int, np.ndarray],
+                 logits: dict[int, np.ndarray], cache: LruStep, renormalize: bool) -> None:
+        self.gating, self.sel_bias, self.logits = gating, sel_bias, logits
+        self.lidx = {layer: i for i, layer in enumerate(layers)}
+        self.rule, self.renormalize = DropCold(setting, cache), renormalize
+        self.__name__ = setting.label + (", survivors renormalised" if renormalize else ", not renormalised")
+
+    def __call__(self, layer: int, _positions: np.ndarray, ids: Any, weights: Any) -> Any:
+        import torch
+
+        from engine_bridge.hf import rank_order
+
+        ids_np = ids.detach().cpu().numpy().astype(np.int32)
+        w_np = weights.detach().float().cpu().numpy()
+        T, k = ids_np.shape
+        slot = np.broadcast_to(np.arange(k, dtype=np.int64), (T, k)).copy()
+        ids_r, w_r, (slot_r,) = rank_order(ids_np, w_np, self.logits[layer], self.gating, self.sel_bias[layer], [slot])
+        skipped = self.rule.decide(self.lidx[layer], ids_r, w_r)
+        if not skipped.any():
+            return None
+        mask = np.zeros((T, k), dtype=bool)
+        np.put_along_axis(mask, slot_r, skipped, axis=1)
+        m = torch.from_numpy(mask).to(weights.device)
+        new = weights.masked_fill(m, 0.0)
+        if self.renormalize:
+            new = new * (weights.sum(dim=1, keepdim=True) / new.sum(dim=1, keepdim=True))
+        return new
+
+
+class _DropColdGgml:
+    """The same override on llama.cpp (engine_bridge.capture's ``override``): the eval callback
+    hands ids already in rank order and the final weights as float32 numpy arrays."""
+
+    def __init__(self, setting: Setting, layers: list[int], cache: LruStep, renormalize: bool) -> None:
+        self.lidx = {layer: i for i, layer in enumerate(layers)}
+        self.rule, self.renormalize = DropCold(setting, cache), renormalize
+
+    def __call__(self, layer: int, ids: np.ndarray, weights: np.ndarray) -> np.ndarray | None:
+        skipped = self.rule.decide(self.lidx[layer], ids, weights)
+        if not skipped.any():
+            return None
+        new = np.where(skipped, np.float32(0), weights).astype(np.float32)
+        if self.renormalize:
+            new = (new * (weights.sum(axis=1, keepdims=True) / new.sum(axis=1, keepdims=True))).astype(np.float32)
+        return new
+
+
+def _router_logit_hooks(blocks: list[Any], store: dict[int, np.ndarray]) -> list[Any]:
+    def make(layer: int):
+        def hook(_mod: Any, _args: tuple, output: Any) -> None:
+            lg = output[0] if isinstance(output, tuple) else output
+            store[layer] = lg.detach().float().reshape(-1, lg.shape[-1]).cpu().numpy()
+        return hook
+    return [b.router.register_forward_hook(make(b.layer)) for b in blocks]
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=1, keepdims=True))
+
+
+def output_figures(base_logits: np.ndarray, logits: np.ndarray, targets: np.ndarray) -> dict[str, float]:
+    """ppl over the positions that predict a token of the text; KL(base || run) in nats and top-1
+    agreement over the same positions."""
+    n = targets.shape[0]
+    lp0, lp = _log_softmax(base_logits[:n]), _log_softmax(logits[:n])
+    nll = -lp[np.arange(n), targets]
+    kl = (np.exp(lp0) * (lp0 - lp)).sum(axis=1)
+    kl = np.maximum(kl, 0.0)  # rounding can leave -1e-17 where the distributions are equal
+    return {"ppl": float(np.exp(nll.mean())), "kl_mean": float(kl.mean()), "kl_p95": float(np.percentile(kl, 95)),
+            "top1_agree_pct": float((base_logits[:n].argmax(axis=1) == logits[:n].argmax(axis=1)).mean() * 100.0)}
+
+
+def run_figures(trace_dir: Path, read_bytes: int, base_read_bytes: int) -> dict[str, float | None]:
+    """Routings dropped, reads avoided, mass discarded as they happened: from the run's trace (its
+    ``dropped`` column and the router's weights) and its simulated cache's reads."""
+    from traces import open_trace
+
+    a = open_trace(trace_dir).arrays(recorded=True)
+    w = a.weights.astype(np.float64)
+    d = a.dropped if a.dropped is not None else np.zeros(w.shape, dtype=bool)
+    return {
+        "routings_dropped_pct": float(d.any(axis=1).mean() * 100.0),
+        "experts_dropped_pct": float(d.mean() * 100.0),
+        "mass_lost_pct": float(w[d].sum() / w.sum() * 100.0),
+        "io_saved_pct": (base_read_bytes - read_bytes) / base_read_bytes * 100.0 if base_read_bytes > 0 else None,
+    }
+
+
+class _HfRunner:
+    """Teacher-forced runs of a transformers model through capture_hf (one token per forward)."""
+
+    def __init__(self, model: Any, tokenizer: Any, device: str, dtype: str, expert_dtype: str | None, text: str,
+                 text_source: str | None) -> None:
+        from engine_bridge import hf
+
+        hf.require_hf_extra("quality")
+        if isinstance(model, (str, Path)):
+            self.model, self.tok = hf.load_model(str(model), dtype, device)
+            self.where = str(model)
+        else:
+            if tokenizer is None:
+                raise UserError("quality: a loaded model needs its tokenizer (tokenizer=...).")
+            self.model, self.tok, self.where = model.to(device).eval(), tokenizer, type(model).__name__
+        self.device, self.dtype, self.expert_dtype, self.text, self.text_source = device, dtype, expert_dtype, text, text_source
+        fam = hf._family_of(self.model.config, self.where)
+        self.blocks = hf.find_blocks(self.model, fam, self.where)
+        self.gating, self.k = hf.gating_of(self.blocks, fam)
+        self.n_expert = int(hf._tensor_at(self.blocks[0].block, self.blocks[0].router, fam.weight).shape[0])
+        self.layers = [b.layer for b in self.blocks]
+        self.sel_bias = {b.layer: (hf._tensor_at(b.block, b.router, fam.selection_bias).detach().float().cpu().numpy()
+                                   .reshape(self.n_expert) if self.gating["selection_bias"]
+                                   else np.zeros(self.n_expert, np.float32)) for b in self.blocks}
+        expert_bytes = hf.sizes_of(self.model, self.blocks, self.n_expert, expert_dtype, self.where)[0]
+        self.leb = np.array([expert_bytes[layer] for layer in self.layers], dtype=np.int64)
+        self.targets = np.asarray(self.tok(text)["input_ids"][1:], dtype=np.int64)
+
+    def run(self, out: Path, setting: Setting | None, cache: LruStep | None, renormalize: bool) -> np.ndarray:
+        from engine_bridge import hf
+
+        store: dict[int, np.ndarray] = {}
+        handles = _router_logit_hooks(self.blocks, store) if setting is not None else []
+        ov = (_DropCold(setting, self.k, self.layers, self.gating, self.sel_bias, store, cache, renormalize)
+              if setting is not None and cache is not None else None)
+        try:
+            res = hf.capture_hf(self.model, self.text, tokenizer=self.tok, n_predict=0, out=out, device=self.device,
+                                dtype=self.dtype, expert_dtype=self.expert_dtype, override=ov, keep_output_logits=True,
+                                ubatch=1, gate_input=False, prompt_source=self.text_source)
+        finally:
+            for h in handles:
+                h.remove()
+        _check_passed(res, self.where, out)
+        return res.output_logits[0]
+
+
+class _LlamaRunner:
+    """Teacher-forced runs of a GGUF through llama.cpp's capture (ubatch 1: one token per decode);
+    the override writes the final MoE weights node from the eval callback (CPU buffers)."""
+
+    def __init__(self, model: str, text: str, text_source: str | None) -> None:
+        from engine_bridge.capture import CaptureOptions, _plan
+        from engine_bridge.engine import require_capture_extra
+        from engine_bridge.gguf_static import read_static
+
+        require_capture_extra("quality")
+        if not Path(model).is_file():
+            raise UserError(f"{model}: no such GGUF file (quality --engine llama.cpp takes a GGUF model file).")
+        self.model, self.text, self.text_source, self.where = model, text, text_source, model
+        self.plan = _plan(CaptureOptions(model=model, prompt=text, out="", n_decode=0, ubatch=1), read_static(model))
+        st = self.plan.static
+        self.layers = list(st.moe_layers)
+        self.n_expert = int(st.n_expert)
+        self.k = int(st.top_k_native)
+        self.leb = np.array([st.expert_bytes[layer] for layer in self.layers], dtype=np.int64)
+        self.targets = np.asarray(self.plan.tokens[1:], dtype=np.int64)
+
+    def run(self, out: Path, setting: Setting | None, cache: LruStep | None, renormalize: bool) -> np.ndarray:
+        from engine_bridge.capture import CaptureOptions, capture, validate
+
+        opts = CaptureOptions(model=self.model, prompt=self.text, out=str(out), n_decode=0, ubatch=1, gate_input=False,
+                              prompt_source=self.text_source, kv_type="f32", flash_attn="off")
+        ov = _DropColdGgml(setting, self.layers, cache, renormalize) if setting is not None and cache is not None else None
+        logits: list[np.ndarray] = []
+        res = capture(opts, validate(opts, self.plan.static), override=ov, output_logits=logits)
+        _check_passed(res, self.where, out)
+        return np.stack(logits)
+
+
+def _check_passed(res: Any, where: str, out: Path) -> None:
+    """A run the capture stopped early (it catches SIGINT / SIGTERM to keep a valid trace) is re-raised
+    as that signal, so nothing is written; a failed self-check is an error."""
+    if not res.complete:
+        import signal
+
+        signal.raise_signal(signal.SIGTERM if "SIGTERM" in res.stop_reason else signal.SIGINT)
+        raise KeyboardInterrupt  # a handler that returned: stop anyway
+    checks = res.checks
+    if not checks["passed"]:
+        raise UserError(f"{where}: a capture self-check failed in the {out.name} run: its trace does not reproduce the "
+                        "model's routing, so the run's drops cannot be compared (a bug in the capture, please report it).")
+
+
+def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str | Path, budget_mib: float,
+            policy: str = "lru", keep_ks: list[int] | None = None, renormalize: bool = False, tokenizer: Any = None,
+            device: str = "cpu", dtype: str = "float32", expert_dtype: str | None = None, force: bool = False,
+            text_source: str | None = None, engine: str = "transformers") -> dict[str, Any]:
+    """Run the settings (each F of ``fracs``, each K of ``keep_ks``) and the undropped run over
+    ``text``; write OUT/quality.json, OUT/plain/ and one trace per setting; return the JSON object."""
+    from replay.cache import budget_bytes, check_policies, prepare_loads, replay
+    from replay.cache_kernel import ACC_READ
+    from replay.drop import closed_drop
+    from replay.output import json_object
+    from traces import open_trace
+    from traces.atomic import staged_dir
+
+    check_policies([policy], option="--policy")
+    if policy != "lru":
+        raise UserError(f"--policy {policy}: quality simulates the cache inside the forward pass for lru only so far.")
+    for f in fracs:
+        if not (math.isfinite(f) and f >= 0):
+            raise UserError(f"--drop-frac: {f} is not a non-negative fraction (F in 'weight < F / k').")
+    if not fracs and not keep_ks:
+        raise UserError("--drop-frac and --keep-k give no setting to run.")
+    if len(set(fracs)) != len(fracs) or len(set(keep_ks or [])) != len(keep_ks or []):
+        raise UserError("--drop-frac / --keep-k: a setting is given twice.")
+    budget = budget_bytes(budget_mib)
+    if not text or not text.strip():
+        raise UserError(f"{text_source or '--text'}: the text is empty.")
+    if engine == "transformers":
+        runner: Any = _HfRunner(model, tokenizer, device, dtype, expert_dtype, text, text_source)
+    elif engine == "llama.cpp":
+        if not isinstance(model, (str, Path)):
+            raise UserError("quality --engine llama.cpp takes a GGUF file path.")
+        runner = _LlamaRunner(str(model), text, text_source)
+    else:
+        raise UserError(f"--engine {engine!r} is not transformers or llama.cpp.")
+    k, targets, leb, n_expert = runner.k, runner.targets, runner.leb, runner.n_expert
+    for kk in keep_ks or []:
+        if not 1 <= kk < k:
+            raise UserError(f"--keep-k {kk} must lie in 1..{k - 1} (the model routes top-{k}).")
+    if targets.size == 0:
+        raise UserError(f"{text_source or '--text'}: the text tokenizes to fewer than 2 tokens; nothing to predict.")
+    settings = [Setting(frac=float(f)) for f in fracs] + [Setting(keep_k=int(kk)) for kk in keep_ks or []]
+
+    with staged_dir(out, force=force, inputs=[str(model) if isinstance(model, (str, Path)) else None, text_source]) as stage:
+        base_logits = runner.run(stage / "plain", None, None, renormalize)
+        plain = open_trace(stage / "plain")
+        loads = prepare_loads(plain.arrays(recorded=False), plain.moe_layers, plain.n_expert, plain.expert_bytes)
+        base_read = int(replay(loads, policy, float(budget_mib)).acc[:, :, ACC_READ].sum())
+        pred = closed_drop(plain, [s.frac for s in settings if s.frac is not None], budget_mib=float(budget_mib),
+                           policy=policy, phase="all", keep_ks=[s.keep_k for s in settings if s.keep_k is not None])
+        pred_rows = pred.to_dicts()
+        base_fig = output_figures(base_logits, base_logits, targets)
+        rows = []
+        for s in settings:
+            cache = LruStep(leb, n_expert, budget)
+            logits = runner.run(stage / s.dirname, s, cache, renormalize)
+            fig = output_figures(base_logits, logits, targets)
+            row: dict[str, Any] = {"setting": s.label, "frac": s.frac, "keep_k": s.keep_k, "ppl": fig["ppl"],
+                                   "ppl_delta_pct": (fig["ppl"] - base_fig["ppl"]) / base_fig["ppl"] * 100.0,
+                                   "kl_mean": fig["kl_mean"], "kl_p95": fig["kl_p95"],
+                                   "top1_agree_pct": fig["top1_agree_pct"]}
+            row.update(run_figures(stage / s.dirname, cache.read_bytes, base_read))
+            p = next(r for r in pred_rows if (r["mode"] == "closed" and r["frac"] == s.frac)
+                     or (r["mode"] == "closed-k" and r["keep_k"] == s.keep_k))
+            for key in ("routings_dropped_pct", "io_saved_pct", "mass_lost_pct", "experts_dropped_pct"):
+                row[f"{key}_replay"] = p[key]
+            row.update(read_mib=cache.read_bytes / 2**20, read_mib_plain=base_read / 2**20,
+                       overflow_loads=cache.overflow_loads, trace=s.dirname)
+            rows.append(row)
+        obj = json.loads(json_object("quality", str(Path(out) / "plain"), rows))
+        obj.update(plain={"ppl": base_fig["ppl"], "tokens": int(targets.size + 1)}, budget_mib=float(budget_mib),
+                   policy=policy, renormalize=renormalize, engine=engine, load="one token per forward (teacher-forced)")
+        (stage / "quality.json").write_text(json.dumps(obj, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    return obj
+
+
+def format_table(obj: dict[str, Any]) -> str:
+    def f(v: Any, d: int = 1) -> str:
+        return "-" if v is None else f"{v:.{d}f}"
+
+    def e(v: Any) -> str:
+        return "-" if v is None else ("0" if v == 0 else f"{v:.1e}")
+
+    head = (f"{'setting':<14} {'ppl':>8} {'dppl %':>7} {'KL mean':>8} {'KL p95':>8} {'top1 %':>7} "
+            f"{'routings dropped % run/replay':>30} {'reads avoided % run/replay':>27} {'mass lost % run/replay':>23}")
+    lines = [f"plain (undropped): ppl {obj['plain']['ppl']:.3f} over {obj['plain']['tokens']} tokens; "
+             f"policy {obj['policy']}, budget {exact(obj['budget_mib'])} MiB; KL in nats, KL(undropped || run)", head]
+    for r in obj["rows"]:
+        lines.append(f"{r['setting']:<14} {f(r['ppl'], 3):>8} {f(r['ppl_delta_pct'], 2):>7} {e(r['kl_mean']):>8} "
+                     f"{e(r['kl_p95']):>8} {f(r['top1_agree_pct']):>7} "
+                     f"{f(r['routings_dropped_pct']) + ' / ' + f(r['routings_dropped_pct_replay']):>30} "
+                     f"{f(r['io_saved_pct']) + ' / ' + f(r['io_saved_pct_replay']):>27} "
+                     f"{f(r['mass_lost_pct']) + ' / ' + f(r['mass_lost_pct_replay']):>23}")
+    return "\n".join(lines)
