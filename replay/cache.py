@@ -33,6 +33,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
@@ -63,7 +64,7 @@ from replay.cache_state import BUDGET, MAX_SLOTS, RESIDENT, new_state
 from replay.output import exact
 from replay.policies import is_plugin, names, policy_module
 from traces.errors import UserError
-from traces.reader import RoutingArrays, Trace
+from traces.reader import RoutingArrays, Trace, fixed_list_to_numpy
 from traces.schema import MAX_BUDGET_MIB
 from traces.units import MIB
 
@@ -284,9 +285,121 @@ def check_state_fits(trace: Trace) -> None:
                         f"({np.iinfo(np.int32).max:,}).")
 
 
-def loads_of(trace: Trace) -> Loads:
+# The columns a replay reads (never weights, request, token or the recorded ones).
+LOAD_COLUMNS = ("turn", "batch", "phase", "step", "layer", "experts")
+
+
+@dataclass(frozen=True)
+class LoadPart:
+    """One part's complete loads, in trace order (:func:`iter_load_parts`). ``loads`` numbers its
+    batches 0.. locally; ``row0``/``load0``/``batch0`` are the global indexes of its first row, load
+    and (local batch 0's) batch; ``continues``: local batch 0 is the previous part's last batch."""
+
+    loads: Loads
+    row0: int
+    load0: int
+    batch0: int
+    continues: bool
+
+
+def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[LoadPart]:
+    """The trace's loads part by part (each part file, cut further into ``chunk_rows`` rows), reading
+    only :data:`LOAD_COLUMNS`. A load that straddles a cut is held back and handed out whole with
+    the next part, so every part holds complete loads; memory is one part's arrays plus that load."""
     check_state_fits(trace)
-    return prepare_loads(trace.arrays(recorded=False), trace.moe_layers, trace.n_expert, trace.expert_bytes)
+    carry: dict[str, np.ndarray] | None = None
+    row0 = load0 = n_batch = 0
+    last_batch: int | None = None
+    n_parts = len(trace.parts)
+
+    def chunks():
+        for i, t in enumerate(trace.iter_tables(list(LOAD_COLUMNS))):
+            cols = {c: t.column(c).to_numpy() for c in LOAD_COLUMNS if c != "experts"}
+            cols["experts"] = fixed_list_to_numpy(t.column("experts"))
+            del t
+            n = cols["batch"].shape[0]
+            step = max(1, chunk_rows or n or 1)
+            for a in range(0, max(n, 1), step):
+                yield {c: v[a:a + step] for c, v in cols.items()}, i == n_parts - 1 and a + step >= n
+
+    for cols, last in chunks():
+        if carry is not None:
+            cols = {c: np.concatenate([carry[c], cols[c]]) for c in LOAD_COLUMNS}
+            carry = None
+        n = cols["batch"].shape[0]
+        cut = n
+        if not last and n:
+            b, lay = cols["batch"], cols["layer"]
+            change = np.flatnonzero((b[1:] != b[:-1]) | (lay[1:] != lay[:-1]))
+            cut = int(change[-1]) + 1 if change.size else 0
+            carry = {c: v[cut:].copy() for c, v in cols.items()}
+        if cut == 0:
+            continue
+        ra = RoutingArrays(turn=cols["turn"][:cut], batch=cols["batch"][:cut], phase=cols["phase"][:cut], step=cols["step"][:cut],
+                           layer=cols["layer"][:cut], experts=cols["experts"][:cut], weights=np.empty((cut, 0), np.float32))
+        lp = prepare_loads(ra, trace.moe_layers, trace.n_expert, trace.expert_bytes)
+        continues = last_batch is not None and int(cols["batch"][0]) == last_batch
+        batch0 = n_batch - 1 if continues else n_batch
+        yield LoadPart(lp, row0, load0, batch0, continues)
+        row0 += cut
+        load0 += lp.load_start.shape[0] - 1
+        n_batch = batch0 + lp.batch_turn.shape[0]
+        last_batch = int(cols["batch"][cut - 1])
+
+
+def _grow(a: np.ndarray, n: int) -> np.ndarray:
+    """``a`` resized in place to ``n`` rows (realloc: no copy of the pages already written)."""
+    a.resize((n, *a.shape[1:]), refcheck=False)
+    return a
+
+
+def loads_of(trace: Trace, chunk_rows: int | None = None) -> Loads:
+    """The whole trace's :class:`Loads`, built part by part into arrays allocated once (peak: the
+    result, about 17 bytes per load + 4 x top_k per routing row, plus one part being prepared)."""
+    check_state_fits(trace)
+    R, k = trace.n_rows, trace.top_k
+    entries = np.empty((R, k), np.int32)
+    cap = R + 1  # loads <= rows; np.empty leaves the unused tail unwritten (not resident)
+    load_start = np.empty(cap, np.int64)
+    lidx, phase, lbatch = np.empty(cap, np.int32), np.empty(cap, np.int8), np.empty(cap, np.int32)
+    bt: list[np.ndarray] = []
+    bs: list[np.ndarray] = []
+    bp: list[np.ndarray] = []
+    bk: list[np.ndarray] = []
+    n_load = n_row = 0
+    for part in iter_load_parts(trace, chunk_rows):
+        lp = part.loads
+        r, g = lp.entries.shape[0], lp.load_start.shape[0] - 1
+        entries[n_row:n_row + r] = lp.entries
+        load_start[n_load:n_load + g] = lp.load_start[:-1] + part.row0
+        lidx[n_load:n_load + g] = lp.load_lidx
+        phase[n_load:n_load + g] = lp.load_phase
+        lbatch[n_load:n_load + g] = lp.load_batch + part.batch0
+        tokens = lp.batch_tokens
+        if part.continues:  # the batch's tokens: the most rows any of its loads (never cut) holds
+            prev = next(x for x in reversed(bk) if x.size)
+            prev[-1] = max(prev[-1], tokens[0])
+        s = 1 if part.continues else 0
+        bt.append(lp.batch_turn[s:])
+        bs.append(lp.batch_step[s:])
+        bp.append(lp.batch_phase[s:])
+        bk.append(tokens[s:].copy())
+        n_load += g
+        n_row += r
+    load_start[n_load] = n_row
+    leb = np.array([int(trace.expert_bytes[l]) for l in trace.moe_layers], dtype=np.int64)
+    if (leb <= 0).any():
+        raise UserError("a MoE layer has no expert_bytes > 0; the replay would report a free layer as hits")
+
+    def cat(xs: list[np.ndarray], dt: type) -> np.ndarray:
+        return np.concatenate(xs).astype(dt, copy=False) if xs else np.zeros(0, dt)
+
+    return Loads(
+        entries=_grow(entries, n_row), load_start=_grow(load_start, n_load + 1), load_lidx=_grow(lidx, n_load),
+        load_phase=_grow(phase, n_load), load_batch=_grow(lbatch, n_load), moe_layers=tuple(int(x) for x in trace.moe_layers),
+        n_expert=trace.n_expert, layer_expert_bytes=leb, batch_turn=cat(bt, np.int32), batch_step=cat(bs, np.int32),
+        batch_phase=cat(bp, np.int8), batch_tokens=cat(bk, np.int32),
+    )
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ def batch_sizes(trace: Trace) -> dict[str, Any]:
     ``{decode,prefill}_batch_tokens_{min,median,max}`` (None without such batches). A token is a
     distinct (request, turn, step); one decode token per batch unless many requests share one."""
     key = (["request"] if trace.has("request") else []) + ["turn", "step"]
-    sizes = trace.routings(["batch", "phase", *key]).unique().group_by("batch", "phase").len()
+    sizes = trace.distinct(["batch", "phase", *key]).group_by("batch", "phase").len()
     out: dict[str, Any] = {}
     for code, name in ((1, "decode"), (0, "prefill")):
         n = sizes.filter(pl.col("phase") == code)["len"]
@@ -43,10 +43,10 @@ def info_rows(trace: Trace) -> list[dict[str, Any]]:
     m = trace.model
     counts = trace.token_counts()
     per_turn = (
-        trace.routings(["turn", "phase", "step"]).unique().group_by("turn", "phase").len().sort("turn", "phase")
+        trace.distinct(["turn", "phase", "step"]).group_by("turn", "phase").len().sort("turn", "phase")
     )
     if trace.has("request"):
-        n_requests = int(trace.routings(["request"])["request"].n_unique())
+        n_requests = trace.distinct(["request"]).height
     else:
         n_requests = 1 if trace.n_rows else 0
     prov = trace.meta.get("provenance", {})
