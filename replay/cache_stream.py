@@ -66,10 +66,11 @@ from traces.reader import Trace
 # Bytes a streamed replay holds per batch (bacc: N_ACC int64) and per (layer, expert) entry of
 # one cell (the driver's int32 fields; a policy's own state is at most a few int64 rows more).
 BATCH_BYTES = N_ACC * 8
-# ~ bytes per routing row of one part being read and cut into loads (Arrow columns, numpy copies,
-# prepare_loads' int64 temporaries): measured about 100 + 20 x top_k on the synthetic traces.
-PART_BYTES_PER_ROW = 100
-PART_BYTES_PER_SLOT = 20
+# ~ bytes per routing row of one part being validated (traces.reader's row checks, the largest
+# transient) or read and cut into loads: measured about 400 per top-1 row on a 48 x 128 synthetic
+# trace (1 CPU, Python 3.11, pyarrow's mimalloc pool); a rough bound, not an exact figure.
+PART_BYTES_PER_ROW = 350
+PART_BYTES_PER_SLOT = 50
 
 
 def streamable(policy: str) -> bool:

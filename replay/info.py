@@ -87,6 +87,13 @@ def info_rows(trace: Trace) -> list[dict[str, Any]]:
         # figure covers the layers the trace has; nothing is extrapolated to the others.
         "moe_layers_absent": list(m.get("moe_layers_absent") or []),
     }
+    # Bytes a one-budget `cache` replay holds beyond the program itself (an estimate from the
+    # metadata: replay.cache_stream.stream_memory_bytes), in memory and streamed part by part.
+    from replay.cache_stream import stream_memory_bytes
+
+    mem = stream_memory_bytes(trace)
+    row["cache_memory_mib_in_memory"] = mem["in_memory"] / MIB
+    row["cache_memory_mib_streamed"] = mem["streamed"] / MIB
     return [row]
 
 
@@ -114,6 +121,8 @@ def info_text(trace: Trace, row: dict[str, Any]) -> str:
         + ("; router.parquet" if row["has_router"] else "") + ("; metrics.parquet" if row["has_metrics"] else ""),
         f"expert     bytes of one expert per layer: {eb_txt}",
         f"T          one token cycle (sum over MoE layers of top_k x expert_bytes) = {row['token_cycle_mib']:.1f} MiB",
+        f"memory     a cache replay at one budget holds about {row['cache_memory_mib_in_memory']:,.0f} MiB in memory, "
+        f"{row['cache_memory_mib_streamed']:,.0f} MiB streamed part by part (estimate, beyond the program itself)",
         f"complete   {'yes' if row['complete'] else 'NO: capture was interrupted; the trace holds what was written'}",
         f"source     {row['engine'] or 'unknown engine'}" + (f", {row['source']}" if row["source"] else ""),
     ]

@@ -114,3 +114,15 @@ def test_memory_estimate_covers_the_loads(traces):
     held = sum(getattr(loads, f.name).nbytes for f in dataclasses.fields(loads) if isinstance(getattr(loads, f.name), np.ndarray))
     assert est["in_memory"] >= held
     assert est["streamed"] < est["in_memory"]
+
+
+def test_info_says_what_a_replay_holds(traces):
+    from replay.info import info_rows, info_text
+    from traces.units import MIB
+
+    whole, _ = traces
+    row = info_rows(whole)[0]
+    est = stream_memory_bytes(whole)
+    assert row["cache_memory_mib_in_memory"] == est["in_memory"] / MIB
+    assert row["cache_memory_mib_streamed"] == est["streamed"] / MIB
+    assert "streamed part by part" in info_text(whole, row)
