@@ -239,3 +239,22 @@ def stream_memory_bytes(trace: Trace, n_cells: int = 1) -> dict[str, int]:
     batches = R // max(L, 1) + 1  # at most one batch per token routed at every MoE layer
     return {"in_memory": loads + part + state + n_cells * batches * BATCH_BYTES + batches * 13,
             "streamed": part + state + n_cells * batches * BATCH_BYTES + batches * 13}
+
+
+def sweep_stream(trace: Trace, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
+                 chunk_rows: int | None = None) -> Any:
+    """:func:`replay.cache.sweep`'s frame for a plain replay of streamable policies, every cell
+    replayed in one streamed pass over the trace (the rows, in the same order, equal
+    ``sweep(loads_of(trace), policies, budgets_mib, per_layer, seed)``)."""
+    import polars as pl
+
+    from replay.cache import result_rows
+
+    policies = check_policies(policies)
+    budgets = [float(b) for b in budgets_mib]
+    cells = [(p, b) for p in policies for b in budgets]
+    loads, results = replay_stream(trace, cells, seed=seed, chunk_rows=chunk_rows)
+    rows = [r for res in results for r in result_rows(loads, res, per_layer)]
+    return pl.DataFrame(rows, schema_overrides={"layer": pl.Int64, "evictions": pl.Int64, "overflow_loads": pl.Int64,
+                                                "peak_resident_mib": pl.Float64, "over_budget": pl.Boolean},
+                        infer_schema_length=None)

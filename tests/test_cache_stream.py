@@ -126,3 +126,14 @@ def test_info_says_what_a_replay_holds(traces):
     assert row["cache_memory_mib_in_memory"] == est["in_memory"] / MIB
     assert row["cache_memory_mib_streamed"] == est["streamed"] / MIB
     assert "streamed part by part" in info_text(whole, row)
+
+
+def test_sweep_stream_frame_equals_sweep(traces):
+    from replay.cache import sweep
+    from replay.cache_stream import sweep_stream
+
+    whole, split = traces
+    pols = ["lru", "belady", "layer", "s3fifo"]
+    ref = sweep(loads_of(whole), pols, BUDGETS, per_layer=True, show_progress=False)
+    got = sweep_stream(split, pols, BUDGETS, per_layer=True, chunk_rows=5)
+    assert ref.write_csv() == got.write_csv()
