@@ -226,9 +226,15 @@ def prepare_loads(arrays: RoutingArrays, moe_layers: list[int] | tuple[int, ...]
     from a valid trace: duplicate ids inside a routing are replayed as repeats.
     """
     moe_layers = tuple(int(x) for x in moe_layers)
-    lidx_of = np.full(max(moe_layers) + 1, -1, dtype=np.int64)
+    # Narrow dtypes throughout (int32 entries and layer indexes, comparisons instead of int64
+    # diffs): a part of a large trace is prepared with a few bytes per row of temporaries.
+    wide = len(moe_layers) * int(n_expert) > np.iinfo(np.int32).max
+    idt = np.int64 if wide else np.int32
+    lidx_of = np.full(max(moe_layers) + 1, -1, dtype=idt)
     lidx_of[list(moe_layers)] = np.arange(len(moe_layers))
-    layer = arrays.layer.astype(np.int64)
+    layer = arrays.layer
+    if layer.size and (layer.min() < 0 or layer.max() >= lidx_of.shape[0]):
+        raise UserError("routing rows name a layer that is not a MoE layer")
     lidx = lidx_of[layer]
     if (lidx < 0).any():
         raise UserError("routing rows name a layer that is not a MoE layer")
@@ -236,24 +242,31 @@ def prepare_loads(arrays: RoutingArrays, moe_layers: list[int] | tuple[int, ...]
     if (leb <= 0).any():
         # Never default a size to 0: a free layer is admitted free, never evicted, ~100% hit.
         raise UserError("a MoE layer has no expert_bytes > 0; the replay would report a free layer as hits")
-    experts = np.ascontiguousarray(arrays.experts, dtype=np.int64)
+    experts = arrays.experts
     if experts.size and (experts.min() < 0 or experts.max() >= n_expert):
         # The kernels index state by entry without bounds checks: an id out of range must not reach them.
         raise UserError(f"routing rows name an expert outside 0..{n_expert - 1}")
-    entries = np.ascontiguousarray(lidx[:, None] * n_expert + experts, dtype=np.int32)
-    batch = arrays.batch.astype(np.int64)
+    entries = np.ascontiguousarray(experts.astype(idt, copy=True))
+    entries += lidx[:, None] * idt(n_expert)
+    entries = np.ascontiguousarray(entries, dtype=np.int32)
+    batch = arrays.batch
     R = batch.shape[0]
-    change = np.ones(R, dtype=bool)
-    if R:
-        change[1:] = (np.diff(batch) != 0) | (np.diff(layer) != 0)
+    bchange = np.ones(R, dtype=bool)
+    bchange[1:] = batch[1:] != batch[:-1]
+    change = bchange.copy()
+    change[1:] |= layer[1:] != layer[:-1]
     starts = np.flatnonzero(change)
     load_start = np.append(starts, R).astype(np.int64)
-    ub, binv = np.unique(batch, return_inverse=True)
-    bfirst = np.zeros(len(ub), dtype=np.int64)
-    if R:
-        bfirst = np.flatnonzero(np.r_[True, np.diff(batch) != 0])
+    bfirst = np.flatnonzero(bchange)
+    if R and (batch[1:] >= batch[:-1]).all():  # batches in order (every valid trace): number them by their changes
+        binv = np.cumsum(bchange, dtype=np.int64) - 1
+        n_batches = int(binv[-1]) + 1
+    else:
+        ub, binv = np.unique(batch, return_inverse=True)
+        n_batches = len(ub)
+        bfirst = bfirst if R else np.zeros(0, dtype=np.int64)
     load_batch = binv.reshape(-1)[starts].astype(np.int32)
-    batch_tokens = np.zeros(len(ub), dtype=np.int32)
+    batch_tokens = np.zeros(n_batches, dtype=np.int32)
     if R:  # loads come in batch order: one reduceat over each batch's loads
         first_load = np.flatnonzero(np.r_[True, np.diff(load_batch) != 0])
         batch_tokens = np.maximum.reduceat(np.diff(load_start), first_load).astype(np.int32)
