@@ -137,3 +137,42 @@ def test_sweep_stream_frame_equals_sweep(traces):
     ref = sweep(loads_of(whole), pols, BUDGETS, per_layer=True, show_progress=False)
     got = sweep_stream(split, pols, BUDGETS, per_layer=True, chunk_rows=5)
     assert ref.write_csv() == got.write_csv()
+
+
+def prepare_loads_reference(a, moe_layers, n_expert):
+    """The previous prepare_loads (int64 throughout, batches numbered by np.unique): the twin of
+    the narrow one, for the fields it computes."""
+    lidx_of = np.full(max(moe_layers) + 1, -1, dtype=np.int64)
+    lidx_of[list(moe_layers)] = np.arange(len(moe_layers))
+    layer = a.layer.astype(np.int64)
+    lidx = lidx_of[layer]
+    entries = np.ascontiguousarray(lidx[:, None] * n_expert + a.experts.astype(np.int64), dtype=np.int32)
+    batch = a.batch.astype(np.int64)
+    R = batch.shape[0]
+    change = np.ones(R, dtype=bool)
+    if R:
+        change[1:] = (np.diff(batch) != 0) | (np.diff(layer) != 0)
+    starts = np.flatnonzero(change)
+    _, binv = np.unique(batch, return_inverse=True)
+    bfirst = np.flatnonzero(np.r_[True, np.diff(batch) != 0]) if R else np.zeros(0, np.int64)
+    return {"entries": entries, "load_start": np.append(starts, R).astype(np.int64), "load_lidx": lidx[starts].astype(np.int32),
+            "load_batch": binv.reshape(-1)[starts].astype(np.int32), "load_phase": a.phase[starts].astype(np.int8),
+            "batch_turn": a.turn[bfirst].astype(np.int32), "batch_step": a.step[bfirst].astype(np.int32)}
+
+
+def test_prepare_loads_equals_reference_in_and_out_of_order():
+    from traces.reader import RoutingArrays
+
+    rng = np.random.default_rng(7)
+    for i in range(200):
+        R, k = int(rng.integers(0, 40)), int(rng.integers(1, 4))
+        batch = rng.integers(0, 6, R).astype(np.int32)
+        if i % 2:
+            batch = np.sort(batch)
+        a = RoutingArrays(turn=rng.integers(0, 3, R).astype(np.int32), batch=batch, phase=rng.integers(0, 2, R).astype(np.int8),
+                          step=rng.integers(0, 50, R).astype(np.int32), layer=rng.choice([1, 3, 4], R).astype(np.int16),
+                          experts=rng.integers(0, 7, (R, k)).astype(np.int32), weights=np.zeros((R, k), np.float32))
+        got = prepare_loads(a, [1, 3, 4], 7, np.array([0, 5, 0, 7, 9], np.int64))
+        for name, want in prepare_loads_reference(a, [1, 3, 4], 7).items():
+            have = getattr(got, name)
+            assert have.dtype == want.dtype and np.array_equal(have, want), (i, name)
