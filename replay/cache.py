@@ -36,6 +36,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
@@ -65,7 +66,7 @@ from replay.cache_kernel import (
 from replay.cache_state import BUDGET, MAX_SLOTS, RESIDENT, new_state
 from replay.policies import is_plugin, names, policy_module
 from traces.errors import UserError
-from traces.reader import RoutingArrays, Trace
+from traces.reader import RoutingArrays, Trace, fixed_list_to_numpy
 from traces.units import MIB, check_budget_mib
 
 UNBOUNDED_BYTES = np.int64(1) << np.int64(62)
@@ -225,9 +226,15 @@ def prepare_loads(arrays: RoutingArrays, moe_layers: list[int] | tuple[int, ...]
     from a valid trace: duplicate ids inside a routing are replayed as repeats.
     """
     moe_layers = tuple(int(x) for x in moe_layers)
-    lidx_of = np.full(max(moe_layers) + 1, -1, dtype=np.int64)
+    # Narrow dtypes throughout (int32 entries and layer indexes, comparisons instead of int64
+    # diffs): a part of a large trace is prepared with a few bytes per row of temporaries.
+    wide = len(moe_layers) * int(n_expert) > np.iinfo(np.int32).max
+    idt = np.int64 if wide else np.int32
+    lidx_of = np.full(max(moe_layers) + 1, -1, dtype=idt)
     lidx_of[list(moe_layers)] = np.arange(len(moe_layers))
-    layer = arrays.layer.astype(np.int64)
+    layer = arrays.layer
+    if layer.size and (layer.min() < 0 or layer.max() >= lidx_of.shape[0]):
+        raise UserError("routing rows name a layer that is not a MoE layer")
     lidx = lidx_of[layer]
     if (lidx < 0).any():
         raise UserError("routing rows name a layer that is not a MoE layer")
@@ -235,24 +242,31 @@ def prepare_loads(arrays: RoutingArrays, moe_layers: list[int] | tuple[int, ...]
     if (leb <= 0).any():
         # Never default a size to 0: a free layer is admitted free, never evicted, ~100% hit.
         raise UserError("a MoE layer has no expert_bytes > 0; the replay would report a free layer as hits")
-    experts = np.ascontiguousarray(arrays.experts, dtype=np.int64)
+    experts = arrays.experts
     if experts.size and (experts.min() < 0 or experts.max() >= n_expert):
         # The kernels index state by entry without bounds checks: an id out of range must not reach them.
         raise UserError(f"routing rows name an expert outside 0..{n_expert - 1}")
-    entries = np.ascontiguousarray(lidx[:, None] * n_expert + experts, dtype=np.int32)
-    batch = arrays.batch.astype(np.int64)
+    entries = np.ascontiguousarray(experts.astype(idt, copy=True))
+    entries += lidx[:, None] * idt(n_expert)
+    entries = np.ascontiguousarray(entries, dtype=np.int32)
+    batch = arrays.batch
     R = batch.shape[0]
-    change = np.ones(R, dtype=bool)
-    if R:
-        change[1:] = (np.diff(batch) != 0) | (np.diff(layer) != 0)
+    bchange = np.ones(R, dtype=bool)
+    bchange[1:] = batch[1:] != batch[:-1]
+    change = bchange.copy()
+    change[1:] |= layer[1:] != layer[:-1]
     starts = np.flatnonzero(change)
     load_start = np.append(starts, R).astype(np.int64)
-    ub, binv = np.unique(batch, return_inverse=True)
-    bfirst = np.zeros(len(ub), dtype=np.int64)
-    if R:
-        bfirst = np.flatnonzero(np.r_[True, np.diff(batch) != 0])
+    bfirst = np.flatnonzero(bchange)
+    if R and (batch[1:] >= batch[:-1]).all():  # batches in order (every valid trace): number them by their changes
+        binv = np.cumsum(bchange, dtype=np.int64) - 1
+        n_batches = int(binv[-1]) + 1
+    else:
+        ub, binv = np.unique(batch, return_inverse=True)
+        n_batches = len(ub)
+        bfirst = bfirst if R else np.zeros(0, dtype=np.int64)
     load_batch = binv.reshape(-1)[starts].astype(np.int32)
-    batch_tokens = np.zeros(len(ub), dtype=np.int32)
+    batch_tokens = np.zeros(n_batches, dtype=np.int32)
     if R:  # loads come in batch order: one reduceat over each batch's loads
         first_load = np.flatnonzero(np.r_[True, np.diff(load_batch) != 0])
         batch_tokens = np.maximum.reduceat(np.diff(load_start), first_load).astype(np.int32)
@@ -284,9 +298,121 @@ def check_state_fits(trace: Trace) -> None:
                         f"({np.iinfo(np.int32).max:,}).")
 
 
-def loads_of(trace: Trace) -> Loads:
+# The columns a replay reads (never weights, request, token or the recorded ones).
+LOAD_COLUMNS = ("turn", "batch", "phase", "step", "layer", "experts")
+
+
+@dataclass(frozen=True)
+class LoadPart:
+    """One part's complete loads, in trace order (:func:`iter_load_parts`). ``loads`` numbers its
+    batches 0.. locally; ``row0``/``load0``/``batch0`` are the global indexes of its first row, load
+    and (local batch 0's) batch; ``continues``: local batch 0 is the previous part's last batch."""
+
+    loads: Loads
+    row0: int
+    load0: int
+    batch0: int
+    continues: bool
+
+
+def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[LoadPart]:
+    """The trace's loads part by part (each part file, cut further into ``chunk_rows`` rows), reading
+    only :data:`LOAD_COLUMNS`. A load that straddles a cut is held back and handed out whole with
+    the next part, so every part holds complete loads; memory is one part's arrays plus that load."""
     check_state_fits(trace)
-    return prepare_loads(trace.arrays(recorded=False), trace.moe_layers, trace.n_expert, trace.expert_bytes)
+    carry: dict[str, np.ndarray] | None = None
+    row0 = load0 = n_batch = 0
+    last_batch: int | None = None
+    n_parts = len(trace.parts)
+
+    def chunks():
+        for i, t in enumerate(trace.iter_tables(list(LOAD_COLUMNS))):
+            cols = {c: t.column(c).to_numpy() for c in LOAD_COLUMNS if c != "experts"}
+            cols["experts"] = fixed_list_to_numpy(t.column("experts"))
+            del t
+            n = cols["batch"].shape[0]
+            step = max(1, chunk_rows or n or 1)
+            for a in range(0, max(n, 1), step):
+                yield {c: v[a:a + step] for c, v in cols.items()}, i == n_parts - 1 and a + step >= n
+
+    for cols, last in chunks():
+        if carry is not None:
+            cols = {c: np.concatenate([carry[c], cols[c]]) for c in LOAD_COLUMNS}
+            carry = None
+        n = cols["batch"].shape[0]
+        cut = n
+        if not last and n:
+            b, lay = cols["batch"], cols["layer"]
+            change = np.flatnonzero((b[1:] != b[:-1]) | (lay[1:] != lay[:-1]))
+            cut = int(change[-1]) + 1 if change.size else 0
+            carry = {c: v[cut:].copy() for c, v in cols.items()}
+        if cut == 0:
+            continue
+        ra = RoutingArrays(turn=cols["turn"][:cut], batch=cols["batch"][:cut], phase=cols["phase"][:cut], step=cols["step"][:cut],
+                           layer=cols["layer"][:cut], experts=cols["experts"][:cut], weights=np.empty((cut, 0), np.float32))
+        lp = prepare_loads(ra, trace.moe_layers, trace.n_expert, trace.expert_bytes)
+        continues = last_batch is not None and int(cols["batch"][0]) == last_batch
+        batch0 = n_batch - 1 if continues else n_batch
+        yield LoadPart(lp, row0, load0, batch0, continues)
+        row0 += cut
+        load0 += lp.load_start.shape[0] - 1
+        n_batch = batch0 + lp.batch_turn.shape[0]
+        last_batch = int(cols["batch"][cut - 1])
+
+
+def _grow(a: np.ndarray, n: int) -> np.ndarray:
+    """``a`` resized in place to ``n`` rows (realloc: no copy of the pages already written)."""
+    a.resize((n, *a.shape[1:]), refcheck=False)
+    return a
+
+
+def loads_of(trace: Trace, chunk_rows: int | None = None) -> Loads:
+    """The whole trace's :class:`Loads`, built part by part into arrays allocated once (peak: the
+    result, about 17 bytes per load + 4 x top_k per routing row, plus one part being prepared)."""
+    check_state_fits(trace)
+    R, k = trace.n_rows, trace.top_k
+    entries = np.empty((R, k), np.int32)
+    cap = R + 1  # loads <= rows; np.empty leaves the unused tail unwritten (not resident)
+    load_start = np.empty(cap, np.int64)
+    lidx, phase, lbatch = np.empty(cap, np.int32), np.empty(cap, np.int8), np.empty(cap, np.int32)
+    bt: list[np.ndarray] = []
+    bs: list[np.ndarray] = []
+    bp: list[np.ndarray] = []
+    bk: list[np.ndarray] = []
+    n_load = n_row = 0
+    for part in iter_load_parts(trace, chunk_rows):
+        lp = part.loads
+        r, g = lp.entries.shape[0], lp.load_start.shape[0] - 1
+        entries[n_row:n_row + r] = lp.entries
+        load_start[n_load:n_load + g] = lp.load_start[:-1] + part.row0
+        lidx[n_load:n_load + g] = lp.load_lidx
+        phase[n_load:n_load + g] = lp.load_phase
+        lbatch[n_load:n_load + g] = lp.load_batch + part.batch0
+        tokens = lp.batch_tokens
+        if part.continues:  # the batch's tokens: the most rows any of its loads (never cut) holds
+            prev = next(x for x in reversed(bk) if x.size)
+            prev[-1] = max(prev[-1], tokens[0])
+        s = 1 if part.continues else 0
+        bt.append(lp.batch_turn[s:])
+        bs.append(lp.batch_step[s:])
+        bp.append(lp.batch_phase[s:])
+        bk.append(tokens[s:].copy())
+        n_load += g
+        n_row += r
+    load_start[n_load] = n_row
+    leb = np.array([int(trace.expert_bytes[l]) for l in trace.moe_layers], dtype=np.int64)
+    if (leb <= 0).any():
+        raise UserError("a MoE layer has no expert_bytes > 0; the replay would report a free layer as hits")
+
+    def cat(xs: list[np.ndarray], dt: type) -> np.ndarray:
+        return np.concatenate(xs).astype(dt, copy=False) if xs else np.zeros(0, dt)
+
+    return Loads(
+        entries=_grow(entries, n_row), load_start=_grow(load_start, n_load + 1), load_lidx=_grow(lidx, n_load),
+        load_phase=_grow(phase, n_load), load_batch=_grow(lbatch, n_load), moe_layers=tuple(int(x) for x in trace.moe_layers),
+        n_expert=trace.n_expert, layer_expert_bytes=leb, batch_turn=cat(bt, np.int32), batch_step=cat(bs, np.int32),
+        batch_phase=cat(bp, np.int8), batch_tokens=cat(bk, np.int32),
+    )
 
 
 @dataclass(frozen=True)

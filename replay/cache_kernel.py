@@ -141,7 +141,11 @@ N_STATS = 12
 # opts[]: layers ahead the predictions are for; cap on predicted misses per layer (-1 none);
 # eviction guard on speculative fills; retention; speculative fills
 OPT_AHEAD, OPT_CAP, OPT_GUARD, OPT_RETAIN, OPT_FILL = 0, 1, 2, 3, 4
-N_OPTS = 5
+# A replay streamed part by part (replay.cache.replay_stream) carries its clocks across calls:
+# the tick and the load number the part starts at, and the local index of a batch that continues
+# the previous part's last batch (0) or -1.
+OPT_TICK0, OPT_LOAD0, OPT_BATCH0 = 5, 6, 7
+N_OPTS = 8
 
 
 def no_options() -> np.ndarray:
@@ -149,6 +153,7 @@ def no_options() -> np.ndarray:
     o = np.zeros(N_OPTS, np.int64)
     o[OPT_AHEAD] = 1
     o[OPT_CAP] = -1
+    o[OPT_BATCH0] = -1
     return o
 
 
@@ -243,7 +248,8 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
     retain = has_pred and opts[OPT_RETAIN] != 0
     fill = has_pred and opts[OPT_FILL] != 0
     n_load = load_start.shape[0] - 1
-    tick = 0
+    tick = opts[OPT_TICK0]
+    load0 = opts[OPT_LOAD0]
     n_evict = 0
     cur_b = -1  # the batch whose totals b_look/b_hit/b_read accumulate
     b_look = 0
@@ -253,19 +259,20 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
     for g0 in range(grp.shape[0]):
         resident += grp[g0, USED]
     peak = resident
-    batch_now = -1  # KEEP_BATCH: the batch whose first load grp[:, BATCH_LOAD] holds
-    for load in range(n_load):
-        lo = load_start[load]
-        hi = load_start[load + 1]
+    batch_now = opts[OPT_BATCH0]  # KEEP_BATCH: the batch whose first load grp[:, BATCH_LOAD] holds
+    for li in range(n_load):  # li indexes this call's load arrays; load (the clock) counts from load0
+        load = li + load0
+        lo = load_start[li]
+        hi = load_start[li + 1]
         if hi == lo:
             continue
         # Every entry of a load is of the load's layer: one eviction group, one entry size.
-        lid = load_lidx[load]
+        lid = load_lidx[li]
         g = layer_info[lid, 0]
         nbytes = layer_info[lid, 1]
         if KEEP_BATCH:
-            if load_batch[load] != batch_now:  # once per batch: a batch's loads are consecutive
-                batch_now = load_batch[load]
+            if load_batch[li] != batch_now:  # once per batch: a batch's loads are consecutive
+                batch_now = load_batch[li]
                 for gg in range(grp.shape[0]):
                     grp[gg, BATCH_LOAD] = load
         # Per-load counters live in registers and are added to acc/bacc/grp once per load (a
@@ -332,8 +339,8 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
                     slot_out[r, j] = code
         n_miss = n_look - n_hit
         n_read = n_miss * nbytes
-        ph = load_phase[load]
-        b = load_batch[load]
+        ph = load_phase[li]
+        b = load_batch[li]
         acc[ph, lid, ACC_LOOKUPS] += n_look
         acc[ph, lid, ACC_HITS] += n_hit
         acc[ph, lid, ACC_READ] += n_read
@@ -359,7 +366,7 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
             # Retention: what the predictor names for the next `ahead` layers of this batch is not
             # evictable after this load (nor by this step's speculative fills).
             for m in range(1, ahead + 1):
-                t = load + m
+                t = li + m
                 if t >= n_load or load_batch[t] != b or load_lidx[t] != lid + m:
                     break
                 for rp in range(load_start[t], load_start[t + 1]):
@@ -396,7 +403,7 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
             continue
         # Speculative fills: the predictions for the load `ahead` layers on, in this batch, read now
         # into the same cache (token-major, rank order, each entry once).
-        t = load + ahead
+        t = li + ahead
         if t >= n_load or load_batch[t] != b or load_lidx[t] != lid + ahead:
             continue
         attempts = 0

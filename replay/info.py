@@ -27,7 +27,7 @@ def batch_sizes(trace: Trace) -> dict[str, Any]:
     ``{decode,prefill}_batch_tokens_{min,median,max}`` (None without such batches). A token is a
     distinct (request, turn, step); one decode token per batch unless many requests share one."""
     key = (["request"] if trace.has("request") else []) + ["turn", "step"]
-    sizes = trace.routings(["batch", "phase", *key]).unique().group_by("batch", "phase").len()
+    sizes = trace.distinct(["batch", "phase", *key]).group_by("batch", "phase").len()
     out: dict[str, Any] = {}
     for code, name in ((1, "decode"), (0, "prefill")):
         n = sizes.filter(pl.col("phase") == code)["len"]
@@ -44,10 +44,10 @@ def info_rows(trace: Trace) -> list[dict[str, Any]]:
     m = trace.model
     counts = trace.token_counts()
     per_turn = (
-        trace.routings(["turn", "phase", "step"]).unique().group_by("turn", "phase").len().sort("turn", "phase")
+        trace.distinct(["turn", "phase", "step"]).group_by("turn", "phase").len().sort("turn", "phase")
     )
     if trace.has("request"):
-        n_requests = int(trace.routings(["request"])["request"].n_unique())
+        n_requests = trace.distinct(["request"]).height
     else:
         n_requests = 1 if trace.n_rows else 0
     prov = trace.meta.get("provenance", {})
@@ -89,6 +89,13 @@ def info_rows(trace: Trace) -> list[dict[str, Any]]:
         # extrapolated to the others. A string, so the row stays flat (JSON, CSV tables).
         "moe_layers_absent": compact_ranges(m["moe_layers_absent"]) if m.get("moe_layers_absent") else None,
     }
+    # Bytes a one-budget `cache` replay holds beyond the program itself (an estimate from the
+    # metadata: replay.cache_stream.stream_memory_bytes), in memory and streamed part by part.
+    from replay.cache_stream import stream_memory_bytes
+
+    mem = stream_memory_bytes(trace)
+    row["cache_memory_mib_in_memory"] = mem["in_memory"] / MIB
+    row["cache_memory_mib_streamed"] = mem["streamed"] / MIB
     return [row]
 
 

@@ -58,9 +58,24 @@ def selection_scores(logits: np.ndarray, gating: dict[str, Any], bias: np.ndarra
 
 
 def top_indices(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest per row, descending; ties go to the lower index."""
-    order = np.argsort(-scores, axis=1, kind="stable")
-    return order[:, :k]
+    """Indices of the k largest per row, descending; ties go to the lower index.
+
+    Exactly the first k of a stable argsort of ``-scores`` (NaN ranks last), without sorting the
+    whole row: the k-th smallest ``-score`` of each row is found by a partition, the entries below
+    it and the lowest-index ones equal to it are kept (k per row, in index order), and only those
+    k are sorted, stably, so ties keep the lower index first."""
+    neg = -np.asarray(scores)
+    T, E = neg.shape if neg.ndim == 2 else (0, 0)
+    if k >= E or T == 0 or np.isnan(neg).any():
+        return np.argsort(neg, axis=1, kind="stable")[:, :k]
+    kth = np.partition(neg, k - 1, axis=1)[:, k - 1:k]
+    below = neg < kth
+    ties = neg == kth
+    room = k - below.sum(axis=1, keepdims=True)
+    keep = below | (ties & (np.cumsum(ties, axis=1) <= room))
+    idx = np.nonzero(keep)[1].reshape(T, k)  # row-major: each row's k kept indices, ascending
+    order = np.argsort(np.take_along_axis(neg, idx, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(idx, order, axis=1)
 
 
 def select(logits: np.ndarray, gating: dict[str, Any], top_k: int,

@@ -266,9 +266,22 @@ class Trace:
         return pl.from_arrow(_read_metrics(self.path / METRICS_FILE))  # type: ignore[return-value]
 
     # -- summaries ----------------------------------------------------------------------------
+    def distinct(self, columns: tuple[str, ...] | list[str]) -> pl.DataFrame:
+        """The distinct rows of ``columns`` (in no particular order), read part by part: memory is
+        one part's columns plus the distinct rows (for token keys, one per token, not one per
+        routing: a token routes at every MoE layer), never the whole trace's columns."""
+        columns = list(columns)
+        seen: list[pl.DataFrame] = []
+        for t in self.iter_tables(columns):
+            seen.append(pl.from_arrow(t).unique())  # type: ignore[union-attr]
+            del t
+        if not seen:
+            return self.routings(columns)
+        return pl.concat(seen).unique()
+
     def token_counts(self) -> dict[str, int]:
         """Distinct (request, turn, step) tokens per phase (request only when the trace has it)."""
-        df = self.routings((["request"] if self.has("request") else []) + ["turn", "phase", "step"]).unique()
+        df = self.distinct((["request"] if self.has("request") else []) + ["turn", "phase", "step"])
         return {
             "tokens_prefill": int((df["phase"] == PHASE_PREFILL).sum()),
             "tokens_decode": int((df["phase"] == PHASE_DECODE).sum()),

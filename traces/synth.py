@@ -176,16 +176,21 @@ class _Model:
         L, D = cfg.layers, cfg.embd
         rho = cfg.reuse
         keep = np.sqrt(1.0 - rho * rho)
-        g = np.empty((L, n, D), dtype=np.float32)
-        for t in range(n):
-            self.topic = rho * self.topic + keep * self.rng.standard_normal(D)
-            self.u = rho * self.u + keep * self.rng.standard_normal((L, D))
-            h = 0.8 * self.topic + 0.6 * self.rng.standard_normal(D)
-            stream = h + cfg.drift * np.cumsum(self.u, axis=0)  # h_l = h_{l-1} + drift * u_l
-            norm = stream / np.sqrt(np.mean(stream * stream, axis=1, keepdims=True))
-            norm[:, 0] = 1.0  # the constant coordinate that carries expert popularity
-            g[:, t, :] = norm
-        return g
+        # One draw for the n tokens: the generator yields the same numbers as n draws of
+        # (topic D, u L x D, noise D) in turn, so the trace is the one the per-token loop wrote.
+        z = self.rng.standard_normal((n, 2 * D + L * D))
+        topic = np.empty((n, D))
+        u = np.empty((n, L, D))
+        for t in range(n):  # the AR(1) recurrences, in the loop's order of operations
+            self.topic = rho * self.topic + keep * z[t, :D]
+            self.u = rho * self.u + keep * z[t, D:D + L * D].reshape(L, D)
+            topic[t] = self.topic
+            u[t] = self.u
+        h = 0.8 * topic + 0.6 * z[:, D + L * D:]
+        stream = h[:, None, :] + cfg.drift * np.cumsum(u, axis=1)  # h_l = h_{l-1} + drift * u_l
+        norm = stream / np.sqrt(np.mean(stream * stream, axis=2, keepdims=True))
+        norm[:, :, 0] = 1.0  # the constant coordinate that carries expert popularity
+        return np.ascontiguousarray(norm.transpose(1, 0, 2), dtype=np.float32)
 
     def route(self, layer: int, g: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ids, weights, logits) for gate inputs ``g`` ``[n, D]`` at ``layer``; logits in f64 from f32."""
@@ -243,8 +248,17 @@ def write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool = False,
                     on_tokens: Callable[[int], None] | None = None) -> Path:
     """Generate a synthetic trace into a new directory ``out_dir`` (atomically).
 
-    ``on_tokens(n)`` is called after each chunk of ``n`` tokens (for a progress bar).
+    ``on_tokens(n)`` is called after each chunk of ``n`` tokens (for a progress bar). The router
+    products are small (chunk x embd x experts): one BLAS thread computes them faster than a pool
+    (measured 2.5x on 2 busy cores) and, splitting no dot product, bit-identically.
     """
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _write_synthetic(out_dir, cfg, force, on_tokens)
+
+
+def _write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool, on_tokens: Callable[[int], None] | None) -> Path:
     cfg.check()
     out_dir = Path(out_dir)
     L, E, D, K = cfg.layers, cfg.experts, cfg.embd, cfg.top_k

@@ -1,0 +1,260 @@
+"""Cache replay streamed part by part: memory bounded by one part plus the cache state.
+
+:func:`replay_stream` reads the trace's routing parts one at a time (only the columns a replay
+needs, :data:`replay.cache.LOAD_COLUMNS`), cuts each into loads (:func:`replay.cache.iter_load_parts`:
+a load that straddles a part boundary is handed out whole with the next part) and runs every
+cell's kernel on it, the cell's cache state (``ent``, ``grp``, the policy's ``ps``) and its clocks
+(tick, load number, current batch; :data:`replay.cache_kernel.OPT_TICK0` ...) carried from part
+to part. The figures are exactly those of :func:`replay.cache.replay` on the whole trace's loads
+(``tests/test_cache_stream.py`` checks it for every streamable policy with many tiny parts).
+
+What streams and what does not:
+
+- every policy whose module has no ``setup``, ``group_budgets`` or ``prepare_options`` (these
+  see the whole trace before the replay: ``pin``, ``colibri``, ``layer-opt``): :func:`streamable`;
+- ``belady`` (``NEEDS_NEXT_USE``) needs, for each routed slot, the next load touching its entry,
+  which lies in a later part: a first pass writes each part's entries to a temporary directory,
+  a backward pass over those files computes the next-use positions (global load numbers, the
+  "seen" table carried from the last part to the first) into one file per part, and the replay
+  reads each part's file with the part. Disk: about 8 x top_k bytes per routing row, removed at
+  the end; memory: still one part;
+- what-ifs (drop, predictions, retention, fills) and per-slot codes are not streamed: retention
+  and fills look ahead into the next loads of a batch, which may lie in the next part.
+
+Per-batch totals (``bacc``) are kept for the whole trace (7 int64 per batch: a decode batch of
+one token holds one row per MoE layer, so well under a byte per routing row).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from replay.cache import (
+    Loads,
+    ReplayResult,
+    _groups,
+    budget_bytes,
+    check_policies,
+    check_state_fits,
+    iter_load_parts,
+    kernel_for,
+)
+from replay.cache_kernel import (
+    N_ACC,
+    N_STATS,
+    OPT_BATCH0,
+    OPT_LOAD0,
+    OPT_TICK0,
+    STAT_EVICTIONS,
+    STAT_OVERFLOW,
+    STAT_PEAK_BYTES,
+    STAT_TICKS,
+    no_options,
+)
+from replay.cache_state import BUDGET, MAX_SLOTS, N_ENT, NEVER, USED, new_state, row_length
+from replay.policies import policy_module
+from traces.errors import UserError
+from traces.reader import Trace
+
+# Bytes a streamed replay holds per batch (bacc: N_ACC int64) and per (layer, expert) entry of
+# one cell (the driver's int32 fields; a policy's own state is at most a few int64 rows more).
+BATCH_BYTES = N_ACC * 8
+# ~ bytes per routing row of one part being validated (traces.reader's row checks, the largest
+# transient) or read and cut into loads: measured about 400 per top-1 row on a 48 x 128 synthetic
+# trace (1 CPU, Python 3.11, pyarrow's mimalloc pool); a rough bound, not an exact figure.
+PART_BYTES_PER_ROW = 350
+PART_BYTES_PER_SLOT = 50
+
+
+def streamable(policy: str) -> bool:
+    """Whether ``policy`` replays streamed: it needs nothing of the whole trace before the replay
+    (no ``setup``, ``group_budgets`` or ``prepare_options``). ``belady`` streams with its next-use pass."""
+    pm = policy_module(policy)
+    return not any(hasattr(pm, h) for h in ("setup", "group_budgets", "prepare_options"))
+
+
+def _shell(trace: Trace) -> Loads:
+    """A :class:`Loads` with the trace's layers and sizes and no rows (what ``_groups``, ``new_state``
+    and :func:`replay.cache.result_rows` read)."""
+    k = trace.top_k
+    leb = np.array([int(trace.expert_bytes[l]) for l in trace.moe_layers], dtype=np.int64)
+    if (leb <= 0).any():
+        raise UserError("a MoE layer has no expert_bytes > 0; the replay would report a free layer as hits")
+    z32, z8 = np.zeros(0, np.int32), np.zeros(0, np.int8)
+    return Loads(entries=np.zeros((0, k), np.int32), load_start=np.zeros(1, np.int64), load_lidx=z32, load_phase=z8,
+                 load_batch=z32, moe_layers=tuple(int(x) for x in trace.moe_layers), n_expert=trace.n_expert,
+                 layer_expert_bytes=leb, batch_turn=z32, batch_step=z32, batch_phase=z8, batch_tokens=z32)
+
+
+@njit(cache=True, nogil=True)
+def next_loads_from(entries, load_start, load0, seen):
+    """:func:`replay.cache_kernel.next_loads` for one part whose first load is ``load0``, walking
+    backward; ``seen`` [entries] int32 holds, for each entry, the first load after this part that
+    touches it (NEVER if none) and is updated to the first load from this part on."""
+    out = np.empty(entries.shape, np.int32)
+    k = entries.shape[1]
+    for load in range(load_start.shape[0] - 2, -1, -1):
+        lo, hi = load_start[load], load_start[load + 1]
+        for r in range(lo, hi):
+            for j in range(k):
+                out[r, j] = seen[entries[r, j]]
+        for r in range(lo, hi):
+            for j in range(k):
+                seen[entries[r, j]] = np.int32(load0 + load)
+    return out
+
+
+def _next_use_files(trace: Trace, chunk_rows: int | None, n_entries: int, tmp: Path) -> list[Path]:
+    """One .npy file per part: each routed slot's next load (global number) touching its entry."""
+    parts: list[tuple[Path, Path, int]] = []
+    for i, part in enumerate(iter_load_parts(trace, chunk_rows)):
+        e, s = tmp / f"entries-{i:06d}.npy", tmp / f"starts-{i:06d}.npy"
+        np.save(e, part.loads.entries)
+        np.save(s, part.loads.load_start)
+        parts.append((e, s, part.load0))
+    seen = np.full(n_entries, NEVER, np.int32)
+    out = [tmp / f"next-{i:06d}.npy" for i in range(len(parts))]
+    for i in range(len(parts) - 1, -1, -1):
+        e, s, load0 = parts[i]
+        np.save(out[i], next_loads_from(np.load(e), np.load(s), np.int64(load0), seen))
+        e.unlink()
+        s.unlink()
+    return out
+
+
+def replay_stream(trace: Trace, cells: list[tuple[str, float]], seed: int = 0, chunk_rows: int | None = None,
+                  tmp_dir: str | Path | None = None) -> tuple[Loads, list[ReplayResult]]:
+    """Replay every (policy, budget_mib) cell over the trace part by part, all cells in one pass.
+
+    Returns (a :class:`Loads` holding the per-batch arrays and no rows, for
+    :func:`replay.cache.result_rows` / :func:`replay.cache.batch_series`; one :class:`ReplayResult`
+    per cell, equal to :func:`replay.cache.replay` on :func:`replay.cache.loads_of`). ``chunk_rows``
+    cuts each part further (tests; a smaller peak). ``tmp_dir``: where belady's next-use files go.
+    """
+    check_state_fits(trace)
+    if trace.n_rows * trace.top_k > MAX_SLOTS:
+        raise UserError(f"the trace holds {trace.n_rows * trace.top_k:,} routed slots; one replay handles at most {MAX_SLOTS:,}")
+    shell = _shell(trace)
+    L, k = len(shell.moe_layers), trace.top_k
+    states: list[dict[str, Any]] = []
+    for policy, budget_mib in cells:
+        check_policies([policy], option="--policy")
+        if not streamable(policy):
+            raise UserError(f"policy {policy} needs the whole trace before its replay (it plans from it), so it does not "
+                            "stream; replay it in memory.")
+        pm = policy_module(policy)
+        budget = budget_bytes(budget_mib)
+        group, gbud = _groups(shell, pm, budget)
+        ent, grp = new_state(shell.entry_bytes, group, gbud)
+        ps = pm.init(ent, grp, int(seed))
+        states.append({
+            "policy": policy, "budget_mib": float(budget_mib), "budget": budget, "pm": pm, "kern": kernel_for(policy),
+            "ent": ent, "grp": grp, "ps": ps, "acc": np.zeros((2, L, N_ACC), np.int64), "bacc": [], "tick": 0,
+            "evictions": 0, "overflow": 0, "peak": int(grp[:, USED].sum()), "seconds": 0.0,
+            "layer_info": np.stack([group[::shell.n_expert], shell.layer_expert_bytes]).T.astype(np.int64).copy(),
+            "shares": grp[:, BUDGET].copy() if pm.PARTITION == "layer" and not pm.UNBOUNDED else None,
+        })
+    need_next = any(s["pm"].NEEDS_NEXT_USE for s in states)
+    batches: dict[str, list[np.ndarray]] = {"turn": [], "step": [], "phase": [], "tokens": []}
+    empty_next = np.zeros((0, k), np.int32)
+    slot_out, drop, pred = np.zeros((0, k), np.uint8), np.zeros((0, k), np.uint8), np.zeros((0, 1), np.int32)
+    ctx = tempfile.TemporaryDirectory(prefix="moe-replay-next-", dir=tmp_dir) if need_next else nullcontext(None)
+    with ctx as tmp:
+        nexts = _next_use_files(trace, chunk_rows, shell.n_entries, Path(tmp)) if need_next else []
+        for i, part in enumerate(iter_load_parts(trace, chunk_rows)):
+            lp = part.loads
+            B = lp.batch_turn.shape[0]
+            s0 = 1 if part.continues else 0
+            _append_batches(batches, lp, part.continues)
+            nxt = np.load(nexts[i]) if need_next else empty_next
+            for st in states:
+                bacc = np.zeros((B, N_ACC), np.int64)
+                stats = np.zeros(N_STATS, np.int64)
+                opts = no_options()
+                opts[OPT_TICK0] = st["tick"]
+                opts[OPT_LOAD0] = part.load0
+                opts[OPT_BATCH0] = 0 if part.continues else -1
+                t0 = time.perf_counter()
+                st["kern"](lp.entries, lp.load_start, lp.load_lidx, lp.load_phase, lp.load_batch, st["layer_info"],
+                           nxt if st["pm"].NEEDS_NEXT_USE else empty_next, st["ent"], st["grp"], st["ps"], st["acc"], bacc,
+                           stats, slot_out, drop, pred, opts)
+                st["seconds"] += time.perf_counter() - t0
+                st["tick"] = int(stats[STAT_TICKS])
+                st["evictions"] += int(stats[STAT_EVICTIONS])
+                st["overflow"] += int(stats[STAT_OVERFLOW])
+                st["peak"] = max(st["peak"], int(stats[STAT_PEAK_BYTES]))
+                if part.continues:  # the batch the previous part ended in: its totals add up
+                    next(b for b in reversed(st["bacc"]) if b.shape[0])[-1] += bacc[0]
+                st["bacc"].append(bacc[s0:])
+            del nxt
+    out = []
+    for st in states:
+        stats = np.zeros(N_STATS, np.int64)
+        stats[STAT_EVICTIONS], stats[STAT_OVERFLOW] = st["evictions"], st["overflow"]
+        stats[STAT_TICKS], stats[STAT_PEAK_BYTES] = st["tick"], st["peak"]
+        bacc = np.concatenate(st["bacc"]) if st["bacc"] else np.zeros((0, N_ACC), np.int64)
+        out.append(ReplayResult(st["policy"], st["budget_mib"], st["budget"], st["acc"], bacc, st["evictions"], st["overflow"],
+                                None, st["seconds"], stats, np.zeros(L, np.int64), st["shares"]))
+
+    def cat(xs: list[np.ndarray], dt: type) -> np.ndarray:
+        return np.concatenate(xs).astype(dt, copy=False) if xs else np.zeros(0, dt)
+
+    loads = Loads(entries=shell.entries, load_start=shell.load_start, load_lidx=shell.load_lidx, load_phase=shell.load_phase,
+                  load_batch=shell.load_batch, moe_layers=shell.moe_layers, n_expert=shell.n_expert,
+                  layer_expert_bytes=shell.layer_expert_bytes, batch_turn=cat(batches["turn"], np.int32),
+                  batch_step=cat(batches["step"], np.int32), batch_phase=cat(batches["phase"], np.int8),
+                  batch_tokens=cat(batches["tokens"], np.int32))
+    return loads, out
+
+
+def _append_batches(batches: dict[str, list[np.ndarray]], lp: Loads, continues: bool) -> None:
+    tokens = lp.batch_tokens if lp.batch_tokens is not None else np.ones(lp.batch_turn.shape[0], np.int32)
+    if continues:
+        prev = next(x for x in reversed(batches["tokens"]) if x.size)
+        prev[-1] = max(prev[-1], tokens[0])
+    s = 1 if continues else 0
+    batches["turn"].append(lp.batch_turn[s:])
+    batches["step"].append(lp.batch_step[s:])
+    batches["phase"].append(lp.batch_phase[s:])
+    batches["tokens"].append(tokens[s:].copy())
+
+
+def stream_memory_bytes(trace: Trace, n_cells: int = 1) -> dict[str, int]:
+    """Bytes a ``cache`` replay of ``trace`` holds, estimated from its metadata (no rows read):
+    ``in_memory`` (the whole trace's loads, :func:`replay.cache.loads_of`, plus the largest part
+    being prepared) and ``streamed`` (the largest part plus the per-batch totals), each plus
+    ``n_cells`` cache states."""
+    R, k = trace.n_rows, trace.top_k
+    L, n = len(trace.moe_layers), trace.n_expert
+    part = max(trace.part_rows, default=0) * (PART_BYTES_PER_ROW + PART_BYTES_PER_SLOT * k)
+    state = n_cells * (N_ENT * 4 * row_length(L * n) + 2 * 8 * L * n)
+    loads = R * (4 * k + 17)  # entries int32 [R, k]; per load (<= one per row) int64 start + int32 layer + int8 phase + int32 batch
+    batches = R // max(L, 1) + 1  # at most one batch per token routed at every MoE layer
+    return {"in_memory": loads + part + state + n_cells * batches * BATCH_BYTES + batches * 13,
+            "streamed": part + state + n_cells * batches * BATCH_BYTES + batches * 13}
+
+
+def sweep_stream(trace: Trace, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
+                 chunk_rows: int | None = None) -> Any:
+    """:func:`replay.cache.sweep`'s frame for a plain replay of streamable policies, every cell
+    replayed in one streamed pass over the trace (the rows, in the same order, equal
+    ``sweep(loads_of(trace), policies, budgets_mib, per_layer, seed)``)."""
+    import polars as pl
+
+    from replay.cache import result_rows
+
+    policies = check_policies(policies)
+    budgets = [float(b) for b in budgets_mib]
+    cells = [(p, b) for p in policies for b in budgets]
+    loads, results = replay_stream(trace, cells, seed=seed, chunk_rows=chunk_rows)
+    rows = [r for res in results for r in result_rows(loads, res, per_layer)]
+    return pl.DataFrame(rows, schema_overrides={"layer": pl.Int64, "evictions": pl.Int64, "overflow_loads": pl.Int64,
+                                                "peak_resident_mib": pl.Float64, "over_budget": pl.Boolean},
+                        infer_schema_length=None)
