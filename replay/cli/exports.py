@@ -13,7 +13,7 @@ OutArg = typer.Argument(..., help="The file to write (replaced atomically).", sh
 
 
 def _done(kind: str, trace: Path, out: Path, json_out: bool) -> None:
-    from replay.output import json_object
+    from replay.present.format import json_object
 
     size = out.stat().st_size
     if json_out:

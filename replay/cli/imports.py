@@ -59,7 +59,7 @@ def _split(paths: list[Path], mod: ModuleType | None, fmt: str) -> tuple[list[Pa
 
 def _report(fmt: str, out_dir: Path, json_out: bool, chosen: str | None = None) -> None:
     from replay.info import info_rows
-    from replay.output import json_object
+    from replay.present.format import json_object
     from traces import open_trace
 
     t = open_trace(out_dir)

@@ -23,7 +23,7 @@ def schedule(
     (how does the expert cache behave at batch 1, 8, 64? -- one command per batch size)."""
     from replay.cli import _echo
     from replay.info import info_rows
-    from replay.output import json_object
+    from replay.present.format import json_object
     from traces import open_trace
     from traces.errors import UserError
     from traces.schedule import MODES, rebatch_trace
