@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from replay.cli.options import JsonOpt
+from replay.cli.options import JsonOpt, example
 
 
 def _sci(v: Any) -> Any:
@@ -107,4 +107,4 @@ def compare_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("compare")(compare_cmd)
+    app.command("compare", epilog=example("moe-replay compare traces/llamacpp traces/hf"))(compare_cmd)

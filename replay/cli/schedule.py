@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from replay.cli.options import JsonOpt
+from replay.cli.options import JsonOpt, example
 
 
 def schedule(
@@ -46,4 +46,4 @@ def schedule(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("schedule")(schedule)
+    app.command("schedule", epilog=example("moe-replay schedule traces/reqs traces/reqs-cb --schedule continuous --max-batch 4"))(schedule)

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import typer
 
-from replay.cli.options import JsonOpt
+from replay.cli.options import JsonOpt, example
 from traces.errors import UserError
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(epilog=example("moe-replay sweep grid.toml -o results"))
     def sweep(
         grid: Path | None = typer.Argument(None, help="The grid (TOML): traces and, per analysis kind, the lists to cross.",
                                            show_default=False),
@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
             for n in k["notes"]:
                 typer.echo(f"    note: {n}")
 
-    @app.command("sweep-report")
+    @app.command("sweep-report", epilog=example("moe-replay sweep-report results"))
     def sweep_report(
         results: Path = typer.Argument(..., help="A sweep's results directory (moe-replay sweep -o RESULTS).",
                                        show_default=False),
