@@ -106,7 +106,7 @@ def _verb_params():
             for v in sorted(VERBS)]
 
 
-@settings(FUZZ, max_examples=10)
+@settings(FUZZ, max_examples=7)  # 7 per verb: room for the multi-trace verbs below at the same file time
 @pytest.mark.parametrize("verb", _verb_params())
 @given(data=st.data())
 def test_bad_options(base_trace, verb, data):
