@@ -196,7 +196,7 @@ def capture_hf_cmd(
     require_hf_extra("capture-hf")
     from engine_bridge.checks import summary_line
     from engine_bridge.hf import capture_hf, parse_drop_rule
-    from replay.output import json_object
+    from replay.present.format import json_object
 
     prompts = _read_prompts(prompt, prompts_file)
     rule = parse_drop_rule(drop, renormalise=not no_renormalise) if drop is not None else None

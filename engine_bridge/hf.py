@@ -37,11 +37,12 @@ from typing import Any
 
 import numpy as np
 
-from engine_bridge.capture import _catch_signals, _Stop
+from engine_bridge.capture import _Stop
 from engine_bridge.checks import checks_passed, run_checks
 from traces.atomic import check_output_dir
 from traces.errors import UserError
 from traces.gating import selection_scores
+from traces.signals import on_signals
 from traces.writer import TraceWriter
 
 _EXTRA = "pip install 'moe-replay[hf]'"
@@ -668,7 +669,7 @@ def _capture(model: Any, tok: Any, opts: HfCaptureOptions, override: Override | 
     complete = False
     stop = _Stop()
     try:
-        with rec, torch.inference_mode(), _catch_signals(stop):
+        with rec, torch.inference_mode(), on_signals(stop):
             for turn, tokens in enumerate(token_lists):
                 if stop.signal is not None:
                     break

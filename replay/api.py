@@ -359,6 +359,8 @@ def sweep(grid: str | Path, out: str | Path, *, engine: str = "local", workers: 
     default one per core) or ``ray`` (``address``: ``auto``, ``HOST:PORT``, or None to start Ray
     here). Returns one row per kind (cells, computed, rows, table); the whole run's record is
     ``out/sweep.json``. The grid format: ``moe-replay sweep --example``."""
+    import polars as pl
+
     from replay.sweep import run_sweep
 
     summary = run_sweep(grid, out, engine=engine, workers=workers, address=address, force=force,

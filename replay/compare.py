@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from replay.output import PHASE_CODES, check_phase
+from replay.phases import PHASE_CODES, check_phase
 from traces.errors import UserError
 from traces.gating import selection_scores
 from traces.reader import Trace, fixed_list_to_numpy

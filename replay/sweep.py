@@ -44,10 +44,10 @@ from typing import Any
 import polars as pl
 
 from traces.errors import UserError
+from traces.units import parse_budget_mib
 
 FORMAT = "moe-replay-sweep"
 KIND_ORDER = ("cache", "predict", "drop", "prefetch", "retention")
-MAX_BUDGET_MIB = float(1 << 40)
 
 EXAMPLE = '''\
 # moe-replay sweep grid (TOML). Run: moe-replay sweep THIS.toml -o RESULTS
@@ -156,21 +156,13 @@ def _where(grid: Path, kind: str | None, key: str | None) -> str:
     return f"{grid}: " + (f"[{kind}] " if kind else "") + (f"{key}" if key else "")
 
 
-def _check_budget(v: Any, where: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise UserError(f"{where}: {v!r} is not a positive number of MiB.")
-    if v > MAX_BUDGET_MIB:
-        raise UserError(f"{where}: {v!r} MiB is more than 2^40 MiB (1 EiB), beyond any trace.")
-    return float(v)
-
-
 def _check_value(kind: str, key: str, v: Any, default: Any, where: str, base: Path) -> Any:
     """One value of keyword ``key``, checked as far as can be without a trace; paths made absolute."""
     from replay.cache import check_policies
-    from replay.output import PHASES
+    from replay.phases import PHASES
 
     if key in ("budget_mib",):
-        return None if v is None else _check_budget(v, where)
+        return None if v is None else parse_budget_mib(v, where)  # a number of MiB, or a string with a binary unit ("4GiB")
     if key == "policy":
         if not isinstance(v, str):
             raise UserError(f"{where}: {v!r} is not a policy name.")
@@ -490,15 +482,15 @@ def run_batch(batch: list[tuple[str, str, str, dict[str, Any]]]) -> list[tuple[s
 
 
 def _show(v: Any) -> str:
-    from replay.output import exact
+    from traces.units import exact
 
     return exact(v) if isinstance(v, float) else str(v)
 
 
 def _worker_init() -> None:
-    import signal
+    from traces.signals import ignore_interrupts
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle: it stops the pool
+    ignore_interrupts()  # Ctrl-C is the driver's to handle: it stops the pool
 
 
 # --- the cell store --------------------------------------------------------------------------
@@ -751,7 +743,7 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
               address: str | None = None, force: bool = False, show_progress: bool = False) -> dict[str, Any]:
     """Run (or finish) the sweep of ``grid_file`` into ``out``; returns the summary :func:`summary` rows
     come from. Bad input is refused before anything is written."""
-    from replay.output import progress
+    from replay.progress import progress
     from traces import atomic
     from traces.atomic import atomic_write_bytes, atomic_write_text
     from traces.version import __version__
@@ -836,7 +828,7 @@ def sweep_report(results: str | Path) -> pl.DataFrame:
     by decode hit % (and, where a cost model was given, the fastest by ms per token), against the
     Belady bound. Over-budget cells are left out and named (``over_budget_excluded``)."""
     from replay.cache import is_over_budget, pick_best, within_budget
-    from replay.output import rows_of
+    from replay.frames import rows_of
     from replay.policies import bound_policies
 
     res = Path(results)

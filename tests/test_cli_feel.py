@@ -55,7 +55,7 @@ def test_version():
 def test_shell_completion():
     env = {**ENV, "_MOE_REPLAY_COMPLETE": "complete_bash", "COMP_WORDS": "moe-replay ca", "COMP_CWORD": "1"}
     out = subprocess.run([sys.executable, "-m", "replay.cli"], capture_output=True, text=True, env=env, cwd=ROOT).stdout
-    assert out.split() == ["cache", "capture"]
+    assert out.split() == ["cache", "capture", "capture-hf"]
     env.update(COMP_WORDS="moe-replay cache t --budg", COMP_CWORD="3")
     out = subprocess.run([sys.executable, "-m", "replay.cli"], capture_output=True, text=True, env=env, cwd=ROOT).stdout
     assert out.split() == ["--budgets", "--budget-mib"]
@@ -71,10 +71,10 @@ def _verbs() -> list[tuple[str, ...]]:
     out = []
 
     def walk(cmd, path):
-        subs = getattr(cmd, "commands", None)
-        if subs:
-            for name, sub in subs.items():
-                walk(sub, (*path, name))
+        if hasattr(cmd, "list_commands"):  # a group, walked through click's lookup: it may make its commands when first listed
+            ctx = type(cmd).context_class(cmd)
+            for name in cmd.list_commands(ctx):
+                walk(cmd.get_command(ctx, name), (*path, name))
         else:
             out.append(path)
 

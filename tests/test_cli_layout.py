@@ -28,3 +28,18 @@ def test_every_verb_module_registers_and_uses_the_shared_options():
         assert "from replay.cli.options import" in Path(mod.__file__).read_text(), name
     assert not list((ROOT / "replay").glob("*_cli.py"))
     assert options.TraceArg is cli.TraceArg and options.JsonOpt is cli.JsonOpt
+
+
+def test_main_registers_each_verb_once_per_process():
+    # main() registers the verbs before every run; typer appends a command each time one is added, so
+    # without a guard every in-process call (the tests make thousands) grew the app and slowed the next
+    import replay.cli as cli
+    from tests.helpers import run_cli
+
+    run_cli("info", "/nonexistent")
+    sizes = len(cli.app.registered_commands), len(cli.app.registered_groups)
+    for _ in range(3):
+        assert run_cli("info", "/nonexistent").code == 2
+    assert (len(cli.app.registered_commands), len(cli.app.registered_groups)) == sizes
+    names = [c.name or c.callback.__name__ for c in cli.app.registered_commands]
+    assert len(names) == len(set(names)), names

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 
 import replay
-from replay.output import rows_of
+from replay.frames import rows_of
 from replay.sweep import EXAMPLE, KINDS, read_grid, results_lock, trace_content_id
 from tests.helpers import assert_one_sentence_error, run_cli
 from traces.errors import UserError

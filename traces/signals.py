@@ -27,3 +27,12 @@ def on_signals(handler: Callable[[int, Any], Any], signals: tuple[int, ...] = ST
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def ignore_interrupts() -> None:
+    """SIGINT ignored from now on in this process (a pool worker's initializer: Ctrl-C is the
+    driver's to handle; it stops the pool). A no-op outside the main thread."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass

@@ -134,8 +134,11 @@ def _register_plugins() -> None:
     themselves), so one that fails to load is a broken installation: said on stderr with the entry
     point and the error, never skipped in silence (its verbs would vanish as "No such command")."""
     for ep in entry_points(group="moe_replay.commands"):
+        if (ep.name, ep.value) in _registered:
+            continue
         try:
             ep.load()(app)
+            _registered.add((ep.name, ep.value))
         except Exception as e:  # noqa: BLE001 - every other verb still works; this one is reported
             print(f"moe-replay: warning: the commands of plugin {ep.name!r} ({ep.value}) could not be loaded "
                   f"({e.__class__.__name__}: {e}); this is a bug, please report it.", file=sys.stderr)
@@ -146,7 +149,15 @@ def _register_modules() -> None:
     import importlib
 
     for name in VERB_MODULES:
-        importlib.import_module(name).register(app)
+        if name not in _registered:
+            importlib.import_module(name).register(app)
+            _registered.add(name)
+
+
+# What has registered its verbs on ``app`` (a module name, or a plugin's (name, value)): main()
+# registers before every run, and typer appends a command each time it is added, so a process that
+# calls main() many times (the tests, a notebook) would rebuild ever more copies of every verb.
+_registered: set = set()
 
 
 class Interrupted(BaseException):

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from replay.cli.options import JsonOpt
+from replay.cli.options import JsonOpt, example
 
 
 def _sci(v: Any) -> Any:
@@ -16,7 +16,8 @@ def _sci(v: Any) -> Any:
 
 
 def compare_text(path_a: Path, path_b: Path, a: Any, b: Any, res: Any, show: int) -> str:
-    from replay.output import rows_of, text_table
+    from replay.frames import rows_of
+    from replay.present.format import text_table
 
     ov = res.overall()
     tok = ("token ids identical on every compared position" if res.tokens_checked
@@ -85,7 +86,8 @@ def compare_cmd(
     differences, and whether each disagreement is a near-tie of the router (two engines, two quantisations,
     CPU vs GPU)."""
     from replay.compare import compare
-    from replay.output import json_object, rows_of
+    from replay.frames import rows_of
+    from replay.present.format import json_object
     from traces import open_trace
     from traces.errors import UserError
 
@@ -105,4 +107,4 @@ def compare_cmd(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("compare")(compare_cmd)
+    app.command("compare", epilog=example("moe-replay compare traces/llamacpp traces/hf"))(compare_cmd)

@@ -13,9 +13,43 @@ from typing import Any
 
 import typer
 
-from replay.cli.options import JsonOpt
+from replay.cli.options import JsonOpt, example
 
-import_app = typer.Typer(no_args_is_help=True, invoke_without_command=True,
+# One source per format for its --help example (a format not named here shows SRC).
+_EXAMPLE_SRC = {"bigmoe": "route_trace.csv", "colibri": "route_trace.txt", "llamacpp-moetrace": "moe_trace.csv",
+                "megatron": "router_trace_rank0.jsonl", "sglang": "responses.jsonl", "vllm": "routed_experts.npy",
+                "table": "routes.csv --map layer=layer,experts=topk_ids"}
+
+
+class _FormatGroup(typer.core.TyperGroup):
+    """The ``import`` group, its format commands made when first listed or looked up: building them
+    loads every importer module (numpy, pyarrow, polars), which ``moe-replay --help`` must not wait for."""
+
+    _formats_loaded = False
+
+    def _load_formats(self) -> None:
+        if self._formats_loaded:
+            return
+        self._formats_loaded = True
+        from traces.importers import registry
+
+        formats = typer.Typer()
+        for name, mod in registry().items():
+            formats.command(name, epilog=example(f"moe-replay import {name} {_EXAMPLE_SRC.get(name, 'SRC')} traces/{name}"
+                                                 + (" --expert-bytes 1048576" if mod.TAKES_SIZES else "")))(_make_command(mod))
+        made = typer.main.get_group(formats).commands
+        self.commands = {**made, **{n: c for n, c in self.commands.items() if n not in made}}  # formats, then auto
+
+    def list_commands(self, ctx):  # noqa: ANN001, ANN201 - click's signature
+        self._load_formats()
+        return super().list_commands(ctx)
+
+    def get_command(self, ctx, cmd_name):  # noqa: ANN001, ANN201 - click's signature
+        self._load_formats()
+        return super().get_command(ctx, cmd_name)
+
+
+import_app = typer.Typer(no_args_is_help=True, invoke_without_command=True, cls=_FormatGroup,
                          help="Import other engines' route logs as v1 traces (--list shows the formats).")
 
 PathsArg = typer.Argument(..., metavar="SRC... OUT", help="Source file(s) of the log, then the trace directory to create.",
@@ -59,7 +93,7 @@ def _split(paths: list[Path], mod: ModuleType | None, fmt: str) -> tuple[list[Pa
 
 def _report(fmt: str, out_dir: Path, json_out: bool, chosen: str | None = None) -> None:
     from replay.info import info_rows
-    from replay.output import json_object
+    from replay.present.format import json_object
     from traces import open_trace
 
     t = open_trace(out_dir)
@@ -156,15 +190,7 @@ def _auto(
     _run(mod, "auto", paths, values, json_out, force, chosen=fmt)
 
 
-def _build() -> None:
-    from traces.importers import registry
-
-    for name, mod in registry().items():
-        import_app.command(name)(_make_command(mod))
-    import_app.command("auto")(_auto)
-
-
-_build()
+import_app.command("auto", epilog=example("moe-replay import auto routes.jsonl traces/imported --expert-bytes 1048576"))(_auto)
 
 
 def register(app: typer.Typer) -> None:

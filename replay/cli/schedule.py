@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from replay.cli.options import JsonOpt
+from replay.cli.options import JsonOpt, example
 
 
 def schedule(
@@ -23,7 +23,7 @@ def schedule(
     (how does the expert cache behave at batch 1, 8, 64? -- one command per batch size)."""
     from replay.cli import _echo
     from replay.info import info_rows
-    from replay.output import json_object
+    from replay.present.format import json_object
     from traces import open_trace
     from traces.errors import UserError
     from traces.schedule import MODES, rebatch_trace
@@ -46,4 +46,4 @@ def schedule(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("schedule")(schedule)
+    app.command("schedule", epilog=example("moe-replay schedule traces/reqs traces/reqs-cb --schedule continuous --max-batch 4"))(schedule)

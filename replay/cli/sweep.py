@@ -8,12 +8,12 @@ from pathlib import Path
 
 import typer
 
-from replay.cli.options import JsonOpt
+from replay.cli.options import JsonOpt, example
 from traces.errors import UserError
 
 
 def register(app: typer.Typer) -> None:
-    @app.command()
+    @app.command(epilog=example("moe-replay sweep grid.toml -o results"))
     def sweep(
         grid: Path | None = typer.Argument(None, help="The grid (TOML): traces and, per analysis kind, the lists to cross.",
                                            show_default=False),
@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         once: a rerun computes only the cells RESULTS lacks, so an interrupted sweep is finished by
         running it again. Tables: RESULTS/<kind>.parquet, rows in grid order, identical whatever the
         engine. Compare the traces with 'moe-replay sweep-report RESULTS'."""
-        from replay.output import json_object
+        from replay.present.format import json_object
         from replay.sweep import EXAMPLE, run_sweep
 
         if example:
@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
             for n in k["notes"]:
                 typer.echo(f"    note: {n}")
 
-    @app.command("sweep-report")
+    @app.command("sweep-report", epilog=example("moe-replay sweep-report results"))
     def sweep_report(
         results: Path = typer.Argument(..., help="A sweep's results directory (moe-replay sweep -o RESULTS).",
                                        show_default=False),
@@ -70,7 +70,8 @@ def register(app: typer.Typer) -> None:
         """Compare the traces of a sweep: best within-budget online policy per budget and trace, against Belady.
 
         With a cost model in the [cache] cells, also the fastest online policy by ms per decoded token."""
-        from replay.output import json_object, rows_of
+        from replay.frames import rows_of
+        from replay.present.format import json_object
         from replay.sweep import sweep_report as run
 
         frame = run(results)
@@ -81,7 +82,8 @@ def register(app: typer.Typer) -> None:
 
 
 def report_text(frame, results: Path) -> str:
-    from replay.output import rows_of, text_table
+    from replay.frames import rows_of
+    from replay.present.format import text_table
 
     if frame.height == 0:
         return f"{results}: the cache table has no rows."
