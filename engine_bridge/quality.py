@@ -336,7 +336,7 @@ def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str 
     from replay.cache import budget_bytes, check_policies, prepare_loads, replay
     from replay.cache_kernel import ACC_READ
     from replay.drop import closed_drop
-    from replay.output import json_object
+    from replay.present.format import json_object
     from traces import open_trace
     from traces.atomic import staged_dir
 
