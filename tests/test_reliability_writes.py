@@ -363,3 +363,19 @@ def test_an_interrupt_as_the_staging_directory_is_made_leaves_nothing(tmp_path, 
     monkeypatch.undo()
     assert made and not made[0].exists() and sorted(tmp_path.iterdir()) == []
     assert atomic.abandoned == [out]
+
+
+def test_an_interrupt_before_the_block_starts_names_the_output_and_leaves_nothing(tmp_path):
+    # the handler can also run after staged_dir yielded but before the caller's block starts (in the
+    # context manager's __enter__): the block never runs, only the generator's finalisation removes
+    # the stage, and the CLI's message (printed first) must already count the output as abandoned
+    from traces import atomic
+
+    out = tmp_path / "out"
+    atomic.abandoned.clear()
+    atomic.written.clear()
+    cm = atomic.staged_dir(out)
+    stage = cm.__enter__()  # what a `with` does before the interrupt lands
+    assert stage.is_dir() and atomic.abandoned == [out] and atomic.written == []
+    del cm  # the interrupt unwinds the frame: the generator is finalised
+    assert sorted(tmp_path.iterdir()) == [] and atomic.abandoned == [out]

@@ -252,26 +252,28 @@ def staged_dir(out_dir: str | os.PathLike[str], force: bool = False,
     dest = _absolute(out)
     sweep_stale(dest)
     stage = dest.parent / f".{dest.name}.partial-{os.getpid()}"
+    # Counted as abandoned from before the stage exists until the commit: an interrupt that lands
+    # anywhere in between (as mkdir returns, or after the yield but before the caller's block
+    # starts, where only the generator's finalisation removes the stage) still names the output.
+    abandoned.append(out)
     try:
         if stage.exists():
             shutil.rmtree(stage)
         stage.mkdir()
     except OSError as e:
+        abandoned.remove(out)
         raise UserError(f"{out}: cannot create the staging directory {stage} ({e.strerror}).") from None
     except BaseException:
-        # An interrupt that lands while mkdir returns (the directory exists, the handler runs before
-        # the next line): the stage is removed and the output counted as abandoned, as below.
         shutil.rmtree(stage, ignore_errors=True)
-        abandoned.append(out)
         raise
     try:
         yield stage
         with _signals_blocked(), _dir_lock(dest.parent):
             _commit(stage, dest, out, force)
+            abandoned.remove(out)
             written.append(out)
     except BaseException as e:
         shutil.rmtree(stage, ignore_errors=True)
-        abandoned.append(out)
         if isinstance(e, OSError) and e.filename is not None:
             where = _absolute(os.fsdecode(e.filename))
             if where == stage or stage in where.parents or where == dest:
