@@ -28,8 +28,9 @@ def info_text(trace: Trace, row: dict[str, Any]) -> str:
         + ("; router.parquet" if row["has_router"] else "") + ("; metrics.parquet" if row["has_metrics"] else ""),
         f"expert     bytes of one expert per layer: {eb_txt}",
         f"T          one token cycle (sum over MoE layers of top_k x expert_bytes) = {row['token_cycle_mib']:.1f} MiB",
-        f"memory     a cache replay at one budget holds about {row['cache_memory_mib_in_memory']:,.0f} MiB in memory, "
-        f"{row['cache_memory_mib_streamed']:,.0f} MiB streamed part by part (estimate, beyond the program itself)",
+        f"memory     a cache replay at one budget holds about {row['cache_memory_mib_in_memory']:,.0f} MiB (the cache verb, "
+        f"in memory); {row['cache_memory_mib_streamed']:,.0f} MiB streamed part by part (replay.cache_stream in Python; "
+        "the verbs do not stream yet); estimates, beyond the program itself",
         f"complete   {'yes' if row['complete'] else 'NO: capture was interrupted; the trace holds what was written'}",
         f"source     {row['engine'] or 'unknown engine'}" + (f", {row['source']}" if row["source"] else ""),
     ]
