@@ -117,7 +117,8 @@ def test_memory_estimate_covers_the_loads(traces):
 
 
 def test_info_says_what_a_replay_holds(traces):
-    from replay.info import info_rows, info_text
+    from replay.info import info_rows
+    from replay.present.info import info_text
     from traces.units import MIB
 
     whole, _ = traces
@@ -125,7 +126,9 @@ def test_info_says_what_a_replay_holds(traces):
     est = stream_memory_bytes(whole)
     assert row["cache_memory_mib_in_memory"] == est["in_memory"] / MIB
     assert row["cache_memory_mib_streamed"] == est["streamed"] / MIB
-    assert "streamed part by part" in info_text(whole, row)
+    text = info_text(whole, row)
+    assert "streamed part by part" in text
+    assert "the verbs do not stream yet" in text  # the figure says which path it is about
 
 
 def test_sweep_stream_frame_equals_sweep(traces):
