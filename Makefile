@@ -41,6 +41,7 @@ demo: $(VENV)/.core
 	mkdir -p $(VENV)/work
 	$(VENV)/bin/moe-replay synth $(DEMO_TRACE) --force
 	$(VENV)/bin/moe-replay report $(DEMO_TRACE) -o reports/demo --force $(DEMO_COST)
+	@echo "The report: reports/demo/index.html (or index.md). The CLI: .venv/bin/moe-replay --help (or 'source .venv/bin/activate', then moe-replay)."
 
 # llama.cpp's own convert_hf_to_gguf.py ships in the llama-cpp-python source distribution: the
 # cross-engine test (tests/test_compare_engines.py) converts tiny transformers checkpoints with it.
