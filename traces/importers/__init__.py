@@ -297,6 +297,36 @@ def prompt_passes(ntok: np.ndarray, prompt_tokens: int | None, what: str | Path,
     return np.arange(n) < first_decode
 
 
+def repeated_expert_rows(experts: np.ndarray) -> np.ndarray:
+    """Indices of the routings (rows of ``experts`` [R, k]) that select some expert twice; empty when k < 2."""
+    if experts.ndim != 2 or experts.shape[1] < 2:
+        return np.array([], dtype=np.int64)
+    srt = np.sort(experts, axis=1)
+    return np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))
+
+
+def slots_by_weight(experts: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each routing's slots put in descending-weight order (stable: ties keep the logged order; the
+    selected set is unchanged). Returns (experts, weights, how many routings were reordered)."""
+    order = np.argsort(-weights, axis=1, kind="stable")
+    moved = int((order != np.arange(experts.shape[1])[None, :]).any(axis=1).sum())
+    if moved:
+        experts = np.take_along_axis(experts, order, axis=1)
+        weights = np.take_along_axis(weights, order, axis=1)
+    return experts, weights, moved
+
+
+def meta_from_sizes(*, what: str | Path, stem: str, sizes: Any, n_layer: int, n_expert: int, layer: np.ndarray,
+                    top_k: int, prov: dict[str, Any]) -> dict[str, Any]:
+    """:func:`make_meta` for a log that names no model: name and arch from the sizes' model (else the
+    source's ``stem`` and "unknown"), the layers ``layer`` routes, ``top_k_native`` the model's top-k
+    where it routes at least ``top_k``."""
+    layers = sorted(int(x) for x in np.unique(layer))
+    return make_meta(what=what, name=sizes.name or stem, arch=sizes.arch or "unknown", n_layer=n_layer, layers=layers,
+                     n_expert=n_expert, top_k=top_k, sizes=sizes, prov=prov, n_embd=sizes.n_embd,
+                     top_k_native=sizes.top_k if sizes.top_k is not None and sizes.top_k >= top_k else None)
+
+
 def write_trace(out_dir: Path, meta: dict[str, Any], *, batch: np.ndarray, phase: np.ndarray, step: np.ndarray,
                 layer: np.ndarray, experts: np.ndarray, weights: np.ndarray, turn: np.ndarray | None = None,
                 optional: dict[str, np.ndarray] | None = None, force: bool, inputs: Iterable[Path | None],

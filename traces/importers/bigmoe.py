@@ -19,7 +19,7 @@ import pyarrow as pa
 from traces.atomic import staged_dir
 from traces.errors import TraceError, UserError
 from traces.gating import KNOWN_ARCH_GATING
-from traces.importers import read_text, sha256_file
+from traces.importers import read_text, repeated_expert_rows, sha256_file
 from traces.reader import open_trace
 from traces.schema import MAX_BUDGET_MIB, MAX_BYTES, MAX_INT32, MAX_LAYERS, default_gating, metrics_first_problem
 from traces.version import __version__ as tool_version
@@ -161,8 +161,7 @@ def parse_route_csv(path: Path) -> dict[str, Any]:
         return col[order].reshape(R, k)
 
     ex = per_slot(expert)
-    srt = np.sort(ex, axis=1)
-    twice = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1)) if k > 1 else np.array([], dtype=np.int64)
+    twice = repeated_expert_rows(ex)
     if twice.size:
         raise UserError(f"{path}: line {linenos[order[starts[twice[0]]]]}: a routing selects the same expert twice.")
     w = per_slot(weight)

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from traces.errors import UserError
+from traces.importers import repeated_expert_rows
 from traces.importers.vllm import Routes, import_routes, moe_layer_axis
 from traces.units import PHASE_DECODE, PHASE_PREFILL
 
@@ -310,13 +311,11 @@ def import_dumps(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool)
                      "became a prefill batch then a decode batch (a trace batch holds one phase); their loads count apart")
     cat = {c: np.concatenate(v) for c, v in cols.items()}
     ex = cat["experts"]
-    if k > 1:
-        s = np.sort(ex, axis=1)
-        dup = np.flatnonzero((s[:, 1:] == s[:, :-1]).any(axis=1))
-        if dup.size:
-            i = int(dup[0])
-            raise UserError(f"{where}: forward pass {int(cat['batch'][i])}, layer {int(cat['layer'][i])}: a token "
-                            "selects the same expert twice.")
+    dup = repeated_expert_rows(ex)
+    if dup.size:
+        i = int(dup[0])
+        raise UserError(f"{where}: forward pass {int(cat['batch'][i])}, layer {int(cat['layer'][i])}: a token "
+                        "selects the same expert twice.")
     expert_bytes, dense_bytes = sizes.for_layers(n_layer, layer_ids, where)
     meta = {
         "model": {"name": sizes.name or "unknown", "arch": sizes.arch or "unknown", "n_layer": n_layer,
