@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,6 +158,31 @@ def read_text(path: Path) -> str:
         return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise UserError(f"{path}: is not a text file (not UTF-8).") from None
+
+
+def json_objects(path: Path) -> list[tuple[str, Any]]:
+    """The JSON values of a .jsonl file (one a non-blank line) or of a .json file (its list's items,
+    or its one value), each with where it stands ("<path>: line N", "<path>: item I" or "<path>")."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: is not a text file (not UTF-8).") from None
+    if path.suffix.lower() == ".jsonl":
+        objs: list[tuple[str, Any]] = []
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                objs.append((f"{path}: line {n}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}: line {n}: is not valid JSON ({e.msg}; a truncated file?).") from None
+        return objs
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: is not valid JSON ({e.msg} at line {e.lineno}; a truncated file?).") from None
+    items = data if isinstance(data, list) else [data]
+    return [(f"{path}: item {i}" if isinstance(data, list) else str(path), o) for i, o in enumerate(items)]
 
 
 def sha256_file(path: Path) -> str:

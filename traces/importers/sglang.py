@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from traces.errors import UserError
-from traces.importers import repeated_expert_rows
+from traces.importers import json_objects, repeated_expert_rows
 from traces.importers.vllm import Routes, import_routes, moe_layer_axis
 from traces.units import PHASE_DECODE, PHASE_PREFILL
 
@@ -347,25 +346,7 @@ def _dump_layers(L: int, moe: np.ndarray, sizes: Any, where: str, notes: list[st
 # -- return_routed_experts responses -------------------------------------------------------------
 
 def read_responses(path: Path) -> list[dict]:
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: is not a text file (not UTF-8).") from None
-    objs: list[tuple[str, Any]] = []
-    if path.suffix.lower() == ".jsonl":
-        for n, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                try:
-                    objs.append((f"{path}: line {n}", json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise UserError(f"{path}: line {n}: is not valid JSON ({e.msg}; a truncated file?).") from None
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}: is not valid JSON ({e.msg} at line {e.lineno}; a truncated file?).") from None
-        items = data if isinstance(data, list) else [data]
-        objs = [(f"{path}: item {i}" if isinstance(data, list) else str(path), o) for i, o in enumerate(items)]
+    objs = json_objects(path)
     out = []
     for where, o in objs:
         mi = o.get("meta_info") if isinstance(o, dict) else None
