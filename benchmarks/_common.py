@@ -97,3 +97,17 @@ def write_tiny_model(out: Path, a) -> Path:
 
     return write_tiny_hf_model(out, TinyHfConfig(family=a.family, layers=a.layers, experts=a.experts, top_k=a.top_k,
                                                  hidden=a.hidden, expert_ff=a.expert_ff))
+
+
+def start_tiny_model_run(a, tokens_are: str) -> None:
+    """Quiet transformers, set torch's threads and print the machine and the tiny model's shape
+    (:func:`add_tiny_model_args`' options ``a``), ending "{a.tokens} <tokens_are>"."""
+    import torch
+
+    from engine_bridge.hf import quiet_transformers
+
+    quiet_transformers()
+    torch.set_num_threads(a.threads)
+    print(machine())
+    print(f"torch {torch.__version__}, {a.threads} thread(s); {a.family}: {a.layers} layers, hidden {a.hidden}, "
+          f"{a.experts} experts, top-{a.top_k}, expert ff {a.expert_ff}, float32; {a.tokens} {tokens_are}")

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._common import add_tiny_model_args, machine, write_tiny_model
+from benchmarks._common import add_tiny_model_args, start_tiny_model_run, write_tiny_model
 
 PROMPT = "Benchmark the capture hook: the quick brown fox jumps over the lazy dog."
 
@@ -38,13 +38,9 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from engine_bridge.hf import _cache_of, capture_hf, quiet_transformers
+    from engine_bridge.hf import _cache_of, capture_hf
 
-    quiet_transformers()
-    torch.set_num_threads(a.threads)
-    print(machine())
-    print(f"torch {torch.__version__}, {a.threads} thread(s); {a.family}: {a.layers} layers, hidden {a.hidden}, "
-          f"{a.experts} experts, top-{a.top_k}, expert ff {a.expert_ff}, float32; {a.tokens} decoded tokens")
+    start_tiny_model_run(a, "decoded tokens")
     tmp = Path(tempfile.mkdtemp(prefix="capture-hf-bench-"))
     try:
         mdir = write_tiny_model(tmp / "model", a)

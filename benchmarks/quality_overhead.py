@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._common import add_tiny_model_args, machine, write_tiny_model
+from benchmarks._common import add_tiny_model_args, machine, start_tiny_model_run, write_tiny_model
 
 TEXT = ("Benchmark the quality run: the quick brown fox jumps over the lazy dog, and the router picks the top experts "
         "by their scores while the cache keeps the hot ones. ") * 40
@@ -52,11 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     from engine_bridge.quality import LruStep, Setting, _DropCold, _router_logit_hooks
     from replay.cache import budget_bytes
 
-    hf.quiet_transformers()
-    torch.set_num_threads(a.threads)
-    print(machine())
-    print(f"torch {torch.__version__}, {a.threads} thread(s); {a.family}: {a.layers} layers, hidden {a.hidden}, "
-          f"{a.experts} experts, top-{a.top_k}, expert ff {a.expert_ff}, float32; {a.tokens} tokens teacher-forced")
+    start_tiny_model_run(a, "tokens teacher-forced")
     tmp = Path(tempfile.mkdtemp(prefix="quality-bench-"))
     try:
         mdir = write_tiny_model(tmp / "model", a)
