@@ -75,3 +75,39 @@ def top1_decode_loads(trace_dir: Path):
                        experts=np.ascontiguousarray(a.experts[dec, :1]), weights=np.ascontiguousarray(a.weights[dec, :1]))
     loads = prepare_loads(ra, t.moe_layers, t.n_expert, np.where(t.expert_bytes > 0, MIB, 0))
     return t, loads, loads.entries[:, 0].astype(np.int64)
+
+
+def add_tiny_model_args(ap, tokens: int) -> None:
+    """The options of a benchmark on a tiny random-weight transformers MoE model (engine_bridge.hf_tiny):
+    its shape, the tokens to run (default ``tokens``), repeats and torch threads."""
+    ap.add_argument("--family", default="qwen3_moe")
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--expert-ff", type=int, default=256)
+    ap.add_argument("--tokens", type=int, default=tokens)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+
+
+def write_tiny_model(out: Path, a) -> Path:
+    """Write the tiny transformers MoE model that :func:`add_tiny_model_args`' options ``a`` describe."""
+    from engine_bridge.hf_tiny import TinyHfConfig, write_tiny_hf_model
+
+    return write_tiny_hf_model(out, TinyHfConfig(family=a.family, layers=a.layers, experts=a.experts, top_k=a.top_k,
+                                                 hidden=a.hidden, expert_ff=a.expert_ff))
+
+
+def start_tiny_model_run(a, tokens_are: str) -> None:
+    """Quiet transformers, set torch's threads and print the machine and the tiny model's shape
+    (:func:`add_tiny_model_args`' options ``a``), ending "{a.tokens} <tokens_are>"."""
+    import torch
+
+    from engine_bridge.hf import quiet_transformers
+
+    quiet_transformers()
+    torch.set_num_threads(a.threads)
+    print(machine())
+    print(f"torch {torch.__version__}, {a.threads} thread(s); {a.family}: {a.layers} layers, hidden {a.hidden}, "
+          f"{a.experts} experts, top-{a.top_k}, expert ff {a.expert_ff}, float32; {a.tokens} {tokens_are}")

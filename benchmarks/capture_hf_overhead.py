@@ -26,38 +26,24 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._common import machine
+from benchmarks._common import add_tiny_model_args, start_tiny_model_run, write_tiny_model
 
 PROMPT = "Benchmark the capture hook: the quick brown fox jumps over the lazy dog."
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--family", default="qwen3_moe")
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--experts", type=int, default=64)
-    ap.add_argument("--top-k", type=int, default=8)
-    ap.add_argument("--expert-ff", type=int, default=256)
-    ap.add_argument("--tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
+    add_tiny_model_args(ap, tokens=64)
     a = ap.parse_args(argv)
 
     import torch
 
-    from engine_bridge.hf import _cache_of, capture_hf, quiet_transformers
-    from engine_bridge.hf_tiny import TinyHfConfig, write_tiny_hf_model
+    from engine_bridge.hf import _cache_of, capture_hf
 
-    quiet_transformers()
-    torch.set_num_threads(a.threads)
-    print(machine())
-    print(f"torch {torch.__version__}, {a.threads} thread(s); {a.family}: {a.layers} layers, hidden {a.hidden}, "
-          f"{a.experts} experts, top-{a.top_k}, expert ff {a.expert_ff}, float32; {a.tokens} decoded tokens")
+    start_tiny_model_run(a, "decoded tokens")
     tmp = Path(tempfile.mkdtemp(prefix="capture-hf-bench-"))
     try:
-        mdir = write_tiny_hf_model(tmp / "model", TinyHfConfig(family=a.family, layers=a.layers, experts=a.experts,
-                                                                top_k=a.top_k, hidden=a.hidden, expert_ff=a.expert_ff))
+        mdir = write_tiny_model(tmp / "model", a)
         from engine_bridge.hf import load_model
 
         model, tok = load_model(str(mdir))

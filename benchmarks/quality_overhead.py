@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._common import machine
+from benchmarks._common import add_tiny_model_args, machine, start_tiny_model_run, write_tiny_model
 
 TEXT = ("Benchmark the quality run: the quick brown fox jumps over the lazy dog, and the router picks the top experts "
         "by their scores while the cache keeps the hot ones. ") * 40
@@ -39,15 +39,7 @@ TEXT = ("Benchmark the quality run: the quick brown fox jumps over the lazy dog,
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--family", default="qwen3_moe")
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--experts", type=int, default=64)
-    ap.add_argument("--top-k", type=int, default=8)
-    ap.add_argument("--expert-ff", type=int, default=256)
-    ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
+    add_tiny_model_args(ap, tokens=128)
     ap.add_argument("--engine", default="transformers", choices=["transformers", "llama.cpp"])
     a = ap.parse_args(argv)
     if a.engine == "llama.cpp":
@@ -57,19 +49,13 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from engine_bridge import hf
-    from engine_bridge.hf_tiny import TinyHfConfig, write_tiny_hf_model
     from engine_bridge.quality import LruStep, Setting, _DropCold, _router_logit_hooks
     from replay.cache import budget_bytes
 
-    hf.quiet_transformers()
-    torch.set_num_threads(a.threads)
-    print(machine())
-    print(f"torch {torch.__version__}, {a.threads} thread(s); {a.family}: {a.layers} layers, hidden {a.hidden}, "
-          f"{a.experts} experts, top-{a.top_k}, expert ff {a.expert_ff}, float32; {a.tokens} tokens teacher-forced")
+    start_tiny_model_run(a, "tokens teacher-forced")
     tmp = Path(tempfile.mkdtemp(prefix="quality-bench-"))
     try:
-        mdir = write_tiny_hf_model(tmp / "model", TinyHfConfig(family=a.family, layers=a.layers, experts=a.experts,
-                                                                top_k=a.top_k, hidden=a.hidden, expert_ff=a.expert_ff))
+        mdir = write_tiny_model(tmp / "model", a)
         model, tok = hf.load_model(str(mdir))
         ids = tok(TEXT)["input_ids"][:a.tokens]
         text = tok.decode(ids)

@@ -68,8 +68,26 @@ class CaptureOptions:
     flash_attn: str = "auto"  # flash attention: auto | on | off
 
 
+class TokenRates:
+    """decode_tok_s and prefill_tok_s of a capture result (None where no tokens or no time were
+    measured), from its prompt_tokens, decode_tokens, prefill_s and decode_s."""
+
+    prompt_tokens: int
+    decode_tokens: int
+    prefill_s: float
+    decode_s: float
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 and self.decode_tokens else None
+
+    @property
+    def prefill_tok_s(self) -> float | None:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 and self.prompt_tokens else None
+
+
 @dataclass
-class CaptureResult:
+class CaptureResult(TokenRates):
     out: Path
     complete: bool
     prompt_tokens: int
@@ -80,14 +98,6 @@ class CaptureResult:
     checks: dict[str, Any]
     meta: dict[str, Any] = field(default_factory=dict)
     stop_reason: str = ""
-
-    @property
-    def decode_tok_s(self) -> float | None:
-        return self.decode_tokens / self.decode_s if self.decode_s > 0 and self.decode_tokens else None
-
-    @property
-    def prefill_tok_s(self) -> float | None:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 and self.prompt_tokens else None
 
 
 @dataclass

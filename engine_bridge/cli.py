@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -61,7 +62,6 @@ def capture_cmd(
 
     require_capture_extra("capture")  # before any file is looked at: name the extra, not a module
     from engine_bridge.capture import CaptureOptions, capture, validate
-    from engine_bridge.checks import summary_line
     from replay.present.format import json_object
     from replay.progress import progress
 
@@ -105,14 +105,8 @@ def capture_cmd(
         typer.echo(f"wrote {out} [{state}]: {m['name']} ({m['arch']}), {len(m['moe_layers'])} MoE layers x "
                    f"{m['n_expert']} experts, top-k {m['top_k']}; {res.prompt_tokens} prompt tokens in "
                    f"{res.prefill_batches} batches of up to {plan.ubatch} + {res.decode_tokens} decoded tokens")
-        dec = f"{res.decode_tok_s:.1f} tok/s" if res.decode_tok_s else "-"
-        pre = f"{res.prefill_tok_s:.1f} tok/s" if res.prefill_tok_s else "-"
-        typer.echo(f"speed with capture on (includes the capture's own cost): prefill {pre}, decode {dec}")
-        typer.echo(f"self-checks: {summary_line(res.checks)}")
-    if not res.checks["passed"]:
-        print("moe-replay: error: a capture self-check failed: the trace does not reproduce the engine's routing "
-              "(this is a bug in the capture, please report it)", file=sys.stderr)
-        sys.exit(1)
+        _echo_speed_and_checks(res)
+    _exit_if_checks_failed(res, "engine's")
     if not res.complete and res.stop_reason.startswith("interrupted"):
         sig = signal.SIGTERM if "SIGTERM" in res.stop_reason else signal.SIGINT
         sys.exit(128 + int(sig))
@@ -145,6 +139,25 @@ def make_model_cmd(
     write_tiny_model(out, cfg, force=force)
     typer.echo(f"wrote {out}: {arch}, {layers} layers x {experts} experts, top-k {top_k}, embd {embd}, "
                f"expert ff {cfg.ff}, router {router_type}, context {context}, seed {seed} ({out.stat().st_size} bytes)")
+
+
+def _echo_speed_and_checks(res: Any) -> None:
+    """A capture's speed line (capture on) and self-check line, for the text output."""
+    from engine_bridge.checks import summary_line
+
+    dec = f"{res.decode_tok_s:.1f} tok/s" if res.decode_tok_s else "-"
+    pre = f"{res.prefill_tok_s:.1f} tok/s" if res.prefill_tok_s else "-"
+    typer.echo(f"speed with capture on (includes the capture's own cost): prefill {pre}, decode {dec}")
+    typer.echo(f"self-checks: {summary_line(res.checks)}")
+
+
+def _exit_if_checks_failed(res: Any, whose: str) -> None:
+    """Exit 1 with one sentence when a capture self-check failed (the trace does not reproduce
+    ``whose`` routing: "engine's" or "model's")."""
+    if not res.checks["passed"]:
+        print(f"moe-replay: error: a capture self-check failed: the trace does not reproduce the {whose} routing "
+              "(this is a bug in the capture, please report it)", file=sys.stderr)
+        sys.exit(1)
 
 
 def _read_prompts(prompt: str | None, prompts_file: Path | None) -> list[str]:
@@ -194,7 +207,6 @@ def capture_hf_cmd(
     from engine_bridge.hf import require_hf_extra
 
     require_hf_extra("capture-hf")
-    from engine_bridge.checks import summary_line
     from engine_bridge.hf import capture_hf, parse_drop_rule
     from replay.present.format import json_object
 
@@ -218,14 +230,8 @@ def capture_hf_cmd(
         typer.echo(f"wrote {out}{state}: {m['name']} ({m['arch']}), {len(m['moe_layers'])} MoE layers x {m['n_expert']} experts, "
                    f"top-k {m['top_k']}; {len(prompts)} prompt(s), {res.prompt_tokens} prompt tokens + {res.decode_tokens} "
                    f"decoded tokens" + (f"; override: {res.meta['intervention']}" if res.meta.get("intervention") else ""))
-        dec = f"{res.decode_tok_s:.1f} tok/s" if res.decode_tok_s else "-"
-        pre = f"{res.prefill_tok_s:.1f} tok/s" if res.prefill_tok_s else "-"
-        typer.echo(f"speed with capture on (includes the capture's own cost): prefill {pre}, decode {dec}")
-        typer.echo(f"self-checks: {summary_line(res.checks)}")
-    if not res.checks["passed"]:
-        print("moe-replay: error: a capture self-check failed: the trace does not reproduce the model's routing "
-              "(this is a bug in the capture, please report it)", file=sys.stderr)
-        sys.exit(1)
+        _echo_speed_and_checks(res)
+    _exit_if_checks_failed(res, "model's")
     if not res.complete:
         sig = signal.SIGTERM if "SIGTERM" in res.stop_reason else signal.SIGINT
         sys.exit(128 + int(sig))

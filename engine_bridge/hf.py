@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from engine_bridge.capture import _Stop
+from engine_bridge.capture import TokenRates, _Stop
 from engine_bridge.checks import checks_passed, run_checks
 from traces.atomic import check_output_dir
 from traces.errors import UserError
@@ -245,7 +245,7 @@ class HfCaptureOptions:
 
 
 @dataclass
-class HfCaptureResult:
+class HfCaptureResult(TokenRates):
     out: Path
     complete: bool
     prompt_tokens: int
@@ -258,14 +258,6 @@ class HfCaptureResult:
     output_logits: list[np.ndarray] | None = None  # per prompt: [positions, vocab] float32 (keep_output_logits)
     stop_reasons: list[str] = field(default_factory=list)  # per prompt
     stop_reason: str = "done"  # the run's: done | interrupted by SIGINT / SIGTERM
-
-    @property
-    def decode_tok_s(self) -> float | None:
-        return self.decode_tokens / self.decode_s if self.decode_s > 0 and self.decode_tokens else None
-
-    @property
-    def prefill_tok_s(self) -> float | None:
-        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 and self.prompt_tokens else None
 
 
 # -- model inspection ---------------------------------------------------------------------------

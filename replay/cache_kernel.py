@@ -535,10 +535,10 @@ def _source_hash(pm: ModuleType) -> str:
 
 
 @njit(cache=True, nogil=True)
-def next_loads(entries, load_start, n_entries):
-    """For each routed slot, the next load after its own that touches the same entry (NEVER if none)."""
-    never = np.int32(2147483647)  # cache_state.NEVER
-    seen = np.full(n_entries, never, np.int32)
+def next_loads_from(entries, load_start, load0, seen):
+    """:func:`next_loads` for one part of a trace whose first load is ``load0``, walking backward;
+    ``seen`` [entries] int32 holds, for each entry, the first load after this part that touches it
+    (NEVER if none) and is updated to the first load from this part on (replay.cache_stream)."""
     out = np.empty(entries.shape, np.int32)
     k = entries.shape[1]
     for load in range(load_start.shape[0] - 2, -1, -1):
@@ -548,5 +548,12 @@ def next_loads(entries, load_start, n_entries):
                 out[r, j] = seen[entries[r, j]]
         for r in range(lo, hi):
             for j in range(k):
-                seen[entries[r, j]] = load
+                seen[entries[r, j]] = np.int32(load0 + load)
     return out
+
+
+@njit(cache=True, nogil=True)
+def next_loads(entries, load_start, n_entries):
+    """For each routed slot, the next load after its own that touches the same entry (NEVER if none)."""
+    never = np.int32(2147483647)  # cache_state.NEVER
+    return next_loads_from(entries, load_start, np.int64(0), np.full(n_entries, never, np.int32))

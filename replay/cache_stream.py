@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from replay.cache import (
     Loads,
@@ -56,6 +55,7 @@ from replay.cache_kernel import (
     STAT_OVERFLOW,
     STAT_PEAK_BYTES,
     STAT_TICKS,
+    next_loads_from,
     no_options,
 )
 from replay.cache_state import BUDGET, MAX_SLOTS, N_ENT, NEVER, USED, new_state, row_length
@@ -91,24 +91,6 @@ def _shell(trace: Trace) -> Loads:
     return Loads(entries=np.zeros((0, k), np.int32), load_start=np.zeros(1, np.int64), load_lidx=z32, load_phase=z8,
                  load_batch=z32, moe_layers=tuple(int(x) for x in trace.moe_layers), n_expert=trace.n_expert,
                  layer_expert_bytes=leb, batch_turn=z32, batch_step=z32, batch_phase=z8, batch_tokens=z32)
-
-
-@njit(cache=True, nogil=True)
-def next_loads_from(entries, load_start, load0, seen):
-    """:func:`replay.cache_kernel.next_loads` for one part whose first load is ``load0``, walking
-    backward; ``seen`` [entries] int32 holds, for each entry, the first load after this part that
-    touches it (NEVER if none) and is updated to the first load from this part on."""
-    out = np.empty(entries.shape, np.int32)
-    k = entries.shape[1]
-    for load in range(load_start.shape[0] - 2, -1, -1):
-        lo, hi = load_start[load], load_start[load + 1]
-        for r in range(lo, hi):
-            for j in range(k):
-                out[r, j] = seen[entries[r, j]]
-        for r in range(lo, hi):
-            for j in range(k):
-                seen[entries[r, j]] = np.int32(load0 + load)
-    return out
 
 
 def _next_use_files(trace: Trace, chunk_rows: int | None, n_entries: int, tmp: Path) -> list[Path]:

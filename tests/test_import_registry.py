@@ -77,3 +77,37 @@ def test_provenance_names_files_and_hashes(tmp_path):
 def test_each_format_has_help(fmt):
     res = run_cli("import", fmt, "--help")
     assert res.code == 0 and "SRC" in res.out
+
+
+def test_shared_routing_helpers_agree_with_a_plain_loop():
+    """The registry's helpers that colibri, llamacpp-moetrace, table, bigmoe, megatron and sglang share."""
+    import numpy as np
+
+    from traces.importers import repeated_expert_rows, slots_by_weight
+
+    rng = np.random.default_rng(7)
+    experts = rng.integers(0, 5, (200, 3))
+    want = [r for r in range(200) if len(set(experts[r].tolist())) < 3]
+    assert repeated_expert_rows(experts).tolist() == want and want
+    assert repeated_expert_rows(experts[:, :1]).size == 0
+    weights = rng.integers(0, 4, (200, 3)).astype(np.float64)  # ties: the logged order stays
+    ex, w, moved = slots_by_weight(experts, weights)
+    for r in range(200):
+        order = sorted(range(3), key=lambda j: -weights[r, j])  # sorted() is stable
+        assert ex[r].tolist() == experts[r, order].tolist() and w[r].tolist() == weights[r, order].tolist()
+    assert moved == sum(sorted(range(3), key=lambda j: -weights[r, j]) != [0, 1, 2] for r in range(200))
+
+
+def test_json_objects_names_where_each_value_stands(tmp_path):
+    from traces.errors import UserError
+    from traces.importers import json_objects
+
+    (tmp_path / "a.jsonl").write_text('{"x": 1}\n\n[2]\n')
+    (tmp_path / "b.json").write_text('[{"x": 1}, 3]')
+    (tmp_path / "c.json").write_text('{"x": 1}')
+    (tmp_path / "d.jsonl").write_text('{"x": 1}\n{"x":\n')
+    assert json_objects(tmp_path / "a.jsonl") == [(f"{tmp_path / 'a.jsonl'}: line 1", {"x": 1}), (f"{tmp_path / 'a.jsonl'}: line 3", [2])]
+    assert json_objects(tmp_path / "b.json") == [(f"{tmp_path / 'b.json'}: item 0", {"x": 1}), (f"{tmp_path / 'b.json'}: item 1", 3)]
+    assert json_objects(tmp_path / "c.json") == [(str(tmp_path / "c.json"), {"x": 1})]
+    with pytest.raises(UserError, match=r"d\.jsonl: line 2: is not valid JSON"):
+        json_objects(tmp_path / "d.jsonl")

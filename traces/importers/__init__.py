@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,6 +158,31 @@ def read_text(path: Path) -> str:
         return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise UserError(f"{path}: is not a text file (not UTF-8).") from None
+
+
+def json_objects(path: Path) -> list[tuple[str, Any]]:
+    """The JSON values of a .jsonl file (one a non-blank line) or of a .json file (its list's items,
+    or its one value), each with where it stands ("<path>: line N", "<path>: item I" or "<path>")."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: is not a text file (not UTF-8).") from None
+    if path.suffix.lower() == ".jsonl":
+        objs: list[tuple[str, Any]] = []
+        for n, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                objs.append((f"{path}: line {n}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}: line {n}: is not valid JSON ({e.msg}; a truncated file?).") from None
+        return objs
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: is not valid JSON ({e.msg} at line {e.lineno}; a truncated file?).") from None
+    items = data if isinstance(data, list) else [data]
+    return [(f"{path}: item {i}" if isinstance(data, list) else str(path), o) for i, o in enumerate(items)]
 
 
 def sha256_file(path: Path) -> str:
@@ -295,6 +321,36 @@ def prompt_passes(ntok: np.ndarray, prompt_tokens: int | None, what: str | Path,
     notes.append(f"phase inferred: the {first_decode} pass(es) before the first one-token pass are the prompt "
                  f"({int(ntok[:first_decode].sum())} tokens), the rest decode (give --prompt-tokens N to set it)")
     return np.arange(n) < first_decode
+
+
+def repeated_expert_rows(experts: np.ndarray) -> np.ndarray:
+    """Indices of the routings (rows of ``experts`` [R, k]) that select some expert twice; empty when k < 2."""
+    if experts.ndim != 2 or experts.shape[1] < 2:
+        return np.array([], dtype=np.int64)
+    srt = np.sort(experts, axis=1)
+    return np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))
+
+
+def slots_by_weight(experts: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each routing's slots put in descending-weight order (stable: ties keep the logged order; the
+    selected set is unchanged). Returns (experts, weights, how many routings were reordered)."""
+    order = np.argsort(-weights, axis=1, kind="stable")
+    moved = int((order != np.arange(experts.shape[1])[None, :]).any(axis=1).sum())
+    if moved:
+        experts = np.take_along_axis(experts, order, axis=1)
+        weights = np.take_along_axis(weights, order, axis=1)
+    return experts, weights, moved
+
+
+def meta_from_sizes(*, what: str | Path, stem: str, sizes: Any, n_layer: int, n_expert: int, layer: np.ndarray,
+                    top_k: int, prov: dict[str, Any]) -> dict[str, Any]:
+    """:func:`make_meta` for a log that names no model: name and arch from the sizes' model (else the
+    source's ``stem`` and "unknown"), the layers ``layer`` routes, ``top_k_native`` the model's top-k
+    where it routes at least ``top_k``."""
+    layers = sorted(int(x) for x in np.unique(layer))
+    return make_meta(what=what, name=sizes.name or stem, arch=sizes.arch or "unknown", n_layer=n_layer, layers=layers,
+                     n_expert=n_expert, top_k=top_k, sizes=sizes, prov=prov, n_embd=sizes.n_embd,
+                     top_k_native=sizes.top_k if sizes.top_k is not None and sizes.top_k >= top_k else None)
 
 
 def write_trace(out_dir: Path, meta: dict[str, Any], *, batch: np.ndarray, phase: np.ndarray, step: np.ndarray,

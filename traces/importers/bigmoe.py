@@ -9,7 +9,6 @@ batch; each decoded token is its own batch.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pyarrow as pa
 from traces.atomic import staged_dir
 from traces.errors import TraceError, UserError
 from traces.gating import KNOWN_ARCH_GATING
+from traces.importers import read_text, repeated_expert_rows, sha256_file
 from traces.reader import open_trace
 from traces.schema import MAX_BUDGET_MIB, MAX_BYTES, MAX_INT32, MAX_LAYERS, default_gating, metrics_first_problem
 from traces.version import __version__ as tool_version
@@ -47,24 +47,9 @@ def _int(s: str, path: Path, lineno: int, what: str) -> int:
         raise UserError(f"{path}: line {lineno}: {what} {s!r} is not an integer.") from None
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def parse_route_csv(path: Path) -> dict[str, Any]:
     """Parse and check a route_trace v1 CSV; return the preamble and per-row numpy columns."""
-    if not path.exists():
-        raise UserError(f"{path}: no such file.")
-    if not path.is_file():
-        raise UserError(f"{path}: is not a file.")
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors) is not text
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: is not a text file (not UTF-8).") from None
+    text = read_text(path)  # a byte-order mark (Windows editors) is not text
     lines = text.splitlines()
     if not lines or lines[0].strip() != "# route_trace v1":
         raise UserError(f"{path}: missing the '# route_trace v1' preamble line; not a BigMoeOnEdge route trace.")
@@ -176,8 +161,7 @@ def parse_route_csv(path: Path) -> dict[str, Any]:
         return col[order].reshape(R, k)
 
     ex = per_slot(expert)
-    srt = np.sort(ex, axis=1)
-    twice = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1)) if k > 1 else np.array([], dtype=np.int64)
+    twice = repeated_expert_rows(ex)
     if twice.size:
         raise UserError(f"{path}: line {linenos[order[starts[twice[0]]]]}: a routing selects the same expert twice.")
     w = per_slot(weight)

@@ -29,10 +29,12 @@ from traces.importers import (
     check_source,
     head_lines,
     infer_shape,
-    make_meta,
+    meta_from_sizes,
     prompt_passes,
     provenance,
     read_text,
+    repeated_expert_rows,
+    slots_by_weight,
     write_trace,
 )
 from traces.sizes import require_sizes
@@ -130,31 +132,24 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
     notes: list[str] = []
     p = parse(src, notes)
     k, experts, gates, layer = p["k"], p["experts"], p["gates"], p["layer"]
-    if k > 1:
-        srt = np.sort(experts, axis=1)
-        twice = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))
-        if twice.size:
-            raise UserError(f"{src}: line {p['linenos'][twice[0]]}: a row selects the same expert twice.")
+    twice = repeated_expert_rows(experts)
+    if twice.size:
+        raise UserError(f"{src}: line {p['linenos'][twice[0]]}: a row selects the same expert twice.")
     prefill_pass = prompt_passes(p["ntok"], prompt_tokens, src, notes)
     phase = np.where(prefill_pass[p["batch"]], PHASE_PREFILL, PHASE_DECODE)
     notes.append("colibri logs no positions: a pass ends where the layer index stops rising, a row's position is "
                  "its pass's first position + row, positions count up from 0 through the passes")
-    order = np.argsort(-gates, axis=1, kind="stable")
-    moved = int((order != np.arange(k)[None, :]).any(axis=1).sum())
+    experts, gates, moved = slots_by_weight(experts, gates)
     if moved:
         notes.append(f"{moved} routing(s) listed their experts in another order than descending gate; their slots "
                      "are put in descending-gate order (the selected sets are unchanged)")
-        experts = np.take_along_axis(experts, order, axis=1)
-        gates = np.take_along_axis(gates, order, axis=1)
     notes.append("gates are the applied weights as the engine printed them, rounded to 4 decimals")
     n_layer, n_expert = infer_shape(src, layer, experts, sizes, notes=notes)
     if k > n_expert:
         raise UserError(f"{src}: routes {k} experts per row but the model has {n_expert}.")
-    layers = sorted(int(x) for x in np.unique(layer))
     prov = provenance(NAME, [src], engine=ENGINE, notes=notes,
                       batching="one colibri pass (the calls of rising layers) = one batch, read from the file order")
-    meta = make_meta(what=src, name=sizes.name or src.stem, arch=sizes.arch or "unknown", n_layer=n_layer, layers=layers,
-                     n_expert=n_expert, top_k=k, sizes=sizes, prov=prov, n_embd=sizes.n_embd,
-                     top_k_native=sizes.top_k if sizes.top_k is not None and sizes.top_k >= k else None)
+    meta = meta_from_sizes(what=src, stem=src.stem, sizes=sizes, n_layer=n_layer, n_expert=n_expert, layer=layer, top_k=k,
+                           prov=prov)
     return write_trace(out_dir, meta, batch=p["batch"], phase=phase, step=p["step"], layer=layer, experts=experts,
                        weights=gates.astype(np.float32), force=force, inputs=[src], what=src)

@@ -33,10 +33,11 @@ from traces.importers import (
     check_source,
     head_lines,
     infer_shape,
-    make_meta,
+    meta_from_sizes,
     prompt_passes,
     provenance,
     read_text,
+    repeated_expert_rows,
     write_trace,
 )
 from traces.sizes import require_sizes
@@ -259,12 +260,10 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
         top_k = sizes.top_k
     p = parse(src, top_k, prompt_tokens, notes)
     layer, experts, k = p["layer"], p["experts"], p["k"]
-    if k > 1:
-        srt = np.sort(experts, axis=1)
-        twice = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))
-        if twice.size:
-            raise UserError(f"{src}: line {p['linenos'][twice[0]]}: a token selects the same expert twice at layer "
-                            f"{layer[twice[0]]}.")
+    twice = repeated_expert_rows(experts)
+    if twice.size:
+        raise UserError(f"{src}: line {p['linenos'][twice[0]]}: a token selects the same expert twice at layer "
+                        f"{layer[twice[0]]}.")
     key = np.stack([p["step"], layer], axis=1)
     _, counts = np.unique(key, axis=0, return_counts=True)
     if (counts > 1).any():
@@ -272,12 +271,10 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
     n_layer, n_expert = infer_shape(src, layer, experts, sizes, notes=notes)
     if k > n_expert:
         raise UserError(f"{src}: routes {k} experts per token but the model has {n_expert}.")
-    layers = sorted(int(x) for x in np.unique(layer))
     prov = provenance(NAME, [src], engine=ENGINE, notes=notes,
                       batching="one pass of llama_decode (one ubatch) = one batch, read from the file order")
-    meta = make_meta(what=src, name=sizes.name or src.stem, arch=sizes.arch or "unknown", n_layer=n_layer, layers=layers,
-                     n_expert=n_expert, top_k=k, sizes=sizes, prov=prov, n_embd=sizes.n_embd,
-                     top_k_native=sizes.top_k if sizes.top_k is not None and sizes.top_k >= k else None)
+    meta = meta_from_sizes(what=src, stem=src.stem, sizes=sizes, n_layer=n_layer, n_expert=n_expert, layer=layer, top_k=k,
+                           prov=prov)
     weights = np.full(experts.shape, np.nan, dtype=np.float32)  # the format carries no weights
     return write_trace(out_dir, meta, batch=p["batch"], phase=p["phase"], step=p["step"], layer=layer,
                        experts=experts, weights=weights, force=force, inputs=[src], what=src)

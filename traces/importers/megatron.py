@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from traces.errors import UserError
+from traces.importers import repeated_expert_rows
 from traces.units import PHASE_DECODE, PHASE_PREFILL
 
 NAME = "megatron"
@@ -269,12 +270,10 @@ def _build(jsonl: Path, records: list[tuple[int, dict]], sidecars: dict[str, Any
                      "(add --sizes-from MODEL to take it from the model)")
     if int(ex.max()) >= n_expert:
         raise UserError(f"{where}: routes expert {int(ex.max())}, but the model has {n_expert} experts (ids 0..{n_expert - 1}).")
-    if k > 1:
-        s = np.sort(ex, axis=1)
-        dup = np.flatnonzero((s[:, 1:] == s[:, :-1]).any(axis=1))
-        if dup.size:
-            raise UserError(f"{where}: layer {int(layers[dup[0]])} of forward pass {int(cat['batch'][dup[0]])}: a token "
-                            "selects the same expert twice.")
+    dup = repeated_expert_rows(ex)
+    if dup.size:
+        raise UserError(f"{where}: layer {int(layers[dup[0]])} of forward pass {int(cat['batch'][dup[0]])}: a token "
+                        "selects the same expert twice.")
     n_embd = sizes.n_embd
     if "gate_input" in cat:
         width = cat["gate_input"].shape[1]

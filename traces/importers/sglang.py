@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from traces.errors import UserError
+from traces.importers import json_objects, repeated_expert_rows
 from traces.importers.vllm import Routes, import_routes, moe_layer_axis
 from traces.units import PHASE_DECODE, PHASE_PREFILL
 
@@ -310,13 +310,11 @@ def import_dumps(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool)
                      "became a prefill batch then a decode batch (a trace batch holds one phase); their loads count apart")
     cat = {c: np.concatenate(v) for c, v in cols.items()}
     ex = cat["experts"]
-    if k > 1:
-        s = np.sort(ex, axis=1)
-        dup = np.flatnonzero((s[:, 1:] == s[:, :-1]).any(axis=1))
-        if dup.size:
-            i = int(dup[0])
-            raise UserError(f"{where}: forward pass {int(cat['batch'][i])}, layer {int(cat['layer'][i])}: a token "
-                            "selects the same expert twice.")
+    dup = repeated_expert_rows(ex)
+    if dup.size:
+        i = int(dup[0])
+        raise UserError(f"{where}: forward pass {int(cat['batch'][i])}, layer {int(cat['layer'][i])}: a token "
+                        "selects the same expert twice.")
     expert_bytes, dense_bytes = sizes.for_layers(n_layer, layer_ids, where)
     meta = {
         "model": {"name": sizes.name or "unknown", "arch": sizes.arch or "unknown", "n_layer": n_layer,
@@ -348,25 +346,7 @@ def _dump_layers(L: int, moe: np.ndarray, sizes: Any, where: str, notes: list[st
 # -- return_routed_experts responses -------------------------------------------------------------
 
 def read_responses(path: Path) -> list[dict]:
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: is not a text file (not UTF-8).") from None
-    objs: list[tuple[str, Any]] = []
-    if path.suffix.lower() == ".jsonl":
-        for n, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                try:
-                    objs.append((f"{path}: line {n}", json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise UserError(f"{path}: line {n}: is not valid JSON ({e.msg}; a truncated file?).") from None
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}: is not valid JSON ({e.msg} at line {e.lineno}; a truncated file?).") from None
-        items = data if isinstance(data, list) else [data]
-        objs = [(f"{path}: item {i}" if isinstance(data, list) else str(path), o) for i, o in enumerate(items)]
+    objs = json_objects(path)
     out = []
     for where, o in objs:
         mi = o.get("meta_info") if isinstance(o, dict) else None

@@ -38,8 +38,10 @@ from traces.importers import (
     check_source,
     head_lines,
     infer_shape,
-    make_meta,
+    meta_from_sizes,
     provenance,
+    repeated_expert_rows,
+    slots_by_weight,
     write_trace,
 )
 from traces.sizes import require_sizes
@@ -323,11 +325,9 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
     if (experts < 0).any():
         i = int(np.flatnonzero((experts < 0).any(axis=1))[0])
         refuse_at(i, f"expert id {int(experts[i].min())} is negative")
-    if k > 1:
-        srt = np.sort(experts, axis=1)
-        twice = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))
-        if twice.size:
-            refuse_at(int(twice[0]), "selects the same expert twice")
+    twice = repeated_expert_rows(experts)
+    if twice.size:
+        refuse_at(int(twice[0]), "selects the same expert twice")
     request = np.array(cols["request"], dtype=np.int64) if have.get("request") else np.zeros(n, dtype=np.int64)
     if have.get("request") and req_ids:
         notes.append(f"request ids are strings: numbered 0..{len(req_ids) - 1} in order of first appearance")
@@ -368,13 +368,10 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
         bad = np.flatnonzero(~np.isfinite(weights).all(axis=1) | (weights < 0).any(axis=1))
         if bad.size:
             refuse_at(int(bad[0]), "has a weight that is negative, NaN or infinite")
-        order = np.argsort(-weights, axis=1, kind="stable")
-        moved = int((order != np.arange(k)[None, :]).any(axis=1).sum())
+        experts, weights, moved = slots_by_weight(experts, weights)
         if moved:
             notes.append(f"{moved} routing(s) listed their experts in another order than descending weight; their "
                          "slots are put in descending-weight order (the selected sets are unchanged)")
-            experts = np.take_along_axis(experts, order, axis=1)
-            weights = np.take_along_axis(weights, order, axis=1)
     else:
         weights = np.full((n, k), np.nan)
     n_layer, n_expert = infer_shape(what, layer, experts, sizes, notes=notes)
@@ -388,15 +385,13 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
         if (tid < 0).any():
             refuse_at(int(np.argmax(tid < 0)), "token_id is negative")
         optional["token"] = tid
-    layers = sorted(int(x) for x in np.unique(layer))
     extra: dict[str, Any] = {"mapping": {kk: mapping.get(kk, kk) for kk in KEYS if have.get(kk, kk == "experts")}}
     if cond:
         extra["where"] = cond
         extra["skipped_records"] = {"count": skipped, "keys": sorted(skipped_keys)}
     prov = provenance(NAME, srcs, engine=engine or ENGINE, engine_version=version, notes=notes, **extra)
-    meta = make_meta(what=what, name=sizes.name or srcs[0].stem, arch=sizes.arch or "unknown", n_layer=n_layer,
-                     layers=layers, n_expert=n_expert, top_k=k, sizes=sizes, prov=prov, n_embd=sizes.n_embd,
-                     top_k_native=sizes.top_k if sizes.top_k is not None and sizes.top_k >= k else None)
+    meta = meta_from_sizes(what=what, stem=srcs[0].stem, sizes=sizes, n_layer=n_layer, n_expert=n_expert, layer=layer,
+                           top_k=k, prov=prov)
     return write_trace(out_dir, meta, batch=batch, phase=phase, step=step, layer=layer, experts=experts,
                        weights=weights.astype(np.float32), optional=optional, force=force, inputs=srcs, what=what)
 

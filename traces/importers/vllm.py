@@ -36,7 +36,6 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-import json
 import re
 import zipfile
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from traces.errors import UserError
+from traces.importers import json_objects
 
 NAME = "vllm"
 ENGINE = "vLLM"
@@ -169,26 +169,7 @@ def request_from_obj(obj: Any, where: str) -> RawRequest:
 
 def read_json(path: Path) -> tuple[list[RawRequest], set[str], str | None]:
     """Requests of a .json (object or list) or .jsonl file; the model names and engine version seen."""
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: is not a text file (not UTF-8).") from None
-    objs: list[tuple[str, Any]] = []
-    if path.suffix.lower() == ".jsonl":
-        for n, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                objs.append((f"{path}: line {n}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}: line {n}: is not valid JSON ({e.msg}; a truncated file?).") from None
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}: is not valid JSON ({e.msg} at line {e.lineno}; a truncated file?).") from None
-        items = data if isinstance(data, list) else [data]
-        objs = [(f"{path}: item {i}" if isinstance(data, list) else str(path), o) for i, o in enumerate(items)]
+    objs = json_objects(path)
     if not objs:
         raise UserError(f"{path}: holds no request outputs.")
     models: set[str] = set()
