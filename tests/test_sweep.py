@@ -353,3 +353,22 @@ def test_two_paths_to_one_trace_content_are_computed_once(world, tmp_path):
     f = pl.read_parquet(tmp_path / "R" / "cache.parquet")
     assert f["trace"].to_list() == [str(world / "traces" / "t1"), "copy"] and f["cell_key"].n_unique() == 1
     assert f.drop("trace").unique().height == 1  # the same rows under both names
+
+
+def test_sweep_report_text_marks_an_over_budget_belady_and_prints_budgets_exactly(tmp_path):
+    # The bound's own hit rate needed more memory than the budget it is listed under: marked, as
+    # in `cache`; budgets are parameters, printed exactly (12.25, not through :g).
+    from replay.cli.sweep import report_text
+
+    frame = pl.DataFrame([
+        {"trace": "t", "budget_mib": 12.25, "best_online": None, "best_online_hit_pct_decode": None,
+         "belady_hit_pct_decode": 55.7, "belady_over_budget": True, "gap_to_belady_pp": None,
+         "over_budget_excluded": "lru (peak 35.0 MiB)"},
+        {"trace": "t", "budget_mib": 40.0, "best_online": "lru", "best_online_hit_pct_decode": 63.3,
+         "belady_hit_pct_decode": 80.7, "belady_over_budget": False, "gap_to_belady_pp": 17.4,
+         "over_budget_excluded": None},
+    ])
+    text = report_text(frame, tmp_path)
+    rows = [line for line in text.splitlines() if line.lstrip().startswith("t ")]
+    assert rows[0].split()[4:6] == ["55.7", "!"] and "!" not in rows[1]
+    assert "Belady over budget" in text and "t at 12.25 MiB" in text

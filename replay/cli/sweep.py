@@ -83,12 +83,13 @@ def register(app: typer.Typer) -> None:
 
 def report_text(frame, results: Path) -> str:
     from replay.frames import rows_of
-    from replay.present.format import text_table
+    from replay.present.cache import OVER
+    from replay.present.format import exact, fmt_q, text_table
 
     if frame.height == 0:
         return f"{results}: the cache table has no rows."
     cols = ["trace", "budget_mib", "best_online", "best_online_hit_pct_decode", "belady_hit_pct_decode", "gap_to_belady_pp"]
-    heads = ["trace", "budget_MiB", "best online", "hit_%_decode", "belady_%", "gap_pp"]
+    heads = ["trace", "budget_MiB", "best online", "hit_%_decode", "belady_%_decode", "gap_pp"]
     if "cell_cost_model" in frame.columns:
         cols.insert(1, "cell_cost_model")
         heads.insert(1, "cost model")
@@ -96,14 +97,21 @@ def report_text(frame, results: Path) -> str:
         cols += ["fastest_online", "fastest_ms_per_token", "fastest_tok_s"]
         heads += ["fastest online", "ms/token", "tok/s"]
     rows = rows_of(frame)
+    bel_over = [r for r in rows if r.get("belady_over_budget")]
     for r in rows:
         if r.get("cell_cost_model"):
             r["cell_cost_model"] = Path(r["cell_cost_model"]).name
+        if r.get("belady_over_budget"):  # the bound itself needed more memory than the budget: marked, as in `cache`
+            r["belady_hit_pct_decode"] = fmt_q(r["belady_hit_pct_decode"], "pct") + OVER
     lines = [f"sweep {results}: per trace and budget, the online policy (not a bound) with the highest decode hit % among "
              "the cells that stayed within budget; gap = Belady (the offline bound at that budget) minus it, in points",
              text_table(rows, cols, heads)]
     over = [r for r in rows if r.get("over_budget_excluded")]
     if over:
         lines.append("left out as over budget (a load needed more than the budget: that hit rate needs more memory): "
-                     + "; ".join(f"{r['trace']} at {r['budget_mib']:g} MiB: {r['over_budget_excluded']}" for r in over))
+                     + "; ".join(f"{r['trace']} at {exact(r['budget_mib'])} MiB: {r['over_budget_excluded']}" for r in over))
+    if bel_over:
+        lines.append(f"{OVER.strip()} Belady over budget (a load larger than the budget overflowed: that bound needs more memory "
+                     "than the budget it is listed under): "
+                     + ", ".join(f"{r['trace']} at {exact(r['budget_mib'])} MiB" for r in bel_over))
     return "\n".join(lines)
