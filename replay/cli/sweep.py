@@ -48,11 +48,14 @@ def register(app: typer.Typer) -> None:
             extra = {k: v for k, v in summary.items() if k not in ("kinds", "format", "version")}
             typer.echo(json_object("sweep", None, summary["kinds"], results=str(out), **extra))
             return
+        # Wall clock of the whole sweep: worker start, trace reading and any first-run Numba compile
+        # included (not the kernels' own time; benchmarks/sweep_scale.py separates them).
         rate = f", {summary['cells_per_s']:.2f} cells/s" if summary["cells_per_s"] else ""
         where = (f"{summary['workers']} local worker{'s' if summary['workers'] != 1 else ''}" if engine == "local"
                  else "Ray")
         typer.echo(f"swept {summary['cells']} cells of {grid} over {len(summary['traces'])} traces: "
-                   f"{summary['computed']} computed ({where}, {summary['seconds']:.1f} s{rate}), "
+                   f"{summary['computed']} computed ({where}, {summary['seconds']:.1f} s wall{rate}, worker start and any first-run "
+                   "compile included), "
                    f"{summary['reused']} already in {out}"
                    + (f" ({summary['same_content']} share a trace's content with another path of the grid: computed once)"
                       if summary["same_content"] else ""))
