@@ -64,7 +64,7 @@ def _weights_line(res: Any) -> str:
             "meaningful for a real (trained) model; random weights say nothing about a real model's quality.")
 
 
-def _plot(frame: pl.DataFrame, path: Path) -> None:
+def _plot(frame: pl.DataFrame, path: Path, random_weights: bool) -> None:
     from replay.present import plots
 
     plt = plots.plt
@@ -74,7 +74,6 @@ def _plot(frame: pl.DataFrame, path: Path) -> None:
     for ax, ycol, ylabel in ((axes[0], "kl_mean", "KL(undropped || run), mean over positions (nats)"),
                              (axes[1], "ppl_delta_pct", "perplexity change from the undropped run (%)")):
         for i, name in enumerate(names):
-            c = colors[i % len(colors)]
             tag = f"{name}: " if len(names) > 1 else ""
             rows = [r for r in frame.filter(pl.col("quality") == name).to_dicts() if r["io_saved_pct"] is not None]
             cold = sorted((r for r in rows if r["frac"] is not None), key=lambda r: r["frac"])
@@ -82,6 +81,7 @@ def _plot(frame: pl.DataFrame, path: Path) -> None:
             for group, marker, label, key in ((cold, "o", "drop-cold F", "frac"), (cut, "s", "top-k cut", "keep_k")):
                 if not group:
                     continue
+                c = colors[(i if key == "frac" else len(names) + i) % len(colors)]  # the cut in its own colour
                 x = np.array([r["io_saved_pct"] for r in group])
                 y = np.array([r[ycol] for r in group])
                 ax.plot(x, y, marker=marker, color=c, linestyle="-" if marker == "o" else "none", markersize=6,
@@ -98,7 +98,8 @@ def _plot(frame: pl.DataFrame, path: Path) -> None:
         ax.set_xlabel("reads avoided (% of the undropped run's expert bytes)")
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7, loc="best")
-    fig.suptitle("Quality lost against reads avoided (filled: as run; hollow: offline replay's prediction, same y)")
+    fig.suptitle("Quality lost against reads avoided (filled: as run; hollow: offline replay's prediction, same y)"
+                 + ("\nRANDOM WEIGHTS: says nothing about a real model's quality" if random_weights else ""))
     plots.save(fig, path)
 
 
@@ -142,7 +143,7 @@ def quality_section(results: list[Any], frame: pl.DataFrame, model: Any, out: Pa
     else:
         s.text.append("No cost model (the trace has no recorded metrics and none was given with --cost-model or "
                       "--flash-mib-s/--compute-ms): MiB read per token are shown, not time.")
-    _plot(frame, out / "quality.png")
+    _plot(frame, out / "quality.png", any(r.random_weights for r in results))
     s.images.append(("quality.png", "quality lost against reads avoided"))
     s.tables.append(Table("quality", frame, "quality lost against reads avoided per setting (teacher-forced, one token per "
                           "forward)", columns=cols, digits=digits(frame), headers=HEADERS))
