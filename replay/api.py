@@ -35,6 +35,7 @@ _KEYWORD = {
     "--compute-ms": "compute_ms", "--pin-per-layer": "policy_options['pin']['per_layer']",
     "--pin-profile": "policy_options['pin']['profile']", "--policy-file": "policy_file",
     "--predictor-file": "predictor_file", "--force": "force", "--out": "out", "--retain": "retain_predictor",
+    "--quality": "quality",
 }
 # Set by the CLI while a verb runs: its messages keep the flag names the user typed.
 cli_flags: contextvars.ContextVar[bool] = contextvars.ContextVar("moe_replay_cli_flags", default=False)
@@ -322,9 +323,10 @@ def with_time(frame: pl.DataFrame, model: Any, *, trace: TraceLike = None, token
 def write_report(trace: str | Path, out: str | Path, *, budgets_mib: Sequence[float] | None = None,
                  policies: Sequence[str] | None = None, cost_model: Any = None, force: bool = False,
                  policy_file: Any = None, predictor_file: Any = None, progress: Callable[[str], None] | None = None,
-                 inputs: Sequence[Any] = ()) -> Path:
+                 inputs: Sequence[Any] = (), quality: str | Path | Sequence[str | Path] = ()) -> Path:
     """Write the whole report of ``trace`` (index.md, index.html, PNGs, tables/*.csv) into ``out``;
-    returns ``out``."""
+    returns ``out``. ``quality``: one or more ``moe-replay quality`` results (directories or their
+    quality.json) for the Quality section."""
     from replay.cache import check_policies
     from replay.report import write_report as _write
 
@@ -332,7 +334,8 @@ def write_report(trace: str | Path, out: str | Path, *, budgets_mib: Sequence[fl
     pols = check_policies(list(policies), option="policies") if policies is not None else None
     path = trace.path if hasattr(trace, "path") else trace
     return _write(path, out, budgets_mib=_budgets(budgets_mib) if budgets_mib is not None else None, policies=pols,
-                  cost_model=cost_model, force=force, progress=progress, inputs=inputs)
+                  cost_model=cost_model, force=force, progress=progress, inputs=inputs,
+                  quality=[quality] if isinstance(quality, (str, Path)) else list(quality))
 
 
 def policy_names() -> list[str]:

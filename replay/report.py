@@ -431,9 +431,21 @@ def _plain_text(plain: dict | None, frame: pl.DataFrame, budget: float, model: A
     return txt
 
 
+def section_quality(ctx: ReportContext) -> Section:
+    """Quality results of ``moe-replay quality`` (validated and matched before anything is written)."""
+    from replay.present.quality import TITLE, quality_section
+    from replay.quality_result import quality_frame
+
+    results = ctx.shared.get("quality") or []
+    if not results:
+        return Section(TITLE, unavailable="no quality result given (run 'moe-replay quality', then 'report --quality OUT')")
+    model = ctx.shared.get("cost_model") or ctx.cost_model
+    return quality_section(results, quality_frame(results, model), model, ctx.out)
+
+
 SECTIONS: list[Callable[[ReportContext], Section]] = [
     section_summary, section_predictors, section_cost, section_cache, section_popularity, section_drop,
-    section_prefetch,
+    section_prefetch, section_quality,
 ]
 
 
@@ -442,18 +454,25 @@ SECTIONS: list[Callable[[ReportContext], Section]] = [
 
 def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[float] | None = None,
                  policies: list[str] | None = None, cost_model: Any = None, force: bool = False,
-                 progress: Callable[[str], None] | None = None, inputs: Sequence[str | Path | None] = ()) -> Path:
+                 progress: Callable[[str], None] | None = None, inputs: Sequence[str | Path | None] = (),
+                 quality: Sequence[str | Path] = ()) -> Path:
     """Build every section and write index.md, index.html, PNGs and tables/*.csv into ``out_dir``.
 
-    ``inputs``: files read besides the trace (a cost model); ``out_dir`` may not be, hold or lie in one."""
+    ``inputs``: files read besides the trace (a cost model); ``out_dir`` may not be, hold or lie in one.
+    ``quality``: results of ``moe-replay quality`` (directories or their quality.json) for the Quality section."""
     from replay.cache import check_state_fits
+    from replay.quality_result import load_all
 
     trace = open_trace(trace_dir)
     check_state_fits(trace)  # every section but the summary holds per-(layer, expert) arrays
     name = Path(trace_dir).resolve().name  # `report .` is named after the directory, not ""
-    with staged_dir(out_dir, force=force, inputs=[trace_dir, *inputs]) as stage:
+    # Read before anything is written: a section's UserError would only mark it unavailable.
+    results = load_all(list(quality), trace, name)
+    read = [r.path for r in results] + [r.plain.path for r in results if r.plain is not None]  # the files, not their dirs
+    with staged_dir(out_dir, force=force, inputs=[trace_dir, *inputs, *read]) as stage:
         (stage / "tables").mkdir()
         ctx = ReportContext(trace, name, stage, budgets_mib, policies, cost_model, progress)
+        ctx.shared["quality"] = results
         sections = []
         for build in SECTIONS:
             if progress:

@@ -22,8 +22,10 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
         policy_file: list[Path] | None = PolicyFileOpt,
         predictor_file: list[Path] | None = PredictorFileOpt,
+        quality: list[Path] = typer.Option([], "--quality", help="A 'moe-replay quality' output directory or its quality.json "
+                                           "(repeatable): adds quality lost against reads avoided per setting."),
     ) -> None:
-        """Write a report: summary, predictors, cache curves, popularity, drop, prefetch, cost."""
+        """Write a report: summary, predictors, cache curves, popularity, drop, prefetch, cost, quality."""
         from replay.api import write_report
         from replay.cache import check_policies
         from replay.cost import cost_model_from_options
@@ -39,5 +41,6 @@ def register(app: typer.Typer) -> None:
         m = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
         with progress(len(SECTIONS), "report", unit="section") as bar:
             write_report(trace, out, budgets_mib=b, policies=p, cost_model=m, force=force, predictor_file=predictor_file,
-                         progress=lambda name: (bar.set_postfix_str(name), bar.update()), inputs=[cost_model])
+                         progress=lambda name: (bar.set_postfix_str(name), bar.update()), inputs=[cost_model],
+                         quality=list(quality))
         typer.echo(f"wrote {out}/index.md and {out}/index.html")
