@@ -134,7 +134,8 @@ def section_drop(ctx: ReportContext) -> Section:
                           columns=["mode", "frac", "keep_k", "io_saved_pct", "mass_lost_pct", "routings_dropped_pct",
                                    "experts_dropped_pct", "hit_pct_decode_baseline", "hit_pct_decode",
                                    "closed_k_mass_lost_at_equal_io_pct"], headers=DROP_HEADERS))
-    styles = {n: {"color": plots.VERMILLION if n.startswith("drop-cold") else plots.BLUE,
+    styles = {n: {"color": (plots.VERMILLION, plots.ORANGE, plots.BLUE, plots.SKY)[2 * (not n.startswith("drop-cold"))
+                                                                             + ("closed" in n)],
                   "marker": "o" if n.startswith("drop-cold") else "s", "linestyle": "--" if "closed" in n else "-"}
               for n in series}
     s.images.append(plots.lines(
@@ -255,7 +256,10 @@ def _by_horizon(tr: Trace, D: int, curve: pl.DataFrame) -> dict[str, tuple[np.nd
 
     out = {}
     for w in _widths(tr):
-        c = curve if w == tr.top_k else horizon_curve(tr, D, width=w).overall().sort("horizon")
+        try:
+            c = curve if w == tr.top_k else horizon_curve(tr, D, width=w).overall().sort("horizon")
+        except UserError:  # a wider ranking that does not fit in memory: that width is left out, not the section
+            continue
         out[f"stale-gate, {w} named"] = (c["horizon"].to_numpy(), c["recall_pct"].to_numpy())
     return out
 
@@ -267,9 +271,14 @@ def _accuracy_plot(ctx: ReportContext, res: Any, by_horizon: dict) -> tuple[str,
     from replay.present import plots
 
     tr = ctx.trace
-    widths = _widths(tr)
     names = [p for p in res.predictors if not p.startswith("stale-gate[") or p == "stale-gate[1]"]
-    acc = {w: (res.overall() if w == res.width else evaluate(tr, names, horizons=[1], width=w).overall()) for w in widths}
+    acc = {}
+    for w in _widths(tr):
+        try:
+            acc[w] = res.overall() if w == res.width else evaluate(tr, names, horizons=[1], width=w).overall()
+        except UserError:  # as in _by_horizon
+            continue
+    widths = list(acc)
     by_width = {}
     for p in names:
         ys = [acc[w].filter(pl.col("predictor") == p)["recall_pct"].to_list() for w in widths]

@@ -16,6 +16,7 @@ exists. Legends sit outside the axes. Tests read every figure back through :func
 from __future__ import annotations
 
 import io
+import math
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -94,12 +95,15 @@ _HOOKS: list[Callable[[matplotlib.figure.Figure, Path, str], None]] = []
 
 
 @contextmanager
-def capture() -> Iterator[list[Captured]]:
-    """Collect every figure saved inside the block, handed over before it is closed (for tests)."""
+def capture(check: Callable[[matplotlib.figure.Figure], None] | None = None) -> Iterator[list[Captured]]:
+    """Collect every figure saved inside the block (for tests); ``check(figure)`` runs on each
+    before it is saved and closed, while its canvas can still measure text (its exception is raised)."""
     got: list[Captured] = []
 
     def hook(fig, path, caption):
         got.append(Captured(Path(path), fig, caption))
+        if check is not None:
+            check(fig)
 
     _HOOKS.append(hook)
     try:
@@ -159,12 +163,22 @@ def budget_ticks(lo: float, hi: float, most: int = 7) -> list[float]:
     return inside
 
 
-def budget_axis(ax, values: np.ndarray | list[float], axis: str = "x") -> None:
-    """A log-scaled budget axis with ticks labelled '512 MiB', '1 GiB', '1.5 GiB' (no raw floats)."""
+def _budget_ticks_for(data: list[float], lo: float, hi: float) -> list[float]:
+    """Round ticks over [lo, hi]; with four budgets or fewer drawn, those budgets themselves, and
+    the round ticks not crowding them."""
+    ticks = budget_ticks(lo, hi)
+    if len(data) <= 4:
+        ticks = sorted({*data, *(t for t in ticks if all(abs(math.log(t / d)) > math.log(1.3) for d in data))})
+    return ticks
+
+
+def budget_axis(ax, values: np.ndarray | list[float], axis: str = "x", data: list[float] | None = None) -> None:
+    """A log-scaled budget axis over ``values`` with ticks labelled '512 MiB', '1 GiB', '1.5 GiB'
+    (no raw floats); ``data``: the budgets drawn (ticked themselves when there are few)."""
     v = np.asarray([x for x in np.asarray(values, dtype=float).ravel() if np.isfinite(x) and x > 0])
     if not v.size:
         return
-    ticks = budget_ticks(float(v.min()), float(v.max()))
+    ticks = _budget_ticks_for(sorted({float(x) for x in (data or []) if x > 0}), float(v.min()), float(v.max()))
     a = ax.xaxis if axis == "x" else ax.yaxis
     (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
     a.set_major_locator(FixedLocator(ticks))
@@ -195,8 +209,9 @@ def _same(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) ->
 
 
 def draw_series(ax, series: dict[str, tuple[np.ndarray, np.ndarray]], styles: dict[str, dict] | None = None,
-                markers: bool = True) -> None:
-    """Plot every series so each stays visible (see the module docstring)."""
+                markers: bool = True, under: frozenset[str] = frozenset()) -> None:
+    """Plot every series so each stays visible (see the module docstring); ``under``: series drawn
+    as given, beneath the others (a baseline marker that the others start from)."""
     names = list(series)
     pts = {n: _points(*series[n]) for n in names}
     for i, name in enumerate(names):
@@ -209,13 +224,16 @@ def draw_series(ax, series: dict[str, tuple[np.ndarray, np.ndarray]], styles: di
         others = set().union(*(pts[m] for m in names if m != name)) if len(names) > 1 else set()
         covered = bool(pts[name]) and pts[name] <= others and (same is not None or not any(
             _same(series[m], series[name]) for m in names[i + 1:]))
-        if same is not None:
-            label = f"{name} (same as {same})"
-        if covered:
+        if len(pts[name]) < 2 and st.get("marker") in (None, "", "none", "None"):
+            st["marker"] = "*" if family(name) == "belady" else "d"  # one point: a line alone would draw nothing
+            st.setdefault("markersize", 6)
+        if same is not None and st.get("linestyle") not in ("none", "None", ""):
+            label = f"{name} (same as {same})"  # (a marker overlay, such as 'over budget', marks points, it is no curve)
+        if covered and name not in under:
             # On top, hollow and larger, dashed: what lies under it still shows through.
             if st.get("marker") in (None, "", "none", "None"):
                 st["marker"] = MARKERS[i % len(MARKERS)]
-            st.update(markerfacecolor="none", markersize=float(st.get("markersize", 4)) + 4, markeredgewidth=1.3,
+            st.update(markerfacecolor="none", markersize=float(st.get("markersize", 4)) + 5, markeredgewidth=1.5,
                       zorder=3 + i * 0.01)
             if st.get("linestyle", "-") in ("-", "solid"):
                 st["linestyle"] = (0, (4, 3))
@@ -264,14 +282,15 @@ def place_labels(ax, items: list[tuple[float, float, str, str]], fontsize: float
     for x, y, text, color in items:
         p = trans.transform((x, y))
         for m in merged:
-            if np.hypot(*(m[0] - p)) < 4 and m[3] == color:
-                m[2].append(text)
+            if np.hypot(*(m[0] - p)) < 4 and (m[3] == color or text in m[2]):  # one label for one spot
+                if text not in m[2]:
+                    m[2].append(text)
                 break
         else:
             merged.append([p, (x, y), [text], color])
     axbox = ax.get_window_extent(renderer)
     placed = []
-    offsets = [(r * dx, r * dy) for r in (5, 12, 22) for dx, dy in ((1, 1), (1, -1), (-1, 1), (-1, -1), (1, 0), (-1, 0),
+    offsets = [(r * dx, r * dy) for r in (5, 12, 22, 34) for dx, dy in ((1, 1), (1, -1), (-1, 1), (-1, -1), (1, 0), (-1, 0),
                                                                      (0, 1), (0, -1))]
     for _p, (x, y), texts, color in merged:
         best = None
@@ -283,8 +302,9 @@ def place_labels(ax, items: list[tuple[float, float, str, str]], fontsize: float
                             if max(abs(dx), abs(dy)) > 5 else None)
             bb = t.get_window_extent(renderer).expanded(1.08, 1.15)
             inside = int(((obs[:, 0] >= bb.x0) & (obs[:, 0] <= bb.x1) & (obs[:, 1] >= bb.y0) & (obs[:, 1] <= bb.y1)).sum())
-            cost = inside + 1000 * sum(bb.overlaps(o) for o in placed) + 1000 * (not axbox.contains(bb.x0, bb.y0)
-                                                                                  or not axbox.contains(bb.x1, bb.y1))
+            # Overlapping another label is worst; leaving the axes (still drawn, outside the data) is next.
+            cost = inside + 1000 * sum(bb.overlaps(o) for o in placed) + 100 * (not axbox.contains(bb.x0, bb.y0)
+                                                                                 or not axbox.contains(bb.x1, bb.y1))
             if best is None or cost < best[0]:
                 if best is not None:
                     best[1].remove()
@@ -326,8 +346,9 @@ def lines(series: dict[str, tuple[np.ndarray, np.ndarray]], path: Path, title: s
     draw_series(ax, series, styles, markers)
     reference_lines(ax, vlines)
     if budget_x:
-        budget_axis(ax, np.concatenate([np.asarray(x, dtype=float) for x, _ in series.values()]
-                                       + [np.asarray(list((vlines or {}).values()), dtype=float)]))
+        drawn = np.concatenate([np.asarray(x, dtype=float) for x, _ in series.values()])
+        budget_axis(ax, np.concatenate([drawn, np.asarray(list((vlines or {}).values()), dtype=float)]),
+                    data=[float(x) for x in drawn if np.isfinite(x)])
     elif xlog:
         ax.set_xscale("log")
     if ylim:
@@ -366,8 +387,8 @@ def prefetch(rows: list[dict], path: Path, title: str, xlabel: str, ylabel: str,
         r = next(r for r in rows if r["policy"] == pol)
         name = f"no prefetch, {pol}"
         series[name] = (np.array([r["x0"]]), np.array([r["y0"]]))
-        styles[name] = {"color": BLACK, "marker": style_for(pol.split("+")[0])["marker"] or "s", "markersize": 8,
-                        "linestyle": "none", "zorder": 2.5}
+        styles[name] = {"color": BLACK, "marker": style_for(pol.split("+")[0])["marker"] or "s", "markersize": 7,
+                        "linestyle": "none", "zorder": 1.5}
     for r in rows:
         j = pols.index(r["policy"])
         name = f"{r['predictor']} / {r['policy']}"
@@ -376,7 +397,7 @@ def prefetch(rows: list[dict], path: Path, title: str, xlabel: str, ylabel: str,
         series[name] = (np.array([r["x0"], r["x1"]]), np.array([r["y0"], r["y1"]]))
         styles[name] = {**style_for(r["predictor"]), "linestyle": ("-", "--", ":")[j % 3]}
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    draw_series(ax, series, styles)
+    draw_series(ax, series, styles, under=frozenset(n for n in series if n.startswith("no prefetch, ")))
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -398,8 +419,9 @@ def panels(left: dict[str, tuple[np.ndarray, np.ndarray]], right: dict[str, tupl
         ax.set_title(t, fontsize=9)
         if ylim:
             ax.set_ylim(*ylim)
-        if all(np.allclose(np.asarray(x, dtype=float), np.round(np.asarray(x, dtype=float))) for x, _ in ser.values()):
-            ax.xaxis.get_major_locator().set_params(integer=True)
+        xs = sorted({float(v) for x, _ in ser.values() for v in np.asarray(x, dtype=float) if np.isfinite(v)})
+        if xs and len(xs) <= 12 and all(v.is_integer() for v in xs):
+            ax.set_xticks(xs, [exact(v) for v in xs])  # the widths / horizons drawn, not 2.5 steps between them
         _legend(ax, below=True)
     axes[0][0].set_ylabel(ylabel)
     fig.suptitle(title)
