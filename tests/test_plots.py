@@ -286,7 +286,7 @@ def test_reference_lines_are_legend_entries_not_text_on_the_curves(tmp_path):
     assert not ax.texts
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["belady", "T = one token cycle (92 MiB)",
                                                                    "recorded budget (4 GiB)"]
-    assert [t.get_text() for t in ax.get_xticklabels()] == ["100 MiB", "200 MiB", "512 MiB", "1 GiB", "2 GiB", "4 GiB"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["100 MiB", "200 MiB", "512 MiB", "1000 MiB", "2 GiB", "4 GiB"]
 
 
 def test_point_labels_avoid_markers_and_each_other(tmp_path):
