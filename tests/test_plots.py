@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.colors import to_hex
 from matplotlib.lines import Line2D
 from matplotlib.text import Annotation
 
@@ -89,9 +90,14 @@ def check_legend(ax, fig) -> None:
     assert leg is not None, f"{ax.get_title()}: labelled series but no legend"
     texts = [t.get_text() for t in leg.get_texts()]
     assert texts == [ln.get_label() for ln in labelled]  # every series named, nothing else
+    looks = {}
     for h, t in zip(leg.legend_handles, texts):
         assert isinstance(h, Line2D) and (_has_line(h) or _has_marker(h)), f"legend entry {t!r} shows nothing"
         assert h.get_alpha() is None or h.get_alpha() > 0
+        look = (to_hex(h.get_color()), h.get_marker() if _has_marker(h) else None, str(h.get_linestyle()) if _has_line(h) else None,
+                str(h.get_markerfacecolor()))
+        assert look not in looks, f"legend entries {looks.get(look)!r} and {t!r} look the same"
+        looks[look] = t
     # the legend sits outside the data area: it covers no curve
     r = fig.canvas.get_renderer()
     lb, axb = leg.get_window_extent(r), ax.get_window_extent(r)
@@ -136,8 +142,6 @@ def check_figure(fig) -> None:
 
 def label_colours(figs) -> dict[str, set[str]]:
     """Policy/predictor name -> every colour it was drawn in, over all figures."""
-    from matplotlib.colors import to_hex
-
     seen: dict[str, set[str]] = {}
     for c in figs:
         for ax in c.figure.axes:
@@ -195,8 +199,6 @@ def test_coinciding_policies_are_both_visible_and_named(synth_report):
 
 
 def test_colours_are_one_per_policy_and_predictor_across_figures(synth_report):
-    from matplotlib.colors import to_hex
-
     figs, _, _ = synth_report
     seen = label_colours(figs.values())
     assert {"lru", "lfu", "lfru", "prev-token", "static-hot"} <= set(seen)
@@ -314,7 +316,8 @@ def test_saved_png_is_byte_identical(tmp_path):
 def test_unknown_names_get_a_fixed_style():
     a, b = plots.style_for("my-policy"), plots.style_for("my-policy")
     assert a == b and a["color"] in plots.OKABE_ITO
-    assert plots.style_for("stale-gate[3]") == plots.style_for("stale-gate")
+    g1, g3 = plots.style_for("stale-gate[1]"), plots.style_for("stale-gate[3]")
+    assert g1 == plots.style_for("stale-gate") and (g3["color"], g3["marker"]) == (g1["color"], g1["marker"]) and g3 != g1
     assert Path(plots.__file__).name == "plots.py"
 
 

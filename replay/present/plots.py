@@ -75,6 +75,9 @@ def style_for(name: str) -> dict:
         color, marker = OKABE_ITO[h % (len(OKABE_ITO) - 1)], MARKERS[(h // 7) % len(MARKERS)]
     st = {"color": color, "marker": marker}
     st.update(BOUNDS_STYLE.get(f, {}))
+    d = name.split("[", 1)[1].rstrip("]") if "[" in name else ""
+    if d.isdigit() and int(d) > 1:  # stale-gate[2] beside stale-gate[1]: same family colour, told apart by line and fill
+        st.update(linestyle=("--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)))[(int(d) - 2) % 4], markerfacecolor="white")
     return st
 
 
