@@ -398,7 +398,8 @@ def prefetch(rows: list[dict], path: Path, title: str, xlabel: str, ylabel: str,
         if (r["x0"], r["y0"]) == (r["x1"], r["y1"]):
             name += " (no change)"
         series[name] = (np.array([r["x0"], r["x1"]]), np.array([r["y0"], r["y1"]]))
-        styles[name] = {**style_for(r["predictor"]), "linestyle": ("-", "--", ":")[j % 3]}
+        # the marker at the prefetch end only: the start is the policy's black no-prefetch marker
+        styles[name] = {**style_for(r["predictor"]), "linestyle": ("-", "--", ":")[j % 3], "markevery": [1]}
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     draw_series(ax, series, styles, under=frozenset(n for n in series if n.startswith("no prefetch, ")))
     ax.set_title(title)
