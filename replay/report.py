@@ -66,13 +66,17 @@ def section_popularity(ctx: ReportContext) -> Section:
         f"(rank 0 = hottest). A flat row is uniform routing; a bright left edge is a few experts taking most tokens. "
         f"Concentration = share of routed slots taken by the layer's {k} hottest experts "
         f"(uniform routing would give {uniform:.1f}%).")
-    plots.heatmap(sorted_share, ctx.out / "popularity.png", f"Expert popularity per layer ({phase})",
-                  "expert popularity rank within the layer (0 = hottest)", "MoE layer",
-                  f"% of {phase} routings selecting it", ylabels=layers)
-    plots.bars([str(l) for l in layers], hot_k.tolist(), ctx.out / "concentration.png",
-               f"Concentration: share of routed slots taken by the hottest {k} experts ({phase})", "MoE layer",
-               "% of routed slots")
-    s.images += [("popularity.png", "expert popularity heatmap"), ("concentration.png", "per-layer concentration")]
+    s.images += [
+        plots.heatmap(sorted_share, ctx.out / "popularity.png", f"Expert popularity per layer ({phase})",
+                      "expert popularity rank within the layer (rank, 0 = hottest)", "MoE layer (index)",
+                      f"{phase} routings selecting the expert (%)", ylabels=layers,
+                      caption="Bright columns at the left mean a few experts take most routings: a small cache of them "
+                              "serves many lookups; an even row means every expert is needed."),
+        plots.bars([str(l) for l in layers], hot_k.tolist(), ctx.out / "concentration.png",
+                   f"Concentration: share of routed slots taken by the hottest {k} experts ({phase})", "MoE layer (index)",
+                   "routed slots taken (%)",
+                   caption=f"Layers with tall bars are the ones where pinning the {k} hottest experts pays; "
+                           f"uniform routing would give {uniform:.1f}%.")]
     s.tables.append(Table("concentration", frame, f"per-layer concentration ({phase} routings)",
                           columns=["layer", "routings", f"hot{k}_share_pct", "hottest_expert_pct", "experts_never_routed"]))
     return s
@@ -130,10 +134,16 @@ def section_drop(ctx: ReportContext) -> Section:
                           columns=["mode", "frac", "keep_k", "io_saved_pct", "mass_lost_pct", "routings_dropped_pct",
                                    "experts_dropped_pct", "hit_pct_decode_baseline", "hit_pct_decode",
                                    "closed_k_mass_lost_at_equal_io_pct"], headers=DROP_HEADERS))
-    styles = {n: {"linestyle": "--"} for n in series if "closed" in n}
-    plots.lines(series, ctx.out / "drop_tradeoff.png", "Drop-cold vs top-k cut (decode routings)",
-                "reads avoided (% of decode miss bytes without dropping)", "router weight mass discarded (%)", styles=styles)
-    s.images.append(("drop_tradeoff.png", "drop trade-off"))
+    styles = {n: {"color": (plots.VERMILLION, plots.ORANGE, plots.BLUE, plots.SKY)[2 * (not n.startswith("drop-cold"))
+                                                                             + ("closed" in n)],
+                  "marker": "o" if n.startswith("drop-cold") else "s", "linestyle": "--" if "closed" in n else "-"}
+              for n in series}
+    s.images.append(plots.lines(
+        series, ctx.out / "drop_tradeoff.png", "Drop-cold vs top-k cut (decode routings)",
+        "reads avoided (% of decode miss bytes without dropping)", "router weight mass discarded (%)", styles=styles,
+        point_labels={n: [f"F={exact(f)}" for f in fracs] for n in series if n.startswith("drop-cold")},
+        caption="Each point is one drop threshold F (labelled): the lower a curve at a given x, the less router weight "
+                "it discards for the same reads avoided."))
     return s
 
 
@@ -219,20 +229,68 @@ def section_predictors(ctx: ReportContext) -> Section:
         for p in res.predictors:
             f = per.filter(pl.col("predictor") == p).sort("layer")
             series[p] = (f["layer"].to_numpy(), f["slot_acc_pct"].fill_null(float("nan")).to_numpy())
-        plots.lines(series, ctx.out / "predict_per_layer.png", "Predictor slot accuracy per layer (decode)",
-                    "MoE layer", f"slot accuracy (% of top-{tr.top_k} named)", ylim=(0, 102))
-        s.images.append(("predict_per_layer.png", "per-layer predictor accuracy"))
+        s.images.append(plots.lines(series, ctx.out / "predict_per_layer.png", "Predictor slot accuracy per layer (decode)",
+                                    "MoE layer (index)", f"slot accuracy (% of top-{tr.top_k} named)", ylim=(0, 102),
+                                    caption="The highest curve names the most of each layer's routed experts; dips "
+                                            "mark layers where prefetching on its guesses would waste reads."))
+    by_horizon = {}
     if not [u for u in res.unavailable if u["predictor"].startswith("stale-gate")]:
         D = min(8, len(tr.moe_layers) - 1)
         if D >= 1:
             curve = horizon_curve(tr, D).overall().sort("horizon")
-            plots.lines({"stale-gate[d]": (curve["horizon"].to_numpy(), curve["slot_acc_pct"].to_numpy())},
-                        ctx.out / "horizon_curve.png", "How much anticipation costs: stale-gate accuracy vs horizon",
-                        "horizon d (MoE layers ahead)", "slot accuracy (%, decode)", ylim=(0, 102))
-            s.images.append(("horizon_curve.png", "stale-gate horizon curve"))
+            by_horizon = _by_horizon(tr, D, curve)
             s.tables.append(Table("horizon_curve", curve.select(["horizon", "slot_acc_pct", "whole_acc_pct", "scored",
                                                                    "unscored"]), "stale-gate[d], all layers (decode)"))
+    if res.predictors:
+        s.images.append(_accuracy_plot(ctx, res, by_horizon))
     return s
+
+
+def _widths(tr: Trace) -> list[int]:
+    return sorted({w for w in (tr.top_k, 2 * tr.top_k, 4 * tr.top_k) if w <= tr.n_expert})
+
+
+def _by_horizon(tr: Trace, D: int, curve: pl.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """stale-gate recall (% of routed experts among the w named) against horizon d, per width w."""
+    from replay.predict import horizon_curve
+
+    out = {}
+    for w in _widths(tr):
+        try:
+            c = curve if w == tr.top_k else horizon_curve(tr, D, width=w).overall().sort("horizon")
+        except UserError:  # a wider ranking that does not fit in memory: that width is left out, not the section
+            continue
+        out[f"stale-gate, {w} named"] = (c["horizon"].to_numpy(), c["recall_pct"].to_numpy())
+    return out
+
+
+def _accuracy_plot(ctx: ReportContext, res: Any, by_horizon: dict) -> tuple[str, str, str]:
+    """Predictor recall against width (experts named; stale-gate at d = 1) and, with gate inputs,
+    stale-gate's against horizon d per width: what anticipating further or reading more buys."""
+    from replay.predict import evaluate
+    from replay.present import plots
+
+    tr = ctx.trace
+    names = [p for p in res.predictors if not p.startswith("stale-gate[") or p == "stale-gate[1]"]
+    acc = {}
+    for w in _widths(tr):
+        try:
+            acc[w] = res.overall() if w == res.width else evaluate(tr, names, horizons=[1], width=w).overall()
+        except UserError:  # as in _by_horizon
+            continue
+    widths = list(acc)
+    by_width = {}
+    for p in names:
+        ys = [acc[w].filter(pl.col("predictor") == p)["recall_pct"].to_list() for w in widths]
+        by_width[p] = (np.array(widths, dtype=float), np.array([y[0] if y and y[0] is not None else np.nan for y in ys]))
+    right_styles = {n: {"linestyle": ("-", "--", ":")[i % 3], "marker": ("^", "v", "D")[i % 3]} for i, n in enumerate(by_horizon)}
+    return plots.panels(
+        by_width, by_horizon, ctx.out / "predict_accuracy.png", "Predictor accuracy against width and horizon (decode)",
+        "experts named per layer (width w, count)", "horizon d (MoE layers ahead)",
+        "routed experts among those named (recall, %)", left_title="against width (stale-gate at d = 1)",
+        right_title="stale-gate against horizon, per width", right_styles=right_styles, ylim=(0, 102),
+        caption=f"Read how many experts a predictor must name (w = {tr.top_k} is the top-k) to cover a share of the "
+                "routing, and how fast stale-gate's coverage falls as it guesses more layers ahead.")
 
 
 def section_cache(ctx: ReportContext) -> Section:
@@ -264,23 +322,25 @@ def section_cache(ctx: ReportContext) -> Section:
                   f"Belady (offline optimum at that budget) and infinite (compulsory misses only) are the ceiling. "
                   f"T = {T:.1f} MiB is one token cycle (sum over MoE layers of top_k x expert_bytes): below it global "
                   "LRU collapses, because each token's sweep over the layers evicts exactly what the next token needs.")
-    series, styles = {}, {}
-    for p in policies:
-        f = overall.filter(pl.col("policy") == p).sort("budget_mib")
-        series[p] = (f["budget_mib"].to_numpy(), f["hit_pct_decode"].to_numpy())
-        if p in ("belady", "infinite"):
-            styles[p] = {"linestyle": "--", "color": "black" if p == "belady" else "grey", "marker": None}
-    ob = overall.filter(pl.col("over_budget")).sort("budget_mib")
-    if ob.height:
-        series["over budget (needs more memory)"] = (ob["budget_mib"].to_numpy(), ob["hit_pct_decode"].to_numpy())
-        styles["over budget (needs more memory)"] = {"linestyle": "none", "marker": "x", "markersize": 8, "color": "red"}
-    vlines = {"T (one token cycle)": T}
+    vlines = {f"T = one token cycle ({T:.1f} MiB)": T}
     if rec is not None:
-        vlines[f"recorded budget {exact(rec)} MiB"] = float(rec)
-    plots.lines(series, ctx.out / "cache_curves.png", "Expert-cache hit rate vs budget (decode loads)",
-                "cache budget (MiB, log scale)", "decode-only hit rate (%)", styles=styles, vlines=vlines, xlog=True,
-                ylim=(0, 102))
-    s.images.append(("cache_curves.png", "cache hit rate against budget"))
+        vlines[f"recorded budget ({plots.budget_label(float(rec))})"] = float(rec)
+    for col, png, title, ylabel, ylim, caption in (
+            ("hit_pct_decode", "cache_curves.png", "Expert-cache hit rate vs budget (decode loads)", "decode-only hit rate (%)",
+             (0, 102), "Pick the highest curve at the memory you can give the cache; the distance to the Belady curve is "
+                       "what a better online policy could still win there."),
+            *((("tok_s", "cache_tok_s.png", "Decode speed vs budget under the cost model", "decode speed (tok/s, cost model)",
+                None, "Pick the highest curve at your budget: the tokens per second each policy buys under the cost model "
+                      "(bytes read turned into time; a manual model ranks, it does not measure)."),) if model is not None else ())):
+        series = {p: (f["budget_mib"].to_numpy(), f[col].to_numpy())
+                  for p in policies for f in [overall.filter(pl.col("policy") == p).sort("budget_mib")]}
+        ob = overall.filter(pl.col("over_budget")).sort("budget_mib")
+        if ob.height:
+            series["over budget (needs more memory)"] = (ob["budget_mib"].to_numpy(), ob[col].to_numpy())
+        s.images.append(plots.lines(series, ctx.out / png, title, "cache budget (MiB/GiB, log scale)", ylabel, vlines=vlines,
+                                    styles={"over budget (needs more memory)": {"linestyle": "none", "marker": "x",
+                                                                                "markersize": 8, "color": "black"}},
+                                    budget_x=True, ylim=ylim, caption=caption))
     online = [p for p in policies if p not in BOUNDS]
     cells = overall.to_dicts()
     over = [r for r in cells if is_over_budget(r)]
@@ -338,10 +398,11 @@ def section_cache(ctx: ReportContext) -> Section:
     for r in per.iter_rows(named=True):
         if r["hit_pct_decode"] is not None:
             mat[li[r["layer"]], bi[r["budget_mib"]]] = r["hit_pct_decode"]
-    plots.heatmap(mat, ctx.out / "cache_per_layer.png", f"{chosen}: decode hit rate per layer and budget", "cache budget (MiB)",
-                  "MoE layer", "decode-only hit rate (%)", ylabels=layers, xticklabels=[exact(b) for b in budgets],
-                  vmin=0, vmax=100)
-    s.images.append(("cache_per_layer.png", "per-layer hit rate heatmap"))
+    s.images.append(plots.heatmap(
+        mat, ctx.out / "cache_per_layer.png", f"{chosen}: decode hit rate per layer and budget", "cache budget (MiB/GiB)",
+        "MoE layer (index)", "decode-only hit rate (%)", ylabels=layers,
+        xticklabels=[plots.budget_label(b) for b in budgets], vmin=0, vmax=100,
+        caption=f"Dark cells are layers {chosen} serves badly at that budget: those layers need a bigger share or another policy."))
     s.tables.append(Table("cache_per_layer", per.select(["layer", "budget_mib", "lookups", "hits", "hit_pct_decode",
                                                          "hit_pct_cum", "read_mib"]).sort("layer", "budget_mib"),
                           f"{chosen} per layer and budget", columns=None))
@@ -394,12 +455,14 @@ def section_prefetch(ctx: ReportContext) -> Section:
         s.text.append("No cost model (no recorded metrics and none given): bytes are shown, not time.")
     s.text.append(_plain_text(best_plain(tr, budget, model), frame, budget, model))
     s.tables.append(Table("prefetch", frame, "prefetch against no prefetch, same budget and policy (decode)", columns=cols))
-    plots.lines({f"{r['predictor']} / {r['policy']}{'+guard' if r['guard'] else ''}":
-                 (np.array([r["total_mib_per_token_baseline"], r["total_mib_per_token"]]),
-                  np.array([r["hit_pct_decode_baseline"], r["hit_pct_decode"]])) for r in frame.to_dicts()},
-                ctx.out / "prefetch.png", f"Prefetch at {exact(budget)} MiB: from no prefetch (left point) to prefetch",
-                "expert MiB read per decoded token (demand + speculative)", "decode-only demand hit rate (%)")
-    s.images.append(("prefetch.png", "prefetch hit rate against bytes per token"))
+    s.images.append(plots.prefetch(
+        [{"predictor": r["predictor"], "policy": f"{r['policy']}{'+guard' if r['guard'] else ''}",
+          "x0": r["total_mib_per_token_baseline"], "y0": r["hit_pct_decode_baseline"],
+          "x1": r["total_mib_per_token"], "y1": r["hit_pct_decode"]} for r in frame.to_dicts()],
+        ctx.out / "prefetch.png", f"Prefetch at {plots.budget_label(float(budget))}: from no prefetch (black) to prefetch",
+        "expert reads per decoded token (MiB/token, demand + speculative)", "decode-only demand hit rate (%)",
+        caption="A segment going up and not far right is a prefetch worth having: more demand hits for few extra bytes; "
+                "going right alone means speculative reads that bought nothing."))
     loads = loads_of(tr)
     budgets = sorted({float(f"{f * tr.token_cycle_bytes / (1 << 20):.2g}") for f in (0.5, 1.5, 3.0)} | {float(budget)})
     ret = retain_sweep(tr, loads, ["lru", "lfru"], budgets, "prev-token").filter(pl.col("layer").is_null())

@@ -28,7 +28,9 @@ class Section:
     title: str
     text: list[str] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
-    images: list[tuple[str, str]] = field(default_factory=list)  # (file, alt text)
+    # (file, alt text) or (file, alt text, caption): the caption, one line saying what to read from the
+    # figure, is printed under it (an italic line in Markdown, a <figcaption> in HTML).
+    images: list[tuple[str, ...]] = field(default_factory=list)
     unavailable: str | None = None
     code: str | None = None
 
@@ -70,8 +72,8 @@ def render_markdown(title: str, sections: list[Section]) -> str:
             out += ["```", s.code, "```", ""]
         for p in s.text:
             out += [p, ""]
-        for img, alt in s.images:
-            out += [f"![{alt}]({img})", ""]
+        for img, alt, *cap in s.images:
+            out += [f"![{alt}]({img})", ""] + ([f"*{md_cell(cap[0]).replace('*', chr(92) + '*')}*", ""] if cap and cap[0] else [])
         for t in s.tables:
             out += [f"**{t.caption}** ([CSV](tables/{t.name}.csv))", "", _md_table(t), ""]
     return "\n".join(out)
@@ -94,9 +96,11 @@ def render_html(title: str, sections: list[Section], out: Path) -> str:
         if s.code:
             parts.append(f"<pre>{html.escape(s.code)}</pre>")
         parts += [f"<p>{html.escape(p)}</p>" for p in s.text]
-        for img, alt in s.images:
+        for img, alt, *cap in s.images:
             data = base64.b64encode((out / img).read_bytes()).decode()
-            parts.append(f"<p><img alt='{html.escape(alt)}' src='data:image/png;base64,{data}'></p>")
+            tag = f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{data}'>"
+            parts.append(f"<figure>{tag}<figcaption>{html.escape(cap[0])}</figcaption></figure>" if cap and cap[0]
+                         else f"<p>{tag}</p>")
         parts += [_html_table(t) for t in s.tables]
     parts.append("</body></html>")
     return "\n".join(parts)
