@@ -63,3 +63,18 @@ bench: $(VENV)/.bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# The notebooks (notebooks/README.md): JupyterLab installed into .venv on first use.
+.PHONY: notebooks notebooks-regen
+$(VENV)/.notebooks: pyproject.toml constraints.txt $(VENV)/.core
+	$(PIP) -e '.[notebooks]'
+	touch $@
+
+## notebooks: install JupyterLab into .venv and open notebooks/ in it (Ctrl-C stops the server)
+notebooks: $(VENV)/.notebooks
+	@echo "Opening JupyterLab on notebooks/ (later, without make: .venv/bin/jupyter lab notebooks/)."
+	$(VENV)/bin/jupyter lab notebooks/
+
+## notebooks-regen: rerun every notebook and rewrite it with its outputs (tests/test_notebooks.py checks they are current)
+notebooks-regen: $(VENV)/.notebooks
+	$(PY) -m notebooks.regen
