@@ -73,7 +73,7 @@ $(VENV)/.notebooks: pyproject.toml constraints.txt $(VENV)/.core
 ## notebooks: install JupyterLab into .venv and open notebooks/ in it (Ctrl-C stops the server)
 notebooks: $(VENV)/.notebooks
 	@echo "Opening JupyterLab on notebooks/ (later, without make: .venv/bin/jupyter lab notebooks/)."
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 ## notebooks-regen: rerun every notebook and rewrite it with its outputs (tests/test_notebooks.py checks they are current)
 notebooks-regen: $(VENV)/.notebooks
