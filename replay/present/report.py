@@ -63,7 +63,7 @@ HEADERS: dict[str, str] = {
     "tokens_prefill": "Prefill tokens", "tokens_decode": "Decode tokens", "token_cycle_mib": "Token cycle T (MiB)",
     "complete": "Complete", "layer": "MoE layer", "routings": "Routings", "hottest_expert_pct": "Hottest expert (% of routings)",
     "experts_never_routed": "Experts never routed",
-    "mode": "Mode", "frac": "F", "keep_k": "keep_k", "io_saved_pct": "Reads avoided (% of miss bytes)",
+    "mode": "Mode", "frac": "F", "keep_k": "Keep k (top-k cut)", "io_saved_pct": "Reads avoided (% of miss bytes)",
     "mass_lost_pct": "Weight mass discarded (%)", "routings_dropped_pct": "Routings with a drop (%)",
     "experts_dropped_pct": "Experts dropped (%)",
     "static_k_mass_lost_at_equal_io_pct": "Top-k cut's mass discarded at equal reads (%)",
