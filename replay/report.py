@@ -89,7 +89,8 @@ def section_popularity(ctx: ReportContext) -> Section:
 def layer_summary(frame: pl.DataFrame, values: dict[str, str], label: str | None = None, by: str | None = None) -> pl.DataFrame:
     """A per-layer table in a few rows: min, median and max of each value column over the MoE layers
     (with the layer holding the min and the max; ties to the lowest layer), per ``by`` group. ``label``
-    names the column that says which value a row summarises (``values`` maps each column to its name)."""
+    names the column that says which value a row summarises (``values`` maps each column to its name).
+    The rendered headers say "(%)": every value summarised this way is a percentage."""
     rows = []
     keys = [None] if by is None else sorted(frame[by].unique().to_list())
     for key in keys:
@@ -596,7 +597,8 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
         fastest = pick_best(ok, "ms_per_token", highest=False) if model is not None else None
         row: dict[str, Any] = {"kind": "cache", "budget_mib": b, "budget_from": ctx.verdict_where, "policies_compared": compared}
         for prefix, r in (("", best), ("lru_", at.get("lru"))):
-            row.update({f"{prefix}{k}": (r or {}).get(k) for k in ("hit_pct_decode", "read_mib", "ms_per_token", "tok_s")})
+            row.update({f"{prefix}{k}": (r or {}).get(k) for k in ("hit_pct_decode", "read_mib", "preload_mib", "ms_per_token",
+                                                                   "tok_s")})
             row[f"{prefix}over_budget"] = is_over_budget(r) if r else None
             row[f"{prefix}peak_resident_mib"] = (r or {}).get("peak_resident_mib")
         row["policy"] = best["policy"] if best else None

@@ -87,7 +87,7 @@ HEADERS: dict[str, str] = {
     "evicted_unused": "Evicted unused", "refused_guard": "Refused by guard",
     "total_mib_per_token_baseline": "MiB/token (without)", "total_mib_per_token": "MiB/token (with)",
     "bytes_change_pct": "Bytes change (%)", "ms_per_token_baseline": "ms/token (without)",
-    "min": "Min", "median": "Median", "max": "Max", "min_layer": "Lowest at layer", "max_layer": "Highest at layer",
+    "min": "Min (%)", "median": "Median (%)", "max": "Max (%)", "min_layer": "Lowest at layer", "max_layer": "Highest at layer",
     "quantity": "Quantity",
 }
 

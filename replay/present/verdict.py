@@ -33,13 +33,20 @@ def _over(r: dict[str, Any], prefix: str) -> str:
     return f"! (over budget: the cache overflowed, peak {fmt_q(r[f'{prefix}peak_resident_mib'], 'mib')} MiB)"
 
 
+def _preload(r: dict[str, Any]) -> str:
+    """Bytes a policy read before the first token (``pin``'s pinned experts): not in MiB read, and why it
+    can beat the Belady bound, which starts from an empty cache."""
+    mib = r.get("preload_mib")
+    return f" + {fmt_q(mib, 'mib')} MiB preloaded before the first token (its first lookups of those hit)" if mib else ""
+
+
 def cache_line(r: dict[str, Any]) -> str:
     head = f"**{exact(r['budget_mib'])} MiB** ({r['budget_from']}), decode: "
     if r["policy"] is None:
         return head + "no online policy stays within this budget (every one overflowed)"
     txt = (head + f"best of {len(r['policies_compared'])} online policies **{r['policy']}**: "
            f"{fmt_q(r['hit_pct_decode'], 'pct')}% hits, "
-           f"{fmt_q(r['read_mib'], 'mib')} MiB read (all phases){_time(r)}")
+           f"{fmt_q(r['read_mib'], 'mib')} MiB read (all phases){_preload(r)}{_time(r)}")
     if r["policy"] == "lru":
         txt += "; that is LRU"
     elif r.get("lru_hit_pct_decode") is not None:
@@ -47,8 +54,9 @@ def cache_line(r: dict[str, Any]) -> str:
                 f"{_time(r, 'lru_')}")
     if r.get("belady_hit_pct_decode") is not None:
         txt += f"; the Belady bound {fmt_q(r['belady_hit_pct_decode'], 'pct')}%{_over(r, 'belady_')} hits"
-        if r.get("gap_to_belady_pp") is not None:
-            txt += f" ({fmt_q(r['gap_to_belady_pp'], 'pp')} points above the best)"
+        gap = r.get("gap_to_belady_pp")
+        if gap is not None:
+            txt += f" ({fmt_q(abs(gap), 'pp')} points {'above' if gap >= 0 else 'below'} the best)"
     if r.get("fastest_policy") is not None and r["fastest_policy"] != r["policy"]:
         txt += (f"; fastest under the cost model: **{r['fastest_policy']}**, {fmt_q(r['fastest_ms_per_token'], 'ms')} ms/token, "
                 f"{fmt_q(r['fastest_tok_s'], 'tok_s')} tok/s at {fmt_q(r['fastest_hit_pct_decode'], 'pct')}% hits")
