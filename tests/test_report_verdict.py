@@ -201,3 +201,13 @@ def test_bounds_are_never_the_best_online_policy(qwen):
     rows = _rows(qwen[1])["rows"]
     for r in (r for r in rows if r["kind"] == "cache"):
         assert r["policy"] not in BOUNDS and not set(r["policies_compared"]) & set(BOUNDS)
+
+
+def test_a_table_of_cache_rows_marks_over_budget_hit_rates():
+    import polars as pl
+
+    from replay.present.report import Table, _md_table
+
+    f = pl.DataFrame({"policy": ["lru", "layer"], "hit_pct_decode": [40.0, 38.25], "overflow_loads": [0, 47]})
+    rows = _md_table(Table("t", f, "c")).splitlines()[2:]
+    assert rows == ["| lru | 40.0 | 0 |", "| layer | 38.2! | 47 |"]

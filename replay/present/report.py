@@ -107,11 +107,20 @@ def md_cell(text: str) -> str:
 
 def _cells(t: Table) -> list[list[str]]:
     cols = t.columns or t.frame.columns
-    marks = t.marks or {}
+    marks = t.marks if t.marks is not None else over_budget_marks(t.frame)
     out = []
     for i, r in enumerate(t.frame.select(cols).rows()):
         out.append([cell(c, v, t.digits) + ("!" if marks.get(c) and marks[c][i] else "") for c, v in zip(cols, r)])
     return out
+
+
+def over_budget_marks(frame: pl.DataFrame) -> dict[str, list[bool]]:
+    """A table of cache rows marks the hit % of a row whose cache overflowed its budget (``overflow_loads``
+    > 0: that hit rate needs more memory than the budget), as the cache tables do."""
+    if "overflow_loads" not in frame.columns:
+        return {}
+    over = [bool(v) for v in frame["overflow_loads"].fill_null(0).to_list()]
+    return {c: over for c in frame.columns if c.startswith("hit_pct")} if any(over) else {}
 
 
 def _md_table(t: Table) -> str:
