@@ -376,8 +376,9 @@ def section_cache(ctx: ReportContext) -> Section:
         s.notes.append("lfu and layerlfu count every load that touched an entry since the start of the run (the count "
                       "survives eviction, as in the reference replay behind the published curves); lfu-incache and "
                       "layerlfu-incache restart it at admission.")
-    s.tables.append(Table("cache_gap", pl.DataFrame(gap_rows), "best within-budget online policy against the bound, per "
-                          "budget (decode); ! = the Belady bound itself overflowed the budget",
+    s.tables.append(Table("cache_gap", pl.DataFrame(gap_rows), f"best within-budget online policy of those swept "
+                          f"({', '.join(online)}) against the bound, per budget (decode); ! = the Belady bound itself "
+                          "overflowed the budget (every registered policy at the verdict's budget: the next table)",
                           columns=["budget_mib", "below_T", "best_online", "best_online_hit_pct_decode", "belady_hit_pct_decode",
                                    "gap_to_belady_pp", "infinite_hit_pct_decode", "over_budget_excluded"],
                           marks={"belady_hit_pct_decode": [bool(r["belady_over_budget"]) for r in gap_rows]}))
