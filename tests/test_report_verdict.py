@@ -211,3 +211,11 @@ def test_a_table_of_cache_rows_marks_over_budget_hit_rates():
     f = pl.DataFrame({"policy": ["lru", "layer"], "hit_pct_decode": [40.0, 38.25], "overflow_loads": [0, 47]})
     rows = _md_table(Table("t", f, "c")).splitlines()[2:]
     assert rows == ["| lru | 40.0 | 0 |", "| layer | 38.2! | 47 |"]
+
+
+def test_bad_verdict_budget_is_one_sentence(synth, tmp_path):
+    from tests.helpers import assert_one_sentence_error
+
+    res = run_cli("report", synth[0], "-o", tmp_path / "r", "--budget-mib", "4GB")
+    assert_one_sentence_error(res, "--budget-mib")
+    assert not (tmp_path / "r").exists()
