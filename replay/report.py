@@ -532,7 +532,8 @@ def section_prefetch(ctx: ReportContext) -> Section:
     ret = retain_sweep(tr, loads, ["lru", "lfru"], budgets, "prev-token").filter(pl.col("layer").is_null())
     s.tables.append(Table("retention", ret, "retention of prev-token's guesses (zero extra bytes): decode hit % with and "
                           "without, change in points", columns=["policy", "budget_mib", "hit_pct_decode_no_retain",
-                                                                  "hit_pct_decode", "retain_gain_pp_decode"]))
+                                                                  "hit_pct_decode", "retain_gain_pp_decode"],
+                          headers={"hit_pct_decode": "Hit % (decode, with retention)"}))
     return s
 
 
