@@ -17,7 +17,7 @@ DEMO_TRACE := $(VENV)/work/demo-trace
 # (phone-class flash, roughly what the real Qwen run implies) and its report says it is an assumption.
 DEMO_COST  := --flash-mib-s 2400 --compute-ms 110
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean chromium screenshots
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,8 +51,21 @@ $(LLAMA_SDIST): | $(VENV)/bin/python
 	mkdir -p $(VENV)/work
 	-$(PY) -m pip download --disable-pip-version-check -q --no-deps --no-binary :all: -d $(VENV)/work llama-cpp-python==0.3.36
 
+# Headless Chromium for the report's screenshot tests (tests/test_report_browser.py): installed with
+# apt-get when it is missing and we are root. '-': where that is not possible (not root, no apt, no
+# network) the rest of the suite still runs and those tests skip, saying why.
+chromium:
+	-@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } || \
+	  echo "chromium is not installed (needs root and apt-get): the report screenshot tests will skip"
+
+## screenshots: the demo report in headless Chromium at 1400 px -> reports/demo/screenshots/ (first screen, whole page)
+screenshots: demo chromium
+	$(PY) -m tests.browser reports/demo reports/demo/screenshots
+
 ## test: the whole suite (unit, property, end-to-end on ../shared/data, capture through llama.cpp and transformers, Ray, notebooks)
-test: $(VENV)/.dev $(LLAMA_SDIST)
+test: $(VENV)/.dev $(LLAMA_SDIST) chromium
 	$(VENV)/bin/python -m pytest -q
 
 lint: $(VENV)/.dev

@@ -323,10 +323,12 @@ def with_time(frame: pl.DataFrame, model: Any, *, trace: TraceLike = None, token
 def write_report(trace: str | Path, out: str | Path, *, budgets_mib: Sequence[float] | None = None,
                  policies: Sequence[str] | None = None, cost_model: Any = None, force: bool = False,
                  policy_file: Any = None, predictor_file: Any = None, progress: Callable[[str], None] | None = None,
-                 inputs: Sequence[Any] = (), quality: str | Path | Sequence[str | Path] = ()) -> Path:
-    """Write the whole report of ``trace`` (index.md, index.html, PNGs, tables/*.csv) into ``out``;
-    returns ``out``. ``quality``: one or more ``moe-replay quality`` results (directories or their
-    quality.json) for the Quality section."""
+                 inputs: Sequence[Any] = (), budget_mib: float | Sequence[float] | None = None,
+                 quality: str | Path | Sequence[str | Path] = ()) -> Path:
+    """Write the whole report of ``trace`` (index.md, index.html, verdict.json, PNGs, tables/*.csv) into
+    ``out``; returns ``out``. ``budget_mib``: the budget(s) its verdict answers for (default: the recorded one).
+    ``quality``: one or more ``moe-replay quality`` results (directories or their quality.json) for the
+    Quality section."""
     from replay.cache import check_policies
     from replay.report import write_report as _write
 
@@ -335,6 +337,7 @@ def write_report(trace: str | Path, out: str | Path, *, budgets_mib: Sequence[fl
     path = trace.path if hasattr(trace, "path") else trace
     return _write(path, out, budgets_mib=_budgets(budgets_mib) if budgets_mib is not None else None, policies=pols,
                   cost_model=cost_model, force=force, progress=progress, inputs=inputs,
+                  budget_mib=_budgets(budget_mib) if budget_mib is not None else None,
                   quality=[quality] if isinstance(quality, (str, Path)) else list(quality))
 
 

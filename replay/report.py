@@ -16,9 +16,10 @@ import numpy as np
 import polars as pl
 
 from replay.info import info_rows
-from replay.present.format import exact, fmt_q
+from replay.present.format import digits_for, exact, fmt_q, json_object
 from replay.present.info import info_text
 from replay.present.report import Section, Table, render_html, render_markdown
+from replay.present.verdict import verdict_lines
 from traces import open_trace
 from traces.atomic import atomic_write_text, staged_dir
 from traces.errors import UserError
@@ -32,6 +33,8 @@ class ReportContext:
     out: Path  # staging directory
     budgets_mib: list[float] | None = None
     policies: list[str] | None = None
+    verdict_budgets: list[float] = field(default_factory=list)  # the budgets the verdict answers for (and drop/prefetch run at)
+    verdict_where: str = ""  # where they come from: "given", "the recorded budget", "2 x T (no recorded budget)"
     cost_model: Any = None
     progress: Callable[[str], None] | None = None
     shared: dict[str, Any] = field(default_factory=dict)
@@ -77,13 +80,42 @@ def section_popularity(ctx: ReportContext) -> Section:
                    "routed slots taken (%)",
                    caption=f"Layers with tall bars are the ones where pinning the {k} hottest experts pays; "
                            f"uniform routing would give {uniform:.1f}%.")]
+    conc = {f"hot{k}_share_pct": f"Hottest {k} experts' share (% of {phase} slots)",
+            "hottest_expert_pct": f"Hottest expert (% of {phase} routings)"}
+    s.tables.append(Table("concentration_summary", layer_summary(frame, conc, label="quantity"),
+                          f"concentration over the {len(layers)} MoE layers ({phase} routings)"))
     s.tables.append(Table("concentration", frame, f"per-layer concentration ({phase} routings)",
-                          columns=["layer", "routings", f"hot{k}_share_pct", "hottest_expert_pct", "experts_never_routed"]))
+                          columns=["layer", "routings", f"hot{k}_share_pct", "hottest_expert_pct", "experts_never_routed"],
+                          headers=conc, collapsed=True))
     return s
 
 
-DROP_HEADERS = {"routings_dropped_pct": "routings with a drop %",
-                "experts_dropped_pct": "experts dropped % (engine's 'routings dropped')"}
+def layer_summary(frame: pl.DataFrame, values: dict[str, str], label: str | None = None, by: str | None = None) -> pl.DataFrame:
+    """A per-layer table in a few rows: min, median and max of each value column over the MoE layers
+    (with the layer holding the min and the max; ties to the lowest layer), per ``by`` group. ``label``
+    names the column that says which value a row summarises (``values`` maps each column to its name).
+    The rendered headers say "(%)": every value summarised this way is a percentage."""
+    rows = []
+    keys = [None] if by is None else sorted(frame[by].unique().to_list())
+    for key in keys:
+        f = frame if by is None else frame.filter(pl.col(by) == key)
+        for col, name in values.items():
+            g = f.select("layer", pl.col(col).cast(pl.Float64)).filter(pl.col(col).is_not_null() & pl.col(col).is_not_nan())
+            row: dict[str, Any] = {} if by is None else {by: key}
+            if label is not None:
+                row[label] = name
+            if g.height == 0:
+                row.update({"min": None, "min_layer": None, "median": None, "max": None, "max_layer": None})
+            else:
+                lo = g.sort([col, "layer"]).row(0)
+                hi = g.sort([col, "layer"], descending=[True, False]).row(0)
+                row.update({"min": lo[1], "min_layer": lo[0], "median": float(g[col].median()), "max": hi[1], "max_layer": hi[0]})
+            rows.append(row)
+    return pl.DataFrame(rows, schema_overrides={"min_layer": pl.Int64, "max_layer": pl.Int64})
+
+
+DROP_HEADERS = {"routings_dropped_pct": "Routings with a drop (%)",
+                "experts_dropped_pct": "Experts dropped (%, engine's 'routings dropped')"}
 
 
 def section_drop(ctx: ReportContext) -> Section:
@@ -102,7 +134,7 @@ def section_drop(ctx: ReportContext) -> Section:
     s.text.append("Drop-cold F skips a routed expert that is a cache miss with weight below F/k (never the routing's "
                   "top-weighted expert); the top-k cut drops every slot at rank >= keep_k. Lower and further right is "
                   "better. Weight mass is a proxy, not quality; bytes are not time.")
-    s.text.append(f"Two different dropped shares: *{DROP_HEADERS['routings_dropped_pct']}* counts (token, layer) routings "
+    s.notes.append(f"Two different dropped shares: *{DROP_HEADERS['routings_dropped_pct']}* counts (token, layer) routings "
                   f"with at least one expert skipped; *{DROP_HEADERS['experts_dropped_pct']}* counts routed experts "
                   "skipped, which is what an engine's telemetry calls \"routings dropped\". Compare an engine's figure "
                   "with the second, never the first.")
@@ -114,30 +146,40 @@ def section_drop(ctx: ReportContext) -> Section:
         s.tables.append(Table("drop_static", frame, "static: on the run as recorded (the engine's own hits and misses)",
                               columns=["mode", "frac", "keep_k", "io_saved_pct", "mass_lost_pct", "routings_dropped_pct",
                                        "experts_dropped_pct", "static_k_mass_lost_at_equal_io_pct"], headers=DROP_HEADERS))
+        ctx.shared["drop"] = ("static", None, cold.to_dicts())
     else:
         s.text.append("Static mode needs the engine's recorded residency, which this trace does not have; the closed-loop "
                       "replay below stands in for it.")
-    budget = tr.recorded.get("budget_mib")
-    where = "the recorded budget"
-    if budget is None:
-        budget = float(f"{2 * tr.token_cycle_bytes / (1 << 20):.2g}")
-        where = "2 x T (no recorded budget)"
-    closed = closed_drop(tr, fracs, budget_mib=budget, policy="lru")
-    cold, cut = closed.filter(pl.col("mode") == "closed"), closed.filter(pl.col("mode") == "closed-k")
-    series[f"drop-cold, closed loop (LRU {exact(budget)} MiB)"] = (cold["io_saved_pct"].to_numpy(), cold["mass_lost_pct"].to_numpy())
-    series[f"top-k cut, closed loop (LRU {exact(budget)} MiB)"] = (cut["io_saved_pct"].to_numpy(), cut["mass_lost_pct"].to_numpy())
-    s.text.append(f"Closed loop: LRU at {exact(budget)} MiB ({where}) replayed with dropping in the loop (a skipped expert is "
+    budgets, where = ctx.verdict_budgets, ctx.verdict_where
+    closed = pl.concat([closed_drop(tr, fracs, budget_mib=b, policy="lru") for b in budgets], how="diagonal_relaxed")
+    for b in budgets:
+        at = closed.filter(pl.col("budget_mib") == b)
+        cold, cut = at.filter(pl.col("mode") == "closed"), at.filter(pl.col("mode") == "closed-k")
+        series[f"drop-cold, closed loop (LRU {exact(b)} MiB)"] = (cold["io_saved_pct"].to_numpy(), cold["mass_lost_pct"].to_numpy())
+        series[f"top-k cut, closed loop (LRU {exact(b)} MiB)"] = (cut["io_saved_pct"].to_numpy(), cut["mass_lost_pct"].to_numpy())
+        if "drop" not in ctx.shared:
+            ctx.shared["drop"] = ("closed", b, cold.to_dicts())
+    at_txt = ", ".join(exact(b) for b in budgets)
+    s.text.append(f"Closed loop: LRU at {at_txt} MiB ({where}) replayed with dropping in the loop (a skipped expert is "
                   "neither read nor admitted, so the cache holds other things later); reads avoided are against the "
                   "no-drop replay at the same budget. Its cache hit % rises partly because dropped routings never look "
                   "the cache up, not because the cache serves more.")
-    s.tables.append(Table("drop_closed", closed, f"closed loop, LRU at {exact(budget)} MiB, decode routings",
-                          columns=["mode", "frac", "keep_k", "io_saved_pct", "mass_lost_pct", "routings_dropped_pct",
-                                   "experts_dropped_pct", "hit_pct_decode_baseline", "hit_pct_decode",
-                                   "closed_k_mass_lost_at_equal_io_pct"], headers=DROP_HEADERS))
+    s.tables.append(Table("drop_closed", closed, f"closed loop, LRU at {at_txt} MiB, decode routings",
+                          columns=(["budget_mib"] if len(budgets) > 1 else []) + [
+                              "mode", "frac", "keep_k", "io_saved_pct", "mass_lost_pct", "routings_dropped_pct",
+                              "experts_dropped_pct", "hit_pct_decode_baseline", "hit_pct_decode",
+                              "closed_k_mass_lost_at_equal_io_pct"],
+                          headers={**DROP_HEADERS, "hit_pct_decode_baseline": "Hit % (decode, no drop)",
+                                   "hit_pct_decode": "Hit % (decode, with drop)"},
+                          collapsed=ctx.shared.get("drop", ("",))[0] == "static"))  # the static table is the evidence
     styles = {n: {"color": (plots.VERMILLION, plots.ORANGE, plots.BLUE, plots.SKY)[2 * (not n.startswith("drop-cold"))
                                                                              + ("closed" in n)],
                   "marker": "o" if n.startswith("drop-cold") else "s", "linestyle": "--" if "closed" in n else "-"}
               for n in series}
+    for i, b in enumerate(budgets[1:], 1):  # several verdict budgets: each budget's closed-loop pair its own markers
+        for n in (f"drop-cold, closed loop (LRU {exact(b)} MiB)", f"top-k cut, closed loop (LRU {exact(b)} MiB)"):
+            styles[n] = {**styles[n], "marker": ("o", "D", "^", "v", "P", "X")[i % 6] if n.startswith("drop-cold")
+                         else ("s", "d", "<", ">", "p", "h")[i % 6], "linestyle": (":", "-.")[i % 2]}
     s.images.append(plots.lines(
         series, ctx.out / "drop_tradeoff.png", "Drop-cold vs top-k cut (decode routings)",
         "reads avoided (% of decode miss bytes without dropping)", "router weight mass discarded (%)", styles=styles,
@@ -162,7 +204,7 @@ def section_cost(ctx: ReportContext) -> Section:
         if m.kind == "manual":
             s.text.append("A manual model is an assumption given on the command line, not a measurement of any device: "
                           "its times rank configurations by bytes read; they do not predict a real engine's speed.")
-        s.text += [f"Note: {n}." for n in m.notes]
+        s.notes += [f"Note: {n}." for n in m.notes]
         ctx.shared["cost_model"] = m
         return s
     if not ctx.trace.has_metrics:
@@ -186,7 +228,7 @@ def section_cost(ctx: ReportContext) -> Section:
                   f"MAPE {fmt_q(best.heldout_mape_pct, 'pct')}%, run-mean error {_signed_pct(best.heldout_run_mean_err_pct)} "
                   "(predicted against recorded tok/s). The time estimates below use coefficients refitted on every token "
                   "of this run, so comparing them with this run's own recorded speed is in-sample.")
-    s.text += [f"Note: {n}." for n in best.notes]
+    s.notes += [f"Note: {n}." for n in best.notes]
     s.tables.append(Table("cost_fit", frame, "candidate models (the selected one is used for time estimates)",
                           columns=["terms", "intercept_ms", "ms_per_mib", "ms_per_miss", "r2", "heldout_mape_pct",
                                    "heldout_run_mean_err_pct", "bandwidth_mib_s", "selected"],
@@ -214,17 +256,23 @@ def section_predictors(ctx: ReportContext) -> Section:
                   + (" of each request" if tr.has("request") else "") + ", the first d MoE "
                   "layers for stale-gate[d], no prompt for static-hot-prompt) are counted apart, never as wrong; "
                   "a layer with nothing scored shows '-'.")
-    s.text += res.warnings + [f"Unavailable: {u['predictor']}: {u['reason']}." for u in res.unavailable] + res.notes
+    s.text += res.warnings + res.notes
+    s.missing += [(f"{u['predictor']} predictor", u["reason"]) for u in res.unavailable]
     head = overall.with_columns(pl.col("predictor").map_elements(describe, return_dtype=pl.String).alias("measures"))
     s.tables.append(Table("predict_overall", head, "headline per predictor (decode)",
                           columns=["predictor", "slot_acc_pct", "whole_acc_pct", "scored", "unscored", "measures"]))
+    ctx.shared["predictor"] = best_predictor(head.to_dicts())
     per = res.per_layer()
     if per.height:
         wide = per.pivot(on="predictor", index="layer", values="slot_acc_pct").sort("layer")
         wide = wide.join(pl.DataFrame({"layer": list(res.routings), "routings": list(res.routings.values())},
                                       schema_overrides={"layer": per["layer"].dtype}), on="layer", how="left")
         cols = ["layer"] + [p for p in res.predictors if p in wide.columns] + ["routings"]
-        s.tables.append(Table("predict_per_layer", wide.select(cols), "slot accuracy % per MoE layer (decode)"))
+        s.tables.append(Table("predict_per_layer_summary",
+                              layer_summary(wide, {p: p for p in cols[1:-1]}, label="predictor"),
+                              f"slot accuracy % (decode) over the {len(tr.moe_layers)} MoE layers, per predictor"))
+        s.tables.append(Table("predict_per_layer", wide.select(cols), "slot accuracy % per MoE layer (decode)",
+                              headers={p: f"{p} (%)" for p in cols[1:-1]}, collapsed=True))
         series = {}
         for p in res.predictors:
             f = per.filter(pl.col("predictor") == p).sort("layer")
@@ -293,6 +341,19 @@ def _accuracy_plot(ctx: ReportContext, res: Any, by_horizon: dict) -> tuple[str,
                 "routing, and how fast stale-gate's coverage falls as it guesses more layers ahead.")
 
 
+def best_predictor(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The predictor an engine could use (not a check such as ``ctrl``, not an oracle such as
+    ``static-hot``) with the highest decode slot accuracy; ties to the name first alphabetically."""
+    from replay.predictors import module, parse_predictor
+
+    def usable(name: str) -> bool:
+        m = module(parse_predictor(name)[0])
+        return getattr(m, "PREFETCH", True) and not getattr(m, "ORACLE", False)
+
+    ok = [r for r in rows if r.get("slot_acc_pct") is not None and usable(r["predictor"])]
+    return min(ok, key=lambda r: (-r["slot_acc_pct"], r["predictor"])) if ok else None
+
+
 def section_cache(ctx: ReportContext) -> Section:
     from replay.cache import default_budgets_mib, is_over_budget, loads_of, pick_best, sweep, within_budget
     from replay.cost import BOUNDS
@@ -304,7 +365,7 @@ def section_cache(ctx: ReportContext) -> Section:
     if tr.token_counts()["tokens_decode"] == 0:
         return Section("Expert cache", unavailable="the trace has no decoded tokens, and hit rates here are decode-only")
     rec = tr.recorded.get("budget_mib")
-    budgets = ctx.budgets_mib or default_budgets_mib(loads, rec)
+    budgets = sorted(set(ctx.budgets_mib or default_budgets_mib(loads, rec)) | set(ctx.verdict_budgets))
     policies = ctx.policies or ["lru", "lfu", "layer", "lfru", "belady", "infinite"]
     for bound in ("belady", "infinite"):
         if bound not in policies:
@@ -362,32 +423,53 @@ def section_cache(ctx: ReportContext) -> Section:
         gap_rows.append(row)
     note = over_budget_note(cells) if over else None
     if note:
-        s.text.append(note[0].upper() + note[1:] + " These cells are marked "
+        s.text.append("Some cells are over budget: the cache overflowed, so their hit rate needs more memory than the budget "
+                      "they are listed under; they are marked ! in the tables, drawn as red crosses in the plot and left out "
+                      "of every best-online pick (which, and their peaks: the notes and over_budget_excluded).")
+        s.notes.append(note[0].upper() + note[1:] + " These cells are marked "
                       "over_budget in the table below (with peak_resident_mib), drawn as red crosses in the plot, and "
                       "left out of the best-online column and its gap to Belady (over_budget_excluded names them).")
     if "lfu-incache" in policies and "lfru" in policies:
         a = overall.filter(pl.col("policy") == "lfu-incache").sort("budget_mib")["hits"].to_list()
         b = overall.filter(pl.col("policy") == "lfru").sort("budget_mib")["hits"].to_list()
         if a == b:
-            s.text.append("lfru and lfu-incache coincide at every budget (their curves overlap): lfru's frequency is the "
+            s.notes.append("lfru and lfu-incache coincide at every budget (their curves overlap): lfru's frequency is the "
                           "in-cache count, it fills the high bits, and the recency byte only orders equal frequencies, which "
                           "is lfu-incache's least-recent tie-break.")
     if "lfu" in policies or "layerlfu" in policies:
-        s.text.append("lfu and layerlfu count every load that touched an entry since the start of the run (the count "
+        s.notes.append("lfu and layerlfu count every load that touched an entry since the start of the run (the count "
                       "survives eviction, as in the reference replay behind the published curves); lfu-incache and "
                       "layerlfu-incache restart it at admission.")
-    s.tables.append(Table("cache_gap", pl.DataFrame(gap_rows), "best within-budget online policy against the bound, per "
-                          "budget (decode)"))
+    s.tables.append(Table("cache_gap", pl.DataFrame(gap_rows), f"best within-budget online policy of those swept "
+                          f"({', '.join(online)}) against the bound, per budget (decode); ! = the Belady bound itself "
+                          "overflowed the budget (every registered policy at the verdict's budget: the next table)",
+                          columns=["budget_mib", "below_T", "best_online", "best_online_hit_pct_decode", "belady_hit_pct_decode",
+                                   "gap_to_belady_pp", "infinite_hit_pct_decode", "over_budget_excluded"],
+                          marks={"belady_hit_pct_decode": [bool(r["belady_over_budget"]) for r in gap_rows]}))
     cols = ["policy", "budget_mib", "hit_pct_decode", "hit_pct_cum", "read_mib", "peak_resident_mib", "overflow_loads",
             "over_budget"]
     if model is not None:
         cols += ["ms_per_token", "tok_s"]
         from replay.present.cost import verdict
 
-        s.text += [v[0].upper() + v[1:] + "." for v in verdict(cells)]
+        for v in verdict(cells):  # the picks in the text, what was left out and the caveat in the notes
+            (s.notes if v.startswith(("left out", "time estimates")) else s.text).append(v[0].upper() + v[1:] + ".")
+    ctx.shared["cache_rows"], ctx.shared["cache_compared"] = _at_verdict_budgets(ctx, loads, policies, model)
+    s.tables.append(Table("cache_at_budget", pl.DataFrame(ctx.shared["cache_rows"]),
+                          f"every {'' if ctx.policies else 'registered '}online policy at the verdict's budget "
+                          f"({ctx.verdict_where}), best decode hit first; ! = over budget",
+                          columns=["budget_mib", "policy", "hit_pct_decode", "read_mib", "peak_resident_mib"]
+                          + (["ms_per_token", "tok_s"] if model is not None else []),
+                          marks={"hit_pct_decode": [is_over_budget(r) for r in ctx.shared["cache_rows"]]}))
+    s.tables.append(_by_budget(overall, policies, budgets, "hit_pct_decode", "cache_hit_pct_decode_by_budget",
+                               "decode hit % per policy (rows) and budget (columns); ! = over budget: the cache overflowed, "
+                               "that hit rate needs more memory than the budget (peak in the full table)"))
+    if model is not None:
+        s.tables.append(_by_budget(overall, policies, budgets, "tok_s", "cache_tok_s_by_budget",
+                                   "decode tok/s per policy and budget, estimated by the cost model; ! = over budget"))
     s.tables.append(Table("cache", overall.sort("policy", "budget_mib"), "every (policy, budget) cell; read_mib = all phases; "
                           "peak_resident_mib = most bytes resident at once; over_budget = a load overflowed its budget "
-                          "(or its layer's share): that hit rate needs more memory", columns=cols))
+                          "(or its layer's share): that hit rate needs more memory", columns=cols, collapsed=True))
     # per-layer heatmap for the chosen policy
     chosen = "lru" if "lru" in policies else online[0] if online else policies[0]
     per = frame.filter(pl.col("layer").is_not_null() & (pl.col("policy") == chosen))
@@ -403,10 +485,49 @@ def section_cache(ctx: ReportContext) -> Section:
         "MoE layer (index)", "decode-only hit rate (%)", ylabels=layers,
         xticklabels=[plots.budget_label(b) for b in budgets], vmin=0, vmax=100,
         caption=f"Dark cells are layers {chosen} serves badly at that budget: those layers need a bigger share or another policy."))
-    s.tables.append(Table("cache_per_layer", per.select(["layer", "budget_mib", "lookups", "hits", "hit_pct_decode",
-                                                         "hit_pct_cum", "read_mib"]).sort("layer", "budget_mib"),
-                          f"{chosen} per layer and budget", columns=None))
+    per_layer = per.select(["layer", "budget_mib", "lookups", "hits", "hit_pct_decode", "hit_pct_cum", "read_mib"]).sort(
+        "layer", "budget_mib")
+    s.tables.append(Table("cache_per_layer_summary", layer_summary(per_layer, {"hit_pct_decode": "hit_pct_decode"},
+                                                                   by="budget_mib"),
+                          f"{chosen}: decode hit % over the {len(layers)} MoE layers, per budget (the heatmap, in numbers)",
+                          collapsed=True))
+    s.tables.append(Table("cache_per_layer", per_layer, f"{chosen} per layer and budget", collapsed=True))
     return s
+
+
+def _at_verdict_budgets(ctx: ReportContext, loads: Any, policies: list[str], model: Any) -> tuple[list[dict], list[str]]:
+    """The cells the verdict picks from: every online policy in the registry (the ones given with
+    ``--policies``, when given) and the Belady bound, at the verdict's budgets, sorted by budget, then
+    decode hit % (highest first), then name; and the online policies compared."""
+    from replay.cache import sweep
+    from replay.cost import BOUNDS, with_time
+    from replay.policies import REGISTRY
+
+    online = [p for p in (ctx.policies or REGISTRY) if p not in BOUNDS]
+    if not ctx.verdict_budgets:
+        return [], online
+    frame = sweep(loads, [*online, "belady"], ctx.verdict_budgets, show_progress=False)
+    if model is not None:
+        frame = with_time(frame, model, ctx.trace.token_counts()["tokens_decode"])
+    rows = frame.filter(pl.col("layer").is_null()).to_dicts()
+    rows.sort(key=lambda r: (r["budget_mib"], r["policy"] in BOUNDS, -(r["hit_pct_decode"] or 0.0), r["policy"]))
+    return rows, online
+
+
+def _by_budget(overall: pl.DataFrame, policies: list[str], budgets: list[float], value: str, name: str, caption: str) -> Table:
+    """One value of the cache cells as a policy x budget grid (over-budget cells marked)."""
+    rows, marks = [], {exact(b): [] for b in budgets}
+    for p in policies:
+        row: dict[str, Any] = {"policy": p}
+        for b in budgets:
+            f = overall.filter((pl.col("policy") == p) & (pl.col("budget_mib") == b))
+            r = f.row(0, named=True) if f.height else {}
+            row[exact(b)] = r.get(value)
+            marks[exact(b)].append(bool(r) and bool(r.get("overflow_loads") or 0))  # replay.cache.is_over_budget
+        rows.append(row)
+    frame = pl.DataFrame(rows, schema={"policy": pl.String, **{exact(b): pl.Float64 for b in budgets}})
+    return Table(name, frame, caption, headers={exact(b): f"{exact(b)} MiB" for b in budgets}, marks=marks,
+                 digits={exact(b): digits_for(value) for b in budgets})
 
 
 def section_prefetch(ctx: ReportContext) -> Section:
@@ -420,27 +541,30 @@ def section_prefetch(ctx: ReportContext) -> Section:
     if tr.token_counts()["tokens_decode"] == 0:
         s.unavailable = "the trace has no decoded tokens (prefetch guesses are made for decode routings)"
         return s
-    budget = tr.recorded.get("budget_mib")
-    where = "the recorded budget"
-    if budget is None:
-        budget = float(f"{2 * tr.token_cycle_bytes / (1 << 20):.2g}")
-        where = "2 x T (no recorded budget)"
+    budgets, where = ctx.verdict_budgets, ctx.verdict_where
     predictors = []
     for fam, name in report_prefetch_predictors():
         reason = unavailable(fam, tr)
         if reason is None:
             predictors.append(name)
         else:
-            s.text.append(f"{fam} prefetch is not shown: {reason}.")
+            s.missing.append((f"{fam} prefetch", reason))
+    best = ctx.shared.get("predictor")
+    if best is not None and best["predictor"] not in predictors:
+        predictors.append(best["predictor"])  # the verdict's best predictor: its prefetch is the verdict's question
     rows = []
-    for pred in predictors:
-        for policy, guard in (("lru", False), ("lfru", True)):
-            rows.append(prefetch(tr, pred, budget, policy=policy, guard=guard))
+    for budget in budgets:
+        for pred in predictors:
+            for policy, guard in (("lru", False), ("lfru", True)):
+                rows.append(prefetch(tr, pred, budget, policy=policy, guard=guard))
     frame = pl.concat(rows, how="diagonal_relaxed")
     model = ctx.shared.get("cost_model")
-    cols = ["predictor", "policy", "guard", "hit_pct_decode_baseline", "hit_pct_decode", "spec_mib", "useful_pct",
-            "evicted_unused", "refused_guard", "total_mib_per_token_baseline", "total_mib_per_token", "bytes_change_pct"]
-    s.text.append(f"At {exact(budget)} MiB ({where}): after each decode layer's load, the predictor's guesses for the next "
+    cols = (["budget_mib"] if len(budgets) > 1 else []) + [
+        "predictor", "policy", "guard", "hit_pct_decode_baseline", "hit_pct_decode", "useful_pct",
+        "total_mib_per_token_baseline", "total_mib_per_token"]
+    budget = budgets[0]
+    s.text.append(f"At {', '.join(exact(b) for b in budgets)} MiB ({where}): after each decode layer's load, the predictor's "
+                  "guesses for the next "
                   "layer are read speculatively into the same cache (no cap, no drop). Demand hit % is decode-only; "
                   "bytes per decoded token include the speculative reads. A speculative read competes with demand "
                   "reads for the same flash bandwidth: more hits can still mean more time.")
@@ -449,26 +573,34 @@ def section_prefetch(ctx: ReportContext) -> Section:
 
         frame = with_verdict(with_prefetch_time(frame, model))
         cols += ["ms_per_token_baseline", "ms_per_token"]
-        s.text += [f"{r['predictor']} ({r['policy']}{' + guard' if r['guard'] else ''}): {r['verdict']}."
-                   for r in frame.to_dicts()]
+        s.notes.append(" ".join(f"{r['predictor']} ({r['policy']}{' + guard' if r['guard'] else ''}"
+                               + (f", {exact(r['budget_mib'])} MiB" if len(budgets) > 1 else "") + f"): {r['verdict']}."
+                               for r in frame.to_dicts()))
     else:
         s.text.append("No cost model (no recorded metrics and none given): bytes are shown, not time.")
-    s.text.append(_plain_text(best_plain(tr, budget, model), frame, budget, model))
-    s.tables.append(Table("prefetch", frame, "prefetch against no prefetch, same budget and policy (decode)", columns=cols))
+    for b in budgets:
+        s.text.append(_plain_text(best_plain(tr, b, model), frame.filter(pl.col("budget_mib") == b), b, model))
+    ctx.shared["prefetch_rows"] = frame.to_dicts()
+    s.tables.append(Table("prefetch", frame, "prefetch against no prefetch (without), same budget and policy (decode); "
+                          "speculative MiB, evictions and refusals in the CSV", columns=cols,
+                          headers={"hit_pct_decode_baseline": "Hit % (decode, without)", "hit_pct_decode": "Hit % (decode, with)",
+                                   "ms_per_token_baseline": "ms/token (without)", "ms_per_token": "ms/token (with)"}))
     s.images.append(plots.prefetch(
         [{"predictor": r["predictor"], "policy": f"{r['policy']}{'+guard' if r['guard'] else ''}",
           "x0": r["total_mib_per_token_baseline"], "y0": r["hit_pct_decode_baseline"],
-          "x1": r["total_mib_per_token"], "y1": r["hit_pct_decode"]} for r in frame.to_dicts()],
+          "x1": r["total_mib_per_token"], "y1": r["hit_pct_decode"]} for r in frame.to_dicts()
+         if r["budget_mib"] == budget],
         ctx.out / "prefetch.png", f"Prefetch at {plots.budget_label(float(budget))}: from no prefetch (black) to prefetch",
         "expert reads per decoded token (MiB/token, demand + speculative)", "decode-only demand hit rate (%)",
         caption="A segment going up and not far right is a prefetch worth having: more demand hits for few extra bytes; "
                 "going right alone means speculative reads that bought nothing."))
     loads = loads_of(tr)
-    budgets = sorted({float(f"{f * tr.token_cycle_bytes / (1 << 20):.2g}") for f in (0.5, 1.5, 3.0)} | {float(budget)})
+    budgets = sorted({float(f"{f * tr.token_cycle_bytes / (1 << 20):.2g}") for f in (0.5, 1.5, 3.0)} | set(budgets))
     ret = retain_sweep(tr, loads, ["lru", "lfru"], budgets, "prev-token").filter(pl.col("layer").is_null())
     s.tables.append(Table("retention", ret, "retention of prev-token's guesses (zero extra bytes): decode hit % with and "
                           "without, change in points", columns=["policy", "budget_mib", "hit_pct_decode_no_retain",
-                                                                  "hit_pct_decode", "retain_gain_pp_decode"]))
+                                                                  "hit_pct_decode", "retain_gain_pp_decode"],
+                          headers={"hit_pct_decode": "Hit % (decode, with retention)"}))
     return s
 
 
@@ -512,15 +644,96 @@ SECTIONS: list[Callable[[ReportContext], Section]] = [
 ]
 
 
+# -- the verdict -------------------------------------------------------------------------------
+
+
+def verdict_budgets(trace: Trace, given: Sequence[float] | None) -> tuple[list[float], str]:
+    """The budgets the verdict answers for (and drop-cold and prefetch run at), and where they come
+    from: the ones given, else the recorded budget, else 2 x T (two token cycles, 2 significant figures)."""
+    if given:
+        return sorted({float(b) for b in given}), "given"
+    rec = trace.recorded.get("budget_mib")
+    if rec is not None:
+        return [float(rec)], "the recorded budget"
+    return [float(f"{2 * trace.token_cycle_bytes / (1 << 20):.2g}")], "2 x T: no recorded budget"
+
+
+def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
+    """The answer as rows (``kind``: cache, cost, predictor, prefetch, drop), every figure copied
+    from the row of the verb that computes it (``cache``, ``predict``, ``prefetch``, ``drop``): what
+    :func:`replay.present.verdict.verdict_lines` prints and ``verdict.json`` holds."""
+    from replay.cache import is_over_budget, pick_best, within_budget
+    from replay.cost import BOUNDS
+
+    rows: list[dict[str, Any]] = []
+    cells = ctx.shared.get("cache_rows") or []
+    compared = ctx.shared.get("cache_compared") or []
+    model = ctx.shared.get("cost_model")
+    for b in ctx.verdict_budgets:
+        at = {r["policy"]: r for r in cells if r["budget_mib"] == b}
+        if not at:
+            continue
+        ok, over = within_budget([r for p, r in sorted(at.items()) if p not in BOUNDS])
+        best = pick_best(ok, "hit_pct_decode", highest=True)
+        fastest = pick_best(ok, "ms_per_token", highest=False) if model is not None else None
+        row: dict[str, Any] = {"kind": "cache", "budget_mib": b, "budget_from": ctx.verdict_where, "policies_compared": compared}
+        for prefix, r in (("", best), ("lru_", at.get("lru"))):
+            row.update({f"{prefix}{k}": (r or {}).get(k) for k in ("hit_pct_decode", "read_mib", "preload_mib", "ms_per_token",
+                                                                   "tok_s")})
+            row[f"{prefix}over_budget"] = is_over_budget(r) if r else None
+            row[f"{prefix}peak_resident_mib"] = (r or {}).get("peak_resident_mib")
+        row["policy"] = best["policy"] if best else None
+        bel = at.get("belady")
+        row["belady_hit_pct_decode"] = bel["hit_pct_decode"] if bel else None
+        row["belady_over_budget"] = is_over_budget(bel) if bel else None
+        row["belady_peak_resident_mib"] = bel["peak_resident_mib"] if bel else None
+        row["gap_to_belady_pp"] = (None if best is None or bel is None or None in (best["hit_pct_decode"], bel["hit_pct_decode"])
+                                   else bel["hit_pct_decode"] - best["hit_pct_decode"])
+        row.update({f"fastest_{k}": (fastest or {}).get(k) for k in ("policy", "ms_per_token", "tok_s", "hit_pct_decode")})
+        row["over_budget_left_out"] = ", ".join(f"{r['policy']} (peak {fmt_q(r['peak_resident_mib'], 'mib')} MiB)"
+                                                for r in over) or None
+        rows.append(row)
+    if model is not None and rows:
+        given = ctx.cost_model is not None
+        source = ("a manual model given on the command line (an assumption, not a measurement)" if model.kind == "manual"
+                  else "given with --cost-model" if given else "fitted on this run's recorded metrics (so in-sample here)")
+        rows.append({"kind": "cost", "source": source, "model": model.model})
+    pred = ctx.shared.get("predictor")
+    if pred is not None:
+        rows.append({"kind": "predictor", **{k: pred[k] for k in ("predictor", "slot_acc_pct", "whole_acc_pct", "scored")}})
+        timed = model is not None
+        for b in ctx.verdict_budgets:
+            cand = [r for r in ctx.shared.get("prefetch_rows", []) if r["predictor"] == pred["predictor"] and r["budget_mib"] == b]
+            if not cand:
+                continue
+            # the configuration that helps most among those that read something speculatively (a row that read
+            # nothing says nothing about prefetching): most ms/token saved (with a cost model), else most decode hit
+            # points gained; the first of equals, in the order the section shows
+            gain = ((lambda r: r["ms_per_token_baseline"] - r["ms_per_token"]) if timed
+                    else (lambda r: (r["hit_pct_decode"] or 0.0) - (r["hit_pct_decode_baseline"] or 0.0)))
+            r = max([r for r in cand if r.get("spec_fills")] or cand, key=gain)
+            rows.append({"kind": "prefetch", **{k: r.get(k) for k in (
+                "budget_mib", "predictor", "policy", "guard", "hit_pct_decode_baseline", "hit_pct_decode",
+                "total_mib_per_token_baseline", "total_mib_per_token", "ms_per_token_baseline", "ms_per_token", "tok_s_baseline",
+                "tok_s", "spec_fills")}})
+    if "drop" in ctx.shared:
+        mode, budget, drops = ctx.shared["drop"]
+        rows += [{"kind": "drop", "mode": mode, "budget_mib": budget, "policy": "lru" if mode == "closed" else None,
+                  "frac": r["frac"], "io_saved_pct": r["io_saved_pct"], "mass_lost_pct": r["mass_lost_pct"]} for r in drops]
+    return rows
+
+
 # -- rendering ---------------------------------------------------------------------------------
 
 
 def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[float] | None = None,
                  policies: list[str] | None = None, cost_model: Any = None, force: bool = False,
                  progress: Callable[[str], None] | None = None, inputs: Sequence[str | Path | None] = (),
-                 quality: Sequence[str | Path] = ()) -> Path:
-    """Build every section and write index.md, index.html, PNGs and tables/*.csv into ``out_dir``.
+                 budget_mib: Sequence[float] | None = None, quality: Sequence[str | Path] = ()) -> Path:
+    """Build every section and write index.md, index.html, verdict.json, PNGs and tables/*.csv into ``out_dir``.
 
+    ``budgets_mib``: the cache sweep's budgets; ``budget_mib``: the budgets the verdict answers for
+    (default: the recorded one) and drop-cold and prefetch run at, added to the sweep.
     ``inputs``: files read besides the trace (a cost model); ``out_dir`` may not be, hold or lie in one.
     ``quality``: results of ``moe-replay quality`` (directories or their quality.json) for the Quality section."""
     from replay.cache import check_state_fits
@@ -534,7 +747,8 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
     read = [r.path for r in results] + [r.plain.path for r in results if r.plain is not None]  # the files, not their dirs
     with staged_dir(out_dir, force=force, inputs=[trace_dir, *inputs, *read]) as stage:
         (stage / "tables").mkdir()
-        ctx = ReportContext(trace, name, stage, budgets_mib, policies, cost_model, progress)
+        vb, where = verdict_budgets(trace, budget_mib)
+        ctx = ReportContext(trace, name, stage, budgets_mib, policies, vb, where, cost_model, progress)
         ctx.shared["quality"] = results
         sections = []
         for build in SECTIONS:
@@ -553,7 +767,10 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
         for s in sections:
             for t in s.tables:
                 atomic_write_text(stage / "tables" / f"{t.name}.csv", t.frame.write_csv(float_precision=6))
+        rows = build_verdict(ctx) if trace.n_rows else []
+        atomic_write_text(stage / "verdict.json", json_object("report", name, rows, budgets_mib=vb, budget_from=where) + "\n")
+        lines = verdict_lines(rows, {s.title: s.anchor for s in sections if not s.unavailable})
         title = f"moe-replay report: {trace.model['name']}"
-        atomic_write_text(stage / "index.md", render_markdown(title, sections))
-        atomic_write_text(stage / "index.html", render_html(title, sections, stage))
+        atomic_write_text(stage / "index.md", render_markdown(title, sections, lines))
+        atomic_write_text(stage / "index.html", render_html(title, sections, stage, lines))
     return Path(out_dir)

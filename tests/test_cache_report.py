@@ -25,7 +25,7 @@ def test_report_cache_section_leaves_over_budget_cells_out(real_trace_dir, tmp_p
         assert "layer (peak 7275.0 MiB)" in r["over_budget_excluded"]
         if not r["belady_over_budget"]:
             assert r["gap_to_belady_pp"] >= 0.0  # a within-budget online policy never beats the bound
-    text = " ".join(s.text)
+    text = " ".join(s.text + s.notes)
     assert "Over budget:" in text and "layer at 390 MiB (peak 7275.0 MiB resident, 6,192 loads overflowed)" in text
     assert "left out as over budget" in text.lower()
     fastest = next(t for t in s.text if t.startswith("Fastest online policy per budget"))

@@ -1,4 +1,5 @@
-"""The report: every section present (or saying why not), every file non-empty, reruns identical."""
+"""The report: answer first (verdict, contents), every section present (or listed on the one line saying
+why not), every file non-empty, reruns identical."""
 
 from __future__ import annotations
 
@@ -7,16 +8,26 @@ import pytest
 from tests.helpers import assert_one_sentence_error, run_cli
 
 EXPECTED_SECTIONS = ["Trace summary", "Predictor accuracy (decode)", "Cost model", "Expert cache", "Expert popularity",
-                     "Drop-cold trade-off", "Prefetch and retention what-ifs"]
+                     "Drop-cold trade-off", "Prefetch and retention what-ifs", "Quality (drop-cold measured in the model)"]
 
 
 def _report(trace, out):
+    from replay.present.report import anchor
+
     res = run_cli("report", trace, "-o", out)
     assert res.code == 0, res.err
     md = (out / "index.md").read_text()
     html = (out / "index.html").read_text()
+    # answer first: the verdict, then the contents, then the sections
+    assert md.index("## Verdict") < md.index("**Contents:**") < md.index("## Trace summary")
+    assert html.index("<h2 id='verdict'>Verdict</h2>") < html.index("<nav>") < html.index("<h2 id='trace-summary'>")
+    missing = next((ln for ln in md.splitlines() if ln.startswith("*Not in this report:")), "")
     for title in EXPECTED_SECTIONS:
-        assert f"## {title}" in md and f"<h2>{title}</h2>" in html
+        shown = f"## {title}" in md and f"<h2 id='{anchor(title)}'>{title}</h2>" in html
+        # a section the trace cannot support is not a heading: it is named on the one "not in this report" line
+        assert shown != (f"the {title.lower()} section" in missing), title
+        if shown:
+            assert f"[{title}](#{anchor(title)})" in md and f"<a href='#{anchor(title)}'>{title}</a>" in html
     for f in out.rglob("*"):
         if f.is_file():
             assert f.stat().st_size > 0, f
@@ -36,7 +47,8 @@ def test_report_on_synthetic_trace_says_why_not(synth_trace_dir, tmp_path):
     d = synth_trace_dir(layers=6, experts=16, top_k=2, embd=8, tokens=40, prompt_tokens=8)
     md = _report(d, tmp_path / "r")
     assert "Static mode needs the engine's recorded residency" in md and "Closed loop: LRU at" in md
-    assert "Not available for this trace: the trace has no recorded per-token engine metrics" in md
+    assert "*Not in this report: the cost model section: the trace has no recorded per-token engine metrics" in md
+    assert "## Cost model" not in md and md.count("Not in this report") == 1
 
 
 def test_report_is_byte_identical(synth_trace_dir, tmp_path):
@@ -64,8 +76,8 @@ def test_report_prints_parameters_exactly_and_labels_the_dropped_shares(synth_tr
     drop = md.split("## Drop-cold trade-off")[1].split("\n## ")[0]
     fracs = [ln.split("|")[2].strip() for ln in drop.splitlines() if ln.startswith("| closed |")]
     assert fracs == ["0.25", "0.5", "0.75", "1", "1.5"]
-    assert "routings with a drop %" in drop and "experts dropped % (engine's 'routings dropped')" in drop
-    assert "| hit_pct_decode_baseline | hit_pct_decode |" in drop
+    assert "Routings with a drop (%)" in drop and "Experts dropped (%, engine's 'routings dropped')" in drop
+    assert "| Hit % (decode, no drop) | Hit % (decode, with drop) |" in drop
 
 
 def test_one_precision_per_quantity():

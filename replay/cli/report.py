@@ -10,11 +10,14 @@ from replay.cli.options import BudgetsOpt, PolicyFileOpt, PredictorFileOpt, Trac
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(epilog=example("moe-replay report traces/qwen -o reports/qwen --force"))
+    @app.command(epilog=example("moe-replay report traces/qwen -o reports/qwen --budget-mib 4GiB --force"))
     def report(
         trace: Path = TraceArg,
         out: Path = typer.Option(..., "-o", "--out", help="Report directory to create (index.md, index.html, PNGs, tables/)."),
         budgets: str | None = BudgetsOpt,
+        budget_mib: str | None = typer.Option(None, "--budget-mib", help="The budget(s) the verdict answers for, comma-separated, "
+                                              "each in MiB or with a binary unit (default: the recorded one, else 2 x T); "
+                                              "drop-cold and prefetch run there too.", show_default=False),
         policies: str | None = typer.Option(None, "--policies", help="Cache policies, comma-separated."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file (default: fit on the metrics)."),
         flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
@@ -25,7 +28,7 @@ def register(app: typer.Typer) -> None:
         quality: list[Path] = typer.Option([], "--quality", help="A 'moe-replay quality' output directory or its quality.json "
                                            "(repeatable): adds quality lost against reads avoided per setting."),
     ) -> None:
-        """Write a report: summary, predictors, cache curves, popularity, drop, prefetch, cost, quality."""
+        """Write a report: the verdict first (best policy, predictor, prefetch, drop-cold at the budget), then the evidence."""
         from replay.api import write_report
         from replay.cache import check_policies
         from replay.cost import cost_model_from_options
@@ -37,10 +40,11 @@ def register(app: typer.Typer) -> None:
         # Validated up front, as 'cache' does: a bad value must not silently turn into a section
         # marked unavailable (every section's UserError is caught and shown as "not available").
         b = parse_budgets(budgets, "--budgets") if budgets is not None else None
+        vb = parse_budgets(budget_mib, "--budget-mib") if budget_mib is not None else None
         p = check_policies([x for x in policies.split(",") if x.strip()]) if policies is not None else None
         m = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
         with progress(len(SECTIONS), "report", unit="section") as bar:
-            write_report(trace, out, budgets_mib=b, policies=p, cost_model=m, force=force, predictor_file=predictor_file,
-                         progress=lambda name: (bar.set_postfix_str(name), bar.update()), inputs=[cost_model],
-                         quality=list(quality))
+            write_report(trace, out, budgets_mib=b, budget_mib=vb, policies=p, cost_model=m, force=force,
+                         predictor_file=predictor_file, progress=lambda name: (bar.set_postfix_str(name), bar.update()),
+                         inputs=[cost_model], quality=list(quality))
         typer.echo(f"wrote {out}/index.md and {out}/index.html")

@@ -18,7 +18,8 @@ and optionally ``PARAM = "d"`` (the name takes ``[int]``: ``stale-gate[2]``; ``p
 ``param=``), ``unavailable(trace) -> str | None`` (why it cannot run on this trace),
 ``param_problem(value) -> str | None``, ``check(trace, value) -> str | None``,
 ``ahead(value) -> int`` (MoE layers ahead its guess exists, default 1), ``PREFETCH = False``
-(not a prefetch predictor), ``REPORT = False`` (left out of the report), ``WEIGHTS = True``
+(not a prefetch predictor), ``REPORT = False`` (left out of the report), ``ORACLE = True`` (it has
+seen the answers: never the report's "best predictor"), ``WEIGHTS = True``
 (``predict`` accepts ``with_weights=``), ``note(trace, arr, in_phase) -> str | None``, and
 ``predict_many(...)`` (several names computed in one pass; see :mod:`.gate`).
 

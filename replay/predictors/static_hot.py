@@ -62,6 +62,7 @@ def predict_static_hot_prompt(arr: RoutingArrays, in_phase: np.ndarray, n_expert
 NAME = "static-hot"
 DESCRIPTION = "the layer's most-routed experts over the scored routings (oracle: has seen the answers)"
 WEIGHTS = True
+ORACLE = True  # has seen the answers: a ceiling, never the report's "best predictor"
 
 
 def mean_weights(arr: RoutingArrays, learn: np.ndarray, n_expert: int) -> dict[int, np.ndarray]:

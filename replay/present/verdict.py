@@ -1,0 +1,126 @@
+"""The report's verdict, answer first: its rows (built by :func:`replay.report.build_verdict` from
+the same frames the sections show, each figure copied from a verb's row) as Markdown lines, one
+line per row (the drop-cold rows share one line), each linking to the section with the evidence.
+
+Every figure is printed by :func:`replay.present.format.fmt_q` at its quantity's precision and
+every parameter (budget, F) exactly, so the page says what the ``--json`` rows say."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from replay.present.format import exact, fmt_q
+
+# the row kinds and the section each links to (the section's title: its anchor is made from it)
+EVIDENCE = {"cache": "Expert cache", "predictor": "Predictor accuracy (decode)", "prefetch": "Prefetch and retention what-ifs",
+            "drop": "Drop-cold trade-off", "cost": "Cost model"}
+
+
+def _link(kind: str, anchors: dict[str, str]) -> str:
+    title = EVIDENCE[kind]
+    return f" [→ {title}](#{anchors[title]})" if title in anchors else ""
+
+
+def _time(r: dict[str, Any], prefix: str = "") -> str:
+    ms, tok = r.get(f"{prefix}ms_per_token"), r.get(f"{prefix}tok_s")
+    return "" if ms is None else f", {fmt_q(ms, 'ms')} ms/token, {fmt_q(tok, 'tok_s')} tok/s"
+
+
+def _over(r: dict[str, Any], prefix: str) -> str:
+    """The cache section's mark for a hit rate that needed more memory than its budget."""
+    if not r.get(f"{prefix}over_budget"):
+        return ""
+    return f"! (over budget: the cache overflowed, peak {fmt_q(r[f'{prefix}peak_resident_mib'], 'mib')} MiB)"
+
+
+def _preload(r: dict[str, Any]) -> str:
+    """Bytes a policy read before the first token (``pin``'s pinned experts): not in MiB read, and why it
+    can beat the Belady bound, which starts from an empty cache."""
+    mib = r.get("preload_mib")
+    return f" + {fmt_q(mib, 'mib')} MiB preloaded before the first token (its first lookups of those hit)" if mib else ""
+
+
+def cache_line(r: dict[str, Any]) -> str:
+    head = f"**{exact(r['budget_mib'])} MiB** ({r['budget_from']}), decode: "
+    if r["policy"] is None:
+        return head + "no online policy stays within this budget (every one overflowed)"
+    txt = (head + f"best of {len(r['policies_compared'])} online policies **{r['policy']}**: "
+           f"{fmt_q(r['hit_pct_decode'], 'pct')}% hits, "
+           f"{fmt_q(r['read_mib'], 'mib')} MiB read (all phases){_preload(r)}{_time(r)}")
+    if r["policy"] == "lru":
+        txt += "; that is LRU"
+    elif r.get("lru_hit_pct_decode") is not None:
+        txt += (f"; LRU {fmt_q(r['lru_hit_pct_decode'], 'pct')}%{_over(r, 'lru_')} hits, {fmt_q(r['lru_read_mib'], 'mib')} MiB"
+                f"{_time(r, 'lru_')}")
+    if r.get("belady_hit_pct_decode") is not None:
+        txt += f"; the Belady bound {fmt_q(r['belady_hit_pct_decode'], 'pct')}%{_over(r, 'belady_')} hits"
+        gap = r.get("gap_to_belady_pp")
+        if gap is not None:
+            txt += f" ({fmt_q(abs(gap), 'pp')} points {'above' if gap >= 0 else 'below'} the best)"
+    if r.get("fastest_policy") is not None and r["fastest_policy"] != r["policy"]:
+        txt += (f"; fastest under the cost model: **{r['fastest_policy']}**, {fmt_q(r['fastest_ms_per_token'], 'ms')} ms/token, "
+                f"{fmt_q(r['fastest_tok_s'], 'tok_s')} tok/s at {fmt_q(r['fastest_hit_pct_decode'], 'pct')}% hits")
+    if r.get("over_budget_left_out"):
+        txt += f"; left out as over budget: {r['over_budget_left_out']}"
+    return txt
+
+
+def predictor_line(r: dict[str, Any]) -> str:
+    return (f"Best predictor (decode; checks and oracles left out): **{r['predictor']}**, {fmt_q(r['slot_acc_pct'], 'pct')}% "
+            f"slot accuracy ({fmt_q(r['whole_acc_pct'], 'pct')}% of routings named whole)")
+
+
+def prefetch_outcome(r: dict[str, Any]) -> str:
+    """What prefetching did, on time when there is a cost model, on hits and bytes otherwise."""
+    more_hits = (r["hit_pct_decode"] or 0.0) > (r["hit_pct_decode_baseline"] or 0.0)
+    if not r.get("spec_fills"):
+        return "it read nothing (every guess was resident or refused): no change"
+    if r.get("ms_per_token") is None:
+        return ("more hits" if more_hits else "no more hits") + ", and bytes are not time: no cost model to say which is faster"
+    saved = r["ms_per_token_baseline"] - r["ms_per_token"]
+    if saved > 0:
+        # below the printed precision the two times read the same: say by how little it wins
+        return "prefetching wins on time" + (", by less than 0.1 ms/token" if saved < 0.05 else "")
+    if more_hits:
+        return "prefetching loses on wall-clock time even though it raises the hit rate"
+    return "prefetching loses on time and on hits"
+
+
+def prefetch_line(r: dict[str, Any]) -> str:
+    how = f"{r['policy']}{' + guard' if r['guard'] else ''}"
+    txt = (f"Prefetch with {r['predictor']} at {exact(r['budget_mib'])} MiB ({how}): decode hits "
+           f"{fmt_q(r['hit_pct_decode_baseline'], 'pct')}% → {fmt_q(r['hit_pct_decode'], 'pct')}%, "
+           f"{fmt_q(r['total_mib_per_token_baseline'], 'mib_per_token')} → {fmt_q(r['total_mib_per_token'], 'mib_per_token')} "
+           "MiB read per decoded token")
+    if r.get("ms_per_token") is not None:
+        txt += (f", {fmt_q(r['ms_per_token_baseline'], 'ms')} → {fmt_q(r['ms_per_token'], 'ms')} ms/token "
+                f"({fmt_q(r['tok_s_baseline'], 'tok_s')} → {fmt_q(r['tok_s'], 'tok_s')} tok/s)")
+    return txt + f": **{prefetch_outcome(r)}**"
+
+
+def drop_line(rows: list[dict[str, Any]]) -> str:
+    r0 = rows[0]
+    how = ("static, on the engine's recorded residency" if r0["mode"] == "static"
+           else f"closed loop, LRU at {exact(r0['budget_mib'])} MiB")
+    parts = [f"F = {exact(r['frac'])}: {fmt_q(r['io_saved_pct'], 'pct')}% / {fmt_q(r['mass_lost_pct'], 'pct')}%" for r in rows]
+    return (f"Drop-cold ({how}; decode routings), reads avoided (% of miss bytes) / router weight mass discarded (%): "
+            + "; ".join(parts) + ". Weight mass is a proxy for quality, not a measurement of it")
+
+
+def cost_line(r: dict[str, Any]) -> str:
+    return f"Times (ms/token, tok/s) are decode estimates of the cost model, {r['source']}: {r['model']}"
+
+
+def verdict_lines(rows: list[dict[str, Any]], anchors: dict[str, str]) -> list[str]:
+    """Markdown lines, in the rows' order; ``anchors``: section title -> anchor of the sections shown."""
+    out = []
+    drops = [r for r in rows if r["kind"] == "drop"]
+    for r in rows:
+        k = r["kind"]
+        if k == "drop":
+            if r is drops[0]:
+                out.append(drop_line(drops) + "." + _link(k, anchors))
+            continue
+        line = {"cache": cache_line, "predictor": predictor_line, "prefetch": prefetch_line, "cost": cost_line}[k](r)
+        out.append(line + "." + _link(k, anchors))
+    return out or ["The trace cannot answer the cache question (see what is missing below)."]
