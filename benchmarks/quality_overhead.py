@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from engine_bridge import hf
-    from engine_bridge.quality import LruStep, Setting, _DropCold, _router_logit_hooks
+    from engine_bridge.quality import Setting, _DropCold, _router_logit_hooks, new_cache
     from replay.cache import budget_bytes
 
     start_tiny_model_run(a, "tokens teacher-forced")
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         def quality_s(n: int) -> tuple[float, float]:
             store: dict[int, np.ndarray] = {}
             handles = _router_logit_hooks(blocks, store)
-            cache = LruStep(leb, a.experts, budget_bytes(budget_mib))
+            cache = new_cache("lru", leb, a.experts, budget_bytes(budget_mib))
             ov = _DropCold(Setting(frac=0.75), k, layers, gating, {l: np.zeros(a.experts, np.float32) for l in layers}, store,
                            cache, False)
             try:
@@ -128,7 +128,7 @@ def _llama(a: argparse.Namespace) -> None:
     from engine_bridge.capture import CaptureOptions, capture, validate
     from engine_bridge.engine import Engine, EngineOptions
     from engine_bridge.gguf_static import read_static
-    from engine_bridge.quality import LruStep, Setting, _DropColdGgml
+    from engine_bridge.quality import Setting, _DropColdGgml, new_cache
     from engine_bridge.tinymodel import TinyModelConfig, write_tiny_model
     from replay.cache import budget_bytes
 
@@ -164,7 +164,7 @@ def _llama(a: argparse.Namespace) -> None:
             plan = validate(opts, static)
             plan.tokens[:] = tokens
             plan.n_ctx = len(tokens)
-            ov = _DropColdGgml(Setting(frac=0.75), list(static.moe_layers), LruStep(leb, a.experts, budget_bytes(budget_mib)),
+            ov = _DropColdGgml(Setting(frac=0.75), list(static.moe_layers), new_cache("lru", leb, a.experts, budget_bytes(budget_mib)),
                                False)
             t0 = time.perf_counter()
             res = capture(opts, plan, override=ov, output_logits=[])

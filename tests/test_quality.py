@@ -17,7 +17,7 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 
 from engine_bridge import hf  # noqa: E402
 from engine_bridge.hf_tiny import TinyHfConfig, write_tiny_hf_model  # noqa: E402
-from engine_bridge.quality import LruStep, Setting, _DropCold, _router_logit_hooks, quality  # noqa: E402
+from engine_bridge.quality import KernelStep, Setting, _DropCold, _router_logit_hooks, quality  # noqa: E402
 from replay.cache import budget_bytes, prepare_loads, replay  # noqa: E402
 from traces import open_trace  # noqa: E402
 from traces.errors import UserError  # noqa: E402
@@ -42,7 +42,7 @@ def run(model_dir, tmp_path_factory):
     return out, obj
 
 
-def own_replay_drops(trace_dir: Path, setting: Setting, budget_mib: float) -> np.ndarray:
+def own_replay_drops(trace_dir: Path, setting: Setting, budget_mib: float, policy: str = "lru") -> np.ndarray:
     """The slots the offline closed-loop replay of this trace drops (replay.drop.closed_drop's flags)."""
     t = open_trace(trace_dir)
     a = t.arrays(recorded=False)
@@ -55,7 +55,7 @@ def own_replay_drops(trace_dir: Path, setting: Setting, budget_mib: float) -> np
     else:
         flags[:, setting.keep_k:] = 2
     loads = prepare_loads(a, t.moe_layers, t.n_expert, t.expert_bytes)
-    return replay(loads, "lru", budget_mib, slots=True, drop=flags).slots == 3
+    return replay(loads, policy, budget_mib, slots=True, drop=flags).slots == 3
 
 
 def test_f0_is_bit_identical_to_a_plain_run(model_dir, tmp_path):
@@ -67,7 +67,7 @@ def test_f0_is_bit_identical_to_a_plain_run(model_dir, tmp_path):
     layers = [b.layer for b in blocks]
     store: dict[int, np.ndarray] = {}
     handles = _router_logit_hooks(blocks, store)
-    cache = LruStep(np.full(len(layers), 24576, np.int64), 8, budget_bytes(BUDGET))
+    cache = KernelStep("lru", np.full(len(layers), 24576, np.int64), 8, budget_bytes(BUDGET))
     ov = _DropCold(Setting(frac=0.0), k, layers, gating, {l: np.zeros(8, np.float32) for l in layers}, store, cache, False)
     try:
         f0 = hf.capture_hf(model, TEXT, tokenizer=tok, n_predict=0, out=tmp_path / "f0", keep_output_logits=True, ubatch=1,
@@ -152,9 +152,27 @@ def test_budget_at_the_working_set_never_evicts(run, model_dir, tmp_path):
                     seen.add(key)
 
 
+@pytest.mark.parametrize("policy", ["lfu", "lfru", "s3fifo", "sieve", "least-stale", "layer"])
+def test_other_policies_drops_equal_the_closed_loop_replay_of_the_runs_own_trace(model_dir, tmp_path, policy):
+    """The simulated cache follows the policy's replay semantics: each setting's recorded drops are
+    exactly the closed-loop replay's at that policy, and the *_replay figures are closed_drop's."""
+    from replay.drop import closed_drop
+
+    obj = quality(str(model_dir), TEXT[:60], fracs=[1.0], keep_ks=[1], out=tmp_path / "o", budget_mib=BUDGET, policy=policy)
+    assert obj["policy"] == policy
+    pred = closed_drop(open_trace(tmp_path / "o" / "plain"), [1.0], budget_mib=BUDGET, policy=policy, phase="all",
+                       keep_ks=[1]).to_dicts()
+    for s, p in zip((Setting(frac=1.0), Setting(keep_k=1)), pred):
+        rec = open_trace(tmp_path / "o" / s.dirname).arrays(recorded=True).dropped
+        assert rec is not None and rec.any()
+        assert np.array_equal(rec, own_replay_drops(tmp_path / "o" / s.dirname, s, BUDGET, policy))
+        row = next(r for r in obj["rows"] if r["setting"] == s.label)
+        assert row["io_saved_pct_replay"] == p["io_saved_pct"]
+
+
 def test_refusals(model_dir, tmp_path):
-    with pytest.raises(UserError, match="lru only"):
-        quality(str(model_dir), TEXT, fracs=[0.5], out=tmp_path / "x", budget_mib=1, policy="lfu")
+    with pytest.raises(UserError, match="--policy belady: .*next use"):
+        quality(str(model_dir), TEXT, fracs=[0.5], out=tmp_path / "x", budget_mib=1, policy="belady")
     with pytest.raises(UserError, match="keep-k 2"):
         quality(str(model_dir), TEXT, fracs=[0.5], keep_ks=[2], out=tmp_path / "x", budget_mib=1)
     with pytest.raises(UserError, match="given twice"):
@@ -212,7 +230,7 @@ def test_llama_f0_is_bit_identical_to_a_plain_run(gguf, tmp_path):
 
     plain = go("p", None)
     t = ot(tmp_path / "p")
-    cache = LruStep(np.array([t.expert_bytes[l] for l in t.moe_layers], np.int64), t.n_expert, budget_bytes(0.1))
+    cache = KernelStep("lru", np.array([t.expert_bytes[l] for l in t.moe_layers], np.int64), t.n_expert, budget_bytes(0.1))
     f0 = go("f0", _DropColdGgml(Setting(frac=0.0), list(t.moe_layers), cache, False))
     assert cache.lookups > 0 and np.array_equal(plain, f0)
 
@@ -237,7 +255,7 @@ def test_interrupt_leaves_nothing(model_dir, tmp_path, monkeypatch):
     from engine_bridge import quality as q
     from tests.helpers import run_cli
 
-    step, calls = q.LruStep.step, []
+    step, calls = q.KernelStep.step, []
 
     def interrupting(self, lidx, ids, flags):
         calls.append(1)
@@ -245,7 +263,7 @@ def test_interrupt_leaves_nothing(model_dir, tmp_path, monkeypatch):
             os.kill(os.getpid(), signal.SIGINT)
         return step(self, lidx, ids, flags)
 
-    monkeypatch.setattr(q.LruStep, "step", interrupting)
+    monkeypatch.setattr(q.KernelStep, "step", interrupting)
     text = tmp_path / "t.txt"
     text.write_text(TEXT, encoding="utf-8")
     res = run_cli("quality", model_dir, "--text", text, "--budget-mib", "0.05", "--drop-frac", "0.5", "-o", tmp_path / "o")
