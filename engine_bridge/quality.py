@@ -371,7 +371,8 @@ class _HfRunner:
         self.leb = np.array([expert_bytes[layer] for layer in self.layers], dtype=np.int64)
         self.targets = np.asarray(self.tok(text)["input_ids"][1:], dtype=np.int64)
 
-    def run(self, out: Path, setting: Setting | None, cache: LruStep | KernelStep | None, renormalize: bool) -> np.ndarray:
+    def _capture(self, out: Path, prompt: str, n_new: int, source: str | None, setting: Setting | None,
+                 cache: LruStep | KernelStep | None, renormalize: bool) -> Any:
         from engine_bridge import hf
 
         store: dict[int, np.ndarray] = {}
@@ -379,14 +380,25 @@ class _HfRunner:
         ov = (_DropCold(setting, self.k, self.layers, self.gating, self.sel_bias, store, cache, renormalize)
               if setting is not None and cache is not None else None)
         try:
-            res = hf.capture_hf(self.model, self.text, tokenizer=self.tok, n_predict=0, out=out, device=self.device,
-                                dtype=self.dtype, expert_dtype=self.expert_dtype, override=ov, keep_output_logits=True,
-                                ubatch=1, gate_input=False, prompt_source=self.text_source)
+            res = hf.capture_hf(self.model, prompt, tokenizer=self.tok, n_predict=n_new, out=out, device=self.device,
+                                dtype=self.dtype, expert_dtype=self.expert_dtype, override=ov, keep_output_logits=n_new == 0,
+                                ubatch=1, gate_input=False, prompt_source=source)
         finally:
             for h in handles:
                 h.remove()
         _check_passed(res, self.where, out)
-        return res.output_logits[0]
+        return res
+
+    def run(self, out: Path, setting: Setting | None, cache: LruStep | KernelStep | None, renormalize: bool) -> np.ndarray:
+        return self._capture(out, self.text, 0, self.text_source, setting, cache, renormalize).output_logits[0]
+
+    def generate(self, out: Path, prompt: str, n_new: int, setting: Setting | None, cache: LruStep | KernelStep | None,
+                 renormalize: bool) -> tuple[list[int], str]:
+        """Greedy generation of up to ``n_new`` tokens after ``prompt`` (one token per forward, the
+        prompt too): the generated token ids and their text."""
+        res = self._capture(out, prompt, n_new, None, setting, cache, renormalize)
+        gen = [int(t) for t in res.generated[0]]
+        return gen, self.tok.decode(gen)
 
 
 class _LlamaRunner:
@@ -411,15 +423,31 @@ class _LlamaRunner:
         self.targets = np.asarray(self.plan.tokens[1:], dtype=np.int64)
 
     def run(self, out: Path, setting: Setting | None, cache: LruStep | KernelStep | None, renormalize: bool) -> np.ndarray:
+        logits: list[np.ndarray] = []
+        self._capture(out, self.text, 0, self.text_source, setting, cache, renormalize, logits)
+        return np.stack(logits)
+
+    def _capture(self, out: Path, prompt: str, n_new: int, source: str | None, setting: Setting | None,
+                 cache: LruStep | KernelStep | None, renormalize: bool, logits: list[np.ndarray] | None = None) -> Any:
         from engine_bridge.capture import CaptureOptions, capture, validate
 
-        opts = CaptureOptions(model=self.model, prompt=self.text, out=str(out), n_decode=0, ubatch=1, gate_input=False,
-                              prompt_source=self.text_source, kv_type="f32", flash_attn="off")
+        opts = CaptureOptions(model=self.model, prompt=prompt, out=str(out), n_decode=n_new, ubatch=1, gate_input=False,
+                              prompt_source=source, kv_type="f32", flash_attn="off")
         ov = _DropColdGgml(setting, self.layers, cache, renormalize) if setting is not None and cache is not None else None
-        logits: list[np.ndarray] = []
         res = capture(opts, validate(opts, self.plan.static), override=ov, output_logits=logits)
         _check_passed(res, self.where, out)
-        return np.stack(logits)
+        return res
+
+    def generate(self, out: Path, prompt: str, n_new: int, setting: Setting | None, cache: LruStep | KernelStep | None,
+                 renormalize: bool) -> tuple[list[int], str]:
+        """Greedy generation (llama.cpp's decode loop, temperature 0): the generated token ids (the
+        trace's decode rows) and their text."""
+        from traces import open_trace
+
+        res = self._capture(out, prompt, n_new, None, setting, cache, renormalize)
+        a = open_trace(out).arrays(recorded=True)
+        first = (a.phase == 1) & (a.layer == self.layers[0])  # one row per decoded token at the first MoE layer
+        return [int(t) for t in a.token[first]], str(res.meta["capture_summary"]["generated_text"])
 
 
 def _check_passed(res: Any, where: str, out: Path) -> None:
@@ -439,14 +467,19 @@ def _check_passed(res: Any, where: str, out: Path) -> None:
 def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str | Path, budget_mib: float,
             policy: str = "lru", keep_ks: list[int] | None = None, renormalize: bool = False, tokenizer: Any = None,
             device: str = "cpu", dtype: str = "float32", expert_dtype: str | None = None, force: bool = False,
-            text_source: str | None = None, engine: str = "transformers") -> dict[str, Any]:
+            text_source: str | None = None, engine: str = "transformers", prompt: str | None = None,
+            max_new_tokens: int = 32) -> dict[str, Any]:
     """Run the settings (each F of ``fracs``, each K of ``keep_ks``) and the undropped run over
-    ``text``; write OUT/quality.json, OUT/plain/ and one trace per setting; return the JSON object."""
-    from replay.cache import budget_bytes, check_policies, prepare_loads, replay
-    from replay.cache_kernel import ACC_READ
-    from replay.drop import closed_drop
+    ``text``; write OUT/quality.json, OUT/plain/ and one trace per setting; return the JSON object.
+
+    With ``prompt``: also, once per setting and once undropped, generate up to ``max_new_tokens``
+    tokens greedily after it with the drop applied (one token per forward, a fresh simulated cache
+    per run, carried from the prompt into the generation); OUT/gen-plain/ and OUT/gen-<setting>/
+    hold their traces, quality.json's ``generation`` the texts, the first generated token where each
+    setting's output leaves the undropped one (``diverges_at``, null if identical) and the run's
+    figures beside the closed-loop replay's of the undropped generation's trace."""
+    from replay.cache import budget_bytes, check_policies
     from replay.present.format import json_object
-    from traces import open_trace
     from traces.atomic import staged_dir
 
     check_policies([policy], option="--policy")
@@ -461,6 +494,10 @@ def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str 
     budget = budget_bytes(budget_mib)
     if not text or not text.strip():
         raise UserError(f"{text_source or '--text'}: the text is empty.")
+    if prompt is not None and not prompt.strip():
+        raise UserError("--prompt: the prompt is empty.")
+    if prompt is not None and max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens {max_new_tokens}: generate at least 1 token.")
     if engine == "transformers":
         runner: Any = _HfRunner(model, tokenizer, device, dtype, expert_dtype, text, text_source)
     elif engine == "llama.cpp":
@@ -479,12 +516,7 @@ def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str 
 
     with staged_dir(out, force=force, inputs=[str(model) if isinstance(model, (str, Path)) else None, text_source]) as stage:
         base_logits = runner.run(stage / "plain", None, None, renormalize)
-        plain = open_trace(stage / "plain")
-        loads = prepare_loads(plain.arrays(recorded=False), plain.moe_layers, plain.n_expert, plain.expert_bytes)
-        base_read = int(replay(loads, policy, float(budget_mib)).acc[:, :, ACC_READ].sum())
-        pred = closed_drop(plain, [s.frac for s in settings if s.frac is not None], budget_mib=float(budget_mib),
-                           policy=policy, phase="all", keep_ks=[s.keep_k for s in settings if s.keep_k is not None])
-        pred_rows = pred.to_dicts()
+        base_read, pred_rows = _predicted(stage / "plain", settings, policy, budget_mib)
         base_fig = output_figures(base_logits, base_logits, targets)
         rows = []
         for s in settings:
@@ -495,19 +527,75 @@ def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str 
                                    "ppl_delta_pct": (fig["ppl"] - base_fig["ppl"]) / base_fig["ppl"] * 100.0,
                                    "kl_mean": fig["kl_mean"], "kl_p95": fig["kl_p95"],
                                    "top1_agree_pct": fig["top1_agree_pct"]}
-            row.update(run_figures(stage / s.dirname, cache.read_bytes, base_read))
-            p = next(r for r in pred_rows if (r["mode"] == "closed" and r["frac"] == s.frac)
-                     or (r["mode"] == "closed-k" and r["keep_k"] == s.keep_k))
-            for key in ("routings_dropped_pct", "io_saved_pct", "mass_lost_pct", "experts_dropped_pct"):
-                row[f"{key}_replay"] = p[key]
-            row.update(read_mib=cache.read_bytes / 2**20, read_mib_plain=base_read / 2**20,
-                       overflow_loads=cache.overflow_loads, trace=s.dirname)
+            row.update(_run_and_replay(stage / s.dirname, s, cache, base_read, pred_rows))
+            row["trace"] = s.dirname
             rows.append(row)
+        gen = None
+        if prompt is not None:
+            gen = _generation(runner, stage, prompt, max_new_tokens, settings, policy, budget_mib, leb, n_expert, budget,
+                              renormalize)
         obj = json.loads(json_object("quality", str(Path(out) / "plain"), rows))
         obj.update(plain={"ppl": base_fig["ppl"], "tokens": int(targets.size + 1)}, budget_mib=float(budget_mib),
                    policy=policy, renormalize=renormalize, engine=engine, load="one token per forward (teacher-forced)")
+        if gen is not None:
+            obj["generation"] = gen
         (stage / "quality.json").write_text(json.dumps(obj, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return obj
+
+
+def _predicted(plain_dir: Path, settings: list[Setting], policy: str, budget_mib: float) -> tuple[int, list[dict[str, Any]]]:
+    """The undropped run's reads in the replay at ``policy`` and the closed-loop replay's rows
+    (every phase) of its trace for the settings."""
+    from replay.cache import prepare_loads, replay
+    from replay.cache_kernel import ACC_READ
+    from replay.drop import closed_drop
+    from traces import open_trace
+
+    plain = open_trace(plain_dir)
+    loads = prepare_loads(plain.arrays(recorded=False), plain.moe_layers, plain.n_expert, plain.expert_bytes)
+    base_read = int(replay(loads, policy, float(budget_mib)).acc[:, :, ACC_READ].sum())
+    pred = closed_drop(plain, [s.frac for s in settings if s.frac is not None], budget_mib=float(budget_mib),
+                       policy=policy, phase="all", keep_ks=[s.keep_k for s in settings if s.keep_k is not None])
+    return base_read, pred.to_dicts()
+
+
+def _run_and_replay(trace_dir: Path, s: Setting, cache: LruStep | KernelStep, base_read: int,
+                    pred_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run's figures as they happened (its trace, its cache's reads) and the replay's beside them."""
+    row: dict[str, Any] = dict(run_figures(trace_dir, cache.read_bytes, base_read))
+    p = next(r for r in pred_rows if (r["mode"] == "closed" and r["frac"] == s.frac)
+             or (r["mode"] == "closed-k" and r["keep_k"] == s.keep_k))
+    for key in ("routings_dropped_pct", "io_saved_pct", "mass_lost_pct", "experts_dropped_pct"):
+        row[f"{key}_replay"] = p[key]
+    row.update(read_mib=cache.read_bytes / 2**20, read_mib_plain=base_read / 2**20, overflow_loads=cache.overflow_loads)
+    return row
+
+
+def diverges_at(base: list[int], gen: list[int]) -> int | None:
+    """The index of the first generated token where ``gen`` differs from ``base`` (a shorter
+    output diverges where it stops); None if they are identical."""
+    for i, (a, b) in enumerate(zip(base, gen)):
+        if a != b:
+            return i
+    return None if len(base) == len(gen) else min(len(base), len(gen))
+
+
+def _generation(runner: Any, stage: Path, prompt: str, n_new: int, settings: list[Setting], policy: str, budget_mib: float,
+                leb: np.ndarray, n_expert: int, budget: int, renormalize: bool) -> dict[str, Any]:
+    base_toks, base_text = runner.generate(stage / "gen-plain", prompt, n_new, None, None, renormalize)
+    base_read, pred_rows = _predicted(stage / "gen-plain", settings, policy, budget_mib)
+    rows = []
+    for s in settings:
+        cache = new_cache(policy, leb, n_expert, budget)
+        toks, text = runner.generate(stage / f"gen-{s.dirname}", prompt, n_new, s, cache, renormalize)
+        row: dict[str, Any] = {"setting": s.label, "frac": s.frac, "keep_k": s.keep_k, "diverges_at": diverges_at(base_toks, toks),
+                               "tokens_generated": len(toks), "text": text, "token_ids": toks}
+        row.update(_run_and_replay(stage / f"gen-{s.dirname}", s, cache, base_read, pred_rows))
+        row["trace"] = f"gen-{s.dirname}"
+        rows.append(row)
+    return {"prompt": prompt, "max_new_tokens": n_new, "load": "one token per forward (prompt and generation), greedy",
+            "plain": {"text": base_text, "token_ids": base_toks, "tokens_generated": len(base_toks), "trace": "gen-plain"},
+            "rows": rows}
 
 
 def format_table(obj: dict[str, Any]) -> str:
@@ -527,4 +615,21 @@ def format_table(obj: dict[str, Any]) -> str:
                      f"{f(r['routings_dropped_pct']) + ' / ' + f(r['routings_dropped_pct_replay']):>30} "
                      f"{f(r['io_saved_pct']) + ' / ' + f(r['io_saved_pct_replay']):>27} "
                      f"{f(r['mass_lost_pct']) + ' / ' + f(r['mass_lost_pct_replay']):>23}")
+    g = obj.get("generation")
+    if g is not None:
+        lines += ["", f"greedy generation, up to {g['max_new_tokens']} tokens after the prompt; undropped: "
+                  f"{g['plain']['tokens_generated']} tokens, {_clip(g['plain']['text'])}",
+                  f"{'setting':<14} {'diverges at':>11} {'routings dropped % run/replay':>30} "
+                  f"{'reads avoided % run/replay':>27} {'mass lost % run/replay':>23}  text"]
+        for r in g["rows"]:
+            at = "identical" if r["diverges_at"] is None else f"token {r['diverges_at']}"
+            lines.append(f"{r['setting']:<14} {at:>11} "
+                         f"{f(r['routings_dropped_pct']) + ' / ' + f(r['routings_dropped_pct_replay']):>30} "
+                         f"{f(r['io_saved_pct']) + ' / ' + f(r['io_saved_pct_replay']):>27} "
+                         f"{f(r['mass_lost_pct']) + ' / ' + f(r['mass_lost_pct_replay']):>23}  {_clip(r['text'])}")
     return "\n".join(lines)
+
+
+def _clip(text: str, n: int = 48) -> str:
+    """The text as a Python literal, cut to ``n`` characters (the whole text is in quality.json)."""
+    return repr(text if len(text) <= n else text[:n] + "...")

@@ -170,6 +170,57 @@ def test_other_policies_drops_equal_the_closed_loop_replay_of_the_runs_own_trace
         assert row["io_saved_pct_replay"] == p["io_saved_pct"]
 
 
+PROMPT = "the quick brown fox"  # the tiny model does not end it at once (it does "the router picks")
+GEN_N = 10
+
+
+def check_generation(out: Path, gen: dict, budget_mib: float, policy: str = "lru") -> None:
+    """Every generation row is recorded consistently: its token ids are its trace's decode tokens,
+    ``diverges_at`` is the first index where they leave the undropped run's (None: identical), and
+    its recorded drops are the closed-loop replay's of its own trace."""
+    plain = gen["plain"]["token_ids"]
+    assert len(plain) > 0
+    for r in gen["rows"]:
+        toks, d = r["token_ids"], r["diverges_at"]
+        assert r["tokens_generated"] == len(toks)
+        if d is None:
+            assert toks == plain
+        else:
+            assert toks[:d] == plain[:d] and (d == min(len(toks), len(plain)) or toks[d] != plain[d])
+        a = open_trace(out / r["trace"]).arrays(recorded=True)
+        first = (a.phase == 1) & (a.layer == a.layer.min())
+        assert a.token[first].tolist() == toks
+        s = Setting(frac=r["frac"]) if r["frac"] is not None else Setting(keep_k=r["keep_k"])
+        drops = own_replay_drops(out / r["trace"], s, budget_mib, policy)
+        assert np.array_equal(a.dropped, drops)
+        top = np.argmax(a.weights, axis=1)
+        assert not a.dropped[np.arange(top.size), top].any()
+
+
+def test_generation_f0_is_plain_greedy_and_drops_are_recorded_consistently(model_dir, tmp_path):
+    import torch
+
+    out = tmp_path / "g"
+    obj = quality(str(model_dir), TEXT[:30], fracs=[0.0, 1.0], keep_ks=[1], out=out, budget_mib=BUDGET, prompt=PROMPT,
+                  max_new_tokens=GEN_N)
+    gen = obj["generation"]
+    rows = {r["setting"]: r for r in gen["rows"]}
+    assert rows["drop F=0"]["diverges_at"] is None and rows["drop F=0"]["routings_dropped_pct"] == 0.0
+    # the undropped generation is transformers' own greedy decoding
+    model, tok = hf.load_model(str(model_dir))
+    ids = tok(PROMPT, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=GEN_N, do_sample=False)[0, ids.shape[1]:]
+    ref = ref.tolist()
+    if tok.eos_token_id in ref:  # capture stops before the end-of-generation token; generate emits it
+        ref = ref[:ref.index(tok.eos_token_id)]
+    assert gen["plain"]["token_ids"] == ref and rows["drop F=0"]["token_ids"] == ref
+    assert gen["plain"]["text"] == tok.decode(ref) and rows["drop F=0"]["text"] == tok.decode(ref)
+    assert rows["keep-k 1"]["routings_dropped_pct"] == 100.0 and rows["drop F=1"]["routings_dropped_pct"] > 0
+    check_generation(out, gen, BUDGET)
+    assert json.loads((out / "quality.json").read_text())["generation"] == gen
+
+
 def test_refusals(model_dir, tmp_path):
     with pytest.raises(UserError, match="--policy belady: .*next use"):
         quality(str(model_dir), TEXT, fracs=[0.5], out=tmp_path / "x", budget_mib=1, policy="belady")
@@ -245,6 +296,26 @@ def test_llama_drops_change_outputs_and_equal_the_replay_of_the_runs_own_trace(l
         assert np.array_equal(a.dropped, own_replay_drops(out / s.dirname, s, 0.1))
         top = np.argmax(a.weights, axis=1)
         assert not a.dropped[np.arange(top.size), top].any()
+
+
+def test_llama_generation(gguf, tmp_path):
+    from engine_bridge.capture import CaptureOptions, capture
+
+    out = tmp_path / "g"
+    obj = quality(str(gguf), TEXT[:30], fracs=[0.0, 1.0], keep_ks=[2], out=out, budget_mib=0.1, engine="llama.cpp",
+                  prompt=PROMPT, max_new_tokens=GEN_N)
+    gen = obj["generation"]
+    rows = {r["setting"]: r for r in gen["rows"]}
+    f0 = rows["drop F=0"]
+    # a plain greedy capture (no eval-callback override) generates the same tokens
+    res = capture(CaptureOptions(model=str(gguf), prompt=PROMPT, out=str(tmp_path / "p"), n_decode=GEN_N, ubatch=1,
+                                 gate_input=False, kv_type="f32", flash_attn="off"))
+    a = open_trace(tmp_path / "p").arrays(recorded=True)
+    plain = a.token[(a.phase == 1) & (a.layer == a.layer.min())].tolist()
+    assert gen["plain"]["token_ids"] == plain and f0["token_ids"] == plain and f0["diverges_at"] is None
+    assert f0["text"] == gen["plain"]["text"] == res.meta["capture_summary"]["generated_text"]
+    assert rows["keep-k 2"]["routings_dropped_pct"] == 100.0
+    check_generation(out, gen, 0.1)
 
 
 def test_interrupt_leaves_nothing(model_dir, tmp_path, monkeypatch):
