@@ -144,6 +144,7 @@ class KernelStep:
         self.bacc = np.zeros((1, N_ACC), np.int64)
         self.lidx_a, self.phase_a, self.batch_a = np.zeros(1, np.int32), np.zeros(1, np.int8), np.zeros(1, np.int32)
         self.next_load, self.pred = np.zeros((0, 1), np.int32), np.zeros((0, 1), np.int32)
+        self.starts: dict[int, np.ndarray] = {}
         self.load = -1
         self.tick = 0
         self.last_lidx = L  # the first load starts a batch
@@ -156,15 +157,18 @@ class KernelStep:
 
         self.load += 1
         T, k = ids.shape
-        entries = ids.astype(np.int32) + np.int32(lidx * self.n_expert)
-        slots = np.zeros((T, k), np.uint8)
+        entries = np.asarray(ids, np.int32) + np.int32(lidx * self.n_expert)
+        slots = np.empty((T, k), np.uint8)  # the kernel writes every slot's code
+        start = self.starts.get(T)
+        if start is None:
+            start = self.starts[T] = np.array([0, T], np.int64)
         self.lidx_a[0] = lidx
         o, st = self.opts, self.stats
         o[OPT_TICK0], o[OPT_LOAD0] = self.tick, self.load
         o[OPT_BATCH0] = 0 if lidx > self.last_lidx else -1  # same token: the batch continues
         self.last_lidx = lidx
         st[:] = 0
-        self.kern(entries, np.array([0, T], np.int64), self.lidx_a, self.phase_a, self.batch_a, self.layer_info,
+        self.kern(entries, start, self.lidx_a, self.phase_a, self.batch_a, self.layer_info,
                   self.next_load, self.ent, self.grp, self.ps, self.acc, self.bacc, st, slots,
                   np.ascontiguousarray(flags, np.uint8), self.pred, o)
         self.tick = int(st[STAT_TICKS])
@@ -237,13 +241,12 @@ class DropCold:
 
     def decide(self, lidx: int, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
         T, k = ids.shape
-        w64 = weights.astype(np.float64)
-        flags = np.zeros((T, k), np.uint8)
         if self.setting.frac is not None:
-            top = np.zeros((T, k), dtype=bool)
-            top[np.arange(T), np.argmax(w64, axis=1)] = True
-            flags[(w64 < self.setting.frac / k) & ~top] = 1
+            w64 = weights.astype(np.float64)  # the replay compares float64 weights with F / k
+            flags = (w64 < self.setting.frac / k).view(np.uint8)  # 1: drop if a miss
+            flags[np.arange(T), np.argmax(w64, axis=1)] = 0  # never the routing's top-weighted slot
         else:
+            flags = np.zeros((T, k), np.uint8)
             flags[:, self.setting.keep_k:] = 2
         return self.cache.step(lidx, ids, flags)
 
@@ -294,7 +297,8 @@ class _DropColdGgml:
         skipped = self.rule.decide(self.lidx[layer], ids, weights)
         if not skipped.any():
             return None
-        new = np.where(skipped, np.float32(0), weights).astype(np.float32)
+        new = weights.astype(np.float32)  # a copy
+        new[skipped] = 0
         if self.renormalize:
             new = (new * (weights.sum(axis=1, keepdims=True) / new.sum(axis=1, keepdims=True))).astype(np.float32)
         return new
@@ -431,8 +435,11 @@ class _LlamaRunner:
                  cache: LruStep | KernelStep | None, renormalize: bool, logits: list[np.ndarray] | None = None) -> Any:
         from engine_bridge.capture import CaptureOptions, capture, validate
 
+        # Router logits only in the undropped run: its self-check (the trace's experts are the top-k of
+        # the logits the engine computed) vouches for how this model's routing is read, which the
+        # dropped runs read the same way; observing them costs a graph split per MoE layer per token.
         opts = CaptureOptions(model=self.model, prompt=prompt, out=str(out), n_decode=n_new, ubatch=1, gate_input=False,
-                              prompt_source=source, kv_type="f32", flash_attn="off")
+                              logits=setting is None, prompt_source=source, kv_type="f32", flash_attn="off")
         ov = _DropColdGgml(setting, self.layers, cache, renormalize) if setting is not None and cache is not None else None
         res = capture(opts, validate(opts, self.plan.static), override=ov, output_logits=logits)
         _check_passed(res, self.where, out)
