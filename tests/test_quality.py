@@ -228,6 +228,10 @@ def test_refusals(model_dir, tmp_path):
         quality(str(model_dir), TEXT, fracs=[0.5], keep_ks=[2], out=tmp_path / "x", budget_mib=1)
     with pytest.raises(UserError, match="given twice"):
         quality(str(model_dir), TEXT, fracs=[0.5, 0.5], out=tmp_path / "x", budget_mib=1)
+    with pytest.raises(UserError, match="--max-new-tokens 0"):
+        quality(str(model_dir), TEXT, fracs=[0.5], out=tmp_path / "x", budget_mib=1, prompt="hi", max_new_tokens=0)
+    with pytest.raises(UserError, match="--prompt: the prompt is empty"):
+        quality(str(model_dir), TEXT, fracs=[0.5], out=tmp_path / "x", budget_mib=1, prompt=" ")
     assert not (tmp_path / "x").exists()
 
 
