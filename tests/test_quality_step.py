@@ -81,10 +81,22 @@ def _one_call(L, n, leb, loads):
     return lo
 
 
+def _at(lidx: int, rows: list[list[int]]) -> tuple[int, np.ndarray, np.ndarray]:
+    ids = np.array(rows, np.int32)
+    return lidx, ids, np.zeros(ids.shape, np.uint8)
+
+
+# A batch (token) spans loads: at token 1's layer-1 load, least-stale must see (0, 0), touched at
+# token 1's layer 0, as fresh and evict the stale (1, 0) instead, so token 2's (0, 0) hits.
+BATCH = (2, 4, 1, np.array([1000, 1000], np.int64), [_at(0, [[0]]), _at(1, [[0]]), _at(0, [[0]]), _at(1, [[1]]),
+                                                      _at(0, [[0]])], 2000)
+
+
 @pytest.mark.parametrize("policy", STEPPABLE)
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(case=cases())
 @example(case=REPEAT)
+@example(case=BATCH)
 def test_stepped_kernel_equals_one_replay(policy, case):
     L, n, k, leb, loads, budget = case
     step = new_cache(policy, leb, n, budget)
