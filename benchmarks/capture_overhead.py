@@ -143,7 +143,10 @@ def main() -> None:
         finally:
             shutil.rmtree(out.parent, ignore_errors=True)
 
-    class _Silent(MoeHook):
+    class _Silent(MoeHook):  # every ask in Python (native=False): the cost of a Python callback per node
+        def __init__(self, n_layer: int, observe_logits: bool) -> None:
+            super().__init__(n_layer, observe_logits, native=False)
+
         def _ask(self, t):  # noqa: ANN001
             self.asked += 1
             return False

@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from engine_bridge import hf
-    from engine_bridge.quality import LruStep, Setting, _DropCold, _router_logit_hooks
+    from engine_bridge.quality import Setting, _DropCold, _router_logit_hooks, new_cache
     from replay.cache import budget_bytes
 
     start_tiny_model_run(a, "tokens teacher-forced")
@@ -88,10 +88,10 @@ def main(argv: list[str] | None = None) -> None:
                 model(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float().cpu().numpy()
                 return time.perf_counter() - t0
 
-        def quality_s(n: int) -> tuple[float, float]:
+        def quality_s(n: int) -> tuple[float, float, float]:
             store: dict[int, np.ndarray] = {}
             handles = _router_logit_hooks(blocks, store)
-            cache = LruStep(leb, a.experts, budget_bytes(budget_mib))
+            cache = new_cache("lru", leb, a.experts, budget_bytes(budget_mib))
             ov = _DropCold(Setting(frac=0.75), k, layers, gating, {l: np.zeros(a.experts, np.float32) for l in layers}, store,
                            cache, False)
             try:
@@ -128,7 +128,7 @@ def _llama(a: argparse.Namespace) -> None:
     from engine_bridge.capture import CaptureOptions, capture, validate
     from engine_bridge.engine import Engine, EngineOptions
     from engine_bridge.gguf_static import read_static
-    from engine_bridge.quality import LruStep, Setting, _DropColdGgml
+    from engine_bridge.quality import Setting, _DropColdGgml, new_cache
     from engine_bridge.tinymodel import TinyModelConfig, write_tiny_model
     from replay.cache import budget_bytes
 
@@ -147,42 +147,50 @@ def _llama(a: argparse.Namespace) -> None:
         leb = np.array([static.expert_bytes[l] for l in static.moe_layers], np.int64)
         budget_mib = float(leb.sum()) * a.experts / 4 / 2**20
 
-        def loop_s() -> float:
+        def loop_s() -> tuple[float, float]:
             eng = Engine(str(model), EngineOptions(n_ctx=len(tokens), ubatch=1, threads=a.threads, arch=static.arch,
                                                    kv_type="f32", flash_attn="off"), None)
             try:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 for pos, t in enumerate(tokens):
                     eng.decode([t], pos)
-                return time.perf_counter() - t0
+                return time.perf_counter() - t0, time.process_time() - c0
             finally:
                 eng.close()
 
-        def quality_s(n: int) -> tuple[float, float]:
-            opts = CaptureOptions(model=str(model), prompt=text, out=str(tmp / f"q{n}"), n_decode=0, ubatch=1,
+        def quality_s(n: int) -> tuple[float, float, float]:
+            opts = CaptureOptions(model=str(model), prompt=text, out=str(tmp / f"q{n}"), n_decode=0, ubatch=1, logits=False,
                                   gate_input=False, kv_type="f32", flash_attn="off", threads=a.threads)
             plan = validate(opts, static)
             plan.tokens[:] = tokens
             plan.n_ctx = len(tokens)
-            ov = _DropColdGgml(Setting(frac=0.75), list(static.moe_layers), LruStep(leb, a.experts, budget_bytes(budget_mib)),
+            ov = _DropColdGgml(Setting(frac=0.75), list(static.moe_layers), new_cache("lru", leb, a.experts, budget_bytes(budget_mib)),
                                False)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             res = capture(opts, plan, override=ov, output_logits=[])
-            wall = time.perf_counter() - t0
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
             shutil.rmtree(tmp / f"q{n}")
-            return res.prefill_s, wall
+            return res.prefill_s, wall, cpu
 
-        loop, qf, qw = [], [], []
+        loop, loop_cpu, qf, qw, qc = [], [], [], [], []
         for r in range(a.repeats):
-            loop.append(loop_s())
-            f, w = quality_s(r)
+            w, c = loop_s()
+            loop.append(w)
+            loop_cpu.append(c)
+            f, w, c = quality_s(r)
             qf.append(f)
             qw.append(w)
+            qc.append(c)
         base = statistics.median(loop)
         print(f"{'mode':<34} {'median s':>9} {'best s':>8} {'x loop (median)':>16}")
         for name, xs in (("loop (plain teacher-forced pass)", loop), ("quality F=0.75, decodes", qf),
                          ("quality F=0.75, whole call", qw)):
             print(f"{name:<34} {statistics.median(xs):>9.3f} {min(xs):>8.3f} {statistics.median(xs) / base:>16.2f}")
+        # CPU seconds of this process (all its threads): on a loaded machine wall time includes
+        # waiting for a core, which CPU time does not; the ratio of medians is then the steadier figure.
+        cb = statistics.median(loop_cpu)
+        print(f"{'CPU s: loop / quality whole call':<34} {cb:>9.3f} {statistics.median(qc):>8.3f} "
+              f"{statistics.median(qc) / cb:>16.2f}")
         print(f"{len(tokens)} tokens; budget {budget_mib:.1f} MiB (a quarter of the experts)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -354,7 +354,7 @@ def capture(opts: CaptureOptions, plan: CapturePlan | None = None,
     # The context holds exactly the positions the run reaches; one llama_decode = one ubatch.
     eopts = EngineOptions(n_ctx=plan.n_ctx, ubatch=plan.ubatch, threads=opts.threads, n_expert_used=opts.n_expert_used,
                           arch=static.arch, verbose=opts.verbose, kv_type=opts.kv_type, flash_attn=opts.flash_attn)
-    engine = Engine(opts.model, eopts, hook.callback)
+    engine = Engine(opts.model, eopts, hook.callback, hook.user_data)
     try:
         # The training context as llama.cpp itself read it, once more before anything is written.
         _check_context(opts, len(plan.tokens), engine.n_ctx_train)

@@ -270,7 +270,12 @@ def quality_cmd(
                                   "whose weight is below F / k is dropped, never the routing's top expert."),
     budget_mib: str = typer.Option(..., "--budget-mib", help=f"Simulated expert cache budget in {BUDGET_UNITS_HELP}.",
                                    show_default=False),
-    policy: str = typer.Option("lru", "--policy", help="Cache policy of the simulated cache (lru only so far)."),
+    policy: str = typer.Option("lru", "--policy", help="Cache policy of the simulated cache: any policy the replay can step "
+                               "load by load (not belady, which needs the future, nor pin / colibri / layer-opt, which "
+                               "plan from the whole trace)."),
+    prompt: str | None = typer.Option(None, "--prompt", help="Also generate greedily after this prompt, once per setting "
+                                      "and undropped, and report where each output diverges."),
+    max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Tokens to generate after --prompt (at most)."),
     engine: str = typer.Option("transformers", "--engine", help="transformers (MODEL: a checkpoint directory) | llama.cpp "
                                "(MODEL: a GGUF file; CPU, KV cache f32, flash attention off)."),
     renormalize: bool = typer.Option(False, "--renormalize", help="Rescale the surviving weights to the sum the router "
@@ -300,7 +305,7 @@ def quality_cmd(
         raise UserError(f"{text}: cannot be read as UTF-8 text ({e.__class__.__name__}).") from None
     obj = quality(str(model), body, fracs=parse_fracs(drop_frac), out=out, budget_mib=parse_budget(budget_mib), policy=policy,
                   keep_ks=list(keep_k), renormalize=renormalize, device=device, dtype=dtype, expert_dtype=expert_dtype,
-                  force=force, text_source=str(text), engine=engine)
+                  force=force, text_source=str(text), engine=engine, prompt=prompt, max_new_tokens=max_new_tokens)
     import json
 
     typer.echo(json.dumps(obj, indent=1, allow_nan=False) if json_out else format_table(obj))

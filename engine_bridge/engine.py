@@ -207,7 +207,7 @@ class Engine:
     context's own n_batch / n_ubatch are read back and :meth:`decode` refuses, as a Python error,
     any batch llama.cpp would abort on."""
 
-    def __init__(self, model_path: str, opts: EngineOptions, callback: Any | None) -> None:
+    def __init__(self, model_path: str, opts: EngineOptions, callback: Any | None, callback_user_data: int | None = None) -> None:
         lc = import_llama_cpp()
         self.lc = lc
         self.sink = _log_sink(lc, opts.verbose)
@@ -240,7 +240,8 @@ class Engine:
         self.callback = callback
         if callback is not None:
             cp.cb_eval = callback
-            cp.cb_eval_user_data = None
+            # the native ask phase's state (MoeHook.user_data, which its callback also carries)
+            cp.cb_eval_user_data = callback_user_data if callback_user_data is not None else getattr(callback, "user_data", None)
         self.ctx = lc.llama_init_from_model(self.model, cp)
         if not self.ctx:
             lc.llama_model_free(self.model)

@@ -209,12 +209,17 @@ def read_array(ptr: int) -> np.ndarray:
     dtype = _NUMPY_TYPES.get(typ)
     if dtype is None:
         raise LayoutError(f"tensor {tensor_name(ptr)!r} has ggml type {type_name(typ)}, which the capture does not read")
-    ne = _NE.from_address(ptr + _NE_OFFSET)[:]
-    nb = _NB.from_address(ptr + _NB_OFFSET)[:]
-    shape = tuple(reversed(ne))
-    if min(ne) <= 0:
+    n0, n1, n2, n3 = _NE.from_address(ptr + _NE_OFFSET)
+    b0, b1, b2, b3 = _NB.from_address(ptr + _NB_OFFSET)
+    shape = (n3, n2, n1, n0)
+    if n0 <= 0 or n1 <= 0 or n2 <= 0 or n3 <= 0:
         return np.empty(shape, dtype=dtype)
-    nbytes = _TYPE_SIZE[typ] + sum((n - 1) * s for n, s in zip(ne, nb))
+    nbytes = _TYPE_SIZE[typ] + (n0 - 1) * b0 + (n1 - 1) * b1 + (n2 - 1) * b2 + (n3 - 1) * b3
+    if b0 == _TYPE_SIZE[typ] and b1 == b0 * n0 and b2 == b1 * n1 and b3 == b2 * n2:  # contiguous: no strided copy
+        out = np.empty(shape, dtype=dtype)
+        _tensor_get()(ptr, out.ctypes.data, 0, nbytes)
+        return out
+    nb = (b0, b1, b2, b3)
     raw = np.empty(nbytes, dtype=np.uint8)
     _tensor_get()(ptr, raw.ctypes.data, 0, nbytes)
     view = np.ndarray(shape=shape, dtype=dtype, buffer=raw, offset=0, strides=tuple(reversed(nb)))
@@ -226,18 +231,15 @@ def write_array(ptr: int, values: np.ndarray) -> None:
     ``ggml_backend_tensor_set`` (host or device buffer). Used inside the eval callback to change a
     node's output before its consumers run (a routing intervention on the final MoE weights)."""
     typ = ctypes.c_int.from_address(ptr).value
-    ne = _NE.from_address(ptr + _NE_OFFSET)[:]
-    nb = _NB.from_address(ptr + _NB_OFFSET)[:]
+    n0, n1, n2, n3 = _NE.from_address(ptr + _NE_OFFSET)
+    b0, b1, b2, b3 = _NB.from_address(ptr + _NB_OFFSET)
     if typ != GGML_TYPE_F32:
         raise LayoutError(f"tensor {tensor_name(ptr)!r} has ggml type {type_name(typ)}; an override writes float32 only")
-    expect = [4]
-    for n in ne[:-1]:
-        expect.append(expect[-1] * n)
-    if list(nb) != expect:
-        raise LayoutError(f"tensor {tensor_name(ptr)!r} is not contiguous (nb {list(nb)}); an override cannot write it")
+    if not (b0 == 4 and b1 == 4 * n0 and b2 == b1 * n1 and b3 == b2 * n2):
+        raise LayoutError(f"tensor {tensor_name(ptr)!r} is not contiguous (nb {[b0, b1, b2, b3]}); an override cannot write it")
     data = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
-    if data.size != int(np.prod(ne)):
-        raise LayoutError(f"tensor {tensor_name(ptr)!r} holds {int(np.prod(ne))} values; the override gave {data.size}")
+    if data.size != n0 * n1 * n2 * n3:
+        raise LayoutError(f"tensor {tensor_name(ptr)!r} holds {n0 * n1 * n2 * n3} values; the override gave {data.size}")
     _tensor_set()(ptr, data.ctypes.data, 0, data.nbytes)
 
 

@@ -72,7 +72,10 @@ class MoeHook:
     :attr:`callback`.
     """
 
-    def __init__(self, n_layer: int, observe_logits: bool, want_logits: bool = True, want_gate_input: bool = True) -> None:
+    def __init__(self, n_layer: int, observe_logits: bool, want_logits: bool = True, want_gate_input: bool = True,
+                 native: bool = True) -> None:
+        from engine_bridge import native_ask as na
+
         self.observe_logits = observe_logits
         self.want_logits = want_logits
         self.want_gate_input = want_gate_input
@@ -85,20 +88,45 @@ class MoeHook:
         self.layers: dict[int, LayerCapture] = {}
         self.shape = GraphShape()
         self._first_graph = True
-        self._topk_ptr = 0
-        self._topk_layer = -1
-        self._weights_ptr: dict[int, int] = {}
+        # What the ask phase remembers (the top-k node and its layer, each layer's last weights-chain
+        # node), in an array the native ask phase (engine_bridge.native_ask) shares as its user data.
+        self.state = np.zeros(na.S_WEIGHTS + n_layer, np.int64)
+        self.state[na.S_TOPK_LAYER] = -1
+        self.state[na.S_PY_ASK] = 1  # the first graph's asks run in Python (_note_shape)
+        self.state[na.S_OBS_LOGITS] = int(observe_logits)
+        self.state[na.S_N_LAYER] = n_layer
+        self.state[na.S_NAME_OFF], self.state[na.S_OP_OFF], self.state[na.S_SRC_OFF] = ggml.NAME_OFFSET, ggml.OP_OFFSET, ggml.SRC_OFFSET
         self._checked = False
         self.error: BaseException | None = None
         self.observed = 0  # nodes observed (graph splits forced), for the overhead report
         # A routing intervention: (layer, ids [T, k] rank order, weights [T, k] float32) -> new
         # weights or None; written into the final weights node before the expert outputs are mixed.
         self.override: Any = None
-        self.asked = 0
+        self._asked_py = 0
         ops = ggml.probe_layout()
         self._mul_mat_id = ops["MUL_MAT_ID"]
         self._mul_mat = ops["MUL_MAT"]
-        self.callback = ggml_eval_callback_type()(self._callback)
+        self.state[na.S_MUL_MAT_ID], self.state[na.S_MUL_MAT] = self._mul_mat_id, self._mul_mat
+        self.py_callback = ggml_eval_callback_type()(self._callback)
+        self.state[na.S_PYCB] = ctypes.cast(self.py_callback, ctypes.c_void_p).value
+        self.native = native
+        # The callback the context gets: the native ask phase (user data: the state array), which
+        # calls py_callback to observe; or py_callback itself (native=False: every node in Python).
+        self.callback = ggml_eval_callback_type()(na.callback.address) if native else self.py_callback
+        self.user_data = self.state.ctypes.data if native else None
+        if native:  # engine_bridge.engine.Engine passes it as the context's callback user data
+            self.callback.user_data = self.user_data
+        self._na = na
+
+    @property
+    def asked(self) -> int:
+        """Nodes the ask phase was asked about (Python and native together)."""
+        return self._asked_py + int(self.state[self._na.S_ASKED])
+
+    @asked.setter
+    def asked(self, value: int) -> None:
+        self._asked_py = value
+        self.state[self._na.S_ASKED] = 0
 
     # -- the callback -------------------------------------------------------------------------
     def _callback(self, t: int, ask: bool, _user: Any) -> bool:
@@ -110,21 +138,22 @@ class MoeHook:
             return False  # on ask: do not observe; after compute: abort the graph
 
     def _ask(self, t: int) -> bool:
-        self.asked += 1
+        na, st = self._na, self.state
+        self._asked_py += 1
         info = self.names.get(ctypes.string_at(t + ggml.NAME_OFFSET))
         if info is None:
-            if self._topk_layer >= 0 and ctypes.c_int.from_address(t + ggml.OP_OFFSET).value == self._mul_mat_id:
-                if ctypes.c_void_p.from_address(t + ggml.SRC_OFFSET + 2 * ctypes.sizeof(ctypes.c_void_p)).value == self._topk_ptr:
+            if st[na.S_TOPK_LAYER] >= 0 and ctypes.c_int.from_address(t + ggml.OP_OFFSET).value == self._mul_mat_id:
+                if ctypes.c_void_p.from_address(t + ggml.SRC_OFFSET + 2 * ctypes.sizeof(ctypes.c_void_p)).value == st[na.S_TOPK_PTR]:
                     return True
             return False
         kind, il, rank = info
         if self._first_graph:
             self._note_shape(t, kind, rank)
         if kind == TOPK:
-            self._topk_ptr, self._topk_layer = t, il
+            st[na.S_TOPK_PTR], st[na.S_TOPK_LAYER] = t, il
             return False
         if kind == WEIGHTS:
-            self._weights_ptr[il] = t  # later chain nodes overwrite earlier ones
+            st[na.S_WEIGHTS + il] = t  # later chain nodes overwrite earlier ones
             return False
         if kind == LOGITS:
             return self.observe_logits
@@ -152,12 +181,13 @@ class MoeHook:
             if self.shape.router_type is None:
                 self.shape.router_type = ggml.type_name(ggml.tensor(node.src[0]).type)
             return True
-        # The first expert matmul of layer _topk_layer: ids and final weights are computed.
-        il = self._topk_layer
-        topk = ggml.read_array(self._topk_ptr)
+        # The first expert matmul of the remembered top-k layer: ids and final weights are computed.
+        na, st = self._na, self.state
+        il = int(st[na.S_TOPK_LAYER])
+        topk = ggml.read_array(int(st[na.S_TOPK_PTR]))
         n_tok, k = topk.shape[-2], topk.shape[-1]
-        wptr = self._weights_ptr.get(il)
-        if wptr is None:
+        wptr = int(st[na.S_WEIGHTS + il])
+        if wptr == 0:
             raise RuntimeError(f"layer {il}: no ffn_moe_weights node precedes the first expert matmul")
         cap = self.layers.setdefault(il, LayerCapture())
         cap.experts = topk.reshape(n_tok, k)
@@ -170,8 +200,8 @@ class MoeHook:
                 new = np.asarray(new, dtype=np.float32).reshape(n_tok, k)
                 ggml.write_array(wptr, new)  # consumed only after the expert matmuls (ggml_mul with the outputs)
                 cap.dropped = (new == 0) & (cap.weights != 0)
-        self._topk_layer = -1
-        self._topk_ptr = 0
+        st[na.S_TOPK_LAYER] = -1
+        st[na.S_TOPK_PTR] = 0
         return True
 
     def _note_shape(self, t: int, kind: int, rank: int) -> None:
@@ -194,9 +224,11 @@ class MoeHook:
             err, self.error = self.error, None
             raise err
         out, self.layers = self.layers, {}
-        self._weights_ptr = {}
-        self._topk_layer = -1
+        na = self._na
+        self.state[na.S_WEIGHTS:] = 0
+        self.state[na.S_TOPK_LAYER] = -1
         self._first_graph = False
+        self.state[na.S_PY_ASK] = 0  # the graph's shape is noted: the native ask phase takes over
         return out
 
 

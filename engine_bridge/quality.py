@@ -4,8 +4,9 @@ the drop applied inside the forward pass, next to what the offline closed-loop r
 Per setting (drop-cold F, or the static top-k cut ``keep-k K``) the text is run teacher-forced,
 **one token per forward** (each token is its own batch, so one load = one (token, MoE layer)
 routing, exactly the decode-style loads the offline closed-loop replay of the run's trace replays).
-At every MoE layer a simulated expert cache (:class:`LruStep`: the replay's LRU semantics, stepped
-one load at a time, its state carried from token to token) is visited in rank order: a slot is
+At every MoE layer a simulated expert cache (:class:`KernelStep`: the replay's own kernel for the
+policy, stepped one load at a time, its state carried from token to token; :class:`LruStep` is its
+plain-Python LRU twin) is visited in rank order: a slot is
 dropped iff its entry is not resident, its router weight is below F / k and it is not the routing's
 top-weighted slot (the top-k cut drops every slot at rank >= K, resident or not). A dropped slot is
 neither looked up, nor read, nor admitted; its weight is set to zero without renormalising the
@@ -54,12 +55,13 @@ class Setting:
 
 
 class LruStep:
-    """The replay's global LRU (replay/policies/lru.py with the driver's rules), stepped one load at
-    a time: entries are (MoE layer index, expert); a load visits its slots token-major in rank order;
-    a repeat inside the load is only promoted; misses are admitted, then, once after the load,
-    least-recent entries not touched by the load are evicted until the bytes fit (an overflow if
-    none is left). A slot flagged 1 is skipped iff its entry is not resident at that moment, 2
-    always; a skipped slot leaves no trace in the cache."""
+    """Plain-Python twin of :class:`KernelStep` for ``lru`` (tests hold both to the kernel): the replay's
+    global LRU (replay/policies/lru.py with the driver's rules), stepped one load at a time: entries
+    are (MoE layer index, expert); a load visits its slots token-major in rank order; a repeat
+    inside the load is only promoted; misses are admitted, then, once after the load, least-recent
+    entries not touched by the load are evicted until the bytes fit (an overflow if none is left). A
+    slot flagged 1 is skipped iff its entry is not resident at that moment, 2 always; a skipped slot
+    leaves no trace in the cache."""
 
     def __init__(self, entry_bytes: np.ndarray, n_expert: int, budget: int) -> None:
         self.entry_bytes, self.n_expert, self.budget = entry_bytes, n_expert, budget
@@ -108,6 +110,117 @@ class LruStep:
         return skipped
 
 
+class KernelStep:
+    """Any policy the replay can step: the replay kernel itself (:func:`replay.cache.kernel_for`'s
+    what-if driver for ``policy``, drop flags on), called once per load with its state (``ent``,
+    ``grp``, the policy's ``ps``) and its clocks (tick, load number, current batch; as
+    :func:`replay.cache_stream.replay_stream` carries them from part to part) carried from call to
+    call. One token per forward: a load whose layer index is not above the previous load's starts a
+    new batch (the next token). Same interface and counters as :class:`LruStep`; the calls together
+    equal one replay of all the loads (tests/test_quality_step.py, every steppable policy)."""
+
+    def __init__(self, policy: str, entry_bytes: np.ndarray, n_expert: int, budget: int, seed: int = 0) -> None:
+        from replay.cache import Loads, _groups, kernel_for
+        from replay.cache_kernel import N_ACC, N_STATS, no_options
+        from replay.cache_state import new_state
+        from replay.policies import policy_module
+
+        check_steppable(policy)
+        pm = policy_module(policy)
+        L = int(entry_bytes.shape[0])
+        z32, z8 = np.zeros(0, np.int32), np.zeros(0, np.int8)
+        shell = Loads(entries=np.zeros((0, 1), np.int32), load_start=np.zeros(1, np.int64), load_lidx=z32, load_phase=z8,
+                      load_batch=z32, moe_layers=tuple(range(L)), n_expert=n_expert,
+                      layer_expert_bytes=np.asarray(entry_bytes, np.int64), batch_turn=z32, batch_step=z32, batch_phase=z8)
+        group, gbud = _groups(shell, pm, int(budget))
+        self.ent, self.grp = new_state(shell.entry_bytes, group, gbud)
+        self.ps = pm.init(self.ent, self.grp, int(seed))
+        self.kern = kernel_for(policy, whatif=True)
+        self.layer_info = np.stack([group[::n_expert], shell.layer_expert_bytes]).T.astype(np.int64).copy()
+        self.n_expert, self.budget = n_expert, budget
+        self.acc = np.zeros((2, L, N_ACC), np.int64)
+        self.stats = np.zeros(N_STATS, np.int64)
+        self.opts = no_options()
+        self.bacc = np.zeros((1, N_ACC), np.int64)
+        self.lidx_a, self.phase_a, self.batch_a = np.zeros(1, np.int32), np.zeros(1, np.int8), np.zeros(1, np.int32)
+        self.next_load, self.pred = np.zeros((0, 1), np.int32), np.zeros((0, 1), np.int32)
+        self.starts: dict[int, np.ndarray] = {}
+        self.load = -1
+        self.tick = 0
+        self.last_lidx = L  # the first load starts a batch
+        self.overflow_loads = self.evictions = 0
+
+    def step(self, lidx: int, ids: np.ndarray, flags: np.ndarray) -> np.ndarray:
+        """One load of layer index ``lidx``: ``ids`` [T, k] in rank order, ``flags`` [T, k] uint8
+        (1 skip if not resident, 2 always); returns the bool [T, k] of skipped slots."""
+        from replay.cache_kernel import OPT_BATCH0, OPT_LOAD0, OPT_TICK0, STAT_EVICTIONS, STAT_OVERFLOW, STAT_TICKS
+
+        self.load += 1
+        T, k = ids.shape
+        entries = np.asarray(ids, np.int32) + np.int32(lidx * self.n_expert)
+        slots = np.empty((T, k), np.uint8)  # the kernel writes every slot's code
+        start = self.starts.get(T)
+        if start is None:
+            start = self.starts[T] = np.array([0, T], np.int64)
+        self.lidx_a[0] = lidx
+        o, st = self.opts, self.stats
+        o[OPT_TICK0], o[OPT_LOAD0] = self.tick, self.load
+        o[OPT_BATCH0] = 0 if lidx > self.last_lidx else -1  # same token: the batch continues
+        self.last_lidx = lidx
+        st[:] = 0
+        self.kern(entries, start, self.lidx_a, self.phase_a, self.batch_a, self.layer_info,
+                  self.next_load, self.ent, self.grp, self.ps, self.acc, self.bacc, st, slots,
+                  np.ascontiguousarray(flags, np.uint8), self.pred, o)
+        self.tick = int(st[STAT_TICKS])
+        self.overflow_loads += int(st[STAT_OVERFLOW])
+        self.evictions += int(st[STAT_EVICTIONS])
+        return slots == 3
+
+    @property
+    def lookups(self) -> int:
+        from replay.cache_kernel import ACC_LOOKUPS
+
+        return int(self.acc[:, :, ACC_LOOKUPS].sum())
+
+    @property
+    def hits(self) -> int:
+        from replay.cache_kernel import ACC_HITS
+
+        return int(self.acc[:, :, ACC_HITS].sum())
+
+    @property
+    def read_bytes(self) -> int:
+        from replay.cache_kernel import ACC_READ
+
+        return int(self.acc[:, :, ACC_READ].sum())
+
+    @property
+    def skipped(self) -> int:
+        from replay.cache_kernel import ACC_SKIPPED
+
+        return int(self.acc[:, :, ACC_SKIPPED].sum())
+
+
+def check_steppable(policy: str) -> None:
+    """Refuse, in one sentence naming it, a policy the forward pass cannot step load by load."""
+    from replay.policies import policy_module
+
+    pm = policy_module(policy)
+    if pm.NEEDS_NEXT_USE:
+        raise UserError(f"--policy {policy}: quality cannot simulate it inside the forward pass, because it evicts by each "
+                        "entry's next use, which lies in tokens not yet computed (it is an offline bound).")
+    plans = [h for h in ("setup", "group_budgets", "prepare_options") if hasattr(pm, h)]
+    if plans:
+        raise UserError(f"--policy {policy}: quality cannot simulate it inside the forward pass, because it plans from the "
+                        f"whole trace before its replay ({', '.join(plans)}), which a run has not produced yet.")
+
+
+def new_cache(policy: str, entry_bytes: np.ndarray, n_expert: int, budget: int) -> KernelStep:
+    """The stepped cache a run uses for ``policy``: the replay's kernel stepped (for lru too: it is
+    exact by construction and faster than :class:`LruStep`, about 9 against 15 us per load)."""
+    return KernelStep(policy, entry_bytes, n_expert, budget)
+
+
 def parse_fracs(text: str) -> list[float]:
     try:
         vals = [float(x) for x in text.split(",") if x.strip()]
@@ -123,18 +236,17 @@ class DropCold:
     """One setting's decision at one load: ``decide(lidx, ids, weights)`` with ids and weights
     [T, k] in rank order returns the skipped slots, stepping the simulated cache."""
 
-    def __init__(self, setting: Setting, cache: LruStep) -> None:
+    def __init__(self, setting: Setting, cache: LruStep | KernelStep) -> None:
         self.setting, self.cache = setting, cache
 
     def decide(self, lidx: int, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
         T, k = ids.shape
-        w64 = weights.astype(np.float64)
-        flags = np.zeros((T, k), np.uint8)
         if self.setting.frac is not None:
-            top = np.zeros((T, k), dtype=bool)
-            top[np.arange(T), np.argmax(w64, axis=1)] = True
-            flags[(w64 < self.setting.frac / k) & ~top] = 1
+            w64 = weights.astype(np.float64)  # the replay compares float64 weights with F / k
+            flags = (w64 < self.setting.frac / k).view(np.uint8)  # 1: drop if a miss
+            flags[np.arange(T), np.argmax(w64, axis=1)] = 0  # never the routing's top-weighted slot
         else:
+            flags = np.zeros((T, k), np.uint8)
             flags[:, self.setting.keep_k:] = 2
         return self.cache.step(lidx, ids, flags)
 
@@ -145,7 +257,7 @@ class _DropCold:
     the rule drops them; the weights are rewritten inside the forward."""
 
     def __init__(self, setting: Setting, k: int, layers: list[int], gating: dict[str, Any], sel_bias: dict[int, np.ndarray],
-                 logits: dict[int, np.ndarray], cache: LruStep, renormalize: bool) -> None:
+                 logits: dict[int, np.ndarray], cache: LruStep | KernelStep, renormalize: bool) -> None:
         self.gating, self.sel_bias, self.logits = gating, sel_bias, logits
         self.lidx = {layer: i for i, layer in enumerate(layers)}
         self.rule, self.renormalize = DropCold(setting, cache), renormalize
@@ -177,7 +289,7 @@ class _DropColdGgml:
     """The same override on llama.cpp (engine_bridge.capture's ``override``): the eval callback
     hands ids already in rank order and the final weights as float32 numpy arrays."""
 
-    def __init__(self, setting: Setting, layers: list[int], cache: LruStep, renormalize: bool) -> None:
+    def __init__(self, setting: Setting, layers: list[int], cache: LruStep | KernelStep, renormalize: bool) -> None:
         self.lidx = {layer: i for i, layer in enumerate(layers)}
         self.rule, self.renormalize = DropCold(setting, cache), renormalize
 
@@ -185,7 +297,8 @@ class _DropColdGgml:
         skipped = self.rule.decide(self.lidx[layer], ids, weights)
         if not skipped.any():
             return None
-        new = np.where(skipped, np.float32(0), weights).astype(np.float32)
+        new = weights.astype(np.float32)  # a copy
+        new[skipped] = 0
         if self.renormalize:
             new = (new * (weights.sum(axis=1, keepdims=True) / new.sum(axis=1, keepdims=True))).astype(np.float32)
         return new
@@ -262,7 +375,8 @@ class _HfRunner:
         self.leb = np.array([expert_bytes[layer] for layer in self.layers], dtype=np.int64)
         self.targets = np.asarray(self.tok(text)["input_ids"][1:], dtype=np.int64)
 
-    def run(self, out: Path, setting: Setting | None, cache: LruStep | None, renormalize: bool) -> np.ndarray:
+    def _capture(self, out: Path, prompt: str, n_new: int, source: str | None, setting: Setting | None,
+                 cache: LruStep | KernelStep | None, renormalize: bool) -> Any:
         from engine_bridge import hf
 
         store: dict[int, np.ndarray] = {}
@@ -270,14 +384,25 @@ class _HfRunner:
         ov = (_DropCold(setting, self.k, self.layers, self.gating, self.sel_bias, store, cache, renormalize)
               if setting is not None and cache is not None else None)
         try:
-            res = hf.capture_hf(self.model, self.text, tokenizer=self.tok, n_predict=0, out=out, device=self.device,
-                                dtype=self.dtype, expert_dtype=self.expert_dtype, override=ov, keep_output_logits=True,
-                                ubatch=1, gate_input=False, prompt_source=self.text_source)
+            res = hf.capture_hf(self.model, prompt, tokenizer=self.tok, n_predict=n_new, out=out, device=self.device,
+                                dtype=self.dtype, expert_dtype=self.expert_dtype, override=ov, keep_output_logits=n_new == 0,
+                                ubatch=1, gate_input=False, prompt_source=source)
         finally:
             for h in handles:
                 h.remove()
         _check_passed(res, self.where, out)
-        return res.output_logits[0]
+        return res
+
+    def run(self, out: Path, setting: Setting | None, cache: LruStep | KernelStep | None, renormalize: bool) -> np.ndarray:
+        return self._capture(out, self.text, 0, self.text_source, setting, cache, renormalize).output_logits[0]
+
+    def generate(self, out: Path, prompt: str, n_new: int, setting: Setting | None, cache: LruStep | KernelStep | None,
+                 renormalize: bool) -> tuple[list[int], str]:
+        """Greedy generation of up to ``n_new`` tokens after ``prompt`` (one token per forward, the
+        prompt too): the generated token ids and their text."""
+        res = self._capture(out, prompt, n_new, None, setting, cache, renormalize)
+        gen = [int(t) for t in res.generated[0]]
+        return gen, self.tok.decode(gen)
 
 
 class _LlamaRunner:
@@ -301,16 +426,35 @@ class _LlamaRunner:
         self.leb = np.array([st.expert_bytes[layer] for layer in self.layers], dtype=np.int64)
         self.targets = np.asarray(self.plan.tokens[1:], dtype=np.int64)
 
-    def run(self, out: Path, setting: Setting | None, cache: LruStep | None, renormalize: bool) -> np.ndarray:
+    def run(self, out: Path, setting: Setting | None, cache: LruStep | KernelStep | None, renormalize: bool) -> np.ndarray:
+        logits: list[np.ndarray] = []
+        self._capture(out, self.text, 0, self.text_source, setting, cache, renormalize, logits)
+        return np.stack(logits)
+
+    def _capture(self, out: Path, prompt: str, n_new: int, source: str | None, setting: Setting | None,
+                 cache: LruStep | KernelStep | None, renormalize: bool, logits: list[np.ndarray] | None = None) -> Any:
         from engine_bridge.capture import CaptureOptions, capture, validate
 
-        opts = CaptureOptions(model=self.model, prompt=self.text, out=str(out), n_decode=0, ubatch=1, gate_input=False,
-                              prompt_source=self.text_source, kv_type="f32", flash_attn="off")
+        # Router logits only in the undropped run: its self-check (the trace's experts are the top-k of
+        # the logits the engine computed) vouches for how this model's routing is read, which the
+        # dropped runs read the same way; observing them costs a graph split per MoE layer per token.
+        opts = CaptureOptions(model=self.model, prompt=prompt, out=str(out), n_decode=n_new, ubatch=1, gate_input=False,
+                              logits=setting is None, prompt_source=source, kv_type="f32", flash_attn="off")
         ov = _DropColdGgml(setting, self.layers, cache, renormalize) if setting is not None and cache is not None else None
-        logits: list[np.ndarray] = []
         res = capture(opts, validate(opts, self.plan.static), override=ov, output_logits=logits)
         _check_passed(res, self.where, out)
-        return np.stack(logits)
+        return res
+
+    def generate(self, out: Path, prompt: str, n_new: int, setting: Setting | None, cache: LruStep | KernelStep | None,
+                 renormalize: bool) -> tuple[list[int], str]:
+        """Greedy generation (llama.cpp's decode loop, temperature 0): the generated token ids (the
+        trace's decode rows) and their text."""
+        from traces import open_trace
+
+        res = self._capture(out, prompt, n_new, None, setting, cache, renormalize)
+        a = open_trace(out).arrays(recorded=True)
+        first = (a.phase == 1) & (a.layer == self.layers[0])  # one row per decoded token at the first MoE layer
+        return [int(t) for t in a.token[first]], str(res.meta["capture_summary"]["generated_text"])
 
 
 def _check_passed(res: Any, where: str, out: Path) -> None:
@@ -330,19 +474,23 @@ def _check_passed(res: Any, where: str, out: Path) -> None:
 def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str | Path, budget_mib: float,
             policy: str = "lru", keep_ks: list[int] | None = None, renormalize: bool = False, tokenizer: Any = None,
             device: str = "cpu", dtype: str = "float32", expert_dtype: str | None = None, force: bool = False,
-            text_source: str | None = None, engine: str = "transformers") -> dict[str, Any]:
+            text_source: str | None = None, engine: str = "transformers", prompt: str | None = None,
+            max_new_tokens: int = 32) -> dict[str, Any]:
     """Run the settings (each F of ``fracs``, each K of ``keep_ks``) and the undropped run over
-    ``text``; write OUT/quality.json, OUT/plain/ and one trace per setting; return the JSON object."""
-    from replay.cache import budget_bytes, check_policies, prepare_loads, replay
-    from replay.cache_kernel import ACC_READ
-    from replay.drop import closed_drop
+    ``text``; write OUT/quality.json, OUT/plain/ and one trace per setting; return the JSON object.
+
+    With ``prompt``: also, once per setting and once undropped, generate up to ``max_new_tokens``
+    tokens greedily after it with the drop applied (one token per forward, a fresh simulated cache
+    per run, carried from the prompt into the generation); OUT/gen-plain/ and OUT/gen-<setting>/
+    hold their traces, quality.json's ``generation`` the texts, the first generated token where each
+    setting's output leaves the undropped one (``diverges_at``, null if identical) and the run's
+    figures beside the closed-loop replay's of the undropped generation's trace."""
+    from replay.cache import budget_bytes, check_policies
     from replay.present.format import json_object
-    from traces import open_trace
     from traces.atomic import staged_dir
 
     check_policies([policy], option="--policy")
-    if policy != "lru":
-        raise UserError(f"--policy {policy}: quality simulates the cache inside the forward pass for lru only so far.")
+    check_steppable(policy)
     for f in fracs:
         if not (math.isfinite(f) and f >= 0):
             raise UserError(f"--drop-frac: {f} is not a non-negative fraction (F in 'weight < F / k').")
@@ -353,6 +501,10 @@ def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str 
     budget = budget_bytes(budget_mib)
     if not text or not text.strip():
         raise UserError(f"{text_source or '--text'}: the text is empty.")
+    if prompt is not None and not prompt.strip():
+        raise UserError("--prompt: the prompt is empty.")
+    if prompt is not None and max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens {max_new_tokens}: generate at least 1 token.")
     if engine == "transformers":
         runner: Any = _HfRunner(model, tokenizer, device, dtype, expert_dtype, text, text_source)
     elif engine == "llama.cpp":
@@ -371,35 +523,86 @@ def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str 
 
     with staged_dir(out, force=force, inputs=[str(model) if isinstance(model, (str, Path)) else None, text_source]) as stage:
         base_logits = runner.run(stage / "plain", None, None, renormalize)
-        plain = open_trace(stage / "plain")
-        loads = prepare_loads(plain.arrays(recorded=False), plain.moe_layers, plain.n_expert, plain.expert_bytes)
-        base_read = int(replay(loads, policy, float(budget_mib)).acc[:, :, ACC_READ].sum())
-        pred = closed_drop(plain, [s.frac for s in settings if s.frac is not None], budget_mib=float(budget_mib),
-                           policy=policy, phase="all", keep_ks=[s.keep_k for s in settings if s.keep_k is not None])
-        pred_rows = pred.to_dicts()
+        base_read, pred_rows = _predicted(stage / "plain", settings, policy, budget_mib)
         base_fig = output_figures(base_logits, base_logits, targets)
         rows = []
         for s in settings:
-            cache = LruStep(leb, n_expert, budget)
+            cache = new_cache(policy, leb, n_expert, budget)
             logits = runner.run(stage / s.dirname, s, cache, renormalize)
             fig = output_figures(base_logits, logits, targets)
             row: dict[str, Any] = {"setting": s.label, "frac": s.frac, "keep_k": s.keep_k, "ppl": fig["ppl"],
                                    "ppl_delta_pct": (fig["ppl"] - base_fig["ppl"]) / base_fig["ppl"] * 100.0,
                                    "kl_mean": fig["kl_mean"], "kl_p95": fig["kl_p95"],
                                    "top1_agree_pct": fig["top1_agree_pct"]}
-            row.update(run_figures(stage / s.dirname, cache.read_bytes, base_read))
-            p = next(r for r in pred_rows if (r["mode"] == "closed" and r["frac"] == s.frac)
-                     or (r["mode"] == "closed-k" and r["keep_k"] == s.keep_k))
-            for key in ("routings_dropped_pct", "io_saved_pct", "mass_lost_pct", "experts_dropped_pct"):
-                row[f"{key}_replay"] = p[key]
-            row.update(read_mib=cache.read_bytes / 2**20, read_mib_plain=base_read / 2**20,
-                       overflow_loads=cache.overflow_loads, trace=s.dirname)
+            row.update(_run_and_replay(stage / s.dirname, s, cache, base_read, pred_rows))
+            row["trace"] = s.dirname
             rows.append(row)
+        gen = None
+        if prompt is not None:
+            gen = _generation(runner, stage, prompt, max_new_tokens, settings, policy, budget_mib, leb, n_expert, budget,
+                              renormalize)
         obj = json.loads(json_object("quality", str(Path(out) / "plain"), rows))
         obj.update(plain={"ppl": base_fig["ppl"], "tokens": int(targets.size + 1)}, budget_mib=float(budget_mib),
                    policy=policy, renormalize=renormalize, engine=engine, load="one token per forward (teacher-forced)")
+        if gen is not None:
+            obj["generation"] = gen
         (stage / "quality.json").write_text(json.dumps(obj, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return obj
+
+
+def _predicted(plain_dir: Path, settings: list[Setting], policy: str, budget_mib: float) -> tuple[int, list[dict[str, Any]]]:
+    """The undropped run's reads in the replay at ``policy`` and the closed-loop replay's rows
+    (every phase) of its trace for the settings."""
+    from replay.cache import prepare_loads, replay
+    from replay.cache_kernel import ACC_READ
+    from replay.drop import closed_drop
+    from traces import open_trace
+
+    plain = open_trace(plain_dir)
+    loads = prepare_loads(plain.arrays(recorded=False), plain.moe_layers, plain.n_expert, plain.expert_bytes)
+    base_read = int(replay(loads, policy, float(budget_mib)).acc[:, :, ACC_READ].sum())
+    pred = closed_drop(plain, [s.frac for s in settings if s.frac is not None], budget_mib=float(budget_mib),
+                       policy=policy, phase="all", keep_ks=[s.keep_k for s in settings if s.keep_k is not None])
+    return base_read, pred.to_dicts()
+
+
+def _run_and_replay(trace_dir: Path, s: Setting, cache: LruStep | KernelStep, base_read: int,
+                    pred_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run's figures as they happened (its trace, its cache's reads) and the replay's beside them."""
+    row: dict[str, Any] = dict(run_figures(trace_dir, cache.read_bytes, base_read))
+    p = next(r for r in pred_rows if (r["mode"] == "closed" and r["frac"] == s.frac)
+             or (r["mode"] == "closed-k" and r["keep_k"] == s.keep_k))
+    for key in ("routings_dropped_pct", "io_saved_pct", "mass_lost_pct", "experts_dropped_pct"):
+        row[f"{key}_replay"] = p[key]
+    row.update(read_mib=cache.read_bytes / 2**20, read_mib_plain=base_read / 2**20, overflow_loads=cache.overflow_loads)
+    return row
+
+
+def diverges_at(base: list[int], gen: list[int]) -> int | None:
+    """The index of the first generated token where ``gen`` differs from ``base`` (a shorter
+    output diverges where it stops); None if they are identical."""
+    for i, (a, b) in enumerate(zip(base, gen)):
+        if a != b:
+            return i
+    return None if len(base) == len(gen) else min(len(base), len(gen))
+
+
+def _generation(runner: Any, stage: Path, prompt: str, n_new: int, settings: list[Setting], policy: str, budget_mib: float,
+                leb: np.ndarray, n_expert: int, budget: int, renormalize: bool) -> dict[str, Any]:
+    base_toks, base_text = runner.generate(stage / "gen-plain", prompt, n_new, None, None, renormalize)
+    base_read, pred_rows = _predicted(stage / "gen-plain", settings, policy, budget_mib)
+    rows = []
+    for s in settings:
+        cache = new_cache(policy, leb, n_expert, budget)
+        toks, text = runner.generate(stage / f"gen-{s.dirname}", prompt, n_new, s, cache, renormalize)
+        row: dict[str, Any] = {"setting": s.label, "frac": s.frac, "keep_k": s.keep_k, "diverges_at": diverges_at(base_toks, toks),
+                               "tokens_generated": len(toks), "text": text, "token_ids": toks}
+        row.update(_run_and_replay(stage / f"gen-{s.dirname}", s, cache, base_read, pred_rows))
+        row["trace"] = f"gen-{s.dirname}"
+        rows.append(row)
+    return {"prompt": prompt, "max_new_tokens": n_new, "load": "one token per forward (prompt and generation), greedy",
+            "plain": {"text": base_text, "token_ids": base_toks, "tokens_generated": len(base_toks), "trace": "gen-plain"},
+            "rows": rows}
 
 
 def format_table(obj: dict[str, Any]) -> str:
@@ -419,4 +622,21 @@ def format_table(obj: dict[str, Any]) -> str:
                      f"{f(r['routings_dropped_pct']) + ' / ' + f(r['routings_dropped_pct_replay']):>30} "
                      f"{f(r['io_saved_pct']) + ' / ' + f(r['io_saved_pct_replay']):>27} "
                      f"{f(r['mass_lost_pct']) + ' / ' + f(r['mass_lost_pct_replay']):>23}")
+    g = obj.get("generation")
+    if g is not None:
+        lines += ["", f"greedy generation, up to {g['max_new_tokens']} tokens after the prompt; undropped: "
+                  f"{g['plain']['tokens_generated']} tokens, {_clip(g['plain']['text'])}",
+                  f"{'setting':<14} {'diverges at':>11} {'routings dropped % run/replay':>30} "
+                  f"{'reads avoided % run/replay':>27} {'mass lost % run/replay':>23}  text"]
+        for r in g["rows"]:
+            at = "identical" if r["diverges_at"] is None else f"token {r['diverges_at']}"
+            lines.append(f"{r['setting']:<14} {at:>11} "
+                         f"{f(r['routings_dropped_pct']) + ' / ' + f(r['routings_dropped_pct_replay']):>30} "
+                         f"{f(r['io_saved_pct']) + ' / ' + f(r['io_saved_pct_replay']):>27} "
+                         f"{f(r['mass_lost_pct']) + ' / ' + f(r['mass_lost_pct_replay']):>23}  {_clip(r['text'])}")
     return "\n".join(lines)
+
+
+def _clip(text: str, n: int = 48) -> str:
+    """The text as a Python literal, cut to ``n`` characters (the whole text is in quality.json)."""
+    return repr(text if len(text) <= n else text[:n] + "...")

@@ -17,7 +17,7 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 
 from engine_bridge import hf  # noqa: E402
 from engine_bridge.hf_tiny import TinyHfConfig, write_tiny_hf_model  # noqa: E402
-from engine_bridge.quality import LruStep, Setting, _DropCold, _router_logit_hooks, quality  # noqa: E402
+from engine_bridge.quality import KernelStep, Setting, _DropCold, _router_logit_hooks, quality  # noqa: E402
 from replay.cache import budget_bytes, prepare_loads, replay  # noqa: E402
 from traces import open_trace  # noqa: E402
 from traces.errors import UserError  # noqa: E402
@@ -42,7 +42,7 @@ def run(model_dir, tmp_path_factory):
     return out, obj
 
 
-def own_replay_drops(trace_dir: Path, setting: Setting, budget_mib: float) -> np.ndarray:
+def own_replay_drops(trace_dir: Path, setting: Setting, budget_mib: float, policy: str = "lru") -> np.ndarray:
     """The slots the offline closed-loop replay of this trace drops (replay.drop.closed_drop's flags)."""
     t = open_trace(trace_dir)
     a = t.arrays(recorded=False)
@@ -55,7 +55,7 @@ def own_replay_drops(trace_dir: Path, setting: Setting, budget_mib: float) -> np
     else:
         flags[:, setting.keep_k:] = 2
     loads = prepare_loads(a, t.moe_layers, t.n_expert, t.expert_bytes)
-    return replay(loads, "lru", budget_mib, slots=True, drop=flags).slots == 3
+    return replay(loads, policy, budget_mib, slots=True, drop=flags).slots == 3
 
 
 def test_f0_is_bit_identical_to_a_plain_run(model_dir, tmp_path):
@@ -67,7 +67,7 @@ def test_f0_is_bit_identical_to_a_plain_run(model_dir, tmp_path):
     layers = [b.layer for b in blocks]
     store: dict[int, np.ndarray] = {}
     handles = _router_logit_hooks(blocks, store)
-    cache = LruStep(np.full(len(layers), 24576, np.int64), 8, budget_bytes(BUDGET))
+    cache = KernelStep("lru", np.full(len(layers), 24576, np.int64), 8, budget_bytes(BUDGET))
     ov = _DropCold(Setting(frac=0.0), k, layers, gating, {l: np.zeros(8, np.float32) for l in layers}, store, cache, False)
     try:
         f0 = hf.capture_hf(model, TEXT, tokenizer=tok, n_predict=0, out=tmp_path / "f0", keep_output_logits=True, ubatch=1,
@@ -152,13 +152,86 @@ def test_budget_at_the_working_set_never_evicts(run, model_dir, tmp_path):
                     seen.add(key)
 
 
+@pytest.mark.parametrize("policy", ["lfu", "lfru", "s3fifo", "sieve", "least-stale", "layer"])
+def test_other_policies_drops_equal_the_closed_loop_replay_of_the_runs_own_trace(model_dir, tmp_path, policy):
+    """The simulated cache follows the policy's replay semantics: each setting's recorded drops are
+    exactly the closed-loop replay's at that policy, and the *_replay figures are closed_drop's."""
+    from replay.drop import closed_drop
+
+    obj = quality(str(model_dir), TEXT[:60], fracs=[1.0], keep_ks=[1], out=tmp_path / "o", budget_mib=BUDGET, policy=policy)
+    assert obj["policy"] == policy
+    pred = closed_drop(open_trace(tmp_path / "o" / "plain"), [1.0], budget_mib=BUDGET, policy=policy, phase="all",
+                       keep_ks=[1]).to_dicts()
+    for s, p in zip((Setting(frac=1.0), Setting(keep_k=1)), pred):
+        rec = open_trace(tmp_path / "o" / s.dirname).arrays(recorded=True).dropped
+        assert rec is not None and rec.any()
+        assert np.array_equal(rec, own_replay_drops(tmp_path / "o" / s.dirname, s, BUDGET, policy))
+        row = next(r for r in obj["rows"] if r["setting"] == s.label)
+        assert row["io_saved_pct_replay"] == p["io_saved_pct"]
+
+
+PROMPT = "the quick brown fox"  # the tiny model does not end it at once (it does "the router picks")
+GEN_N = 10
+
+
+def check_generation(out: Path, gen: dict, budget_mib: float, policy: str = "lru") -> None:
+    """Every generation row is recorded consistently: its token ids are its trace's decode tokens,
+    ``diverges_at`` is the first index where they leave the undropped run's (None: identical), and
+    its recorded drops are the closed-loop replay's of its own trace."""
+    plain = gen["plain"]["token_ids"]
+    assert len(plain) > 0
+    for r in gen["rows"]:
+        toks, d = r["token_ids"], r["diverges_at"]
+        assert r["tokens_generated"] == len(toks)
+        if d is None:
+            assert toks == plain
+        else:
+            assert toks[:d] == plain[:d] and (d == min(len(toks), len(plain)) or toks[d] != plain[d])
+        a = open_trace(out / r["trace"]).arrays(recorded=True)
+        first = (a.phase == 1) & (a.layer == a.layer.min())
+        assert a.token[first].tolist() == toks
+        s = Setting(frac=r["frac"]) if r["frac"] is not None else Setting(keep_k=r["keep_k"])
+        drops = own_replay_drops(out / r["trace"], s, budget_mib, policy)
+        assert np.array_equal(a.dropped, drops)
+        top = np.argmax(a.weights, axis=1)
+        assert not a.dropped[np.arange(top.size), top].any()
+
+
+def test_generation_f0_is_plain_greedy_and_drops_are_recorded_consistently(model_dir, tmp_path):
+    import torch
+
+    out = tmp_path / "g"
+    obj = quality(str(model_dir), TEXT[:30], fracs=[0.0, 1.0], keep_ks=[1], out=out, budget_mib=BUDGET, prompt=PROMPT,
+                  max_new_tokens=GEN_N)
+    gen = obj["generation"]
+    rows = {r["setting"]: r for r in gen["rows"]}
+    assert rows["drop F=0"]["diverges_at"] is None and rows["drop F=0"]["routings_dropped_pct"] == 0.0
+    # the undropped generation is transformers' own greedy decoding
+    model, tok = hf.load_model(str(model_dir))
+    ids = tok(PROMPT, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=GEN_N, do_sample=False)[0, ids.shape[1]:]
+    ref = ref.tolist()
+    if tok.eos_token_id in ref:  # capture stops before the end-of-generation token; generate emits it
+        ref = ref[:ref.index(tok.eos_token_id)]
+    assert gen["plain"]["token_ids"] == ref and rows["drop F=0"]["token_ids"] == ref
+    assert gen["plain"]["text"] == tok.decode(ref) and rows["drop F=0"]["text"] == tok.decode(ref)
+    assert rows["keep-k 1"]["routings_dropped_pct"] == 100.0 and rows["drop F=1"]["routings_dropped_pct"] > 0
+    check_generation(out, gen, BUDGET)
+    assert json.loads((out / "quality.json").read_text())["generation"] == gen
+
+
 def test_refusals(model_dir, tmp_path):
-    with pytest.raises(UserError, match="lru only"):
-        quality(str(model_dir), TEXT, fracs=[0.5], out=tmp_path / "x", budget_mib=1, policy="lfu")
+    with pytest.raises(UserError, match="--policy belady: .*next use"):
+        quality(str(model_dir), TEXT, fracs=[0.5], out=tmp_path / "x", budget_mib=1, policy="belady")
     with pytest.raises(UserError, match="keep-k 2"):
         quality(str(model_dir), TEXT, fracs=[0.5], keep_ks=[2], out=tmp_path / "x", budget_mib=1)
     with pytest.raises(UserError, match="given twice"):
         quality(str(model_dir), TEXT, fracs=[0.5, 0.5], out=tmp_path / "x", budget_mib=1)
+    with pytest.raises(UserError, match="--max-new-tokens 0"):
+        quality(str(model_dir), TEXT, fracs=[0.5], out=tmp_path / "x", budget_mib=1, prompt="hi", max_new_tokens=0)
+    with pytest.raises(UserError, match="--prompt: the prompt is empty"):
+        quality(str(model_dir), TEXT, fracs=[0.5], out=tmp_path / "x", budget_mib=1, prompt=" ")
     assert not (tmp_path / "x").exists()
 
 
@@ -212,7 +285,7 @@ def test_llama_f0_is_bit_identical_to_a_plain_run(gguf, tmp_path):
 
     plain = go("p", None)
     t = ot(tmp_path / "p")
-    cache = LruStep(np.array([t.expert_bytes[l] for l in t.moe_layers], np.int64), t.n_expert, budget_bytes(0.1))
+    cache = KernelStep("lru", np.array([t.expert_bytes[l] for l in t.moe_layers], np.int64), t.n_expert, budget_bytes(0.1))
     f0 = go("f0", _DropColdGgml(Setting(frac=0.0), list(t.moe_layers), cache, False))
     assert cache.lookups > 0 and np.array_equal(plain, f0)
 
@@ -229,6 +302,26 @@ def test_llama_drops_change_outputs_and_equal_the_replay_of_the_runs_own_trace(l
         assert not a.dropped[np.arange(top.size), top].any()
 
 
+def test_llama_generation(gguf, tmp_path):
+    from engine_bridge.capture import CaptureOptions, capture
+
+    out = tmp_path / "g"
+    obj = quality(str(gguf), TEXT[:30], fracs=[0.0, 1.0], keep_ks=[2], out=out, budget_mib=0.1, engine="llama.cpp",
+                  prompt=PROMPT, max_new_tokens=GEN_N)
+    gen = obj["generation"]
+    rows = {r["setting"]: r for r in gen["rows"]}
+    f0 = rows["drop F=0"]
+    # a plain greedy capture (no eval-callback override) generates the same tokens
+    res = capture(CaptureOptions(model=str(gguf), prompt=PROMPT, out=str(tmp_path / "p"), n_decode=GEN_N, ubatch=1,
+                                 gate_input=False, kv_type="f32", flash_attn="off"))
+    a = open_trace(tmp_path / "p").arrays(recorded=True)
+    plain = a.token[(a.phase == 1) & (a.layer == a.layer.min())].tolist()
+    assert gen["plain"]["token_ids"] == plain and f0["token_ids"] == plain and f0["diverges_at"] is None
+    assert f0["text"] == gen["plain"]["text"] == res.meta["capture_summary"]["generated_text"]
+    assert rows["keep-k 2"]["routings_dropped_pct"] == 100.0
+    check_generation(out, gen, 0.1)
+
+
 def test_interrupt_leaves_nothing(model_dir, tmp_path, monkeypatch):
     """SIGINT during a setting's run: the capture stops the run cleanly, quality re-raises the signal,
     exit 130 and no OUT (the staged directory is removed)."""
@@ -237,7 +330,7 @@ def test_interrupt_leaves_nothing(model_dir, tmp_path, monkeypatch):
     from engine_bridge import quality as q
     from tests.helpers import run_cli
 
-    step, calls = q.LruStep.step, []
+    step, calls = q.KernelStep.step, []
 
     def interrupting(self, lidx, ids, flags):
         calls.append(1)
@@ -245,7 +338,7 @@ def test_interrupt_leaves_nothing(model_dir, tmp_path, monkeypatch):
             os.kill(os.getpid(), signal.SIGINT)
         return step(self, lidx, ids, flags)
 
-    monkeypatch.setattr(q.LruStep, "step", interrupting)
+    monkeypatch.setattr(q.KernelStep, "step", interrupting)
     text = tmp_path / "t.txt"
     text.write_text(TEXT, encoding="utf-8")
     res = run_cli("quality", model_dir, "--text", text, "--budget-mib", "0.05", "--drop-frac", "0.5", "-o", tmp_path / "o")

@@ -1,17 +1,24 @@
-"""The quality verb's stepped cache (engine_bridge.quality.LruStep, one load at a time, state
-carried between calls) agrees exactly with the replay's LRU kernel with drop flags (one call over
-all loads): the same skipped slots, lookups, hits, bytes read and overflowing loads."""
+"""The quality verb's stepped caches (engine_bridge.quality.LruStep, a Python LRU, and KernelStep,
+the replay kernel of any steppable policy called once per load; one load at a time, state carried
+between calls) agree exactly with the replay's kernel with drop flags (one call over all loads):
+the same skipped slots, lookups, hits, bytes read and overflowing loads. Policies that cannot be
+stepped (the future, or a plan from the whole trace) are refused by name."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from engine_bridge.quality import LruStep
+from engine_bridge.quality import KernelStep, LruStep, check_steppable, new_cache
 from replay.cache import Loads, replay
 from replay.cache_kernel import ACC_HITS, ACC_LOOKUPS, ACC_READ
+from traces.errors import UserError
 from traces.units import MIB
+
+STEPPABLE = ("lru", "lfu", "lfu-incache", "random", "layer", "layerlfu", "layerlfu-incache", "lfru", "infinite", "s3fifo",
+             "sieve", "least-stale")
 
 
 @st.composite
@@ -58,3 +65,55 @@ def test_stepped_lru_equals_the_replay_kernel(case):
     assert step.hits == int(res.acc[:, :, ACC_HITS].sum())
     assert step.read_bytes == int(res.acc[:, :, ACC_READ].sum())
     assert step.overflow_loads == res.overflow_loads
+
+
+def _one_call(L, n, leb, loads):
+    """The kernel's replay of all the loads in one call; a load whose layer index is not above the
+    previous load's starts a new batch (one token per forward, layers in order)."""
+    lidx = np.array([lidx for lidx, _, _ in loads], np.int32)
+    batch = np.cumsum(np.r_[True, lidx[1:] <= lidx[:-1]]).astype(np.int32) - 1
+    G, B = len(loads), int(batch[-1]) + 1
+    entries = np.concatenate([lidx * n + ids for lidx, ids, _ in loads]).astype(np.int32)
+    lo = Loads(entries=entries, load_start=np.cumsum([0] + [ids.shape[0] for _, ids, _ in loads]).astype(np.int64),
+               load_lidx=lidx, load_phase=np.zeros(G, np.int8), load_batch=batch, moe_layers=tuple(range(L)), n_expert=n,
+               layer_expert_bytes=leb, batch_turn=np.zeros(B, np.int32),
+               batch_step=np.arange(B, dtype=np.int32), batch_phase=np.zeros(B, np.int8))
+    return lo
+
+
+def _at(lidx: int, rows: list[list[int]]) -> tuple[int, np.ndarray, np.ndarray]:
+    ids = np.array(rows, np.int32)
+    return lidx, ids, np.zeros(ids.shape, np.uint8)
+
+
+# A batch (token) spans loads: at token 1's layer-1 load, least-stale must see (0, 0), touched at
+# token 1's layer 0, as fresh and evict the stale (1, 0) instead, so token 2's (0, 0) hits.
+BATCH = (2, 4, 1, np.array([1000, 1000], np.int64), [_at(0, [[0]]), _at(1, [[0]]), _at(0, [[0]]), _at(1, [[1]]),
+                                                      _at(0, [[0]])], 2000)
+
+
+@pytest.mark.parametrize("policy", STEPPABLE)
+@settings(max_examples=60, deadline=None)
+@given(case=cases())
+@example(case=REPEAT)
+@example(case=BATCH)
+def test_stepped_kernel_equals_one_replay(policy, case):
+    L, n, k, leb, loads, budget = case
+    step = new_cache(policy, leb, n, budget)
+    assert isinstance(step, KernelStep)
+    skipped = np.concatenate([step.step(lidx, ids, flags) for lidx, ids, flags in loads])
+    lo = _one_call(L, n, leb, loads)
+    res = replay(lo, policy, budget / MIB, slots=True, drop=np.concatenate([f for _, _, f in loads]))
+    assert np.array_equal(skipped, res.slots == 3)
+    assert step.lookups == int(res.acc[:, :, ACC_LOOKUPS].sum())
+    assert step.hits == int(res.acc[:, :, ACC_HITS].sum())
+    assert step.read_bytes == int(res.acc[:, :, ACC_READ].sum())
+    assert step.overflow_loads == res.overflow_loads
+    assert step.skipped == int(skipped.sum())
+
+
+@pytest.mark.parametrize("policy, why", [("belady", "next use"), ("layer-opt", "plans from the whole trace"),
+                                         ("pin", "plans from the whole trace"), ("colibri", "plans from the whole trace")])
+def test_unsteppable_policies_are_refused_by_name(policy, why):
+    with pytest.raises(UserError, match=f"--policy {policy}: .*{why}"):
+        check_steppable(policy)
