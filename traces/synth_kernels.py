@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 # The latent is rounded to multiples of 1 / QUANT and clipped to +-CLIP: with R <= 256
 # (traces.synth.MAX_RANK), every gate input coordinate is a multiple of 2^-12 below 2^11 in
@@ -77,12 +77,13 @@ def latents(z, a, u, G, rho, keep, drift, embd, out):
                 out[t, l, j] = min(CLIP, max(-CLIP, v))
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def logits_of(sn, MT, W0, out):
-    """``out[t, l, e] = W0[l, e] + sum over j of MT[l, j, e] * sn[t, l, j]`` (j ascending)."""
+    """``out[t, l, e] = W0[l, e] + sum over j of MT[l, j, e] * sn[t, l, j]`` (j ascending); tokens
+    in parallel (each token's numbers are computed alone, so the threads change no bit)."""
     n, L, R = sn.shape
     E = W0.shape[1]
-    for t in range(n):
+    for t in prange(n):
         for l in range(L):
             for e in range(E):
                 out[t, l, e] = W0[l, e]
@@ -92,18 +93,19 @@ def logits_of(sn, MT, W0, out):
                     out[t, l, e] += MT[l, j, e] * v
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def softmax_route(sn, MT, W0, k, scale, ids, weights):
     """Softmax gating with top-k renormalization, straight from the latents: the k largest logits
     (descending, ties to the lower id; softmax is monotone), weights ``exp(x_i - max)`` over their
-    sum in rank order, times ``scale``, as float32. ``ids`` / ``weights`` are ``[n, L, k]``."""
+    sum in rank order, times ``scale``, as float32. ``ids`` / ``weights`` are ``[n, L, k]``. Tokens
+    in parallel, as :func:`logits_of`."""
     n, L, R = sn.shape
     E = W0.shape[1]
-    x = np.empty(E)
-    bv = np.empty(k)
-    bi = np.empty(k, dtype=np.int64)
-    ex = np.empty(k)
-    for t in range(n):
+    for t in prange(n):
+        x = np.empty(E)
+        bv = np.empty(k)
+        bi = np.empty(k, dtype=np.int64)
+        ex = np.empty(k)
         for l in range(L):
             for e in range(E):
                 x[e] = W0[l, e]
