@@ -106,3 +106,11 @@ def test_rank_refused_outside_its_range(tmp_path, args, needle):
     res = run_cli("synth", tmp_path / "o", *args)
     assert_one_sentence_error(res, needle)
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "abc", "1.5", str(10**30), ""])
+def test_rank_bad_values_one_sentence(tmp_path, value):
+    res = run_cli("synth", tmp_path / "o", "--layers", "2", "--experts", "4", "--top-k", "2", "--embd", "4", "--tokens", "2",
+                  "--rank", value)
+    assert_one_sentence_error(res, "--rank")
+    assert not (tmp_path / "o").exists()
