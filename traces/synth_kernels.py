@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 # The latent is rounded to multiples of 1 / QUANT and clipped to +-CLIP: with R <= 256
 # (traces.synth.MAX_RANK), every gate input coordinate is a multiple of 2^-12 below 2^11 in
@@ -77,13 +77,12 @@ def latents(z, a, u, G, rho, keep, drift, embd, out):
                 out[t, l, j] = min(CLIP, max(-CLIP, v))
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def logits_of(sn, MT, W0, out):
-    """``out[t, l, e] = W0[l, e] + sum over j of MT[l, j, e] * sn[t, l, j]`` (j ascending); tokens
-    in parallel (each token's numbers are computed alone, so the threads change no bit)."""
+    """``out[t, l, e] = W0[l, e] + sum over j of MT[l, j, e] * sn[t, l, j]`` (j ascending)."""
     n, L, R = sn.shape
     E = W0.shape[1]
-    for t in prange(n):
+    for t in range(n):
         for l in range(L):
             for e in range(E):
                 out[t, l, e] = W0[l, e]
@@ -93,19 +92,23 @@ def logits_of(sn, MT, W0, out):
                     out[t, l, e] += MT[l, j, e] * v
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def softmax_route(sn, MT, W0, k, scale, ids, weights):
     """Softmax gating with top-k renormalization, straight from the latents: the k largest logits
     (descending, ties to the lower id; softmax is monotone), weights ``exp(x_i - max)`` over their
-    sum in rank order, times ``scale``, as float32. ``ids`` / ``weights`` are ``[n, L, k]``. Tokens
-    in parallel, as :func:`logits_of`."""
+    sum in rank order, times ``scale``, as float32. ``ids`` / ``weights`` are ``[n, L, k]``.
+
+    One thread: ``parallel=True`` took a 2-core machine's route time from 122 to 55 ms per 1,000
+    tokens under load, but the threading layer Numba picks here (GNU OpenMP) is not fork-safe: a
+    child forked after the parent used it (a fork-started pool in a script that called synth
+    first) can hang or be terminated when it runs the kernel again (Numba's documentation)."""
     n, L, R = sn.shape
     E = W0.shape[1]
-    for t in prange(n):
-        x = np.empty(E)
-        bv = np.empty(k)
-        bi = np.empty(k, dtype=np.int64)
-        ex = np.empty(k)
+    x = np.empty(E)
+    bv = np.empty(k)
+    bi = np.empty(k, dtype=np.int64)
+    ex = np.empty(k)
+    for t in range(n):
         for l in range(L):
             for e in range(E):
                 x[e] = W0[l, e]
