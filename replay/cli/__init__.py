@@ -102,7 +102,7 @@ def synth(
     prefill_chunk: int | None = typer.Option(None, "--prefill-chunk", help="With --requests: prompt tokens per prefill batch "
                                              "(default: unbounded)."),
     rank: int | None = typer.Option(None, "--rank", help="Low-rank model: the residual stream in R latent dimensions "
-                                    "(about 10x faster at 48 x 128; other routings than the default full-width model)."),
+                                    "(1..embd-1; faster on large traces, other routings than the default full-width model)."),
 ) -> None:
     """Generate a synthetic trace from a small residual-stream model (deterministic per seed)."""
     from replay.info import info_rows
