@@ -235,7 +235,7 @@ def test_bad_options_report(base_trace, opt, value):
 
 @settings(max_examples=15, deadline=None, phases=NO_SHRINK, suppress_health_check=list(HealthCheck))
 @given(opt=st.sampled_from(["--layers", "--experts", "--top-k", "--embd", "--prompt-tokens", "--seed", "--gating",
-                            "--drift", "--reuse", "--skew", "--expert-bytes"]), value=bad_value)
+                            "--drift", "--reuse", "--skew", "--expert-bytes", "--rank"]), value=bad_value)
 def test_bad_options_synth(opt, value):
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "syn"

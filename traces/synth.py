@@ -46,6 +46,9 @@ EXPERT_BYTES_BASE = 2_654_208
 # Largest --drift / --skew / logit scale: the logits stay far inside float32, and a popularity
 # weight this strong already fixes every routing.
 MAX_SCALE = 1000.0
+# Largest --rank: with the latent clipped to +-8 in steps of 2^-12 (traces.synth_kernels), a gate
+# input coordinate (a sum of rank +-latents) stays a multiple of 2^-12 below 2^11: exact in float32.
+MAX_RANK = 256
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,10 @@ class SynthConfig:
     requests: int | None = None
     max_batch: int = 1
     prefill_chunk: int | None = None
+    # Low-rank residual stream (None = the full-width model of before, byte-identical): the stream
+    # lives in a rank-dimensional latent space, so a token costs layers x experts x rank, not
+    # x embd (traces.synth_kernels). A different model: other routings for the same seed.
+    rank: int | None = None
 
     def check(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -102,6 +109,8 @@ class SynthConfig:
              "--max-batch and --prefill-chunk batch many requests: give --requests N too.")
         need(self.prefill_chunk is None or self.prefill_chunk >= 1,
              f"--prefill-chunk {self.prefill_chunk} must be >= 1 (prompt tokens per prefill batch).")
+        need(self.rank is None or 1 <= self.rank <= min(MAX_RANK, self.embd - 1),
+             f"--rank {self.rank} must lie in 1..{min(MAX_RANK, max(1, self.embd - 1))} (at most --embd - 1 and {MAX_RANK}).")
         need(self.gating in GATINGS, f"--gating {self.gating!r} is not one of {', '.join(GATINGS)}.")
         need(0.0 <= self.reuse < 1.0, f"--reuse {self.reuse} must lie in [0, 1).")
         need(self.drift >= 0.0 and self.skew >= 0.0, "--drift and --skew must be >= 0.")
@@ -166,9 +175,13 @@ class _Model:
         else:
             self.bias = (rng.standard_normal((L, E)) * 0.05).astype(np.float32)
         self.gating = gating_meta(cfg.gating)
-        self.rng = np.random.default_rng([cfg.seed, 0x70CE])
-        self.topic = self.rng.standard_normal(D)
-        self.u = self.rng.standard_normal((L, D))
+        self.start(np.random.default_rng([cfg.seed, 0x70CE]))
+
+    def start(self, rng: np.random.Generator) -> None:
+        """Start a stream (the trace's, or one request's) from ``rng``: its first draws are the state."""
+        self.rng = rng
+        self.topic = rng.standard_normal(self.cfg.embd)
+        self.u = rng.standard_normal((self.cfg.layers, self.cfg.embd))
 
     def tokens(self, n: int) -> np.ndarray:
         """Gate inputs ``[L, n, D]`` (float32) for the next ``n`` tokens."""
@@ -198,14 +211,92 @@ class _Model:
         ids, w = select(logits, self.gating, self.cfg.top_k, self.bias[layer])
         return ids, w, logits.astype(np.float32)
 
+    def routes(self, n: int) -> dict[str, np.ndarray]:
+        """The next ``n`` tokens token-major: ``experts`` / ``weights`` ``[n, L, k]``, and unless
+        routing-only ``logits`` ``[n, L, E]`` and ``gate_input`` ``[n, L, D]`` (float32)."""
+        g = self.tokens(n)
+        per_layer = [self.route(l, g[l]) for l in range(self.cfg.layers)]
+        out = {"experts": np.stack([p[0] for p in per_layer], axis=1), "weights": np.stack([p[1] for p in per_layer], axis=1)}
+        if not self.cfg.routing_only:
+            out["logits"] = np.stack([p[2] for p in per_layer], axis=1)
+            out["gate_input"] = np.ascontiguousarray(g.transpose(1, 0, 2))
+        return out
+
+
+class _LowRankModel(_Model):
+    """``--rank R``: the same routers, the residual stream in an R-dimensional latent space
+    (traces.synth_kernels): per token, L x R state updates and L x E x R multiply-adds."""
+
+    def __init__(self, cfg: SynthConfig) -> None:
+        from traces.synth_kernels import project_routers
+
+        super().__init__(cfg)
+        R = int(cfg.rank or 0)
+        prng = np.random.default_rng([cfg.seed, 0x5EED, 0x4A4B])
+        self.P = prng.integers(0, 2, size=(cfg.embd, R)).astype(np.float64) * 2.0 - 1.0
+        self.G = self.P.T @ self.P  # integers: exact in any order
+        self.MT = project_routers(self.W, self.P)
+        self.W0 = np.ascontiguousarray(self.W[:, :, 0], dtype=np.float64)
+
+    def start(self, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.topic = rng.standard_normal(int(self.cfg.rank or 0))
+        self.u = rng.standard_normal((self.cfg.layers, int(self.cfg.rank or 0)))
+
+    def latents(self, n: int) -> np.ndarray:
+        """Normalized, rounded latents ``[n, L, R]`` of the next ``n`` tokens (one bulk draw:
+        the generator yields the same numbers as n draws of (topic R, u L x R, noise R) in turn)."""
+        from traces.synth_kernels import latents
+
+        cfg = self.cfg
+        L, R = cfg.layers, int(cfg.rank or 0)
+        z = self.rng.standard_normal((n, (L + 2) * R))
+        out = np.empty((n, L, R))
+        latents(z, self.topic, self.u, self.G, float(cfg.reuse), float(np.sqrt(1.0 - cfg.reuse * cfg.reuse)),
+                float(cfg.drift), float(cfg.embd), out)
+        return out
+
+    def routes(self, n: int) -> dict[str, np.ndarray]:
+        from traces.synth_kernels import logits_of, softmax_route
+
+        cfg = self.cfg
+        L, E, K = cfg.layers, cfg.experts, cfg.top_k
+        sn = self.latents(n)
+        out: dict[str, np.ndarray] = {}
+        logits = None
+        if cfg.gating == "softmax":
+            ids = np.empty((n, L, K), np.int32)
+            wts = np.empty((n, L, K), np.float32)
+            softmax_route(sn, self.MT, self.W0, K, float(self.gating.get("scale", 1.0) or 1.0), ids, wts)
+            out = {"experts": ids, "weights": wts}
+        if cfg.gating != "softmax" or not cfg.routing_only:
+            logits = np.empty((n, L, E))
+            logits_of(sn, self.MT, self.W0, logits)
+        if cfg.gating != "softmax":
+            sel = [select(logits[:, l], self.gating, K, self.bias[l]) for l in range(L)]
+            out = {"experts": np.stack([x[0] for x in sel], axis=1), "weights": np.stack([x[1] for x in sel], axis=1)}
+        if not cfg.routing_only:
+            assert logits is not None
+            g = sn @ self.P.T  # [n, L, D]: multiples of 2^-12 below 2^11, exact in any order
+            g[:, :, 0] = 1.0
+            out["logits"] = logits.astype(np.float32)
+            out["gate_input"] = g.astype(np.float32)
+        return out
+
+
+def _model(cfg: SynthConfig) -> _Model:
+    return _Model(cfg) if cfg.rank is None else _LowRankModel(cfg)
+
 
 def _provenance(cfg: SynthConfig) -> dict[str, Any]:
     """The config as trace.json records it; the request options only when used (a one-request
-    trace's trace.json stays byte-identical to the one written before they existed)."""
+    trace's trace.json stays byte-identical to the one written before they existed); ``rank`` the same."""
     out = asdict(cfg)
     if cfg.requests is None:
         for key in ("requests", "max_batch", "prefill_chunk"):
             out.pop(key)
+    if cfg.rank is None:
+        out.pop("rank")
     return out
 
 
@@ -213,20 +304,15 @@ def _write_requests(w: TraceWriter, model: _Model, cfg: SynthConfig, on_tokens: 
     """``cfg.requests`` requests, each ``prompt_tokens`` + ``tokens`` positions drawn from its own
     stream (topic and residual state seeded by (seed, request)) through the shared routers, then
     batched by the continuous schedule (traces.schedule) and written in its row order."""
-    L, D = cfg.layers, cfg.embd
+    D = cfg.embd
     reqs, gates = [], []
     for r in range(int(cfg.requests or 0)):
-        model.rng = np.random.default_rng([cfg.seed, 0x70CE, 0x2E9, r])
-        model.topic = model.rng.standard_normal(D)
-        model.u = model.rng.standard_normal((L, D))
+        model.start(np.random.default_rng([cfg.seed, 0x70CE, 0x2E9, r]))
         P = cfg.prompt_tokens + cfg.tokens
-        g = model.tokens(P)  # [L, P, D]
-        routed = [model.route(l, g[l]) for l in range(L)]
+        routed = model.routes(P)  # [P, L, ...]
         reqs.append(RequestRoutes(
-            r, cfg.prompt_tokens, np.stack([x[0] for x in routed], axis=1).astype(np.int32),
-            weights=np.stack([x[1] for x in routed], axis=1),
-            logits=None if cfg.routing_only else np.stack([x[2] for x in routed], axis=1)))
-        gates.append(None if cfg.routing_only else g)
+            r, cfg.prompt_tokens, routed["experts"].astype(np.int32), weights=routed["weights"], logits=routed.get("logits")))
+        gates.append(None if cfg.routing_only else routed["gate_input"].transpose(1, 0, 2))  # [L, P, D]
         if on_tokens:
             on_tokens(P)
     out = schedule(reqs, mode="continuous", max_batch=cfg.max_batch, prefill_chunk=cfg.prefill_chunk)
@@ -262,7 +348,7 @@ def _write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool, on_toke
     cfg.check()
     out_dir = Path(out_dir)
     L, E, D, K = cfg.layers, cfg.experts, cfg.embd, cfg.top_k
-    model = _Model(cfg)
+    model = _model(cfg)
     eb = [cfg.expert_bytes] * L if cfg.expert_bytes else realistic_expert_bytes(L)
     meta: dict[str, Any] = {
         "model": {
@@ -295,32 +381,23 @@ def _write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool, on_toke
         batch = 0
         if cfg.prompt_tokens:
             # Prefill: one batch, rows layer-major then step (the (batch, layer, step) order).
-            g = model.tokens(cfg.prompt_tokens)
+            pre = model.routes(cfg.prompt_tokens)
             steps = np.arange(cfg.prompt_tokens)
             for l in range(L):
-                ids, wts, logits = model.route(l, g[l])
-                opt = {} if cfg.routing_only else {"logits": logits, "gate_input": g[l]}
-                w.append(turn=0, batch=batch, phase=0, step=steps, layer=l, experts=ids, weights=wts, **opt)
+                opt = {c: pre[c][:, l] for c in ("logits", "gate_input") if c in pre}
+                w.append(turn=0, batch=batch, phase=0, step=steps, layer=l, experts=pre["experts"][:, l],
+                         weights=pre["weights"][:, l], **opt)
             batch += 1
             if on_tokens:
                 on_tokens(cfg.prompt_tokens)
         done = 0
         while done < cfg.tokens:
             n = min(chunk, cfg.tokens - done)
-            g = model.tokens(n)
-            per_layer = [model.route(l, g[l]) for l in range(L)]
             # Decode: one batch per token, rows token-major then layer.
-            ids = np.stack([p[0] for p in per_layer], axis=1).reshape(n * L, K)
-            wts = np.stack([p[1] for p in per_layer], axis=1).reshape(n * L, K)
+            r = {c: v.reshape(n * L, -1) for c, v in model.routes(n).items()}
             steps = cfg.prompt_tokens + done + np.arange(n)
-            opt = {}
-            if not cfg.routing_only:
-                opt = {
-                    "logits": np.stack([p[2] for p in per_layer], axis=1).reshape(n * L, E),
-                    "gate_input": np.ascontiguousarray(g.transpose(1, 0, 2)).reshape(n * L, D),
-                }
             w.append(turn=0, batch=np.repeat(batch + np.arange(n), L), phase=1, step=np.repeat(steps, L),
-                     layer=np.tile(np.arange(L), n), experts=ids, weights=wts, **opt)
+                     layer=np.tile(np.arange(L), n), **r)
             batch += n
             done += n
             if on_tokens:

@@ -101,6 +101,8 @@ def synth(
     max_batch: int = typer.Option(1, "--max-batch", help="With --requests: requests decoding together (continuous schedule)."),
     prefill_chunk: int | None = typer.Option(None, "--prefill-chunk", help="With --requests: prompt tokens per prefill batch "
                                              "(default: unbounded)."),
+    rank: int | None = typer.Option(None, "--rank", help="Low-rank model: the residual stream in R latent dimensions "
+                                    "(1..embd-1; faster on large traces, other routings than the default full-width model)."),
 ) -> None:
     """Generate a synthetic trace from a small residual-stream model (deterministic per seed)."""
     from replay.info import info_rows
@@ -111,7 +113,7 @@ def synth(
     cfg = SynthConfig(
         layers=layers, experts=experts, top_k=top_k, embd=embd, tokens=tokens, prompt_tokens=prompt_tokens,
         seed=seed, gating=gating, routing_only=routing_only, expert_bytes=expert_bytes, drift=drift,
-        reuse=reuse, skew=skew, requests=requests, max_batch=max_batch, prefill_chunk=prefill_chunk,
+        reuse=reuse, skew=skew, requests=requests, max_batch=max_batch, prefill_chunk=prefill_chunk, rank=rank,
     )
     from replay.progress import progress
 

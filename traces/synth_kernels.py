@@ -1,0 +1,139 @@
+"""Numba kernels of the synthetic generator's low-rank model (``synth --rank R``).
+
+The model (traces.synth) keeps its residual stream in an R-dimensional latent space: the
+full-width stream is ``P s`` for a fixed +-1 matrix ``P`` ``[embd, R]``. Its RMS over the embd
+coordinates is ``sqrt(s^T G s / embd)`` with ``G = P^T P``, so nothing embd-wide is computed per
+token: the latent is normalized by that RMS and rounded to a multiple of 2^-12 (clipped to
++-``CLIP``), which makes the gate input ``P s`` exact in float32 whatever the summation order.
+Router logits are ``W[:, 0] + M s`` with ``M = W[:, 1:] P[1:, :]`` (coordinate 0 is the constant
+one), the same numbers a reader gets from the stored gate input and router up to float64
+rounding. Every operation here is written in the order the naive twin (tests/naive/synth.py)
+does it, without fast-math, so both give the same bits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+# The latent is rounded to multiples of 1 / QUANT and clipped to +-CLIP: with R <= 256
+# (traces.synth.MAX_RANK), every gate input coordinate is a multiple of 2^-12 below 2^11 in
+# magnitude (exact in float32).
+QUANT = 4096.0
+CLIP = 8.0
+
+
+@njit(cache=True)
+def project_routers(W, P):
+    """``MT[l, j, e] = sum over d >= 1 of W[l, e, d] * P[d, j]`` (float64, d ascending)."""
+    L, E, D = W.shape
+    R = P.shape[1]
+    MT = np.empty((L, R, E))
+    for l in range(L):
+        for j in range(R):
+            for e in range(E):
+                acc = 0.0
+                for d in range(1, D):
+                    acc += np.float64(W[l, e, d]) * P[d, j]
+                MT[l, j, e] = acc
+    return MT
+
+
+@njit(cache=True)
+def latents(z, a, u, G, rho, keep, drift, embd, out):
+    """Advance the latent state over ``n = z.shape[0]`` tokens and write each token's normalized,
+    rounded latent per layer into ``out`` ``[n, L, R]``. ``z`` ``[n, (L + 2) * R]`` holds, per
+    token, the topic draw (R), the per-layer residual draws (L x R) and the token noise (R);
+    ``a`` ``[R]`` (topic) and ``u`` ``[L, R]`` (per-layer residual updates) are updated in place."""
+    n = z.shape[0]
+    L, R = u.shape
+    h = np.empty(R)
+    cum = np.empty(R)
+    s = np.empty(R)
+    for t in range(n):
+        for j in range(R):
+            a[j] = rho * a[j] + keep * z[t, j]
+        for l in range(L):
+            for j in range(R):
+                u[l, j] = rho * u[l, j] + keep * z[t, R + l * R + j]
+        for j in range(R):
+            h[j] = 0.8 * a[j] + 0.6 * z[t, R + L * R + j]
+            cum[j] = 0.0
+        for l in range(L):
+            for j in range(R):
+                cum[j] += u[l, j]
+                s[j] = h[j] + drift * cum[j]
+            q = 0.0
+            for i in range(R):
+                for j in range(R):
+                    q += G[i, j] * s[i] * s[j]
+            rms = math.sqrt(q / embd)
+            if rms == 0.0:
+                rms = 1.0
+            for j in range(R):
+                v = math.floor(s[j] / rms * QUANT + 0.5) / QUANT
+                out[t, l, j] = min(CLIP, max(-CLIP, v))
+
+
+@njit(cache=True)
+def logits_of(sn, MT, W0, out):
+    """``out[t, l, e] = W0[l, e] + sum over j of MT[l, j, e] * sn[t, l, j]`` (j ascending)."""
+    n, L, R = sn.shape
+    E = W0.shape[1]
+    for t in range(n):
+        for l in range(L):
+            for e in range(E):
+                out[t, l, e] = W0[l, e]
+            for j in range(R):
+                v = sn[t, l, j]
+                for e in range(E):
+                    out[t, l, e] += MT[l, j, e] * v
+
+
+@njit(cache=True)
+def softmax_route(sn, MT, W0, k, scale, ids, weights):
+    """Softmax gating with top-k renormalization, straight from the latents: the k largest logits
+    (descending, ties to the lower id; softmax is monotone), weights ``exp(x_i - max)`` over their
+    sum in rank order, times ``scale``, as float32. ``ids`` / ``weights`` are ``[n, L, k]``.
+
+    One thread: ``parallel=True`` took a 2-core machine's route time from 122 to 55 ms per 1,000
+    tokens under load, but the threading layer Numba picks here (GNU OpenMP) is not fork-safe: a
+    child forked after the parent used it (a fork-started pool in a script that called synth
+    first) can hang or be terminated when it runs the kernel again (Numba's documentation)."""
+    n, L, R = sn.shape
+    E = W0.shape[1]
+    x = np.empty(E)
+    bv = np.empty(k)
+    bi = np.empty(k, dtype=np.int64)
+    ex = np.empty(k)
+    for t in range(n):
+        for l in range(L):
+            for e in range(E):
+                x[e] = W0[l, e]
+            for j in range(R):
+                v = sn[t, l, j]
+                for e in range(E):
+                    x[e] += MT[l, j, e] * v
+            c = 0
+            for e in range(E):
+                v = x[e]
+                if c == k and not v > bv[k - 1]:
+                    continue
+                p = c if c < k else k - 1  # the slot it takes, then moved up past smaller values
+                while p > 0 and v > bv[p - 1]:
+                    bv[p] = bv[p - 1]
+                    bi[p] = bi[p - 1]
+                    p -= 1
+                bv[p] = v
+                bi[p] = e
+                if c < k:
+                    c += 1
+            total = 0.0
+            for i in range(k):
+                ex[i] = math.exp(bv[i] - bv[0])
+                total += ex[i]
+            for i in range(k):
+                ids[t, l, i] = bi[i]
+                weights[t, l, i] = np.float32(ex[i] / total * scale)
