@@ -21,7 +21,11 @@ not the trace length.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -175,6 +179,7 @@ class _Model:
         else:
             self.bias = (rng.standard_normal((L, E)) * 0.05).astype(np.float32)
         self.gating = gating_meta(cfg.gating)
+        self.pool: ThreadPoolExecutor | None = None  # a helper thread for kernels that split a chunk
         self.start(np.random.default_rng([cfg.seed, 0x70CE]))
 
     def start(self, rng: np.random.Generator) -> None:
@@ -267,7 +272,14 @@ class _LowRankModel(_Model):
         if cfg.gating == "softmax":
             ids = np.empty((n, L, K), np.int32)
             wts = np.empty((n, L, K), np.float32)
-            softmax_route(sn, self.MT, self.W0, K, float(self.gating.get("scale", 1.0) or 1.0), ids, wts)
+            scale = float(self.gating.get("scale", 1.0) or 1.0)
+            # Tokens route independently: with a helper thread (the kernel releases the GIL) the
+            # first half is routed there while this thread routes the second; the same bits.
+            half = n // 2 if self.pool is not None and n >= 64 else 0
+            job = self.pool.submit(softmax_route, sn[:half], self.MT, self.W0, K, scale, ids[:half], wts[:half]) if half else None
+            softmax_route(sn[half:], self.MT, self.W0, K, scale, ids[half:], wts[half:])
+            if job is not None:
+                job.result()
             out = {"experts": ids, "weights": wts}
         if cfg.gating != "softmax" or not cfg.routing_only:
             logits = np.empty((n, L, E))
@@ -330,6 +342,79 @@ def _write_requests(w: TraceWriter, model: _Model, cfg: SynthConfig, on_tokens: 
         w.append(**{c: v[a:a + step] for c, v in cols.items()}, **{c: v[a:a + step] for c, v in opt.items()})
 
 
+def _decode_chunks(model: _Model, tokens: int, chunk: int) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """The decode tokens in chunks of ``chunk``: (n, routes ``[n * L, ...]`` token-major then layer)."""
+    done = 0
+    while done < tokens:
+        n = min(chunk, tokens - done)
+        yield n, {c: v.reshape(n * model.cfg.layers, -1) for c, v in model.routes(n).items()}
+        done += n
+
+
+def _ahead(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """``items`` computed in a background thread up to ``depth`` ahead of the consumer, in order:
+    the next chunk is generated (kernels, numpy and the random generator release the GIL) while
+    this thread writes the last. An exception in the producer is raised here; a consumer that
+    stops early stops the producer. Plain threads, no OpenMP: a later fork is safe."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        q.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put((done, None))
+        except BaseException as e:  # handed to the consumer, raised there
+            q.put((done, e))
+
+    th = threading.Thread(target=produce, name="synth-ahead", daemon=True)
+    th.start()
+    try:
+        while True:
+            item, err = q.get()
+            if err is not None:
+                raise err
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+        while th.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                pass
+            th.join(timeout=0.05)
+
+
+def _check_routes(out_dir: Path, experts: np.ndarray, weights: np.ndarray, n_expert: int, by_rank: bool) -> None:
+    """The reader's row checks on routings (traces.reader._check_rows), on the arrays before they
+    are written: expert ids in 0..n_expert-1 and distinct in a row, weights finite and >= 0 and,
+    ranked by the router (no selection bias), descending. Refuses with nothing written."""
+    k = experts.shape[-1]
+    ex = experts.reshape(-1, k)
+    w = weights.reshape(-1, k)
+    problem = None
+    if ((ex < 0) | (ex >= n_expert)).any():
+        problem = f"an expert id outside 0..{n_expert - 1}"
+    elif k > 1 and (np.diff(np.sort(ex, axis=1), axis=1) == 0).any():
+        problem = "a routing selects the same expert twice"
+    elif not np.isfinite(w).all() or (w < 0).any():
+        problem = "a routing weight that is negative or not finite"
+    elif by_rank and k > 1 and (w[:, 1:] > w[:, :-1]).any():
+        problem = "routing weights not in router rank order"
+    if problem:
+        raise UserError(f"{out_dir}: the generated trace would be invalid ({problem}); nothing was written.")
+
+
 def write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool = False,
                     on_tokens: Callable[[int], None] | None = None) -> Path:
     """Generate a synthetic trace into a new directory ``out_dir`` (atomically).
@@ -364,6 +449,20 @@ def _write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool, on_toke
             "synth": _provenance(cfg),
         },
     }
+    by_rank = not model.gating.get("selection_bias")
+    helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="synth") if len(os.sched_getaffinity(0)) > 1 else None
+    model.pool = helper
+    try:
+        return _write_staged(out_dir, cfg, force, on_tokens, model, meta, by_rank)
+    finally:
+        model.pool = None
+        if helper is not None:
+            helper.shutdown(wait=True)
+
+
+def _write_staged(out_dir: Path, cfg: SynthConfig, force: bool, on_tokens: Callable[[int], None] | None, model: _Model,
+                  meta: dict[str, Any], by_rank: bool) -> Path:
+    L, E, D, K = cfg.layers, cfg.experts, cfg.embd, cfg.top_k
     columns: tuple[str, ...] = () if cfg.routing_only else ("logits", "gate_input")
     row_bytes = 64 + K * 8 + (0 if cfg.routing_only else 4 * (E + D))
     tokens_per_part = int(max(16, min(4096, (128 << 20) // (row_bytes * L))))
@@ -375,13 +474,15 @@ def _write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool, on_toke
         if not cfg.routing_only:
             lay = np.repeat(np.arange(L), E)
             w.write_router(lay, np.tile(np.arange(E), L), model.W.reshape(L * E, D), model.bias.reshape(-1))
-        if cfg.requests is not None:
+        requests_given = cfg.requests is not None
+        if requests_given:
             _write_requests(w, model, cfg, on_tokens)
             cfg = replace(cfg, tokens=0, prompt_tokens=0)  # nothing more below
         batch = 0
         if cfg.prompt_tokens:
             # Prefill: one batch, rows layer-major then step (the (batch, layer, step) order).
             pre = model.routes(cfg.prompt_tokens)
+            _check_routes(out_dir, pre["experts"], pre["weights"], E, by_rank)
             steps = np.arange(cfg.prompt_tokens)
             for l in range(L):
                 opt = {c: pre[c][:, l] for c in ("logits", "gate_input") if c in pre}
@@ -391,10 +492,9 @@ def _write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool, on_toke
             if on_tokens:
                 on_tokens(cfg.prompt_tokens)
         done = 0
-        while done < cfg.tokens:
-            n = min(chunk, cfg.tokens - done)
+        for n, r in _ahead(_decode_chunks(model, cfg.tokens, chunk)):
             # Decode: one batch per token, rows token-major then layer.
-            r = {c: v.reshape(n * L, -1) for c, v in model.routes(n).items()}
+            _check_routes(out_dir, r["experts"], r["weights"], E, by_rank)
             steps = cfg.prompt_tokens + done + np.arange(n)
             w.append(turn=0, batch=np.repeat(batch + np.arange(n), L), phase=1, step=np.repeat(steps, L),
                      layer=np.tile(np.arange(L), n), **r)
@@ -404,7 +504,10 @@ def _write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool, on_toke
                 on_tokens(n)
         w.close(complete=True)
         try:  # the reader's checks before the rename: never a destination that every verb refuses
-            open_trace(stage)
+            # Without requests every routing was checked in memory before it was written
+            # (_check_routes; keys and order by the writer): the files' metadata, schema and row
+            # counts are checked here, not every row decoded again.
+            open_trace(stage, check_rows=requests_given)
         except TraceError as e:
             raise UserError(f"{out_dir}: the generated trace would be invalid ({e.problem}); nothing was written.") from None
     return out_dir

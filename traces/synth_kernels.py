@@ -25,7 +25,7 @@ QUANT = 4096.0
 CLIP = 8.0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def project_routers(W, P):
     """``MT[l, j, e] = sum over d >= 1 of W[l, e, d] * P[d, j]`` (float64, d ascending)."""
     L, E, D = W.shape
@@ -41,7 +41,7 @@ def project_routers(W, P):
     return MT
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def latents(z, a, u, G, rho, keep, drift, embd, out):
     """Advance the latent state over ``n = z.shape[0]`` tokens and write each token's normalized,
     rounded latent per layer into ``out`` ``[n, L, R]``. ``z`` ``[n, (L + 2) * R]`` holds, per
@@ -77,7 +77,7 @@ def latents(z, a, u, G, rho, keep, drift, embd, out):
                 out[t, l, j] = min(CLIP, max(-CLIP, v))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def logits_of(sn, MT, W0, out):
     """``out[t, l, e] = W0[l, e] + sum over j of MT[l, j, e] * sn[t, l, j]`` (j ascending)."""
     n, L, R = sn.shape
@@ -92,7 +92,7 @@ def logits_of(sn, MT, W0, out):
                     out[t, l, e] += MT[l, j, e] * v
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def softmax_route(sn, MT, W0, k, scale, ids, weights):
     """Softmax gating with top-k renormalization, straight from the latents: the k largest logits
     (descending, ties to the lower id; softmax is monotone), weights ``exp(x_i - max)`` over their
