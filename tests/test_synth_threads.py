@@ -42,10 +42,9 @@ def test_softmax_route_ties_and_threshold(data):
 def test_two_threads_route_the_same_bits():
     cfg = SynthConfig(layers=4, experts=32, top_k=4, embd=16, rank=5, seed=3, routing_only=True)
     one, two = _LowRankModel(cfg), _LowRankModel(cfg)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        two.pool = pool
+    with ThreadPoolExecutor(max_workers=2) as pool:
         for n in (200, 65, 64, 1):
-            a, b = one.routes(n), two.routes(n)
+            a, b = one.routes(n), two.routes_later(n, pool)()
             assert a["experts"].tobytes() == b["experts"].tobytes() and a["weights"].tobytes() == b["weights"].tobytes()
 
 
@@ -96,7 +95,12 @@ def test_bad_routings_refused_before_writing(tmp_path, monkeypatch, rank, bad):
                 w[-1, 0, 1] = w[-1, 0, 0] + 1.0
         return out
 
+    def broken_later(self, n, pool):
+        out = broken(self, n)
+        return lambda: out
+
     monkeypatch.setattr(cls, "routes", broken)
+    monkeypatch.setattr(cls, "routes_later", broken_later)
     out = tmp_path / "t"
     with pytest.raises(UserError, match="would be invalid"):
         write_synthetic(out, SynthConfig(layers=2, experts=8, top_k=2, embd=8, tokens=40, prompt_tokens=0, rank=rank, routing_only=True))

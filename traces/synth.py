@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -179,7 +180,6 @@ class _Model:
         else:
             self.bias = (rng.standard_normal((L, E)) * 0.05).astype(np.float32)
         self.gating = gating_meta(cfg.gating)
-        self.pool: ThreadPoolExecutor | None = None  # a helper thread for kernels that split a chunk
         self.start(np.random.default_rng([cfg.seed, 0x70CE]))
 
     def start(self, rng: np.random.Generator) -> None:
@@ -215,6 +215,11 @@ class _Model:
         logits = g.astype(np.float64) @ self.W[layer].astype(np.float64).T
         ids, w = select(logits, self.gating, self.cfg.top_k, self.bias[layer])
         return ids, w, logits.astype(np.float32)
+
+    def routes_later(self, n: int, pool: ThreadPoolExecutor | None) -> Callable[[], dict[str, np.ndarray]]:
+        """:meth:`routes` now (the full-width model's chunk is one piece of numpy work)."""
+        out = self.routes(n)
+        return lambda: out
 
     def routes(self, n: int) -> dict[str, np.ndarray]:
         """The next ``n`` tokens token-major: ``experts`` / ``weights`` ``[n, L, k]``, and unless
@@ -261,8 +266,37 @@ class _LowRankModel(_Model):
                 float(cfg.drift), float(cfg.embd), out)
         return out
 
+    def _route_jobs(self, sn: np.ndarray, ids: np.ndarray, wts: np.ndarray) -> list[Callable[[], None]]:
+        """Softmax routing of the latents ``sn`` into ``ids`` / ``wts``, as jobs over disjoint token
+        ranges (tokens route independently: the same bits however they are split); two halves when
+        the chunk is large enough to be worth a second thread."""
+        from traces.synth_kernels import softmax_route
+
+        n, K = sn.shape[0], self.cfg.top_k
+        scale = float(self.gating.get("scale", 1.0) or 1.0)
+        cuts = [0, n // 2, n] if n >= 64 else [0, n]
+        return [partial(softmax_route, sn[a:b], self.MT, self.W0, K, scale, ids[a:b], wts[a:b]) for a, b in zip(cuts, cuts[1:])]
+
+    def routes_later(self, n: int, pool: ThreadPoolExecutor | None) -> Callable[[], dict[str, np.ndarray]]:
+        """:meth:`routes` of the next ``n`` tokens, the softmax routing (routing only) submitted to
+        ``pool`` so the caller can draw the next chunk's latents meanwhile; call the result for them."""
+        if pool is None or self.cfg.gating != "softmax" or not self.cfg.routing_only:
+            out = self.routes(n)
+            return lambda: out
+        L, K = self.cfg.layers, self.cfg.top_k
+        sn = self.latents(n)
+        ids = np.empty((n, L, K), np.int32)
+        wts = np.empty((n, L, K), np.float32)
+        futures = [pool.submit(job) for job in self._route_jobs(sn, ids, wts)]
+
+        def done() -> dict[str, np.ndarray]:
+            for f in futures:
+                f.result()
+            return {"experts": ids, "weights": wts}
+        return done
+
     def routes(self, n: int) -> dict[str, np.ndarray]:
-        from traces.synth_kernels import logits_of, softmax_route
+        from traces.synth_kernels import logits_of
 
         cfg = self.cfg
         L, E, K = cfg.layers, cfg.experts, cfg.top_k
@@ -272,14 +306,8 @@ class _LowRankModel(_Model):
         if cfg.gating == "softmax":
             ids = np.empty((n, L, K), np.int32)
             wts = np.empty((n, L, K), np.float32)
-            scale = float(self.gating.get("scale", 1.0) or 1.0)
-            # Tokens route independently: with a helper thread (the kernel releases the GIL) the
-            # first half is routed there while this thread routes the second; the same bits.
-            half = n // 2 if self.pool is not None and n >= 64 else 0
-            job = self.pool.submit(softmax_route, sn[:half], self.MT, self.W0, K, scale, ids[:half], wts[:half]) if half else None
-            softmax_route(sn[half:], self.MT, self.W0, K, scale, ids[half:], wts[half:])
-            if job is not None:
-                job.result()
+            for job in self._route_jobs(sn, ids, wts):
+                job()
             out = {"experts": ids, "weights": wts}
         if cfg.gating != "softmax" or not cfg.routing_only:
             logits = np.empty((n, L, E))
@@ -342,12 +370,13 @@ def _write_requests(w: TraceWriter, model: _Model, cfg: SynthConfig, on_tokens: 
         w.append(**{c: v[a:a + step] for c, v in cols.items()}, **{c: v[a:a + step] for c, v in opt.items()})
 
 
-def _decode_chunks(model: _Model, tokens: int, chunk: int) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
-    """The decode tokens in chunks of ``chunk``: (n, routes ``[n * L, ...]`` token-major then layer)."""
+def _decode_chunks(model: _Model, tokens: int, chunk: int, pool: ThreadPoolExecutor | None
+                   ) -> Iterator[tuple[int, Callable[[], dict[str, np.ndarray]]]]:
+    """The decode tokens in chunks of ``chunk``: (n, a call that returns its routes ``[n, L, ...]``)."""
     done = 0
     while done < tokens:
         n = min(chunk, tokens - done)
-        yield n, {c: v.reshape(n * model.cfg.layers, -1) for c, v in model.routes(n).items()}
+        yield n, model.routes_later(n, pool)
         done += n
 
 
@@ -450,18 +479,18 @@ def _write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool, on_toke
         },
     }
     by_rank = not model.gating.get("selection_bias")
-    helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="synth") if len(os.sched_getaffinity(0)) > 1 else None
-    model.pool = helper
+    # Two routing threads (a chunk's halves) while a third draws the next chunk's latents and this
+    # one writes; plain threads, no OpenMP: a later fork is safe. None on a one-CPU machine.
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="synth") if len(os.sched_getaffinity(0)) > 1 else None
     try:
-        return _write_staged(out_dir, cfg, force, on_tokens, model, meta, by_rank)
+        return _write_staged(out_dir, cfg, force, on_tokens, model, meta, by_rank, pool)
     finally:
-        model.pool = None
-        if helper is not None:
-            helper.shutdown(wait=True)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _write_staged(out_dir: Path, cfg: SynthConfig, force: bool, on_tokens: Callable[[int], None] | None, model: _Model,
-                  meta: dict[str, Any], by_rank: bool) -> Path:
+                  meta: dict[str, Any], by_rank: bool, pool: ThreadPoolExecutor | None) -> Path:
     L, E, D, K = cfg.layers, cfg.experts, cfg.embd, cfg.top_k
     columns: tuple[str, ...] = () if cfg.routing_only else ("logits", "gate_input")
     row_bytes = 64 + K * 8 + (0 if cfg.routing_only else 4 * (E + D))
@@ -492,8 +521,9 @@ def _write_staged(out_dir: Path, cfg: SynthConfig, force: bool, on_tokens: Calla
             if on_tokens:
                 on_tokens(cfg.prompt_tokens)
         done = 0
-        for n, r in _ahead(_decode_chunks(model, cfg.tokens, chunk)):
+        for n, later in _ahead(_decode_chunks(model, cfg.tokens, chunk, pool)):
             # Decode: one batch per token, rows token-major then layer.
+            r = {c: v.reshape(n * L, -1) for c, v in later().items()}
             _check_routes(out_dir, r["experts"], r["weights"], E, by_rank)
             steps = cfg.prompt_tokens + done + np.arange(n)
             w.append(turn=0, batch=np.repeat(batch + np.arange(n), L), phase=1, step=np.repeat(steps, L),
