@@ -499,7 +499,7 @@ def _write_staged(out_dir: Path, cfg: SynthConfig, force: bool, on_tokens: Calla
     if cfg.requests is not None:
         columns = (*columns, "request")
     with staged_dir(out_dir, force=force) as stage:
-        w = TraceWriter(stage, meta, columns=columns, tokens_per_part=tokens_per_part)
+        w = TraceWriter(stage, meta, columns=columns, tokens_per_part=tokens_per_part, compact=True)
         if not cfg.routing_only:
             lay = np.repeat(np.arange(L), E)
             w.write_router(lay, np.tile(np.arange(E), L), model.W.reshape(L * E, D), model.bias.reshape(-1))
