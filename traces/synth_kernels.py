@@ -116,7 +116,6 @@ def softmax_route(sn, MT, W0, k, scale, ids, weights):
     bi = np.empty(k, dtype=np.int64)
     ex = np.empty(k)
     m = np.empty(k)
-    cand = np.empty(E, dtype=np.int64)
     nb = E // k  # >= 1: top_k <= n_expert
     for t in range(n):
         for l in range(L):
@@ -127,25 +126,21 @@ def softmax_route(sn, MT, W0, k, scale, ids, weights):
                 for e in range(E):
                     x[e] += MT[l, j, e] * v
             # A threshold no larger than the k-th largest logit: the smallest of the maxima of k
-            # disjoint sets {i * k + b}. Only the ids at or above it (ascending, so ties still go
-            # to the lower id) enter the insertion below: the same k, in the same order.
+            # disjoint sets {i * k + b}. Logits below it are skipped at once; the rest enter the
+            # insertion in ascending id order (ties to the lower id): the same k, in the same order.
             for b in range(k):
                 m[b] = x[b]
             for i in range(1, nb):
                 for b in range(k):
-                    y = x[i * k + b]
-                    m[b] = y if y > m[b] else m[b]
+                    m[b] = max(m[b], x[i * k + b])
             thr = m[0]
             for b in range(1, k):
-                thr = m[b] if m[b] < thr else thr
-            nc = 0
-            for e in range(E):
-                cand[nc] = e
-                nc += x[e] >= thr
+                thr = min(thr, m[b])
             c = 0
-            for ci in range(nc):
-                e = cand[ci]
+            for e in range(E):
                 v = x[e]
+                if v < thr:
+                    continue
                 if c == k and not v > bv[k - 1]:
                     continue
                 p = c if c < k else k - 1  # the slot it takes, then moved up past smaller values
