@@ -156,3 +156,40 @@ def test_compact_encoding_reads_back_the_same_values(tmp_path, monkeypatch, rank
     assert "RLE_DICTIONARY" in pa_["experts.list.element"].encodings
     assert pa_["weights.list.element"].compression == "UNCOMPRESSED"
     assert "RLE_DICTIONARY" not in pb["experts.list.element"].encodings and pb["weights.list.element"].compression == "ZSTD"
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_first_bad_routing_equals_naive_twin(data):
+    """The one-pass check synth runs before writing agrees with its plain-Python twin on rows with
+    injected faults (ids out of range or repeated, weights negative, NaN, infinite or increasing)."""
+    from tests.naive.synth import naive_first_bad_routing
+    from traces.synth_kernels import first_bad_routing
+
+    E = data.draw(st.integers(2, 20))
+    k = data.draw(st.integers(1, E))
+    n = data.draw(st.integers(0, 12))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    ids = np.array([rng.permutation(E)[:k] for _ in range(n)], dtype=np.int32).reshape(n, k)
+    w = -np.sort(-rng.random((n, k))).astype(np.float32)
+    for _ in range(data.draw(st.integers(0, 3))):
+        if n == 0:
+            break
+        r, i = data.draw(st.integers(0, n - 1)), data.draw(st.integers(0, k - 1))
+        fault = data.draw(st.sampled_from(["range", "neg", "dup", "nan", "inf", "up", "negid"]))
+        if fault == "range":
+            ids[r, i] = E
+        elif fault == "negid":
+            ids[r, i] = -1
+        elif fault == "dup" and k > 1:
+            ids[r, i] = ids[r, (i + 1) % k]
+        elif fault == "neg":
+            w[r, i] = -0.5
+        elif fault == "nan":
+            w[r, i] = np.nan
+        elif fault == "inf":
+            w[r, i] = np.inf
+        elif fault == "up" and k > 1:
+            w[r, i] = w[r, 0] + 1.0 if i else w[r, 0]
+    for by_rank in (True, False):
+        assert tuple(first_bad_routing(ids, w, E, by_rank)) == naive_first_bad_routing(ids, w, E, by_rank)

@@ -424,24 +424,26 @@ def _ahead(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
             th.join(timeout=0.05)
 
 
+# first_bad_routing's codes, as the refusal names them
+_BAD_ROUTING = {1: "an expert id outside 0..{e}", 2: "a routing selects the same expert twice",
+                3: "a routing weight that is negative or not finite", 4: "routing weights not in router rank order"}
+
+
 def _check_routes(out_dir: Path, experts: np.ndarray, weights: np.ndarray, n_expert: int, by_rank: bool) -> None:
     """The reader's row checks on routings (traces.reader._check_rows), on the arrays before they
-    are written: expert ids in 0..n_expert-1 and distinct in a row, weights finite and >= 0 and,
-    ranked by the router (no selection bias), descending. Refuses with nothing written."""
+    are written (traces.synth_kernels.first_bad_routing, one pass): expert ids in 0..n_expert-1
+    and distinct in a row, weights finite and >= 0 and, ranked by the router (no selection bias),
+    descending. Refuses with nothing written."""
+    from traces.synth_kernels import first_bad_routing
+
     k = experts.shape[-1]
-    ex = experts.reshape(-1, k)
-    w = weights.reshape(-1, k)
-    problem = None
-    if ((ex < 0) | (ex >= n_expert)).any():
-        problem = f"an expert id outside 0..{n_expert - 1}"
-    elif k > 1 and (np.diff(np.sort(ex, axis=1), axis=1) == 0).any():
-        problem = "a routing selects the same expert twice"
-    elif not np.isfinite(w).all() or (w < 0).any():
-        problem = "a routing weight that is negative or not finite"
-    elif by_rank and k > 1 and (w[:, 1:] > w[:, :-1]).any():
-        problem = "routing weights not in router rank order"
-    if problem:
-        raise UserError(f"{out_dir}: the generated trace would be invalid ({problem}); nothing was written.")
+    ex = experts.reshape(-1, k)  # int32 from the kernels; anything else checked in int64 (no wrap-around)
+    ex = np.ascontiguousarray(ex, dtype=np.int32 if ex.dtype == np.int32 else np.int64)
+    w = np.ascontiguousarray(weights.reshape(-1, k), dtype=np.float32)
+    code, row = first_bad_routing(ex, w, n_expert, by_rank)
+    if code:
+        raise UserError(f"{out_dir}: the generated trace would be invalid (row {row} of a chunk: "
+                        f"{_BAD_ROUTING[code].format(e=n_expert - 1)}); nothing was written.")
 
 
 def write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool = False,
@@ -499,7 +501,8 @@ def _write_staged(out_dir: Path, cfg: SynthConfig, force: bool, on_tokens: Calla
     if cfg.requests is not None:
         columns = (*columns, "request")
     with staged_dir(out_dir, force=force) as stage:
-        w = TraceWriter(stage, meta, columns=columns, tokens_per_part=tokens_per_part, compact=True)
+        w = TraceWriter(stage, meta, columns=columns, tokens_per_part=tokens_per_part, compact=True,
+                        weights_checked=cfg.requests is None)  # by _check_routes, before every append
         if not cfg.routing_only:
             lay = np.repeat(np.arange(L), E)
             w.write_router(lay, np.tile(np.arange(E), L), model.W.reshape(L * E, D), model.bias.reshape(-1))

@@ -159,3 +159,30 @@ def softmax_route(sn, MT, W0, k, scale, ids, weights):
             for i in range(k):
                 ids[t, l, i] = bi[i]
                 weights[t, l, i] = np.float32(ex[i] / total * scale)
+
+
+@njit(cache=True, nogil=True)
+def first_bad_routing(ids, weights, n_expert, by_rank):
+    """``(code, row)`` of the first row of ``ids`` / ``weights`` ``[rows, k]`` that no reader would
+    accept, ``(0, -1)`` if none; in a row, the first of: 1 an expert id outside 0..n_expert-1,
+    2 an id listed twice, 3 a weight negative or not finite, 4 (``by_rank``) weights increasing
+    from one slot to the next. One pass over the rows (the synthetic generator's check before
+    it writes them)."""
+    n, k = ids.shape
+    for r in range(n):
+        for i in range(k):
+            e = ids[r, i]
+            if e < 0 or e >= n_expert:
+                return 1, r
+            for j in range(i):
+                if ids[r, j] == e:
+                    return 2, r
+        for i in range(k):
+            w = weights[r, i]
+            if not (w >= 0.0 and w < np.inf):
+                return 3, r
+        if by_rank:
+            for i in range(1, k):
+                if weights[r, i] > weights[r, i - 1]:
+                    return 4, r
+    return 0, -1

@@ -96,6 +96,9 @@ class TraceWriter:
     :meth:`append` will supply. ``tokens_per_part`` sets how many tokens' rows (rows / number of
     MoE layers) a part file holds before it is closed. ``compact`` picks the encoding of
     :func:`routings_write_options` that writes and reads faster (the synthetic generator's).
+    ``weights_checked``: the caller refuses, before every :meth:`append`, each weight the
+    writer would (the synthetic generator's one-pass check of its own rows), so the writer
+    does not check them again; logits are still checked.
     """
 
     def __init__(
@@ -106,6 +109,7 @@ class TraceWriter:
         gate_input_dtype: str = "float32",
         tokens_per_part: int = 1024,
         compact: bool = False,
+        weights_checked: bool = False,
     ) -> None:
         unknown = [c for c in columns if c not in OPTIONAL_COLUMNS]
         if unknown:
@@ -121,6 +125,7 @@ class TraceWriter:
         self.columns = tuple(columns)
         self.schema = routings_schema(self.meta, self.columns, gate_input_dtype)
         self._write_opts = routings_write_options(self.schema, compact)
+        self._weights_checked = weights_checked
         self.k = self.meta["model"]["top_k"]
         self.rows_per_part = max(1, tokens_per_part * len(self.meta["model"]["moe_layers"]))
         self._buf: list[pa.RecordBatch] = []
@@ -193,6 +198,8 @@ class TraceWriter:
         """Refuse rows no reader would accept, before they reach a file: weights infinite, negative
         or only partly NaN (NaN = the engine exposed none, for a whole routing), logits not finite."""
         w = weights.reshape(weights.shape[0], -1)
+        if self._weights_checked:
+            w = w[:0]
         nan = np.isnan(w)
         with np.errstate(invalid="ignore"):
             bad = np.isinf(w).any(axis=1) | (w < 0).any(axis=1) | (nan.any(axis=1) & ~nan.all(axis=1))
