@@ -193,3 +193,27 @@ def test_first_bad_routing_equals_naive_twin(data):
             w[r, i] = w[r, 0] + 1.0 if i else w[r, 0]
     for by_rank in (True, False):
         assert tuple(first_bad_routing(ids, w, E, by_rank)) == naive_first_bad_routing(ids, w, E, by_rank)
+
+
+def test_writer_error_midway_stops_every_thread(tmp_path, monkeypatch):
+    """An error while writing (here the third append) stops the generating threads and leaves
+    nothing behind: no destination, no thread still running."""
+    import traces.synth as synth_mod
+    from traces.writer import TraceWriter
+
+    calls = []
+
+    class Failing(TraceWriter):
+        def append(self, **kw):
+            calls.append(1)
+            if len(calls) == 3:
+                raise OSError("disk full")
+            super().append(**kw)
+
+    monkeypatch.setattr(synth_mod, "TraceWriter", Failing)
+    before = threading.active_count()
+    cfg = SynthConfig(layers=3, experts=16, top_k=4, embd=8, tokens=5000, prompt_tokens=0, rank=4, routing_only=True, chunk_tokens=64)
+    with pytest.raises(OSError, match="disk full"):
+        write_synthetic(tmp_path / "t", cfg)
+    assert not (tmp_path / "t").exists()
+    assert threading.active_count() == before

@@ -20,6 +20,7 @@ not the trace length.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import queue
@@ -389,20 +390,23 @@ def _ahead(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
     stop = threading.Event()
     done = object()
 
+    def put(entry: tuple[Any, BaseException | None]) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def produce() -> None:
         try:
             for item in items:
-                while not stop.is_set():
-                    try:
-                        q.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put((item, None)):
                     return
-            q.put((done, None))
+            put((done, None))
         except BaseException as e:  # handed to the consumer, raised there
-            q.put((done, e))
+            put((done, e))
 
     th = threading.Thread(target=produce, name="synth-ahead", daemon=True)
     th.start()
@@ -524,17 +528,19 @@ def _write_staged(out_dir: Path, cfg: SynthConfig, force: bool, on_tokens: Calla
             if on_tokens:
                 on_tokens(cfg.prompt_tokens)
         done = 0
-        for n, later in _ahead(_decode_chunks(model, cfg.tokens, chunk, pool)):
-            # Decode: one batch per token, rows token-major then layer.
-            r = {c: v.reshape(n * L, -1) for c, v in later().items()}
-            _check_routes(out_dir, r["experts"], r["weights"], E, by_rank)
-            steps = cfg.prompt_tokens + done + np.arange(n)
-            w.append(turn=0, batch=np.repeat(batch + np.arange(n), L), phase=1, step=np.repeat(steps, L),
-                     layer=np.tile(np.arange(L), n), **r)
-            batch += n
-            done += n
-            if on_tokens:
-                on_tokens(n)
+        with contextlib.closing(_ahead(_decode_chunks(model, cfg.tokens, chunk, pool))) as chunks:
+            # closed on an error too: the producer stops before the pool does
+            for n, later in chunks:
+                # Decode: one batch per token, rows token-major then layer.
+                r = {c: v.reshape(n * L, -1) for c, v in later().items()}
+                _check_routes(out_dir, r["experts"], r["weights"], E, by_rank)
+                steps = cfg.prompt_tokens + done + np.arange(n)
+                w.append(turn=0, batch=np.repeat(batch + np.arange(n), L), phase=1, step=np.repeat(steps, L),
+                         layer=np.tile(np.arange(L), n), **r)
+                batch += n
+                done += n
+                if on_tokens:
+                    on_tokens(n)
         w.close(complete=True)
         try:  # the reader's checks before the rename: never a destination that every verb refuses
             # Without requests every routing was checked in memory before it was written
