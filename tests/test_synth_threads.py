@@ -125,39 +125,6 @@ def test_fork_after_synth_does_not_hang(tmp_path):
     assert isinstance(q.get(timeout=5), int)
 
 
-@pytest.mark.parametrize("rank,routing_only", [(None, False), (4, True), (4, False)])
-def test_compact_encoding_reads_back_the_same_values(tmp_path, monkeypatch, rank, routing_only):
-    """synth's parts: experts dictionary-encoded, weights uncompressed; the reader gets the very
-    values the default encoding holds, and every verb's checks pass (open_trace with row checks)."""
-    import pyarrow.parquet as pq
-
-    import traces.synth as synth_mod
-    from traces import open_trace
-    from traces.writer import TraceWriter
-
-    cfg = SynthConfig(layers=3, experts=16, top_k=4, embd=8, tokens=300, prompt_tokens=5, rank=rank, routing_only=routing_only)
-    write_synthetic(tmp_path / "compact", cfg)
-
-    class Plain(TraceWriter):
-        def __init__(self, *a, **k):
-            k["compact"] = False
-            super().__init__(*a, **k)
-
-    monkeypatch.setattr(synth_mod, "TraceWriter", Plain)
-    write_synthetic(tmp_path / "plain", cfg)
-    a, b = open_trace(tmp_path / "compact"), open_trace(tmp_path / "plain")
-    cols = list(a.columns) + ["turn", "batch", "phase", "step", "layer", "experts", "weights"]
-    assert a.table(cols).equals(b.table(cols))
-    def chunks(part):
-        md = pq.ParquetFile(part).metadata.row_group(0)
-        return {md.column(i).path_in_schema: md.column(i) for i in range(md.num_columns)}
-
-    pa_, pb = chunks(a.parts[0]), chunks(b.parts[0])
-    assert "RLE_DICTIONARY" in pa_["experts.list.element"].encodings
-    assert pa_["weights.list.element"].compression == "UNCOMPRESSED"
-    assert "RLE_DICTIONARY" not in pb["experts.list.element"].encodings and pb["weights.list.element"].compression == "ZSTD"
-
-
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 def test_first_bad_routing_equals_naive_twin(data):

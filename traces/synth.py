@@ -505,7 +505,7 @@ def _write_staged(out_dir: Path, cfg: SynthConfig, force: bool, on_tokens: Calla
     if cfg.requests is not None:
         columns = (*columns, "request")
     with staged_dir(out_dir, force=force) as stage:
-        w = TraceWriter(stage, meta, columns=columns, tokens_per_part=tokens_per_part, compact=True,
+        w = TraceWriter(stage, meta, columns=columns, tokens_per_part=tokens_per_part,
                         weights_checked=cfg.requests is None)  # by _check_routes, before every append
         if not cfg.routing_only:
             lay = np.repeat(np.arange(L), E)

@@ -48,15 +48,9 @@ def _leaf(f: pa.Field) -> str:
     return f"{f.name}.list.element" if pa.types.is_fixed_size_list(f.type) else f.name
 
 
-def routings_write_options(schema: pa.Schema, compact: bool = False) -> dict:
-    """Parquet options for a routings part: per-column compression and a row-group size.
-
-    ``compact`` (the synthetic generator's parts): expert ids dictionary-encoded (bit-packed
-    indices into the distinct ids, then zstd) and weights uncompressed, as measured on a 4,096
-    x 48-row top-8 part: 33% less time to write, 37% less to read, 3% more bytes. The same
-    values come back; only the encoding in the file differs."""
-    plain = set(WIDE_COLUMNS) | ({"weights"} if compact else set())
-    comp = {_leaf(f): ("none" if f.name in plain else "zstd") for f in schema}
+def routings_write_options(schema: pa.Schema) -> dict:
+    """Parquet options for a routings part: per-column compression and a row-group size."""
+    comp = {_leaf(f): ("none" if f.name in WIDE_COLUMNS else "zstd") for f in schema}
     row_bytes = 0
     for f in schema:
         t = f.type
@@ -64,8 +58,7 @@ def routings_write_options(schema: pa.Schema, compact: bool = False) -> dict:
     # Min/max statistics of float noise prune nothing and add a header field per page; 8 MiB pages
     # (default 1 MiB) mean 8x fewer page headers for readers to parse (traces.pages).
     stats = [_leaf(f) for f in schema if f.name not in WIDE_COLUMNS]
-    dictionary: list[str] | bool = [_leaf(f) for f in schema if f.name == "experts"] if compact else False
-    return {"compression": comp, "use_dictionary": dictionary, "write_statistics": stats, "data_page_size": 8 << 20,
+    return {"compression": comp, "use_dictionary": False, "write_statistics": stats, "data_page_size": 8 << 20,
             "row_group_size": max(1024, ROW_GROUP_BYTES // max(1, row_bytes))}
 
 
@@ -94,11 +87,10 @@ class TraceWriter:
     ``meta`` is the trace.json content without ``format``/``version``/``complete``/``columns``
     (the writer sets those). ``columns`` names the optional per-row columns that every
     :meth:`append` will supply. ``tokens_per_part`` sets how many tokens' rows (rows / number of
-    MoE layers) a part file holds before it is closed. ``compact`` picks the encoding of
-    :func:`routings_write_options` that writes and reads faster (the synthetic generator's).
-    ``weights_checked``: the caller refuses, before every :meth:`append`, each weight the
-    writer would (the synthetic generator's one-pass check of its own rows), so the writer
-    does not check them again; logits are still checked.
+    MoE layers) a part file holds before it is closed. ``weights_checked``: the caller refuses,
+    before every :meth:`append`, each weight the writer would (the synthetic generator's
+    one-pass check of its own rows), so the writer does not check them again; logits are still
+    checked.
     """
 
     def __init__(
@@ -108,7 +100,6 @@ class TraceWriter:
         columns: tuple[str, ...] = (),
         gate_input_dtype: str = "float32",
         tokens_per_part: int = 1024,
-        compact: bool = False,
         weights_checked: bool = False,
     ) -> None:
         unknown = [c for c in columns if c not in OPTIONAL_COLUMNS]
@@ -124,7 +115,7 @@ class TraceWriter:
             raise ValueError(f"invalid trace metadata: {problems[0]}")
         self.columns = tuple(columns)
         self.schema = routings_schema(self.meta, self.columns, gate_input_dtype)
-        self._write_opts = routings_write_options(self.schema, compact)
+        self._write_opts = routings_write_options(self.schema)
         self._weights_checked = weights_checked
         self.k = self.meta["model"]["top_k"]
         self.rows_per_part = max(1, tokens_per_part * len(self.meta["model"]["moe_layers"]))
