@@ -126,6 +126,15 @@ class Trace:
         self.meta = meta
         self.parts = parts
         self.part_rows = part_rows
+        # Opened with defer_rows: the row invariants are not checked yet. Whatever reads rows
+        # through table()/arrays()/routings()/distinct() checks them first; a reader that checks
+        # each part as it reads it (replay.cache.iter_load_parts) clears this after a whole pass.
+        self.rows_pending = False
+
+    def check_rows(self) -> None:
+        """Check the row invariants now if :func:`open_trace` deferred them (a :class:`TraceError` naming the part)."""
+        if self.rows_pending:
+            _check_rows(self)
 
     # -- metadata shortcuts -------------------------------------------------------------------
     @property
@@ -204,6 +213,7 @@ class Trace:
             yield read_part(part, columns)
 
     def table(self, columns: tuple[str, ...] | list[str] = NARROW) -> pa.Table:
+        self.check_rows()
         columns = list(columns)
         missing = [c for c in columns if c not in NARROW and c not in self.columns]
         if missing:
@@ -270,6 +280,7 @@ class Trace:
         """The distinct rows of ``columns`` (in no particular order), read part by part: memory is
         one part's columns plus the distinct rows (for token keys, one per token, not one per
         routing: a token routes at every MoE layer), never the whole trace's columns."""
+        self.check_rows()
         columns = list(columns)
         seen: list[pl.DataFrame] = []
         for t in self.iter_tables(columns):
@@ -292,8 +303,14 @@ def _fail(path: Path, problem: str) -> TraceError:
     return TraceError(path, problem)
 
 
-def open_trace(path: str | Path, check_rows: bool = True) -> Trace:
-    """Open and validate a trace directory; raise :class:`TraceError` naming the bad file."""
+def open_trace(path: str | Path, check_rows: bool = True, defer_rows: bool = False) -> Trace:
+    """Open and validate a trace directory; raise :class:`TraceError` naming the bad file.
+
+    ``defer_rows``: check the metadata and schemas now and the row invariants when the rows are
+    first read (:attr:`Trace.rows_pending`): a verb that reads every row once anyway (a cache
+    replay, :func:`replay.cache.iter_load_parts`) then reads them once, not twice. Nothing sees an
+    unchecked row either way, and a bad one is refused with the same sentence.
+    ``check_rows=False``: never check them (for traces this package has just written)."""
     root = Path(path)
     if not root.exists():
         raise _fail(root, "no such trace directory")
@@ -332,7 +349,9 @@ def open_trace(path: str | Path, check_rows: bool = True) -> Trace:
         raise _fail(rdir, "holds no part files although trace.json says the trace is complete")
     if "rows" in meta and meta["complete"] and meta["rows"] != trace.n_rows:
         raise _fail(rdir, f"holds {trace.n_rows} rows but trace.json says {meta['rows']}")
-    if check_rows:
+    if check_rows and defer_rows:
+        trace.rows_pending = True
+    elif check_rows:
         _check_rows(trace)
     if trace.has_router:
         _check_router(trace)
@@ -360,91 +379,126 @@ def _schema_diff(got: pa.Schema, want: pa.Schema) -> str:
 
 def _check_rows(trace: Trace) -> None:
     """Row-level invariants, one part at a time (bounded memory on long traces)."""
-    k, n_expert = trace.top_k, trace.n_expert
-    moe = np.zeros(trace.n_layer, dtype=bool)
-    moe[trace.moe_layers] = True
-    last: tuple[int, ...] | None = None  # batch, layer, step, phase[, request]
-    offset = 0
-    recorded = [c for c in RECORDED_COLUMNS if trace.has(c)]
-    by_rank = not trace.gating.get("selection_bias")
-    has_req = trace.has("request")
-    req_last: dict[tuple[int, int], tuple[int, int]] = {}  # (request, layer) -> (its last step, turn)
-    for part, t in zip(trace.parts, trace.iter_tables(list(NARROW) + recorded + [c for c in REQUEST_COLUMNS if trace.has(c)])):
+    ck = RowChecker(trace)
+    for part, t in zip(trace.parts, trace.iter_tables(ck.columns)):
+        ck.check(part, t)
+    trace.rows_pending = False
+
+
+class RowChecker:
+    """The row-level invariants of :func:`open_trace`, checked one part table at a time, in order
+    (what carries from part to part: the last row's key, the row offset, each (request, layer)'s
+    last step). :attr:`columns`: what a part table must hold. A reader that checks the rows as it
+    reads them (:func:`replay.cache.iter_load_parts` on a trace opened with ``defer_rows``) calls
+    :meth:`check` on each part, or :meth:`passed` when its own equivalent check found nothing."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.recorded = [c for c in RECORDED_COLUMNS if trace.has(c)]
+        self.columns = list(NARROW) + self.recorded + [c for c in REQUEST_COLUMNS if trace.has(c)]
+        self.moe = np.zeros(trace.n_layer, dtype=bool)
+        self.moe[trace.moe_layers] = True
+        self.last: tuple[int, ...] | None = None  # batch, layer, step, phase[, request]
+        self.offset = 0
+        self.by_rank = not trace.gating.get("selection_bias")
+        self.has_req = trace.has("request")
+        self.req_last: dict[tuple[int, int], tuple[int, int]] = {}  # (request, layer) -> (its last step, turn)
+
+    @property
+    def simple(self) -> bool:
+        """No request, token or recorded column: the invariants are those of the narrow columns only."""
+        return not self.has_req and not self.trace.has("token") and not self.recorded
+
+    def passed(self, t: pa.Table) -> None:
+        """Advance past a part another check found valid (only for :attr:`simple` traces)."""
+        n = t.num_rows
+        if n:
+            cols = [t.column(c)[n - 1].as_py() for c in ("batch", "layer", "step", "phase")]
+            self.last = (*cols, 0)
+        self.offset += n
+
+    def check(self, part: Path, t: pa.Table) -> None:
         try:
-            n = t.num_rows
-            if n == 0:
-                continue
-            b = t.column("batch").to_numpy().astype(np.int64)
-            lay = t.column("layer").to_numpy().astype(np.int64)
-            s = t.column("step").to_numpy().astype(np.int64)
-            ph = t.column("phase").to_numpy()
-            bad = np.flatnonzero((lay < 0) | (lay >= trace.n_layer))
-            if bad.size:
-                raise ValueError(f"row {offset + bad[0]} has layer {lay[bad[0]]} outside 0..{trace.n_layer - 1}")
-            bad = np.flatnonzero(~moe[lay])
-            if bad.size:
-                raise ValueError(f"row {offset + bad[0]} routes at layer {lay[bad[0]]}, which is not a MoE layer")
-            bad = np.flatnonzero((ph != PHASE_PREFILL) & (ph != PHASE_DECODE))
-            if bad.size:
-                raise ValueError(f"row {offset + bad[0]} has phase {ph[bad[0]]} (0 prefill, 1 decode)")
-            if has_req:
-                _check_requests(t, offset, req_last)
-            if "token" in t.column_names:
-                tok = t.column("token").to_numpy()
-                bad = np.flatnonzero(tok < 0)
-                if bad.size:
-                    raise ValueError(f"row {offset + bad[0]} has token id {tok[bad[0]]}, which is negative")
-            req = t.column("request").to_numpy().astype(np.int64) if has_req else np.zeros(n, dtype=np.int64)
-            prepended = last is not None
-            if prepended:
-                b = np.concatenate([[last[0]], b])
-                lay = np.concatenate([[last[1]], lay])
-                s = np.concatenate([[last[2]], s])
-                ph = np.concatenate([[last[3]], ph])
-                req = np.concatenate([[last[4]], req])
-            # (batch, layer[, request], step): with many requests, steps repeat across requests in
-            # a load. Comparisons, not np.diff: request ids may span the whole int64 range.
-            db, dl = np.diff(b), np.diff(lay)
-            r_gt, r_eq = req[1:] > req[:-1], req[1:] == req[:-1]
-            s_gt, s_eq = s[1:] > s[:-1], s[1:] == s[:-1]
-            ok = (db > 0) | ((db == 0) & ((dl > 0) | ((dl == 0) & (r_gt | (r_eq & s_gt)))))
-            if not ok.all():
-                i = int(np.argmin(ok))
-                kind = "duplicates the row before it" if (db[i] == 0 and dl[i] == 0 and r_eq[i] and s_eq[i]) else \
-                    ("breaks the (batch, layer, request, step) row order" if has_req else "breaks the (batch, layer, step) row order")
-                raise ValueError(f"row {offset + i + 1 - int(prepended)} {kind}")
-            same_batch_phase_change = (db == 0) & (np.diff(ph) != 0)
-            if same_batch_phase_change.any():
-                i = int(np.argmax(same_batch_phase_change))
-                raise ValueError(f"batch {b[i + 1]} mixes prefill and decode rows")
-            last = (int(b[-1]), int(lay[-1]), int(s[-1]), int(ph[-1]), int(req[-1]))
-            ex = fixed_list_to_numpy(t.column("experts"))
-            bad = np.flatnonzero(((ex < 0) | (ex >= n_expert)).any(axis=1))
-            if bad.size:
-                raise ValueError(f"row {offset + bad[0]} has an expert id outside 0..{n_expert - 1}")
-            if k > 1:
-                srt = np.sort(ex, axis=1)
-                bad = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))
-                if bad.size:
-                    raise ValueError(f"row {offset + bad[0]} selects the same expert twice")
-            w = fixed_list_to_numpy(t.column("weights"))
-            nan = np.isnan(w)
-            partial = nan.any(axis=1) & ~nan.all(axis=1)
-            bad = np.flatnonzero(partial | np.isinf(w).any(axis=1))
-            if bad.size:
-                raise ValueError(
-                    f"row {offset + bad[0]} has weights that are infinite or only partly NaN "
-                    "(NaN is allowed only for a whole routing whose engine exposed no weights)"
-                )
-            _check_weights(w, lay[int(prepended):], offset, by_rank)
-            if "residency" in recorded:
-                r = fixed_list_to_numpy(t.column("residency"))
-                bad = np.flatnonzero((r > 2).any(axis=1))
-                if bad.size:
-                    raise ValueError(f"row {offset + bad[0]} has a residency code above 2 (0 miss, 1 hit, 2 speculative hit)")
-            offset += n
+            self._check(t)
         except ValueError as e:
             raise _fail(part, str(e)) from None
+
+    def _check(self, t: pa.Table) -> None:
+        trace, recorded, moe, offset = self.trace, self.recorded, self.moe, self.offset
+        k, n_expert = trace.top_k, trace.n_expert
+        last, by_rank, has_req = self.last, self.by_rank, self.has_req
+        n = t.num_rows
+        if n == 0:
+            return
+        b = t.column("batch").to_numpy().astype(np.int64)
+        lay = t.column("layer").to_numpy().astype(np.int64)
+        s = t.column("step").to_numpy().astype(np.int64)
+        ph = t.column("phase").to_numpy()
+        bad = np.flatnonzero((lay < 0) | (lay >= trace.n_layer))
+        if bad.size:
+            raise ValueError(f"row {offset + bad[0]} has layer {lay[bad[0]]} outside 0..{trace.n_layer - 1}")
+        bad = np.flatnonzero(~moe[lay])
+        if bad.size:
+            raise ValueError(f"row {offset + bad[0]} routes at layer {lay[bad[0]]}, which is not a MoE layer")
+        bad = np.flatnonzero((ph != PHASE_PREFILL) & (ph != PHASE_DECODE))
+        if bad.size:
+            raise ValueError(f"row {offset + bad[0]} has phase {ph[bad[0]]} (0 prefill, 1 decode)")
+        if has_req:
+            _check_requests(t, offset, self.req_last)
+        if "token" in t.column_names:
+            tok = t.column("token").to_numpy()
+            bad = np.flatnonzero(tok < 0)
+            if bad.size:
+                raise ValueError(f"row {offset + bad[0]} has token id {tok[bad[0]]}, which is negative")
+        req = t.column("request").to_numpy().astype(np.int64) if has_req else np.zeros(n, dtype=np.int64)
+        prepended = last is not None
+        if prepended:
+            b = np.concatenate([[last[0]], b])
+            lay = np.concatenate([[last[1]], lay])
+            s = np.concatenate([[last[2]], s])
+            ph = np.concatenate([[last[3]], ph])
+            req = np.concatenate([[last[4]], req])
+        # (batch, layer[, request], step): with many requests, steps repeat across requests in
+        # a load. Comparisons, not np.diff: request ids may span the whole int64 range.
+        db, dl = np.diff(b), np.diff(lay)
+        r_gt, r_eq = req[1:] > req[:-1], req[1:] == req[:-1]
+        s_gt, s_eq = s[1:] > s[:-1], s[1:] == s[:-1]
+        ok = (db > 0) | ((db == 0) & ((dl > 0) | ((dl == 0) & (r_gt | (r_eq & s_gt)))))
+        if not ok.all():
+            i = int(np.argmin(ok))
+            kind = "duplicates the row before it" if (db[i] == 0 and dl[i] == 0 and r_eq[i] and s_eq[i]) else \
+                ("breaks the (batch, layer, request, step) row order" if has_req else "breaks the (batch, layer, step) row order")
+            raise ValueError(f"row {offset + i + 1 - int(prepended)} {kind}")
+        same_batch_phase_change = (db == 0) & (np.diff(ph) != 0)
+        if same_batch_phase_change.any():
+            i = int(np.argmax(same_batch_phase_change))
+            raise ValueError(f"batch {b[i + 1]} mixes prefill and decode rows")
+        self.last = (int(b[-1]), int(lay[-1]), int(s[-1]), int(ph[-1]), int(req[-1]))
+        ex = fixed_list_to_numpy(t.column("experts"))
+        bad = np.flatnonzero(((ex < 0) | (ex >= n_expert)).any(axis=1))
+        if bad.size:
+            raise ValueError(f"row {offset + bad[0]} has an expert id outside 0..{n_expert - 1}")
+        if k > 1:
+            srt = np.sort(ex, axis=1)
+            bad = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))
+            if bad.size:
+                raise ValueError(f"row {offset + bad[0]} selects the same expert twice")
+        w = fixed_list_to_numpy(t.column("weights"))
+        nan = np.isnan(w)
+        partial = nan.any(axis=1) & ~nan.all(axis=1)
+        bad = np.flatnonzero(partial | np.isinf(w).any(axis=1))
+        if bad.size:
+            raise ValueError(
+                f"row {offset + bad[0]} has weights that are infinite or only partly NaN "
+                "(NaN is allowed only for a whole routing whose engine exposed no weights)"
+            )
+        _check_weights(w, lay[int(prepended):], offset, by_rank)
+        if "residency" in recorded:
+            r = fixed_list_to_numpy(t.column("residency"))
+            bad = np.flatnonzero((r > 2).any(axis=1))
+            if bad.size:
+                raise ValueError(f"row {offset + bad[0]} has a residency code above 2 (0 miss, 1 hit, 2 speculative hit)")
+        self.offset += n
 
 
 def _check_requests(t: pa.Table, offset: int, req_last: dict[tuple[int, int], tuple[int, int]]) -> None:
