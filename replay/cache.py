@@ -342,7 +342,7 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
     buf = _CutBuffers(trace.top_k)
 
     def chunks():
-        for i, t in enumerate(trace.iter_tables(columns)):
+        for i, t in enumerate(trace.iter_tables(columns, read_ahead=True)):
             cols = {c: t.column(c).to_numpy() for c in LOAD_COLUMNS if c != "experts"}
             cols["experts"] = fixed_list_to_numpy(t.column("experts"))
             if checker is not None:
@@ -403,6 +403,14 @@ class _CutBuffers:
         self.batch_phase, self.batch_tokens = np.empty(rows, np.int8), np.empty(rows, np.int32)
 
 
+def _readonly(a: np.ndarray) -> np.ndarray:
+    if not a.flags.writeable:
+        return a
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
 def _cut(trace: Trace, cols: dict[str, np.ndarray], lidx_of: np.ndarray, buf: _CutBuffers) -> Loads:
     """One chunk's :class:`Loads`: :func:`replay.load_kernel.cut_loads` (one pass, into ``buf``), or
     :func:`prepare_loads` where that declines (rows out of order or out of range: it refuses or handles them)."""
@@ -411,7 +419,8 @@ def _cut(trace: Trace, cols: dict[str, np.ndarray], lidx_of: np.ndarray, buf: _C
     leb = np.array([int(trace.expert_bytes[l]) for l in trace.moe_layers], dtype=np.int64)
     R = cols["batch"].shape[0]
     buf.ensure(R)
-    status, G, B = cut_loads(cols["turn"], cols["batch"], cols["phase"], cols["step"], cols["layer"], cols["experts"], lidx_of,
+    ro = {c: _readonly(v) for c, v in cols.items()}  # one Numba signature whether a chunk came from Arrow or a concatenation
+    status, G, B = cut_loads(ro["turn"], ro["batch"], ro["phase"], ro["step"], ro["layer"], ro["experts"], lidx_of,
                              trace.n_expert, buf.entries, buf.load_start, buf.load_lidx, buf.load_phase, buf.load_batch,
                              buf.batch_turn, buf.batch_step, buf.batch_phase, buf.batch_tokens)
     if status or (leb <= 0).any():
