@@ -240,8 +240,9 @@ def stream_memory_bytes(trace: Trace, n_cells: int = 1) -> dict[str, int]:
     state = n_cells * (N_ENT * 4 * row_length(L * n) + 2 * 8 * L * n)
     loads = R * (4 * k + 17)  # entries int32 [R, k]; per load (<= one per row) int64 start + int32 layer + int8 phase + int32 batch
     batches = R // max(L, 1) + 1  # at most one batch per token routed at every MoE layer
-    return {"in_memory": loads + part + state + n_cells * batches * BATCH_BYTES + batches * 13,
-            "streamed": part + state + n_cells * batches * BATCH_BYTES + batches * 13}
+    # per-batch totals: per part, then joined at the end (twice, for a moment); 13 B of batch keys
+    per_batch = 2 * n_cells * batches * BATCH_BYTES + batches * 13
+    return {"in_memory": loads + part + state + per_batch, "streamed": part + state + per_batch}
 
 
 def stream_sweep(trace: Trace, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
