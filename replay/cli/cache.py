@@ -69,9 +69,9 @@ def register(app: typer.Typer) -> None:
         stream: str = typer.Option("auto", "--stream", help="auto | on | off: replay part by part, the cache state carried "
                                    "from part to part (memory: one part plus the cache states, whatever the trace's "
                                    "length; the figures are the in-memory ones, byte for byte). auto streams when the "
-                                   "in-memory replay would hold more than a quarter of the memory available now (info's "
-                                   "cache_memory_mib_in_memory) and every policy streams; pin, colibri, layer-opt, "
-                                   "--retain and --validate replay in memory only (on refuses them)."),
+                                   "in-memory replay would hold more than 1,024 MiB (info's cache_memory_mib_in_memory) "
+                                   "or a quarter of the memory available now, and every policy streams; pin, colibri, "
+                                   "layer-opt, --retain and --validate replay in memory only (on refuses them)."),
     ) -> None:
         """Expert-cache hit rates per policy and budget (decode-only and cumulative), MiB read, T, bound.
 
