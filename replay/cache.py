@@ -342,7 +342,7 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
     buf = _CutBuffers(trace.top_k)
 
     def chunks():
-        for i, t in enumerate(trace.iter_tables(columns, read_ahead=True)):
+        for i, t in enumerate(trace.iter_tables(columns, read_ahead=True, fast=("experts", "weights"))):
             cols = {c: t.column(c).to_numpy() for c in LOAD_COLUMNS if c != "experts"}
             cols["experts"] = fixed_list_to_numpy(t.column("experts"))
             if checker is not None:

@@ -109,7 +109,7 @@ def _read_part(part: Path, columns: list[str], fast: tuple[str, ...], threads: b
     wide: dict[str, pa.Array] = {}
     for name in columns:
         if name in fast:
-            values = read_fixed_list(part, name, pf=pf)
+            values = read_fixed_list(part, name, pf=pf, zstd=True)
             if values is not None:
                 typ = pf.schema_arrow.field(name).type
                 flat = pa.array(values.reshape(-1), type=typ.value_type)  # zero-copy
@@ -205,7 +205,8 @@ class Trace:
         return dict(self.meta.get("recorded") or {})
 
     # -- rows -------------------------------------------------------------------------------
-    def iter_tables(self, columns: tuple[str, ...] | list[str], read_ahead: bool = False) -> Iterator[pa.Table]:
+    def iter_tables(self, columns: tuple[str, ...] | list[str], read_ahead: bool = False,
+                    fast: tuple[str, ...] = WIDE_COLUMNS) -> Iterator[pa.Table]:
         """Yield one Arrow table per part file with only ``columns`` (streaming).
 
         The wide columns (logits, gate_input) come through :func:`traces.pages.read_fixed_list`
@@ -215,20 +216,22 @@ class Trace:
 
         ``read_ahead``: decode the next part on one background thread while the caller works on
         this one (two parts in memory at once; for a caller that runs a kernel on each part).
+        ``fast``: the fixed-size-list columns read by the page path (default the wide ones; the
+        page path reads zstd-compressed pages too, so experts and weights may be named).
         """
         columns = list(columns)
         if not read_ahead or len(self.parts) < 2:
             for part in self.parts:
-                yield read_part(part, columns)
+                yield read_part(part, columns) if fast == WIDE_COLUMNS else read_part(part, columns, fast)
             return
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="moe-replay-read") as pool:
-            nxt = pool.submit(read_part, self.parts[0], columns, WIDE_COLUMNS, False)
+            nxt = pool.submit(read_part, self.parts[0], columns, fast, False)
             for i in range(len(self.parts)):
                 t = nxt.result()
                 if i + 1 < len(self.parts):
-                    nxt = pool.submit(read_part, self.parts[i + 1], columns, WIDE_COLUMNS, False)
+                    nxt = pool.submit(read_part, self.parts[i + 1], columns, fast, False)
                 yield t
                 del t
 
