@@ -196,10 +196,9 @@ class ValuePages:
     spans: tuple[tuple[int, int], ...]
 
 
-def plan_fixed_list(path: Path, column: str, pf: pq.ParquetFile | None = None) -> ValuePages | None:
-    """The value pages of ``column`` (a fixed_size_list of a plain numeric type) in Parquet file
-    ``path``, or None when its pages are not the uncompressed all-values PLAIN layout this reads
-    (then read it through Arrow). Reads only the page headers. ``pf``: the file already opened."""
+def _leaf(path: Path, column: str, pf: pq.ParquetFile | None):
+    """(file, the column's Arrow type, its list width, the leaf's column index, its descriptor) for a
+    fixed-size-list ``column``, or None when it is not one."""
     pf = pq.ParquetFile(path) if pf is None else pf
     arrow_type = pf.schema_arrow.field(column).type
     width = getattr(arrow_type, "list_size", None)
@@ -208,7 +207,17 @@ def plan_fixed_list(path: Path, column: str, pf: pq.ParquetFile | None = None) -
     if width is None or leaf not in names:
         return None
     ci = names.index(leaf)
-    desc = pf.schema.column(ci)
+    return pf, arrow_type, width, ci, pf.schema.column(ci)
+
+
+def plan_fixed_list(path: Path, column: str, pf: pq.ParquetFile | None = None) -> ValuePages | None:
+    """The value pages of ``column`` (a fixed_size_list of a plain numeric type) in Parquet file
+    ``path``, or None when its pages are not the uncompressed all-values PLAIN layout this reads
+    (then read it through Arrow). Reads only the page headers. ``pf``: the file already opened."""
+    found = _leaf(path, column, pf)
+    if found is None:
+        return None
+    pf, arrow_type, width, ci, desc = found
     value_type = arrow_type.value_type
     if str(value_type) == "halffloat" and desc.physical_type == "FIXED_LEN_BYTE_ARRAY" and desc.length == 2:
         dtype = np.dtype("<f2")
@@ -312,15 +321,10 @@ def read_fixed_list_zstd(path: Path, column: str, out: np.ndarray | None = None,
     Arrow, which names the damage)."""
     import pyarrow as pa
 
-    pf = pq.ParquetFile(path) if pf is None else pf
-    arrow_type = pf.schema_arrow.field(column).type
-    width = getattr(arrow_type, "list_size", None)
-    leaf = f"{column}.list.element"
-    names = [pf.schema.column(i).path for i in range(pf.metadata.num_columns)]
-    if width is None or leaf not in names:
+    found = _leaf(path, column, pf)
+    if found is None:
         return None
-    ci = names.index(leaf)
-    desc = pf.schema.column(ci)
+    pf, arrow_type, width, ci, desc = found
     if desc.physical_type not in _NUMPY or np.dtype(arrow_type.value_type.to_pandas_dtype()) != _NUMPY[desc.physical_type]:
         return None
     dtype = _NUMPY[desc.physical_type]
