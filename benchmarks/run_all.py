@@ -15,6 +15,7 @@ ALL = ["lru_throughput", "vs_libcachesim", "qwen_sweep", "stale_gate", "capture_
 ALL += ["sweep_scale"]
 ALL += ["capture_hf_overhead"]
 ALL += ["quality_overhead"]
+ALL += ["cache_e2e"]
 
 
 def main() -> None:

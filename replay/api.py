@@ -142,7 +142,7 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
           budgets_mib: Sequence[float] | None = None, per_layer: bool = False, phase: str = "decode", seed: int = 0,
           policy_options: dict[str, dict[str, Any]] | None = None, policy_file: Any = None, cost_model: Any = None,
           retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
-          loads: Any = None) -> pl.DataFrame:
+          loads: Any = None, stream: str = "auto") -> pl.DataFrame:
     """Replay every (policy, budget) cell: one row per cell (``layer`` null) and, with
     ``per_layer``, one per MoE layer. Keys: ``policy``, ``budget_mib``, ``layer``,
     ``hit_pct_decode``, ``hit_pct_cum``, ``read_mib``, ``peak_resident_mib``, ``overflow_loads``,
@@ -152,18 +152,34 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     (``retain_gain_pp_*`` columns). ``budgets_mib`` default: :func:`default_budgets_mib`; a budget
     is MiB, or text with a binary unit (``"4GiB"``, ``"1.5GiB"``), in every function that takes one.
     ``phase`` is checked (decode | prefill | all): it names the hit % a caller leads with; every
-    row carries all of them. ``policy_file``: a policy module (or a list) anywhere on disk."""
+    row carries all of them. ``policy_file``: a policy module (or a list) anywhere on disk.
+    ``stream`` (auto | on | off): replay part by part (:func:`replay.cache_stream.stream_sweep`, the
+    same rows byte for byte, memory one part plus the cache states); auto streams when the
+    in-memory replay would not fit comfortably (:func:`replay.cache_stream.auto_streams`) and
+    every policy streams (not pin, colibri, layer-opt; not with ``retain_predictor`` or
+    ``policy_options``); on refuses what cannot stream."""
     from replay.cache import check_policies, loads_of, sweep
+    from replay.cache_stream import check_stream_mode, choose_stream
     from replay.info import require_routings
     from replay.phases import check_phase
 
     check_phase(phase)
+    check_stream_mode(stream, "stream")
     _plugins(policy_file, predictor_file)
     pols = check_policies(list(policies), option="policies")
     if not 0 <= seed < 1 << 63:
         raise UserError(f"seed: {seed} is not in 0..2^63-1.")
     t = _trace(trace)
     require_routings(t, "replay")
+    in_memory_only = "retain_predictor" if retain_predictor is not None else "policy_options" if policy_options else None
+    if loads is None and choose_stream(t, pols, stream, in_memory_only=in_memory_only, option="stream"):
+        from replay.cache import default_budgets_mib as _default
+        from replay.cache_stream import Sizes, stream_sweep, working_set_stream
+
+        blist = (_budgets(budgets_mib) if budgets_mib is not None
+                 else _default(Sizes(t.token_cycle_bytes, working_set_stream(t)), t.recorded.get("budget_mib")))
+        frame = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=show_progress)[0]
+        return with_time(frame, cost_model, trace=t) if cost_model is not None else frame
     loads = loads if loads is not None else loads_of(t)
     blist = _budgets(budgets_mib) if budgets_mib is not None else default_budgets_mib(t)
     if retain_predictor is not None:

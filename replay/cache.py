@@ -318,22 +318,48 @@ class LoadPart:
 def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[LoadPart]:
     """The trace's loads part by part (each part file, cut further into ``chunk_rows`` rows), reading
     only :data:`LOAD_COLUMNS`. A load that straddles a cut is held back and handed out whole with
-    the next part, so every part holds complete loads; memory is one part's arrays plus that load."""
+    the next part, so every part holds complete loads; memory is one part's arrays plus that load.
+    A part's arrays are reused for the next part: use or copy them before asking for the next.
+
+    A trace opened with ``defer_rows`` (:attr:`traces.reader.Trace.rows_pending`) has each part's
+    rows checked here as they are read, before any of its loads is handed out (the checker's
+    columns are read with it: the part is read once), so a replay reads the trace once, not twice;
+    a bad row raises the :class:`traces.errors.TraceError` that :func:`traces.open_trace` would."""
+    from replay.load_kernel import rows_ok
+    from traces.reader import RowChecker
+
     check_state_fits(trace)
     carry: dict[str, np.ndarray] | None = None
     row0 = load0 = n_batch = 0
     last_batch: int | None = None
     n_parts = len(trace.parts)
+    checker = RowChecker(trace) if trace.rows_pending else None
+    columns = list(LOAD_COLUMNS) if checker is None else list(dict.fromkeys([*LOAD_COLUMNS, *checker.columns]))
+    moe = np.zeros(trace.n_layer, dtype=np.bool_)
+    moe[trace.moe_layers] = True
+    lidx_of = np.full(max(trace.moe_layers, default=0) + 1, -1, dtype=np.int32)
+    lidx_of[trace.moe_layers] = np.arange(len(trace.moe_layers), dtype=np.int32)
+    buf = _CutBuffers(trace.top_k)
 
     def chunks():
-        for i, t in enumerate(trace.iter_tables(list(LOAD_COLUMNS))):
+        for i, t in enumerate(trace.iter_tables(columns, read_ahead=True, fast=("experts", "weights"))):
             cols = {c: t.column(c).to_numpy() for c in LOAD_COLUMNS if c != "experts"}
             cols["experts"] = fixed_list_to_numpy(t.column("experts"))
+            if checker is not None:
+                last = checker.last
+                if checker.simple and rows_ok(cols["batch"], cols["layer"], cols["step"], cols["phase"], cols["experts"],
+                                              fixed_list_to_numpy(t.column("weights")), moe, trace.n_expert, checker.by_rank,
+                                              last is not None, np.array((last or (0,) * 4)[:4], np.int64)):
+                    checker.passed(t)
+                else:
+                    checker.check(trace.parts[i], t)  # the checker's own sentence, or (the gate was stricter) on
             del t
             n = cols["batch"].shape[0]
             step = max(1, chunk_rows or n or 1)
             for a in range(0, max(n, 1), step):
                 yield {c: v[a:a + step] for c, v in cols.items()}, i == n_parts - 1 and a + step >= n
+        if checker is not None:
+            trace.rows_pending = False
 
     for cols, last in chunks():
         if carry is not None:
@@ -348,9 +374,7 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
             carry = {c: v[cut:].copy() for c, v in cols.items()}
         if cut == 0:
             continue
-        ra = RoutingArrays(turn=cols["turn"][:cut], batch=cols["batch"][:cut], phase=cols["phase"][:cut], step=cols["step"][:cut],
-                           layer=cols["layer"][:cut], experts=cols["experts"][:cut], weights=np.empty((cut, 0), np.float32))
-        lp = prepare_loads(ra, trace.moe_layers, trace.n_expert, trace.expert_bytes)
+        lp = _cut(trace, {c: v[:cut] for c, v in cols.items()}, lidx_of, buf)
         continues = last_batch is not None and int(cols["batch"][0]) == last_batch
         batch0 = n_batch - 1 if continues else n_batch
         yield LoadPart(lp, row0, load0, batch0, continues)
@@ -358,6 +382,55 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
         load0 += lp.load_start.shape[0] - 1
         n_batch = batch0 + lp.batch_turn.shape[0]
         last_batch = int(cols["batch"][cut - 1])
+
+
+class _CutBuffers:
+    """The arrays :func:`replay.load_kernel.cut_loads` writes a chunk's loads into, kept from chunk
+    to chunk (grown when a chunk is longer): a part's loads are views of them, valid until the next part."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.rows = -1
+
+    def ensure(self, rows: int) -> None:
+        if rows <= self.rows:
+            return
+        self.rows = rows
+        self.entries = np.empty((rows, self.k), np.int32)
+        self.load_start = np.empty(rows + 1, np.int64)
+        self.load_lidx, self.load_phase, self.load_batch = np.empty(rows, np.int32), np.empty(rows, np.int8), np.empty(rows, np.int32)
+        self.batch_turn, self.batch_step = np.empty(rows, np.int32), np.empty(rows, np.int32)
+        self.batch_phase, self.batch_tokens = np.empty(rows, np.int8), np.empty(rows, np.int32)
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    if not a.flags.writeable:
+        return a
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def _cut(trace: Trace, cols: dict[str, np.ndarray], lidx_of: np.ndarray, buf: _CutBuffers) -> Loads:
+    """One chunk's :class:`Loads`: :func:`replay.load_kernel.cut_loads` (one pass, into ``buf``), or
+    :func:`prepare_loads` where that declines (rows out of order or out of range: it refuses or handles them)."""
+    from replay.load_kernel import cut_loads
+
+    leb = np.array([int(trace.expert_bytes[l]) for l in trace.moe_layers], dtype=np.int64)
+    R = cols["batch"].shape[0]
+    buf.ensure(R)
+    ro = {c: _readonly(v) for c, v in cols.items()}  # one Numba signature whether a chunk came from Arrow or a concatenation
+    status, G, B = cut_loads(ro["turn"], ro["batch"], ro["phase"], ro["step"], ro["layer"], ro["experts"], lidx_of,
+                             trace.n_expert, buf.entries, buf.load_start, buf.load_lidx, buf.load_phase, buf.load_batch,
+                             buf.batch_turn, buf.batch_step, buf.batch_phase, buf.batch_tokens)
+    if status or (leb <= 0).any():
+        ra = RoutingArrays(turn=cols["turn"], batch=cols["batch"], phase=cols["phase"], step=cols["step"], layer=cols["layer"],
+                           experts=cols["experts"], weights=np.empty((R, 0), np.float32))
+        return prepare_loads(ra, trace.moe_layers, trace.n_expert, trace.expert_bytes)
+    return Loads(entries=buf.entries[:R], load_start=buf.load_start[:G + 1], load_lidx=buf.load_lidx[:G],
+                 load_phase=buf.load_phase[:G], load_batch=buf.load_batch[:G], moe_layers=tuple(int(x) for x in trace.moe_layers),
+                 n_expert=trace.n_expert, layer_expert_bytes=leb, batch_turn=buf.batch_turn[:B], batch_step=buf.batch_step[:B],
+                 batch_phase=buf.batch_phase[:B], batch_tokens=buf.batch_tokens[:B])
 
 
 def _grow(a: np.ndarray, n: int) -> np.ndarray:
@@ -393,9 +466,9 @@ def loads_of(trace: Trace, chunk_rows: int | None = None) -> Loads:
             prev = next(x for x in reversed(bk) if x.size)
             prev[-1] = max(prev[-1], tokens[0])
         s = 1 if part.continues else 0
-        bt.append(lp.batch_turn[s:])
-        bs.append(lp.batch_step[s:])
-        bp.append(lp.batch_phase[s:])
+        bt.append(lp.batch_turn[s:].copy())  # the part's arrays are reused for the next part
+        bs.append(lp.batch_step[s:].copy())
+        bp.append(lp.batch_phase[s:].copy())
         bk.append(tokens[s:].copy())
         n_load += g
         n_row += r

@@ -27,9 +27,12 @@ one token holds one row per MoE layer, so well under a byte per routing row).
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +63,7 @@ from replay.cache_kernel import (
 )
 from replay.cache_state import BUDGET, MAX_SLOTS, N_ENT, NEVER, USED, new_state, row_length
 from replay.policies import policy_module
+from replay.progress import progress
 from traces.errors import UserError
 from traces.reader import Trace
 
@@ -112,13 +116,17 @@ def _next_use_files(trace: Trace, chunk_rows: int | None, n_entries: int, tmp: P
 
 
 def replay_stream(trace: Trace, cells: list[tuple[str, float]], seed: int = 0, chunk_rows: int | None = None,
-                  tmp_dir: str | Path | None = None) -> tuple[Loads, list[ReplayResult]]:
+                  tmp_dir: str | Path | None = None, seen: np.ndarray | None = None, threads: int | None = None,
+                  show_progress: bool = False) -> tuple[Loads, list[ReplayResult]]:
     """Replay every (policy, budget_mib) cell over the trace part by part, all cells in one pass.
 
     Returns (a :class:`Loads` holding the per-batch arrays and no rows, for
     :func:`replay.cache.result_rows` / :func:`replay.cache.batch_series`; one :class:`ReplayResult`
     per cell, equal to :func:`replay.cache.replay` on :func:`replay.cache.loads_of`). ``chunk_rows``
     cuts each part further (tests; a smaller peak). ``tmp_dir``: where belady's next-use files go.
+    ``seen`` (bool [MoE layers x n_expert]): set True for every entry the trace touches (the
+    working set, in the same pass). With several cells, each part's cells run on ``threads``
+    threads (default: the cores; the kernels release the GIL), each cell's parts in order.
     """
     check_state_fits(trace)
     if trace.n_rows * trace.top_k > MAX_SLOTS:
@@ -128,9 +136,7 @@ def replay_stream(trace: Trace, cells: list[tuple[str, float]], seed: int = 0, c
     states: list[dict[str, Any]] = []
     for policy, budget_mib in cells:
         check_policies([policy], option="--policy")
-        if not streamable(policy):
-            raise UserError(f"policy {policy} needs the whole trace before its replay (it plans from it), so it does not "
-                            "stream; replay it in memory.")
+        check_streamable(policy, "a streamed replay")
         pm = policy_module(policy)
         budget = budget_bytes(budget_mib)
         group, gbud = _groups(shell, pm, budget)
@@ -148,15 +154,22 @@ def replay_stream(trace: Trace, cells: list[tuple[str, float]], seed: int = 0, c
     empty_next = np.zeros((0, k), np.int32)
     slot_out, drop, pred = np.zeros((0, k), np.uint8), np.zeros((0, k), np.uint8), np.zeros((0, 1), np.int32)
     ctx = tempfile.TemporaryDirectory(prefix="moe-replay-next-", dir=tmp_dir) if need_next else nullcontext(None)
-    with ctx as tmp:
+    threads = max(1, min(threads or os.cpu_count() or 1, len(states)))
+    pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
+    bar = progress(sum(trace.part_rows), "cache replay (streamed)", unit="row", enabled=show_progress)
+    with ctx as tmp, bar, (pool or nullcontext()):
         nexts = _next_use_files(trace, chunk_rows, shell.n_entries, Path(tmp)) if need_next else []
         for i, part in enumerate(iter_load_parts(trace, chunk_rows)):
             lp = part.loads
             B = lp.batch_turn.shape[0]
             s0 = 1 if part.continues else 0
             _append_batches(batches, lp, part.continues)
+            if seen is not None:
+                seen[lp.entries.ravel()] = True
             nxt = np.load(nexts[i]) if need_next else empty_next
-            for st in states:
+
+            def run(st: dict[str, Any], lp: Loads = lp, nxt: np.ndarray = nxt, B: int = B, s0: int = s0,
+                    part: Any = part) -> None:
                 bacc = np.zeros((B, N_ACC), np.int64)
                 stats = np.zeros(N_STATS, np.int64)
                 opts = no_options()
@@ -175,6 +188,14 @@ def replay_stream(trace: Trace, cells: list[tuple[str, float]], seed: int = 0, c
                 if part.continues:  # the batch the previous part ended in: its totals add up
                     next(b for b in reversed(st["bacc"]) if b.shape[0])[-1] += bacc[0]
                 st["bacc"].append(bacc[s0:])
+
+            if pool is None:
+                for st in states:
+                    run(st)
+            else:
+                for f in [pool.submit(run, st) for st in states]:
+                    f.result()
+            bar.update(lp.entries.shape[0])
             del nxt
     out = []
     for st in states:
@@ -202,9 +223,9 @@ def _append_batches(batches: dict[str, list[np.ndarray]], lp: Loads, continues: 
         prev = next(x for x in reversed(batches["tokens"]) if x.size)
         prev[-1] = max(prev[-1], tokens[0])
     s = 1 if continues else 0
-    batches["turn"].append(lp.batch_turn[s:])
-    batches["step"].append(lp.batch_step[s:])
-    batches["phase"].append(lp.batch_phase[s:])
+    batches["turn"].append(lp.batch_turn[s:].copy())  # the part's arrays are reused for the next part
+    batches["step"].append(lp.batch_step[s:].copy())
+    batches["phase"].append(lp.batch_phase[s:].copy())
     batches["tokens"].append(tokens[s:].copy())
 
 
@@ -219,24 +240,125 @@ def stream_memory_bytes(trace: Trace, n_cells: int = 1) -> dict[str, int]:
     state = n_cells * (N_ENT * 4 * row_length(L * n) + 2 * 8 * L * n)
     loads = R * (4 * k + 17)  # entries int32 [R, k]; per load (<= one per row) int64 start + int32 layer + int8 phase + int32 batch
     batches = R // max(L, 1) + 1  # at most one batch per token routed at every MoE layer
-    return {"in_memory": loads + part + state + n_cells * batches * BATCH_BYTES + batches * 13,
-            "streamed": part + state + n_cells * batches * BATCH_BYTES + batches * 13}
+    # per-batch totals: per part, then joined at the end (twice, for a moment); 13 B of batch keys
+    per_batch = 2 * n_cells * batches * BATCH_BYTES + batches * 13
+    return {"in_memory": loads + part + state + per_batch, "streamed": part + state + per_batch}
 
 
-def sweep_stream(trace: Trace, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
-                 chunk_rows: int | None = None) -> Any:
-    """:func:`replay.cache.sweep`'s frame for a plain replay of streamable policies, every cell
-    replayed in one streamed pass over the trace (the rows, in the same order, equal
-    ``sweep(loads_of(trace), policies, budgets_mib, per_layer, seed)``)."""
+def stream_sweep(trace: Trace, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
+                 chunk_rows: int | None = None, show_progress: bool = False, threads: int | None = None) -> tuple[Any, Loads, int]:
+    """(:func:`replay.cache.sweep`'s frame, the batch-only :class:`Loads`, the working set in bytes)
+    for a plain replay of streamable policies, every cell replayed in one streamed pass over the
+    trace. The rows, in the same order, are those of ``sweep(loads_of(trace), policies, budgets_mib,
+    per_layer, seed)``, byte for byte; the working set is ``loads_of(trace).working_set_bytes``.
+    ``infinite`` (a policy that ignores the budget) is replayed once, its row repeated per budget, as sweep does."""
     import polars as pl
 
     from replay.cache import result_rows
 
     policies = check_policies(policies)
     budgets = [float(b) for b in budgets_mib]
+    for b in budgets:
+        budget_bytes(b)
+    for p in policies:
+        check_streamable(p, "a streamed replay")
     cells = [(p, b) for p in policies for b in budgets]
-    loads, results = replay_stream(trace, cells, seed=seed, chunk_rows=chunk_rows)
-    rows = [r for res in results for r in result_rows(loads, res, per_layer)]
-    return pl.DataFrame(rows, schema_overrides={"layer": pl.Int64, "evictions": pl.Int64, "overflow_loads": pl.Int64,
-                                                "peak_resident_mib": pl.Float64, "over_budget": pl.Boolean},
-                        infer_schema_length=None)
+    unique: dict[tuple, tuple[str, float]] = {}
+    for p, b in cells:
+        unique.setdefault((p, None) if policy_module(p).UNBOUNDED else (p, b), (p, b))
+    seen = np.zeros(len(trace.moe_layers) * trace.n_expert, dtype=np.bool_)
+    loads, results = replay_stream(trace, list(unique.values()), seed=seed, chunk_rows=chunk_rows, seen=seen, threads=threads,
+                                   show_progress=show_progress)
+    by_key = dict(zip(unique, results, strict=True))
+    rows = []
+    for p, b in cells:
+        r = by_key[(p, None) if policy_module(p).UNBOUNDED else (p, b)]
+        if r.budget_mib != b:
+            r = ReplayResult(p, b, budget_bytes(b), r.acc, r.bacc, r.evictions, r.overflow_loads, None, r.seconds, r.stats,
+                             r.preload_bytes, r.layer_share_bytes)
+        rows.extend(result_rows(loads, r, per_layer))
+    frame = pl.DataFrame(rows, schema_overrides={"layer": pl.Int64, "evictions": pl.Int64, "overflow_loads": pl.Int64,
+                                                 "peak_resident_mib": pl.Float64, "over_budget": pl.Boolean},
+                         infer_schema_length=None)
+    return frame, loads, int(loads.entry_bytes[seen].sum())
+
+
+def sweep_stream(trace: Trace, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
+                 chunk_rows: int | None = None) -> Any:
+    """:func:`replay.cache.sweep`'s frame for a plain replay of streamable policies (:func:`stream_sweep`'s frame)."""
+    return stream_sweep(trace, policies, budgets_mib, per_layer, seed, chunk_rows)[0]
+
+
+def working_set_stream(trace: Trace, chunk_rows: int | None = None) -> int:
+    """Bytes of every distinct (layer, expert) the trace touches (``loads_of(trace).working_set_bytes``),
+    read part by part: the default budgets of a streamed ``cache`` need it before the replay."""
+    shell = _shell(trace)
+    seen = np.zeros(shell.n_entries, dtype=np.bool_)
+    for part in iter_load_parts(trace, chunk_rows):
+        seen[part.loads.entries.ravel()] = True
+    return int(shell.entry_bytes[seen].sum())
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What :func:`replay.cache.default_budgets_mib` reads of a trace's loads: T and W, in bytes."""
+
+    token_cycle_bytes: int
+    working_set_bytes: int
+
+
+STREAM_MODES = ("auto", "on", "off")
+# --stream auto streams when the in-memory replay would hold more than AUTO_STREAM_MIB (the same
+# choice on every machine), or more than this share of the memory available when it runs (the
+# rest is the OS's, other programs' and this process's own). Either way the figures are the same.
+AUTO_STREAM_MIB = 1024
+AUTO_MEMORY_SHARE = 0.25
+
+
+def check_stream_mode(mode: str, option: str = "--stream") -> str:
+    if mode not in STREAM_MODES:
+        raise UserError(f"{option} {mode!r} is not one of {', '.join(STREAM_MODES)}.")
+    return mode
+
+
+def why_not_streamable(policy: str) -> str | None:
+    """Why ``policy`` cannot replay streamed (one clause), or None when it can."""
+    if streamable(policy):
+        return None
+    return f"policy {policy} plans from the whole trace before its replay"
+
+
+def check_streamable(policy: str, what: str = "--stream on") -> None:
+    why = why_not_streamable(policy)
+    if why is not None:
+        raise UserError(f"{what}: {why}, so it cannot stream; replay it in memory (--stream off or auto).")
+
+
+def auto_streams(trace: Trace, n_cells: int = 1) -> bool:
+    """Whether ``--stream auto`` streams this trace (every policy must stream too): its in-memory
+    estimate (:func:`stream_memory_bytes`) is above :data:`AUTO_STREAM_MIB`, or above
+    :data:`AUTO_MEMORY_SHARE` of the memory available now."""
+    from traces.memory import available_bytes
+    from traces.units import MIB
+
+    need = stream_memory_bytes(trace, n_cells)["in_memory"]
+    return need > AUTO_STREAM_MIB * MIB or need > AUTO_MEMORY_SHARE * available_bytes()
+
+
+def choose_stream(trace: Trace, policies: list[str], mode: str, in_memory_only: str | None = None, option: str = "--stream") -> bool:
+    """Whether a ``cache`` replay of ``policies`` streams under ``mode`` (auto | on | off).
+    ``in_memory_only``: an option in use that replays in memory only (e.g. ``--retain``). ``on``
+    refuses, in one sentence, what cannot stream; ``auto`` replays it in memory instead."""
+    check_stream_mode(mode, option)
+    if mode == "off":
+        return False
+    if mode == "on":
+        if in_memory_only is not None:
+            raise UserError(f"{option} on: {in_memory_only} replays in memory only (it looks ahead into the next loads of a "
+                            f"batch, which may lie in the next part); use {option} off or auto.")
+        for p in policies:
+            check_streamable(p, f"{option} on")
+        return True
+    if in_memory_only is not None or any(not streamable(p) for p in policies):
+        return False
+    return auto_streams(trace, len(policies))

@@ -159,3 +159,42 @@ def test_trace_tables_are_the_same_through_either_path(tmp_path, monkeypatch):
     for a, b in zip(fast, slow):
         assert a.schema == b.schema and a.equals(b)
     assert tr.table(cols).num_rows == 15
+
+
+@settings(max_examples=60, deadline=None)
+@given(files())
+def test_zstd_pages_read_bit_identical_to_arrow(tmp_path_factory, f):
+    """The zstd page path (the narrow routing lists: experts, weights) reads every v1 layout it
+    meets bit for bit as Arrow does; it declines v2 pages (Arrow reads them)."""
+    from traces.pages import read_fixed_list_zstd
+
+    values, typ, nullable, opts = f
+    path = tmp_path_factory.mktemp("z") / "part.parquet"
+    write(path, values, typ, nullable, compression="zstd", **opts)
+    got = read_fixed_list(path, "gate_input", zstd=True)
+    want = arrow_read(path)
+    if opts["data_page_version"] == "1.0" and typ != pa.float16():
+        assert got is not None, f"zstd path refused a v1 file written with {opts}"
+    if got is not None:
+        assert got.dtype == want.dtype and got.shape == want.shape == values.shape
+        assert got.tobytes() == want.tobytes() == values.tobytes()
+    assert read_fixed_list(path, "gate_input") is None  # without zstd=True: the uncompressed-only path, as before
+    if got is not None:
+        assert read_fixed_list_zstd(path, "gate_input").tobytes() == got.tobytes()
+
+
+def test_corrupt_zstd_page_falls_back_and_arrow_names_the_file(tmp_path):
+    from traces.errors import TraceError
+    from traces.reader import read_part
+
+    values = np.random.default_rng(0).integers(0, 100, (500, 8)).astype(np.int32)
+    path = tmp_path / "p.parquet"
+    write(path, values, pa.int32(), compression="zstd")
+    cc = pq.ParquetFile(path).metadata.row_group(0).column(1)
+    raw = bytearray(path.read_bytes())
+    mid = cc.data_page_offset + cc.total_compressed_size // 2
+    raw[mid:mid + 16] = b"\xff" * 16  # inside the compressed page body
+    path.write_bytes(bytes(raw))
+    assert read_fixed_list(path, "gate_input", zstd=True) is None
+    with pytest.raises(TraceError, match="p.parquet"):
+        read_part(path, ["gate_input"], fast=("gate_input",))

@@ -82,37 +82,42 @@ def fixed_list_to_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
         chunks = [fixed_list_to_numpy(c) for c in col.chunks]
         return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
     width = col.type.list_size
-    flat = col.flatten()  # respects the array's offset
+    if col.null_count == 0 and col.values.null_count == 0:
+        # The child values of this slice, without Arrow's compute layer (flatten() imports
+        # pyarrow.compute, ~30 ms of a short command's start).
+        flat = col.values.slice(col.offset * width, len(col) * width)
+    else:
+        flat = col.flatten()  # respects the array's offset
     arr = flat.to_numpy(zero_copy_only=False)
     return arr.reshape(-1, width)
 
 
-def read_part(part: Path, columns: list[str], fast: tuple[str, ...] = WIDE_COLUMNS) -> pa.Table:
+def read_part(part: Path, columns: list[str], fast: tuple[str, ...] = WIDE_COLUMNS, threads: bool = True) -> pa.Table:
     """``columns`` of one Parquet file as an Arrow table; those in ``fast`` (the wide ones) by the
     raw-page path of :mod:`traces.pages` where their pages allow it.
 
     A file whose footer is intact but whose data pages are not (a bad zstd frame, a cut page) is
     only found out here, at the first read: that is a :class:`TraceError` naming the file."""
     try:
-        return _read_part(part, columns, fast)
+        return _read_part(part, columns, fast, threads)
     except (pa.ArrowException, OSError, ValueError, EOFError) as e:
         raise _fail(part, f"has a corrupt or unreadable data page in column(s) {', '.join(columns)} ({_short(e)})") from None
 
 
-def _read_part(part: Path, columns: list[str], fast: tuple[str, ...]) -> pa.Table:
+def _read_part(part: Path, columns: list[str], fast: tuple[str, ...], threads: bool = True) -> pa.Table:
     pf = pq.ParquetFile(part)
     wide: dict[str, pa.Array] = {}
     for name in columns:
         if name in fast:
-            values = read_fixed_list(part, name, pf=pf)
+            values = read_fixed_list(part, name, pf=pf, zstd=True)
             if values is not None:
                 typ = pf.schema_arrow.field(name).type
                 flat = pa.array(values.reshape(-1), type=typ.value_type)  # zero-copy
                 wide[name] = pa.FixedSizeListArray.from_arrays(flat, type=typ)
     if not wide:
-        return pf.read(columns=columns).select(columns)
+        return pf.read(columns=columns, use_threads=threads).select(columns)
     rest = [c for c in columns if c not in wide]
-    table = pf.read(columns=rest) if rest else None
+    table = pf.read(columns=rest, use_threads=threads) if rest else None
     schema = pa.schema([pf.schema_arrow.field(c) for c in columns])  # the file's fields: same schema either path
     return pa.Table.from_arrays([wide[c] if c in wide else table.column(c) for c in columns],  # type: ignore[union-attr]
                                 schema=schema)
@@ -126,6 +131,15 @@ class Trace:
         self.meta = meta
         self.parts = parts
         self.part_rows = part_rows
+        # Opened with defer_rows: the row invariants are not checked yet. Whatever reads rows
+        # through table()/arrays()/routings()/distinct() checks them first; a reader that checks
+        # each part as it reads it (replay.cache.iter_load_parts) clears this after a whole pass.
+        self.rows_pending = False
+
+    def check_rows(self) -> None:
+        """Check the row invariants now if :func:`open_trace` deferred them (a :class:`TraceError` naming the part)."""
+        if self.rows_pending:
+            _check_rows(self)
 
     # -- metadata shortcuts -------------------------------------------------------------------
     @property
@@ -191,19 +205,38 @@ class Trace:
         return dict(self.meta.get("recorded") or {})
 
     # -- rows -------------------------------------------------------------------------------
-    def iter_tables(self, columns: tuple[str, ...] | list[str]) -> Iterator[pa.Table]:
+    def iter_tables(self, columns: tuple[str, ...] | list[str], read_ahead: bool = False,
+                    fast: tuple[str, ...] = WIDE_COLUMNS) -> Iterator[pa.Table]:
         """Yield one Arrow table per part file with only ``columns`` (streaming).
 
         The wide columns (logits, gate_input) come through :func:`traces.pages.read_fixed_list`
         when their pages allow it (uncompressed PLAIN, as this package writes them): the values
         are copied out of the file without Arrow's per-float level decoding, several times
         faster, bit-identical; otherwise through Arrow.
+
+        ``read_ahead``: decode the next part on one background thread while the caller works on
+        this one (two parts in memory at once; for a caller that runs a kernel on each part).
+        ``fast``: the fixed-size-list columns read by the page path (default the wide ones; the
+        page path reads zstd-compressed pages too, so experts and weights may be named).
         """
         columns = list(columns)
-        for part in self.parts:
-            yield read_part(part, columns)
+        if not read_ahead or len(self.parts) < 2:
+            for part in self.parts:
+                yield read_part(part, columns) if fast == WIDE_COLUMNS else read_part(part, columns, fast)
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="moe-replay-read") as pool:
+            nxt = pool.submit(read_part, self.parts[0], columns, fast, False)
+            for i in range(len(self.parts)):
+                t = nxt.result()
+                if i + 1 < len(self.parts):
+                    nxt = pool.submit(read_part, self.parts[i + 1], columns, fast, False)
+                yield t
+                del t
 
     def table(self, columns: tuple[str, ...] | list[str] = NARROW) -> pa.Table:
+        self.check_rows()
         columns = list(columns)
         missing = [c for c in columns if c not in NARROW and c not in self.columns]
         if missing:
@@ -270,6 +303,7 @@ class Trace:
         """The distinct rows of ``columns`` (in no particular order), read part by part: memory is
         one part's columns plus the distinct rows (for token keys, one per token, not one per
         routing: a token routes at every MoE layer), never the whole trace's columns."""
+        self.check_rows()
         columns = list(columns)
         seen: list[pl.DataFrame] = []
         for t in self.iter_tables(columns):
@@ -292,8 +326,14 @@ def _fail(path: Path, problem: str) -> TraceError:
     return TraceError(path, problem)
 
 
-def open_trace(path: str | Path, check_rows: bool = True) -> Trace:
-    """Open and validate a trace directory; raise :class:`TraceError` naming the bad file."""
+def open_trace(path: str | Path, check_rows: bool = True, defer_rows: bool = False) -> Trace:
+    """Open and validate a trace directory; raise :class:`TraceError` naming the bad file.
+
+    ``defer_rows``: check the metadata and schemas now and the row invariants when the rows are
+    first read (:attr:`Trace.rows_pending`): a verb that reads every row once anyway (a cache
+    replay, :func:`replay.cache.iter_load_parts`) then reads them once, not twice. Nothing sees an
+    unchecked row either way, and a bad one is refused with the same sentence.
+    ``check_rows=False``: never check them (for traces this package has just written)."""
     root = Path(path)
     if not root.exists():
         raise _fail(root, "no such trace directory")
@@ -332,7 +372,9 @@ def open_trace(path: str | Path, check_rows: bool = True) -> Trace:
         raise _fail(rdir, "holds no part files although trace.json says the trace is complete")
     if "rows" in meta and meta["complete"] and meta["rows"] != trace.n_rows:
         raise _fail(rdir, f"holds {trace.n_rows} rows but trace.json says {meta['rows']}")
-    if check_rows:
+    if check_rows and defer_rows:
+        trace.rows_pending = True
+    elif check_rows:
         _check_rows(trace)
     if trace.has_router:
         _check_router(trace)
@@ -360,91 +402,126 @@ def _schema_diff(got: pa.Schema, want: pa.Schema) -> str:
 
 def _check_rows(trace: Trace) -> None:
     """Row-level invariants, one part at a time (bounded memory on long traces)."""
-    k, n_expert = trace.top_k, trace.n_expert
-    moe = np.zeros(trace.n_layer, dtype=bool)
-    moe[trace.moe_layers] = True
-    last: tuple[int, ...] | None = None  # batch, layer, step, phase[, request]
-    offset = 0
-    recorded = [c for c in RECORDED_COLUMNS if trace.has(c)]
-    by_rank = not trace.gating.get("selection_bias")
-    has_req = trace.has("request")
-    req_last: dict[tuple[int, int], tuple[int, int]] = {}  # (request, layer) -> (its last step, turn)
-    for part, t in zip(trace.parts, trace.iter_tables(list(NARROW) + recorded + [c for c in REQUEST_COLUMNS if trace.has(c)])):
+    ck = RowChecker(trace)
+    for part, t in zip(trace.parts, trace.iter_tables(ck.columns)):
+        ck.check(part, t)
+    trace.rows_pending = False
+
+
+class RowChecker:
+    """The row-level invariants of :func:`open_trace`, checked one part table at a time, in order
+    (what carries from part to part: the last row's key, the row offset, each (request, layer)'s
+    last step). :attr:`columns`: what a part table must hold. A reader that checks the rows as it
+    reads them (:func:`replay.cache.iter_load_parts` on a trace opened with ``defer_rows``) calls
+    :meth:`check` on each part, or :meth:`passed` when its own equivalent check found nothing."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.recorded = [c for c in RECORDED_COLUMNS if trace.has(c)]
+        self.columns = list(NARROW) + self.recorded + [c for c in REQUEST_COLUMNS if trace.has(c)]
+        self.moe = np.zeros(trace.n_layer, dtype=bool)
+        self.moe[trace.moe_layers] = True
+        self.last: tuple[int, ...] | None = None  # batch, layer, step, phase[, request]
+        self.offset = 0
+        self.by_rank = not trace.gating.get("selection_bias")
+        self.has_req = trace.has("request")
+        self.req_last: dict[tuple[int, int], tuple[int, int]] = {}  # (request, layer) -> (its last step, turn)
+
+    @property
+    def simple(self) -> bool:
+        """No request, token or recorded column: the invariants are those of the narrow columns only."""
+        return not self.has_req and not self.trace.has("token") and not self.recorded
+
+    def passed(self, t: pa.Table) -> None:
+        """Advance past a part another check found valid (only for :attr:`simple` traces)."""
+        n = t.num_rows
+        if n:
+            cols = [t.column(c)[n - 1].as_py() for c in ("batch", "layer", "step", "phase")]
+            self.last = (*cols, 0)
+        self.offset += n
+
+    def check(self, part: Path, t: pa.Table) -> None:
         try:
-            n = t.num_rows
-            if n == 0:
-                continue
-            b = t.column("batch").to_numpy().astype(np.int64)
-            lay = t.column("layer").to_numpy().astype(np.int64)
-            s = t.column("step").to_numpy().astype(np.int64)
-            ph = t.column("phase").to_numpy()
-            bad = np.flatnonzero((lay < 0) | (lay >= trace.n_layer))
-            if bad.size:
-                raise ValueError(f"row {offset + bad[0]} has layer {lay[bad[0]]} outside 0..{trace.n_layer - 1}")
-            bad = np.flatnonzero(~moe[lay])
-            if bad.size:
-                raise ValueError(f"row {offset + bad[0]} routes at layer {lay[bad[0]]}, which is not a MoE layer")
-            bad = np.flatnonzero((ph != PHASE_PREFILL) & (ph != PHASE_DECODE))
-            if bad.size:
-                raise ValueError(f"row {offset + bad[0]} has phase {ph[bad[0]]} (0 prefill, 1 decode)")
-            if has_req:
-                _check_requests(t, offset, req_last)
-            if "token" in t.column_names:
-                tok = t.column("token").to_numpy()
-                bad = np.flatnonzero(tok < 0)
-                if bad.size:
-                    raise ValueError(f"row {offset + bad[0]} has token id {tok[bad[0]]}, which is negative")
-            req = t.column("request").to_numpy().astype(np.int64) if has_req else np.zeros(n, dtype=np.int64)
-            prepended = last is not None
-            if prepended:
-                b = np.concatenate([[last[0]], b])
-                lay = np.concatenate([[last[1]], lay])
-                s = np.concatenate([[last[2]], s])
-                ph = np.concatenate([[last[3]], ph])
-                req = np.concatenate([[last[4]], req])
-            # (batch, layer[, request], step): with many requests, steps repeat across requests in
-            # a load. Comparisons, not np.diff: request ids may span the whole int64 range.
-            db, dl = np.diff(b), np.diff(lay)
-            r_gt, r_eq = req[1:] > req[:-1], req[1:] == req[:-1]
-            s_gt, s_eq = s[1:] > s[:-1], s[1:] == s[:-1]
-            ok = (db > 0) | ((db == 0) & ((dl > 0) | ((dl == 0) & (r_gt | (r_eq & s_gt)))))
-            if not ok.all():
-                i = int(np.argmin(ok))
-                kind = "duplicates the row before it" if (db[i] == 0 and dl[i] == 0 and r_eq[i] and s_eq[i]) else \
-                    ("breaks the (batch, layer, request, step) row order" if has_req else "breaks the (batch, layer, step) row order")
-                raise ValueError(f"row {offset + i + 1 - int(prepended)} {kind}")
-            same_batch_phase_change = (db == 0) & (np.diff(ph) != 0)
-            if same_batch_phase_change.any():
-                i = int(np.argmax(same_batch_phase_change))
-                raise ValueError(f"batch {b[i + 1]} mixes prefill and decode rows")
-            last = (int(b[-1]), int(lay[-1]), int(s[-1]), int(ph[-1]), int(req[-1]))
-            ex = fixed_list_to_numpy(t.column("experts"))
-            bad = np.flatnonzero(((ex < 0) | (ex >= n_expert)).any(axis=1))
-            if bad.size:
-                raise ValueError(f"row {offset + bad[0]} has an expert id outside 0..{n_expert - 1}")
-            if k > 1:
-                srt = np.sort(ex, axis=1)
-                bad = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))
-                if bad.size:
-                    raise ValueError(f"row {offset + bad[0]} selects the same expert twice")
-            w = fixed_list_to_numpy(t.column("weights"))
-            nan = np.isnan(w)
-            partial = nan.any(axis=1) & ~nan.all(axis=1)
-            bad = np.flatnonzero(partial | np.isinf(w).any(axis=1))
-            if bad.size:
-                raise ValueError(
-                    f"row {offset + bad[0]} has weights that are infinite or only partly NaN "
-                    "(NaN is allowed only for a whole routing whose engine exposed no weights)"
-                )
-            _check_weights(w, lay[int(prepended):], offset, by_rank)
-            if "residency" in recorded:
-                r = fixed_list_to_numpy(t.column("residency"))
-                bad = np.flatnonzero((r > 2).any(axis=1))
-                if bad.size:
-                    raise ValueError(f"row {offset + bad[0]} has a residency code above 2 (0 miss, 1 hit, 2 speculative hit)")
-            offset += n
+            self._check(t)
         except ValueError as e:
             raise _fail(part, str(e)) from None
+
+    def _check(self, t: pa.Table) -> None:
+        trace, recorded, moe, offset = self.trace, self.recorded, self.moe, self.offset
+        k, n_expert = trace.top_k, trace.n_expert
+        last, by_rank, has_req = self.last, self.by_rank, self.has_req
+        n = t.num_rows
+        if n == 0:
+            return
+        b = t.column("batch").to_numpy().astype(np.int64)
+        lay = t.column("layer").to_numpy().astype(np.int64)
+        s = t.column("step").to_numpy().astype(np.int64)
+        ph = t.column("phase").to_numpy()
+        bad = np.flatnonzero((lay < 0) | (lay >= trace.n_layer))
+        if bad.size:
+            raise ValueError(f"row {offset + bad[0]} has layer {lay[bad[0]]} outside 0..{trace.n_layer - 1}")
+        bad = np.flatnonzero(~moe[lay])
+        if bad.size:
+            raise ValueError(f"row {offset + bad[0]} routes at layer {lay[bad[0]]}, which is not a MoE layer")
+        bad = np.flatnonzero((ph != PHASE_PREFILL) & (ph != PHASE_DECODE))
+        if bad.size:
+            raise ValueError(f"row {offset + bad[0]} has phase {ph[bad[0]]} (0 prefill, 1 decode)")
+        if has_req:
+            _check_requests(t, offset, self.req_last)
+        if "token" in t.column_names:
+            tok = t.column("token").to_numpy()
+            bad = np.flatnonzero(tok < 0)
+            if bad.size:
+                raise ValueError(f"row {offset + bad[0]} has token id {tok[bad[0]]}, which is negative")
+        req = t.column("request").to_numpy().astype(np.int64) if has_req else np.zeros(n, dtype=np.int64)
+        prepended = last is not None
+        if prepended:
+            b = np.concatenate([[last[0]], b])
+            lay = np.concatenate([[last[1]], lay])
+            s = np.concatenate([[last[2]], s])
+            ph = np.concatenate([[last[3]], ph])
+            req = np.concatenate([[last[4]], req])
+        # (batch, layer[, request], step): with many requests, steps repeat across requests in
+        # a load. Comparisons, not np.diff: request ids may span the whole int64 range.
+        db, dl = np.diff(b), np.diff(lay)
+        r_gt, r_eq = req[1:] > req[:-1], req[1:] == req[:-1]
+        s_gt, s_eq = s[1:] > s[:-1], s[1:] == s[:-1]
+        ok = (db > 0) | ((db == 0) & ((dl > 0) | ((dl == 0) & (r_gt | (r_eq & s_gt)))))
+        if not ok.all():
+            i = int(np.argmin(ok))
+            kind = "duplicates the row before it" if (db[i] == 0 and dl[i] == 0 and r_eq[i] and s_eq[i]) else \
+                ("breaks the (batch, layer, request, step) row order" if has_req else "breaks the (batch, layer, step) row order")
+            raise ValueError(f"row {offset + i + 1 - int(prepended)} {kind}")
+        same_batch_phase_change = (db == 0) & (np.diff(ph) != 0)
+        if same_batch_phase_change.any():
+            i = int(np.argmax(same_batch_phase_change))
+            raise ValueError(f"batch {b[i + 1]} mixes prefill and decode rows")
+        self.last = (int(b[-1]), int(lay[-1]), int(s[-1]), int(ph[-1]), int(req[-1]))
+        ex = fixed_list_to_numpy(t.column("experts"))
+        bad = np.flatnonzero(((ex < 0) | (ex >= n_expert)).any(axis=1))
+        if bad.size:
+            raise ValueError(f"row {offset + bad[0]} has an expert id outside 0..{n_expert - 1}")
+        if k > 1:
+            srt = np.sort(ex, axis=1)
+            bad = np.flatnonzero((srt[:, 1:] == srt[:, :-1]).any(axis=1))
+            if bad.size:
+                raise ValueError(f"row {offset + bad[0]} selects the same expert twice")
+        w = fixed_list_to_numpy(t.column("weights"))
+        nan = np.isnan(w)
+        partial = nan.any(axis=1) & ~nan.all(axis=1)
+        bad = np.flatnonzero(partial | np.isinf(w).any(axis=1))
+        if bad.size:
+            raise ValueError(
+                f"row {offset + bad[0]} has weights that are infinite or only partly NaN "
+                "(NaN is allowed only for a whole routing whose engine exposed no weights)"
+            )
+        _check_weights(w, lay[int(prepended):], offset, by_rank)
+        if "residency" in recorded:
+            r = fixed_list_to_numpy(t.column("residency"))
+            bad = np.flatnonzero((r > 2).any(axis=1))
+            if bad.size:
+                raise ValueError(f"row {offset + bad[0]} has a residency code above 2 (0 miss, 1 hit, 2 speculative hit)")
+        self.offset += n
 
 
 def _check_requests(t: pa.Table, offset: int, req_last: dict[tuple[int, int], tuple[int, int]]) -> None:

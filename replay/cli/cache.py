@@ -66,6 +66,12 @@ def register(app: typer.Typer) -> None:
         colibri_repin: int | None = typer.Option(None, "--colibri-repin", help="colibri: re-pin every this many tokens, at "
                                                  "batch boundaries (default 0 = off, colibri's default; its balanced "
                                                  "setting is 64)."),
+        stream: str = typer.Option("auto", "--stream", help="auto | on | off: replay part by part, the cache state carried "
+                                   "from part to part (memory: one part plus the cache states, whatever the trace's "
+                                   "length; the figures are the in-memory ones, byte for byte). auto streams when the "
+                                   "in-memory replay would hold more than 1,024 MiB (info's cache_memory_mib_in_memory) "
+                                   "or a quarter of the memory available now, and every policy streams; pin, colibri, "
+                                   "layer-opt, --retain and --validate replay in memory only (on refuses them)."),
     ) -> None:
         """Expert-cache hit rates per policy and budget (decode-only and cumulative), MiB read, T, bound.
 
@@ -110,7 +116,15 @@ def register(app: typer.Typer) -> None:
             raise UserError("--budgets and --budget-mib both name the budgets to replay; give one of them.")
         if csv is not None:
             check_output_file(csv, inputs=[trace, cost_model])  # before the replay, not after
-        t = open_trace(trace)
+        from replay.cache_stream import check_stream_mode, choose_stream
+
+        check_stream_mode(stream)
+        if validate and stream == "on":
+            raise UserError("--stream on: --validate compares every routed slot with the engine's record in memory; "
+                            "use --stream off or auto.")
+        # Rows are checked as the replay reads them (one read of the trace, not two); anything
+        # that reads them another way checks them first (traces.reader.Trace.rows_pending).
+        t = open_trace(trace, defer_rows=True)
         require_routings(t, "replay")
         if validate:
             row = run_validate(t, budget_mib)
@@ -126,26 +140,38 @@ def register(app: typer.Typer) -> None:
             if ok is False:
                 raise SystemExit(1)  # the report is printed; a script sees the replay did not reproduce the engine
             return
-        loads = loads_of(t)
+        streamed = choose_stream(t, pols, stream, in_memory_only="--retain" if retain else None)
         rec_budget = t.recorded.get("budget_mib")
         chosen = "given"
         if blist is None and budget_mib is not None:
             blist = [budget_mib]
-        if blist is None:
-            blist = default_budgets_mib(loads, rec_budget)
+        if streamed:
+            from replay.cache_stream import Sizes, stream_sweep, working_set_stream
+
+            if blist is None:  # the working set first (one more pass over the parts), then the replay
+                blist = default_budgets_mib(Sizes(t.token_cycle_bytes, working_set_stream(t)), rec_budget)
+            frame, loads, W_bytes = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=True)
+            if cmodel is not None:
+                frame = api.with_time(frame, cmodel, trace=t)
+        else:
+            loads = loads_of(t)
+            W_bytes = loads.working_set_bytes
+            if blist is None:
+                blist = default_budgets_mib(loads, rec_budget)
+            frame = api.cache(t, policies=pols, budgets_mib=blist, per_layer=per_layer, phase=phase, seed=seed,
+                              policy_options=popts, cost_model=cmodel, retain_predictor=predictor if retain else None,
+                              show_progress=True, loads=loads, predictor_file=predictor_file)
+        if chosen == "given" and budgets is None and budget_mib is None:
             chosen = ("default: 9 budgets geometric from T/2 to the working set W, 2 significant figures"
                       + (f", the recorded {exact(rec_budget)} MiB replacing the nearest" if rec_budget in blist else ""))
-        frame = api.cache(t, policies=pols, budgets_mib=blist, per_layer=per_layer, phase=phase, seed=seed,
-                          policy_options=popts, cost_model=cmodel, retain_predictor=predictor if retain else None,
-                          show_progress=True, loads=loads, predictor_file=predictor_file)
-        T = loads.token_cycle_bytes / MIB
-        W = loads.working_set_bytes / MIB
+        T = t.token_cycle_bytes / MIB
+        W = W_bytes / MIB
         below = [b for b in blist if b < T]
         overall = frame.filter(frame["layer"].is_null())
         lru_below = [r for r in rows_of(overall) if r["policy"] == "lru" and r["budget_mib"] < T]
         # No decode loads (prefill-only trace): decode hit % is null, which is not a collapse.
         collapsed = [r for r in lru_below if r["hit_pct_decode"] is not None and r["hit_pct_decode"] < 5.0]
-        no_decode = not (loads.load_phase == 1).any()
+        no_decode = not (loads.batch_phase == 1).any()  # a load's phase is its batch's (one phase per batch)
         if csv is not None:
             write_output_file(csv, frame.write_csv(), inputs=[trace, cost_model])
         if json_out:

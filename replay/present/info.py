@@ -11,6 +11,8 @@ if TYPE_CHECKING:
 
 
 def info_text(trace: Trace, row: dict[str, Any]) -> str:
+    from replay.cache_stream import AUTO_STREAM_MIB
+
     opt = [c for c in ("logits", "gate_input", "residency", "read_bytes", "dropped", "request", "token") if trace.has(c)]
     native = row["top_k_native"]
     eb = sorted({int(trace.expert_bytes[l]) for l in trace.moe_layers})
@@ -29,8 +31,9 @@ def info_text(trace: Trace, row: dict[str, Any]) -> str:
         f"expert     bytes of one expert per layer: {eb_txt}",
         f"T          one token cycle (sum over MoE layers of top_k x expert_bytes) = {row['token_cycle_mib']:.1f} MiB",
         f"memory     a cache replay at one budget holds about {row['cache_memory_mib_in_memory']:,.0f} MiB (the cache verb, "
-        f"in memory); {row['cache_memory_mib_streamed']:,.0f} MiB streamed part by part (replay.cache_stream in Python; "
-        "the verbs do not stream yet); estimates, beyond the program itself",
+        f"in memory); {row['cache_memory_mib_streamed']:,.0f} MiB streamed part by part (cache --stream on); estimates, "
+        f"beyond the program itself; cache --stream auto (the default) streams above {AUTO_STREAM_MIB:,} MiB in memory "
+        "or a quarter of the memory available when it runs",
         f"complete   {'yes' if row['complete'] else 'NO: capture was interrupted; the trace holds what was written'}",
         f"source     {row['engine'] or 'unknown engine'}" + (f", {row['source']}" if row["source"] else ""),
     ]
