@@ -164,8 +164,8 @@ def softmax_route(sn, MT, W0, k, scale, ids, weights):
 @njit(cache=True, nogil=True)
 def first_bad_routing(ids, weights, n_expert, by_rank):
     """``(code, row)`` of the first row of ``ids`` / ``weights`` ``[rows, k]`` that no reader would
-    accept, ``(0, -1)`` if none; in a row, the first of: 1 an expert id outside 0..n_expert-1,
-    2 an id listed twice, 3 a weight negative or not finite, 4 (``by_rank``) weights increasing
+    accept, ``(0, -1)`` if none; of a row's problems, the first in this list: 1 an expert id
+    outside 0..n_expert-1, 2 an id listed twice, 3 a weight negative or not finite, 4 (``by_rank``) weights increasing
     from one slot to the next. One pass over the rows (the synthetic generator's check before
     it writes them)."""
     n, k = ids.shape
@@ -174,8 +174,9 @@ def first_bad_routing(ids, weights, n_expert, by_rank):
             e = ids[r, i]
             if e < 0 or e >= n_expert:
                 return 1, r
+        for i in range(1, k):
             for j in range(i):
-                if ids[r, j] == e:
+                if ids[r, j] == ids[r, i]:
                     return 2, r
         for i in range(k):
             w = weights[r, i]
