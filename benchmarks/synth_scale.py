@@ -3,9 +3,10 @@
 Generates a 100,000-token trace (48 MoE layers x 128 experts, top-8, routing only) in a child
 process and reports its peak resident memory (ru_maxrss of the child), wall time, CPU time (user +
 sys of the child: on a shared machine the steadier figure) and tokens per second by each. The whole
-command is timed: Python's start-up, the generation, the Parquet writes and the reader's check of
-the staged trace. The trace is streamed to disk part by part, so peak memory should not grow with
-the number of tokens. ``--rank R`` times the low-rank model (``synth --rank``).
+command is timed: Python's start-up, the generation, the Parquet writes and the checks before the
+rename (rows in memory, the staged trace's metadata, schema and row counts read back). The trace
+is streamed to disk part by part, so peak memory should not grow with the number of tokens.
+``--rank R`` times the low-rank model (``synth --rank``).
 
     python -m benchmarks.synth_scale [--tokens 100000] [--rank 16] [--out /tmp/moe-replay-bench-synth]
 """

@@ -20,9 +20,15 @@ not the trace length.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +217,11 @@ class _Model:
         ids, w = select(logits, self.gating, self.cfg.top_k, self.bias[layer])
         return ids, w, logits.astype(np.float32)
 
+    def routes_later(self, n: int, pool: ThreadPoolExecutor | None) -> Callable[[], dict[str, np.ndarray]]:
+        """:meth:`routes` now (the full-width model's chunk is one piece of numpy work)."""
+        out = self.routes(n)
+        return lambda: out
+
     def routes(self, n: int) -> dict[str, np.ndarray]:
         """The next ``n`` tokens token-major: ``experts`` / ``weights`` ``[n, L, k]``, and unless
         routing-only ``logits`` ``[n, L, E]`` and ``gate_input`` ``[n, L, D]`` (float32)."""
@@ -256,8 +267,37 @@ class _LowRankModel(_Model):
                 float(cfg.drift), float(cfg.embd), out)
         return out
 
+    def _route_jobs(self, sn: np.ndarray, ids: np.ndarray, wts: np.ndarray) -> list[Callable[[], None]]:
+        """Softmax routing of the latents ``sn`` into ``ids`` / ``wts``, as jobs over disjoint token
+        ranges (tokens route independently: the same bits however they are split); two halves when
+        the chunk is large enough to be worth a second thread."""
+        from traces.synth_kernels import softmax_route
+
+        n, K = sn.shape[0], self.cfg.top_k
+        scale = float(self.gating.get("scale", 1.0) or 1.0)
+        cuts = [0, n // 2, n] if n >= 64 else [0, n]
+        return [partial(softmax_route, sn[a:b], self.MT, self.W0, K, scale, ids[a:b], wts[a:b]) for a, b in zip(cuts, cuts[1:])]
+
+    def routes_later(self, n: int, pool: ThreadPoolExecutor | None) -> Callable[[], dict[str, np.ndarray]]:
+        """:meth:`routes` of the next ``n`` tokens, the softmax routing (routing only) submitted to
+        ``pool`` so the caller can draw the next chunk's latents meanwhile; call the result for them."""
+        if pool is None or self.cfg.gating != "softmax" or not self.cfg.routing_only:
+            out = self.routes(n)
+            return lambda: out
+        L, K = self.cfg.layers, self.cfg.top_k
+        sn = self.latents(n)
+        ids = np.empty((n, L, K), np.int32)
+        wts = np.empty((n, L, K), np.float32)
+        futures = [pool.submit(job) for job in self._route_jobs(sn, ids, wts)]
+
+        def done() -> dict[str, np.ndarray]:
+            for f in futures:
+                f.result()
+            return {"experts": ids, "weights": wts}
+        return done
+
     def routes(self, n: int) -> dict[str, np.ndarray]:
-        from traces.synth_kernels import logits_of, softmax_route
+        from traces.synth_kernels import logits_of
 
         cfg = self.cfg
         L, E, K = cfg.layers, cfg.experts, cfg.top_k
@@ -267,7 +307,8 @@ class _LowRankModel(_Model):
         if cfg.gating == "softmax":
             ids = np.empty((n, L, K), np.int32)
             wts = np.empty((n, L, K), np.float32)
-            softmax_route(sn, self.MT, self.W0, K, float(self.gating.get("scale", 1.0) or 1.0), ids, wts)
+            for job in self._route_jobs(sn, ids, wts):
+                job()
             out = {"experts": ids, "weights": wts}
         if cfg.gating != "softmax" or not cfg.routing_only:
             logits = np.empty((n, L, E))
@@ -330,6 +371,85 @@ def _write_requests(w: TraceWriter, model: _Model, cfg: SynthConfig, on_tokens: 
         w.append(**{c: v[a:a + step] for c, v in cols.items()}, **{c: v[a:a + step] for c, v in opt.items()})
 
 
+def _decode_chunks(model: _Model, tokens: int, chunk: int, pool: ThreadPoolExecutor | None
+                   ) -> Iterator[tuple[int, Callable[[], dict[str, np.ndarray]]]]:
+    """The decode tokens in chunks of ``chunk``: (n, a call that returns its routes ``[n, L, ...]``)."""
+    done = 0
+    while done < tokens:
+        n = min(chunk, tokens - done)
+        yield n, model.routes_later(n, pool)
+        done += n
+
+
+def _ahead(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """``items`` computed in a background thread up to ``depth`` ahead of the consumer, in order:
+    the next chunk is generated (kernels, numpy and the random generator release the GIL) while
+    this thread writes the last. An exception in the producer is raised here; a consumer that
+    stops early stops the producer. Plain threads, no OpenMP: a later fork is safe."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(entry: tuple[Any, BaseException | None]) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+            put((done, None))
+        except BaseException as e:  # handed to the consumer, raised there
+            put((done, e))
+
+    th = threading.Thread(target=produce, name="synth-ahead", daemon=True)
+    th.start()
+    try:
+        while True:
+            item, err = q.get()
+            if err is not None:
+                raise err
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
+        while th.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                pass
+            th.join(timeout=0.05)
+
+
+# first_bad_routing's codes, as the refusal names them
+_BAD_ROUTING = {1: "an expert id outside 0..{e}", 2: "a routing selects the same expert twice",
+                3: "a routing weight that is negative or not finite", 4: "routing weights not in router rank order"}
+
+
+def _check_routes(out_dir: Path, experts: np.ndarray, weights: np.ndarray, n_expert: int, by_rank: bool) -> None:
+    """The reader's row checks on routings (traces.reader._check_rows), on the arrays before they
+    are written (traces.synth_kernels.first_bad_routing, one pass): expert ids in 0..n_expert-1
+    and distinct in a row, weights finite and >= 0 and, ranked by the router (no selection bias),
+    descending. Refuses with nothing written."""
+    from traces.synth_kernels import first_bad_routing
+
+    k = experts.shape[-1]
+    ex = experts.reshape(-1, k)  # int32 from the kernels; anything else checked in int64 (no wrap-around)
+    ex = np.ascontiguousarray(ex, dtype=np.int32 if ex.dtype == np.int32 else np.int64)
+    w = np.ascontiguousarray(weights.reshape(-1, k), dtype=np.float32)
+    code, row = first_bad_routing(ex, w, n_expert, by_rank)
+    if code:
+        raise UserError(f"{out_dir}: the generated trace would be invalid (row {row} of a chunk: "
+                        f"{_BAD_ROUTING[code].format(e=n_expert - 1)}); nothing was written.")
+
+
 def write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool = False,
                     on_tokens: Callable[[int], None] | None = None) -> Path:
     """Generate a synthetic trace into a new directory ``out_dir`` (atomically).
@@ -364,6 +484,20 @@ def _write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool, on_toke
             "synth": _provenance(cfg),
         },
     }
+    by_rank = not model.gating.get("selection_bias")
+    # Two routing threads (a chunk's halves) while a third draws the next chunk's latents and this
+    # one writes; plain threads, no OpenMP: a later fork is safe. None on a one-CPU machine.
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="synth") if len(os.sched_getaffinity(0)) > 1 else None
+    try:
+        return _write_staged(out_dir, cfg, force, on_tokens, model, meta, by_rank, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _write_staged(out_dir: Path, cfg: SynthConfig, force: bool, on_tokens: Callable[[int], None] | None, model: _Model,
+                  meta: dict[str, Any], by_rank: bool, pool: ThreadPoolExecutor | None) -> Path:
+    L, E, D, K = cfg.layers, cfg.experts, cfg.embd, cfg.top_k
     columns: tuple[str, ...] = () if cfg.routing_only else ("logits", "gate_input")
     row_bytes = 64 + K * 8 + (0 if cfg.routing_only else 4 * (E + D))
     tokens_per_part = int(max(16, min(4096, (128 << 20) // (row_bytes * L))))
@@ -371,17 +505,20 @@ def _write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool, on_toke
     if cfg.requests is not None:
         columns = (*columns, "request")
     with staged_dir(out_dir, force=force) as stage:
-        w = TraceWriter(stage, meta, columns=columns, tokens_per_part=tokens_per_part)
+        w = TraceWriter(stage, meta, columns=columns, tokens_per_part=tokens_per_part,
+                        weights_checked=cfg.requests is None)  # by _check_routes, before every append
         if not cfg.routing_only:
             lay = np.repeat(np.arange(L), E)
             w.write_router(lay, np.tile(np.arange(E), L), model.W.reshape(L * E, D), model.bias.reshape(-1))
-        if cfg.requests is not None:
+        requests_given = cfg.requests is not None
+        if requests_given:
             _write_requests(w, model, cfg, on_tokens)
             cfg = replace(cfg, tokens=0, prompt_tokens=0)  # nothing more below
         batch = 0
         if cfg.prompt_tokens:
             # Prefill: one batch, rows layer-major then step (the (batch, layer, step) order).
             pre = model.routes(cfg.prompt_tokens)
+            _check_routes(out_dir, pre["experts"], pre["weights"], E, by_rank)
             steps = np.arange(cfg.prompt_tokens)
             for l in range(L):
                 opt = {c: pre[c][:, l] for c in ("logits", "gate_input") if c in pre}
@@ -391,20 +528,25 @@ def _write_synthetic(out_dir: str | Path, cfg: SynthConfig, force: bool, on_toke
             if on_tokens:
                 on_tokens(cfg.prompt_tokens)
         done = 0
-        while done < cfg.tokens:
-            n = min(chunk, cfg.tokens - done)
-            # Decode: one batch per token, rows token-major then layer.
-            r = {c: v.reshape(n * L, -1) for c, v in model.routes(n).items()}
-            steps = cfg.prompt_tokens + done + np.arange(n)
-            w.append(turn=0, batch=np.repeat(batch + np.arange(n), L), phase=1, step=np.repeat(steps, L),
-                     layer=np.tile(np.arange(L), n), **r)
-            batch += n
-            done += n
-            if on_tokens:
-                on_tokens(n)
+        with contextlib.closing(_ahead(_decode_chunks(model, cfg.tokens, chunk, pool))) as chunks:
+            # closed on an error too: the producer stops before the pool does
+            for n, later in chunks:
+                # Decode: one batch per token, rows token-major then layer.
+                r = {c: v.reshape(n * L, -1) for c, v in later().items()}
+                _check_routes(out_dir, r["experts"], r["weights"], E, by_rank)
+                steps = cfg.prompt_tokens + done + np.arange(n)
+                w.append(turn=0, batch=np.repeat(batch + np.arange(n), L), phase=1, step=np.repeat(steps, L),
+                         layer=np.tile(np.arange(L), n), **r)
+                batch += n
+                done += n
+                if on_tokens:
+                    on_tokens(n)
         w.close(complete=True)
         try:  # the reader's checks before the rename: never a destination that every verb refuses
-            open_trace(stage)
+            # Without requests every routing was checked in memory before it was written
+            # (_check_routes; keys and order by the writer): the files' metadata, schema and row
+            # counts are checked here, not every row decoded again.
+            open_trace(stage, check_rows=requests_given)
         except TraceError as e:
             raise UserError(f"{out_dir}: the generated trace would be invalid ({e.problem}); nothing was written.") from None
     return out_dir

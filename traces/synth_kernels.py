@@ -25,7 +25,7 @@ QUANT = 4096.0
 CLIP = 8.0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def project_routers(W, P):
     """``MT[l, j, e] = sum over d >= 1 of W[l, e, d] * P[d, j]`` (float64, d ascending)."""
     L, E, D = W.shape
@@ -41,7 +41,7 @@ def project_routers(W, P):
     return MT
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def latents(z, a, u, G, rho, keep, drift, embd, out):
     """Advance the latent state over ``n = z.shape[0]`` tokens and write each token's normalized,
     rounded latent per layer into ``out`` ``[n, L, R]``. ``z`` ``[n, (L + 2) * R]`` holds, per
@@ -51,7 +51,8 @@ def latents(z, a, u, G, rho, keep, drift, embd, out):
     L, R = u.shape
     h = np.empty(R)
     cum = np.empty(R)
-    s = np.empty(R)
+    s = np.empty((L, R))
+    q = np.empty(L)
     for t in range(n):
         for j in range(R):
             a[j] = rho * a[j] + keep * z[t, j]
@@ -64,20 +65,25 @@ def latents(z, a, u, G, rho, keep, drift, embd, out):
         for l in range(L):
             for j in range(R):
                 cum[j] += u[l, j]
-                s[j] = h[j] + drift * cum[j]
-            q = 0.0
-            for i in range(R):
-                for j in range(R):
-                    q += G[i, j] * s[i] * s[j]
-            rms = math.sqrt(q / embd)
+                s[l, j] = h[j] + drift * cum[j]
+            q[l] = 0.0
+        # Each layer's quadratic form summed in (i, j) order as before, the layers side by side:
+        # independent sums (vectorizable), not one long chain of dependent additions.
+        for i in range(R):
+            for j in range(R):
+                g = G[i, j]
+                for l in range(L):
+                    q[l] += g * s[l, i] * s[l, j]
+        for l in range(L):
+            rms = math.sqrt(q[l] / embd)
             if rms == 0.0:
                 rms = 1.0
             for j in range(R):
-                v = math.floor(s[j] / rms * QUANT + 0.5) / QUANT
+                v = math.floor(s[l, j] / rms * QUANT + 0.5) / QUANT
                 out[t, l, j] = min(CLIP, max(-CLIP, v))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def logits_of(sn, MT, W0, out):
     """``out[t, l, e] = W0[l, e] + sum over j of MT[l, j, e] * sn[t, l, j]`` (j ascending)."""
     n, L, R = sn.shape
@@ -92,13 +98,14 @@ def logits_of(sn, MT, W0, out):
                     out[t, l, e] += MT[l, j, e] * v
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def softmax_route(sn, MT, W0, k, scale, ids, weights):
     """Softmax gating with top-k renormalization, straight from the latents: the k largest logits
     (descending, ties to the lower id; softmax is monotone), weights ``exp(x_i - max)`` over their
     sum in rank order, times ``scale``, as float32. ``ids`` / ``weights`` are ``[n, L, k]``.
 
-    One thread: ``parallel=True`` took a 2-core machine's route time from 122 to 55 ms per 1,000
+    No ``parallel=True`` (callers split the tokens over Python threads instead; the kernels
+    release the GIL): ``parallel=True`` took a 2-core machine's route time from 122 to 55 ms per 1,000
     tokens under load, but the threading layer Numba picks here (GNU OpenMP) is not fork-safe: a
     child forked after the parent used it (a fork-started pool in a script that called synth
     first) can hang or be terminated when it runs the kernel again (Numba's documentation)."""
@@ -108,6 +115,8 @@ def softmax_route(sn, MT, W0, k, scale, ids, weights):
     bv = np.empty(k)
     bi = np.empty(k, dtype=np.int64)
     ex = np.empty(k)
+    m = np.empty(k)
+    nb = E // k  # >= 1: top_k <= n_expert
     for t in range(n):
         for l in range(L):
             for e in range(E):
@@ -116,9 +125,22 @@ def softmax_route(sn, MT, W0, k, scale, ids, weights):
                 v = sn[t, l, j]
                 for e in range(E):
                     x[e] += MT[l, j, e] * v
+            # A threshold no larger than the k-th largest logit: the smallest of the maxima of k
+            # disjoint sets {i * k + b}. Logits below it are skipped at once; the rest enter the
+            # insertion in ascending id order (ties to the lower id): the same k, in the same order.
+            for b in range(k):
+                m[b] = x[b]
+            for i in range(1, nb):
+                for b in range(k):
+                    m[b] = max(m[b], x[i * k + b])
+            thr = m[0]
+            for b in range(1, k):
+                thr = min(thr, m[b])
             c = 0
             for e in range(E):
                 v = x[e]
+                if v < thr:
+                    continue
                 if c == k and not v > bv[k - 1]:
                     continue
                 p = c if c < k else k - 1  # the slot it takes, then moved up past smaller values
@@ -137,3 +159,31 @@ def softmax_route(sn, MT, W0, k, scale, ids, weights):
             for i in range(k):
                 ids[t, l, i] = bi[i]
                 weights[t, l, i] = np.float32(ex[i] / total * scale)
+
+
+@njit(cache=True, nogil=True)
+def first_bad_routing(ids, weights, n_expert, by_rank):
+    """``(code, row)`` of the first row of ``ids`` / ``weights`` ``[rows, k]`` that no reader would
+    accept, ``(0, -1)`` if none; of a row's problems, the first in this list: 1 an expert id
+    outside 0..n_expert-1, 2 an id listed twice, 3 a weight negative or not finite, 4 (``by_rank``) weights increasing
+    from one slot to the next. One pass over the rows (the synthetic generator's check before
+    it writes them)."""
+    n, k = ids.shape
+    for r in range(n):
+        for i in range(k):
+            e = ids[r, i]
+            if e < 0 or e >= n_expert:
+                return 1, r
+        for i in range(1, k):
+            for j in range(i):
+                if ids[r, j] == ids[r, i]:
+                    return 2, r
+        for i in range(k):
+            w = weights[r, i]
+            if not (w >= 0.0 and w < np.inf):
+                return 3, r
+        if by_rank:
+            for i in range(1, k):
+                if weights[r, i] > weights[r, i - 1]:
+                    return 4, r
+    return 0, -1

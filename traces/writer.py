@@ -87,7 +87,10 @@ class TraceWriter:
     ``meta`` is the trace.json content without ``format``/``version``/``complete``/``columns``
     (the writer sets those). ``columns`` names the optional per-row columns that every
     :meth:`append` will supply. ``tokens_per_part`` sets how many tokens' rows (rows / number of
-    MoE layers) a part file holds before it is closed.
+    MoE layers) a part file holds before it is closed. ``weights_checked``: the caller refuses,
+    before every :meth:`append`, each weight the writer would (the synthetic generator's
+    one-pass check of its own rows), so the writer does not check them again; logits are still
+    checked.
     """
 
     def __init__(
@@ -97,6 +100,7 @@ class TraceWriter:
         columns: tuple[str, ...] = (),
         gate_input_dtype: str = "float32",
         tokens_per_part: int = 1024,
+        weights_checked: bool = False,
     ) -> None:
         unknown = [c for c in columns if c not in OPTIONAL_COLUMNS]
         if unknown:
@@ -112,6 +116,7 @@ class TraceWriter:
         self.columns = tuple(columns)
         self.schema = routings_schema(self.meta, self.columns, gate_input_dtype)
         self._write_opts = routings_write_options(self.schema)
+        self._weights_checked = weights_checked
         self.k = self.meta["model"]["top_k"]
         self.rows_per_part = max(1, tokens_per_part * len(self.meta["model"]["moe_layers"]))
         self._buf: list[pa.RecordBatch] = []
@@ -184,6 +189,8 @@ class TraceWriter:
         """Refuse rows no reader would accept, before they reach a file: weights infinite, negative
         or only partly NaN (NaN = the engine exposed none, for a whole routing), logits not finite."""
         w = weights.reshape(weights.shape[0], -1)
+        if self._weights_checked:
+            w = w[:0]
         nan = np.isnan(w)
         with np.errstate(invalid="ignore"):
             bad = np.isinf(w).any(axis=1) | (w < 0).any(axis=1) | (nan.any(axis=1) & ~nan.all(axis=1))

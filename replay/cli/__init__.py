@@ -105,9 +105,6 @@ def synth(
                                     "(1..embd-1; faster on large traces, other routings than the default full-width model)."),
 ) -> None:
     """Generate a synthetic trace from a small residual-stream model (deterministic per seed)."""
-    from replay.info import info_rows
-    from replay.present.format import json_object
-    from traces import open_trace
     from traces.synth import SynthConfig, write_synthetic
 
     cfg = SynthConfig(
@@ -119,10 +116,12 @@ def synth(
 
     with progress((tokens + prompt_tokens) * (requests or 1), "synth", unit="tok") as bar:
         write_synthetic(out_dir, cfg, force=force, on_tokens=bar.update)
-    t = open_trace(out_dir, check_rows=False)
-    row = info_rows(t)[0]
-    if json_out:
-        _echo(json_object("synth", str(out_dir), [row]))
+    if json_out:  # info's row only when printed: it decodes the key columns (0.5 s on 100,000 x 48 rows)
+        from replay.info import info_rows
+        from replay.present.format import json_object
+        from traces import open_trace
+
+        _echo(json_object("synth", str(out_dir), [info_rows(open_trace(out_dir, check_rows=False))[0]]))
     else:
         many = f" in each of {requests} requests, continuous batching at --max-batch {max_batch}" if requests else ""
         _echo(f"wrote {out_dir}: {layers} MoE layers x {experts} experts, top-k {top_k}, "

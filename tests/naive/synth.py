@@ -80,3 +80,19 @@ def naive_lowrank_routes(model, n: int) -> dict[str, np.ndarray]:
         out["logits"] = logits
         out["gate_input"] = gate
     return out
+
+
+def naive_first_bad_routing(ids, weights, n_expert: int, by_rank: bool) -> tuple[int, int]:
+    """Twin of traces.synth_kernels.first_bad_routing, from its docstring: the first row no
+    reader would accept and the first of its problems (1 id range, 2 repeated id, 3 weight
+    negative or not finite, 4 weights increasing), ``(0, -1)`` if none."""
+    for r, (row_ids, row_w) in enumerate(zip(ids.tolist(), weights.astype(np.float64).tolist())):
+        if any(not 0 <= e < n_expert for e in row_ids):
+            return 1, r
+        if len(set(row_ids)) < len(row_ids):
+            return 2, r
+        if any(math.isnan(w) or math.isinf(w) or w < 0 for w in row_w):
+            return 3, r
+        if by_rank and any(b > a for a, b in zip(row_w, row_w[1:])):
+            return 4, r
+    return 0, -1
