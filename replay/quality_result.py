@@ -91,6 +91,51 @@ def _check_row(p: Path, i: int, r: Any) -> None:
         raise UserError(f"{where} has keep_k = {keep_k!r}, not a positive integer.")
 
 
+GEN_SHARES = ("routings_dropped_pct", "mass_lost_pct", "routings_dropped_pct_replay", "mass_lost_pct_replay")
+GEN_OPTIONAL = ("io_saved_pct", "io_saved_pct_replay")
+
+
+def _check_generation(p: Path, gen: Any) -> None:
+    """quality.json's ``generation`` (written with ``--prompt``): per setting the first diverging
+    token (or null) and the run's drops beside the replay's."""
+    if not isinstance(gen, dict) or not isinstance(gen.get("rows"), list) or not gen["rows"]:
+        raise UserError(f"{p}: \"generation\" must hold a non-empty list of settings under \"rows\".")
+    for i, r in enumerate(gen["rows"]):
+        if not isinstance(r, dict) or not isinstance(r.get("setting"), str) or not r["setting"]:
+            raise UserError(f"{p}: generation setting {i + 1} is not an object with a \"setting\" label.")
+        where = f"{p}: generation setting {r['setting']!r}"
+        d, n = r.get("diverges_at"), r.get("tokens_generated")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise UserError(f"{where} has tokens_generated = {n!r}, not a count.")
+        if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 0):
+            raise UserError(f"{where} has diverges_at = {d!r}, not a token index or null.")
+        for key in (*GEN_SHARES, *GEN_OPTIONAL):
+            v = r.get(key)
+            if v is None and key in GEN_OPTIONAL:
+                continue
+            if not _number(v) or (key in GEN_SHARES and not 0 <= v <= 100):
+                raise UserError(f"{where} has {key} = {v!r}, not a percentage in 0..100.")
+
+
+def generation_frame(results: list[QualityResult]) -> pl.DataFrame | None:
+    """One row per (result, generation setting): where greedy generation first differs from the
+    undropped run's (null: identical), tokens generated, and the run's drops beside the offline
+    replay's; None when no result holds a generation."""
+    rows = []
+    for res in results:
+        for r in (res.obj.get("generation") or {}).get("rows", []):
+            rows.append({"quality": res.name, "setting": r["setting"], "frac": r.get("frac"), "keep_k": r.get("keep_k"),
+                         "diverges_at": r["diverges_at"], "tokens_generated": r["tokens_generated"],
+                         **{k: r.get(k) for k in ("routings_dropped_pct", "routings_dropped_pct_replay", "io_saved_pct",
+                                                  "io_saved_pct_replay", "mass_lost_pct", "mass_lost_pct_replay")},
+                         "text": r.get("text")})
+    if not rows:
+        return None
+    schema = {"frac": pl.Float64, "keep_k": pl.Int64, "diverges_at": pl.Int64, "io_saved_pct": pl.Float64,
+              "io_saved_pct_replay": pl.Float64, "text": pl.String}
+    return pl.DataFrame(rows, schema_overrides=schema, infer_schema_length=None)
+
+
 def load_quality(path: str | Path, option: str = "--quality") -> QualityResult:
     """Read and validate a quality result (directory or quality.json); one sentence on any problem."""
     p = Path(path)
@@ -125,6 +170,8 @@ def load_quality(path: str | Path, option: str = "--quality") -> QualityResult:
     for key in ("policy", "engine"):
         if not isinstance(obj.get(key), str):
             raise UserError(f"{p}: {key} {obj.get(key)!r} is not a name.")
+    if "generation" in obj:
+        _check_generation(p, obj["generation"])
     res = QualityResult(p, p.parent.resolve().name, obj, None)
     plain_dir = p.parent / "plain"
     if plain_dir.is_dir():

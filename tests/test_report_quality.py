@@ -36,7 +36,8 @@ def qdir(tmp_path_factory):
     model = write_tiny_hf_model(tmp_path_factory.mktemp("qrm") / "m", TinyHfConfig(family="qwen3_moe", experts=8, top_k=2,
                                                                                    seed=1))
     out = tmp_path_factory.mktemp("qr") / "q"
-    quality(str(model), TEXT, fracs=[0.0, 0.25, 1.0], keep_ks=[1], out=out, budget_mib=0.05)
+    quality(str(model), TEXT, fracs=[0.0, 0.25, 1.0], keep_ks=[1], out=out, budget_mib=0.05, prompt="the quick brown fox",
+            max_new_tokens=4)
     return out
 
 
@@ -54,6 +55,8 @@ def _section(md: str) -> str:
 
 
 def _table_rows(section: str) -> list[list[str]]:
+    """The rows of the section's first table (the settings; the generation table follows it)."""
+    section = section.split("**greedy generation per setting**")[0]
     lines = [ln for ln in section.splitlines() if ln.startswith("| ")]
     return [[c.strip() for c in ln.strip("| ").split(" | ")] for ln in lines[1:]]  # past the header
 
@@ -92,7 +95,8 @@ def test_section_prints_quality_json_figures_and_the_cost_models_time(qdir, repo
     assert (report / "quality.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "![quality lost against reads avoided](quality.png)" in sec
     html = (report / "index.html").read_text()
-    assert "<h2 id='quality-drop-cold-measured-in-the-model'>Quality (drop-cold measured in the model)</h2>" in html and "reads avoided % (replay&#x27;s prediction)" in html
+    assert "<h2 id='quality-drop-cold-measured-in-the-model'>Quality (drop-cold measured in the model)</h2>" in html \
+        and "reads avoided % (replay&#x27;s prediction)" in html
 
 
 def test_time_with_a_per_miss_term_counts_expert_reads(qdir, tmp_path):
@@ -162,6 +166,10 @@ def _mutate(obj: dict, how: str) -> object:
         obj["rows"][1]["setting"] = obj["rows"][0]["setting"]
     elif how == "list":
         return [obj]
+    elif how == "gen-diverges":
+        obj["generation"]["rows"][1]["diverges_at"] = -1
+    elif how == "gen-share":
+        obj["generation"]["rows"][1]["mass_lost_pct"] = None
     return obj
 
 
@@ -171,6 +179,7 @@ def _mutate(obj: dict, how: str) -> object:
     ("plain", "\"plain\" must hold"), ("both-settings", "exactly one of frac"), ("twice", "appears twice"),
     ("list", "is not a 'moe-replay quality' result"), ("json", "is not a JSON quality result"),
     ("missing", "no such quality result"), ("empty-dir", "holds no quality.json"),
+    ("gen-diverges", "diverges_at = -1, not a token index or null"), ("gen-share", "mass_lost_pct = None, not a percentage"),
 ])
 def test_bad_quality_results_are_refused_before_anything_is_written(qdir, tmp_path, how, needle):
     bad = tmp_path / "bad"
@@ -198,3 +207,25 @@ def test_a_quality_result_of_another_model_is_refused(qdir, synth_trace_dir, tmp
     assert res.code == 2
     assert_one_sentence_error(res, "quality.json: its model", "is not the trace", "give a quality result of the trace's model")
     assert not (tmp_path / "r").exists()
+
+
+def test_generation_table_prints_quality_json_figures(qdir, report):
+    """With --prompt, each setting's first diverging token and the run's drops beside the replay's,
+    as quality.json holds them (printed with the table's digits; '-' for an identical generation)."""
+    from replay.present.quality import GEN_COLUMNS
+
+    gen = json.loads((qdir / "quality.json").read_text())["generation"]["rows"]
+    md = (report / "index.md").read_text()
+    table = md.split("**greedy generation per setting**")[1].split("\n\n")[1].splitlines()
+    assert len(table) == 2 + len(gen)
+    for line, r in zip(table[2:], gen):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        want = {"diverges_at": "-" if r["diverges_at"] is None else str(r["diverges_at"]),
+                "tokens_generated": str(r["tokens_generated"]), "setting": r["setting"],
+                "frac": "-" if r["frac"] is None else cell("frac", r["frac"]),
+                "keep_k": "-" if r["keep_k"] is None else str(r["keep_k"])}
+        for col, got in zip(GEN_COLUMNS, cells):
+            assert got == want.get(col, cell(col, r[col])), (col, got, r)
+    assert gen[0]["diverges_at"] is None  # F = 0 generates the undropped tokens exactly
+    csv = pl.read_csv(report / "tables" / "quality_generation.csv")
+    assert csv["text"].to_list() == [r["text"] for r in gen]

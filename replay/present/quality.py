@@ -30,6 +30,8 @@ def digits(frame: pl.DataFrame) -> dict[str, int]:
     """The Table's digits for ``frame`` (what the section prints each figure with)."""
     k = kl_digits(frame)
     return {**DIGITS, "kl_mean": k, "kl_p95": k}
+
+
 HEADERS = {"frac": "F", "keep_k": "keep-k", "ppl_delta_pct": "ppl change %", "kl_mean": "KL mean (nats)",
            "kl_p95": "KL p95 (nats)", "top1_agree_pct": "top-1 agree %", "io_saved_pct": "reads avoided % (run)",
            "io_saved_pct_replay": "reads avoided % (replay's prediction)", "io_saved_gap_pp": "gap run - replay (pp)",
@@ -38,6 +40,10 @@ HEADERS = {"frac": "F", "keep_k": "keep-k", "ppl_delta_pct": "ppl change %", "kl
            "tok_s": "tok/s (cost model)"}
 COLUMNS = ["setting", "frac", "keep_k", "ppl", "ppl_delta_pct", "kl_mean", "kl_p95", "top1_agree_pct", "io_saved_pct",
            "io_saved_pct_replay", "io_saved_gap_pp", "mass_lost_pct", "mass_lost_pct_replay", "read_mib_per_token"]
+GEN_HEADERS = {**HEADERS, "tokens_generated": "tokens generated", "diverges_at": "diverges at token",
+               "routings_dropped_pct": "routings dropped % (run)", "routings_dropped_pct_replay": "routings dropped % (replay)"}
+GEN_COLUMNS = ["setting", "frac", "keep_k", "tokens_generated", "diverges_at", "routings_dropped_pct",
+               "routings_dropped_pct_replay", "io_saved_pct", "io_saved_pct_replay", "mass_lost_pct", "mass_lost_pct_replay"]
 
 
 def _model_line(res: Any) -> str:
@@ -147,4 +153,17 @@ def quality_section(results: list[Any], frame: pl.DataFrame, model: Any, out: Pa
     s.images.append(("quality.png", "quality lost against reads avoided"))
     s.tables.append(Table("quality", frame, "quality lost against reads avoided per setting (teacher-forced, one token per "
                           "forward)", columns=cols, digits=digits(frame), headers=HEADERS))
+    from replay.quality_result import generation_frame
+
+    gen = generation_frame(results)
+    if gen is not None:
+        prompts = "; ".join(f"{res.name}: {res.obj['generation'].get('prompt')!r}, up to "
+                            f"{res.obj['generation'].get('max_new_tokens')} tokens" for res in results if "generation" in res.obj)
+        s.text.append(f"Greedy generation after the prompt ({prompts}), undropped and once per setting with the drop "
+                      "applied: the first generated token (from 0) that differs from the undropped generation ('-': "
+                      "identical), and the run's drops beside the offline closed-loop replay's of the undropped "
+                      "generation's trace. The generated texts are in the CSV and quality.json.")
+        s.tables.append(Table("quality_generation", gen, "greedy generation per setting",
+                              columns=(["quality"] if len(results) > 1 else []) + list(GEN_COLUMNS),
+                              digits=DIGITS, headers=GEN_HEADERS))
     return s
