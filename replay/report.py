@@ -659,8 +659,9 @@ def verdict_budgets(trace: Trace, given: Sequence[float] | None) -> tuple[list[f
 
 
 def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
-    """The answer as rows (``kind``: cache, cost, predictor, prefetch, drop), every figure copied
-    from the row of the verb that computes it (``cache``, ``predict``, ``prefetch``, ``drop``): what
+    """The answer as rows (``kind``: cache, cost, predictor, prefetch, drop, quality), every figure
+    copied from the row of the verb that computes it (``cache``, ``predict``, ``prefetch``, ``drop``;
+    ``quality``'s quality.json with ``--quality``): what
     :func:`replay.present.verdict.verdict_lines` prints and ``verdict.json`` holds."""
     from replay.cache import is_over_budget, pick_best, within_budget
     from replay.cost import BOUNDS
@@ -720,6 +721,11 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
         mode, budget, drops = ctx.shared["drop"]
         rows += [{"kind": "drop", "mode": mode, "budget_mib": budget, "policy": "lru" if mode == "closed" else None,
                   "frac": r["frac"], "io_saved_pct": r["io_saved_pct"], "mass_lost_pct": r["mass_lost_pct"]} for r in drops]
+    for res in ctx.shared.get("quality") or []:  # drop-cold measured in the model (report --quality): quality.json's rows
+        rows += [{"kind": "quality", "quality": res.name, "engine": res.obj["engine"], "policy": res.obj["policy"],
+                  "budget_mib": res.obj["budget_mib"], "random_weights": res.random_weights, "setting": r["setting"],
+                  **{k: r.get(k) for k in ("frac", "keep_k", "io_saved_pct", "io_saved_pct_replay", "ppl_delta_pct", "kl_mean", "kl_p95",
+                                           "top1_agree_pct")}} for r in res.obj["rows"]]
     return rows
 
 

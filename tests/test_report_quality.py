@@ -229,3 +229,27 @@ def test_generation_table_prints_quality_json_figures(qdir, report):
     assert gen[0]["diverges_at"] is None  # F = 0 generates the undropped tokens exactly
     csv = pl.read_csv(report / "tables" / "quality_generation.csv")
     assert csv["text"].to_list() == [r["text"] for r in gen]
+
+
+def test_verdict_states_the_measured_quality_as_quality_json_has_it(qdir, report):
+    """With --quality the verdict gains a line per result: each setting's reads avoided (the replay's
+    beside it) and quality lost, copied from quality.json (verdict.json) and printed from those rows."""
+    from replay.present.quality import kl_text
+
+    obj = json.loads((qdir / "quality.json").read_text())
+    verdict = json.loads((report / "verdict.json").read_text())
+    got = [r for r in verdict["rows"] if r["kind"] == "quality"]
+    assert [r["setting"] for r in got] == [r["setting"] for r in obj["rows"]]
+    for v, r in zip(got, obj["rows"]):
+        for k in ("frac", "keep_k", "io_saved_pct", "io_saved_pct_replay", "ppl_delta_pct", "kl_mean", "kl_p95", "top1_agree_pct"):
+            assert v[k] == r.get(k), k
+        assert (v["policy"], v["budget_mib"], v["engine"]) == (obj["policy"], obj["budget_mib"], obj["engine"])
+    md = (report / "index.md").read_text()
+    line = next(ln for ln in md.split("## Verdict")[1].split("**Contents:**")[0].splitlines() if "measured in the model" in ln)
+    for v in got:
+        what = f"F = {cell('frac', v['frac'])}" if v["frac"] is not None else f"keep-k {v['keep_k']}"
+        assert (f"{what}: {cell('io_saved_pct', v['io_saved_pct'])}% reads avoided (replay predicted "
+                f"{cell('io_saved_pct', v['io_saved_pct_replay'])}%), perplexity {v['ppl_delta_pct']:+.2f}%, KL mean "
+                f"{kl_text(v['kl_mean'], got)} nats, top-1 agreement {cell('top1_agree_pct', v['top1_agree_pct'])}%") in line
+    assert "F = 0.25:" in line  # the parameter exactly, never rounded
+    assert line.endswith("(#quality-drop-cold-measured-in-the-model)")

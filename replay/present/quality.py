@@ -22,8 +22,16 @@ DIGITS = {"ppl": 3, "ppl_delta_pct": 2}
 def kl_digits(frame: pl.DataFrame) -> int:
     """Decimals for the KL columns: 4, or more (at most 10) so the smallest non-zero KL shows two
     significant digits: a KL of 1e-7 printed as 0.0000 would read as no change."""
-    vals = [v for c in ("kl_mean", "kl_p95") for v in frame[c].to_list() if v]
+    return _kl_decimals([v for c in ("kl_mean", "kl_p95") for v in frame[c].to_list() if v])
+
+
+def _kl_decimals(vals: list[float]) -> int:
     return 4 if not vals else max(4, min(10, math.ceil(-math.log10(min(vals))) + 1))
+
+
+def kl_text(v: float, rows: list[dict[str, Any]]) -> str:
+    """A KL figure in running text with the decimals the section's table gives these rows' KLs."""
+    return f"{v:.{_kl_decimals([x for r in rows for x in (r.get('kl_mean'), r.get('kl_p95')) if x])}f}"
 
 
 def digits(frame: pl.DataFrame) -> dict[str, int]:

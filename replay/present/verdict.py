@@ -13,7 +13,7 @@ from replay.present.format import exact, fmt_q
 
 # the row kinds and the section each links to (the section's title: its anchor is made from it)
 EVIDENCE = {"cache": "Expert cache", "predictor": "Predictor accuracy (decode)", "prefetch": "Prefetch and retention what-ifs",
-            "drop": "Drop-cold trade-off", "cost": "Cost model"}
+            "drop": "Drop-cold trade-off", "cost": "Cost model", "quality": "Quality (drop-cold measured in the model)"}
 
 
 def _link(kind: str, anchors: dict[str, str]) -> str:
@@ -121,6 +121,31 @@ def verdict_lines(rows: list[dict[str, Any]], anchors: dict[str, str]) -> list[s
             if r is drops[0]:
                 out.append(drop_line(drops) + "." + _link(k, anchors))
             continue
+        if k == "quality":  # one line per quality result, its settings in order
+            same = [q for q in rows if q["kind"] == "quality" and q["quality"] == r["quality"]]
+            if r is same[0]:
+                out.append(quality_line(same) + "." + _link(k, anchors))
+            continue
         line = {"cache": cache_line, "predictor": predictor_line, "prefetch": prefetch_line, "cost": cost_line}[k](r)
         out.append(line + "." + _link(k, anchors))
     return out or ["The trace cannot answer the cache question (see what is missing below)."]
+
+
+def quality_line(rows: list[dict[str, Any]]) -> str:
+    """Drop-cold measured inside the model's forward pass (``moe-replay quality``): per setting the
+    reads the run avoided (the offline replay's prediction beside it) against the quality lost."""
+    from replay.present.quality import kl_text
+
+    r0 = rows[0]
+    parts = []
+    for r in rows:
+        what = f"F = {exact(r['frac'])}" if r["frac"] is not None else f"keep-k {r['keep_k']}"
+        avoided = ("-" if r["io_saved_pct"] is None else f"{fmt_q(r['io_saved_pct'], 'pct')}%")
+        replay = ("-" if r["io_saved_pct_replay"] is None else f"{fmt_q(r['io_saved_pct_replay'], 'pct')}%")
+        parts.append(f"{what}: {avoided} reads avoided (replay predicted {replay}), perplexity "
+                     f"{r['ppl_delta_pct']:+.2f}%, KL mean {kl_text(r['kl_mean'], rows)} nats, top-1 agreement "
+                     f"{fmt_q(r['top1_agree_pct'], 'pct')}%")
+    txt = (f"Drop-cold measured in the model ({r0['quality']}: {r0['engine']}, teacher-forced, {r0['policy']} at "
+           f"{exact(r0['budget_mib'])} MiB): " + "; ".join(parts))
+    return txt + (". RANDOM WEIGHTS: these say nothing about a real model's quality" if r0["random_weights"] else
+                  ". Quality figures mean something only for a trained model")
