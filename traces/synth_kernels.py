@@ -116,6 +116,7 @@ def softmax_route(sn, MT, W0, k, scale, ids, weights):
     bi = np.empty(k, dtype=np.int64)
     ex = np.empty(k)
     m = np.empty(k)
+    cand = np.empty(E + 1, dtype=np.int64)  # one spare slot: the last id is written before it is counted
     nb = E // k  # >= 1: top_k <= n_expert
     for t in range(n):
         for l in range(L):
@@ -136,11 +137,16 @@ def softmax_route(sn, MT, W0, k, scale, ids, weights):
             thr = m[0]
             for b in range(1, k):
                 thr = min(thr, m[b])
-            c = 0
+            # The ids at or above it gathered without a branch (about 20 of 128 at 48 x 128 top-8; a
+            # branch per logit mispredicted often), then inserted in ascending id order.
+            nc = 0
             for e in range(E):
+                cand[nc] = e
+                nc += not x[e] < thr
+            c = 0
+            for q in range(nc):
+                e = cand[q]
                 v = x[e]
-                if v < thr:
-                    continue
                 if c == k and not v > bv[k - 1]:
                     continue
                 p = c if c < k else k - 1  # the slot it takes, then moved up past smaller values
