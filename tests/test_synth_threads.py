@@ -218,3 +218,18 @@ def test_generation_runs_a_part_ahead_of_a_stalled_writer(tmp_path, monkeypatch)
                       routing_only=True)
     write_synthetic(tmp_path / "t", cfg, on_tokens=on_tokens)
     assert seen[0] >= 12, f"only {seen[0]} chunks generated while the first was held"
+
+
+def test_synth_command_never_imports_polars(tmp_path):
+    """synth writes and checks a trace without data frames: polars (about 0.1 s of its start-up) is
+    imported only where the reader returns a frame."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from replay.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('polars' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, "synth", str(tmp_path / "t"), "--layers", "2", "--experts", "8", "--top-k", "2",
+                          "--tokens", "8", "--prompt-tokens", "4", "--routing-only", "--rank", "4"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr
