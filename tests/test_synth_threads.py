@@ -184,3 +184,52 @@ def test_writer_error_midway_stops_every_thread(tmp_path, monkeypatch):
         write_synthetic(tmp_path / "t", cfg)
     assert not (tmp_path / "t").exists()
     assert threading.active_count() == before
+
+
+def test_generation_runs_a_part_ahead_of_a_stalled_writer(tmp_path, monkeypatch):
+    """While the writer is busy (here: stalled in the progress callback after the first chunk), the
+    generator keeps making chunks up to one part's worth, not two: a part's Parquet encoding on one
+    core no longer leaves the other idle (2 chunks ahead left the cores ~80% busy at 100k x 48 x 128)."""
+    made = []
+    real = _LowRankModel.routes_later
+
+    def counted(self, n, pool):
+        made.append(n)
+        return real(self, n, pool)
+
+    monkeypatch.setattr(_LowRankModel, "routes_later", counted)
+    ahead = threading.Event()
+    seen = []
+
+    def on_tokens(n):
+        if not seen:
+            ahead.wait(timeout=5)  # the generator must reach 12 chunks while this one is not consumed
+        seen.append(len(made))
+        if len(made) >= 12:
+            ahead.set()
+
+    def watch():
+        while not ahead.is_set() and len(made) < 12:
+            threading.Event().wait(0.01)
+        ahead.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    cfg = SynthConfig(layers=4, experts=16, top_k=2, embd=16, rank=4, tokens=16 * 40, prompt_tokens=0, chunk_tokens=16,
+                      routing_only=True)
+    write_synthetic(tmp_path / "t", cfg, on_tokens=on_tokens)
+    assert seen[0] >= 12, f"only {seen[0]} chunks generated while the first was held"
+
+
+def test_synth_command_never_imports_polars(tmp_path):
+    """synth writes and checks a trace without data frames: polars (about 0.1 s of its start-up) is
+    imported only where the reader returns a frame."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from replay.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('polars' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, "synth", str(tmp_path / "t"), "--layers", "2", "--experts", "8", "--top-k", "2",
+                          "--tokens", "8", "--prompt-tokens", "4", "--routing-only", "--rank", "4"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr

@@ -13,10 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -36,6 +35,9 @@ from traces.schema import (
     routings_schema,
     validate_meta,
 )
+
+if TYPE_CHECKING:
+    import polars as pl
 
 NARROW = ("turn", "batch", "phase", "step", "layer", "experts", "weights")
 
@@ -249,6 +251,8 @@ class Trace:
 
     def routings(self, columns: tuple[str, ...] | list[str] = NARROW) -> pl.DataFrame:
         """The rows as a Polars frame (narrow columns by default; wide ones only when named)."""
+        import polars as pl  # only where a frame is returned: synth never imports it (about 0.1 s of start-up)
+
         return pl.from_arrow(self.table(columns))  # type: ignore[return-value]
 
     def arrays(self, recorded: bool = True) -> RoutingArrays:
@@ -267,6 +271,8 @@ class Trace:
         """router.parquet as a frame (layer, expert, weight list, bias), or None."""
         if not self.has_router:
             return None
+        import polars as pl
+
         path = self.path / ROUTER_FILE
         return pl.from_arrow(read_part(path, pq.ParquetFile(path).schema_arrow.names, fast=()))  # type: ignore[return-value]
 
@@ -296,6 +302,8 @@ class Trace:
         """The engine's recorded per-token metrics (metrics.parquet), or None."""
         if not self.has_metrics:
             return None
+        import polars as pl
+
         return pl.from_arrow(_read_metrics(self.path / METRICS_FILE))  # type: ignore[return-value]
 
     # -- summaries ----------------------------------------------------------------------------
@@ -303,6 +311,8 @@ class Trace:
         """The distinct rows of ``columns`` (in no particular order), read part by part: memory is
         one part's columns plus the distinct rows (for token keys, one per token, not one per
         routing: a token routes at every MoE layer), never the whole trace's columns."""
+        import polars as pl
+
         self.check_rows()
         columns = list(columns)
         seen: list[pl.DataFrame] = []

@@ -136,12 +136,15 @@ class SynthConfig:
         """Peak bytes :func:`write_synthetic` allocates, roughly: the router matrices [L, E, D]
         (drawn in float64, kept in float32, copied once more to write router.parquet) and one
         chunk's gate inputs, logits and routings (float64 logits, float32 copies, stacked); the
-        prompt is one chunk (one prefill batch)."""
+        prompt is one chunk (one prefill batch); plus up to one part's rows generated ahead of the
+        writer (at most 128 MiB)."""
         L, E, D, K = self.layers, self.experts, self.embd, self.top_k
         chunk = max(16, min(self.chunk_tokens, self.tokens), self.prompt_tokens)
         if self.requests is not None:  # every request's arrays are held, then scheduled and gathered
             chunk = max(chunk, 3 * self.requests * (self.tokens + self.prompt_tokens))
-        return L * E * D * 24 + chunk * L * (E * 24 + D * 16 + K * 16)
+        row_bytes = 64 + K * 8 + (0 if self.routing_only else 4 * (E + D))
+        ahead = min(128 << 20, min(4096, self.tokens) * L * row_bytes)
+        return L * E * D * 24 + chunk * L * (E * 24 + D * 16 + K * 16) + ahead
 
 
 def realistic_expert_bytes(n_layers: int) -> list[int]:
@@ -528,7 +531,11 @@ def _write_staged(out_dir: Path, cfg: SynthConfig, force: bool, on_tokens: Calla
             if on_tokens:
                 on_tokens(cfg.prompt_tokens)
         done = 0
-        with contextlib.closing(_ahead(_decode_chunks(model, cfg.tokens, chunk, pool))) as chunks:
+        # Up to one part's chunks ahead: while a part is encoded and written (one core, ~55 ms at
+        # 4096 x 48 rows) the other core keeps generating instead of stalling on a full queue
+        # (depth 2 left the two cores ~80% busy; one part's worth of routes is ~13 MB at that shape).
+        depth = max(2, tokens_per_part // chunk)
+        with contextlib.closing(_ahead(_decode_chunks(model, cfg.tokens, chunk, pool), depth=depth)) as chunks:
             # closed on an error too: the producer stops before the pool does
             for n, later in chunks:
                 # Decode: one batch per token, rows token-major then layer.

@@ -115,8 +115,10 @@ def softmax_route(sn, MT, W0, k, scale, ids, weights):
     bv = np.empty(k)
     bi = np.empty(k, dtype=np.int64)
     ex = np.empty(k)
-    m = np.empty(k)
-    nb = E // k  # >= 1: top_k <= n_expert
+    ns = 2 * k if E >= 2 * k else k  # disjoint sets {i * ns + b} of logits
+    m = np.empty(ns)
+    cand = np.empty(E + 1, dtype=np.int64)  # one spare slot: the last id is written before it is counted
+    nb = E // ns  # >= 1: top_k <= n_expert
     for t in range(n):
         for l in range(L):
             for e in range(E):
@@ -125,22 +127,35 @@ def softmax_route(sn, MT, W0, k, scale, ids, weights):
                 v = sn[t, l, j]
                 for e in range(E):
                     x[e] += MT[l, j, e] * v
-            # A threshold no larger than the k-th largest logit: the smallest of the maxima of k
-            # disjoint sets {i * k + b}. Logits below it are skipped at once; the rest enter the
-            # insertion in ascending id order (ties to the lower id): the same k, in the same order.
-            for b in range(k):
+            # A threshold no larger than the k-th largest logit: the k-th largest of the maxima of
+            # 2k disjoint sets {i * 2k + b} (k of them when there are fewer than 2k experts), which
+            # are k distinct logits at or above it. Logits below it are skipped at once; the rest
+            # enter the insertion in ascending id order (ties to the lower id): the same k, in the
+            # same order. (The smallest of k set maxima, before, let about 20 of 128 through at 48 x
+            # 128 top-8, this about 10.)
+            for b in range(ns):
                 m[b] = x[b]
             for i in range(1, nb):
-                for b in range(k):
-                    m[b] = max(m[b], x[i * k + b])
-            thr = m[0]
-            for b in range(1, k):
-                thr = min(thr, m[b])
-            c = 0
+                for b in range(ns):
+                    m[b] = max(m[b], x[i * ns + b])
+            thr = -np.inf
+            for a in range(ns):  # the largest set maximum with at least k maxima at or above it
+                ma = m[a]
+                cnt = 0
+                for b in range(ns):
+                    cnt += not m[b] < ma
+                if cnt >= k and ma > thr:
+                    thr = ma
+            # The ids at or above it gathered without a branch (a branch per logit mispredicted
+            # often), then inserted in ascending id order.
+            nc = 0
             for e in range(E):
+                cand[nc] = e
+                nc += not x[e] < thr
+            c = 0
+            for q in range(nc):
+                e = cand[q]
                 v = x[e]
-                if v < thr:
-                    continue
                 if c == k and not v > bv[k - 1]:
                     continue
                 p = c if c < k else k - 1  # the slot it takes, then moved up past smaller values
