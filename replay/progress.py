@@ -27,6 +27,16 @@ class _Silent:
     def close(self) -> None:
         pass
 
+    def reset(self, total: int | None = None) -> None:
+        self.n = 0
+        self.total = total
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        pass
+
+    def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
+        pass
+
     def __enter__(self) -> _Silent:
         return self
 

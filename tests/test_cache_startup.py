@@ -89,3 +89,22 @@ def test_available_bytes_is_psutils_figure():
 
     # the same kernel figure read twice: allow what another process may allocate in between
     assert abs(available_bytes() - psutil.virtual_memory().available) < 256 << 20
+
+
+def test_silent_progress_answers_what_the_callers_call(monkeypatch):
+    # a piped run gets a silent stand-in, not tqdm: it must take every call the verbs make on a bar
+    import io
+
+    from replay.progress import progress
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with progress(10, "x", unit="row") as bar:
+        bar.set_postfix_str("decode", refresh=False)
+        bar.set_description("y")
+        bar.update(3)
+        bar.update()
+        assert (bar.n, bar.total, bar.disable) == (4, 10, True)
+        bar.reset(total=5)
+        assert (bar.n, bar.total) == (0, 5)
+    bar.close()
+    assert sys.stderr.getvalue() == "" and "tqdm" not in type(bar).__module__
