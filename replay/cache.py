@@ -64,7 +64,7 @@ from replay.cache_kernel import (
     no_options,
 )
 from replay.cache_state import BUDGET, MAX_SLOTS, RESIDENT, new_state
-from replay.policies import is_plugin, names, policy_module
+from replay.policies import REG, is_plugin, names, policy_module
 from traces.errors import UserError
 from traces.reader import RoutingArrays, Trace, fixed_list_to_numpy
 from traces.units import MIB, check_budget_mib
@@ -125,7 +125,7 @@ def check_policies(policies: list[str] | tuple[str, ...], option: str = "--polic
     out = []
     for p in policies:
         p = p.strip()
-        if p not in names():
+        if not REG.known(p):
             raise UserError(f"{option}: unknown policy {p!r} (known: {', '.join(names())}).")
         if p not in out:
             out.append(p)

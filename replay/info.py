@@ -7,7 +7,6 @@ from typing import Any
 import polars as pl
 
 from traces.errors import UserError
-from traces.importers import compact_ranges
 from traces.reader import Trace
 from traces.units import MIB
 
@@ -41,6 +40,8 @@ def batch_sizes(trace: Trace) -> dict[str, Any]:
 def info_rows(trace: Trace) -> list[dict[str, Any]]:
     """One flat row describing the trace. Token counts are distinct (request, turn, step) per
     phase; ``requests`` is the number of requests (1 for a trace without a request column)."""
+    from traces.importers import compact_ranges  # here, not at import: cache imports this module (~8 ms)
+
     m = trace.model
     counts = trace.token_counts()
     per_turn = (

@@ -94,6 +94,7 @@ class Registry:
         self.group = group
         self.validate = validate
         self._modules: dict[str, ModuleType] = {}
+        self._entry_points_of: dict | None = None  # the _modules its entry points were loaded into
         self.from_files: set[str] = set()  # names registered from a file (not a built-in or an entry point)
 
     def add(self, mod: ModuleType, name: str | None = None) -> str:
@@ -125,12 +126,39 @@ class Registry:
     def names(self) -> tuple[str, ...]:
         """Every registered name: built-ins in registry order, then entry points and files."""
         self.ensure()
-        return tuple(self._modules)
+        return tuple(self.builtins) + tuple(n for n in self._modules if n not in self.builtins)
+
+    def known(self, name: str) -> bool:
+        """Whether ``name`` is registered, loading only what that needs: a built-in name loads
+        its own module and the group's entry points (one of them may claim the same name), not
+        every built-in (``cache --policies lru`` imports one policy module, not 16)."""
+        if name in self.builtins:
+            self.module(name)
+            return True
+        return name in self.names()
 
     def module(self, name: str) -> ModuleType:
         if name not in self._modules:
-            self.ensure()
+            if name in self.builtins:
+                self._ensure_entry_points()  # an entry point naming a built-in is refused, as ensure() does
+                if name not in self._modules:
+                    self.add(load(self.builtins[name], self.kind), name)
+            else:
+                self.ensure()
         return self._modules[name]
+
+    def _ensure_entry_points(self) -> None:
+        """Load (once per set of modules) every entry point of the group; a name an entry point
+        shares with a built-in loads that built-in first, so the clash is the same sentence."""
+        if self._entry_points_of is self._modules:
+            return
+        for _, spec in entry_points(self.group):
+            mod = load(spec, self.kind)
+            n = getattr(mod, "NAME", None)
+            if n in self.builtins and n not in self._modules:
+                self.add(load(self.builtins[n], self.kind), n)
+            self.add(mod)
+        self._entry_points_of = self._modules
 
     def is_plugin(self, name: str) -> bool:
         """Whether ``name`` comes from outside this package (a file or an entry point)."""
@@ -140,6 +168,7 @@ class Registry:
         """Forget every loaded module (tests: a fresh registry, as a new process sees it)."""
         self._modules.clear()
         self.from_files.clear()
+        self._entry_points_of = None
 
 
 def register_files(policy_file: str | Path | list | tuple | None = None,

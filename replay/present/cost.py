@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from replay.cost import BOUNDS
 from replay.present.format import exact, fmt_q, text_table
 
 
@@ -88,6 +87,7 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
     time needs more memory than its budget, so it is named as left out, never picked. Ties go the
     way :func:`replay.cache.pick_best` breaks them (the CLI and the report alike)."""
     from replay.cache import pick_best, within_budget
+    from replay.cost import BOUNDS
 
     online = [r for r in rows if r.get("layer") is None and r["policy"] not in BOUNDS and r.get("ms_per_token") is not None]
     if not online:
