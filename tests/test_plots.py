@@ -155,15 +155,11 @@ def label_colours(figs) -> dict[str, set[str]]:
 
 # -- the report's figures --------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def synth_report(synth_trace_dir, tmp_path_factory):
-    """The whole report on a small synthetic trace, lfu-incache and lfru both asked for (their
-    curves coincide there), with a manual cost model so time plots are drawn."""
-    from replay.cost import manual_model
+def _report_checked(trace, out, **kw) -> tuple[list, list[str]]:
+    """Write the report of ``trace`` with every figure read back by check_figure before it is saved:
+    (the captured figures, one line per failed check)."""
     from replay.report import write_report
 
-    d = synth_trace_dir(layers=6, experts=16, top_k=2, embd=8, tokens=40, prompt_tokens=8)
-    out = tmp_path_factory.mktemp("plots") / "r"
     failures: list[str] = []
 
     def check(fig):
@@ -172,8 +168,21 @@ def synth_report(synth_trace_dir, tmp_path_factory):
         except AssertionError as e:
             failures.append(f"{fig.axes[0].get_title()}: {e}")
 
-    with plots.capture(check) as figs:
-        write_report(d, out, policies=["lru", "lfu", "lfu-incache", "lfru", "layer"], cost_model=manual_model(2000.0, 20.0))
+    with plots.capture(check) as got:
+        write_report(trace, out, **kw)
+    return got, failures
+
+
+@pytest.fixture(scope="module")
+def synth_report(synth_trace_dir, tmp_path_factory):
+    """The whole report on a small synthetic trace, lfu-incache and lfru both asked for (their
+    curves coincide there), with a manual cost model so time plots are drawn."""
+    from replay.cost import manual_model
+
+    d = synth_trace_dir(layers=6, experts=16, top_k=2, embd=8, tokens=40, prompt_tokens=8)
+    out = tmp_path_factory.mktemp("plots") / "r"
+    figs, failures = _report_checked(d, out, policies=["lru", "lfu", "lfu-incache", "lfru", "layer"],
+                                     cost_model=manual_model(2000.0, 20.0))
     return {c.path.name: c for c in figs}, out, failures
 
 
@@ -324,18 +333,8 @@ def test_unknown_names_get_a_fixed_style():
 def test_real_qwen_report_figures_read_back(real_trace_dir, tmp_path):
     """The Qwen phone trace: recorded budget (4000 MiB) and T as legend entries, a fitted cost model
     (so tok/s against budget), every figure passing the same read-back checks."""
-    from replay.report import write_report
 
-    failures: list[str] = []
-
-    def check(fig):
-        try:
-            check_figure(fig)
-        except AssertionError as e:
-            failures.append(f"{fig.axes[0].get_title()}: {e}")
-
-    with plots.capture(check) as got:
-        write_report(real_trace_dir("qwen"), tmp_path / "r")
+    got, failures = _report_checked(real_trace_dir("qwen"), tmp_path / "r")
     figs = {c.path.name: c for c in got}
     assert not failures, failures
     assert EXPECTED <= set(figs)
