@@ -60,9 +60,9 @@ chromium:
 	    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } || \
 	  echo "chromium is not installed (needs root and apt-get): the report screenshot tests will skip"
 
-## screenshots: the demo report in headless Chromium at 1400 px -> reports/demo/screenshots/ (first screen, whole page)
+## screenshots: the demo report in headless Chromium at 1400 px -> reports/screenshots/ (first screen, whole page)
 screenshots: demo chromium
-	$(PY) -m tests.browser reports/demo reports/demo/screenshots
+	$(PY) -m tests.browser reports/demo reports/screenshots
 
 ## test: the whole suite (unit, property, end-to-end on ../shared/data, capture through llama.cpp and transformers, Ray, notebooks)
 test: $(VENV)/.dev $(LLAMA_SDIST) chromium

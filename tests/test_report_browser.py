@@ -3,7 +3,7 @@ of contents on the first screen, no table wider than the window, and the Qwen pa
 its height before the report answered first.
 
 Screenshots (the first screen and the whole page) are written under the test's tmp dir; ``make
-screenshots`` writes the demo report's to reports/demo/screenshots/. Without Chromium (``make test``
+screenshots`` writes the demo report's to reports/screenshots/. Without Chromium (``make test``
 installs it with apt-get when it can) these tests skip, saying so."""
 
 from __future__ import annotations
