@@ -655,7 +655,8 @@ def verdict_budgets(trace: Trace, given: Sequence[float] | None) -> tuple[list[f
     rec = trace.recorded.get("budget_mib")
     if rec is not None:
         return [float(rec)], "the recorded budget"
-    return [float(f"{2 * trace.token_cycle_bytes / (1 << 20):.2g}")], "2 x T: no recorded budget"
+    two_t = 2 * trace.token_cycle_bytes / (1 << 20)
+    return [float(f"{two_t:.2g}")], f"2 x T = {two_t:.1f} MiB rounded to 2 significant figures: no recorded budget"
 
 
 def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
