@@ -340,6 +340,7 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
     lidx_of = np.full(max(trace.moe_layers, default=0) + 1, -1, dtype=np.int32)
     lidx_of[trace.moe_layers] = np.arange(len(trace.moe_layers), dtype=np.int32)
     buf = _CutBuffers(trace.top_k)
+    buf.leb = np.array([int(trace.expert_bytes[l]) for l in trace.moe_layers], dtype=np.int64)  # once, not per chunk
 
     def chunks():
         for i, t in enumerate(trace.iter_tables(columns, read_ahead=True, fast=("experts", "weights"))):
@@ -391,6 +392,7 @@ class _CutBuffers:
     def __init__(self, k: int) -> None:
         self.k = k
         self.rows = -1
+        self.leb = np.empty(0, np.int64)  # per MoE layer, bytes of one expert (set by iter_load_parts)
 
     def ensure(self, rows: int) -> None:
         if rows <= self.rows:
@@ -416,7 +418,7 @@ def _cut(trace: Trace, cols: dict[str, np.ndarray], lidx_of: np.ndarray, buf: _C
     :func:`prepare_loads` where that declines (rows out of order or out of range: it refuses or handles them)."""
     from replay.load_kernel import cut_loads
 
-    leb = np.array([int(trace.expert_bytes[l]) for l in trace.moe_layers], dtype=np.int64)
+    leb = buf.leb
     R = cols["batch"].shape[0]
     buf.ensure(R)
     ro = {c: _readonly(v) for c, v in cols.items()}  # one Numba signature whether a chunk came from Arrow or a concatenation
