@@ -25,6 +25,9 @@ from numba import cfunc, njit, types
 from numba.extending import intrinsic
 
 from engine_bridge.hook import _STRUCT_NAMES, LOGITS, PROBS, TOPK, WEIGHT_CHAIN, WEIGHTS
+from traces.jit import resolve
+
+resolve()  # this module compiles with Numba itself: the lazy stand-ins (traces.jit) become dispatchers, the compile notice listens
 
 # state[]: asks answered; 1 = ask in Python; the remembered top-k node and its layer (-1 none);
 # whether to observe the router logits; the ops MUL_MAT_ID and MUL_MAT; the Python callback's

@@ -103,7 +103,6 @@ from pathlib import Path
 from types import FunctionType, ModuleType
 
 import numpy as np
-from numba import njit
 
 from replay.cache_state import (
     BASE,
@@ -126,6 +125,7 @@ from replay.cache_state import (
     SPEC,
     USED,
 )
+from traces.jit import dispatcher_of, njit, resolve
 
 # acc[phase, lidx, field] and bacc[batch, field]: demand lookups, hits, bytes read by misses; slots
 # dropped; demand hits on a speculative entry (useful speculations); speculative fills and bytes
@@ -499,8 +499,10 @@ def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = Tr
     compiled out; a what-if kernel keeps the run-time choice). Branches and live arrays that a
     variant does not need cost registers in the slot loop: measured 15-20% on the LRU benchmark.
     """
+    resolve()  # Numba itself, and every helper the driver and hooks read as a dispatcher (traces.jit)
     g = dict(_driver.__globals__)
-    g.update(on_admit=pm.on_admit, on_touch=pm.on_touch, pick_victim=pm.pick_victim, on_evict=pm.on_evict,
+    g.update(on_admit=dispatcher_of(pm.on_admit), on_touch=dispatcher_of(pm.on_touch),
+             pick_victim=dispatcher_of(pm.pick_victim), on_evict=dispatcher_of(pm.on_evict),
              KEEP_RES_LIST=bool(getattr(pm, "NEEDS_RESIDENT_LIST", False)), KEEP_TICK=bool(getattr(pm, "NEEDS_TICK", True)),
              KEEP_FREQ=bool(getattr(pm, "NEEDS_FREQ", True)), FREQ_RUN=freq_since(pm) == "run",
              KEEP_LAST_LOAD=bool(getattr(pm, "NEEDS_LAST_LOAD", True)), WHATIF=bool(whatif),
@@ -511,7 +513,9 @@ def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = Tr
     f = FunctionType(_driver.__code__, g, qual, _driver.__defaults__, None)
     f.__qualname__ = qual
     f.__doc__ = _driver.__doc__
-    return njit(cache=True, nogil=True, _nrt=False)(f)
+    import numba
+
+    return numba.njit(cache=True, nogil=True, _nrt=False)(f)
 
 
 def freq_since(pm: ModuleType) -> str:

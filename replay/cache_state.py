@@ -45,7 +45,8 @@ Fields of the what-ifs (prefetch, retention, eviction guard; :mod:`replay.cache_
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from traces.jit import njit
 
 # ent rows (fields)
 RESIDENT = 0  # 1 while cached

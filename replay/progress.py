@@ -69,18 +69,37 @@ def compile_notice(stream: TextIO | None = None) -> Iterator[None]:
     if not (isatty and isatty()):
         yield
         return
-    from numba.core import event
+    from traces.jit import on_resolve, remove_on_resolve
 
-    class _Notice(event.Listener):
+    class _Notice:
         said = False
+        listener = None
 
-        def on_start(self, ev: event.Event) -> None:
-            if not self.said:
-                self.said = True
-                print(COMPILE_NOTICE, file=stream, flush=True)
+        def install(self) -> None:  # once Numba is in use (traces.jit): a compiled-extension run never imports it
+            from numba.core import event
 
-        def on_end(self, ev: event.Event) -> None:
-            pass
+            class _Listener(event.Listener):
+                def on_start(inner, ev: event.Event) -> None:  # noqa: N805
+                    if not self.said:
+                        self.said = True
+                        print(COMPILE_NOTICE, file=stream, flush=True)
 
-    with event.install_listener("numba:compile", _Notice()):
+                def on_end(inner, ev: event.Event) -> None:  # noqa: N805
+                    pass
+
+            self.listener = _Listener()
+            event.register("numba:compile", self.listener)
+
+    notice = _Notice()
+    if "numba" in sys.modules:  # already in use (imported here or directly): listen now
+        notice.install()
+    else:
+        on_resolve(notice.install)  # when traces.jit first imports it (never, if the compiled extension runs everything)
+    try:
         yield
+    finally:
+        remove_on_resolve(notice.install)
+        if notice.listener is not None:
+            from numba.core import event
+
+            event.unregister("numba:compile", notice.listener)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from traces.jit import njit
 
 # The latent is rounded to multiples of 1 / QUANT and clipped to +-CLIP: with R <= 256
 # (traces.synth.MAX_RANK), every gate input coordinate is a multiple of 2^-12 below 2^11 in

@@ -46,7 +46,7 @@ CONSTANTS = ("PARTITION", "UNBOUNDED", "NEEDS_NEXT_USE")
 def validate(mod: ModuleType, name: str | None = None) -> str:
     """The policy's name (``NAME``, or the registry's key for a built-in), or one sentence naming
     the module's file and the hook or constant that is missing or wrong."""
-    from numba.core.dispatcher import Dispatcher
+    from traces.jit import is_jitted
 
     src = where(mod)
     got = getattr(mod, "NAME", name)
@@ -59,7 +59,7 @@ def validate(mod: ModuleType, name: str | None = None) -> str:
         if f is None:
             raise UserError(f"{src}: policy {got!r} has no {h}() hook (every policy defines {', '.join(HOOKS)}; see "
                             "replay/cache_kernel.py).")
-        if h != "init" and not isinstance(f, Dispatcher):
+        if h != "init" and not is_jitted(f):
             raise UserError(f"{src}: policy {got!r}'s {h}() is not compiled with Numba: decorate it with "
                             "@njit(inline=\"always\").")
     for c in CONSTANTS:

@@ -44,9 +44,9 @@ Requires ``0 <= key < 2^31`` and ``NEEDS_TICK`` (the driver keeps ``ent[LAST_TIC
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from replay.cache_state import LAST_TICK, PIN, evictable
+from traces.jit import njit
 
 BLOCK = 64  # keys per block, a power of two (read by init at each replay: a test may shrink it)
 KMAX = np.int64((1 << 63) - 1)  # free position, or pending entry

@@ -15,9 +15,9 @@ group's heap size), STASH (scratch for the entries popped while searching).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from replay.cache_state import BASE, LAST_TICK, evictable
+from traces.jit import njit
 
 HEAP, POS, SIZE, STASH = 0, 1, 2, 3
 

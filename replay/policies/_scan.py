@@ -14,9 +14,9 @@ policy without state of its own), shared by ``infinite`` and ``random``.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from replay.cache_state import BASE, COUNT, LAST_TICK, RES_LIST, evictable
+from traces.jit import njit
 
 
 def make_pick_victim(key):

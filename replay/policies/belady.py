@@ -10,10 +10,10 @@ packed (next use, last visit) keys of the resident entries, in blocks with a per
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from replay.cache_state import NEVER, NEXT_USE
 from replay.policies import _blocks
+from traces.jit import njit
 
 PARTITION = "global"
 BOUND = True  # offline bound, not an online policy

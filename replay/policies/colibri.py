@@ -78,11 +78,11 @@ layer the list head/tail and the pinned slots, then the loads before which a pas
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from replay.cache_state import BATCH_LOAD, PIN, RESIDENT, SPEC, evictable, preload
 from replay.policies import pin as _pin
 from traces.errors import UserError
+from traces.jit import njit
 from traces.units import exact
 
 PARTITION = "layer"

@@ -3,9 +3,8 @@ each (layer, expert)): the bound for every policy at any budget. The budget is i
 
 from __future__ import annotations
 
-from numba import njit
-
 from replay.policies._scan import no_op, no_state
+from traces.jit import njit
 
 PARTITION = "global"
 BOUND = True  # offline bound, not an online policy

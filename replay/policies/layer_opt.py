@@ -39,10 +39,10 @@ Option ``entries_per_layer`` (API only): replay that partition instead of the op
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from replay.policies.lru import init, on_admit, on_evict, on_touch, pick_victim  # noqa: F401
 from traces.errors import UserError
+from traces.jit import njit
 
 PARTITION = "layer"
 UNBOUNDED = False

@@ -16,10 +16,10 @@ only with a frequency that saturates or decays, which the specification does not
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from replay.cache_state import FREQ
 from replay.policies import _heap
+from traces.jit import njit
 
 PARTITION = "global"
 UNBOUNDED = False

@@ -11,9 +11,9 @@ keep ticks or frequencies for it.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from replay.cache_state import evictable
+from traces.jit import njit
 
 PARTITION = "global"  # one eviction group over all layers
 UNBOUNDED = False

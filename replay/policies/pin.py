@@ -31,12 +31,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from numba import njit
 
 from replay.cache_state import preload
 from replay.policies import lru
 from replay.policies.lru import PREV, init, on_admit, on_evict, pick_victim  # noqa: F401
 from traces.errors import UserError
+from traces.jit import njit
 from traces.units import exact
 
 PARTITION = "global"

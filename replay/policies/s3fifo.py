@@ -53,9 +53,9 @@ holds 0 bytes and libCacheSim caches nothing at all.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from replay.cache_state import BYTES, PIN, evictable
+from traces.jit import njit
 
 PARTITION = "global"
 UNBOUNDED = False

@@ -31,9 +31,9 @@ On a top-1, equal-size trace the hit counts equal libCacheSim's Sieve at every b
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from replay.cache_state import PIN, evictable
+from traces.jit import njit
 
 PARTITION = "global"
 UNBOUNDED = False

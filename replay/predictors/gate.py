@@ -42,9 +42,12 @@ from replay.predictors.base import NONE, Prediction, stale_gate_name
 from replay.predictors.metrics import warm_up as metrics_warm_up
 from traces.errors import UserError
 from traces.gating import activation, selection_scores, top_indices
+from traces.jit import resolve
 from traces.pages import PageFormatError, ValuePages, plan_fixed_list
 from traces.reader import Trace, fixed_list_to_numpy, read_part
 from traces.rounding import round_input
+
+resolve()  # this module compiles with Numba itself: the lazy stand-ins (traces.jit) become dispatchers, the compile notice listens
 
 CTRL = "ctrl"
 
