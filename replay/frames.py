@@ -4,9 +4,10 @@ choices read (NaN and infinities become None: JSON has no NaN, and a missing fig
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
+if TYPE_CHECKING:
+    import polars as pl
 
 
 def clean(v: Any) -> Any:

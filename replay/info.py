@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import polars as pl
-
 from traces.errors import UserError
 from traces.reader import Trace
 from traces.units import MIB
 
 NO_DECODE = ("the trace has no decoded tokens (prefill only: a prompt-only run or a capture stopped during the prompt), "
              "so decode-only figures are null ('-'); the cumulative ones cover the prefill")
+# The cache table's note when global LRU collapses below one token cycle (a cache verb's, kept here
+# with NO_DECODE so that ``cache --json`` reads both without the text tables' module).
+COLLAPSE = ("global LRU collapses toward 0% hit below one token cycle T: each token sweeps all MoE layers, so "
+            "by the time a layer comes round again the cycle has evicted exactly the experts it needs next")
 
 
 def require_routings(trace: Trace, what: str) -> None:
@@ -25,6 +27,8 @@ def batch_sizes(trace: Trace) -> dict[str, Any]:
     """Tokens per engine batch, by phase: ``batches_decode``/``batches_prefill`` and the
     ``{decode,prefill}_batch_tokens_{min,median,max}`` (None without such batches). A token is a
     distinct (request, turn, step); one decode token per batch unless many requests share one."""
+    import polars as pl
+
     key = (["request"] if trace.has("request") else []) + ["turn", "step"]
     sizes = trace.distinct(["batch", "phase", *key]).group_by("batch", "phase").len()
     out: dict[str, Any] = {}

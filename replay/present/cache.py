@@ -8,14 +8,13 @@ from typing import Any
 import polars as pl
 
 from replay.cache import VALIDATE_TOLERANCE_PP, is_over_budget, validate_ok
+from replay.info import COLLAPSE  # noqa: F401 (re-exported; kept beside NO_DECODE for cache --json's fast path)
 from replay.phases import PHASE_HIT_KEY
 from replay.policies import names, policy_module
 from replay.present.cost import verdict
 from replay.present.format import PRECISION, digits_for, exact, fmt, rows_of, text_table
 
 OVER = " !"  # marks an over-budget cell in the text tables
-COLLAPSE = ("global LRU collapses toward 0% hit below one token cycle T: each token sweeps all MoE layers, so "
-            "by the time a layer comes round again the cycle has evicted exactly the experts it needs next")
 
 
 def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed, loads=None, popts=None) -> str:
