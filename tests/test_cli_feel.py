@@ -194,7 +194,8 @@ def test_compact_is_one_line_per_cell(tiny):
 # -- one signal installer -------------------------------------------------------------------------
 
 def test_one_signal_installer():
-    # replay/cli and engine_bridge/capture both go through traces.signals.on_signals; nothing else
+    # the command line (replay/runner.py's guarded(), which replay/cli and the fast path both run
+    # through) and engine_bridge/capture both go through traces.signals.on_signals; nothing else
     # in the distribution installs a SIGINT/SIGTERM handler itself
     callers = []
     for pkg in ("replay", "engine_bridge", "traces"):
@@ -204,7 +205,7 @@ def test_one_signal_installer():
                         and isinstance(node.func.value, ast.Name) and node.func.value.id == "signal"):
                     callers.append(str(f.relative_to(ROOT)))
     assert sorted(set(callers)) == ["traces/signals.py"]
-    for f in ("replay/cli/__init__.py", "engine_bridge/capture.py"):
+    for f in ("replay/runner.py", "engine_bridge/capture.py"):
         assert "on_signals(" in (ROOT / f).read_text(encoding="utf-8"), f
 
 

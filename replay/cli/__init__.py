@@ -6,19 +6,16 @@ Bad input raises :class:`traces.errors.UserError`; :func:`main` prints its one s
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import signal
 import sys
-import traceback
 from importlib.metadata import entry_points
 from pathlib import Path
 
 import typer
 
 from replay.cli.options import JsonOpt, TraceArg, example
-from traces.errors import UserError
-from traces.signals import on_signals
+from replay.runner import Interrupted, _bug, _interrupted, _os_error_sentence, _raise_interrupted, guarded  # noqa: F401
+from traces.errors import UserError  # noqa: F401 (re-exported)
 
 app = typer.Typer(
     add_completion=True,  # --install-completion / --show-completion (typer's, for bash, zsh, fish, PowerShell)
@@ -161,53 +158,6 @@ def _register_modules() -> None:
 _registered: set = set()
 
 
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM turned into an exception, so every ``finally`` and staging cleanup runs
-    (a BaseException: no ``except Exception`` swallows it, and typer does not turn it into a
-    returned exit code as it does a KeyboardInterrupt)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = int(signum)
-
-
-def _raise_interrupted(signum: int, frame: object) -> None:
-    raise Interrupted(signum)
-
-
-def _interrupted(signum: int) -> int:
-    """Say in one line what an interrupted run left behind; return 128 + the signal number."""
-    from traces import atomic
-
-    name = signal.Signals(signum).name
-    if atomic.written:
-        done = ", ".join(str(p) for p in atomic.written)
-        msg = f"interrupted by {name} after writing {done}; nothing else was written"
-    elif atomic.abandoned:
-        msg = f"interrupted by {name}; nothing was written to {', '.join(str(p) for p in atomic.abandoned)}"
-    else:
-        msg = f"interrupted by {name}; nothing was written"
-    print(f"moe-replay: {msg}", file=sys.stderr)
-    return 128 + signum
-
-
-#: OS errors that say something about the machine (disk, permissions, limits), not about the code.
-_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO,
-                       errno.EMFILE, errno.ENFILE, errno.EFBIG, errno.ENAMETOOLONG, errno.ELOOP}
-
-
-def _os_error_sentence(e: OSError) -> str | None:
-    """One sentence for an OS error a user can act on (it names a path, or the disk or permissions
-    are at fault); None for anything else, which stays a bug."""
-    reason = (e.strerror or e.__class__.__name__).rstrip(".")
-    if e.filename is not None:
-        other = f" -> {e.filename2}" if e.filename2 is not None else ""
-        return f"{e.filename}{other}: {reason[:1].lower()}{reason[1:]}."
-    if e.errno in _ENVIRONMENT_ERRNOS:
-        return f"{reason} (errno {errno.errorcode.get(e.errno, e.errno)})."
-    return None
-
-
 def _run(args: list[str], debug: bool) -> int:
     from replay.api import cli_flags
 
@@ -219,34 +169,30 @@ def _run(args: list[str], debug: bool) -> int:
 
 
 def _run_command(args: list[str], debug: bool) -> int:
-    """Run one command; return its exit code: 0 done, 1 a check ran and failed, 2 bad input or an
-    OS error, 3 a bug, 128 + N killed by signal N (130 SIGINT, 143 SIGTERM)."""
-    from replay.progress import compile_notice
+    """Run one command through typer; return its exit code (:func:`replay.runner.guarded`: 0 done,
+    1 a check ran and failed, 2 bad input or an OS error, 3 a bug, 128 + N killed by signal N)."""
 
-    try:
-        # The first run after installation compiles the kernels (about a minute): say so on a
-        # terminal (never with --json, never in a pipe); later runs load them and print nothing.
-        with on_signals(_raise_interrupted), contextlib.nullcontext() if "--json" in args else compile_notice():
-            rv = app(args=args, prog_name="moe-replay", standalone_mode=False)
-    except UserError as e:
-        if debug:
-            raise
-        print(f"moe-replay: error: {e}", file=sys.stderr)
-        return 2
-    except (KeyboardInterrupt, Interrupted) as e:
-        if debug:
-            traceback.print_exc()
-        return _interrupted(e.signum if isinstance(e, Interrupted) else signal.SIGINT)
-    except SystemExit:
-        raise
-    except typer.Abort as e:
+    def call() -> int:
+        rv = app(args=args, prog_name="moe-replay", standalone_mode=False)
+        # standalone_mode=False: click *returns* the code of an Exit (typer's KeyboardInterrupt
+        # becomes Exit(130)) instead of exiting; a command itself returns None.
+        if isinstance(rv, int) and not isinstance(rv, bool):
+            return _interrupted(signal.SIGINT) if rv == 130 else rv
+        return 0
+
+    return guarded(call, debug, quiet="--json" in args, usage_error=_typer_error)
+
+
+def _typer_error(e: Exception, debug: bool) -> int | None:
+    """typer's own exceptions (an abort, a usage error) as an exit code; None for anything else."""
+    if isinstance(e, typer.Abort):
         if isinstance(e.__context__, KeyboardInterrupt):
             return _interrupted(signal.SIGINT)
         print("moe-replay: aborted", file=sys.stderr)
         return 1
-    except typer.TyperException as e:  # usage errors: unknown option, bad value, missing argument
+    if isinstance(e, typer.TyperException):  # usage errors: unknown option, bad value, missing argument
         if debug:
-            raise
+            raise e
         from typer._click.exceptions import NoArgsIsHelpError
 
         if isinstance(e, NoArgsIsHelpError) or not hasattr(e, "format_message"):
@@ -257,28 +203,7 @@ def _run_command(args: list[str], debug: bool) -> int:
             hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
             print(f"moe-replay: error: {' '.join(e.format_message().split()).rstrip('.')}{hint}.", file=sys.stderr)
         return e.exit_code
-    except OSError as e:  # a full disk, a missing folder, a read-only mount: the machine, not the tool
-        sentence = _os_error_sentence(e)
-        if debug or sentence is None:
-            return _bug(e, debug)
-        print(f"moe-replay: error: {sentence}", file=sys.stderr)
-        return 2
-    except Exception as e:
-        return _bug(e, debug)
-    # standalone_mode=False: click *returns* the code of an Exit (typer's KeyboardInterrupt
-    # becomes Exit(130)) instead of exiting; a command itself returns None.
-    if isinstance(rv, int) and not isinstance(rv, bool):
-        return _interrupted(signal.SIGINT) if rv == 130 else rv
-    return 0
-
-
-def _bug(e: Exception, debug: bool) -> int:
-    """A genuine bug: say so in one line (``--debug`` re-raises for the traceback)."""
-    if debug:
-        raise e
-    print(f"moe-replay: internal error: {e.__class__.__name__}: {e} (rerun with --debug for the traceback; "
-          "this is a bug, please report it)", file=sys.stderr)
-    return 3
+    return None
 
 
 def main(argv: list[str] | None = None) -> None:

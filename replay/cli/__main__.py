@@ -1,5 +1,5 @@
-"""``python -m replay.cli``: the same as the ``moe-replay`` console script."""
+"""``python -m replay.cli``: the same as the ``moe-replay`` console script (:mod:`replay.fastcli`)."""
 
-from replay.cli import main
+from replay.fastcli import main
 
 main()

@@ -1,0 +1,167 @@
+"""The ``moe-replay`` console script: a plain ``cache --json`` runs here without typer, Polars or
+Numba; everything else goes to the typer application (:mod:`replay.cli`).
+
+Why: a one-budget ``cache`` on a few million routings takes less time than importing typer
+(~0.08 s), Polars (~0.1-0.3 s) and Numba with its cached kernels (~0.4 s) (issue 18: the whole
+process against libCacheSim's ``process_trace``). The fast path takes only command lines it
+understands completely: ``cache TRACE`` with any of ``--json`` (or ``--format json``),
+``--per-layer``, ``--budgets``, ``--budget-mib``, ``--policies``, ``--phase``, ``--seed`` and
+``--stream``, each at most once, as ``--opt value``; any other option or form (``--help``,
+``--opt=value``, text output, a cost model, ``--validate``, ``--csv``, plugins, a value typer
+would refuse) goes to typer, which answers exactly as before. It then runs the same library calls
+as :mod:`replay.cli.cache` (the rows as :mod:`replay.rows` normalizes them, the same JSON object),
+through the same error handling (:func:`replay.runner.guarded`); the kernels are the compiled
+extension's when it was built (:mod:`replay.aot`), else Numba's. ``tests/test_fastcli.py``
+holds its output to the typer path's, byte for byte, refusals included. ``MOE_REPLAY_FAST=0``
+turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+FLAGS = ("--json", "--per-layer")
+VALUED = ("--budgets", "--budget-mib", "--policies", "--phase", "--seed", "--stream", "--format")
+DEFAULT_POLICIES = "lru,lfu,layer,lfru,belady,infinite"  # replay.cli.cache's --policies default (a test checks)
+
+
+def parse(args: list[str]) -> dict[str, Any] | None:
+    """The options of a ``cache`` command line the fast path runs, or None (typer runs it)."""
+    if not args or args[0] != "cache":
+        return None
+    opts: dict[str, Any] = {}
+    pos: list[str] = []
+    i = 1
+    while i < len(args):
+        a = args[i]
+        if a in FLAGS:
+            if a in opts:
+                return None
+            opts[a] = True
+        elif a in VALUED:
+            if a in opts or i + 1 >= len(args) or args[i + 1].startswith("-"):
+                return None
+            opts[a] = args[i + 1]
+            i += 1
+        elif a.startswith("-"):
+            return None
+        else:
+            pos.append(a)
+        i += 1
+    if len(pos) != 1 or opts.get("--format", "json") != "json" or not ("--json" in opts or "--format" in opts):
+        return None
+    seed = opts.get("--seed", "0")
+    if not seed.strip().lstrip("+-").isdigit():
+        return None  # typer's own "not a valid integer"
+    return {"trace": pos[0], "budgets": opts.get("--budgets"), "budget_mib": opts.get("--budget-mib"),
+            "policies": opts.get("--policies", DEFAULT_POLICIES), "phase": opts.get("--phase", "decode"),
+            "seed": int(seed), "stream": opts.get("--stream", "auto"), "per_layer": "--per-layer" in opts}
+
+
+def cache_json(trace: str, budgets: str | None, budget_mib: str | None, policies: str, phase: str, seed: int, stream: str,
+               per_layer: bool) -> str:
+    """``cache --json``'s output: the calls and checks of :mod:`replay.cli.cache` in the same order,
+    for the options the fast path takes."""
+    from pathlib import Path
+
+    from replay.cache import check_policies, default_budgets_mib
+    from replay.cache_stream import check_stream_mode, choose_stream
+    from replay.info import COLLAPSE, NO_DECODE, require_routings
+    from replay.phases import check_phase
+    from replay.present.format import exact, json_object
+    from replay.rows import column_types, plain_rows
+    from traces import open_trace
+    from traces.units import MIB, parse_budget_mib, parse_budgets_mib
+
+    check_phase(phase)
+    bmib = None if budget_mib is None else parse_budget_mib(budget_mib, "--budget-mib")
+    pols = check_policies([p for p in policies.split(",") if p.strip()])
+    if not 0 <= seed < 1 << 63:
+        from traces.errors import UserError
+
+        raise UserError(f"--seed: {seed} is not in 0..2^63-1.")
+    blist = parse_budgets_mib(budgets, "--budgets") if budgets is not None else None
+    if blist is not None and bmib is not None:
+        from traces.errors import UserError
+
+        raise UserError("--budgets and --budget-mib both name the budgets to replay; give one of them.")
+    check_stream_mode(stream)
+    t = open_trace(Path(trace), defer_rows=True)
+    require_routings(t, "replay")
+    streamed = choose_stream(t, pols, stream, in_memory_only=None)
+    rec_budget = t.recorded.get("budget_mib")
+    if blist is None and bmib is not None:
+        blist = [bmib]
+    if streamed:
+        from replay.cache_stream import Sizes, stream_sweep_rows, working_set_stream
+
+        if blist is None:
+            blist = default_budgets_mib(Sizes(t.token_cycle_bytes, working_set_stream(t)), rec_budget)
+        raw, loads, W_bytes = stream_sweep_rows(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=True)
+        extras = False
+    else:
+        from replay.cache import loads_of, sweep_rows
+
+        loads = loads_of(t)
+        W_bytes = loads.working_set_bytes
+        if blist is None:
+            blist = default_budgets_mib(loads, rec_budget)
+        raw, extras = sweep_rows(loads, pols, [float(b) for b in blist], per_layer=per_layer, seed=seed, show_progress=True)
+    rows = plain_rows(raw, column_types(extras))
+    chosen = "given"
+    if budgets is None and budget_mib is None:
+        chosen = ("default: 9 budgets geometric from T/2 to the working set W, 2 significant figures"
+                  + (f", the recorded {exact(rec_budget)} MiB replacing the nearest" if rec_budget in blist else ""))
+    T = t.token_cycle_bytes / MIB
+    W = W_bytes / MIB
+    below = [b for b in blist if b < T]
+    lru_below = [r for r in rows if r["layer"] is None and r["policy"] == "lru" and r["budget_mib"] < T]
+    collapsed = [r for r in lru_below if r["hit_pct_decode"] is not None and r["hit_pct_decode"] < 5.0]
+    no_decode = not (loads.batch_phase == 1).any()
+    return json_object("cache", str(Path(trace)), rows, phase=phase, token_cycle_mib=T, working_set_mib=W,
+                       budgets_below_token_cycle=below, budgets_chosen=chosen,
+                       note=(NO_DECODE if no_decode else COLLAPSE if collapsed else None), cost_model=None)
+
+
+def run(args: list[str], debug: bool) -> int | None:
+    """Run ``args`` on the fast path and return its exit code, or None when typer should run it."""
+    if os.environ.get("MOE_REPLAY_FAST", "1") == "0":
+        return None
+    opts = parse(args)
+    if opts is None:
+        return None
+    from replay.runner import guarded
+
+    def call() -> int:
+        from replay.api import cli_flags
+
+        token = cli_flags.set(True)  # library messages name the flags the user typed
+        try:
+            out = cache_json(**opts)
+        finally:
+            cli_flags.reset(token)
+        sys.stdout.write(out + "\n")
+        sys.stdout.flush()
+        return 0
+
+    return guarded(call, debug, quiet=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script: the fast path when it takes the command line, else :func:`replay.cli.main`."""
+    from traces import atomic
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    atomic.written.clear()
+    atomic.abandoned.clear()
+    code = run([a for a in args if a != "--debug"], debug)
+    if code is None:
+        from replay.cli import main as full
+
+        full(args)
+        return
+    if code:
+        sys.exit(code)

@@ -1,0 +1,108 @@
+"""Running one command: exit codes, signals and one-sentence errors, with no typer import.
+
+Both ways into the command line go through :func:`guarded`: the typer application
+(:mod:`replay.cli`) and the fast path that runs a plain ``cache --json`` without typer, Polars or
+Numba (:mod:`replay.fastcli`), so a refusal, an interruption or a bug reads the same either way.
+Exit codes: 0 done, 1 a check ran and failed, 2 bad input or an OS error, 3 a bug, 128 + N killed
+by signal N (130 SIGINT, 143 SIGTERM).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+
+from traces.errors import UserError
+from traces.signals import on_signals
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM turned into an exception, so every ``finally`` and staging cleanup runs
+    (a BaseException: no ``except Exception`` swallows it, and typer does not turn it into a
+    returned exit code as it does a KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+def _interrupted(signum: int) -> int:
+    """Say in one line what an interrupted run left behind; return 128 + the signal number."""
+    from traces import atomic
+
+    name = signal.Signals(signum).name
+    if atomic.written:
+        done = ", ".join(str(p) for p in atomic.written)
+        msg = f"interrupted by {name} after writing {done}; nothing else was written"
+    elif atomic.abandoned:
+        msg = f"interrupted by {name}; nothing was written to {', '.join(str(p) for p in atomic.abandoned)}"
+    else:
+        msg = f"interrupted by {name}; nothing was written"
+    print(f"moe-replay: {msg}", file=sys.stderr)
+    return 128 + signum
+
+#: OS errors that say something about the machine (disk, permissions, limits), not about the code.
+_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO,
+                       errno.EMFILE, errno.ENFILE, errno.EFBIG, errno.ENAMETOOLONG, errno.ELOOP}
+
+def _os_error_sentence(e: OSError) -> str | None:
+    """One sentence for an OS error a user can act on (it names a path, or the disk or permissions
+    are at fault); None for anything else, which stays a bug."""
+    reason = (e.strerror or e.__class__.__name__).rstrip(".")
+    if e.filename is not None:
+        other = f" -> {e.filename2}" if e.filename2 is not None else ""
+        return f"{e.filename}{other}: {reason[:1].lower()}{reason[1:]}."
+    if e.errno in _ENVIRONMENT_ERRNOS:
+        return f"{reason} (errno {errno.errorcode.get(e.errno, e.errno)})."
+    return None
+
+def _bug(e: Exception, debug: bool) -> int:
+    """A genuine bug: say so in one line (``--debug`` re-raises for the traceback)."""
+    if debug:
+        raise e
+    print(f"moe-replay: internal error: {e.__class__.__name__}: {e} (rerun with --debug for the traceback; "
+          "this is a bug, please report it)", file=sys.stderr)
+    return 3
+
+
+def guarded(call: Callable[[], int], debug: bool, quiet: bool = False,
+            usage_error: Callable[[Exception, bool], int | None] | None = None) -> int:
+    """Run ``call`` (which returns an exit code) with SIGINT/SIGTERM turned into :class:`Interrupted`
+    and, unless ``quiet`` (``--json``), the compile notice on a terminal; return its exit code, or
+    the code of what it raised, said in one sentence on stderr (``debug``: re-raised for the
+    traceback). ``usage_error`` turns a front end's own exceptions into a code (None: not one of them)."""
+    from replay.progress import compile_notice
+
+    try:
+        # The first run after installation compiles the kernels (about a minute): say so on a
+        # terminal (never with --json, never in a pipe); later runs load them and print nothing.
+        with on_signals(_raise_interrupted), contextlib.nullcontext() if quiet else compile_notice():
+            return call()
+    except UserError as e:
+        if debug:
+            raise
+        print(f"moe-replay: error: {e}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, Interrupted) as e:
+        if debug:
+            traceback.print_exc()
+        return _interrupted(e.signum if isinstance(e, Interrupted) else signal.SIGINT)
+    except SystemExit:
+        raise
+    except Exception as e:
+        code = usage_error(e, debug) if usage_error is not None else None
+        if code is not None:
+            return code
+        if isinstance(e, OSError):  # a full disk, a missing folder, a read-only mount: the machine, not the tool
+            sentence = _os_error_sentence(e)
+            if debug or sentence is None:
+                return _bug(e, debug)
+            print(f"moe-replay: error: {sentence}", file=sys.stderr)
+            return 2
+        return _bug(e, debug)
