@@ -202,3 +202,30 @@ def test_entry_point_groups_load_through_the_same_path(monkeypatch):
     assert pol.names()[-1] == "fifo" and set(pol.REGISTRY) < set(pol.names())
     assert registry.names()[-1] == "two-tokens-ago"
     assert "two-tokens-ago" in registry.default_names()  # an installed predictor is a default one
+
+
+def test_entry_point_scan_finds_a_declared_group(tmp_path, monkeypatch):
+    """The quick scan (no importlib.metadata) says 'none' only when no distribution names the
+    group; a distribution that declares it makes entry_points() ask importlib.metadata, which
+    finds it. A group this package declares (its commands) is found either way."""
+    from importlib.metadata import entry_points as ep_meta
+
+    from replay import plugins
+
+    group = "moe_replay.test_scan_group"
+    assert plugins._may_have_entry_points(group) is False
+    assert plugins.entry_points(group) == []
+    dist = tmp_path / "demo_pkg-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[{group}]\nfifo = demo_pkg.fifo\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert plugins._may_have_entry_points(group) is True
+    assert plugins.entry_points(group) == [("fifo", "demo_pkg.fifo")]
+    cmds = "moe_replay.commands"
+    assert plugins._may_have_entry_points(cmds) is True
+    assert plugins.entry_points(cmds) == sorted((e.name, e.value.split(":")[0]) for e in ep_meta(group=cmds))
+    archive = tmp_path / "deps.zip"
+    archive.write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an (empty) archive on the path: left to importlib.metadata
+    monkeypatch.syspath_prepend(str(archive))
+    assert plugins._may_have_entry_points("moe_replay.nothing_declares_this") is True
