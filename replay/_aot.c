@@ -411,48 +411,80 @@ static const char *lru_err_text[] = {
 };
 
 /* The lru hooks (replay/policies/lru.py), on ps = entry pairs, then group pairs counted backwards
- * from the end (gp points at group g's pair). A link is checked against C before it is followed. */
-#define LINK_OK(x) ((uint64_t)(int64_t)(x) < (uint64_t)C)
+ * from the end (gp points at group g's pair). Links are checked once, before the replay
+ * (lru_links_ok): every link is none (< 0) or an entry < C; the hooks only ever write such values
+ * (an entry id checked against C, or another link), so that stays true and no link needs a check
+ * when it is followed. */
 
-static inline int lru_unlink(int32_t *ps, int32_t *gp, uint32_t e, Py_ssize_t C) {
+static inline void lru_unlink(int32_t *ps, int32_t *gp, uint32_t e) {
     int32_t p = ps[2 * (size_t)e + PREV], q = ps[2 * (size_t)e + NEXT];
-    if (p >= 0) {
-        if (!LINK_OK(p))
-            return E_LINK;
+    if (p >= 0)
         ps[2 * (size_t)p + NEXT] = q;
-    } else
+    else
         gp[HEAD] = q;
-    if (q >= 0) {
-        if (!LINK_OK(q))
-            return E_LINK;
+    if (q >= 0)
         ps[2 * (size_t)q + PREV] = p;
-    } else
+    else
         gp[TAIL] = p;
-    return E_OK;
 }
 
-static inline int lru_append(int32_t *ps, int32_t *gp, uint32_t e, Py_ssize_t C) {
+static inline void lru_append(int32_t *ps, int32_t *gp, uint32_t e) {
     int32_t t = gp[TAIL];
     ps[2 * (size_t)e + PREV] = t;
     ps[2 * (size_t)e + NEXT] = -1;
-    if (t >= 0) {
-        if (!LINK_OK(t))
-            return E_LINK;
+    if (t >= 0)
         ps[2 * (size_t)t + NEXT] = (int32_t)e;
-    } else
+    else
         gp[HEAD] = (int32_t)e;
     gp[TAIL] = (int32_t)e;
-    return E_OK;
 }
 
-static inline int lru_touch(int32_t *ps, int32_t *gp, uint32_t e, Py_ssize_t C) {
+static inline void lru_touch(int32_t *ps, int32_t *gp, uint32_t e) {
     if (gp[TAIL] != (int32_t)e) { /* already the most recent: nothing to move */
-        int err = lru_unlink(ps, gp, e, C);
-        if (err)
-            return err;
-        return lru_append(ps, gp, e, C);
+        lru_unlink(ps, gp, e);
+        lru_append(ps, gp, e);
     }
-    return E_OK;
+}
+
+/* The eviction step of one load, in group gp: victims from the least recent end, never an entry
+ * this load touched (they all sit at the tail, so the walk from the head stops early), until *used
+ * fits `budget`. Returns 0 when the walk finds a cycle (ps is not a list). A function of its own,
+ * not inlined: the replay loop keeps a dozen values live, and inlined the victim search reloaded
+ * its pointers from the stack behind each victim's cache miss. */
+static __attribute__((noinline)) int lru_evict(int32_t *ps, int32_t *gp, const int32_t *pin, int32_t *res,
+                                               const int32_t *bytes, int64_t load, int64_t *used, int64_t budget,
+                                               Py_ssize_t C, int64_t *n_gone, int64_t *n_over) {
+    int64_t left = *used, gone = 0;
+    while (left > budget) {
+        int32_t v = gp[HEAD];
+        Py_ssize_t steps = 0;
+        while (v >= 0 && (int64_t)pin[v] == load) {
+            if (++steps > C)
+                return 0;
+            v = ps[2 * (size_t)v + NEXT];
+        }
+        if (v < 0) {
+            (*n_over)++; /* everything left was touched by this load */
+            break;
+        }
+        lru_unlink(ps, gp, (uint32_t)v);
+        res[v] = 0;
+        left -= bytes[v];
+        gone++;
+    }
+    *used = left;
+    *n_gone = gone;
+    return 1;
+}
+
+static int lru_links_ok(const int32_t *ps, Py_ssize_t ps_len, Py_ssize_t C, Py_ssize_t n_grp) {
+    for (Py_ssize_t i = 0; i < 2 * C; i++)
+        if (ps[i] >= C)
+            return 0;
+    for (Py_ssize_t i = ps_len - 2 * n_grp; i < ps_len; i++)
+        if (ps[i] >= C)
+            return 0;
+    return 1;
 }
 
 static int lru_loop(const lru_t *a) {
@@ -468,10 +500,11 @@ static int lru_loop(const lru_t *a) {
     int64_t n_evict = 0, n_over = 0;
     int64_t cur_b = -1, b_look = 0, b_hit = 0, b_read = 0;
     int64_t resident = 0;
-    int err = E_OK;
     for (Py_ssize_t g0 = 0; g0 < a->n_grp; g0++)
         resident += grp[g0 * gcols + GRP_USED];
     int64_t peak = resident;
+    if (!lru_links_ok(ps, a->ps_len, C, a->n_grp))
+        return E_LINK;
     if (a->n_load > 0 && a->load_start[0] < 0)
         return E_LOAD_START;
     for (Py_ssize_t li = 0; li < a->n_load; li++) {
@@ -498,20 +531,17 @@ static int lru_loop(const lru_t *a) {
             if (e >= (uint64_t)C)
                 return E_ENTRY;
             if ((int64_t)pin[e] == load) { /* a repeat inside this load: already looked up, only promoted */
-                if ((err = lru_touch(ps, gp, e, C)))
-                    return err;
+                lru_touch(ps, gp, e);
                 continue;
             }
             n_look++;
             pin[e] = (int32_t)load;
             if (res[e] == 1) {
                 n_hit++;
-                if ((err = lru_touch(ps, gp, e, C)))
-                    return err;
+                lru_touch(ps, gp, e);
             } else {
                 res[e] = 1;
-                if ((err = lru_append(ps, gp, e, C)))
-                    return err;
+                lru_append(ps, gp, e);
             }
         }
         const int64_t n_miss = n_look - n_hit;
@@ -545,27 +575,9 @@ static int lru_loop(const lru_t *a) {
         const int64_t used0 = gr[GRP_USED], budget = gr[GRP_BUDGET];
         int64_t used = used0 + n_read;
         int64_t n_gone = 0;
-        while (used > budget) {
-            int32_t v = gp[HEAD];
-            Py_ssize_t steps = 0;
-            while (v >= 0) {
-                if (!LINK_OK(v))
-                    return E_LINK;
-                if ((int64_t)pin[v] != load)
-                    break;
-                if (++steps > C)
-                    return E_CYCLE;
-                v = ps[2 * (size_t)v + NEXT];
-            }
-            if (v < 0) {
-                n_over++; /* everything left was touched by this load */
-                break;
-            }
-            if ((err = lru_unlink(ps, gp, (uint32_t)v, C)))
-                return err;
-            res[v] = 0;
-            used -= bytes[v];
-            n_gone++;
+        if (used > budget) {
+            if (!lru_evict(ps, gp, pin, res, bytes, load, &used, budget, C, &n_gone, &n_over))
+                return E_CYCLE;
         }
         gr[GRP_USED] = used;
         resident += used - used0;

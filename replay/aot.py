@@ -37,18 +37,21 @@ def _import() -> None:
         _why = (f"replay._aot is not built ({e}); reinstall moe-replay with a C compiler present "
                 "(`pip install -e .` or `make`) to replay without Numba")
         return
-    src = os.path.join(os.path.dirname(__file__), "_aot.c")
-    # In a source tree, a build older than its source would answer for code that changed: refuse it
-    # (a wheel ships no source, so there is nothing to compare).
-    try:
-        stale = os.stat(src).st_mtime > os.stat(_aot.__file__).st_mtime
-    except OSError:
-        stale = False
-    if stale:
+    if stale(os.path.join(os.path.dirname(__file__), "_aot.c"), _aot.__file__):
         _why = (f"{_aot.__file__} is older than replay/_aot.c; rebuild it (`make`, or `pip install -e .`) "
                 "to replay without Numba")
         return
     _mod = _aot
+
+
+def stale(source: str, built: str) -> bool:
+    """Whether the build ``built`` is older than its ``source``. In a source tree (an editable
+    install) a build that failed leaves the previous one in place: it would answer for code that
+    changed, so it is refused. A wheel ships no source: nothing to compare, never stale."""
+    try:
+        return os.stat(source).st_mtime > os.stat(built).st_mtime
+    except OSError:
+        return False
 
 
 def _off() -> bool:

@@ -611,6 +611,18 @@ def test_env_turns_it_off(monkeypatch):
     assert "MOE_REPLAY_AOT=0" in aot.why_unavailable()
 
 
+def test_a_build_older_than_its_source_is_refused(tmp_path):
+    src, so = tmp_path / "_aot.c", tmp_path / "_aot.so"
+    so.write_text("")
+    src.write_text("")
+    os.utime(so, (1000, 1000))
+    os.utime(src, (2000, 2000))
+    assert aot.stale(str(src), str(so))
+    os.utime(so, (3000, 3000))
+    assert not aot.stale(str(src), str(so))
+    assert not aot.stale(str(tmp_path / "absent.c"), str(so))  # a wheel: no source beside the build
+
+
 def test_importing_it_needs_no_numba():
     code = ("import sys, time; t = time.perf_counter(); import replay.aot as a; m = a.load(); "
             "dt = time.perf_counter() - t; assert m is not None, a.why_unavailable(); "
