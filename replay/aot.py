@@ -37,7 +37,14 @@ def _import() -> None:
         _why = (f"replay._aot is not built ({e}); reinstall moe-replay with a C compiler present "
                 "(`pip install -e .` or `make`) to replay without Numba")
         return
-    if stale(os.path.join(os.path.dirname(__file__), "_aot.c"), _aot.__file__):
+    here = os.path.dirname(os.path.realpath(__file__))
+    if os.path.dirname(os.path.realpath(_aot.__file__)) != here:
+        # A tree with no build of its own, run with another checkout's editable install (PYTHONPATH
+        # over a shared venv): its finder supplies that checkout's build, of that checkout's source.
+        _why = (f"replay._aot was found at {_aot.__file__}, outside this replay package ({here}); build it here "
+                "(`pip install -e .`) to replay without Numba")
+        return
+    if stale(os.path.join(here, "_aot.c"), _aot.__file__):
         _why = (f"{_aot.__file__} is older than replay/_aot.c; rebuild it (`make`, or `pip install -e .`) "
                 "to replay without Numba")
         return

@@ -21,13 +21,32 @@ from hypothesis import strategies as st
 from replay import aot
 
 AOT = aot.load()
-pytestmark = pytest.mark.skipif(AOT is None, reason=f"the compiled kernels are not available: {aot.why_unavailable()}")
+needs_aot = pytest.mark.skipif(AOT is None, reason=f"the compiled kernels are not available: {aot.why_unavailable()}")
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = 1 << 16  # entry sizes and budgets in 1/16 MiB, so budget_mib is exact in binary
 FAST = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+def _c_compiler() -> str | None:
+    import shlex
+    import shutil
+    import sysconfig
+
+    cc = shlex.split(sysconfig.get_config_var("CC") or "cc")
+    return shutil.which(cc[0]) if cc else None
+
+
+@pytest.mark.skipif(not os.environ.get("CI"), reason="checked in CI only (a plain pytest run may use a tree built without it)")
+def test_built_in_ci_where_a_compiler_is_present():
+    """The build is optional (a machine without a C compiler still installs), so a compile error in
+    replay/_aot.c would only skip the tests below: in CI, with a compiler, it must have been built."""
+    if _c_compiler() is None or os.environ.get(aot.ENV, "").strip() == "0":
+        pytest.skip("no C compiler here, or MOE_REPLAY_AOT=0: the Numba kernels are the ones to test")
+    assert AOT is not None, aot.why_unavailable()
+
+
+@needs_aot
 def test_layout_matches_the_python_constants():
     """The field numbers compiled into the module are those of replay.cache_state / cache_kernel."""
     from replay import cache_kernel as ck
@@ -148,6 +167,7 @@ def _rows_ok_args(p):
             p["by_rank"], p["has_last"], p["last"])
 
 
+@needs_aot
 @settings(max_examples=300, **FAST)
 @given(p=row_parts())
 def test_rows_ok_equals_numba(p):
@@ -160,6 +180,7 @@ def test_rows_ok_equals_numba(p):
         assert got, p  # valid rows pass (the gate is not stricter than the checker on these)
 
 
+@needs_aot
 @settings(max_examples=150, **FAST)
 @given(seed=st.integers(0, 2**32 - 1), R=st.integers(0, 13), k=st.integers(1, 4), by_rank=st.booleans(),
        has_last=st.booleans())
@@ -190,6 +211,7 @@ def _cut_buffers(R, k, rng):
             junk(cap, np.int32), junk(cap, np.int32), junk(cap, np.int8), junk(cap, np.int32)]
 
 
+@needs_aot
 @settings(max_examples=300, **FAST)
 @given(seed=st.integers(0, 2**32 - 1), R=st.integers(0, 30), k=st.integers(1, 3), sorted_batches=st.integers(0, 3),
        bad_layer=st.integers(0, 4), bad_expert=st.integers(0, 4), readonly=st.booleans())
@@ -365,6 +387,7 @@ def _same(x, y):
             assert u.tobytes() == v.tobytes(), (i, name, u, v)
 
 
+@needs_aot
 @settings(max_examples=200, **FAST)
 @given(t=small_traces(), policy=st.sampled_from(["lru", "layer"]), n_cuts=st.integers(0, 6), seed=st.integers(0, 2**32 - 1),
        tick0=st.sampled_from([0, 1, 12345, 2**40]))
@@ -386,6 +409,7 @@ def test_replay_lru_equals_numba_part_by_part(t, policy, n_cuts, seed, tick0):
     _same(got, want)
 
 
+@needs_aot
 @settings(max_examples=150, **FAST)
 @given(t=small_traces(), policy=st.sampled_from(["lru", "layer"]), n_cuts=st.integers(0, 4), seed=st.integers(0, 2**32 - 1))
 def test_replay_lru_equals_naive_twin(t, policy, n_cuts, seed):
@@ -419,6 +443,7 @@ def test_replay_lru_equals_naive_twin(t, policy, n_cuts, seed):
     assert int(outs[-1][1][3]) == loads.entries.size  # one tick per routed slot
 
 
+@needs_aot
 def test_replay_lru_counts_a_known_sequence():
     """One layer of 4 experts, room for 2, top-1 decode: 0 1 0 2 1 0 -> miss miss hit miss miss miss
     (LRU keeps {0, 2} after the fourth, so 1 misses and evicts 0, which then misses)."""
@@ -433,6 +458,7 @@ def test_replay_lru_counts_a_known_sequence():
     assert grp[0, 2:4].tolist() == [2 * UNIT, 2]
 
 
+@needs_aot
 def test_replay_lru_from_threads_equals_one_thread():
     """The kernel runs without the GIL: cells replayed on threads give what they give alone."""
     rng = np.random.default_rng(3)
@@ -484,6 +510,7 @@ def _bad_variants(a: np.ndarray):
         yield "big-endian", a.astype(a.dtype.newbyteorder(">"))
 
 
+@needs_aot
 def test_replay_lru_refuses_bad_arguments():
     args = _good_lru_args()
     AOT.replay_lru(*[a.copy() for a in args])  # the good ones run
@@ -504,6 +531,7 @@ def test_replay_lru_refuses_bad_arguments():
         AOT.replay_lru(*args, args[0])
 
 
+@needs_aot
 @pytest.mark.parametrize("i, value, needle", [
     (0, 1 << 20, "entries names an entry outside"),
     (0, -1, "entries names an entry outside"),
@@ -529,6 +557,7 @@ def test_replay_lru_refuses_indexes_out_of_range(i, value, needle):
         AOT.replay_lru(*args)
 
 
+@needs_aot
 @pytest.mark.parametrize("corrupt", ["link_out", "cycle"])
 def test_replay_lru_refuses_a_corrupt_list(corrupt):
     """A policy state that is not lru's list (a link out of range, a cycle) raises, never loops or
@@ -547,6 +576,7 @@ def test_replay_lru_refuses_a_corrupt_list(corrupt):
         AOT.replay_lru(*args)
 
 
+@needs_aot
 def test_rows_ok_and_cut_loads_refuse_bad_arguments():
     R, k = 4, 2
     good_rows = [np.zeros(R, np.int32), np.zeros(R, np.int16), np.arange(R, dtype=np.int32), np.zeros(R, np.int8),
@@ -604,6 +634,7 @@ def test_rows_ok_and_cut_loads_refuse_bad_arguments():
 # -- replay.aot ------------------------------------------------------------------------------------------
 
 
+@needs_aot
 def test_env_turns_it_off(monkeypatch):
     assert aot.AVAILABLE and aot.load() is AOT and aot.why_unavailable() is None
     monkeypatch.setenv("MOE_REPLAY_AOT", "0")
@@ -623,6 +654,7 @@ def test_a_build_older_than_its_source_is_refused(tmp_path):
     assert not aot.stale(str(tmp_path / "absent.c"), str(so))  # a wheel: no source beside the build
 
 
+@needs_aot
 def test_importing_it_needs_no_numba():
     code = ("import sys, time; t = time.perf_counter(); import replay.aot as a; m = a.load(); "
             "dt = time.perf_counter() - t; assert m is not None, a.why_unavailable(); "
