@@ -349,6 +349,21 @@ def _part(loads, a, b):
             loads.load_lidx[a:b].copy(), loads.load_phase[a:b].copy(), lb), batch0, n_batch
 
 
+_NUMBA: dict[str, object] = {}
+
+
+def _numba(policy):
+    """The Numba driver for ``policy`` (plain: no what-ifs, no per-slot codes), compiled here, not
+    through replay.cache.kernel_for (which runs the compiled twin when it is built)."""
+    if policy not in _NUMBA:
+        from replay.cache_kernel import make_kernel
+        from replay.policies import policy_module
+
+        _NUMBA[policy] = make_kernel(policy, policy_module(policy), whatif=False, slots=False)
+        assert hasattr(_NUMBA[policy], "py_func")  # a Numba dispatcher: the twin compared with is not C itself
+    return _NUMBA[policy]
+
+
 def _replay_parts(kern, numba, loads, policy, budget, cuts, tick0, stats0):
     """Replay the trace part by part with the clocks carried as replay.cache_stream carries them;
     the state, the per-part outputs and the final stats, for a byte-for-byte comparison."""
@@ -395,8 +410,6 @@ def test_replay_lru_equals_numba_part_by_part(t, policy, n_cuts, seed, tick0):
     """Every output array and the state after every part, byte for byte, for lru and layer at a
     random budget (0 and overflowing ones included), whole or in parts with carried clocks, and
     stats that start nonzero (the driver adds evictions and overflows to them, sets the rest)."""
-    from replay.cache import kernel_for
-
     if not t[5]:
         return
     loads = _loads(t)
@@ -405,7 +418,7 @@ def test_replay_lru_equals_numba_part_by_part(t, policy, n_cuts, seed, tick0):
     stats0 = rng.integers(0, 1000, 12).astype(np.int64)
     budget = t[6] * UNIT
     got = _replay_parts(AOT.replay_lru, False, loads, policy, budget, cuts, tick0, stats0)
-    want = _replay_parts(kernel_for(policy), True, loads, policy, budget, cuts, tick0, stats0)
+    want = _replay_parts(_numba(policy), True, loads, policy, budget, cuts, tick0, stats0)
     _same(got, want)
 
 
