@@ -448,10 +448,10 @@ static inline void lru_touch(int32_t *ps, int32_t *gp, uint32_t e) {
 
 /* The eviction step of one load, in group gp: victims from the least recent end, never an entry
  * this load touched (they all sit at the tail, so the walk from the head stops early), until *used
- * fits `budget`. Returns 0 when the walk finds a cycle (ps is not a list). A function of its own,
- * not inlined: the replay loop keeps a dozen values live, and inlined the victim search reloaded
- * its pointers from the stack behind each victim's cache miss. */
-static __attribute__((noinline)) int lru_evict(int32_t *ps, int32_t *gp, const int32_t *pin, int32_t *res,
+ * fits `budget`. Returns 0 when the walk finds a cycle (ps is not a list). Inlined: a call per
+ * load (arguments on the stack, results through memory) measured slower than the stack reloads
+ * an inlined victim search pays, in the top-1 trace where each load evicts about one entry. */
+static inline __attribute__((always_inline)) int lru_evict(int32_t *ps, int32_t *gp, const int32_t *pin, int32_t *res,
                                                const int32_t *bytes, int64_t load, int64_t *used, int64_t budget,
                                                Py_ssize_t C, int64_t *n_gone, int64_t *n_over) {
     int64_t left = *used, gone = 0;
@@ -488,44 +488,51 @@ static int lru_links_ok(const int32_t *ps, Py_ssize_t ps_len, Py_ssize_t C, Py_s
 }
 
 static int lru_loop(const lru_t *a) {
-    const Py_ssize_t k = a->k, C = a->C, gcols = a->grp_cols, licols = a->li_cols;
+    /* The shapes checked by the caller make grp's rows N_GRP wide, acc [2, acc1, N_ACC], bacc's rows
+     * N_ACC and layer_info's rows 2: constant strides, fewer values live in the load loop. */
+    const Py_ssize_t k = a->k, C = a->C, R = a->R, n_load = a->n_load;
     const int32_t *entries = a->entries;
+    const int64_t *load_start = a->load_start, *layer_info = a->layer_info;
+    const int32_t *load_lidx = a->load_lidx, *load_batch = a->load_batch;
+    const int8_t *load_phase = a->load_phase;
     int32_t *ps = a->ps;
+    int32_t *gp0 = ps + a->ps_len - 2; /* group g's pair: gp0 - 2 g */
     int32_t *res = a->ent + (size_t)ENT_RESIDENT * C;
     int32_t *pin = a->ent + (size_t)ENT_PIN * C;
     const int32_t *bytes = a->ent + (size_t)ENT_BYTES * C;
     int64_t *grp = a->grp, *acc = a->acc, *bacc = a->bacc;
-    int64_t tick = a->opts[OPT_TICK0];
+    const uint64_t n_lid = (uint64_t)(a->li_rows < a->acc1 ? a->li_rows : a->acc1);
+    const uint64_t n_batch = (uint64_t)a->n_batch;
+    const int64_t acc_phase = (int64_t)a->acc1 * N_ACC; /* acc[1] - acc[0] */
     const int64_t load0 = a->opts[OPT_LOAD0];
     int64_t n_evict = 0, n_over = 0;
     int64_t cur_b = -1, b_look = 0, b_hit = 0, b_read = 0;
     int64_t resident = 0;
     for (Py_ssize_t g0 = 0; g0 < a->n_grp; g0++)
-        resident += grp[g0 * gcols + GRP_USED];
+        resident += grp[g0 * N_GRP + GRP_USED];
     int64_t peak = resident;
     if (!lru_links_ok(ps, a->ps_len, C, a->n_grp))
         return E_LINK;
-    if (a->n_load > 0 && a->load_start[0] < 0)
+    for (Py_ssize_t l = 0; l < a->li_rows; l++) /* every layer's group, once, not once per load */
+        if ((uint64_t)layer_info[2 * l] >= (uint64_t)a->n_grp)
+            return E_GROUP;
+    if (n_load > 0 && (load_start[0] < 0 || load_start[0] > R))
         return E_LOAD_START;
-    for (Py_ssize_t li = 0; li < a->n_load; li++) {
-        const int64_t load = li + load0;
-        const int64_t lo = a->load_start[li], hi = a->load_start[li + 1];
+    for (Py_ssize_t li = 0; li < n_load; li++) {
+        const int64_t lo = load_start[li], hi = load_start[li + 1];
         if (hi == lo)
             continue;
-        if (hi < lo || hi > a->R)
+        if ((uint64_t)(hi - lo) > (uint64_t)(R - lo)) /* hi < lo or hi > R (lo <= R: the previous hi) */
             return E_LOAD_START;
-        const int64_t lid = a->load_lidx[li];
-        if ((uint64_t)lid >= (uint64_t)a->li_rows || (uint64_t)lid >= (uint64_t)a->acc1)
+        const int64_t load = li + load0;
+        const int64_t lid = load_lidx[li];
+        if ((uint64_t)lid >= n_lid)
             return E_LOAD_LIDX;
-        const int64_t g = a->layer_info[lid * licols];
-        const int64_t nbytes = a->layer_info[lid * licols + 1];
-        if ((uint64_t)g >= (uint64_t)a->n_grp)
-            return E_GROUP;
-        int32_t *gp = ps + a->ps_len - 2 - 2 * g;
+        const int64_t g = layer_info[2 * lid];
+        int32_t *gp = gp0 - 2 * g;
         int64_t n_look = 0, n_hit = 0;
         const int32_t *row = entries + lo * k;
         const int32_t *end = entries + hi * k;
-        tick += (hi - lo) * k; /* one tick per routed slot (a plain replay drops none) */
         for (; row < end; row++) {
             const uint32_t e = (uint32_t)*row;
             if (e >= (uint64_t)C)
@@ -545,20 +552,20 @@ static int lru_loop(const lru_t *a) {
             }
         }
         const int64_t n_miss = n_look - n_hit;
-        const int64_t n_read = n_miss * nbytes;
-        const int64_t ph = a->load_phase[li];
-        const int64_t b = a->load_batch[li];
-        if ((uint64_t)ph >= (uint64_t)a->acc0)
+        const int64_t n_read = n_miss * layer_info[2 * lid + 1];
+        const int64_t ph = load_phase[li];
+        if ((uint64_t)ph > 1)
             return E_PHASE;
-        int64_t *ac = acc + (ph * a->acc1 + lid) * a->acc2;
+        int64_t *ac = acc + ph * acc_phase + lid * N_ACC;
         ac[ACC_LOOKUPS] += n_look;
         ac[ACC_HITS] += n_hit;
         ac[ACC_READ] += n_read;
+        const int64_t b = load_batch[li];
         if (b != cur_b) { /* a batch's loads are consecutive: its totals are flushed once */
-            if ((uint64_t)b >= (uint64_t)a->n_batch)
+            if ((uint64_t)b >= n_batch)
                 return E_BATCH;
             if (cur_b >= 0) {
-                int64_t *bc = bacc + cur_b * a->bacc_cols;
+                int64_t *bc = bacc + cur_b * N_ACC;
                 bc[ACC_LOOKUPS] += b_look;
                 bc[ACC_HITS] += b_hit;
                 bc[ACC_READ] += b_read;
@@ -571,12 +578,12 @@ static int lru_loop(const lru_t *a) {
         b_read += n_read;
         /* Eviction: once, after the load, in the load's group, until the group fits; never an entry
          * this load touched (they all sit at the tail, so the walk from the head stops early). */
-        int64_t *gr = grp + g * gcols;
-        const int64_t used0 = gr[GRP_USED], budget = gr[GRP_BUDGET];
+        int64_t *gr = grp + g * N_GRP;
+        const int64_t used0 = gr[GRP_USED];
         int64_t used = used0 + n_read;
         int64_t n_gone = 0;
-        if (used > budget) {
-            if (!lru_evict(ps, gp, pin, res, bytes, load, &used, budget, C, &n_gone, &n_over))
+        if (used > gr[GRP_BUDGET]) {
+            if (!lru_evict(ps, gp, pin, res, bytes, load, &used, gr[GRP_BUDGET], C, &n_gone, &n_over))
                 return E_CYCLE;
         }
         gr[GRP_USED] = used;
@@ -587,12 +594,13 @@ static int lru_loop(const lru_t *a) {
         n_evict += n_gone;
     }
     if (cur_b >= 0) {
-        int64_t *bc = bacc + cur_b * a->bacc_cols;
+        int64_t *bc = bacc + cur_b * N_ACC;
         bc[ACC_LOOKUPS] += b_look;
         bc[ACC_HITS] += b_hit;
         bc[ACC_READ] += b_read;
     }
-    a->stats[STAT_TICKS] = tick;
+    /* One tick per routed slot (a plain replay drops none); an empty load adds none. */
+    a->stats[STAT_TICKS] = a->opts[OPT_TICK0] + (n_load > 0 ? (load_start[n_load] - load_start[0]) * k : 0);
     a->stats[STAT_PEAK_BYTES] = peak;
     a->stats[STAT_EVICTIONS] += n_evict;
     a->stats[STAT_OVERFLOW] += n_over;
@@ -635,7 +643,7 @@ static PyObject *py_replay_lru(PyObject *self, PyObject *args) {
     Py_ssize_t C = DIM(ent, 1), n_grp = DIM(grp, 0);
     if (!need(n_load < 0 || (DIM(load_lidx, 0) >= n_load && DIM(load_phase, 0) >= n_load && DIM(load_batch, 0) >= n_load),
               fn, "load_lidx, load_phase and load_batch must have one element per load (load_start's length - 1)") ||
-        !need(DIM(layer_info, 1) >= 2, fn, "layer_info must have 2 columns (eviction group, bytes of one entry)") ||
+        !need(DIM(layer_info, 1) == 2, fn, "layer_info must have 2 columns (eviction group, bytes of one entry)") ||
         !need(DIM(ent, 0) == N_ENT, fn, "ent must have 14 rows (replay.cache_state.N_ENT fields)") ||
         !need(C < INT32_MAX, fn, "ent has more columns than int32 entry ids") ||
         !need(DIM(grp, 1) == N_GRP, fn, "grp must have 5 columns (replay.cache_state.N_GRP)") ||

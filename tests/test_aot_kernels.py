@@ -364,9 +364,20 @@ def _numba(policy):
     return _NUMBA[policy]
 
 
-def _replay_parts(kern, numba, loads, policy, budget, cuts, tick0, stats0):
-    """Replay the trace part by part with the clocks carried as replay.cache_stream carries them;
-    the state, the per-part outputs and the final stats, for a byte-for-byte comparison."""
+def _with_empty_loads(part, rng):
+    """The part's load arrays with empty loads inserted (load_start repeated), their layer, phase
+    and batch garbage: the driver skips an empty load before reading any of them."""
+    entries, load_start, lidx, phase, lbatch = part
+    G = lidx.shape[0]
+    at = np.sort(rng.integers(0, G + 1, int(rng.integers(1, 4))))
+    return (entries, np.insert(load_start, at, load_start[at]), np.insert(lidx, at, 999).astype(np.int32),
+            np.insert(phase, at, 7).astype(np.int8), np.insert(lbatch, at, -5).astype(np.int32))
+
+
+def _replay_parts(kern, numba, loads, policy, budget, cuts, tick0, stats0, load_base=0, empty_seed=None):
+    """Replay the trace part by part with the clocks carried as replay.cache_stream carries them
+    (the load clock from ``load_base``; with ``empty_seed``, empty loads inserted); the state, the
+    per-part outputs and the final stats, for a byte-for-byte comparison."""
     from replay.cache_kernel import OPT_BATCH0, OPT_LOAD0, OPT_TICK0, STAT_TICKS, no_options
 
     ent, grp, ps, acc, layer_info = _state(loads, policy, budget)
@@ -378,11 +389,13 @@ def _replay_parts(kern, numba, loads, policy, budget, cuts, tick0, stats0):
     prev_batch = None
     for a, b in zip(cuts[:-1], cuts[1:]):
         part, batch0, n_batch = _part(loads, a, b)
+        if empty_seed is not None:
+            part = _with_empty_loads(part, np.random.default_rng(empty_seed + a))
         bacc = np.zeros((n_batch, 7), np.int64)
         stats = stats0.copy()
         opts = no_options()
         opts[OPT_TICK0] = tick
-        opts[OPT_LOAD0] = a
+        opts[OPT_LOAD0] = load_base + a
         opts[OPT_BATCH0] = 0 if prev_batch == batch0 else -1
         if numba:
             kern(*part, layer_info, empty_next, ent, grp, ps, acc, bacc, stats, slot_out, drop, pred, opts)
@@ -405,11 +418,13 @@ def _same(x, y):
 @needs_aot
 @settings(max_examples=200, **FAST)
 @given(t=small_traces(), policy=st.sampled_from(["lru", "layer"]), n_cuts=st.integers(0, 6), seed=st.integers(0, 2**32 - 1),
-       tick0=st.sampled_from([0, 1, 12345, 2**40]))
-def test_replay_lru_equals_numba_part_by_part(t, policy, n_cuts, seed, tick0):
+       tick0=st.sampled_from([0, 1, 12345, 2**40]), load_base=st.sampled_from([0, 1000, 2**31 - 3]), empty=st.booleans())
+def test_replay_lru_equals_numba_part_by_part(t, policy, n_cuts, seed, tick0, load_base, empty):
     """Every output array and the state after every part, byte for byte, for lru and layer at a
     random budget (0 and overflowing ones included), whole or in parts with carried clocks, and
-    stats that start nonzero (the driver adds evictions and overflows to them, sets the rest)."""
+    stats that start nonzero (the driver adds evictions and overflows to them, sets the rest).
+    Also: load numbers past int32 (ent[PIN] is int32: the stored stamp wraps and never equals the
+    load again, so a repeat is looked up twice, in both) and empty loads with garbage fields."""
     if not t[5]:
         return
     loads = _loads(t)
@@ -417,8 +432,9 @@ def test_replay_lru_equals_numba_part_by_part(t, policy, n_cuts, seed, tick0):
     cuts = _cuts(loads, n_cuts, rng)
     stats0 = rng.integers(0, 1000, 12).astype(np.int64)
     budget = t[6] * UNIT
-    got = _replay_parts(AOT.replay_lru, False, loads, policy, budget, cuts, tick0, stats0)
-    want = _replay_parts(_numba(policy), True, loads, policy, budget, cuts, tick0, stats0)
+    es = seed if empty else None
+    got = _replay_parts(AOT.replay_lru, False, loads, policy, budget, cuts, tick0, stats0, load_base, es)
+    want = _replay_parts(_numba(policy), True, loads, policy, budget, cuts, tick0, stats0, load_base, es)
     _same(got, want)
 
 
