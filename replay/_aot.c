@@ -161,45 +161,70 @@ static int need(int ok, const char *fn, const char *what) {
 /* ------------------------------------------------------------------------------------------------
  * rows_ok */
 
+/* One row's slots, 0 when bad: ids in range and distinct, weights NaN or finite and >= 0 (IEEE
+ * comparisons, as Numba's: NaN compares false, -0.0 is not < 0, a subnormal is > 0), all NaN or
+ * none, and in rank order when by_rank. Without a branch per check (k is small; a valid row reads
+ * every slot anyway). */
+static inline __attribute__((always_inline)) int slots_ok(const int32_t *ex, const float *wt, Py_ssize_t k, int64_t n_expert, int by_rank) {
+    int bad = 0;
+    Py_ssize_t n_nan = 0;
+    for (Py_ssize_t j = 0; j < k; j++) {
+        const int64_t e = ex[j];
+        bad |= (e < 0) | (e >= n_expert);
+        for (Py_ssize_t i = 0; i < j; i++)
+            bad |= ex[i] == e;
+        const float w = wt[j];
+        n_nan += isnan(w) != 0;
+        bad |= (w < 0) | (w == INFINITY); /* both false for NaN; -inf < 0 */
+        if (j > 0)
+            bad |= by_rank & (w > wt[j - 1]);
+    }
+    bad |= (n_nan != 0) & (n_nan != k);
+    return !bad;
+}
+
+/* Rows are checked in blocks, each row's checks or-ed into one flag without a branch per check
+ * (a valid part, the case to be fast, is read to its end anyway); the answer is the same boolean
+ * as the Numba kernel's early returns. */
+#define ROWS_BLOCK 4096
+
 static int rows_ok_loop(const int32_t *batch, const int16_t *layer, const int32_t *step, const int8_t *phase,
                         const int32_t *experts, const float *weights, const uint8_t *moe, Py_ssize_t R, Py_ssize_t k,
                         Py_ssize_t n_layer, int64_t n_expert, int by_rank, int has_last, const int64_t *last) {
-    int64_t pb = last[0], pl = last[1], ps = last[2], pp = last[3];
-    for (Py_ssize_t r = 0; r < R; r++) {
-        int64_t b = batch[r], lay = layer[r], s = step[r], p = phase[r];
-        if (lay < 0 || lay >= n_layer || !moe[lay])
-            return 0;
-        if (p != 0 && p != 1)
-            return 0;
-        if (r > 0 || has_last) {
-            if (b < pb)
-                return 0;
-            if (b == pb) {
-                if (lay < pl || (lay == pl && s <= ps) || p != pp)
-                    return 0;
+    for (Py_ssize_t r0 = 0; r0 < R; r0 += ROWS_BLOCK) {
+        const Py_ssize_t r1 = r0 + ROWS_BLOCK < R ? r0 + ROWS_BLOCK : R;
+        int bad = 0;
+        for (Py_ssize_t r = r0; r < r1; r++) {
+            const int64_t b = batch[r], lay = layer[r], s = step[r], p = phase[r];
+            const int in_range = (uint64_t)lay < (uint64_t)n_layer;
+            bad |= !in_range | !moe[in_range ? lay : 0];
+            bad |= (uint64_t)p > 1;
+            int64_t pb, pl, ps, pp;
+            int ordered = 1; /* a row with a predecessor (the previous row, or the previous part's last) */
+            if (r > 0) {
+                pb = batch[r - 1], pl = layer[r - 1], ps = step[r - 1], pp = phase[r - 1];
+            } else {
+                pb = last[0], pl = last[1], ps = last[2], pp = last[3];
+                ordered = has_last;
+            }
+            bad |= ordered & ((b < pb) | ((b == pb) & ((lay < pl) | ((lay == pl) & (s <= ps)) | (p != pp))));
+            if (k == 1) {
+                const int64_t e = experts[r];
+                const float w = weights[r];
+                bad |= (e < 0) | (e >= n_expert) | (w < 0) | (w == INFINITY); /* NaN passes both */
+            } else {
+                const int32_t *ex = experts + r * k;
+                const float *wt = weights + r * k;
+                switch (k) { /* the usual widths with k a constant: loops unrolled */
+                case 2: bad |= !slots_ok(ex, wt, 2, n_expert, by_rank); break;
+                case 4: bad |= !slots_ok(ex, wt, 4, n_expert, by_rank); break;
+                case 6: bad |= !slots_ok(ex, wt, 6, n_expert, by_rank); break;
+                case 8: bad |= !slots_ok(ex, wt, 8, n_expert, by_rank); break;
+                default: bad |= !slots_ok(ex, wt, k, n_expert, by_rank);
+                }
             }
         }
-        pb = b, pl = lay, ps = s, pp = p;
-        const int32_t *ex = experts + r * k;
-        const float *wt = weights + r * k;
-        Py_ssize_t n_nan = 0;
-        for (Py_ssize_t j = 0; j < k; j++) {
-            int64_t e = ex[j];
-            if (e < 0 || e >= n_expert)
-                return 0;
-            for (Py_ssize_t i = 0; i < j; i++)
-                if (ex[i] == e)
-                    return 0;
-            float w = wt[j];
-            /* IEEE comparisons, as Numba's: NaN compares false, -0.0 is not < 0 */
-            if (isnan(w))
-                n_nan++;
-            else if (isinf(w) || w < 0)
-                return 0;
-            if (by_rank && j > 0 && w > wt[j - 1])
-                return 0;
-        }
-        if (n_nan != 0 && n_nan != k)
+        if (bad)
             return 0;
     }
     return 1;
@@ -262,56 +287,90 @@ typedef struct {
 } cut_t;
 
 /* Status 0 ok, 1 a layer that is not a MoE layer, 2 an expert out of range, 3 batches out of order
- * (replay.load_kernel.CUT_*); the same row-by-row order of checks and writes as the Numba kernel. */
+ * (replay.load_kernel.CUT_*); the same row-by-row order of checks and writes as the Numba kernel.
+ * Every pointer is copied to a restrict local first: the int8 outputs may alias anything as far as
+ * C knows (char types), and without that every phase store reloaded the struct and the inputs. */
 static int cut_loop(const cut_t *c, int64_t *n_loads, int64_t *n_batches) {
-    const Py_ssize_t R = c->R, k = c->k;
+    const int32_t *restrict turn = c->turn, *restrict batch = c->batch, *restrict step = c->step;
+    const int32_t *restrict experts = c->experts, *restrict lidx_of = c->lidx_of;
+    const int8_t *restrict phase = c->phase;
+    const int16_t *restrict layer = c->layer;
+    int32_t *restrict entries = c->entries, *restrict load_lidx = c->load_lidx, *restrict load_batch = c->load_batch;
+    int32_t *restrict batch_turn = c->batch_turn, *restrict batch_step = c->batch_step;
+    int32_t *restrict batch_tokens = c->batch_tokens;
+    int64_t *restrict load_start = c->load_start;
+    int8_t *restrict load_phase = c->load_phase, *restrict batch_phase = c->batch_phase;
+    const Py_ssize_t R = c->R, k = c->k, n_lay = c->n_lay;
+    const int64_t n_expert = c->n_expert;
     int64_t G = 0, B = 0;
-    /* The previous load's first row and batch, kept here rather than read back from the outputs. */
-    int64_t prev_start = 0, prev_batch = 0;
+    /* The previous load's first row and batch, and that batch's most rows in a load so far, kept
+     * here rather than read back from the outputs; batch_tokens[prev_batch] is written when it
+     * grows (on every way out, so the outputs hold what the Numba kernel's do, errors included). */
+    int64_t prev_start = 0, prev_batch = 0, prev_tokens = 0;
+    int32_t last_b = 0;
+    int16_t last_lay = 0;
+    int status = 0;
     for (Py_ssize_t r = 0; r < R; r++) {
-        int64_t lay = c->layer[r];
-        if (lay < 0 || lay >= c->n_lay || c->lidx_of[lay] < 0)
-            return 1;
-        int64_t li = c->lidx_of[lay];
-        int new_batch = r == 0 || c->batch[r] != c->batch[r - 1];
-        if (r > 0 && c->batch[r] < c->batch[r - 1])
-            return 3;
-        if (new_batch) {
-            c->batch_turn[B] = c->turn[r];
-            c->batch_step[B] = c->step[r];
-            c->batch_phase[B] = c->phase[r];
-            c->batch_tokens[B] = 0;
-            B++;
+        const int16_t lay16 = layer[r];
+        const int64_t lay = lay16;
+        if (lay < 0 || lay >= n_lay || lidx_of[lay] < 0) {
+            status = 1;
+            break;
         }
-        if (new_batch || c->layer[r] != c->layer[r - 1]) {
+        const int64_t li = lidx_of[lay];
+        const int32_t b = batch[r];
+        const int new_batch = r == 0 || b != last_b;
+        if (r > 0 && b < last_b) {
+            status = 3;
+            break;
+        }
+        if (new_batch || lay16 != last_lay) {
             if (G > 0) {
-                int64_t rows = r - prev_start;
-                if (rows > c->batch_tokens[prev_batch])
-                    c->batch_tokens[prev_batch] = (int32_t)rows;
+                const int64_t rows = r - prev_start;
+                if (rows > prev_tokens) {
+                    prev_tokens = rows;
+                    batch_tokens[prev_batch] = (int32_t)rows;
+                }
             }
-            c->load_start[G] = r;
-            c->load_lidx[G] = (int32_t)li;
-            c->load_phase[G] = c->phase[r];
-            c->load_batch[G] = (int32_t)(B - 1);
+            if (new_batch) {
+                batch_turn[B] = turn[r];
+                batch_step[B] = step[r];
+                batch_phase[B] = phase[r];
+                batch_tokens[B] = 0;
+                B++;
+                prev_tokens = 0;
+            }
+            load_start[G] = r;
+            load_lidx[G] = (int32_t)li;
+            load_phase[G] = phase[r];
+            load_batch[G] = (int32_t)(B - 1);
             prev_start = r;
             prev_batch = B - 1;
             G++;
         }
-        const int32_t *ex = c->experts + r * k;
-        int32_t *out = c->entries + r * k;
+        last_b = b;
+        last_lay = lay16;
+        const int32_t *ex = experts + r * k;
+        int32_t *out = entries + r * k;
         for (Py_ssize_t j = 0; j < k; j++) {
-            int64_t e = ex[j];
-            if (e < 0 || e >= c->n_expert)
-                return 2;
-            out[j] = (int32_t)(li * c->n_expert + e);
+            const int64_t e = ex[j];
+            if (e < 0 || e >= n_expert) {
+                status = 2;
+                break;
+            }
+            out[j] = (int32_t)(li * n_expert + e);
         }
+        if (status)
+            break;
     }
+    if (status)
+        return status;
     if (G > 0) {
-        int64_t rows = R - prev_start;
-        if (rows > c->batch_tokens[prev_batch])
-            c->batch_tokens[prev_batch] = (int32_t)rows;
+        const int64_t rows = R - prev_start;
+        if (rows > prev_tokens)
+            batch_tokens[prev_batch] = (int32_t)rows;
     }
-    c->load_start[G] = R;
+    load_start[G] = R;
     *n_loads = G;
     *n_batches = B;
     return 0;
