@@ -71,14 +71,15 @@ CORRUPT = ("layer_range", "layer_negative", "layer_not_moe", "phase", "batch_bac
 
 @st.composite
 def row_parts(draw):
-    """A part's columns as read from a file (valid rows, then perhaps one corruption), with the
+    """A part's columns as read from a file (valid rows, then perhaps one corruption; k up to 9: the
+    kernel unrolls k = 2, 4, 6, 8 and loops otherwise), with the
     previous part's last row or none."""
     R = draw(st.integers(1, 13)) if draw(st.integers(0, 9)) else 0
-    k = draw(st.integers(1, 4))
+    k = draw(st.integers(1, 9))
     n_layer = draw(st.integers(1, 4))
     moe = np.array(draw(st.lists(st.booleans(), min_size=n_layer, max_size=n_layer)), np.bool_)
     moe[draw(st.integers(0, n_layer - 1))] = True
-    n_expert = draw(st.integers(k, 8))
+    n_expert = draw(st.integers(k, 10))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     layers = np.flatnonzero(moe)
     batch0 = int(rng.integers(0, 5))
@@ -182,7 +183,7 @@ def test_rows_ok_equals_numba(p):
 
 @needs_aot
 @settings(max_examples=150, **FAST)
-@given(seed=st.integers(0, 2**32 - 1), R=st.integers(0, 13), k=st.integers(1, 4), by_rank=st.booleans(),
+@given(seed=st.integers(0, 2**32 - 1), R=st.integers(0, 13), k=st.integers(1, 9), by_rank=st.booleans(),
        has_last=st.booleans())
 def test_rows_ok_equals_numba_on_noise(seed, R, k, by_rank, has_last):
     """Columns of random values (mostly invalid, now and then valid) and special floats."""
@@ -195,6 +196,38 @@ def test_rows_ok_equals_numba_on_noise(seed, R, k, by_rank, has_last):
             rng.integers(-1, 4, (R, k)).astype(np.int32), rng.choice(specials, (R, k)).astype(np.float32),
             rng.integers(0, 2, 3).astype(np.bool_), 4, by_rank, has_last, rng.integers(-2, 4, 4).astype(np.int64))
     assert AOT.rows_ok(*args) == rows_ok(*args)
+
+
+@needs_aot
+@pytest.mark.parametrize("k", [1, 2, 3, 8])
+def test_rows_ok_across_blocks(k):
+    """Parts longer than the C kernel's block of rows: a valid one passes, and one bad row in a
+    later block (or at a block's first row, whose predecessor is the previous block's last) fails."""
+    from replay.load_kernel import rows_ok
+
+    rng = np.random.default_rng(k)
+    n_layer, n_expert, tokens = 3, 16, 3500  # 10,500 rows: three blocks of 4,096
+    R = n_layer * tokens
+    batch = np.repeat(np.arange(tokens, dtype=np.int32), n_layer)
+    layer = np.tile(np.arange(n_layer, dtype=np.int16), tokens)
+    step = batch.copy()
+    phase = np.ones(R, np.int8)
+    experts = np.array([rng.permutation(n_expert)[:k] for _ in range(R)], np.int32)
+    weights = -np.sort(-rng.random((R, k), dtype=np.float32), axis=1)
+    moe = np.ones(n_layer, np.bool_)
+    args = [batch, layer, step, phase, experts, weights, moe, n_expert, True, False, np.zeros(4, np.int64)]
+    assert AOT.rows_ok(*args) is True and rows_ok(*args)
+    for r in (4096, 4097, 8191, 8192, R - 1):
+        for what in ("step", "expert", "weight"):
+            bad = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+            if what == "step":  # the row before repeated: same (batch, layer, step)
+                for c in range(3):
+                    bad[c][r] = bad[c][r - 1]
+            elif what == "expert":
+                bad[4][r, k - 1] = n_expert
+            else:
+                bad[5][r, 0] = -1.0
+            assert AOT.rows_ok(*bad) is False and not rows_ok(*bad), (r, what)
 
 
 # -- cut_loads ------------------------------------------------------------------------------------------
