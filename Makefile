@@ -23,11 +23,13 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q --upgrade pip
 
-$(VENV)/.core: pyproject.toml constraints.txt | $(VENV)/bin/python
+# replay/_aot.c is compiled by the editable install (pyproject.toml's ext-modules): editing it reinstalls,
+# so a stale replay/_aot.*.so never answers for a changed source.
+$(VENV)/.core: pyproject.toml constraints.txt replay/_aot.c | $(VENV)/bin/python
 	$(PIP) -e .
 	touch $@
 
-$(VENV)/.dev: pyproject.toml constraints.txt | $(VENV)/bin/python
+$(VENV)/.dev: pyproject.toml constraints.txt replay/_aot.c | $(VENV)/bin/python
 	$(PIP) -e '.[dev,capture,hf,cluster]'
 	touch $@ $(VENV)/.core
 
