@@ -4,18 +4,23 @@ The trace: synthetic, 100,000 tokens x 48 MoE layers x 128 experts, top-1, decod
 only (4.8 M routing rows; written first if absent). One budget, LRU. Each side is a fresh process,
 timed from outside (wall clock; user + system CPU and peak RSS of that process, from /usr/bin/time):
 
-- ``ours``: ``python -m replay.cli cache TRACE --budgets B --policies lru --json --stream off|on``
-  (import, open, check every row, cut loads, replay, print);
+- ``ours``: the console script (``replay.fastcli.main``) running ``cache TRACE --budgets B
+  --policies lru --json --stream off|on`` (import, open, check every row, cut loads, replay,
+  print), with the compiled kernels (replay/_aot.c) and, side by side, with Numba's
+  (``MOE_REPLAY_AOT=0``) and through typer (``MOE_REPLAY_FAST=0``, what every run paid before);
 - ``lcs``: ``python -c "import libcachesim; LRU(B).process_trace(oracleGeneral file)"`` on the
   same requests (``moe-replay export libcachesim``, written once, not timed); the script also
   reports ``process_trace``'s own seconds, which the issue's target adds to Python's start-up
   (``python -c pass``, timed here too);
 - ``program``: the same ``cache`` command on a 100-token trace of the same shape: the peak RSS
-  of the program itself (Python, NumPy, Arrow, Numba, Polars, the kernels), which
-  ``bytes per routing`` subtracts.
+  and the time of the program itself (Python, NumPy, Arrow, the kernels), which ``bytes per
+  routing`` subtracts.
 
-Both report the same hits (checked). Rounds are interleaved (one run of each per round) and the
-best of each is printed, with the load average at the start.
+The project's modules are byte-compiled first (``compileall``, as pip does for an installed
+package): a workspace that sets PYTHONDONTWRITEBYTECODE=1 would otherwise compile them from source
+on every run (~0.1 s). Both sides report the
+same hits (checked). Rounds are interleaved (one run of each per round) and the best of each is
+printed, with the load average at the start.
 
     python -m benchmarks.cache_e2e [--trace DIR] [--budget-mib 1000] [--rounds 3]
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -45,12 +51,13 @@ print(miss_ratio, t1 - t0, t2 - t1)
 """
 
 
-def run(cmd: list[str]) -> dict:
+def run(cmd: list[str], env: dict[str, str] | None = None) -> dict:
     """Run ``cmd`` under /usr/bin/time (a small parent, so the peak RSS is the command's own, not a
     forked copy of this process); its wall seconds, CPU seconds (user + system), peak RSS (MiB), stdout."""
     with tempfile.NamedTemporaryFile("r", suffix=".time") as tf:
         t0 = time.perf_counter()
-        p = subprocess.run(["/usr/bin/time", "-f", "%U %S %M", "-o", tf.name, *cmd], capture_output=True, text=True)
+        p = subprocess.run(["/usr/bin/time", "-f", "%U %S %M", "-o", tf.name, *cmd], capture_output=True, text=True,
+                           env={**os.environ, **(env or {})})
         wall = time.perf_counter() - t0
         if p.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed: {p.stderr[-500:]}")
@@ -79,26 +86,37 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "replay.cli", "export", "libcachesim", str(trace), str(oracle)], check=True,
                        stdout=subprocess.DEVNULL)
     b = f"{args.budget_mib:g}"
-    ours = {m: [sys.executable, "-m", "replay.cli", "cache", str(trace), "--budgets", b, "--policies", "lru", "--json",
-                "--stream", m] for m in ("off", "on")}
-    program = [sys.executable, "-m", "replay.cli", "cache", str(tiny), "--budgets", b, "--policies", "lru", "--json"]
-    lcs = [sys.executable, "-c", LCS, str(oracle), b]
-    bare = [sys.executable, "-c", "pass"]
+    script = [sys.executable, "-c", "import sys; from replay.fastcli import main; sys.exit(main())"]  # = the console script
+    cache = [*script, "cache", str(trace), "--budgets", b, "--policies", "lru", "--json", "--stream"]
+    import compileall
+
+    root = Path(__file__).resolve().parent.parent
+    for pkg in ("replay", "traces"):
+        compileall.compile_dir(root / pkg, quiet=1)
+    variants = {  # name: (command, environment, label)
+        "off": ([*cache, "off"], {}, "ours: --stream off (auto's choice here)"),
+        "on": ([*cache, "on"], {}, "ours: --stream on"),
+        "on_numba": ([*cache, "on"], {"MOE_REPLAY_AOT": "0"}, "ours: --stream on, Numba kernels"),
+        "on_typer": ([*cache, "on"], {"MOE_REPLAY_AOT": "0", "MOE_REPLAY_FAST": "0"}, "ours: --stream on, Numba + typer (before)"),
+        "lcs": ([sys.executable, "-c", LCS, str(oracle), b], {}, "libCacheSim: python + import + process_trace"),
+        "program": ([*script, "cache", str(tiny), "--budgets", b, "--policies", "lru", "--json"], {}, "ours on a 100-token trace"),
+        "python": ([sys.executable, "-c", "pass"], {}, "python -c pass"),
+    }
+    from replay import aot
+
+    if aot.load() is None:
+        raise SystemExit(f"the compiled kernels are not in use: {aot.why_unavailable()}")
     print(f"machine: {machine()}")
-    for cmd in (*ours.values(), lcs, program):  # warm: kernels in the Numba cache, files in the page cache
-        run(cmd)
-    res: dict[str, list[dict]] = {k: [] for k in ("off", "on", "lcs", "program", "python")}
+    for cmd, env, _ in variants.values():  # warm: kernels in the Numba cache, bytecode, files in the page cache
+        run(cmd, env)
+    res: dict[str, list[dict]] = {k: [] for k in variants}
     for _ in range(args.rounds):
-        for m, cmd in ours.items():
-            res[m].append(run(cmd))
-        res["lcs"].append(run(lcs))
-        res["program"].append(run(program))
-        res["python"].append(run(bare))
+        for k, (cmd, env, _) in variants.items():
+            res[k].append(run(cmd, env))
     rows = json.loads(res["off"][0]["out"])["rows"][0]
     n, hits = rows["lookups"], rows["hits"]
-    for m in ("off", "on"):
-        got = json.loads(res[m][0]["out"])["rows"][0]
-        assert (got["lookups"], got["hits"]) == (n, hits), m
+    for m in ("on", "on_numba", "on_typer"):
+        assert res[m][0]["out"] == res["off"][0]["out"], m  # the same bytes whichever way it ran
     miss_ratio, lcs_setup, _ = (float(x) for x in res["lcs"][0]["out"].split())
     lcs_hits = round(n * (1 - miss_ratio))
     assert lcs_hits == hits, f"libCacheSim {lcs_hits} hits, ours {hits}"
@@ -106,17 +124,18 @@ def main() -> None:
     pt = min(float(r["out"].split()[2]) for r in res["lcs"])
     base = best["program"]["rss_mib"]
     print(f"trace: {trace} ({n:,} routings = requests, top-1, decode only), LRU at {b} MiB: {hits:,} hits on both sides")
-    print(f"{'run':44s} {'wall s':>7s} {'CPU s':>6s} {'peak RSS MiB':>12s} {'B/routing beyond program':>25s}")
-    for k, label in (("off", "ours: cache --stream off (auto's choice here)"), ("on", "ours: cache --stream on"),
-                     ("lcs", "libCacheSim: python + import + process_trace"), ("program", "ours on a 100-token trace"),
-                     ("python", "python -c pass")):
+    print(f"{'run':46s} {'wall s':>7s} {'CPU s':>6s} {'peak RSS MiB':>12s} {'B/routing, process':>19s} {'beyond program':>15s}")
+    for k, (_, _, label) in variants.items():
         r = best[k]
-        extra = (f"{(r['rss_mib'] - base) * 2**20 / n:25.1f}" if k in ("off", "on") else f"{'':25s}")
-        print(f"{label:44s} {r['wall_s']:7.2f} {r['cpu_s']:6.2f} {r['rss_mib']:12.0f} {extra}")
+        ours = k not in ("lcs", "program", "python")
+        whole = f"{r['rss_mib'] * 2**20 / n:19.1f}" if ours else f"{'':19s}"
+        extra = f"{(r['rss_mib'] - base) * 2**20 / n:15.1f}" if ours else f"{'':15s}"
+        print(f"{label:46s} {r['wall_s']:7.3f} {r['cpu_s']:6.2f} {r['rss_mib']:12.0f} {whole} {extra}")
     target = pt + best["python"]["wall_s"]
     print(f"libCacheSim process_trace alone {pt:.3f} s ({n / pt / 1e6:.1f} M requests/s; its import and reader "
-          f"{lcs_setup:.3f} s apart); the target, process_trace + Python's start-up: {target:.2f} s; "
-          f"ours / target: off {best['off']['wall_s'] / target:.1f}x, on {best['on']['wall_s'] / target:.1f}x "
+          f"{lcs_setup:.3f} s apart); the target, process_trace + Python's start-up: {target:.3f} s; "
+          f"ours / target: off {best['off']['wall_s'] / target:.2f}x, on {best['on']['wall_s'] / target:.2f}x; "
+          f"ours / libCacheSim's whole process: on {best['on']['wall_s'] / best['lcs']['wall_s']:.2f}x "
           f"(best of {args.rounds} interleaved rounds)")
 
 
