@@ -135,13 +135,9 @@ def run(args: list[str], debug: bool) -> int | None:
     from replay.runner import guarded
 
     def call() -> int:
-        from replay.api import cli_flags
-
-        token = cli_flags.set(True)  # library messages name the flags the user typed
-        try:
-            out = cache_json(**opts)
-        finally:
-            cli_flags.reset(token)
+        # The library's own functions, not replay.api's: their messages name the flags as typed
+        # (what replay.api.cli_flags asks of the API's functions on typer's path).
+        out = cache_json(**opts)
         sys.stdout.write(out + "\n")
         sys.stdout.flush()
         return 0
@@ -151,12 +147,12 @@ def run(args: list[str], debug: bool) -> int | None:
 
 def main(argv: list[str] | None = None) -> None:
     """The console script: the fast path when it takes the command line, else :func:`replay.cli.main`."""
-    from traces import atomic
-
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
-    atomic.written.clear()
-    atomic.abandoned.clear()
+    atomic = sys.modules.get("traces.atomic")  # what an interrupted run names (the fast path writes nothing)
+    if atomic is not None:
+        atomic.written.clear()
+        atomic.abandoned.clear()
     code = run([a for a in args if a != "--debug"], debug)
     if code is None:
         from replay.cli import main as full

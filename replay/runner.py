@@ -13,7 +13,6 @@ import contextlib
 import errno
 import signal
 import sys
-import traceback
 from collections.abc import Callable
 
 from traces.errors import UserError
@@ -91,6 +90,8 @@ def guarded(call: Callable[[], int], debug: bool, quiet: bool = False,
         return 2
     except (KeyboardInterrupt, Interrupted) as e:
         if debug:
+            import traceback
+
             traceback.print_exc()
         return _interrupted(e.signum if isinstance(e, Interrupted) else signal.SIGINT)
     except SystemExit:
