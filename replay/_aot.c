@@ -536,6 +536,13 @@ static inline __attribute__((always_inline)) int lru_evict(int32_t *ps, int32_t 
     return 1;
 }
 
+static int entries_ok(const int32_t *e, int64_t n, Py_ssize_t C) {
+    uint32_t most = 0; /* as unsigned: a negative id is larger than any C */
+    for (int64_t i = 0; i < n; i++)
+        most = (uint32_t)e[i] > most ? (uint32_t)e[i] : most;
+    return n == 0 || (uint64_t)most < (uint64_t)C;
+}
+
 static int lru_links_ok(const int32_t *ps, Py_ssize_t ps_len, Py_ssize_t C, Py_ssize_t n_grp) {
     for (Py_ssize_t i = 0; i < 2 * C; i++)
         if (ps[i] >= C)
@@ -575,13 +582,18 @@ static int lru_loop(const lru_t *a) {
     for (Py_ssize_t l = 0; l < a->li_rows; l++) /* every layer's group, once, not once per load */
         if ((uint64_t)layer_info[2 * l] >= (uint64_t)a->n_grp)
             return E_GROUP;
-    if (n_load > 0 && (load_start[0] < 0 || load_start[0] > R))
+    /* Rows the loads cover: [first, last); a load's rows are checked to lie inside, and every
+     * entry id there is checked once, here (a vectorized pass over a few MB), not once per slot. */
+    const int64_t first = n_load > 0 ? load_start[0] : 0, last = n_load > 0 ? load_start[n_load] : 0;
+    if (first < 0 || last < first || last > R)
         return E_LOAD_START;
+    if (!entries_ok(entries + first * k, (last - first) * k, C))
+        return E_ENTRY;
     for (Py_ssize_t li = 0; li < n_load; li++) {
         const int64_t lo = load_start[li], hi = load_start[li + 1];
         if (hi == lo)
             continue;
-        if ((uint64_t)(hi - lo) > (uint64_t)(R - lo)) /* hi < lo or hi > R (lo <= R: the previous hi) */
+        if ((uint64_t)(hi - lo) > (uint64_t)(last - lo)) /* hi < lo or hi > last (lo <= last: the previous hi) */
             return E_LOAD_START;
         const int64_t load = li + load0;
         const int64_t lid = load_lidx[li];
@@ -593,9 +605,7 @@ static int lru_loop(const lru_t *a) {
         const int32_t *row = entries + lo * k;
         const int32_t *end = entries + hi * k;
         for (; row < end; row++) {
-            const uint32_t e = (uint32_t)*row;
-            if (e >= (uint64_t)C)
-                return E_ENTRY;
+            const uint32_t e = (uint32_t)*row; /* < C: checked by entries_ok */
             if ((int64_t)pin[e] == load) { /* a repeat inside this load: already looked up, only promoted */
                 lru_touch(ps, gp, e);
                 continue;
