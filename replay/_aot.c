@@ -16,10 +16,13 @@
  * works): C-contiguous, with the exact element type of each argument (a NumPy array of another
  * dtype is refused with a TypeError naming the argument, never converted: a silent copy of a state
  * array would leave the caller's state unchanged). Shapes are checked (ValueError), and so is every
- * index the kernels read out of an array before it is used as an index (an entry id, a layer, a
- * group, a batch, a list link): a bad argument raises, it never reads or writes out of bounds. The
- * checks cost a compare each on values already in registers. A replay that raises part way has
- * written part of its state: the state is then garbage (as the caller's arguments were).
+ * value the kernels read out of an array and use as an index (an entry id, a layer, a group, a
+ * batch, a phase, a list link), before it is used: a bad argument raises ValueError, it never
+ * reads or writes out of bounds. Values used once per load are checked there (a compare on a value
+ * already in a register); entry ids, each layer's group and the policy's list links once per call,
+ * before the replay. A replay that raises part way has written part of its state: the state is then
+ * garbage (as the caller's arguments were). Numba's kernels check nothing: on input they accept,
+ * the two agree byte for byte; a few inputs Numba would read out of bounds on are refused here.
  *
  * The loops run without the GIL (a streamed replay runs its cells on threads).
  */
@@ -65,6 +68,8 @@ enum kind { K_INT, K_FLOAT, K_BOOL };
 
 typedef struct {
     Py_buffer view[20];
+    const char *name[20];
+    int writable[20];
     int n;
 } bufs_t;
 
@@ -136,6 +141,8 @@ static Py_buffer *take(bufs_t *b, PyObject *obj, const char *fn, const char *nam
         Py_XDECREF(tb);
         return NULL;
     }
+    b->name[b->n] = name;
+    b->writable[b->n] = writable;
     b->n++;
     if (!format_is(v->format, v->itemsize, kind, size)) {
         PyErr_Format(PyExc_TypeError, "%s: %s must be %s, got an array of format '%s' (%zd-byte items)", fn, name,
@@ -151,6 +158,27 @@ static Py_buffer *take(bufs_t *b, PyObject *obj, const char *fn, const char *nam
 }
 
 #define DIM(v, i) ((v)->shape[i])
+
+/* 1 when no array the kernel writes shares memory with another argument (the kernels read their
+ * inputs after writing outputs, and take them as restrict); else ValueError naming the two. */
+static int disjoint(const bufs_t *b, const char *fn) {
+    for (int i = 0; i < b->n; i++) {
+        if (!b->writable[i] || b->view[i].len == 0)
+            continue;
+        const char *lo = b->view[i].buf, *hi = lo + b->view[i].len;
+        for (int j = 0; j < b->n; j++) {
+            if (j == i || b->view[j].len == 0)
+                continue;
+            const char *lo2 = b->view[j].buf, *hi2 = lo2 + b->view[j].len;
+            if (lo < hi2 && lo2 < hi) {
+                PyErr_Format(PyExc_ValueError, "%s: %s and %s share memory (each must be an array of its own)", fn,
+                             b->name[j < i ? j : i], b->name[j < i ? i : j]);
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
 
 static int need(int ok, const char *fn, const char *what) {
     if (!ok)
@@ -412,6 +440,8 @@ static PyObject *py_cut_loads(PyObject *self, PyObject *args) {
         !(batch_phase = take(&b, o[14], fn, "batch_phase", K_INT, 1, 1, 1)) ||
         !(batch_tokens = take(&b, o[15], fn, "batch_tokens", K_INT, 4, 1, 1)))
         goto fail;
+    if (!disjoint(&b, fn))
+        goto fail;
     Py_ssize_t R = DIM(experts, 0), k = DIM(experts, 1);
     if (!need(DIM(turn, 0) == R && DIM(batch, 0) == R && DIM(phase, 0) == R && DIM(step, 0) == R && DIM(layer, 0) == R,
               fn, "turn, batch, phase, step and layer must have one element per row of experts") ||
@@ -450,7 +480,7 @@ typedef struct {
     const int8_t *load_phase;
     int32_t *ent, *ps;
     int64_t *grp, *acc, *bacc, *stats;
-    Py_ssize_t R, k, n_load, li_rows, li_cols, C, ent_rows, n_grp, grp_cols, ps_len, acc0, acc1, acc2, n_batch, bacc_cols;
+    Py_ssize_t R, k, n_load, li_rows, C, n_grp, ps_len, acc1, n_batch;
 } lru_t;
 
 enum lru_err {
@@ -708,6 +738,8 @@ static PyObject *py_replay_lru(PyObject *self, PyObject *args) {
         !(bacc = take(&b, o[10], fn, "bacc", K_INT, 8, 2, 1)) || !(stats = take(&b, o[11], fn, "stats", K_INT, 8, 1, 1)) ||
         !(opts = take(&b, o[12], fn, "opts", K_INT, 8, 1, 0)))
         goto fail;
+    if (!disjoint(&b, fn))
+        goto fail;
     Py_ssize_t n_load = DIM(load_start, 0) - 1;
     Py_ssize_t C = DIM(ent, 1), n_grp = DIM(grp, 0);
     if (!need(n_load < 0 || (DIM(load_lidx, 0) >= n_load && DIM(load_phase, 0) >= n_load && DIM(load_batch, 0) >= n_load),
@@ -726,10 +758,8 @@ static PyObject *py_replay_lru(PyObject *self, PyObject *args) {
         .entries = entries->buf, .load_lidx = load_lidx->buf, .load_batch = load_batch->buf, .load_start = load_start->buf,
         .layer_info = layer_info->buf, .opts = opts->buf, .load_phase = load_phase->buf, .ent = ent->buf, .ps = ps->buf,
         .grp = grp->buf, .acc = acc->buf, .bacc = bacc->buf, .stats = stats->buf,
-        .R = DIM(entries, 0), .k = DIM(entries, 1), .n_load = n_load, .li_rows = DIM(layer_info, 0),
-        .li_cols = DIM(layer_info, 1), .C = C, .ent_rows = DIM(ent, 0), .n_grp = n_grp, .grp_cols = DIM(grp, 1),
-        .ps_len = DIM(ps, 0), .acc0 = DIM(acc, 0), .acc1 = DIM(acc, 1), .acc2 = DIM(acc, 2), .n_batch = DIM(bacc, 0),
-        .bacc_cols = DIM(bacc, 1),
+        .R = DIM(entries, 0), .k = DIM(entries, 1), .n_load = n_load, .li_rows = DIM(layer_info, 0), .C = C,
+        .n_grp = n_grp, .ps_len = DIM(ps, 0), .acc1 = DIM(acc, 1), .n_batch = DIM(bacc, 0),
     };
     int err;
     Py_BEGIN_ALLOW_THREADS
