@@ -16,10 +16,13 @@
  * works): C-contiguous, with the exact element type of each argument (a NumPy array of another
  * dtype is refused with a TypeError naming the argument, never converted: a silent copy of a state
  * array would leave the caller's state unchanged). Shapes are checked (ValueError), and so is every
- * index the kernels read out of an array before it is used as an index (an entry id, a layer, a
- * group, a batch, a list link): a bad argument raises, it never reads or writes out of bounds. The
- * checks cost a compare each on values already in registers. A replay that raises part way has
- * written part of its state: the state is then garbage (as the caller's arguments were).
+ * value the kernels read out of an array and use as an index (an entry id, a layer, a group, a
+ * batch, a phase, a list link), before it is used: a bad argument raises ValueError, it never
+ * reads or writes out of bounds. Values used once per load are checked there (a compare on a value
+ * already in a register); entry ids, each layer's group and the policy's list links once per call,
+ * before the replay. A replay that raises part way has written part of its state: the state is then
+ * garbage (as the caller's arguments were). Numba's kernels check nothing: on input they accept,
+ * the two agree byte for byte; a few inputs Numba would read out of bounds on are refused here.
  *
  * The loops run without the GIL (a streamed replay runs its cells on threads).
  */
@@ -65,6 +68,8 @@ enum kind { K_INT, K_FLOAT, K_BOOL };
 
 typedef struct {
     Py_buffer view[20];
+    const char *name[20];
+    int writable[20];
     int n;
 } bufs_t;
 
@@ -136,6 +141,8 @@ static Py_buffer *take(bufs_t *b, PyObject *obj, const char *fn, const char *nam
         Py_XDECREF(tb);
         return NULL;
     }
+    b->name[b->n] = name;
+    b->writable[b->n] = writable;
     b->n++;
     if (!format_is(v->format, v->itemsize, kind, size)) {
         PyErr_Format(PyExc_TypeError, "%s: %s must be %s, got an array of format '%s' (%zd-byte items)", fn, name,
@@ -151,6 +158,27 @@ static Py_buffer *take(bufs_t *b, PyObject *obj, const char *fn, const char *nam
 }
 
 #define DIM(v, i) ((v)->shape[i])
+
+/* 1 when no array the kernel writes shares memory with another argument (the kernels read their
+ * inputs after writing outputs, and take them as restrict); else ValueError naming the two. */
+static int disjoint(const bufs_t *b, const char *fn) {
+    for (int i = 0; i < b->n; i++) {
+        if (!b->writable[i] || b->view[i].len == 0)
+            continue;
+        const char *lo = b->view[i].buf, *hi = lo + b->view[i].len;
+        for (int j = 0; j < b->n; j++) {
+            if (j == i || b->view[j].len == 0)
+                continue;
+            const char *lo2 = b->view[j].buf, *hi2 = lo2 + b->view[j].len;
+            if (lo < hi2 && lo2 < hi) {
+                PyErr_Format(PyExc_ValueError, "%s: %s and %s share memory (each must be an array of its own)", fn,
+                             b->name[j < i ? j : i], b->name[j < i ? i : j]);
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
 
 static int need(int ok, const char *fn, const char *what) {
     if (!ok)
@@ -412,6 +440,8 @@ static PyObject *py_cut_loads(PyObject *self, PyObject *args) {
         !(batch_phase = take(&b, o[14], fn, "batch_phase", K_INT, 1, 1, 1)) ||
         !(batch_tokens = take(&b, o[15], fn, "batch_tokens", K_INT, 4, 1, 1)))
         goto fail;
+    if (!disjoint(&b, fn))
+        goto fail;
     Py_ssize_t R = DIM(experts, 0), k = DIM(experts, 1);
     if (!need(DIM(turn, 0) == R && DIM(batch, 0) == R && DIM(phase, 0) == R && DIM(step, 0) == R && DIM(layer, 0) == R,
               fn, "turn, batch, phase, step and layer must have one element per row of experts") ||
@@ -450,7 +480,7 @@ typedef struct {
     const int8_t *load_phase;
     int32_t *ent, *ps;
     int64_t *grp, *acc, *bacc, *stats;
-    Py_ssize_t R, k, n_load, li_rows, li_cols, C, ent_rows, n_grp, grp_cols, ps_len, acc0, acc1, acc2, n_batch, bacc_cols;
+    Py_ssize_t R, k, n_load, li_rows, C, n_grp, ps_len, acc1, n_batch;
 } lru_t;
 
 enum lru_err {
@@ -536,6 +566,13 @@ static inline __attribute__((always_inline)) int lru_evict(int32_t *ps, int32_t 
     return 1;
 }
 
+static int entries_ok(const int32_t *e, int64_t n, Py_ssize_t C) {
+    uint32_t most = 0; /* as unsigned: a negative id is larger than any C */
+    for (int64_t i = 0; i < n; i++)
+        most = (uint32_t)e[i] > most ? (uint32_t)e[i] : most;
+    return n == 0 || (uint64_t)most < (uint64_t)C;
+}
+
 static int lru_links_ok(const int32_t *ps, Py_ssize_t ps_len, Py_ssize_t C, Py_ssize_t n_grp) {
     for (Py_ssize_t i = 0; i < 2 * C; i++)
         if (ps[i] >= C)
@@ -575,13 +612,18 @@ static int lru_loop(const lru_t *a) {
     for (Py_ssize_t l = 0; l < a->li_rows; l++) /* every layer's group, once, not once per load */
         if ((uint64_t)layer_info[2 * l] >= (uint64_t)a->n_grp)
             return E_GROUP;
-    if (n_load > 0 && (load_start[0] < 0 || load_start[0] > R))
+    /* Rows the loads cover: [first, last); a load's rows are checked to lie inside, and every
+     * entry id there is checked once, here (a vectorized pass over a few MB), not once per slot. */
+    const int64_t first = n_load > 0 ? load_start[0] : 0, last = n_load > 0 ? load_start[n_load] : 0;
+    if (first < 0 || last < first || last > R)
         return E_LOAD_START;
+    if (!entries_ok(entries + first * k, (last - first) * k, C))
+        return E_ENTRY;
     for (Py_ssize_t li = 0; li < n_load; li++) {
         const int64_t lo = load_start[li], hi = load_start[li + 1];
         if (hi == lo)
             continue;
-        if ((uint64_t)(hi - lo) > (uint64_t)(R - lo)) /* hi < lo or hi > R (lo <= R: the previous hi) */
+        if ((uint64_t)(hi - lo) > (uint64_t)(last - lo)) /* hi < lo or hi > last (lo <= last: the previous hi) */
             return E_LOAD_START;
         const int64_t load = li + load0;
         const int64_t lid = load_lidx[li];
@@ -593,9 +635,7 @@ static int lru_loop(const lru_t *a) {
         const int32_t *row = entries + lo * k;
         const int32_t *end = entries + hi * k;
         for (; row < end; row++) {
-            const uint32_t e = (uint32_t)*row;
-            if (e >= (uint64_t)C)
-                return E_ENTRY;
+            const uint32_t e = (uint32_t)*row; /* < C: checked by entries_ok */
             if ((int64_t)pin[e] == load) { /* a repeat inside this load: already looked up, only promoted */
                 lru_touch(ps, gp, e);
                 continue;
@@ -698,6 +738,8 @@ static PyObject *py_replay_lru(PyObject *self, PyObject *args) {
         !(bacc = take(&b, o[10], fn, "bacc", K_INT, 8, 2, 1)) || !(stats = take(&b, o[11], fn, "stats", K_INT, 8, 1, 1)) ||
         !(opts = take(&b, o[12], fn, "opts", K_INT, 8, 1, 0)))
         goto fail;
+    if (!disjoint(&b, fn))
+        goto fail;
     Py_ssize_t n_load = DIM(load_start, 0) - 1;
     Py_ssize_t C = DIM(ent, 1), n_grp = DIM(grp, 0);
     if (!need(n_load < 0 || (DIM(load_lidx, 0) >= n_load && DIM(load_phase, 0) >= n_load && DIM(load_batch, 0) >= n_load),
@@ -716,10 +758,8 @@ static PyObject *py_replay_lru(PyObject *self, PyObject *args) {
         .entries = entries->buf, .load_lidx = load_lidx->buf, .load_batch = load_batch->buf, .load_start = load_start->buf,
         .layer_info = layer_info->buf, .opts = opts->buf, .load_phase = load_phase->buf, .ent = ent->buf, .ps = ps->buf,
         .grp = grp->buf, .acc = acc->buf, .bacc = bacc->buf, .stats = stats->buf,
-        .R = DIM(entries, 0), .k = DIM(entries, 1), .n_load = n_load, .li_rows = DIM(layer_info, 0),
-        .li_cols = DIM(layer_info, 1), .C = C, .ent_rows = DIM(ent, 0), .n_grp = n_grp, .grp_cols = DIM(grp, 1),
-        .ps_len = DIM(ps, 0), .acc0 = DIM(acc, 0), .acc1 = DIM(acc, 1), .acc2 = DIM(acc, 2), .n_batch = DIM(bacc, 0),
-        .bacc_cols = DIM(bacc, 1),
+        .R = DIM(entries, 0), .k = DIM(entries, 1), .n_load = n_load, .li_rows = DIM(layer_info, 0), .C = C,
+        .n_grp = n_grp, .ps_len = DIM(ps, 0), .acc1 = DIM(acc, 1), .n_batch = DIM(bacc, 0),
     };
     int err;
     Py_BEGIN_ALLOW_THREADS

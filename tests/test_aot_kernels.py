@@ -594,6 +594,35 @@ def test_replay_lru_refuses_bad_arguments():
 
 
 @needs_aot
+def test_arrays_that_share_memory_are_refused():
+    """An output sharing memory with another argument would change what the kernel reads as it
+    writes (the C kernels take their arrays as restrict): refused, naming both."""
+    args = _good_lru_args()
+    both = np.zeros(20, np.int64)
+    call = [a.copy() for a in args]
+    call[11], call[12] = both[:12], both[8:16]
+    call[12][:] = args[12]
+    with pytest.raises(ValueError, match="stats and opts share memory"):
+        AOT.replay_lru(*call)
+    call = [a.copy() for a in args]
+    call[0] = call[6].reshape(-1)[:args[0].size].reshape(args[0].shape)  # entries: a view of ent, which the replay writes
+    with pytest.raises(ValueError, match="entries and ent share memory"):
+        AOT.replay_lru(*call)
+    R, k = 4, 1
+    ins = [np.zeros(R, np.int32), np.zeros(R, np.int32), np.zeros(R, np.int8), np.arange(R, dtype=np.int32),
+           np.zeros(R, np.int16), np.zeros((R, k), np.int32), np.array([0], np.int32), 4]
+    outs = [np.zeros((R, k), np.int32), np.zeros(R + 1, np.int64)] + [np.zeros(R, dt) for dt in (
+        np.int32, np.int8, np.int32, np.int32, np.int32, np.int8, np.int32)]
+    outs[5] = outs[4]  # batch_turn is load_batch
+    with pytest.raises(ValueError, match="load_batch and batch_turn share memory"):
+        AOT.cut_loads(*ins, *outs)
+    outs[5] = np.zeros(R, np.int32)
+    outs[0] = ins[5]  # entries written over experts
+    with pytest.raises(ValueError, match="experts and entries share memory"):
+        AOT.cut_loads(*ins, *outs)
+
+
+@needs_aot
 @pytest.mark.parametrize("i, value, needle", [
     (0, 1 << 20, "entries names an entry outside"),
     (0, -1, "entries names an entry outside"),
