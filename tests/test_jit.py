@@ -42,33 +42,47 @@ def test_replay_modules_import_without_numba_and_resolve_on_first_kernel():
     assert got == {"before": False, "lazy": True, "after": True, "hits": 1, "swapped": True}
 
 
+STAND_IN = """
+import json
+import numba
+from numba.core.dispatcher import Dispatcher
+from traces import jit
+
+assert not jit.is_resolved()  # a fresh interpreter: Numba imported, but no stand-in resolved yet
+
+
+@jit.njit(cache=False)
+def add(x, y):
+    return x + y
+
+
+held = {"f": add}  # a reference the module sweep cannot see
+
+
+@numba.njit
+def uses(x):
+    return held_f(x, 2)
+
+
+held_f = held["f"]
+out = {"lazy_before": isinstance(add, jit.LazyJit), "jitted": jit.is_jitted(add), "call": add(1, 2),
+       "dispatcher": isinstance(jit.dispatcher_of(add), Dispatcher)}
+held_f = held["f"]  # still the stand-in object, which Numba types as its dispatcher
+out["held_is_stand_in"] = isinstance(held_f, jit.LazyJit)
+out["typed"] = uses(5)
+later = jit.njit(cache=False)(lambda x: x * 3)
+out["later"] = isinstance(later, Dispatcher) and later(2) == 6
+out["plain"] = jit.is_jitted(lambda x: x)
+print(json.dumps(out))
+"""
+
+
 def test_stand_in_called_typed_and_njit_after_resolve():
-    import numba
-    from numba.core.dispatcher import Dispatcher
-
-    from traces import jit
-
-    @jit.njit(cache=False)
-    def add(x, y):
-        return x + y
-
-    held = {"f": add}  # a reference the module sweep cannot see
-
-    @numba.njit
-    def uses(x):
-        return held_f(x, 2)  # noqa: F821 - bound below, as a global Numba reads at compile time
-
-    assert jit.is_jitted(add)
-    globals()["held_f"] = held["f"]
-    assert add(1, 2) == 3  # first call: resolves
-    assert isinstance(jit.dispatcher_of(add), Dispatcher)
-    globals()["held_f"] = held["f"]  # still the stand-in object: Numba types it as its dispatcher
-    assert isinstance(held["f"], jit.LazyJit)
-    assert uses(5) == 7
-    assert jit.is_resolved()
-    later = jit.njit(cache=False)(lambda x: x * 3)
-    assert isinstance(later, Dispatcher) and later(2) == 6
-    assert not jit.is_jitted(lambda x: x)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", STAND_IN], capture_output=True, text=True, env=env, cwd=ROOT, check=True).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == {
+        "lazy_before": True, "jitted": True, "call": 3, "dispatcher": True, "held_is_stand_in": True, "typed": 7,
+        "later": True, "plain": False}
 
 
 def test_positional_signatures_are_refused():
