@@ -352,8 +352,9 @@ class LoadPart:
 def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[LoadPart]:
     """The trace's loads part by part (each part file, cut further into ``chunk_rows`` rows), reading
     only :data:`LOAD_COLUMNS`. A load that straddles a cut is held back and handed out whole with
-    the next part, so every part holds complete loads; memory is one part's arrays plus that load.
-    A part's arrays are reused for the next part: use or copy them before asking for the next.
+    the next rows that finish it, as a part of its own, so every part holds complete loads; memory
+    is one part's arrays plus that load. A part's arrays are reused for the next part: use or copy
+    them before asking for the next.
 
     A trace opened with ``defer_rows`` (:attr:`traces.reader.Trace.rows_pending`) has each part's
     rows checked here as they are read, before any of its loads is handed out (the checker's
@@ -374,11 +375,11 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
     lidx_of = np.full(max(trace.moe_layers, default=0) + 1, -1, dtype=np.int32)
     lidx_of[trace.moe_layers] = np.arange(len(trace.moe_layers), dtype=np.int32)
     buf = _CutBuffers(trace.top_k)
-    buf.leb = np.array([int(trace.expert_bytes[l]) for l in trace.moe_layers], dtype=np.int64)  # once, not per chunk
+    leb = np.array([int(trace.expert_bytes[l]) for l in trace.moe_layers], dtype=np.int64)  # once, not per chunk
 
     def chunks():
         for i, t in enumerate(trace.iter_tables(columns, read_ahead=True, fast=("experts", "weights"))):
-            cols = {c: t.column(c).to_numpy() for c in LOAD_COLUMNS if c != "experts"}
+            cols = {c: _column_numpy(t.column(c)) for c in LOAD_COLUMNS if c != "experts"}
             cols["experts"] = fixed_list_to_numpy(t.column("experts"))
             if checker is not None:
                 last = checker.last
@@ -396,19 +397,35 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
         if checker is not None:
             trace.rows_pending = False
 
-    for cols, last in chunks():
-        if carry is not None:
-            cols = {c: np.concatenate([carry[c], cols[c]]) for c in LOAD_COLUMNS}
-            carry = None
+    def pieces():
+        """(columns, complete): ``complete`` = no load runs on past the piece's last row. The load
+        held back from the previous chunk is handed out with the rows of the next chunk that finish
+        it, as a piece of its own (one load), not concatenated with the whole next chunk."""
+        nonlocal carry
+        for cols, last in chunks():
+            if carry is not None:
+                n = cols["batch"].shape[0]
+                f = _first_change(cols["batch"], cols["layer"], int(carry["batch"][-1]), int(carry["layer"][-1]))
+                if f == n and not last:  # the whole chunk continues the held-back load
+                    carry = {c: np.concatenate([carry[c], cols[c]]) for c in LOAD_COLUMNS}
+                    continue
+                head = {c: np.concatenate([carry[c], cols[c][:f]]) for c in LOAD_COLUMNS}
+                carry = None
+                yield head, True
+                if f == n:
+                    continue
+                cols = {c: v[f:] for c, v in cols.items()}
+            yield cols, last
+
+    for cols, complete in pieces():
         n = cols["batch"].shape[0]
         cut = n
-        if not last and n:
-            b, lay = cols["batch"], cols["layer"]
-            change = np.flatnonzero((b[1:] != b[:-1]) | (lay[1:] != lay[:-1]))
-            cut = int(change[-1]) + 1 if change.size else 0
+        if not complete and n:
+            cut = _last_run_start(cols["batch"], cols["layer"])
             carry = {c: v[cut:].copy() for c, v in cols.items()}
         if cut == 0:
             continue
+        buf.leb = leb
         lp = _cut(trace, {c: v[:cut] for c, v in cols.items()}, lidx_of, buf)
         continues = last_batch is not None and int(cols["batch"][0]) == last_batch
         batch0 = n_batch - 1 if continues else n_batch
@@ -417,6 +434,45 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
         load0 += lp.load_start.shape[0] - 1
         n_batch = batch0 + lp.batch_turn.shape[0]
         last_batch = int(cols["batch"][cut - 1])
+
+
+def _column_numpy(col: Any) -> np.ndarray:
+    """A scalar column as NumPy: a view of Arrow's buffer when it is one chunk without nulls
+    (ChunkedArray.to_numpy copies: ~5 ms per 196,608-row part for the five key columns)."""
+    if col.num_chunks == 1 and col.null_count == 0:
+        return col.chunk(0).to_numpy(zero_copy_only=True)
+    return col.to_numpy()
+
+
+def _last_run_start(batch: np.ndarray, layer: np.ndarray) -> int:
+    """The first row of the last run of equal (batch, layer) (0 if the whole array is one run),
+    found from the end in growing windows: the last load is short, the part is long."""
+    n = batch.shape[0]
+    w = 64
+    while True:
+        lo = max(0, n - w)
+        b, lay = batch[lo:], layer[lo:]
+        change = np.flatnonzero((b[1:] != b[:-1]) | (lay[1:] != lay[:-1]))
+        if change.size:
+            return lo + int(change[-1]) + 1
+        if lo == 0:
+            return 0
+        w *= 16
+
+
+def _first_change(batch: np.ndarray, layer: np.ndarray, b0: int, l0: int) -> int:
+    """The first row whose (batch, layer) is not (b0, l0) (len(batch) if none), in growing windows."""
+    n = batch.shape[0]
+    w = 64
+    lo = 0
+    while lo < n:
+        hi = min(n, lo + w)
+        diff = np.flatnonzero((batch[lo:hi] != b0) | (layer[lo:hi] != l0))
+        if diff.size:
+            return lo + int(diff[0])
+        lo = hi
+        w *= 16
+    return n
 
 
 class _CutBuffers:

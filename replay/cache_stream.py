@@ -164,8 +164,8 @@ def replay_stream(trace: Trace, cells: list[tuple[str, float]], seed: int = 0, c
             B = lp.batch_turn.shape[0]
             s0 = 1 if part.continues else 0
             _append_batches(batches, lp, part.continues)
-            if seen is not None:
-                seen[lp.entries.ravel()] = True
+            if seen is not None and lp.entries.size:
+                seen |= np.bincount(lp.entries.ravel(), minlength=seen.shape[0]).astype(np.bool_)  # 2x a fancy-index store
             nxt = np.load(nexts[i]) if need_next else empty_next
 
             def run(st: dict[str, Any], lp: Loads = lp, nxt: np.ndarray = nxt, B: int = B, s0: int = s0,
