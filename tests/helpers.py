@@ -41,3 +41,33 @@ def assert_one_sentence_error(res: CliResult, *needles: str) -> None:
     assert lines[0].startswith("moe-replay: error: "), lines[0]
     for n in needles:
         assert n in lines[0], f"{n!r} not in {lines[0]!r}"
+
+
+# Run a command line's main() in a fresh interpreter, then report the modules it imported (on
+# stderr's last line, after the command's own output on stdout).
+_MODULES_AFTER = """
+import json, sys
+from {entry} import main
+try:
+    main(sys.argv[1:])
+except SystemExit as e:
+    assert not e.code, e.code
+print(json.dumps(sorted(sys.modules)), file=sys.stderr)
+"""
+
+
+def modules_after(entry: str, *args: str) -> tuple[str, set[str]]:
+    """(stdout, every module imported) of ``entry.main(args)`` in a fresh interpreter: ``replay.cli``
+    (the typer application) or ``replay.fastcli`` (the console script)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    res = subprocess.run([sys.executable, "-c", _MODULES_AFTER.format(entry=entry), *map(str, args)], capture_output=True,
+                         text=True, env=env, cwd=root, check=True)
+    return res.stdout, set(json.loads(res.stderr.strip().splitlines()[-1]))
+

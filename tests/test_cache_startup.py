@@ -8,32 +8,16 @@ in-process CLI's (which has imported everything)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from replay.policies import REGISTRY
-from tests.helpers import run_cli
+from tests.helpers import modules_after, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 FIFO = ROOT / "examples" / "fifo_policy.py"
-
-# Run the CLI's main() in a fresh interpreter, then report the modules it imported (on stderr's
-# last line, after the command's own output on stdout).
-WRAPPER = """
-import json, sys
-from replay.cli import main
-try:
-    main(sys.argv[1:])
-except SystemExit as e:
-    assert not e.code, e.code
-print(json.dumps(sorted(sys.modules)), file=sys.stderr)
-"""
-
 
 @pytest.fixture(scope="module")
 def tiny(synth_trace_dir):
@@ -41,10 +25,7 @@ def tiny(synth_trace_dir):
 
 
 def _modules_after(*args: str) -> tuple[str, set[str]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-c", WRAPPER, *args], capture_output=True, text=True, env=env, cwd=ROOT,
-                         check=True)
-    return res.stdout, set(json.loads(res.stderr.strip().splitlines()[-1]))
+    return modules_after("replay.cli", *args)  # the typer application (the console script's fast path: test_fastcli)
 
 
 @pytest.mark.parametrize("stream", ["off", "on"])

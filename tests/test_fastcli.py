@@ -7,15 +7,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from replay import aot, fastcli
-from tests.helpers import CliResult, run_cli
+from tests.helpers import CliResult, modules_after, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,27 +130,13 @@ def test_other_commands_go_to_typer(tiny):
     assert run_fast("cache", "--help").out == run_cli("cache", "--help").out
 
 
-# A fresh interpreter through the console script's main(): the modules a plain cache --json imports.
-WRAPPER = """
-import json, sys
-from replay.fastcli import main
-try:
-    main(sys.argv[1:])
-except SystemExit as e:
-    assert not e.code, e.code
-print(json.dumps(sorted(sys.modules)), file=sys.stderr)
-"""
-
-
 @pytest.mark.parametrize("stream", ["off", "on"])
 def test_fast_path_imports_neither_typer_nor_polars(tiny, stream):
     args = ["cache", str(tiny), "--budgets", "1", "--policies", "lru", "--json", "--stream", stream]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-c", WRAPPER, *args], capture_output=True, text=True, env=env, cwd=ROOT, check=True)
-    mods = set(json.loads(res.stderr.strip().splitlines()[-1]))
+    out, mods = modules_after("replay.fastcli", *args)
     assert "typer" not in mods and "click" not in mods
     assert "polars" not in mods
-    assert res.stdout == run_cli(*args).out
+    assert out == run_cli(*args).out
     if aot.load() is not None:
         assert "numba" not in mods and "llvmlite" not in mods  # the compiled extension ran every kernel
     else:
