@@ -68,12 +68,12 @@ def cache_json(trace: str, budgets: str | None, budget_mib: str | None, policies
 
     from replay.cache import check_policies, default_budgets_mib
     from replay.cache_stream import check_stream_mode, choose_stream
-    from replay.info import COLLAPSE, NO_DECODE, require_routings
+    from replay.info import require_routings
     from replay.phases import check_phase
-    from replay.present.format import exact, json_object
-    from replay.rows import column_types, plain_rows
+    from replay.present.format import json_object
+    from replay.rows import cache_summary, column_types, plain_rows
     from traces import open_trace
-    from traces.units import MIB, parse_budget_mib, parse_budgets_mib
+    from traces.units import parse_budget_mib, parse_budgets_mib
 
     check_phase(phase)
     bmib = None if budget_mib is None else parse_budget_mib(budget_mib, "--budget-mib")
@@ -110,19 +110,10 @@ def cache_json(trace: str, budgets: str | None, budget_mib: str | None, policies
             blist = default_budgets_mib(loads, rec_budget)
         raw, extras = sweep_rows(loads, pols, [float(b) for b in blist], per_layer=per_layer, seed=seed, show_progress=True)
     rows = plain_rows(raw, column_types(extras))
-    chosen = "given"
-    if budgets is None and budget_mib is None:
-        chosen = ("default: 9 budgets geometric from T/2 to the working set W, 2 significant figures"
-                  + (f", the recorded {exact(rec_budget)} MiB replacing the nearest" if rec_budget in blist else ""))
-    T = t.token_cycle_bytes / MIB
-    W = W_bytes / MIB
-    below = [b for b in blist if b < T]
-    lru_below = [r for r in rows if r["layer"] is None and r["policy"] == "lru" and r["budget_mib"] < T]
-    collapsed = [r for r in lru_below if r["hit_pct_decode"] is not None and r["hit_pct_decode"] < 5.0]
-    no_decode = not (loads.batch_phase == 1).any()
-    return json_object("cache", str(Path(trace)), rows, phase=phase, token_cycle_mib=T, working_set_mib=W,
-                       budgets_below_token_cycle=below, budgets_chosen=chosen,
-                       note=(NO_DECODE if no_decode else COLLAPSE if collapsed else None), cost_model=None)
+    sm = cache_summary(t, rows, blist, budgets is not None or budget_mib is not None, W_bytes, loads.batch_phase)
+    return json_object("cache", str(Path(trace)), rows, phase=phase, token_cycle_mib=sm["token_cycle_mib"],
+                       working_set_mib=sm["working_set_mib"], budgets_below_token_cycle=sm["budgets_below_token_cycle"],
+                       budgets_chosen=sm["budgets_chosen"], note=sm["note"], cost_model=None)
 
 
 def run(args: list[str], debug: bool) -> int | None:

@@ -61,3 +61,29 @@ def cache_frame(rows: list[dict[str, Any]], extras: bool = False) -> Any:
     pl_types = {"int": pl.Int64, "float": pl.Float64, "bool": pl.Boolean}
     return pl.DataFrame(rows, schema_overrides={c: pl_types[t] for c, t in column_types(extras).items()},
                         infer_schema_length=None)
+
+
+def cache_summary(trace: Any, rows: list[dict[str, Any]], budgets_mib: list[float], budgets_given: bool,
+                  working_set_bytes: int, batch_phase: Any) -> dict[str, Any]:
+    """What ``cache`` prints around its rows (the command line's typer path and its fast path
+    alike): ``token_cycle_mib`` T, ``working_set_mib`` W, ``budgets_below_token_cycle``,
+    ``budgets_chosen`` (how the budgets were chosen), ``collapsed`` (LRU's overall rows below T
+    with a decode hit under 5%), ``no_decode`` and the ``note`` the JSON object carries."""
+    from replay.info import COLLAPSE, NO_DECODE
+    from traces.units import MIB, exact
+
+    rec_budget = trace.recorded.get("budget_mib")
+    chosen = "given"
+    if not budgets_given:
+        chosen = ("default: 9 budgets geometric from T/2 to the working set W, 2 significant figures"
+                  + (f", the recorded {exact(rec_budget)} MiB replacing the nearest" if rec_budget in budgets_mib else ""))
+    T = trace.token_cycle_bytes / MIB
+    lru_below = [r for r in rows if r["layer"] is None and r["policy"] == "lru" and r["budget_mib"] < T]
+    # No decode loads (prefill-only trace): decode hit % is null, which is not a collapse.
+    collapsed = [r for r in lru_below if r["hit_pct_decode"] is not None and r["hit_pct_decode"] < 5.0]
+    no_decode = not (batch_phase == 1).any()  # a load's phase is its batch's (one phase per batch)
+    return {"token_cycle_mib": T, "working_set_mib": working_set_bytes / MIB,
+            "budgets_below_token_cycle": [b for b in budgets_mib if b < T], "budgets_chosen": chosen,
+            "collapsed": collapsed, "no_decode": no_decode,
+            "note": NO_DECODE if no_decode else COLLAPSE if collapsed else None}
+

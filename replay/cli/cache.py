@@ -86,11 +86,11 @@ def register(app: typer.Typer) -> None:
         from replay.frames import rows_of
         from replay.info import NO_DECODE, require_routings
         from replay.phases import check_phase
-        from replay.present.cache import COLLAPSE, compact_text, retain_text, sweep_text, time_text, validate_text
-        from replay.present.format import exact, json_object
+        from replay.present.cache import compact_text, retain_text, sweep_text, time_text, validate_text
+        from replay.present.format import json_object
+        from replay.rows import cache_summary
         from traces import open_trace
         from traces.atomic import check_output_file, write_output_file
-        from traces.units import MIB
 
         json_out = json_out or check_format(fmt) == "json"
         check_phase(phase)
@@ -142,7 +142,6 @@ def register(app: typer.Typer) -> None:
             return
         streamed = choose_stream(t, pols, stream, in_memory_only="--retain" if retain else None)
         rec_budget = t.recorded.get("budget_mib")
-        chosen = "given"
         if blist is None and budget_mib is not None:
             blist = [budget_mib]
         if streamed:
@@ -161,24 +160,16 @@ def register(app: typer.Typer) -> None:
             frame = api.cache(t, policies=pols, budgets_mib=blist, per_layer=per_layer, phase=phase, seed=seed,
                               policy_options=popts, cost_model=cmodel, retain_predictor=predictor if retain else None,
                               show_progress=True, loads=loads, predictor_file=predictor_file)
-        if chosen == "given" and budgets is None and budget_mib is None:
-            chosen = ("default: 9 budgets geometric from T/2 to the working set W, 2 significant figures"
-                      + (f", the recorded {exact(rec_budget)} MiB replacing the nearest" if rec_budget in blist else ""))
-        T = t.token_cycle_bytes / MIB
-        W = W_bytes / MIB
-        below = [b for b in blist if b < T]
-        overall = frame.filter(frame["layer"].is_null())
-        lru_below = [r for r in rows_of(overall) if r["policy"] == "lru" and r["budget_mib"] < T]
-        # No decode loads (prefill-only trace): decode hit % is null, which is not a collapse.
-        collapsed = [r for r in lru_below if r["hit_pct_decode"] is not None and r["hit_pct_decode"] < 5.0]
-        no_decode = not (loads.batch_phase == 1).any()  # a load's phase is its batch's (one phase per batch)
+        sm = cache_summary(t, rows_of(frame.filter(frame["layer"].is_null())), blist,
+                           budgets is not None or budget_mib is not None, W_bytes, loads.batch_phase)
+        T, W, chosen, collapsed, no_decode = (sm["token_cycle_mib"], sm["working_set_mib"], sm["budgets_chosen"],
+                                              sm["collapsed"], sm["no_decode"])
         if csv is not None:
             write_output_file(csv, frame.write_csv(), inputs=[trace, cost_model])
         if json_out:
             typer.echo(json_object(
                 "cache", str(trace), rows_of(frame), phase=phase, token_cycle_mib=T, working_set_mib=W,
-                budgets_below_token_cycle=below, budgets_chosen=chosen,
-                note=(NO_DECODE if no_decode else COLLAPSE if collapsed else None),
+                budgets_below_token_cycle=sm["budgets_below_token_cycle"], budgets_chosen=chosen, note=sm["note"],
                 cost_model=(cmodel.row() if cmodel is not None else None),
             ))
             return
