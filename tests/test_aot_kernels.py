@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replay import aot
+from tests.trace_strategies import turn_rows
 
 AOT = aot.load()
 needs_aot = pytest.mark.skipif(AOT is None, reason=f"the compiled kernels are not available: {aot.why_unavailable()}")
@@ -311,20 +312,8 @@ def small_traces(draw):
     skew = draw(st.floats(0.0, 2.0))  # popular experts: hits happen
     pop = np.arange(1, n_expert + 1, dtype=np.float64) ** -skew
     pop /= pop.sum()
-    rows = []
-    batch = step = 0
-    for turn in range(draw(st.integers(1, 2))):
-        n_prefill, n_decode = draw(st.integers(0, 6)), draw(st.integers(0, 10))
-        batches = ([(0, list(range(step, step + n_prefill)))] if n_prefill else [])
-        step += n_prefill
-        for _ in range(n_decode):
-            batches.append((1, [step]))
-            step += 1
-        for phase, steps in batches:
-            for layer in moe_layers:
-                for s in steps:
-                    rows.append((turn, batch, phase, s, layer, rng.choice(n_expert, k, p=pop).tolist()))
-            batch += 1
+    plan = [(draw(st.integers(0, 6)), draw(st.integers(0, 10))) for _ in range(draw(st.integers(1, 2)))]
+    rows = turn_rows(plan, moe_layers, lambda: rng.choice(n_expert, k, p=pop).tolist())
     total = sum(eb.values()) * n_expert
     budget_units = draw(st.integers(0, total // UNIT + 3))  # 0 and small budgets overflow
     return moe_layers, n_layer, n_expert, k, eb, rows, budget_units

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from replay.cache import batch_series, prepare_loads, replay
 from replay.policies import REGISTRY, add_policy_file
 from tests.naive.cache import naive_replay
+from tests.trace_strategies import turn_rows
 from traces.reader import RoutingArrays
 
 # The example plugin (examples/fifo_policy.py) goes through the same registry and driver as the built-ins.
@@ -27,24 +28,10 @@ def traces(draw):
     k = draw(st.integers(1, 4))
     eb = {l: draw(st.integers(1, 5)) * UNIT for l in moe_layers}
     turns = draw(st.integers(1, 2))
-    rows = []  # (turn, batch, phase, step, layer, experts)
-    batch = 0
-    step = 0
     expert = st.integers(0, n_expert - 1)
-    for turn in range(turns):
-        n_prefill = draw(st.integers(0, 6))
-        n_decode = draw(st.integers(0, 8))
-        batches = ([(0, list(range(step, step + n_prefill)))] if n_prefill else [])
-        step += n_prefill
-        for _ in range(n_decode):
-            batches.append((1, [step]))
-            step += 1
-        for phase, steps in batches:
-            for layer in moe_layers:
-                for s in steps:
-                    # Ids drawn freely: duplicates inside one routing are allowed here on purpose.
-                    rows.append((turn, batch, phase, s, layer, [draw(expert) for _ in range(k)]))
-            batch += 1
+    plan = [(draw(st.integers(0, 6)), draw(st.integers(0, 8))) for _ in range(turns)]
+    # Ids drawn freely: duplicates inside one routing are allowed here on purpose.
+    rows = turn_rows(plan, moe_layers, lambda: [draw(expert) for _ in range(k)])  # (turn, batch, phase, step, layer, experts)
     total = sum(eb[l] for l in moe_layers) * n_expert
     budget_units = draw(st.integers(1, total // UNIT + 3))
     return moe_layers, n_layer, n_expert, k, eb, rows, budget_units

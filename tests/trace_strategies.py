@@ -15,6 +15,24 @@ from traces.schema import default_gating
 _counter = itertools.count()
 
 
+def turn_rows(plan, moe_layers, experts) -> list[tuple]:
+    """Rows (turn, batch, phase, step, layer, experts) of one request's turns in file order: per
+    turn (n_prefill, n_decode) of ``plan``, one prefill batch of n_prefill steps (none if 0), then
+    one batch per decoded step; ``experts()`` gives each routing's ids."""
+    rows = []
+    batch = step = 0
+    for turn, (n_prefill, n_decode) in enumerate(plan):
+        batches = ([(0, list(range(step, step + n_prefill)))] if n_prefill else [])
+        batches += [(1, [step + n_prefill + i]) for i in range(n_decode)]
+        step += n_prefill + n_decode
+        for phase, steps in batches:
+            for layer in moe_layers:
+                for s in steps:
+                    rows.append((turn, batch, phase, s, layer, experts()))
+            batch += 1
+    return rows
+
+
 def _request_batches(draw, max_requests: int, max_tokens: int) -> list[tuple[int, list[tuple[int, int]]]]:
     """Batches [(phase, [(request, step), ...])] of several requests, laid out by the continuous
     schedule (traces.schedule) at a drawn max_batch / prefill chunk; request ids drawn, not 0..n-1."""
