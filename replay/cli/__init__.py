@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 
 from replay.cli.options import JsonOpt, TraceArg, example
-from replay.runner import Interrupted, _bug, _interrupted, _os_error_sentence, _raise_interrupted, guarded  # noqa: F401
+from replay.runner import _interrupted, guarded
 from traces.errors import UserError  # noqa: F401 (re-exported)
 
 app = typer.Typer(
