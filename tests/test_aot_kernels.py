@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replay import aot
-from tests.trace_strategies import turn_rows
+from tests.trace_strategies import small_shape, turn_rows
 
 AOT = aot.load()
 needs_aot = pytest.mark.skipif(AOT is None, reason=f"the compiled kernels are not available: {aot.why_unavailable()}")
@@ -302,12 +302,7 @@ def test_cut_loads_equals_numba(seed, R, k, sorted_batches, bad_layer, bad_exper
 def small_traces(draw):
     """(moe_layers, n_layer, n_expert, k, expert bytes per layer, rows, budget in UNITs): rows are
     (turn, batch, phase, step, layer, experts) in file order, duplicate ids inside a routing allowed."""
-    n_moe = draw(st.integers(1, 4))
-    n_layer = n_moe + draw(st.integers(0, 2))
-    moe_layers = sorted(draw(st.permutations(range(n_layer)))[:n_moe])
-    n_expert = draw(st.integers(1, 8))
-    k = draw(st.integers(1, 4))
-    eb = {l: draw(st.integers(1, 5)) * UNIT for l in moe_layers}
+    moe_layers, n_layer, n_expert, k, eb = small_shape(draw, UNIT)
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     skew = draw(st.floats(0.0, 2.0))  # popular experts: hits happen
     pop = np.arange(1, n_expert + 1, dtype=np.float64) ** -skew

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from replay.cache import batch_series, prepare_loads, replay
 from replay.policies import REGISTRY, add_policy_file
 from tests.naive.cache import naive_replay
-from tests.trace_strategies import turn_rows
+from tests.trace_strategies import small_shape, turn_rows
 from traces.reader import RoutingArrays
 
 # The example plugin (examples/fifo_policy.py) goes through the same registry and driver as the built-ins.
@@ -21,12 +21,7 @@ UNIT = 1 << 16  # expert sizes and budgets in 1/16 MiB, so budget_mib is exact i
 
 @st.composite
 def traces(draw):
-    n_moe = draw(st.integers(1, 4))
-    n_layer = n_moe + draw(st.integers(0, 2))
-    moe_layers = sorted(draw(st.permutations(range(n_layer)))[:n_moe])
-    n_expert = draw(st.integers(1, 8))
-    k = draw(st.integers(1, 4))
-    eb = {l: draw(st.integers(1, 5)) * UNIT for l in moe_layers}
+    moe_layers, n_layer, n_expert, k, eb = small_shape(draw, UNIT)
     turns = draw(st.integers(1, 2))
     expert = st.integers(0, n_expert - 1)
     plan = [(draw(st.integers(0, 6)), draw(st.integers(0, 8))) for _ in range(turns)]

@@ -15,6 +15,18 @@ from traces.schema import default_gating
 _counter = itertools.count()
 
 
+def small_shape(draw, unit: int) -> tuple:
+    """(moe_layers, n_layer, n_expert, k, expert bytes per MoE layer): 1-4 MoE layers among up to 2
+    more, 1-8 experts, top-1..4, each layer's experts 1-5 ``unit``s."""
+    n_moe = draw(st.integers(1, 4))
+    n_layer = n_moe + draw(st.integers(0, 2))
+    moe_layers = sorted(draw(st.permutations(range(n_layer)))[:n_moe])
+    n_expert = draw(st.integers(1, 8))
+    k = draw(st.integers(1, 4))
+    eb = {l: draw(st.integers(1, 5)) * unit for l in moe_layers}
+    return moe_layers, n_layer, n_expert, k, eb
+
+
 def turn_rows(plan, moe_layers, experts) -> list[tuple]:
     """Rows (turn, batch, phase, step, layer, experts) of one request's turns in file order: per
     turn (n_prefill, n_decode) of ``plan``, one prefill batch of n_prefill steps (none if 0), then
