@@ -95,7 +95,7 @@ def cache_frame(rows: list[dict[str, Any]], extras: bool = False) -> Any:
 
 
 def cache_summary(trace: Any, rows: list[dict[str, Any]], budgets_mib: list[float], budgets_given: bool,
-                  working_set_bytes: int, batch_phase: Any) -> dict[str, Any]:
+                  working_set_bytes: int, has_decode: bool) -> dict[str, Any]:
     """What ``cache`` prints around its rows (the command line's typer path and its fast path
     alike): ``token_cycle_mib`` T, ``working_set_mib`` W, ``budgets_below_token_cycle``,
     ``budgets_chosen`` (how the budgets were chosen), ``collapsed`` (LRU's overall rows below T
@@ -112,7 +112,7 @@ def cache_summary(trace: Any, rows: list[dict[str, Any]], budgets_mib: list[floa
     lru_below = [r for r in rows if r["layer"] is None and r["policy"] == "lru" and r["budget_mib"] < T]
     # No decode loads (prefill-only trace): decode hit % is null, which is not a collapse.
     collapsed = [r for r in lru_below if r["hit_pct_decode"] is not None and r["hit_pct_decode"] < 5.0]
-    no_decode = not (batch_phase == 1).any()  # a load's phase is its batch's (one phase per batch)
+    no_decode = not has_decode  # any decode row (a load's phase is its batch's: one phase per batch)
     return {"token_cycle_mib": T, "working_set_mib": working_set_bytes / MIB,
             "budgets_below_token_cycle": [b for b in budgets_mib if b < T], "budgets_chosen": chosen,
             "collapsed": collapsed, "no_decode": no_decode,
