@@ -1,0 +1,1209 @@
+"""A strict, pure-Python reader of a Parquet file's footer and of the Arrow schema stored in it.
+
+The native path of ``moe-replay cache`` opens each part file of a trace without importing pyarrow
+(which costs ~0.3 s with numpy). It needs, per part file, the row count, the schema leaves with
+their levels, each column chunk's byte range, codec and encodings, and the Arrow schema pyarrow
+would present (only the stored ``ARROW:schema`` says that ``experts`` is ``fixed_size_list<int32>[k]``
+rather than ``list<int32>``). This module reads exactly that and imports only the standard library.
+
+It is STRICT: whatever it does not fully understand (an encrypted footer, a wrong Thrift type on a
+known field, a schema tree that does not add up, a column chunk outside the file, a stored Arrow
+schema in big-endian order...) raises :class:`FooterError`, and the caller falls back to pyarrow.
+A corrupt footer raises :class:`FooterError`, never IndexError or struct.error, and never hangs:
+every count read from the file is checked against the bytes left before a loop runs on it.
+
+Parquet's footer is a Thrift compact-protocol ``FileMetaData`` (parquet-format's parquet.thrift);
+the Arrow schema is base64 of an Arrow IPC message whose flatbuffer header is a ``Schema``
+(Arrow's format/Message.fbs and Schema.fbs). Both decoders are written here from those specs.
+"""
+
+from __future__ import annotations
+
+import binascii
+import os
+import struct
+
+__all__ = ["ArrowField", "Chunk", "Footer", "FooterError", "Leaf", "RowGroup", "SchemaElement", "arrow_schema",
+           "read_footer"]
+
+MAGIC = b"PAR1"
+MAGIC_ENCRYPTED = b"PARE"
+# The first read takes this many bytes from the end of the file: a pyarrow footer of a few columns
+# is 1-5 KiB, so one pread usually holds it all.
+_TAIL_GUESS = 64 << 10
+# Nesting deeper than this in a skipped Thrift value is not a Parquet footer but a corrupt one
+# (it also keeps the recursive skip far from Python's recursion limit).
+_MAX_DEPTH = 32
+
+
+class FooterError(ValueError):
+    """The footer (or its stored Arrow schema) is not one this reader fully understands."""
+
+
+# -- the model ---------------------------------------------------------------------------------------
+
+class SchemaElement:
+    """One element of ``FileMetaData.schema`` (a group or a leaf), as stored.
+
+    ``type`` is Parquet's physical Type (0 BOOLEAN, 1 INT32, 2 INT64, 3 INT96, 4 FLOAT, 5 DOUBLE,
+    6 BYTE_ARRAY, 7 FIXED_LEN_BYTE_ARRAY), None on a group; ``repetition`` 0 REQUIRED, 1 OPTIONAL,
+    2 REPEATED (None when absent, allowed only on the root); ``converted_type`` Parquet's legacy
+    ConvertedType number; ``logical`` the LogicalType as a tuple: ("STRING",), ("MAP",), ("LIST",),
+    ("ENUM",), ("DECIMAL", scale, precision), ("DATE",), ("TIME", is_adjusted_to_utc, unit),
+    ("TIMESTAMP", is_adjusted_to_utc, unit) with unit "MILLIS" | "MICROS" | "NANOS",
+    ("INTEGER", bit_width, is_signed), ("JSON",), ("BSON",), ("UUID",), ("FLOAT16",), or
+    ("UNKNOWN", field_id) for any other (not decoded; Parquet's own UNKNOWN, the null type, is field 11).
+    """
+
+    __slots__ = ("name", "type", "type_length", "repetition", "num_children", "converted_type", "logical",
+                 "field_id")
+
+    def __init__(self, name: str, type: int | None, type_length: int | None, repetition: int | None,
+                 num_children: int | None, converted_type: int | None, logical: tuple | None,
+                 field_id: int | None) -> None:
+        self.name = name
+        self.type = type
+        self.type_length = type_length
+        self.repetition = repetition
+        self.num_children = num_children
+        self.converted_type = converted_type
+        self.logical = logical
+        self.field_id = field_id
+
+    def __repr__(self) -> str:
+        return (f"SchemaElement(name={self.name!r}, type={self.type}, type_length={self.type_length}, "
+                f"repetition={self.repetition}, num_children={self.num_children}, "
+                f"converted_type={self.converted_type}, logical={self.logical}, field_id={self.field_id})")
+
+
+class Leaf:
+    """A leaf column (column index j): its path from the root's children down, its schema element
+    and its maximum repetition and definition levels, computed as parquet-cpp's ColumnDescriptor does
+    (each OPTIONAL or REPEATED ancestor-or-self adds one definition level, each REPEATED one
+    repetition level; the root counts for nothing)."""
+
+    __slots__ = ("path", "element", "max_rep", "max_def")
+
+    def __init__(self, path: tuple[str, ...], element: SchemaElement, max_rep: int, max_def: int) -> None:
+        self.path = path
+        self.element = element
+        self.max_rep = max_rep
+        self.max_def = max_def
+
+    def __repr__(self) -> str:
+        return f"Leaf(path={self.path!r}, max_rep={self.max_rep}, max_def={self.max_def}, element={self.element!r})"
+
+
+class Chunk:
+    """One column chunk of a row group (ColumnChunk + its ColumnMetaData).
+
+    Its bytes are ``[dictionary_page_offset if not None else data_page_offset,
+    + total_compressed_size)`` of the same file; :func:`read_footer` has checked that this range lies
+    between the leading magic and the footer. ``codec``: 0 UNCOMPRESSED, 1 SNAPPY, 2 GZIP, 3 LZO,
+    4 BROTLI, 5 LZ4, 6 ZSTD, 7 LZ4_RAW. ``encodings``: Parquet Encoding numbers in file order.
+    ``file_path`` is always None here (a chunk stored in another file is refused)."""
+
+    __slots__ = ("file_path", "physical", "encodings", "path", "codec", "num_values", "total_uncompressed_size",
+                 "total_compressed_size", "data_page_offset", "index_page_offset", "dictionary_page_offset")
+
+    def __init__(self, physical: int, encodings: tuple[int, ...], path: tuple[str, ...], codec: int,
+                 num_values: int, total_uncompressed_size: int, total_compressed_size: int,
+                 data_page_offset: int, index_page_offset: int | None, dictionary_page_offset: int | None) -> None:
+        self.file_path = None
+        self.physical = physical
+        self.encodings = encodings
+        self.path = path
+        self.codec = codec
+        self.num_values = num_values
+        self.total_uncompressed_size = total_uncompressed_size
+        self.total_compressed_size = total_compressed_size
+        self.data_page_offset = data_page_offset
+        self.index_page_offset = index_page_offset
+        self.dictionary_page_offset = dictionary_page_offset
+
+    def __repr__(self) -> str:
+        return (f"Chunk(path={self.path!r}, physical={self.physical}, codec={self.codec}, "
+                f"encodings={self.encodings}, num_values={self.num_values}, "
+                f"total_compressed_size={self.total_compressed_size}, "
+                f"total_uncompressed_size={self.total_uncompressed_size}, "
+                f"data_page_offset={self.data_page_offset}, dictionary_page_offset={self.dictionary_page_offset}, "
+                f"index_page_offset={self.index_page_offset})")
+
+
+class RowGroup:
+    """One row group: its row count, its total uncompressed byte size, one chunk per leaf (same order)."""
+
+    __slots__ = ("num_rows", "total_byte_size", "chunks")
+
+    def __init__(self, num_rows: int, total_byte_size: int, chunks: list[Chunk]) -> None:
+        self.num_rows = num_rows
+        self.total_byte_size = total_byte_size
+        self.chunks = chunks
+
+    def __repr__(self) -> str:
+        return f"RowGroup(num_rows={self.num_rows}, total_byte_size={self.total_byte_size}, chunks={self.chunks!r})"
+
+
+class Footer:
+    """A Parquet file's FileMetaData, checked: the schema tree adds up, every row group has one chunk
+    per leaf whose path and physical type are the leaf's, the row groups' rows add up to ``num_rows``,
+    and every chunk's bytes lie inside the file. ``kv``: key_value_metadata (a missing value is "")."""
+
+    __slots__ = ("num_rows", "schema", "leaves", "row_groups", "kv", "created_by")
+
+    def __init__(self, num_rows: int, schema: list[SchemaElement], leaves: list[Leaf], row_groups: list[RowGroup],
+                 kv: dict[str, str], created_by: str | None) -> None:
+        self.num_rows = num_rows
+        self.schema = schema
+        self.leaves = leaves
+        self.row_groups = row_groups
+        self.kv = kv
+        self.created_by = created_by
+
+    def __repr__(self) -> str:
+        return (f"Footer(num_rows={self.num_rows}, leaves={[leaf.path for leaf in self.leaves]}, "
+                f"row_groups={len(self.row_groups)}, kv keys={sorted(self.kv)}, created_by={self.created_by!r})")
+
+
+# -- Thrift compact protocol ----------------------------------------------------------------------------
+# Wire types: 1/2 bool true/false (in a field header; one byte 1/2 inside a list), 3 i8, 4 i16,
+# 5 i32, 6 i64 (zigzag varints), 7 double, 8 binary, 9 list, 10 set, 11 map, 12 struct; 0 ends a
+# struct. A field header byte is (id delta << 4) | type, or type alone followed by the id as a
+# zigzag varint. A list header is (size << 4) | element type, size 15 meaning a varint follows.
+
+_T_I8, _T_I32, _T_I64, _T_BINARY, _T_LIST, _T_STRUCT = 3, 5, 6, 8, 9, 12
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _uvarint(buf: bytes, pos: int) -> tuple[int, int]:
+    """An unsigned LEB128 varint of at most 10 bytes and 64 bits: (value, next position)."""
+    b = buf[pos]
+    if b < 0x80:
+        return b, pos + 1
+    value = b & 0x7F
+    shift = 7
+    pos += 1
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            if value >> 64:
+                raise FooterError("corrupt footer: a varint above 64 bits")
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise FooterError("corrupt footer: a varint longer than 10 bytes")
+
+
+def _zigzag(buf: bytes, pos: int) -> tuple[int, int]:
+    """A signed zigzag varint (i16, i32 or i64): (value, next position)."""
+    b = buf[pos]
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), pos + 1
+    v, pos = _uvarint(buf, pos)
+    return (v >> 1) ^ -(v & 1), pos
+
+
+def _i32(buf: bytes, pos: int) -> tuple[int, int]:
+    b = buf[pos]
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), pos + 1
+    v, pos = _uvarint(buf, pos)
+    v = (v >> 1) ^ -(v & 1)
+    if v < _I32_MIN or v > _I32_MAX:
+        raise FooterError("corrupt footer: an i32 field out of range")
+    return v, pos
+
+
+def _binary(buf: bytes, pos: int) -> tuple[bytes, int]:
+    n, pos = _uvarint(buf, pos)
+    end = pos + n
+    if end > len(buf):
+        raise FooterError("truncated footer: a string runs past its end")
+    return buf[pos:end], end
+
+
+def _string(buf: bytes, pos: int) -> tuple[str, int]:
+    n, pos = _uvarint(buf, pos)
+    end = pos + n
+    if end > len(buf):
+        raise FooterError("truncated footer: a string runs past its end")
+    try:
+        return buf[pos:end].decode(), end
+    except UnicodeDecodeError:
+        raise FooterError("footer holds a string that is not UTF-8") from None
+
+
+def _list_head(buf: bytes, pos: int) -> tuple[int, int, int]:
+    """A list (or set) header: (element type, size, next position). Every element takes at least one
+    byte, so a size above the bytes left is corrupt (and refusing it bounds every loop on it)."""
+    b = buf[pos]
+    pos += 1
+    n = b >> 4
+    if n == 15:
+        n, pos = _uvarint(buf, pos)
+    if n > len(buf) - pos:
+        raise FooterError("corrupt footer: a list longer than the bytes left")
+    return b & 15, n, pos
+
+
+def _skip_varint(buf: bytes, pos: int) -> int:
+    start = pos
+    while buf[pos] & 0x80:
+        pos += 1
+    pos += 1
+    if pos - start > 10:
+        raise FooterError("corrupt footer: a varint longer than 10 bytes")
+    return pos
+
+
+def _skip_struct(buf: bytes, pos: int, depth: int) -> int:
+    """Skip a struct's fields up to its stop byte; strings and integers inline (the statistics and
+    encoding stats skipped on every column chunk are made of them)."""
+    if depth > _MAX_DEPTH:
+        raise FooterError("corrupt footer: nested too deep")
+    end = len(buf)
+    while True:
+        b = buf[pos]
+        pos += 1
+        t = b & 15
+        if not t:
+            if b:
+                raise FooterError("corrupt footer: a bad field header")
+            return pos
+        if not b >> 4:
+            pos = _skip_varint(buf, pos)
+        if t == 8:
+            n = buf[pos]
+            if n < 0x80:
+                pos += 1 + n
+            else:
+                n, pos = _uvarint(buf, pos)
+                pos += n
+            if pos > end:
+                raise FooterError("truncated footer: a string runs past its end")
+        elif t == 4 or t == 5 or t == 6:
+            if buf[pos] < 0x80:
+                pos += 1
+            else:
+                pos = _skip_varint(buf, pos)
+        elif t != 1 and t != 2:
+            pos = _skip(buf, pos, t, depth + 1)
+
+
+def _skip(buf: bytes, pos: int, t: int, depth: int) -> int:
+    """Skip one value of wire type ``t`` (as a struct field: a bool has no payload)."""
+    if depth > _MAX_DEPTH:
+        raise FooterError("corrupt footer: nested too deep")
+    if t == 12:
+        return _skip_struct(buf, pos, depth)
+    if t == 1 or t == 2:
+        return pos
+    if t == 4 or t == 5 or t == 6:
+        return _skip_varint(buf, pos)
+    if t == 8:
+        n, pos = _uvarint(buf, pos)
+        if pos + n > len(buf):
+            raise FooterError("truncated footer: a string runs past its end")
+        return pos + n
+    if t == 3:
+        return pos + 1
+    if t == 7:
+        return pos + 8
+    if t == 9 or t == 10:
+        et, n, pos = _list_head(buf, pos)
+        if et == 1 or et == 2 or et == 3:
+            return pos + n
+        if et == 7:
+            return pos + 8 * n
+        if et == 12:
+            for _ in range(n):
+                pos = _skip_struct(buf, pos, depth + 1)
+        else:
+            for _ in range(n):
+                pos = _skip(buf, pos, et, depth + 1)
+        return pos
+    if t == 11:
+        n, pos = _uvarint(buf, pos)
+        if n == 0:
+            return pos
+        if 2 * n > len(buf) - pos:
+            raise FooterError("corrupt footer: a map longer than the bytes left")
+        kv = buf[pos]
+        pos += 1
+        kt, vt = kv >> 4, kv & 15
+        for _ in range(n):
+            pos = pos + 1 if kt == 1 or kt == 2 else _skip(buf, pos, kt, depth + 1)
+            pos = pos + 1 if vt == 1 or vt == 2 else _skip(buf, pos, vt, depth + 1)
+        return pos
+    raise FooterError(f"corrupt footer: unknown Thrift type {t}")
+
+
+def _wrong(what: str, fid: int, t: int) -> FooterError:
+    return FooterError(f"footer field {fid} of {what} has Thrift type {t}, not the one parquet.thrift gives it")
+
+
+def _int_logical(buf: bytes, pos: int) -> tuple[tuple, int]:
+    """IntType {1: i8 bitWidth, 2: bool isSigned}."""
+    bw = signed = None
+    fid = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        t = b & 15
+        if not t:
+            if b:
+                raise FooterError("corrupt footer: a bad field header")
+            break
+        if b >> 4:
+            fid += b >> 4
+        else:
+            fid, pos = _zigzag(buf, pos)
+        if fid == 1:
+            if t != _T_I8:
+                raise _wrong("IntType", fid, t)
+            bw = buf[pos]
+            pos += 1
+        elif fid == 2:
+            if t != 1 and t != 2:
+                raise _wrong("IntType", fid, t)
+            signed = t == 1
+        else:
+            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+    if bw is None or signed is None:
+        raise FooterError("footer has an IntType without its bit width or signedness")
+    if bw > 127:
+        bw -= 256
+    return ("INTEGER", bw, signed), pos
+
+
+_TIME_UNITS = {1: "MILLIS", 2: "MICROS", 3: "NANOS"}
+
+
+def _time_logical(buf: bytes, pos: int, name: str) -> tuple[tuple, int]:
+    """TimeType / TimestampType {1: bool isAdjustedToUTC, 2: TimeUnit unit (a union of empty structs)}."""
+    utc = unit = None
+    fid = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        t = b & 15
+        if not t:
+            if b:
+                raise FooterError("corrupt footer: a bad field header")
+            break
+        if b >> 4:
+            fid += b >> 4
+        else:
+            fid, pos = _zigzag(buf, pos)
+        if fid == 1:
+            if t != 1 and t != 2:
+                raise _wrong(name, fid, t)
+            utc = t == 1
+        elif fid == 2:
+            if t != _T_STRUCT:
+                raise _wrong(name, fid, t)
+            units = []
+            ufid = 0
+            while True:
+                b = buf[pos]
+                pos += 1
+                ut = b & 15
+                if not ut:
+                    if b:
+                        raise FooterError("corrupt footer: a bad field header")
+                    break
+                if b >> 4:
+                    ufid += b >> 4
+                else:
+                    ufid, pos = _zigzag(buf, pos)
+                if ut != _T_STRUCT:
+                    raise _wrong("TimeUnit", ufid, ut)
+                pos = _skip(buf, pos, ut, 2)
+                units.append(ufid)
+            if len(units) != 1 or units[0] not in _TIME_UNITS:
+                raise FooterError(f"footer has a {name} whose unit is not one of millis, micros, nanos")
+            unit = _TIME_UNITS[units[0]]
+        else:
+            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+    if utc is None or unit is None:
+        raise FooterError(f"footer has a {name} without its UTC flag or unit")
+    return (name, utc, unit), pos
+
+
+def _decimal_logical(buf: bytes, pos: int) -> tuple[tuple, int]:
+    """DecimalType {1: i32 scale, 2: i32 precision}."""
+    scale = precision = None
+    fid = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        t = b & 15
+        if not t:
+            if b:
+                raise FooterError("corrupt footer: a bad field header")
+            break
+        if b >> 4:
+            fid += b >> 4
+        else:
+            fid, pos = _zigzag(buf, pos)
+        if fid == 1 or fid == 2:
+            if t != _T_I32:
+                raise _wrong("DecimalType", fid, t)
+            v, pos = _i32(buf, pos)
+            if fid == 1:
+                scale = v
+            else:
+                precision = v
+        else:
+            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+    if scale is None or precision is None:
+        raise FooterError("footer has a DecimalType without its scale or precision")
+    return ("DECIMAL", scale, precision), pos
+
+
+# LogicalType union members that are empty structs.
+_EMPTY_LOGICAL = {1: "STRING", 2: "MAP", 3: "LIST", 4: "ENUM", 6: "DATE", 12: "JSON", 13: "BSON", 14: "UUID",
+                  15: "FLOAT16"}
+
+
+def _logical(buf: bytes, pos: int) -> tuple[tuple, int]:
+    """LogicalType, a union: exactly one struct-valued field."""
+    out = None
+    fid = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        t = b & 15
+        if not t:
+            if b:
+                raise FooterError("corrupt footer: a bad field header")
+            break
+        if b >> 4:
+            fid += b >> 4
+        else:
+            fid, pos = _zigzag(buf, pos)
+        if t != _T_STRUCT:
+            raise _wrong("LogicalType", fid, t)
+        if out is not None:
+            raise FooterError("footer has a LogicalType union with two members")
+        if fid in _EMPTY_LOGICAL:
+            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+            out = (_EMPTY_LOGICAL[fid],)
+        elif fid == 10:
+            out, pos = _int_logical(buf, pos)
+        elif fid == 8:
+            out, pos = _time_logical(buf, pos, "TIMESTAMP")
+        elif fid == 7:
+            out, pos = _time_logical(buf, pos, "TIME")
+        elif fid == 5:
+            out, pos = _decimal_logical(buf, pos)
+        else:
+            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+            out = ("UNKNOWN", fid)
+    if out is None:
+        raise FooterError("footer has an empty LogicalType union")
+    return out, pos
+
+
+def _schema_element(buf: bytes, pos: int) -> tuple[SchemaElement, int]:
+    typ = type_length = repetition = num_children = converted = logical = field_id = name = None
+    fid = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        t = b & 15
+        if not t:
+            if b:
+                raise FooterError("corrupt footer: a bad field header")
+            break
+        if b >> 4:
+            fid += b >> 4
+        else:
+            fid, pos = _zigzag(buf, pos)
+        if fid == 4:
+            if t != _T_BINARY:
+                raise _wrong("SchemaElement", fid, t)
+            name, pos = _string(buf, pos)
+        elif fid == 10:
+            if t != _T_STRUCT:
+                raise _wrong("SchemaElement", fid, t)
+            logical, pos = _logical(buf, pos)
+        elif 1 <= fid <= 9:
+            if t != _T_I32:
+                raise _wrong("SchemaElement", fid, t)
+            v = buf[pos]
+            if v < 0x80:
+                v = (v >> 1) ^ -(v & 1)
+                pos += 1
+            else:
+                v, pos = _i32(buf, pos)
+            if fid == 1:
+                if not 0 <= v <= 7:
+                    raise FooterError(f"footer has an unknown physical type {v}")
+                typ = v
+            elif fid == 3:
+                if not 0 <= v <= 2:
+                    raise FooterError(f"footer has an unknown repetition type {v}")
+                repetition = v
+            elif fid == 5:
+                if v < 0:
+                    raise FooterError(f"footer has a schema element with {v} children")
+                num_children = v
+            elif fid == 2:
+                type_length = v
+            elif fid == 6:
+                if not 0 <= v <= 21:
+                    raise FooterError(f"footer has an unknown converted type {v}")
+                converted = v
+            elif fid == 9:
+                field_id = v
+            # 7 scale, 8 precision: legacy decimal annotations (the LogicalType carries them too).
+        else:
+            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+    if name is None:
+        raise FooterError("footer has a schema element without a name")
+    return SchemaElement(name, typ, type_length, repetition, num_children, converted, logical, field_id), pos
+
+
+# Parquet Encoding numbers a reader may meet (1 is unused by the format; GROUP_VAR_INT was never used).
+_ENCODINGS = frozenset((0, 2, 3, 4, 5, 6, 7, 8, 9))
+# ColumnMetaData fields skipped on purpose (whatever their type): 8 key_value_metadata, 12 statistics,
+# 13 encoding_stats, 14/15 bloom filter, 16 size statistics, 17 geospatial statistics.
+
+
+_META_I64 = frozenset((5, 6, 7, 9, 10, 11))
+
+
+def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
+    typ = encodings = path = codec = num_values = unc = comp = data_off = None
+    index_off = dict_off = None
+    fid = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        t = b & 15
+        if not t:
+            if b:
+                raise FooterError("corrupt footer: a bad field header")
+            break
+        if b >> 4:
+            fid += b >> 4
+        else:
+            fid, pos = _zigzag(buf, pos)
+        if fid in _META_I64:
+            if t != _T_I64:
+                raise _wrong("ColumnMetaData", fid, t)
+            b = buf[pos]
+            if b < 0x80:
+                v = (b >> 1) ^ -(b & 1)
+                pos += 1
+            else:
+                v, pos = _uvarint(buf, pos)
+                v = (v >> 1) ^ -(v & 1)
+            if v < 0:
+                raise FooterError(f"footer has a negative size or offset ({v}) in a column chunk")
+            if fid == 9:
+                data_off = v
+            elif fid == 7:
+                comp = v
+            elif fid == 6:
+                unc = v
+            elif fid == 5:
+                num_values = v
+            elif fid == 11:
+                dict_off = v
+            else:
+                index_off = v
+        elif fid == 1 or fid == 4:
+            if t != _T_I32:
+                raise _wrong("ColumnMetaData", fid, t)
+            v = buf[pos]
+            if v < 0x80:
+                v = (v >> 1) ^ -(v & 1)
+                pos += 1
+            else:
+                v, pos = _i32(buf, pos)
+            if fid == 1:
+                if not 0 <= v <= 7:
+                    raise FooterError(f"footer has an unknown physical type {v}")
+                typ = v
+            else:
+                if not 0 <= v <= 7:
+                    raise FooterError(f"footer has an unknown compression codec {v}")
+                codec = v
+        elif fid == 2:
+            if t != _T_LIST:
+                raise _wrong("ColumnMetaData", fid, t)
+            et, n, pos = _list_head(buf, pos)
+            if et != _T_I32:
+                raise FooterError("footer has a column's encodings list of a type other than i32")
+            encs = []
+            for _ in range(n):
+                v = buf[pos]
+                if v < 0x80:
+                    v = (v >> 1) ^ -(v & 1)
+                    pos += 1
+                else:
+                    v, pos = _i32(buf, pos)
+                if v not in _ENCODINGS:
+                    raise FooterError(f"footer has an unknown encoding {v}")
+                encs.append(v)
+            encodings = tuple(encs)
+        elif fid == 3:
+            if t != _T_LIST:
+                raise _wrong("ColumnMetaData", fid, t)
+            et, n, pos = _list_head(buf, pos)
+            if et != _T_BINARY:
+                raise FooterError("footer has a column path that is not a list of strings")
+            parts = []
+            for _ in range(n):
+                s, pos = _string(buf, pos)
+                parts.append(s)
+            path = tuple(parts)
+        else:
+            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+    if (typ is None or encodings is None or path is None or codec is None or num_values is None or unc is None
+            or comp is None or data_off is None):
+        raise FooterError("footer has a column chunk's metadata without a required field")
+    return Chunk(typ, encodings, path, codec, num_values, unc, comp, data_off, index_off, dict_off), pos
+
+
+def _column_chunk(buf: bytes, pos: int) -> tuple[Chunk, int]:
+    meta = None
+    fid = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        t = b & 15
+        if not t:
+            if b:
+                raise FooterError("corrupt footer: a bad field header")
+            break
+        if b >> 4:
+            fid += b >> 4
+        else:
+            fid, pos = _zigzag(buf, pos)
+        if fid == 3:
+            if t != _T_STRUCT:
+                raise _wrong("ColumnChunk", fid, t)
+            meta, pos = _column_meta(buf, pos)
+        elif fid == 1:
+            raise FooterError("footer has a column chunk stored in another file (file_path)")
+        elif fid == 8 or fid == 9:
+            raise FooterError("footer has an encrypted column chunk")
+        else:
+            # 2 file_offset (deprecated), 4-7 offset and column index locations.
+            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+    if meta is None:
+        raise FooterError("footer has a column chunk without its metadata")
+    return meta, pos
+
+
+def _row_group(buf: bytes, pos: int) -> tuple[RowGroup, int]:
+    chunks = total = num_rows = None
+    fid = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        t = b & 15
+        if not t:
+            if b:
+                raise FooterError("corrupt footer: a bad field header")
+            break
+        if b >> 4:
+            fid += b >> 4
+        else:
+            fid, pos = _zigzag(buf, pos)
+        if fid == 1:
+            if t != _T_LIST:
+                raise _wrong("RowGroup", fid, t)
+            et, n, pos = _list_head(buf, pos)
+            if et != _T_STRUCT:
+                raise FooterError("footer has a row group whose columns are not structs")
+            chunks = []
+            for _ in range(n):
+                c, pos = _column_chunk(buf, pos)
+                chunks.append(c)
+        elif fid == 2 or fid == 3:
+            if t != _T_I64:
+                raise _wrong("RowGroup", fid, t)
+            v, pos = _zigzag(buf, pos)
+            if v < 0:
+                raise FooterError(f"footer has a row group with a negative size or row count ({v})")
+            if fid == 2:
+                total = v
+            else:
+                num_rows = v
+        else:
+            # 4 sorting_columns, 5 file_offset, 6 total_compressed_size, 7 ordinal.
+            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+    if chunks is None or total is None or num_rows is None:
+        raise FooterError("footer has a row group without its columns, byte size or row count")
+    return RowGroup(num_rows, total, chunks), pos
+
+
+def _key_value(buf: bytes, pos: int) -> tuple[str, str, int]:
+    key = None
+    value = ""
+    fid = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        t = b & 15
+        if not t:
+            if b:
+                raise FooterError("corrupt footer: a bad field header")
+            break
+        if b >> 4:
+            fid += b >> 4
+        else:
+            fid, pos = _zigzag(buf, pos)
+        if fid == 1 or fid == 2:
+            if t != _T_BINARY:
+                raise _wrong("KeyValue", fid, t)
+            s, pos = _string(buf, pos)
+            if fid == 1:
+                key = s
+            else:
+                value = s
+        else:
+            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+    if key is None:
+        raise FooterError("footer has key-value metadata without a key")
+    return key, value, pos
+
+
+def _struct_list(buf: bytes, pos: int, fid: int, t: int, what: str) -> tuple[int, int]:
+    if t != _T_LIST:
+        raise _wrong("FileMetaData", fid, t)
+    et, n, pos = _list_head(buf, pos)
+    if et != _T_STRUCT:
+        raise FooterError(f"footer's {what} is not a list of structs")
+    return n, pos
+
+
+def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup], dict[str, str], str | None]:
+    version = schema = num_rows = row_groups = created_by = None
+    kv: dict[str, str] = {}
+    pos = 0
+    fid = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        t = b & 15
+        if not t:
+            if b:
+                raise FooterError("corrupt footer: a bad field header")
+            break
+        if b >> 4:
+            fid += b >> 4
+        else:
+            fid, pos = _zigzag(buf, pos)
+        if fid == 2:
+            n, pos = _struct_list(buf, pos, fid, t, "schema")
+            schema = []
+            for _ in range(n):
+                e, pos = _schema_element(buf, pos)
+                schema.append(e)
+        elif fid == 4:
+            n, pos = _struct_list(buf, pos, fid, t, "row groups")
+            row_groups = []
+            for _ in range(n):
+                g, pos = _row_group(buf, pos)
+                row_groups.append(g)
+        elif fid == 3:
+            if t != _T_I64:
+                raise _wrong("FileMetaData", fid, t)
+            num_rows, pos = _zigzag(buf, pos)
+        elif fid == 1:
+            if t != _T_I32:
+                raise _wrong("FileMetaData", fid, t)
+            version, pos = _i32(buf, pos)
+        elif fid == 5:
+            n, pos = _struct_list(buf, pos, fid, t, "key-value metadata")
+            for _ in range(n):
+                k, v, pos = _key_value(buf, pos)
+                if k in kv:
+                    raise FooterError(f"footer has the key-value metadata key {k!r} twice")
+                kv[k] = v
+        elif fid == 6:
+            if t != _T_BINARY:
+                raise _wrong("FileMetaData", fid, t)
+            created_by, pos = _string(buf, pos)
+        elif fid == 8 or fid == 9:
+            raise FooterError("encrypted footer (plaintext footer of an encrypted file)")
+        else:
+            # 7 column_orders (min/max sort orders: statistics only).
+            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+    if pos != len(buf):
+        raise FooterError(f"footer has {len(buf) - pos} bytes after its FileMetaData")
+    if version is None or schema is None or num_rows is None or row_groups is None:
+        raise FooterError("footer without its version, schema, row count or row groups")
+    if version not in (1, 2):
+        raise FooterError(f"footer of an unknown Parquet format version {version}")
+    if num_rows < 0:
+        raise FooterError(f"footer has a negative row count ({num_rows})")
+    return num_rows, schema, row_groups, kv, created_by
+
+
+def _leaves(schema: list[SchemaElement]) -> list[Leaf]:
+    """Walk the flattened schema tree (pre-order, each group followed by its num_children subtrees)."""
+    if not schema:
+        raise FooterError("footer has an empty schema")
+    root = schema[0]
+    if root.type is not None or not root.num_children:
+        raise FooterError("footer's schema root is not a group with children")
+    leaves = []
+    n = len(schema)
+    i = 1
+    # [children left, path, max_rep, max_def] per open group; each step consumes one element, so the
+    # walk ends within len(schema) steps whatever num_children say.
+    stack = [[root.num_children, (), 0, 0]]
+    while stack:
+        top = stack[-1]
+        if not top[0]:
+            stack.pop()
+            continue
+        top[0] -= 1
+        if i >= n:
+            raise FooterError("footer's schema tree has more children than elements")
+        e = schema[i]
+        i += 1
+        rep, dfn = top[2], top[3]
+        r = e.repetition
+        if r == 1:
+            dfn += 1
+        elif r == 2:
+            dfn += 1
+            rep += 1
+        elif r != 0:
+            raise FooterError(f"footer's schema element {e.name!r} has no repetition type")
+        path = top[1] + (e.name,)
+        if e.num_children:
+            if e.type is not None:
+                raise FooterError(f"footer's schema element {e.name!r} has both children and a physical type")
+            stack.append([e.num_children, path, rep, dfn])
+        else:
+            if e.type is None:
+                raise FooterError(f"footer's schema element {e.name!r} is neither a group with children nor a leaf")
+            leaves.append(Leaf(path, e, rep, dfn))
+    if i != n:
+        raise FooterError(f"footer's schema has {n - i} elements outside its tree")
+    return leaves
+
+
+def _check(footer: Footer, data_end: int) -> None:
+    """The cross-checks a reader relies on: chunks match leaves, rows add up, bytes lie in the file."""
+    leaves = footer.leaves
+    total_rows = 0
+    for g in footer.row_groups:
+        if len(g.chunks) != len(leaves):
+            raise FooterError(f"footer has a row group of {len(g.chunks)} column chunks for {len(leaves)} leaves")
+        total_rows += g.num_rows
+        for c, leaf in zip(g.chunks, leaves):
+            if c.path != leaf.path:
+                raise FooterError(f"footer has a column chunk for {'.'.join(c.path)!r} where "
+                                  f"{'.'.join(leaf.path)!r} is expected")
+            if c.physical != leaf.element.type:
+                raise FooterError(f"footer has a column chunk of {'.'.join(c.path)!r} whose physical type is not "
+                                  "its schema's")
+            start = c.data_page_offset
+            if c.dictionary_page_offset is not None:
+                if not c.dictionary_page_offset < start:
+                    raise FooterError(f"footer has a dictionary page of {'.'.join(c.path)!r} that is not before "
+                                      "its data pages")
+                start = c.dictionary_page_offset
+            if start < len(MAGIC) or start + c.total_compressed_size > data_end:
+                raise FooterError(f"footer has a column chunk of {'.'.join(c.path)!r} outside the file's data")
+    if total_rows != footer.num_rows:
+        raise FooterError(f"footer says {footer.num_rows} rows but its row groups hold {total_rows}")
+
+
+def read_footer(path: str | os.PathLike, fd: int | None = None) -> Footer:
+    """Read and check the footer of the Parquet file at ``path`` (or open file descriptor ``fd``,
+    which is used as is and left open; ``path`` then only names the file in messages).
+
+    Raises FooterError for anything not fully understood (OSError when the file cannot be read).
+    """
+    own = fd is None
+    if own:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        size = os.fstat(fd).st_size
+        if size < 12:
+            raise FooterError("not a Parquet file: shorter than its two magics and footer length")
+        tail_len = min(size, _TAIL_GUESS)
+        tail = os.pread(fd, tail_len, size - tail_len)
+        if len(tail) != tail_len:
+            raise FooterError("truncated footer: the file shrank while read")
+        magic = tail[-4:]
+        if magic != MAGIC:
+            if magic == MAGIC_ENCRYPTED:
+                raise FooterError("encrypted footer")
+            raise FooterError("not a Parquet file: no PAR1 at its end")
+        head = tail[:4] if tail_len == size else os.pread(fd, 4, 0)
+        if head != MAGIC:
+            raise FooterError("not a Parquet file: no PAR1 at its start")
+        meta_len = int.from_bytes(tail[-8:-4], "little")
+        if meta_len == 0 or meta_len > size - 12:
+            raise FooterError(f"truncated footer: its length {meta_len} does not fit a file of {size} bytes")
+        if meta_len + 8 <= tail_len:
+            meta = tail[tail_len - 8 - meta_len:tail_len - 8]
+        else:
+            meta = os.pread(fd, meta_len, size - 8 - meta_len)
+            if len(meta) != meta_len:
+                raise FooterError("truncated footer: the file shrank while read")
+    finally:
+        if own:
+            os.close(fd)
+    try:
+        num_rows, schema, row_groups, kv, created_by = _file_metadata(meta)
+    except IndexError:
+        raise FooterError("truncated footer: its FileMetaData runs past its end") from None
+    footer = Footer(num_rows, schema, _leaves(schema), row_groups, kv, created_by)
+    _check(footer, size - 8 - meta_len)
+    return footer
+
+
+# -- the stored Arrow schema (ARROW:schema) --------------------------------------------------------------
+
+class ArrowField:
+    """One field of the stored Arrow schema: ``name``, ``nullable``, ``type`` and ``dictionary`` (True for
+    a dictionary-encoded field, whose ``type`` is then the dictionary's value type).
+
+    ``type`` is ("int", bit_width, is_signed) | ("float", 16 | 32 | 64) | ("bool",) | ("utf8",) |
+    ("binary",) | ("fixed_size_list", list_size, ArrowField) | ("list", ArrowField) |
+    ("large_list", ArrowField) | ("other", type_id) for any other Arrow type (type_id: Schema.fbs's
+    Type union number; an extension type is "other" whatever its storage) -- "other" never equals a
+    supported type. Fields compare equal when all four attributes do, children included, except that
+    a list's child is compared without its name, as Arrow's own type equality does: pyarrow stores a
+    list's child as "item" and presents it under its Parquet name, "element"."""
+
+    __slots__ = ("name", "nullable", "type", "dictionary")
+
+    def __init__(self, name: str, nullable: bool, type: tuple, dictionary: bool = False) -> None:
+        self.name = name
+        self.nullable = nullable
+        self.type = type
+        self.dictionary = dictionary
+
+    def _key(self) -> tuple:
+        t = self.type
+        kind = t[0]
+        if kind == "fixed_size_list":
+            t = (kind, t[1], t[2]._key()[1:])
+        elif kind == "list" or kind == "large_list":
+            t = (kind, t[1]._key()[1:])
+        return (self.name, self.nullable, t, self.dictionary)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ArrowField):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        extra = ", dictionary=True" if self.dictionary else ""
+        return f"ArrowField({self.name!r}, nullable={self.nullable}, type={self.type!r}{extra})"
+
+
+_FB_U8 = struct.Struct("<B").unpack_from
+_FB_U16 = struct.Struct("<H").unpack_from
+_FB_I16 = struct.Struct("<h").unpack_from
+_FB_I32 = struct.Struct("<i").unpack_from
+_FB_U32 = struct.Struct("<I").unpack_from
+# Nesting deeper than this in a stored schema is refused (it also bounds the recursion).
+_FB_MAX_DEPTH = 64
+# Arrow's Type union (Schema.fbs) members this reader decodes.
+_ARROW_INT, _ARROW_FLOAT, _ARROW_BINARY, _ARROW_UTF8, _ARROW_BOOL = 2, 3, 4, 5, 6
+_ARROW_LIST, _ARROW_FIXED_SIZE_LIST, _ARROW_LARGE_LIST = 12, 16, 21
+_FLOAT_BITS = (16, 32, 64)  # Precision: HALF, SINGLE, DOUBLE
+_SCHEMA_CACHE: dict[str, list[ArrowField]] = {}
+_SCHEMA_CACHE_MAX = 64
+
+
+def _fb_get(unpack, size: int, b: bytes, p: int) -> int:
+    """One scalar at p, bounds-checked (struct's unpack_from would count a negative p from the end)."""
+    if p < 0 or p + size > len(b):
+        raise FooterError("corrupt ARROW:schema: an offset outside its buffer")
+    return unpack(b, p)[0]
+
+
+def _fb_table(b: bytes, t: int) -> tuple[int, int, int]:
+    """The table at t: (t, its vtable's position, the vtable's length in bytes)."""
+    vt = t - _fb_get(_FB_I32, 4, b, t)
+    vtlen = _fb_get(_FB_U16, 2, b, vt)
+    if vtlen < 4 or vtlen & 1 or vt + vtlen > len(b):
+        raise FooterError("corrupt ARROW:schema: a bad vtable")
+    return t, vt, vtlen
+
+
+def _fb_slot(b: bytes, tab: tuple[int, int, int], i: int) -> int | None:
+    """The position of field i of a table, or None when the field is absent (its default applies)."""
+    t, vt, vtlen = tab
+    o = 4 + 2 * i
+    if o + 2 > vtlen:
+        return None
+    off = _FB_U16(b, vt + o)[0]
+    return t + off if off else None
+
+
+def _fb_ref(b: bytes, p: int | None) -> int | None:
+    """Follow the forward offset stored at p (a table, string or vector field)."""
+    if p is None:
+        return None
+    return p + _fb_get(_FB_U32, 4, b, p)
+
+
+def _fb_scalar(b: bytes, tab: tuple[int, int, int], i: int, unpack, size: int, default: int) -> int:
+    p = _fb_slot(b, tab, i)
+    return default if p is None else _fb_get(unpack, size, b, p)
+
+
+def _fb_string(b: bytes, p: int | None) -> str | None:
+    p = _fb_ref(b, p)
+    if p is None:
+        return None
+    n = _fb_get(_FB_U32, 4, b, p)
+    if p + 4 + n > len(b):
+        raise FooterError("corrupt ARROW:schema: a string outside its buffer")
+    try:
+        return b[p + 4:p + 4 + n].decode()
+    except UnicodeDecodeError:
+        raise FooterError("corrupt ARROW:schema: a name that is not UTF-8") from None
+
+
+def _fb_tables(b: bytes, p: int | None) -> list[int]:
+    """The positions of the tables of a vector-of-tables field (empty when absent)."""
+    p = _fb_ref(b, p)
+    if p is None:
+        return []
+    n = _fb_get(_FB_U32, 4, b, p)
+    if p + 4 + 4 * n > len(b):
+        raise FooterError("corrupt ARROW:schema: a vector outside its buffer")
+    return [q + _FB_U32(b, q)[0] for q in range(p + 4, p + 4 + 4 * n, 4)]
+
+
+def _fb_is_extension(b: bytes, tab: tuple[int, int, int]) -> bool:
+    """Whether a Field's custom_metadata names an extension type (its type is then only the storage)."""
+    for kv in _fb_tables(b, _fb_slot(b, tab, 6)):
+        if _fb_string(b, _fb_slot(b, _fb_table(b, kv), 0)) == "ARROW:extension:name":
+            return True
+    return False
+
+
+def _fb_field(b: bytes, t: int, depth: int) -> ArrowField:
+    """A Field table: {0 name, 1 nullable, 2 type_type, 3 type, 4 dictionary, 5 children, 6 custom_metadata}."""
+    if depth > _FB_MAX_DEPTH:
+        raise FooterError("ARROW:schema nested too deep")
+    tab = _fb_table(b, t)
+    name = _fb_string(b, _fb_slot(b, tab, 0)) or ""
+    nullable = _fb_scalar(b, tab, 1, _FB_U8, 1, 0)
+    if nullable > 1:
+        raise FooterError("corrupt ARROW:schema: a nullable flag that is not a bool")
+    type_id = _fb_scalar(b, tab, 2, _FB_U8, 1, 0)
+    if type_id == 0:
+        raise FooterError(f"ARROW:schema field {name!r} has no type")
+    type_pos = _fb_ref(b, _fb_slot(b, tab, 3))
+    dictionary = _fb_slot(b, tab, 4) is not None
+    if _fb_is_extension(b, tab):
+        typ: tuple = ("other", type_id)
+    elif type_id == _ARROW_INT:
+        ttab = _fb_table(b, _need(type_pos, name))
+        bits = _fb_scalar(b, ttab, 0, _FB_I32, 4, 0)
+        if bits not in (8, 16, 32, 64):
+            raise FooterError(f"ARROW:schema field {name!r} is an int of {bits} bits")
+        signed = _fb_scalar(b, ttab, 1, _FB_U8, 1, 0)
+        if signed > 1:
+            raise FooterError("corrupt ARROW:schema: a signedness flag that is not a bool")
+        typ = ("int", bits, bool(signed))
+    elif type_id == _ARROW_FLOAT:
+        precision = _fb_scalar(b, _fb_table(b, _need(type_pos, name)), 0, _FB_I16, 2, 0)
+        if not 0 <= precision <= 2:
+            raise FooterError(f"ARROW:schema field {name!r} has an unknown float precision {precision}")
+        typ = ("float", _FLOAT_BITS[precision])
+    elif type_id == _ARROW_BOOL:
+        typ = ("bool",)
+    elif type_id == _ARROW_UTF8:
+        typ = ("utf8",)
+    elif type_id == _ARROW_BINARY:
+        typ = ("binary",)
+    elif type_id in (_ARROW_LIST, _ARROW_LARGE_LIST, _ARROW_FIXED_SIZE_LIST):
+        children = _fb_tables(b, _fb_slot(b, tab, 5))
+        if len(children) != 1:
+            raise FooterError(f"ARROW:schema list field {name!r} has {len(children)} children, not 1")
+        child = _fb_field(b, children[0], depth + 1)
+        if type_id == _ARROW_FIXED_SIZE_LIST:
+            size = _fb_scalar(b, _fb_table(b, _need(type_pos, name)), 0, _FB_I32, 4, 0)
+            if size < 0:
+                raise FooterError(f"ARROW:schema field {name!r} is a list of negative size {size}")
+            typ = ("fixed_size_list", size, child)
+        else:
+            typ = ("list" if type_id == _ARROW_LIST else "large_list", child)
+    else:
+        typ = ("other", type_id)
+    return ArrowField(name, bool(nullable), typ, dictionary)
+
+
+def _need(p: int | None, name: str) -> int:
+    if p is None:
+        raise FooterError(f"ARROW:schema field {name!r} lacks its type's parameters")
+    return p
+
+
+def _decode_schema(blob: str) -> list[ArrowField]:
+    try:
+        data = binascii.a2b_base64(blob, strict_mode=True)
+    except (binascii.Error, ValueError):
+        raise FooterError("ARROW:schema is not base64") from None
+    # An IPC message: 0xFFFFFFFF then an int32 length (or, before Arrow 0.15, the length alone), then
+    # the flatbuffer Message of that many bytes (padding included).
+    start = 8 if data[:4] == b"\xff\xff\xff\xff" else 4
+    if len(data) < start:
+        raise FooterError("ARROW:schema is truncated")
+    length = int.from_bytes(data[start - 4:start], "little", signed=True)
+    if length <= 0 or start + length > len(data):
+        raise FooterError("ARROW:schema's message length does not fit it")
+    b = data[start:start + length]
+    # Message: {0 version: short, 1 header_type: ubyte, 2 header, 3 bodyLength: long, 4 custom_metadata}.
+    msg = _fb_table(b, _fb_get(_FB_U32, 4, b, 0))
+    version = _fb_scalar(b, msg, 0, _FB_I16, 2, 0)
+    if version not in (3, 4):  # MetadataVersion V4, V5: what pyarrow writes and reads
+        raise FooterError(f"ARROW:schema of an unknown metadata version {version}")
+    if _fb_scalar(b, msg, 1, _FB_U8, 1, 0) != 1:
+        raise FooterError("ARROW:schema's message is not a Schema")
+    header = _fb_ref(b, _fb_slot(b, msg, 2))
+    if header is None:
+        raise FooterError("ARROW:schema's message has no Schema")
+    # Schema: {0 endianness: short (0 little), 1 fields, 2 custom_metadata, 3 features}.
+    schema = _fb_table(b, header)
+    if _fb_scalar(b, schema, 0, _FB_I16, 2, 0) != 0:
+        raise FooterError("ARROW:schema is big-endian")
+    return [_fb_field(b, t, 0) for t in _fb_tables(b, _fb_slot(b, schema, 1))]
+
+
+def arrow_schema(footer: Footer) -> list[ArrowField]:
+    """The Arrow schema stored in the footer's ``ARROW:schema`` key (what pyarrow presents, as long as
+    the Parquet leaves agree with it: check those too), one :class:`ArrowField` per top-level field.
+
+    Raises FooterError when the key is absent (a file written with ``store_schema=False``) or its
+    content is not fully understood. The fields are shared between calls on equal blobs (part files of
+    one trace store the same schema): treat them as read-only.
+    """
+    blob = footer.kv.get("ARROW:schema")
+    if blob is None:
+        raise FooterError("footer stores no Arrow schema (ARROW:schema)")
+    fields = _SCHEMA_CACHE.get(blob)
+    if fields is None:
+        try:
+            fields = _decode_schema(blob)
+        except RecursionError:  # pragma: no cover (the depth limit comes first)
+            raise FooterError("ARROW:schema nested too deep") from None
+        if len(_SCHEMA_CACHE) >= _SCHEMA_CACHE_MAX:
+            _SCHEMA_CACHE.clear()
+        _SCHEMA_CACHE[blob] = fields
+    return list(fields)
