@@ -126,7 +126,6 @@ def _open(path: str) -> _Trace:
     """The checks of :func:`traces.open_trace` (with deferred rows) on what the native path takes;
     NotMine for anything it would refuse or that the native path does not read."""
     from traces.footer import FooterError, arrow_schema, read_footer
-
     from traces.meta import METRICS_FILE, REQUEST_NAMES, ROUTER_FILE, ROUTINGS_DIR, TRACE_JSON, routing_fields, validate_meta
 
     meta_path = os.path.join(path, TRACE_JSON)
@@ -228,12 +227,19 @@ def _layout(t: _Trace, i: int) -> list[list[tuple]]:
     return plan
 
 
-def _read_part(pq: Any, t: _Trace, i: int) -> dict[str, memoryview]:
-    """Part ``i``'s :data:`READ` columns as flat typed buffers (NotMine when a chunk is not one the C reader takes)."""
+def _read_part(pq: Any, t: _Trace, i: int, store: dict[str, bytearray]) -> dict[str, memoryview]:
+    """Part ``i``'s :data:`READ` columns as flat typed buffers (NotMine when a chunk is not one the
+    C reader takes), decoded into ``store``'s bytearrays (grown when too small, else reused: a new
+    zeroed bytearray per part costs as much as decoding it; the reader writes every element)."""
     plan = _layout(t, i)
     n = t.footers[i].num_rows
     k = t.top_k
-    out = {name: _zeros(fmt, n * (k if name in ("experts", "weights") else 1)) for name, fmt in READ}
+    out = {}
+    for name, fmt in READ:
+        nbytes = n * (k if name in ("experts", "weights") else 1) * _ITEMSIZE[fmt]
+        if len(store.get(name, b"")) < nbytes:
+            store[name] = bytearray(nbytes)
+        out[name] = memoryview(store[name])[:nbytes].cast(fmt)
     fd = os.open(t.parts[i], os.O_RDONLY)
     try:
         row = 0
@@ -250,17 +256,39 @@ def _read_part(pq: Any, t: _Trace, i: int) -> dict[str, memoryview]:
 
 
 class _Reader:
-    """Reads part i + 1 on a thread while the caller works on part i (two parts in memory at most)."""
+    """Reads and checks part i + 1 on a thread while the caller replays part i: two sets of
+    buffers, used in turn (the caller must be done with a part's buffers before it asks for the
+    part after next). Each part's rows go through the row gate (``replay._aot.rows_ok``, the check
+    :func:`replay.cache.iter_load_parts` makes) here, in order, with the previous part's last row;
+    a part that fails it, or a chunk the C reader does not take, raises NotMine in the caller."""
 
-    def __init__(self, pq: Any, t: _Trace) -> None:
-        self.pq, self.t = pq, t
+    def __init__(self, pq: Any, kern: Any, t: _Trace) -> None:
+        self.pq, self.kern, self.t = pq, kern, t
+        self.stores: list[dict[str, bytearray]] = [{}, {}]
         self.result: dict[str, memoryview] | None = None
         self.error: BaseException | None = None
         self.thread: threading.Thread | None = None
+        self.moe = bytearray(t.n_layer)
+        for layer in t.moe_layers:
+            self.moe[layer] = 1
+        self.by_rank = not t.meta["gating"].get("selection_bias")
+        self.last = array("q", [0, 0, 0, 0])
+        self.has_last = False
 
     def _run(self, i: int) -> None:
         try:
-            self.result = _read_part(self.pq, self.t, i)
+            cols = _read_part(self.pq, self.t, i, self.stores[i % 2])
+            R, k = len(cols["batch"]), self.t.top_k
+            if R:
+                b, lay, s, p = cols["batch"], cols["layer"], cols["step"], cols["phase"]
+                ex2 = cols["experts"].cast("B").cast("i", [R, k])
+                wt2 = cols["weights"].cast("B").cast("f", [R, k])
+                if not self.kern.rows_ok(b, lay, s, p, ex2, wt2, memoryview(self.moe).cast("?"), self.t.n_expert, self.by_rank,
+                                         self.has_last, self.last):
+                    raise NotMine  # the ordinary path names the row
+                self.last[0], self.last[1], self.last[2], self.last[3] = b[R - 1], lay[R - 1], s[R - 1], p[R - 1]
+                self.has_last = True
+            self.result = cols
         except BaseException as e:  # handed to the caller's thread
             self.error = e
 
@@ -393,16 +421,9 @@ def _cache_json(kern: Any, pq: Any, trace: str, budgets: str | None, budget_mib:
         for b in blist:
             if (p, b) not in cells:
                 cells[(p, b)] = _Cell(t, p, b)
-    moe = bytearray(t.n_layer)
-    for layer in t.moe_layers:
-        moe[layer] = 1
-    moe_v = memoryview(moe).cast("?")
     lidx_of = array("i", [-1]) * (max(t.moe_layers) + 1)
     for li, layer in enumerate(t.moe_layers):
         lidx_of[layer] = li
-    by_rank = not t.meta["gating"].get("selection_bias")
-    last = array("q", [0, 0, 0, 0])
-    has_last = False
     has_decode = False
     carry: dict[str, bytes] | None = None
     names = [name for name, _ in READ if name != "weights"]
@@ -434,7 +455,7 @@ def _cache_json(kern: Any, pq: Any, trace: str, budgets: str | None, budget_mib:
             cell.replay(kern, view, n_loads, n_batches, state["load0"])
         state["load0"] += n_loads
 
-    reader = _Reader(pq, t)
+    reader = _Reader(pq, kern, t)
     n_parts = len(t.parts)
     reader.start(0)
     try:
@@ -445,13 +466,7 @@ def _cache_json(kern: Any, pq: Any, trace: str, budgets: str | None, budget_mib:
             R = len(cols["batch"])
             if R == 0:
                 continue
-            b_, l_, s_, p_ = cols["batch"], cols["layer"], cols["step"], cols["phase"]
-            ex2 = cols["experts"].cast("B").cast("i", [R, k])
-            wt2 = cols["weights"].cast("B").cast("f", [R, k])
-            if not kern.rows_ok(b_, l_, s_, p_, ex2, wt2, moe_v, n, by_rank, has_last, last):
-                raise NotMine  # the ordinary path names the row
-            last[0], last[1], last[2], last[3] = b_[R - 1], l_[R - 1], s_[R - 1], p_[R - 1]
-            has_last = True
+            b_, l_, p_ = cols["batch"], cols["layer"], cols["phase"]
             has_decode = has_decode or 1 in p_.tobytes()
             raw = {name: cols[name].cast("B") for name in names}
             start = 0
