@@ -7,6 +7,8 @@
  *   replay_lru == replay.cache_kernel._driver compiled by make_kernel(name, replay.policies.lru,
  *                 whatif=False, slots=False) (also the `layer` policy: lru's hooks, one group per
  *                 layer; the driver takes a load's group from layer_info)
+ *   replay_lru_rows == cut_loads then replay_lru, in one pass over the rows, without per-batch
+ *                 totals (replay.native's replay: no NumPy to hold the loads in between)
  *
  * Same arguments in the same order, same results, same bytes written: tests/test_aot_kernels.py
  * demands exact agreement with the Numba kernels (and with the naive twin tests/naive/cache.py) on
@@ -484,7 +486,8 @@ typedef struct {
 } lru_t;
 
 enum lru_err {
-    E_OK = 0, E_LOAD_START, E_LOAD_LIDX, E_GROUP, E_PHASE, E_BATCH, E_ENTRY, E_LINK, E_CYCLE,
+    E_OK = 0, E_LOAD_START, E_LOAD_LIDX, E_GROUP, E_PHASE, E_BATCH, E_ENTRY, E_LINK, E_CYCLE, E_ROW_LAYER, E_ROW_EXPERT,
+    E_ROW_ORDER,
 };
 
 static const char *lru_err_text[] = {
@@ -497,6 +500,9 @@ static const char *lru_err_text[] = {
     "entries names an entry outside ent's columns",
     "ps holds a list link outside the entries (it is not replay.policies.lru's state for this ent)",
     "ps holds a list with a cycle (it is not replay.policies.lru's state for this ent)",
+    "a row routes at a layer lidx_of does not map to a MoE layer",
+    "a row names an expert outside 0..n_expert-1",
+    "batches out of order (a row's batch below the row before it)",
 };
 
 /* The lru hooks (replay/policies/lru.py), on ps = entry pairs, then group pairs counted backwards
@@ -563,6 +569,48 @@ static inline __attribute__((always_inline)) int lru_evict(int32_t *ps, int32_t 
     }
     *used = left;
     *n_gone = gone;
+    return 1;
+}
+
+/* One routed slot of load `load` looking up entry e: a repeat inside the load is only promoted;
+ * else one lookup, a hit (promoted) or a miss (admitted at the most recent end). */
+static inline __attribute__((always_inline)) void lru_lookup(int32_t *ps, int32_t *gp, int32_t *pin, int32_t *res, uint32_t e,
+                                                int64_t load, int64_t *n_look, int64_t *n_hit) {
+    if ((int64_t)pin[e] == load) { /* a repeat inside this load: already looked up, only promoted */
+        lru_touch(ps, gp, e);
+        return;
+    }
+    (*n_look)++;
+    pin[e] = (int32_t)load;
+    if (res[e] == 1) {
+        (*n_hit)++;
+        lru_touch(ps, gp, e);
+    } else {
+        res[e] = 1;
+        lru_append(ps, gp, e);
+    }
+}
+
+/* After a load's lookups: its misses' bytes join its group `gr`, then eviction, once, in that group,
+ * until it fits; never an entry this load touched (they all sit at the tail, so the walk from the
+ * head stops early). Returns 0 when the walk finds a cycle. */
+static inline __attribute__((always_inline)) int lru_fit(int32_t *ps, int32_t *gp, const int32_t *pin, int32_t *res,
+                                            const int32_t *bytes, int64_t *gr, int64_t load, int64_t n_miss,
+                                            int64_t n_read, Py_ssize_t C, int64_t *resident, int64_t *peak,
+                                            int64_t *n_evict, int64_t *n_over) {
+    const int64_t used0 = gr[GRP_USED];
+    int64_t used = used0 + n_read;
+    int64_t n_gone = 0;
+    if (used > gr[GRP_BUDGET]) {
+        if (!lru_evict(ps, gp, pin, res, bytes, load, &used, gr[GRP_BUDGET], C, &n_gone, n_over))
+            return 0;
+    }
+    gr[GRP_USED] = used;
+    *resident += used - used0;
+    if (*resident > *peak)
+        *peak = *resident;
+    gr[GRP_COUNT] += n_miss - n_gone;
+    *n_evict += n_gone;
     return 1;
 }
 
@@ -634,22 +682,8 @@ static int lru_loop(const lru_t *a) {
         int64_t n_look = 0, n_hit = 0;
         const int32_t *row = entries + lo * k;
         const int32_t *end = entries + hi * k;
-        for (; row < end; row++) {
-            const uint32_t e = (uint32_t)*row; /* < C: checked by entries_ok */
-            if ((int64_t)pin[e] == load) { /* a repeat inside this load: already looked up, only promoted */
-                lru_touch(ps, gp, e);
-                continue;
-            }
-            n_look++;
-            pin[e] = (int32_t)load;
-            if (res[e] == 1) {
-                n_hit++;
-                lru_touch(ps, gp, e);
-            } else {
-                res[e] = 1;
-                lru_append(ps, gp, e);
-            }
-        }
+        for (; row < end; row++)
+            lru_lookup(ps, gp, pin, res, (uint32_t)*row, load, &n_look, &n_hit); /* < C: checked by entries_ok */
         const int64_t n_miss = n_look - n_hit;
         const int64_t n_read = n_miss * layer_info[2 * lid + 1];
         const int64_t ph = load_phase[li];
@@ -675,22 +709,8 @@ static int lru_loop(const lru_t *a) {
         b_look += n_look;
         b_hit += n_hit;
         b_read += n_read;
-        /* Eviction: once, after the load, in the load's group, until the group fits; never an entry
-         * this load touched (they all sit at the tail, so the walk from the head stops early). */
-        int64_t *gr = grp + g * N_GRP;
-        const int64_t used0 = gr[GRP_USED];
-        int64_t used = used0 + n_read;
-        int64_t n_gone = 0;
-        if (used > gr[GRP_BUDGET]) {
-            if (!lru_evict(ps, gp, pin, res, bytes, load, &used, gr[GRP_BUDGET], C, &n_gone, &n_over))
-                return E_CYCLE;
-        }
-        gr[GRP_USED] = used;
-        resident += used - used0;
-        if (resident > peak)
-            peak = resident;
-        gr[GRP_COUNT] += n_miss - n_gone;
-        n_evict += n_gone;
+        if (!lru_fit(ps, gp, pin, res, bytes, grp + g * N_GRP, load, n_miss, n_read, C, &resident, &peak, &n_evict, &n_over))
+            return E_CYCLE;
     }
     if (cur_b >= 0) {
         int64_t *bc = bacc + cur_b * N_ACC;
@@ -778,10 +798,167 @@ fail:
 
 /* ------------------------------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------------------------------
+ * replay_lru_rows: cut_loads and replay_lru in one pass over the rows */
+
+typedef struct {
+    const int32_t *batch, *experts, *lidx_of;
+    const int8_t *phase;
+    const int16_t *layer;
+    const int64_t *layer_info, *opts;
+    int32_t *ent, *ps;
+    int64_t *grp, *acc, *stats;
+    Py_ssize_t R, k, n_lay, li_rows, C, n_grp, ps_len, acc1;
+    int64_t n_expert;
+} lru_rows_t;
+
+/* The loads are the runs of equal (batch, layer), as cut_loads cuts them: a load's phase is its
+ * first row's, its entries lidx_of[layer] * n_expert + expert; each load is replayed as lru_loop
+ * replays it (the same hooks, the same order of writes), without the per-batch totals. Rows are
+ * checked as cut_loads checks them (a MoE layer, an expert in range, batches in order), and each
+ * entry id against C, before it is used. */
+static int lru_rows_loop(const lru_rows_t *a, int64_t *n_loads) {
+    const Py_ssize_t k = a->k, C = a->C, R = a->R;
+    const int32_t *batch = a->batch, *experts = a->experts, *lidx_of = a->lidx_of;
+    const int8_t *phase = a->phase;
+    const int16_t *layer = a->layer;
+    const int64_t *layer_info = a->layer_info;
+    int32_t *ps = a->ps;
+    int32_t *gp0 = ps + a->ps_len - 2;
+    int32_t *res = a->ent + (size_t)ENT_RESIDENT * C;
+    int32_t *pin = a->ent + (size_t)ENT_PIN * C;
+    const int32_t *bytes = a->ent + (size_t)ENT_BYTES * C;
+    int64_t *grp = a->grp, *acc = a->acc;
+    const uint64_t n_lid = (uint64_t)(a->li_rows < a->acc1 ? a->li_rows : a->acc1);
+    const int64_t acc_phase = (int64_t)a->acc1 * N_ACC;
+    const int64_t load0 = a->opts[OPT_LOAD0], n_expert = a->n_expert;
+    int64_t n_evict = 0, n_over = 0, resident = 0;
+    for (Py_ssize_t g0 = 0; g0 < a->n_grp; g0++)
+        resident += grp[g0 * N_GRP + GRP_USED];
+    int64_t peak = resident;
+    if (!lru_links_ok(ps, a->ps_len, C, a->n_grp))
+        return E_LINK;
+    for (Py_ssize_t l = 0; l < a->li_rows; l++)
+        if ((uint64_t)layer_info[2 * l] >= (uint64_t)a->n_grp)
+            return E_GROUP;
+    int64_t load = load0;
+    Py_ssize_t r = 0;
+    while (r < R) {
+        const int32_t b = batch[r];
+        const int16_t lay16 = layer[r];
+        if (lay16 < 0 || lay16 >= a->n_lay || lidx_of[lay16] < 0)
+            return E_ROW_LAYER;
+        if (r > 0 && b < batch[r - 1])
+            return E_ROW_ORDER;
+        const int64_t lid = lidx_of[lay16];
+        if ((uint64_t)lid >= n_lid)
+            return E_LOAD_LIDX;
+        const int64_t ph = phase[r];
+        if ((uint64_t)ph > 1)
+            return E_PHASE;
+        const int64_t g = layer_info[2 * lid];
+        int32_t *gp = gp0 - 2 * g;
+        const int64_t base = lid * n_expert;
+        int64_t n_look = 0, n_hit = 0;
+        do {
+            const int32_t *ex = experts + r * k;
+            for (Py_ssize_t j = 0; j < k; j++) {
+                const int64_t e = ex[j];
+                if (e < 0 || e >= n_expert)
+                    return E_ROW_EXPERT;
+                if (base + e >= C)
+                    return E_ENTRY;
+                lru_lookup(ps, gp, pin, res, (uint32_t)(base + e), load, &n_look, &n_hit);
+            }
+            r++;
+        } while (r < R && batch[r] == b && layer[r] == lay16);
+        const int64_t n_miss = n_look - n_hit;
+        const int64_t n_read = n_miss * layer_info[2 * lid + 1];
+        int64_t *ac = acc + ph * acc_phase + lid * N_ACC;
+        ac[ACC_LOOKUPS] += n_look;
+        ac[ACC_HITS] += n_hit;
+        ac[ACC_READ] += n_read;
+        if (!lru_fit(ps, gp, pin, res, bytes, grp + g * N_GRP, load, n_miss, n_read, C, &resident, &peak, &n_evict, &n_over))
+            return E_CYCLE;
+        load++;
+    }
+    a->stats[STAT_TICKS] = a->opts[OPT_TICK0] + (int64_t)R * k;
+    a->stats[STAT_PEAK_BYTES] = peak;
+    a->stats[STAT_EVICTIONS] += n_evict;
+    a->stats[STAT_OVERFLOW] += n_over;
+    *n_loads = load - load0;
+    return E_OK;
+}
+
+PyDoc_STRVAR(replay_lru_rows_doc,
+"replay_lru_rows(batch, phase, layer, experts, lidx_of, n_expert, layer_info, ent, grp, ps, acc, stats, opts) -> loads\n\n"
+"cut_loads on the rows, then replay_lru on its loads, in one pass and without the per-batch totals\n"
+"(bacc): batch int32 [R], phase int8 [R], layer int16 [R], experts int32 [R, k], lidx_of int32 [layers],\n"
+"n_expert int; then replay_lru's layer_info, ent, grp, ps, acc, stats and opts (OPT_TICK0, OPT_LOAD0 read).\n"
+"Writes ent, grp, ps, acc and stats as those two calls do; returns the number of loads. A row cut_loads\n"
+"refuses raises ValueError (the state is then garbage, as with replay_lru).");
+
+static PyObject *py_replay_lru_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    static const char *fn = "replay_lru_rows";
+    PyObject *o[12];
+    long long n_expert;
+    if (!PyArg_ParseTuple(args, "OOOOOLOOOOOOO:replay_lru_rows", &o[0], &o[1], &o[2], &o[3], &o[4], &n_expert, &o[5], &o[6],
+                          &o[7], &o[8], &o[9], &o[10], &o[11]))
+        return NULL;
+    bufs_t b = {.n = 0};
+    Py_buffer *batch, *phase, *layer, *experts, *lidx_of, *layer_info, *ent, *grp, *ps, *acc, *stats, *opts;
+    if (!(batch = take(&b, o[0], fn, "batch", K_INT, 4, 1, 0)) || !(phase = take(&b, o[1], fn, "phase", K_INT, 1, 1, 0)) ||
+        !(layer = take(&b, o[2], fn, "layer", K_INT, 2, 1, 0)) ||
+        !(experts = take(&b, o[3], fn, "experts", K_INT, 4, 2, 0)) ||
+        !(lidx_of = take(&b, o[4], fn, "lidx_of", K_INT, 4, 1, 0)) ||
+        !(layer_info = take(&b, o[5], fn, "layer_info", K_INT, 8, 2, 0)) ||
+        !(ent = take(&b, o[6], fn, "ent", K_INT, 4, 2, 1)) || !(grp = take(&b, o[7], fn, "grp", K_INT, 8, 2, 1)) ||
+        !(ps = take(&b, o[8], fn, "ps", K_INT, 4, 1, 1)) || !(acc = take(&b, o[9], fn, "acc", K_INT, 8, 3, 1)) ||
+        !(stats = take(&b, o[10], fn, "stats", K_INT, 8, 1, 1)) || !(opts = take(&b, o[11], fn, "opts", K_INT, 8, 1, 0)))
+        goto fail;
+    if (!disjoint(&b, fn))
+        goto fail;
+    Py_ssize_t R = DIM(experts, 0), C = DIM(ent, 1), n_grp = DIM(grp, 0);
+    if (!need(DIM(batch, 0) == R && DIM(phase, 0) == R && DIM(layer, 0) == R, fn,
+              "batch, phase and layer must have one element per row of experts") ||
+        !need(n_expert >= 0, fn, "n_expert must be >= 0") ||
+        !need(DIM(layer_info, 1) == 2, fn, "layer_info must have 2 columns (eviction group, bytes of one entry)") ||
+        !need(DIM(ent, 0) == N_ENT, fn, "ent must have 14 rows (replay.cache_state.N_ENT fields)") ||
+        !need(C < INT32_MAX, fn, "ent has more columns than int32 entry ids") ||
+        !need(DIM(grp, 1) == N_GRP, fn, "grp must have 5 columns (replay.cache_state.N_GRP)") ||
+        !need(DIM(ps, 0) >= 2 * (C + n_grp), fn, "ps must hold 2 x (entries + groups) links (replay.policies.lru.init)") ||
+        !need(DIM(acc, 0) == 2 && DIM(acc, 2) == N_ACC, fn, "acc must have the shape [2, layers, 7]") ||
+        !need(DIM(stats, 0) == N_STATS, fn, "stats must hold 12 values (replay.cache_kernel.N_STATS)") ||
+        !need(DIM(opts, 0) == N_OPTS, fn, "opts must hold 8 values (replay.cache_kernel.N_OPTS)"))
+        goto fail;
+    lru_rows_t a = {
+        .batch = batch->buf, .experts = experts->buf, .lidx_of = lidx_of->buf, .phase = phase->buf, .layer = layer->buf,
+        .layer_info = layer_info->buf, .opts = opts->buf, .ent = ent->buf, .ps = ps->buf, .grp = grp->buf, .acc = acc->buf,
+        .stats = stats->buf, .R = R, .k = DIM(experts, 1), .n_lay = DIM(lidx_of, 0), .li_rows = DIM(layer_info, 0), .C = C,
+        .n_grp = n_grp, .ps_len = DIM(ps, 0), .acc1 = DIM(acc, 1), .n_expert = (int64_t)n_expert,
+    };
+    int err;
+    int64_t n_loads = 0;
+    Py_BEGIN_ALLOW_THREADS
+    err = lru_rows_loop(&a, &n_loads);
+    Py_END_ALLOW_THREADS
+    bufs_release(&b);
+    if (err) {
+        PyErr_Format(PyExc_ValueError, "%s: %s", fn, lru_err_text[err]);
+        return NULL;
+    }
+    return PyLong_FromLongLong((long long)n_loads);
+fail:
+    bufs_release(&b);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"rows_ok", py_rows_ok, METH_VARARGS, rows_ok_doc},
     {"cut_loads", py_cut_loads, METH_VARARGS, cut_loads_doc},
     {"replay_lru", py_replay_lru, METH_VARARGS, replay_lru_doc},
+    {"replay_lru_rows", py_replay_lru_rows, METH_VARARGS, replay_lru_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 

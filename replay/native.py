@@ -362,18 +362,19 @@ class _Cell:
         self.acc = memoryview(self.acc_flat).cast("B").cast("q", [2, L, N_ACC])
         self.tick = self.evictions = self.overflow = self.peak = 0
 
-    def replay(self, kern: Any, cut: dict[str, Any], n_loads: int, n_batches: int, load0: int) -> None:
-        bacc = memoryview(bytearray(8 * N_ACC * max(n_batches, 1))).cast("q", [max(n_batches, 1), N_ACC])
+    def replay(self, kern: Any, v: dict[str, memoryview], experts: memoryview, lidx_of: array, n_expert: int, load0: int) -> int:
+        """Replay whole loads (rows ``v``, ``experts`` [rows, k]) from load number ``load0``; returns their number."""
         stats = array("q", [0]) * N_STATS
         opts = array("q", [0]) * N_OPTS
         opts[OPT_AHEAD], opts[OPT_CAP], opts[OPT_BATCH0] = 1, -1, -1
         opts[OPT_TICK0], opts[OPT_LOAD0] = self.tick, load0
-        kern.replay_lru(cut["entries"], cut["load_start"][:n_loads + 1], cut["load_lidx"][:n_loads], cut["load_phase"][:n_loads],
-                        cut["load_batch"][:n_loads], self.layer_info, self.ent, self.grp, self.ps, self.acc, bacc, stats, opts)
+        n_loads = kern.replay_lru_rows(v["batch"], v["phase"], v["layer"], experts, lidx_of, n_expert, self.layer_info, self.ent,
+                                       self.grp, self.ps, self.acc, stats, opts)
         self.tick = stats[STAT_TICKS]
         self.evictions += stats[STAT_EVICTIONS]
         self.overflow += stats[STAT_OVERFLOW]
         self.peak = max(self.peak, stats[STAT_PEAK_BYTES])
+        return n_loads
 
     def rows(self, t: _Trace, per_layer: bool) -> list[dict[str, Any]]:
         from replay.rows import cache_row
@@ -426,33 +427,23 @@ def _cache_json(kern: Any, pq: Any, trace: str, budgets: str | None, budget_mib:
         lidx_of[layer] = li
     has_decode = False
     carry: dict[str, bytes] | None = None
-    names = [name for name, _ in READ if name != "weights"]
+    names = ["batch", "phase", "layer", "experts"]  # what the replay reads (turn and step: read and checked, not replayed)
     size = {name: _ITEMSIZE[fmt] * (k if name == "experts" else 1) for name, fmt in READ}
     fmts = dict(READ)
-    cut: dict[str, Any] = {}
-    state = {"cap": 0, "load0": 0}
+    state = {"load0": 0}
 
     def replay_piece(data: dict[str, Any]) -> None:
-        """Cut rows (whole loads; raw bytes per column) into loads and replay them in every cell."""
+        """Replay rows holding whole loads (raw bytes per column) in every cell (``replay._aot.replay_lru_rows``:
+        cut into loads and replayed in one pass; a row it refuses raises ValueError)."""
         rows = len(data["batch"]) // 4
         if rows == 0:
             return
-        if rows > state["cap"]:
-            cap = state["cap"] = rows
-            cut.update(entries=_zeros("i", cap * k), load_start=_zeros("q", cap + 1), load_lidx=_zeros("i", cap),
-                       load_phase=_zeros("b", cap), load_batch=_zeros("i", cap), batch_turn=_zeros("i", cap),
-                       batch_step=_zeros("i", cap), batch_phase=_zeros("b", cap), batch_tokens=_zeros("i", cap))
         v = {name: memoryview(data[name]).cast("B").cast(fmts[name]) for name in names}
-        ent2 = cut["entries"].cast("B").cast("i", [state["cap"], k])
-        status, n_loads, n_batches = kern.cut_loads(
-            v["turn"], v["batch"], v["phase"], v["step"], v["layer"], memoryview(data["experts"]).cast("B").cast("i", [rows, k]),
-            lidx_of, n, ent2, cut["load_start"], cut["load_lidx"], cut["load_phase"], cut["load_batch"], cut["batch_turn"],
-            cut["batch_step"], cut["batch_phase"], cut["batch_tokens"])
-        if status != 0:
-            raise NotMine
-        view = dict(cut, entries=ent2)
-        for cell in cells.values():
-            cell.replay(kern, view, n_loads, n_batches, state["load0"])
+        experts = memoryview(data["experts"]).cast("B").cast("i", [rows, k])
+        try:
+            n_loads = [cell.replay(kern, v, experts, lidx_of, n, state["load0"]) for cell in cells.values()][0]
+        except ValueError:
+            raise NotMine from None
         state["load0"] += n_loads
 
     reader = _Reader(pq, kern, t)

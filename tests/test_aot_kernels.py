@@ -455,6 +455,78 @@ def test_replay_lru_equals_numba_part_by_part(t, policy, n_cuts, seed, tick0, lo
     _same(got, want)
 
 
+def _replay_rows_parts(loads, t, policy, budget, cuts, tick0, stats0, load_base):
+    """replay_lru_rows on the same parts' rows (cut_loads and replay_lru in one pass): the state after
+    each part, with bacc left out (it keeps no per-batch totals)."""
+    from replay.cache_kernel import OPT_LOAD0, OPT_TICK0, STAT_TICKS, no_options
+
+    moe_layers, n_layer, n_expert, k, eb, rows, _ = t
+    ent, grp, ps, acc, layer_info = _state(loads, policy, budget)
+    lidx_of = np.full(n_layer, -1, np.int32)
+    lidx_of[moe_layers] = np.arange(len(moe_layers), dtype=np.int32)
+    outs, tick = [], tick0
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        r0, r1 = int(loads.load_start[a]), int(loads.load_start[b])
+        part = rows[r0:r1]
+        n = len(part)
+        stats = stats0.copy()
+        opts = no_options()
+        opts[OPT_TICK0] = tick
+        opts[OPT_LOAD0] = load_base + a
+        got = AOT.replay_lru_rows(np.array([r[1] for r in part], np.int32).reshape(n), np.array([r[2] for r in part], np.int8).reshape(n),
+                                  np.array([r[4] for r in part], np.int16).reshape(n), np.array([r[5] for r in part], np.int32).reshape(n, k),
+                                  lidx_of, n_expert, layer_info, ent, grp, ps, acc, stats, opts)
+        assert got == b - a  # the loads cut_loads cuts
+        tick = int(stats[STAT_TICKS])
+        outs.append((np.zeros(0), stats, ent.copy(), grp.copy(), ps.copy(), acc.copy()))
+    return outs
+
+
+@needs_aot
+@settings(max_examples=200, **FAST)
+@given(t=small_traces(), policy=st.sampled_from(["lru", "layer"]), n_cuts=st.integers(0, 6), seed=st.integers(0, 2**32 - 1),
+       tick0=st.sampled_from([0, 12345, 2**40]), load_base=st.sampled_from([0, 1000, 2**31 - 3]))
+def test_replay_lru_rows_equals_cut_then_replay(t, policy, n_cuts, seed, tick0, load_base):
+    """The fused kernel leaves the state, acc and stats byte for byte as cut_loads then replay_lru
+    (itself held to Numba above), part by part with carried clocks; bacc apart."""
+    if not t[5]:
+        return
+    loads = _loads(t)
+    rng = np.random.default_rng(seed)
+    cuts = _cuts(loads, n_cuts, rng)
+    stats0 = rng.integers(0, 1000, 12).astype(np.int64)
+    budget = t[6] * UNIT
+    got = _replay_rows_parts(loads, t, policy, budget, cuts, tick0, stats0, load_base)
+    want = _replay_parts(AOT.replay_lru, False, loads, policy, budget, cuts, tick0, stats0, load_base)
+    _same(got, [(np.zeros(0), *w[1:]) for w in want])
+
+
+@needs_aot
+@pytest.mark.parametrize("bad, needle", [("layer", "MoE layer"), ("expert", "outside 0..n_expert-1"), ("order", "out of order"),
+                                         ("phase", "load_phase")])
+def test_replay_lru_rows_refuses_rows_cut_loads_refuses(bad, needle):
+    from replay.cache_kernel import no_options
+
+    rows = [(0, 0, 1, 0, 0, [1]), (0, 0, 1, 0, 1, [2]), (0, 1, 1, 1, 0, [0]), (0, 1, 1, 1, 1, [3])]
+    t = ([0, 1], 3, 4, 1, {0: UNIT, 1: UNIT}, rows, 2)
+    loads = _loads(t)
+    ent, grp, ps, acc, layer_info = _state(loads, "lru", 2 * UNIT)
+    batch, phase = np.array([0, 0, 1, 1], np.int32), np.array([1, 1, 1, 1], np.int8)
+    layer, experts = np.array([0, 1, 0, 1], np.int16), np.array([[1], [2], [0], [3]], np.int32)
+    if bad == "layer":
+        layer[2] = 2  # lidx_of[2] = -1: not a MoE layer
+    elif bad == "expert":
+        experts[3, 0] = 4
+    elif bad == "order":
+        batch[3] = 0
+    else:
+        phase[2] = 2
+    lidx_of = np.array([0, 1, -1], np.int32)
+    with pytest.raises(ValueError, match=needle):
+        AOT.replay_lru_rows(batch, phase, layer, experts, lidx_of, 4, layer_info, ent, grp, ps, acc, np.zeros(12, np.int64),
+                            no_options())
+
+
 @needs_aot
 @settings(max_examples=150, **FAST)
 @given(t=small_traces(), policy=st.sampled_from(["lru", "layer"]), n_cuts=st.integers(0, 4), seed=st.integers(0, 2**32 - 1))
