@@ -218,9 +218,53 @@ static inline __attribute__((always_inline)) int slots_ok(const int32_t *ex, con
  * as the Numba kernel's early returns. */
 #define ROWS_BLOCK 4096
 
+/* One row's checks at top-1, against the row before it (b0, l0, s0, p0): the same flag as the
+ * general loop's for k == 1, in 32-bit arithmetic (every value but n_expert is at most 32 bits wide). */
+static inline __attribute__((always_inline)) int row_bad_k1(int32_t b, int32_t lay, int32_t s, int32_t p, int32_t e, float w,
+                                               int32_t b0, int32_t l0, int32_t s0, int32_t p0,
+                                               const uint8_t *moe, uint32_t n_layer, int64_t n_expert) {
+    const int in_range = (uint32_t)lay < n_layer;
+    int bad = !in_range | !moe[in_range ? lay : 0];
+    bad |= (uint32_t)p > 1;
+    bad |= (b < b0) | ((b == b0) & ((lay < l0) | ((lay == l0) & (s <= s0)) | (p != p0)));
+    bad |= (e < 0) | ((int64_t)e >= n_expert) | (w < 0) | (w == INFINITY); /* NaN passes both */
+    return bad;
+}
+
+/* Top-1, the common case made fast: the first row against the previous part's last, then every
+ * row against the one before it, without the general loop's per-row choice of predecessor. */
+static int rows_ok_k1(const int32_t *batch, const int16_t *layer, const int32_t *step, const int8_t *phase,
+                      const int32_t *experts, const float *weights, const uint8_t *moe, Py_ssize_t R,
+                      Py_ssize_t n_layer, int64_t n_expert, int has_last, const int64_t *last) {
+    if (R == 0)
+        return 1;
+    const uint32_t nl = (uint32_t)n_layer; /* <= UINT32_MAX: checked by the caller */
+    int bad = 0;
+    {
+        const int64_t b = batch[0], lay = layer[0], s = step[0], p = phase[0];
+        const int in_range = (uint64_t)lay < (uint64_t)n_layer;
+        bad |= !in_range | !moe[in_range ? lay : 0];
+        bad |= (uint64_t)p > 1;
+        bad |= has_last & ((b < last[0]) | ((b == last[0]) & ((lay < last[1]) | ((lay == last[1]) & (s <= last[2])) |
+                                                              (p != last[3]))));
+        const int64_t e = experts[0];
+        const float w = weights[0];
+        bad |= (e < 0) | (e >= n_expert) | (w < 0) | (w == INFINITY);
+    }
+    for (Py_ssize_t r0 = 1; r0 < R && !bad; r0 += ROWS_BLOCK) {
+        const Py_ssize_t r1 = r0 + ROWS_BLOCK < R ? r0 + ROWS_BLOCK : R;
+        for (Py_ssize_t r = r0; r < r1; r++)
+            bad |= row_bad_k1(batch[r], layer[r], step[r], phase[r], experts[r], weights[r], batch[r - 1], layer[r - 1],
+                              step[r - 1], phase[r - 1], moe, nl, n_expert);
+    }
+    return !bad;
+}
+
 static int rows_ok_loop(const int32_t *batch, const int16_t *layer, const int32_t *step, const int8_t *phase,
                         const int32_t *experts, const float *weights, const uint8_t *moe, Py_ssize_t R, Py_ssize_t k,
                         Py_ssize_t n_layer, int64_t n_expert, int by_rank, int has_last, const int64_t *last) {
+    if (k == 1 && (uint64_t)n_layer <= UINT32_MAX)
+        return rows_ok_k1(batch, layer, step, phase, experts, weights, moe, R, n_layer, n_expert, has_last, last);
     for (Py_ssize_t r0 = 0; r0 < R; r0 += ROWS_BLOCK) {
         const Py_ssize_t r1 = r0 + ROWS_BLOCK < R ? r0 + ROWS_BLOCK : R;
         int bad = 0;
