@@ -73,13 +73,14 @@ def cache_json(trace: str, budgets: str | None, budget_mib: str | None, policies
         return None
     from replay import aot
     from traces import pq_native
+    from traces.errors import UserError
 
     kern, pq = aot.load(), pq_native.load()
     if kern is None or pq is None:
         return None
     try:
         return _cache_json(kern, pq, trace, budgets, budget_mib, policies, phase, seed, stream, per_layer)
-    except NotMine:
+    except (NotMine, UserError):  # a refusal is the ordinary path's to word
         return None
 
 
@@ -189,11 +190,39 @@ def _same_type(g: tuple, w: tuple) -> bool:
     return tuple(g) == tuple(w)
 
 
+def _elements(ft: Any) -> dict[tuple[str, ...], Any]:
+    """Every schema element of a footer by its path (the schema is stored pre-order, each group
+    followed by its ``num_children`` subtrees)."""
+    out = {}
+    stack = [[ft.schema[0].num_children or 0, ()]]
+    for e in ft.schema[1:]:
+        while stack and stack[-1][0] == 0:
+            stack.pop()
+        if not stack:
+            raise NotMine
+        stack[-1][0] -= 1
+        path = stack[-1][1] + (e.name,)
+        out[path] = e
+        if e.num_children:
+            stack.append([e.num_children, path])
+    return out
+
+
 def _layout(t: _Trace, i: int) -> list[list[tuple]]:
     """Per row group, per column of :data:`READ`: the arguments of ``traces._pq.read_chunk``
-    after ``fd`` (NotMine unless each leaf is laid out as this package writes it)."""
+    after ``fd`` (NotMine unless each column is laid out as this package's writer lays it out: a
+    required scalar, or a required LIST group > repeated ``list`` > optional ``element``)."""
     ft = t.footers[i]
     leaves = {lf.path: (j, lf) for j, lf in enumerate(ft.leaves)}
+    el = _elements(ft)
+    for name, _ in READ:
+        if name in ("experts", "weights"):
+            top, mid, leaf = el.get((name,)), el.get((name, "list")), el.get((name, "list", "element"))
+            if top is None or mid is None or leaf is None or (top.repetition, mid.repetition, leaf.repetition) != (0, 2, 1) \
+                    or top.logical != ("LIST",) or mid.logical is not None or top.num_children != 1 or mid.num_children != 1:
+                raise NotMine
+        elif el.get((name,)) is None or el[(name,)].repetition != 0:
+            raise NotMine
     k = t.top_k
     plan = []
     want_rows = 0
