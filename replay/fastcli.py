@@ -71,7 +71,6 @@ def cache_json(trace: str, budgets: str | None, budget_mib: str | None, policies
     from replay.cache_stream import check_stream_mode, choose_stream
     from replay.info import require_routings
     from replay.phases import check_phase
-    from replay.present.format import json_object
     from replay.rows import cache_summary, column_types, plain_rows
     from traces import open_trace
     from traces.units import parse_budget_mib, parse_budgets_mib
@@ -113,6 +112,15 @@ def cache_json(trace: str, budgets: str | None, budget_mib: str | None, policies
     rows = plain_rows(raw, column_types(extras))
     sm = cache_summary(t, rows, blist, budgets is not None or budget_mib is not None, W_bytes,
                        bool((loads.batch_phase == 1).any()))
+    return cache_json_text(trace, phase, rows, sm)
+
+
+def cache_json_text(trace: str, phase: str, rows: list[dict[str, Any]], sm: dict[str, Any]) -> str:
+    """The JSON object ``cache --json`` prints: the rows and :func:`replay.rows.cache_summary`'s ``sm``."""
+    from pathlib import Path
+
+    from replay.present.format import json_object
+
     return json_object("cache", str(Path(trace)), rows, phase=phase, token_cycle_mib=sm["token_cycle_mib"],
                        working_set_mib=sm["working_set_mib"], budgets_below_token_cycle=sm["budgets_below_token_cycle"],
                        budgets_chosen=sm["budgets_chosen"], note=sm["note"], cost_model=None)
@@ -132,9 +140,8 @@ def run(args: list[str], debug: bool) -> int | None:
         # (what replay.api.cli_flags asks of the API's functions on typer's path).
         from replay import native
 
-        out = native.cache_json(**opts)  # None: not one the native path takes (the same JSON, or refusal, below)
-        if out is None:
-            out = cache_json(**opts)
+        got = native.cache_rows(**opts)  # None: not one the native path takes (the same JSON, or refusal, below)
+        out = cache_json(**opts) if got is None else cache_json_text(opts["trace"], opts["phase"], *got)
         sys.stdout.write(out + "\n")
         sys.stdout.flush()
         return 0

@@ -65,10 +65,11 @@ def _filled(fmt: str, n: int, value: int) -> array:
     return array(fmt, [value]) * n
 
 
-def cache_json(trace: str, budgets: str | None, budget_mib: str | None, policies: str, phase: str, seed: int, stream: str,
-               per_layer: bool) -> str | None:
-    """``cache --json``'s output (the string :func:`replay.fastcli.cache_json` returns for the same
-    options), or None when the native path does not take this run."""
+def cache_rows(trace: str, budgets: str | None, budget_mib: str | None, policies: str, phase: str, seed: int, stream: str,
+               per_layer: bool) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+    """``cache --json``'s rows and summary (:func:`replay.rows.cache_summary`), what
+    :func:`replay.fastcli.cache_json` prints for the same options, or None when the native path
+    does not take this run."""
     if os.environ.get(ENV, "").strip() == "0":
         return None
     from replay import aot
@@ -79,7 +80,7 @@ def cache_json(trace: str, budgets: str | None, budget_mib: str | None, policies
     if kern is None or pq is None:
         return None
     try:
-        return _cache_json(kern, pq, trace, budgets, budget_mib, policies, phase, seed, stream, per_layer)
+        return _cache_rows(kern, pq, trace, budgets, budget_mib, policies, phase, seed, stream, per_layer)
     except (NotMine, UserError):  # a refusal is the ordinary path's to word
         return None
 
@@ -430,9 +431,8 @@ class _Cell:
         return sum(t.expert_bytes[t.moe_layers[e // n]] for e, p in enumerate(pin) if p != -1)
 
 
-def _cache_json(kern: Any, pq: Any, trace: str, budgets: str | None, budget_mib: str | None, policies: str, phase: str,
-                seed: int, stream: str, per_layer: bool) -> str:
-    from replay.present.format import json_object
+def _cache_rows(kern: Any, pq: Any, trace: str, budgets: str | None, budget_mib: str | None, policies: str, phase: str,
+                seed: int, stream: str, per_layer: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     from replay.rows import cache_summary, column_types, plain_rows
     from traces.errors import UserError
     from traces.memory import check_fits
@@ -518,10 +518,5 @@ def _cache_json(kern: Any, pq: Any, trace: str, budgets: str | None, budget_mib:
             raw_rows.extend(cells[(p, b)].rows(t, per_layer))
     rows = plain_rows(raw_rows, column_types(False))
     W = next(iter(cells.values())).working_set_bytes(t)
-    sm = cache_summary(t, rows, blist, True, W, has_decode)
-    from pathlib import Path
-
-    return json_object("cache", str(Path(trace)), rows, phase=phase, token_cycle_mib=sm["token_cycle_mib"],
-                       working_set_mib=sm["working_set_mib"], budgets_below_token_cycle=sm["budgets_below_token_cycle"],
-                       budgets_chosen=sm["budgets_chosen"], note=sm["note"], cost_model=None)
+    return rows, cache_summary(t, rows, blist, True, W, has_decode)
 
