@@ -1186,17 +1186,112 @@ def _decode_schema(blob: str) -> list[ArrowField]:
     return [_fb_field(b, t, 0) for t in _fb_tables(b, _fb_slot(b, schema, 1))]
 
 
-def arrow_schema(footer: Footer) -> list[ArrowField]:
-    """The Arrow schema stored in the footer's ``ARROW:schema`` key (what pyarrow presents, as long as
-    the Parquet leaves agree with it: check those too), one :class:`ArrowField` per top-level field.
+# Leaf checks: the Parquet leaf from which pyarrow infers exactly the stored Arrow type (pyarrow presents
+# the inferred type and restores only some stored ones: lists, sizes, large lists, dictionaries,
+# time zones... never an integer width, so a uint32 stored over a plain INT64 reads as int64).
+_INT_CONVERTED = {(8, True): 15, (16, True): 16, (32, True): 17, (64, True): 18,
+                  (8, False): 11, (16, False): 12, (32, False): 13, (64, False): 14}
+_LIST_KINDS = ("fixed_size_list", "list", "large_list")
 
-    Raises FooterError when the key is absent (a file written with ``store_schema=False``) or its
-    content is not fully understood. The fields are shared between calls on equal blobs (part files of
-    one trace store the same schema): treat them as read-only.
+
+def _leaf_matches(t: tuple, e: SchemaElement) -> bool:
+    """Whether pyarrow infers the Arrow type ``t`` (a supported, non-list kind) from leaf ``e``."""
+    kind, logical, converted = t[0], e.logical, e.converted_type
+    if kind == "int":
+        if e.type != (2 if t[1] == 64 else 1):
+            return False
+        if logical is not None:
+            return logical == ("INTEGER", t[1], t[2])
+        if converted is not None:
+            return converted == _INT_CONVERTED[(t[1], t[2])]
+        return t[2] and t[1] >= 32
+    if kind == "utf8":
+        return e.type == 6 and (logical == ("STRING",) or (logical is None and converted == 0))
+    if logical is not None or converted is not None:
+        return kind == "float" and t[1] == 16 and e.type == 7 and e.type_length == 2 and logical == ("FLOAT16",)
+    if kind == "float":
+        return (t[1] == 32 and e.type == 4) or (t[1] == 64 and e.type == 5)
+    if kind == "bool":
+        return e.type == 0
+    return kind == "binary" and e.type == 6
+
+
+def _subtree_end(schema: list[SchemaElement], i: int) -> int:
+    """The index after the subtree rooted at schema[i] (the tree was checked by read_footer)."""
+    todo = 1
+    while todo:
+        todo += (schema[i].num_children or 0) - 1
+        i += 1
+    return i
+
+
+def _present(f: ArrowField, schema: list[SchemaElement], i: int, list_child: bool) -> tuple[ArrowField, int]:
+    """The field pyarrow presents for stored field ``f`` over the Parquet subtree at schema[i], or
+    FooterError where it would present anything else; and the index after the subtree."""
+    e = schema[i]
+    if not list_child and e.name != f.name:
+        raise FooterError(f"ARROW:schema field {f.name!r} stands where the Parquet schema has {e.name!r}")
+    if e.repetition == 2 or (e.repetition == 1) != f.nullable:
+        raise FooterError(f"ARROW:schema field {f.name!r} has another nullability than its Parquet column")
+    name = e.name  # a list's child is presented under its Parquet name ("element"), not the stored "item"
+    kind = f.type[0]
+    if kind == "other":
+        return ArrowField(name, f.nullable, f.type, f.dictionary), _subtree_end(schema, i)
+    if kind in _LIST_KINDS:
+        # The three-level list only: a LIST group, one repeated group (not named as a two-level
+        # list's struct element would be), one element.
+        n = len(schema)
+        if (f.dictionary or e.type is not None or e.num_children != 1
+                or not (e.logical == ("LIST",) or (e.logical is None and e.converted_type == 3)) or i + 2 >= n):
+            raise FooterError(f"ARROW:schema list field {f.name!r} is not stored as a three-level Parquet list")
+        r = schema[i + 1]
+        if (r.repetition != 2 or r.type is not None or r.num_children != 1 or r.logical is not None
+                or r.converted_type is not None or r.name == "array" or r.name.endswith("_tuple")):
+            raise FooterError(f"ARROW:schema list field {f.name!r} is not stored as a three-level Parquet list")
+        child, end = _present(f.type[-1], schema, i + 2, True)
+        typ = (kind, f.type[1], child) if kind == "fixed_size_list" else (kind, child)
+        return ArrowField(name, f.nullable, typ, False), end
+    if e.type is None:
+        raise FooterError(f"ARROW:schema field {f.name!r} is stored as a Parquet group")
+    if f.dictionary and kind not in ("utf8", "binary"):
+        raise FooterError(f"ARROW:schema field {f.name!r} is a dictionary pyarrow reads as plain values")
+    if not _leaf_matches(f.type, e):
+        raise FooterError(f"ARROW:schema field {f.name!r} is stored in a Parquet column pyarrow reads as "
+                          "another type")
+    return ArrowField(name, f.nullable, f.type, f.dictionary), i + 1
+
+
+def arrow_schema(footer: Footer) -> list[ArrowField]:
+    """The Arrow schema pyarrow presents for the file (``pf.schema_arrow``), one :class:`ArrowField` per
+    top-level field: the one stored in the footer's ``ARROW:schema`` key, checked against the Parquet
+    schema. Every field of a supported kind must be one pyarrow restores as stored: same name and
+    nullability, its Parquet leaf the one pyarrow infers that very type from (a stored uint32 over a
+    plain INT64, as format version 1.0 writes it, is read as int64: refused), lists as three-level
+    Parquet lists (whose children are then named as Parquet names them, "element").
+
+    Raises FooterError when the key is absent (a file written with ``store_schema=False``), its
+    content is not fully understood, or pyarrow would present anything else. A fixed_size_list's
+    size is the stored one: that each row holds exactly that many values is the data's to check.
     """
     blob = footer.kv.get("ARROW:schema")
     if blob is None:
         raise FooterError("footer stores no Arrow schema (ARROW:schema)")
+    stored = _stored_schema(blob)
+    schema = footer.schema
+    if len(stored) != schema[0].num_children:
+        raise FooterError(f"ARROW:schema has {len(stored)} fields where the Parquet schema has "
+                          f"{schema[0].num_children}")
+    out = []
+    i = 1
+    for f in stored:
+        g, i = _present(f, schema, i, False)
+        out.append(g)
+    return out
+
+
+def _stored_schema(blob: str) -> list[ArrowField]:
+    """The fields stored in an ARROW:schema value (decoded once per distinct value: the part files of
+    one trace store the same; the fields are shared, read-only)."""
     fields = _SCHEMA_CACHE.get(blob)
     if fields is None:
         try:
@@ -1206,4 +1301,4 @@ def arrow_schema(footer: Footer) -> list[ArrowField]:
         if len(_SCHEMA_CACHE) >= _SCHEMA_CACHE_MAX:
             _SCHEMA_CACHE.clear()
         _SCHEMA_CACHE[blob] = fields
-    return list(fields)
+    return fields
