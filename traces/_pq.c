@@ -454,6 +454,12 @@ typedef struct {
     int64_t width; /* rep: the list width */
 } lvl_t;
 
+/* why a level is wrong: a repetition level breaks the lists' length; a definition level of 0 is an
+ * empty list (nothing defined below the required list), any other below the maximum a null item */
+static int level_status(const lvl_t *L, uint32_t v) {
+    return L->is_rep || v == 0 ? ST_LIST : ST_NULL;
+}
+
 /* whether the run of m entries of value v starting at global position g is as required */
 static int run_ok(const lvl_t *L, uint32_t v, int64_t g, int64_t m) {
     if (!L->is_rep)
@@ -495,22 +501,22 @@ static int check_levels(const uint8_t *p, size_t len, int64_t n, int bw, const l
                 /* every value must be the same: whole bytes compared at once */
                 uint32_t v = L->is_rep ? 0 : (uint32_t)L->want;
                 if (v > mask)
-                    return L->is_rep ? ST_LIST : ST_NULL;
+                    return ST_LEVELS;
                 uint8_t full = 0;
                 for (int s = 0; s < 8; s += bw)
                     full |= (uint8_t)(v << s);
                 int per = 8 / bw;
                 int64_t whole = m / per;
-                for (int64_t j = 0; j < whole; j++)
-                    if (p[j] != full)
-                        return L->is_rep ? ST_LIST : ST_NULL;
-                k = whole * per;
+                int64_t b = 0;
+                while (b < whole && p[b] == full)
+                    b++;
+                k = b * per; /* from a byte that differs, value by value: the loop below names the bad one */
             }
             for (; k < m; k++) {
                 uint64_t bit = (uint64_t)k * bw; /* bw is 1 or 2: a value never straddles bytes */
                 uint32_t v = (p[bit >> 3] >> (bit & 7)) & mask;
                 if (!run_ok(L, v, g + k, 1))
-                    return L->is_rep ? ST_LIST : ST_NULL;
+                    return level_status(L, v);
             }
             p += nbytes;
             n -= m;
@@ -522,7 +528,7 @@ static int check_levels(const uint8_t *p, size_t len, int64_t n, int bw, const l
             uint32_t v = *p++;
             int64_t m = (int64_t)count < n ? (int64_t)count : n;
             if (!run_ok(L, v, g, m))
-                return L->is_rep ? ST_LIST : ST_NULL;
+                return level_status(L, v);
             n -= m;
             g += m;
         }
@@ -691,8 +697,6 @@ static int data_page_v2(job_t *j, const page_t *h, const uint8_t *body) {
         return st;
     if (h->v2_n < 0 || h->v2_nulls < 0 || h->v2_rows < 0 || h->v2_dlen < 0 || h->v2_rlen < 0)
         return ST_HEADER;
-    if (h->v2_nulls)
-        return ST_NULL;
     int64_t n = h->v2_n;
     if (n > j->expected - j->done)
         return ST_COUNT;
@@ -706,6 +710,8 @@ static int data_page_v2(job_t *j, const page_t *h, const uint8_t *body) {
         return ST_HEADER;
     if ((st = page_levels(j, body, rlen, body + rlen, dlen, n)) != ST_OK)
         return st;
+    if (h->v2_nulls) /* the levels say none: the header disagrees with them */
+        return ST_NULL;
     /* pyarrow reads values as uncompressed when is_compressed is unset or false, unless the file
      * was written by an Arrow older than 3.0.0 (which set false and compressed anyway): the writer
      * is in the footer, not here, so under a codec only an explicit true is taken */
@@ -750,8 +756,8 @@ static int read_all(job_t *j) {
 
 static int decode(job_t *j) {
     int st;
-    if (j->size == 0)
-        return ST_SHORT; /* a column chunk holds at least one page */
+    if (j->size == 0) /* pyarrow writes an empty row group's chunks as 0 bytes at offset 0 */
+        return j->expected == 0 ? ST_OK : ST_COUNT;
     if ((uint64_t)j->size > SIZE_MAX || !(j->buf = malloc((size_t)j->size)))
         return ST_NOMEM;
     if ((st = read_all(j)) != ST_OK)

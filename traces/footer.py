@@ -34,6 +34,9 @@ _TAIL_GUESS = 64 << 10
 # Nesting deeper than this in a skipped Thrift value is not a Parquet footer but a corrupt one
 # (it also keeps the recursive skip far from Python's recursion limit).
 _MAX_DEPTH = 32
+# parquet-cpp's Thrift limits (ReaderProperties' defaults): a longer string or list is refused there.
+_STRING_LIMIT = 100_000_000
+_CONTAINER_LIMIT = 1_000_000
 
 
 class FooterError(ValueError):
@@ -52,7 +55,8 @@ class SchemaElement:
     ("ENUM",), ("DECIMAL", scale, precision), ("DATE",), ("TIME", is_adjusted_to_utc, unit),
     ("TIMESTAMP", is_adjusted_to_utc, unit) with unit "MILLIS" | "MICROS" | "NANOS",
     ("INTEGER", bit_width, is_signed), ("JSON",), ("BSON",), ("UUID",), ("FLOAT16",), or
-    ("UNKNOWN", field_id) for any other (not decoded; Parquet's own UNKNOWN, the null type, is field 11).
+    ("UNKNOWN", field_id) for 11 UNKNOWN (the null type), 16 VARIANT, 17 GEOMETRY, 18 GEOGRAPHY (not
+    decoded); any other member is refused (FooterError), as pyarrow refuses it.
     """
 
     __slots__ = ("name", "type", "type_length", "repetition", "num_children", "converted_type", "logical",
@@ -219,7 +223,7 @@ def _i32(buf: bytes, pos: int) -> tuple[int, int]:
 def _binary(buf: bytes, pos: int) -> tuple[bytes, int]:
     n, pos = _uvarint(buf, pos)
     end = pos + n
-    if end > len(buf):
+    if end > len(buf) or n > _STRING_LIMIT:
         raise FooterError("truncated footer: a string runs past its end")
     return buf[pos:end], end
 
@@ -227,7 +231,7 @@ def _binary(buf: bytes, pos: int) -> tuple[bytes, int]:
 def _string(buf: bytes, pos: int) -> tuple[str, int]:
     n, pos = _uvarint(buf, pos)
     end = pos + n
-    if end > len(buf):
+    if end > len(buf) or n > _STRING_LIMIT:
         raise FooterError("truncated footer: a string runs past its end")
     try:
         return buf[pos:end].decode(), end
@@ -243,9 +247,61 @@ def _list_head(buf: bytes, pos: int) -> tuple[int, int, int]:
     n = b >> 4
     if n == 15:
         n, pos = _uvarint(buf, pos)
-    if n > len(buf) - pos:
+    if n > len(buf) - pos or n > _CONTAINER_LIMIT:
         raise FooterError("corrupt footer: a list longer than the bytes left")
     return b & 15, n, pos
+
+
+def _long_field_id(buf: bytes, pos: int) -> tuple[int, int]:
+    """A field id in its long form (a zigzag varint after the header byte). Thrift reads it as an
+    i16, so a wider one would alias another field there: refused."""
+    fid, pos = _zigzag(buf, pos)
+    if not -32768 <= fid <= 32767:
+        raise FooterError("corrupt footer: a field id outside i16")
+    return fid, pos
+
+
+def _skip_checked(buf: bytes, pos: int, required: dict[int, tuple[int, ...]], what: str) -> int:
+    """Skip a struct that Thrift's generated reader (pyarrow's) still checks: every field in
+    ``required`` (id: allowed wire types) must be present with its type, or that reader refuses it."""
+    seen = 0
+    fid = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        t = b & 15
+        if not t:
+            if b:
+                raise FooterError("corrupt footer: a bad field header")
+            break
+        if b >> 4:
+            fid += b >> 4
+        else:
+            fid, pos = _long_field_id(buf, pos)
+        if fid in required and t in required[fid]:
+            seen |= 1 << fid
+        pos = _skip_struct(buf, pos, 2) if t == 12 else _skip(buf, pos, t, 2)
+    if seen != sum(1 << f for f in required):
+        raise FooterError(f"footer has a {what} without a required field")
+    return pos
+
+
+# Required fields of structs skipped otherwise (parquet.thrift): id -> wire types.
+_PAGE_ENCODING_STATS = {1: (5,), 2: (5,), 3: (5,)}
+_SORTING_COLUMN = {1: (5,), 2: (1, 2), 3: (1, 2)}
+
+
+def _skip_struct_list(buf: bytes, pos: int, t: int, required: dict[int, tuple[int, ...]], what: str) -> int:
+    """Skip an optional list<struct> field whose structs have required fields (a field of another
+    wire type is skipped as Thrift's reader skips it)."""
+    if t != _T_LIST:
+        return _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+    et, n, pos = _list_head(buf, pos)
+    if et != _T_STRUCT:
+        raise FooterError(f"footer's {what} list is not a list of structs")
+    for _ in range(n):
+        pos = _skip_checked(buf, pos, required, what)
+    return pos
 
 
 def _skip_varint(buf: bytes, pos: int) -> int:
@@ -273,7 +329,7 @@ def _skip_struct(buf: bytes, pos: int, depth: int) -> int:
                 raise FooterError("corrupt footer: a bad field header")
             return pos
         if not b >> 4:
-            pos = _skip_varint(buf, pos)
+            pos = _long_field_id(buf, pos)[1]
         if t == 8:
             n = buf[pos]
             if n < 0x80:
@@ -281,7 +337,7 @@ def _skip_struct(buf: bytes, pos: int, depth: int) -> int:
             else:
                 n, pos = _uvarint(buf, pos)
                 pos += n
-            if pos > end:
+            if pos > end or n > _STRING_LIMIT:
                 raise FooterError("truncated footer: a string runs past its end")
         elif t == 4 or t == 5 or t == 6:
             if buf[pos] < 0x80:
@@ -304,7 +360,7 @@ def _skip(buf: bytes, pos: int, t: int, depth: int) -> int:
         return _skip_varint(buf, pos)
     if t == 8:
         n, pos = _uvarint(buf, pos)
-        if pos + n > len(buf):
+        if pos + n > len(buf) or n > _STRING_LIMIT:
             raise FooterError("truncated footer: a string runs past its end")
         return pos + n
     if t == 3:
@@ -313,6 +369,8 @@ def _skip(buf: bytes, pos: int, t: int, depth: int) -> int:
         return pos + 8
     if t == 9 or t == 10:
         et, n, pos = _list_head(buf, pos)
+        if not 1 <= et <= 12:
+            raise FooterError(f"corrupt footer: unknown Thrift type {et}")
         if et == 1 or et == 2 or et == 3:
             return pos + n
         if et == 7:
@@ -328,7 +386,7 @@ def _skip(buf: bytes, pos: int, t: int, depth: int) -> int:
         n, pos = _uvarint(buf, pos)
         if n == 0:
             return pos
-        if 2 * n > len(buf) - pos:
+        if 2 * n > len(buf) - pos or n > _CONTAINER_LIMIT:
             raise FooterError("corrupt footer: a map longer than the bytes left")
         kv = buf[pos]
         pos += 1
@@ -359,7 +417,7 @@ def _int_logical(buf: bytes, pos: int) -> tuple[tuple, int]:
         if b >> 4:
             fid += b >> 4
         else:
-            fid, pos = _zigzag(buf, pos)
+            fid, pos = _long_field_id(buf, pos)
         if fid == 1:
             if t != _T_I8:
                 raise _wrong("IntType", fid, t)
@@ -396,7 +454,7 @@ def _time_logical(buf: bytes, pos: int, name: str) -> tuple[tuple, int]:
         if b >> 4:
             fid += b >> 4
         else:
-            fid, pos = _zigzag(buf, pos)
+            fid, pos = _long_field_id(buf, pos)
         if fid == 1:
             if t != 1 and t != 2:
                 raise _wrong(name, fid, t)
@@ -417,7 +475,7 @@ def _time_logical(buf: bytes, pos: int, name: str) -> tuple[tuple, int]:
                 if b >> 4:
                     ufid += b >> 4
                 else:
-                    ufid, pos = _zigzag(buf, pos)
+                    ufid, pos = _long_field_id(buf, pos)
                 if ut != _T_STRUCT:
                     raise _wrong("TimeUnit", ufid, ut)
                 pos = _skip(buf, pos, ut, 2)
@@ -447,7 +505,7 @@ def _decimal_logical(buf: bytes, pos: int) -> tuple[tuple, int]:
         if b >> 4:
             fid += b >> 4
         else:
-            fid, pos = _zigzag(buf, pos)
+            fid, pos = _long_field_id(buf, pos)
         if fid == 1 or fid == 2:
             if t != _T_I32:
                 raise _wrong("DecimalType", fid, t)
@@ -468,6 +526,11 @@ _EMPTY_LOGICAL = {1: "STRING", 2: "MAP", 3: "LIST", 4: "ENUM", 6: "DATE", 12: "J
                   15: "FLOAT16"}
 
 
+# LogicalType members read as ("UNKNOWN", field id): 11 UNKNOWN (the null type), 16 VARIANT,
+# 17 GEOMETRY, 18 GEOGRAPHY (parquet.thrift, 2025). pyarrow refuses a member it does not know.
+_UNDECODED_LOGICAL = frozenset((11, 16, 17, 18))
+
+
 def _logical(buf: bytes, pos: int) -> tuple[tuple, int]:
     """LogicalType, a union: exactly one struct-valued field."""
     out = None
@@ -483,7 +546,7 @@ def _logical(buf: bytes, pos: int) -> tuple[tuple, int]:
         if b >> 4:
             fid += b >> 4
         else:
-            fid, pos = _zigzag(buf, pos)
+            fid, pos = _long_field_id(buf, pos)
         if t != _T_STRUCT:
             raise _wrong("LogicalType", fid, t)
         if out is not None:
@@ -499,9 +562,11 @@ def _logical(buf: bytes, pos: int) -> tuple[tuple, int]:
             out, pos = _time_logical(buf, pos, "TIME")
         elif fid == 5:
             out, pos = _decimal_logical(buf, pos)
-        else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+        elif fid in _UNDECODED_LOGICAL:
+            pos = _skip_struct(buf, pos, 1)
             out = ("UNKNOWN", fid)
+        else:  # a member pyarrow does not know either: it refuses the file
+            raise FooterError(f"footer has an unknown logical type (LogicalType field {fid})")
     if out is None:
         raise FooterError("footer has an empty LogicalType union")
     return out, pos
@@ -521,7 +586,7 @@ def _schema_element(buf: bytes, pos: int) -> tuple[SchemaElement, int]:
         if b >> 4:
             fid += b >> 4
         else:
-            fid, pos = _zigzag(buf, pos)
+            fid, pos = _long_field_id(buf, pos)
         if fid == 4:
             if t != _T_BINARY:
                 raise _wrong("SchemaElement", fid, t)
@@ -591,7 +656,7 @@ def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
         if b >> 4:
             fid += b >> 4
         else:
-            fid, pos = _zigzag(buf, pos)
+            fid, pos = _long_field_id(buf, pos)
         if fid in _META_I64:
             if t != _T_I64:
                 raise _wrong("ColumnMetaData", fid, t)
@@ -662,7 +727,18 @@ def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
                 s, pos = _string(buf, pos)
                 parts.append(s)
             path = tuple(parts)
+        elif fid == 13:
+            pos = _skip_struct_list(buf, pos, t, _PAGE_ENCODING_STATS, "page encoding stats")
+        elif fid == 8 and t == _T_LIST:
+            et, n, pos = _list_head(buf, pos)
+            if et != _T_STRUCT:
+                raise FooterError("footer has a column's key-value metadata that is not a list of structs")
+            for _ in range(n):
+                pos = _key_value(buf, pos)[2]
+        elif fid == 17:
+            raise FooterError("footer has geospatial statistics")
         else:
+            # 12 statistics, 14/15 bloom filter, 16 size statistics: nothing required inside.
             pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
     if (typ is None or encodings is None or path is None or codec is None or num_values is None or unc is None
             or comp is None or data_off is None):
@@ -672,6 +748,7 @@ def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
 
 def _column_chunk(buf: bytes, pos: int) -> tuple[Chunk, int]:
     meta = None
+    file_offset = False
     fid = 0
     while True:
         b = buf[pos]
@@ -684,7 +761,7 @@ def _column_chunk(buf: bytes, pos: int) -> tuple[Chunk, int]:
         if b >> 4:
             fid += b >> 4
         else:
-            fid, pos = _zigzag(buf, pos)
+            fid, pos = _long_field_id(buf, pos)
         if fid == 3:
             if t != _T_STRUCT:
                 raise _wrong("ColumnChunk", fid, t)
@@ -694,10 +771,11 @@ def _column_chunk(buf: bytes, pos: int) -> tuple[Chunk, int]:
         elif fid == 8 or fid == 9:
             raise FooterError("footer has an encrypted column chunk")
         else:
-            # 2 file_offset (deprecated), 4-7 offset and column index locations.
+            # 2 file_offset (deprecated, yet required), 4-7 offset and column index locations.
+            file_offset |= fid == 2 and t == _T_I64
             pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
-    if meta is None:
-        raise FooterError("footer has a column chunk without its metadata")
+    if meta is None or not file_offset:
+        raise FooterError("footer has a column chunk without its metadata or file offset")
     return meta, pos
 
 
@@ -715,7 +793,7 @@ def _row_group(buf: bytes, pos: int) -> tuple[RowGroup, int]:
         if b >> 4:
             fid += b >> 4
         else:
-            fid, pos = _zigzag(buf, pos)
+            fid, pos = _long_field_id(buf, pos)
         if fid == 1:
             if t != _T_LIST:
                 raise _wrong("RowGroup", fid, t)
@@ -736,8 +814,10 @@ def _row_group(buf: bytes, pos: int) -> tuple[RowGroup, int]:
                 total = v
             else:
                 num_rows = v
+        elif fid == 4:
+            pos = _skip_struct_list(buf, pos, t, _SORTING_COLUMN, "sorting column")
         else:
-            # 4 sorting_columns, 5 file_offset, 6 total_compressed_size, 7 ordinal.
+            # 5 file_offset, 6 total_compressed_size, 7 ordinal.
             pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
     if chunks is None or total is None or num_rows is None:
         raise FooterError("footer has a row group without its columns, byte size or row count")
@@ -759,7 +839,7 @@ def _key_value(buf: bytes, pos: int) -> tuple[str, str, int]:
         if b >> 4:
             fid += b >> 4
         else:
-            fid, pos = _zigzag(buf, pos)
+            fid, pos = _long_field_id(buf, pos)
         if fid == 1 or fid == 2:
             if t != _T_BINARY:
                 raise _wrong("KeyValue", fid, t)
@@ -800,7 +880,7 @@ def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup]
         if b >> 4:
             fid += b >> 4
         else:
-            fid, pos = _zigzag(buf, pos)
+            fid, pos = _long_field_id(buf, pos)
         if fid == 2:
             n, pos = _struct_list(buf, pos, fid, t, "schema")
             schema = []
@@ -848,6 +928,45 @@ def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup]
     return num_rows, schema, row_groups, kv, created_by
 
 
+# Physical types each annotation may annotate (parquet-cpp refuses a file where one does not).
+_LOGICAL_PHYSICAL = {"STRING": (6,), "ENUM": (6,), "JSON": (6,), "BSON": (6,), "DATE": (1,), "TIMESTAMP": (2,)}
+_CONVERTED_PHYSICAL = {0: (6,), 4: (6,), 19: (6,), 20: (6,), 6: (1,), 7: (1,), 8: (2,), 9: (2,), 10: (2,),
+                       11: (1,), 12: (1,), 13: (1,), 14: (2,), 15: (1,), 16: (1,), 17: (1,), 18: (2,)}
+
+
+def _leaf_annotation_ok(e: SchemaElement) -> bool:
+    """Whether a leaf's physical type can carry its logical (or, without one, converted) type. A
+    converted DECIMAL or INTERVAL without a logical type is not understood here."""
+    t, logical = e.type, e.logical
+    if t == 7 and (e.type_length is None or e.type_length <= 0):
+        return False
+    if logical is None:
+        return e.converted_type is None or t in _CONVERTED_PHYSICAL.get(e.converted_type, ())
+    kind = logical[0]
+    if kind in _LOGICAL_PHYSICAL:
+        return t in _LOGICAL_PHYSICAL[kind]
+    if kind == "INTEGER":
+        return logical[1] in (8, 16, 32, 64) and t == (2 if logical[1] == 64 else 1)
+    if kind == "TIME":
+        return t == (1 if logical[2] == "MILLIS" else 2)
+    if kind == "FLOAT16":
+        return t == 7 and e.type_length == 2
+    if kind == "UUID":
+        return t == 7 and e.type_length == 16
+    if kind == "DECIMAL":
+        scale, precision = logical[1], logical[2]
+        if not 0 <= scale <= precision or precision < 1:
+            return False
+        if t == 1 or t == 2:
+            return precision <= (9 if t == 1 else 18)
+        if t == 7:  # the digits of the largest signed value of type_length bytes, less one
+            return e.type_length > 128 or precision <= len(str((1 << (8 * e.type_length - 1)) - 1)) - 1
+        return t == 6
+    if kind == "UNKNOWN":
+        return logical[1] == 11 or (logical[1] in (17, 18) and t == 6)
+    return False  # LIST, MAP on a leaf
+
+
 def _leaves(schema: list[SchemaElement]) -> list[Leaf]:
     """Walk the flattened schema tree (pre-order, each group followed by its num_children subtrees)."""
     if not schema:
@@ -884,10 +1003,15 @@ def _leaves(schema: list[SchemaElement]) -> list[Leaf]:
         if e.num_children:
             if e.type is not None:
                 raise FooterError(f"footer's schema element {e.name!r} has both children and a physical type")
+            if not (e.logical in (None, ("LIST",), ("MAP",))
+                    and (e.logical is not None or e.converted_type in (None, 1, 2, 3))):
+                raise FooterError(f"footer's group {e.name!r} has an annotation pyarrow refuses on a group")
             stack.append([e.num_children, path, rep, dfn])
         else:
             if e.type is None:
                 raise FooterError(f"footer's schema element {e.name!r} is neither a group with children nor a leaf")
+            if not _leaf_annotation_ok(e):
+                raise FooterError(f"footer's column {e.name!r} has a type annotation its physical type cannot carry")
             leaves.append(Leaf(path, e, rep, dfn))
     if i != n:
         raise FooterError(f"footer's schema has {n - i} elements outside its tree")
@@ -1016,6 +1140,7 @@ _FB_U16 = struct.Struct("<H").unpack_from
 _FB_I16 = struct.Struct("<h").unpack_from
 _FB_I32 = struct.Struct("<i").unpack_from
 _FB_U32 = struct.Struct("<I").unpack_from
+_FB_I64 = struct.Struct("<q").unpack_from
 # Nesting deeper than this in a stored schema is refused (it also bounds the recursion).
 _FB_MAX_DEPTH = 64
 # Arrow's Type union (Schema.fbs) members this reader decodes.
@@ -1027,9 +1152,12 @@ _SCHEMA_CACHE_MAX = 64
 
 
 def _fb_get(unpack, size: int, b: bytes, p: int) -> int:
-    """One scalar at p, bounds-checked (struct's unpack_from would count a negative p from the end)."""
+    """One scalar at p, bounds- and alignment-checked as flatbuffers' verifier (which pyarrow runs)
+    checks it; struct's unpack_from would count a negative p from the end."""
     if p < 0 or p + size > len(b):
         raise FooterError("corrupt ARROW:schema: an offset outside its buffer")
+    if p & (size - 1):
+        raise FooterError("corrupt ARROW:schema: a misaligned value")
     return unpack(b, p)[0]
 
 
@@ -1037,7 +1165,7 @@ def _fb_table(b: bytes, t: int) -> tuple[int, int, int]:
     """The table at t: (t, its vtable's position, the vtable's length in bytes)."""
     vt = t - _fb_get(_FB_I32, 4, b, t)
     vtlen = _fb_get(_FB_U16, 2, b, vt)
-    if vtlen < 4 or vtlen & 1 or vt + vtlen > len(b):
+    if vtlen < 4 or vtlen & 1 or vt + vtlen > len(b) or t + _FB_U16(b, vt + 2)[0] > len(b):
         raise FooterError("corrupt ARROW:schema: a bad vtable")
     return t, vt, vtlen
 
@@ -1056,7 +1184,10 @@ def _fb_ref(b: bytes, p: int | None) -> int | None:
     """Follow the forward offset stored at p (a table, string or vector field)."""
     if p is None:
         return None
-    return p + _fb_get(_FB_U32, 4, b, p)
+    off = _fb_get(_FB_U32, 4, b, p)
+    if off == 0 or off >= 1 << 31:  # the verifier refuses a null or negative offset
+        raise FooterError("corrupt ARROW:schema: a null or negative offset")
+    return p + off
 
 
 def _fb_scalar(b: bytes, tab: tuple[int, int, int], i: int, unpack, size: int, default: int) -> int:
@@ -1069,8 +1200,8 @@ def _fb_string(b: bytes, p: int | None) -> str | None:
     if p is None:
         return None
     n = _fb_get(_FB_U32, 4, b, p)
-    if p + 4 + n > len(b):
-        raise FooterError("corrupt ARROW:schema: a string outside its buffer")
+    if p + 4 + n >= len(b) or b[p + 4 + n]:
+        raise FooterError("corrupt ARROW:schema: a string outside its buffer or not NUL-terminated")
     try:
         return b[p + 4:p + 4 + n].decode()
     except UnicodeDecodeError:
@@ -1085,19 +1216,75 @@ def _fb_tables(b: bytes, p: int | None) -> list[int]:
     n = _fb_get(_FB_U32, 4, b, p)
     if p + 4 + 4 * n > len(b):
         raise FooterError("corrupt ARROW:schema: a vector outside its buffer")
-    return [q + _FB_U32(b, q)[0] for q in range(p + 4, p + 4 + 4 * n, 4)]
+    return [_fb_ref(b, q) for q in range(p + 4, p + 4 + 4 * n, 4)]
+
+
+def _fb_key_values(b: bytes, p: int | None) -> list[tuple[str | None, str | None]]:
+    """A custom_metadata vector of KeyValue tables {0 key, 1 value}, every string checked."""
+    out = []
+    for kv in _fb_tables(b, p):
+        tab = _fb_table(b, kv)
+        out.append((_fb_string(b, _fb_slot(b, tab, 0)), _fb_string(b, _fb_slot(b, tab, 1))))
+    return out
+
+
+def _fb_check_longs(b: bytes, p: int | None) -> None:
+    """A vector of 8-byte scalars (Schema.features) lies in the buffer."""
+    p = _fb_ref(b, p)
+    if p is not None and p + 4 + 8 * _fb_get(_FB_U32, 4, b, p) > len(b):
+        raise FooterError("corrupt ARROW:schema: a vector outside its buffer")
 
 
 def _fb_is_extension(b: bytes, tab: tuple[int, int, int]) -> bool:
     """Whether a Field's custom_metadata names an extension type (its type is then only the storage)."""
-    for kv in _fb_tables(b, _fb_slot(b, tab, 6)):
-        if _fb_string(b, _fb_slot(b, _fb_table(b, kv), 0)) == "ARROW:extension:name":
-            return True
-    return False
+    return any(k == "ARROW:extension:name" for k, _ in _fb_key_values(b, _fb_slot(b, tab, 6)))
+
+
+def _fb_check_dictionary(b: bytes, p: int | None) -> None:
+    """DictionaryEncoding {0 id: long, 1 indexType: Int, 2 isOrdered: bool, 3 dictionaryKind: short}."""
+    tab = _fb_table(b, p)
+    _fb_scalar(b, tab, 0, _FB_I64, 8, 0)
+    _fb_scalar(b, tab, 2, _FB_U8, 1, 0)
+    _fb_scalar(b, tab, 3, _FB_I16, 2, 0)
+    index = _fb_ref(b, _fb_slot(b, tab, 1))
+    if index is not None:
+        itab = _fb_table(b, index)
+        _fb_scalar(b, itab, 0, _FB_I32, 4, 0)
+        _fb_scalar(b, itab, 1, _FB_U8, 1, 0)
+
+
+# The parameters of each member of Schema.fbs's Type union (slot: kind), all checked on every field as
+# flatbuffers' verifier checks them, though only some are decoded.
+_TYPE_TABLES: dict[int, tuple[tuple[int, str], ...]] = {
+    1: (), 2: ((0, "i32"), (1, "u8")), 3: ((0, "i16"),), 4: (), 5: (), 6: (),
+    7: ((0, "i32"), (1, "i32"), (2, "i32")),  # Decimal: precision, scale, bitWidth
+    8: ((0, "i16"),), 9: ((0, "i16"), (1, "i32")), 10: ((0, "i16"), (1, "str")), 11: ((0, "i16"),),
+    12: (), 13: (), 14: ((0, "i16"), (1, "vec4")), 15: ((0, "i32"),), 16: ((0, "i32"),), 17: ((0, "u8"),),
+    18: ((0, "i16"),), 19: (), 20: (), 21: (), 22: (), 23: (), 24: (), 25: (), 26: (),
+}
+
+
+def _fb_check_type_table(b: bytes, p: int, type_id: int) -> tuple[int, int, int]:
+    tab = _fb_table(b, p)
+    for slot, kind in _TYPE_TABLES.get(type_id, ()):
+        if kind == "i32":
+            _fb_scalar(b, tab, slot, _FB_I32, 4, 0)
+        elif kind == "i16":
+            _fb_scalar(b, tab, slot, _FB_I16, 2, 0)
+        elif kind == "u8":
+            _fb_scalar(b, tab, slot, _FB_U8, 1, 0)
+        elif kind == "str":
+            _fb_string(b, _fb_slot(b, tab, slot))
+        else:  # a vector of 4-byte scalars
+            q = _fb_ref(b, _fb_slot(b, tab, slot))
+            if q is not None and q + 4 + 4 * _fb_get(_FB_U32, 4, b, q) > len(b):
+                raise FooterError("corrupt ARROW:schema: a vector outside its buffer")
+    return tab
 
 
 def _fb_field(b: bytes, t: int, depth: int) -> ArrowField:
-    """A Field table: {0 name, 1 nullable, 2 type_type, 3 type, 4 dictionary, 5 children, 6 custom_metadata}."""
+    """A Field table: {0 name, 1 nullable, 2 type_type, 3 type, 4 dictionary, 5 children, 6 custom_metadata},
+    every part checked (children of every type included) before the supported kinds are decoded."""
     if depth > _FB_MAX_DEPTH:
         raise FooterError("ARROW:schema nested too deep")
     tab = _fb_table(b, t)
@@ -1106,14 +1293,24 @@ def _fb_field(b: bytes, t: int, depth: int) -> ArrowField:
     if nullable > 1:
         raise FooterError("corrupt ARROW:schema: a nullable flag that is not a bool")
     type_id = _fb_scalar(b, tab, 2, _FB_U8, 1, 0)
-    if type_id == 0:
-        raise FooterError(f"ARROW:schema field {name!r} has no type")
     type_pos = _fb_ref(b, _fb_slot(b, tab, 3))
-    dictionary = _fb_slot(b, tab, 4) is not None
-    if _fb_is_extension(b, tab):
+    if type_id == 0 or type_pos is None:
+        raise FooterError(f"ARROW:schema field {name!r} has no type")
+    if type_id not in _TYPE_TABLES:  # a type newer than Schema.fbs as read here (and pyarrow 26)
+        raise FooterError(f"ARROW:schema field {name!r} has an unknown type {type_id}")
+    ttab = _fb_check_type_table(b, type_pos, type_id)
+    dict_pos = _fb_ref(b, _fb_slot(b, tab, 4))
+    dictionary = dict_pos is not None
+    if dictionary:
+        _fb_check_dictionary(b, dict_pos)
+    children_pos = _fb_slot(b, tab, 5)
+    if children_pos is None:  # pyarrow refuses a field without its (possibly empty) children vector
+        raise FooterError(f"ARROW:schema field {name!r} has no children vector")
+    children = [_fb_field(b, c, depth + 1) for c in _fb_tables(b, children_pos)]
+    extension = _fb_is_extension(b, tab)
+    if extension:
         typ: tuple = ("other", type_id)
     elif type_id == _ARROW_INT:
-        ttab = _fb_table(b, _need(type_pos, name))
         bits = _fb_scalar(b, ttab, 0, _FB_I32, 4, 0)
         if bits not in (8, 16, 32, 64):
             raise FooterError(f"ARROW:schema field {name!r} is an int of {bits} bits")
@@ -1122,30 +1319,27 @@ def _fb_field(b: bytes, t: int, depth: int) -> ArrowField:
             raise FooterError("corrupt ARROW:schema: a signedness flag that is not a bool")
         typ = ("int", bits, bool(signed))
     elif type_id == _ARROW_FLOAT:
-        precision = _fb_scalar(b, _fb_table(b, _need(type_pos, name)), 0, _FB_I16, 2, 0)
+        precision = _fb_scalar(b, ttab, 0, _FB_I16, 2, 0)
         if not 0 <= precision <= 2:
             raise FooterError(f"ARROW:schema field {name!r} has an unknown float precision {precision}")
         typ = ("float", _FLOAT_BITS[precision])
-    elif type_id == _ARROW_BOOL:
-        typ = ("bool",)
-    elif type_id == _ARROW_UTF8:
-        typ = ("utf8",)
-    elif type_id == _ARROW_BINARY:
-        typ = ("binary",)
+    elif type_id in (_ARROW_BOOL, _ARROW_UTF8, _ARROW_BINARY):
+        typ = ("bool",) if type_id == _ARROW_BOOL else ("utf8",) if type_id == _ARROW_UTF8 else ("binary",)
     elif type_id in (_ARROW_LIST, _ARROW_LARGE_LIST, _ARROW_FIXED_SIZE_LIST):
-        children = _fb_tables(b, _fb_slot(b, tab, 5))
         if len(children) != 1:
             raise FooterError(f"ARROW:schema list field {name!r} has {len(children)} children, not 1")
-        child = _fb_field(b, children[0], depth + 1)
         if type_id == _ARROW_FIXED_SIZE_LIST:
-            size = _fb_scalar(b, _fb_table(b, _need(type_pos, name)), 0, _FB_I32, 4, 0)
+            size = _fb_scalar(b, ttab, 0, _FB_I32, 4, 0)
             if size < 0:
                 raise FooterError(f"ARROW:schema field {name!r} is a list of negative size {size}")
-            typ = ("fixed_size_list", size, child)
+            typ = ("fixed_size_list", size, children[0])
         else:
-            typ = ("list" if type_id == _ARROW_LIST else "large_list", child)
+            typ = ("list" if type_id == _ARROW_LIST else "large_list", children[0])
     else:
         typ = ("other", type_id)
+    if children and typ[0] not in _LIST_KINDS and not extension and type_id not in (13, 14, 17, 22):
+        # Children on a type that has none (struct, union, map, run-end encoded have them).
+        raise FooterError(f"ARROW:schema field {name!r} of a childless type has children")
     return ArrowField(name, bool(nullable), typ, dictionary)
 
 
@@ -1166,7 +1360,7 @@ def _decode_schema(blob: str) -> list[ArrowField]:
     if len(data) < start:
         raise FooterError("ARROW:schema is truncated")
     length = int.from_bytes(data[start - 4:start], "little", signed=True)
-    if length <= 0 or start + length > len(data):
+    if length <= 0 or length & 7 or start + length > len(data):
         raise FooterError("ARROW:schema's message length does not fit it")
     b = data[start:start + length]
     # Message: {0 version: short, 1 header_type: ubyte, 2 header, 3 bodyLength: long, 4 custom_metadata}.
@@ -1176,6 +1370,9 @@ def _decode_schema(blob: str) -> list[ArrowField]:
         raise FooterError(f"ARROW:schema of an unknown metadata version {version}")
     if _fb_scalar(b, msg, 1, _FB_U8, 1, 0) != 1:
         raise FooterError("ARROW:schema's message is not a Schema")
+    if _fb_scalar(b, msg, 3, _FB_I64, 8, 0):
+        raise FooterError("ARROW:schema's message claims a body")
+    _fb_key_values(b, _fb_slot(b, msg, 4))
     header = _fb_ref(b, _fb_slot(b, msg, 2))
     if header is None:
         raise FooterError("ARROW:schema's message has no Schema")
@@ -1183,20 +1380,120 @@ def _decode_schema(blob: str) -> list[ArrowField]:
     schema = _fb_table(b, header)
     if _fb_scalar(b, schema, 0, _FB_I16, 2, 0) != 0:
         raise FooterError("ARROW:schema is big-endian")
-    return [_fb_field(b, t, 0) for t in _fb_tables(b, _fb_slot(b, schema, 1))]
+    _fb_key_values(b, _fb_slot(b, schema, 2))
+    _fb_check_longs(b, _fb_slot(b, schema, 3))
+    fields_pos = _fb_slot(b, schema, 1)
+    if fields_pos is None:
+        raise FooterError("ARROW:schema has no fields vector")
+    return [_fb_field(b, t, 0) for t in _fb_tables(b, fields_pos)]
+
+
+# Leaf checks: the Parquet leaf from which pyarrow infers exactly the stored Arrow type (pyarrow presents
+# the inferred type and restores only some stored ones: lists, sizes, large lists, dictionaries,
+# time zones... never an integer width, so a uint32 stored over a plain INT64 reads as int64).
+_INT_CONVERTED = {(8, True): 15, (16, True): 16, (32, True): 17, (64, True): 18,
+                  (8, False): 11, (16, False): 12, (32, False): 13, (64, False): 14}
+_LIST_KINDS = ("fixed_size_list", "list", "large_list")
+
+
+def _leaf_matches(t: tuple, e: SchemaElement) -> bool:
+    """Whether pyarrow infers the Arrow type ``t`` (a supported, non-list kind) from leaf ``e``."""
+    kind, logical, converted = t[0], e.logical, e.converted_type
+    if kind == "int":
+        if e.type != (2 if t[1] == 64 else 1):
+            return False
+        if logical is not None:
+            return logical == ("INTEGER", t[1], t[2])
+        if converted is not None:
+            return converted == _INT_CONVERTED[(t[1], t[2])]
+        return t[2] and t[1] >= 32
+    if kind == "utf8":
+        return e.type == 6 and (logical == ("STRING",) or (logical is None and converted == 0))
+    if logical is not None or converted is not None:
+        return kind == "float" and t[1] == 16 and e.type == 7 and e.type_length == 2 and logical == ("FLOAT16",)
+    if kind == "float":
+        return (t[1] == 32 and e.type == 4) or (t[1] == 64 and e.type == 5)
+    if kind == "bool":
+        return e.type == 0
+    return kind == "binary" and e.type == 6
+
+
+def _subtree_end(schema: list[SchemaElement], i: int) -> int:
+    """The index after the subtree rooted at schema[i] (the tree was checked by read_footer)."""
+    todo = 1
+    while todo:
+        todo += (schema[i].num_children or 0) - 1
+        i += 1
+    return i
+
+
+def _present(f: ArrowField, schema: list[SchemaElement], i: int, list_child: bool) -> tuple[ArrowField, int]:
+    """The field pyarrow presents for stored field ``f`` over the Parquet subtree at schema[i], or
+    FooterError where it would present anything else; and the index after the subtree."""
+    e = schema[i]
+    if not list_child and e.name != f.name:
+        raise FooterError(f"ARROW:schema field {f.name!r} stands where the Parquet schema has {e.name!r}")
+    if e.repetition == 2 or (e.repetition == 1) != f.nullable:
+        raise FooterError(f"ARROW:schema field {f.name!r} has another nullability than its Parquet column")
+    name = e.name  # a list's child is presented under its Parquet name ("element"), not the stored "item"
+    kind = f.type[0]
+    if kind == "other":
+        return ArrowField(name, f.nullable, f.type, f.dictionary), _subtree_end(schema, i)
+    if kind in _LIST_KINDS:
+        # The three-level list only: a LIST group, one repeated group (not named as a two-level
+        # list's struct element would be), one element.
+        n = len(schema)
+        if (f.dictionary or e.type is not None or e.num_children != 1
+                or not (e.logical == ("LIST",) or (e.logical is None and e.converted_type == 3)) or i + 2 >= n):
+            raise FooterError(f"ARROW:schema list field {f.name!r} is not stored as a three-level Parquet list")
+        r = schema[i + 1]
+        if (r.repetition != 2 or r.type is not None or r.num_children != 1 or r.logical is not None
+                or r.converted_type is not None or r.name == "array" or r.name.endswith("_tuple")):
+            raise FooterError(f"ARROW:schema list field {f.name!r} is not stored as a three-level Parquet list")
+        child, end = _present(f.type[-1], schema, i + 2, True)
+        typ = (kind, f.type[1], child) if kind == "fixed_size_list" else (kind, child)
+        return ArrowField(name, f.nullable, typ, False), end
+    if e.type is None:
+        raise FooterError(f"ARROW:schema field {f.name!r} is stored as a Parquet group")
+    if f.dictionary and kind not in ("utf8", "binary"):
+        raise FooterError(f"ARROW:schema field {f.name!r} is a dictionary pyarrow reads as plain values")
+    if not _leaf_matches(f.type, e):
+        raise FooterError(f"ARROW:schema field {f.name!r} is stored in a Parquet column pyarrow reads as "
+                          "another type")
+    return ArrowField(name, f.nullable, f.type, f.dictionary), i + 1
 
 
 def arrow_schema(footer: Footer) -> list[ArrowField]:
-    """The Arrow schema stored in the footer's ``ARROW:schema`` key (what pyarrow presents, as long as
-    the Parquet leaves agree with it: check those too), one :class:`ArrowField` per top-level field.
+    """The Arrow schema pyarrow presents for the file (``pf.schema_arrow``), one :class:`ArrowField` per
+    top-level field: the one stored in the footer's ``ARROW:schema`` key, checked against the Parquet
+    schema. Every field of a supported kind must be one pyarrow restores as stored: same name and
+    nullability, its Parquet leaf the one pyarrow infers that very type from (a stored uint32 over a
+    plain INT64, as format version 1.0 writes it, is read as int64: refused), lists as three-level
+    Parquet lists (whose children are then named as Parquet names them, "element").
 
-    Raises FooterError when the key is absent (a file written with ``store_schema=False``) or its
-    content is not fully understood. The fields are shared between calls on equal blobs (part files of
-    one trace store the same schema): treat them as read-only.
+    Raises FooterError when the key is absent (a file written with ``store_schema=False``), its
+    content is not fully understood, or pyarrow would present anything else. A fixed_size_list's
+    size is the stored one: that each row holds exactly that many values is the data's to check.
     """
     blob = footer.kv.get("ARROW:schema")
     if blob is None:
         raise FooterError("footer stores no Arrow schema (ARROW:schema)")
+    stored = _stored_schema(blob)
+    schema = footer.schema
+    if len(stored) != schema[0].num_children:
+        raise FooterError(f"ARROW:schema has {len(stored)} fields where the Parquet schema has "
+                          f"{schema[0].num_children}")
+    out = []
+    i = 1
+    for f in stored:
+        g, i = _present(f, schema, i, False)
+        out.append(g)
+    return out
+
+
+def _stored_schema(blob: str) -> list[ArrowField]:
+    """The fields stored in an ARROW:schema value (decoded once per distinct value: the part files of
+    one trace store the same; the fields are shared, read-only)."""
     fields = _SCHEMA_CACHE.get(blob)
     if fields is None:
         try:
@@ -1206,4 +1503,4 @@ def arrow_schema(footer: Footer) -> list[ArrowField]:
         if len(_SCHEMA_CACHE) >= _SCHEMA_CACHE_MAX:
             _SCHEMA_CACHE.clear()
         _SCHEMA_CACHE[blob] = fields
-    return list(fields)
+    return fields
