@@ -810,7 +810,7 @@ def test_bad_arguments_raise(workdir, originals):
         # statuses, not exceptions: what the chunk is, or where it is
         for i, value, want in [(3, 1, ST_CODEC), (3, -3, ST_CODEC), (4, 0, ST_TYPE), (4, 2, ST_TYPE), (4, 99, ST_TYPE),
                                (5, 0, ST_LAYOUT), (6, 1, ST_LAYOUT), (7, 0, ST_LAYOUT), (1, 1 << 40, ST_SHORT),
-                               (7, 1, ST_COUNT), (7, 4, ST_LIST), (2, ch.size - 1, ST_PAST)]:
+                               (7, 1, ST_COUNT), (7, 4, ST_LIST), (2, ch.size - 1, ST_PAST), (2, 1 << 50, ST_SHORT)]:
             bad = list(good)
             bad[i] = value
             out = np.empty(ch.rows * max(bad[7], 1), np.int32)

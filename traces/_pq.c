@@ -36,6 +36,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------------------------------------
@@ -804,6 +805,9 @@ static int decode(job_t *j) {
     int st;
     if (j->size == 0) /* pyarrow writes an empty row group's chunks as 0 bytes at offset 0 */
         return j->expected == 0 ? ST_OK : ST_COUNT;
+    struct stat sb; /* a range past the end of a regular file: refused before allocating it */
+    if (fstat(j->fd, &sb) == 0 && S_ISREG(sb.st_mode) && j->offset + j->size > (int64_t)sb.st_size)
+        return ST_SHORT;
     if ((uint64_t)j->size > SIZE_MAX || !(j->buf = malloc((size_t)j->size)))
         return ST_NOMEM;
     if ((st = read_all(j)) != ST_OK)
