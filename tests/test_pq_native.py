@@ -60,6 +60,7 @@ if PQ is not None:
     ST_V2_FLAG = status("data page v2 with is_compressed unset, or false under a codec")
     ST_NULL = status("a null value (definition level below the maximum)")
     ST_LIST = status("an empty list or a list of the wrong length")
+    ST_LEVELS = status("repetition or definition levels malformed")
     ST_COUNT = status("value count differs from rows times width")
     ST_RANGE = status("value out of range for the narrowed output type")
 
@@ -405,7 +406,7 @@ def test_the_bench_trace_part_is_read_when_present():
 
 @needs_pq
 @settings(max_examples=60, **FAST)
-@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 300), width=st.integers(1, 6),
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 300), width=st.integers(1, 20),
        version=st.sampled_from(["1.0", "2.0"]), comp=st.sampled_from(["none", "zstd"]),
        page=st.sampled_from([None, 64]), how=st.sampled_from(["longer", "shorter", "empty", "null item", "shuffle"]))
 def test_ragged_lists_and_nulls_are_refused(workdir, seed, rows, width, version, comp, page, how):
@@ -540,6 +541,128 @@ def test_v2_pages_that_compress_are_read(workdir, paged):
         stored += stored_v2_pages(path, ch)
         assert check_chunk(path, ch, v2_stored(path, ch)) == (ST_V2_FLAG if v2_stored(path, ch) else 0)
     assert stored <= 5  # at most a short last page per column
+
+
+# -- pages built by hand: every valid way to write the levels ----------------------------------------
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        if v < 0x80:
+            return bytes(out + bytes([v]))
+        out.append(v & 0x7F | 0x80)
+        v >>= 7
+
+
+def _zigzag(v: int) -> int:
+    return (v << 1) ^ (v >> 63)
+
+
+def _thrift_i32s(fields: dict[int, int | bytes]) -> bytes:
+    """A Thrift compact struct of i32 fields (int values) and struct fields (bytes: already encoded)."""
+    out, last = bytearray(), 0
+    for fid in sorted(fields):
+        v = fields[fid]
+        kind = 12 if isinstance(v, bytes) else 5
+        out.append((fid - last) << 4 | kind)
+        out += v if isinstance(v, bytes) else _varint(_zigzag(v))
+        last = fid
+    return bytes(out + b"\0")
+
+
+def encode_levels(levels: list[int], bw: int, plan: list[tuple[str, int]], pad: int) -> bytes:
+    """The RLE / bit-packing hybrid, run by run as ``plan`` says: ("rle", n) repeats levels[i]
+    n times (the next n levels must be equal), ("bits", n) packs n levels (a multiple of 8, but the
+    last run's final group may be short: padded with ``pad``)."""
+    out, i = bytearray(), 0
+    for kind, n in plan:
+        chunk = levels[i:i + n]
+        if kind == "rle":
+            out += _varint(n << 1) + bytes([chunk[0]])
+        else:
+            groups = -(-len(chunk) // 8)
+            vals = chunk + [pad] * (groups * 8 - len(chunk))
+            bits = 0
+            for j, v in enumerate(vals):
+                bits |= v << (j * bw)
+            out += _varint(groups << 1 | 1) + bits.to_bytes(groups * bw, "little")
+        i += n
+    return bytes(out)
+
+
+@st.composite
+def level_plans(draw, levels: list[int]) -> list[tuple[str, int]]:
+    """A random valid segmentation of ``levels`` into RLE runs (of equal values) and bit-packed runs."""
+    plan, i = [], 0
+    while i < len(levels):
+        same = 1
+        while i + same < len(levels) and levels[i + same] == levels[i]:
+            same += 1
+        left = len(levels) - i
+        if draw(st.booleans()):
+            n = draw(st.integers(1, same))
+            plan.append(("rle", n))
+        else:
+            n = 8 * draw(st.integers(1, max(1, left // 8))) if left >= 8 else left
+            n = min(n, left)
+            if n % 8 and n != left:
+                n = left
+            plan.append(("bits", n))
+        i += n
+    return plan
+
+
+@needs_pq
+@settings(max_examples=200, **FAST)
+@given(data=st.data(), rows=st.integers(1, 60), width=st.integers(1, 20), version=st.sampled_from([1, 2]),
+       fault=st.sampled_from([None, None, "rep", "def"]))
+def test_levels_in_any_valid_encoding_are_read(workdir, data, rows, width, version, fault):
+    """Pages written by hand (uncompressed, PLAIN values), their levels cut into RLE and bit-packed
+    runs at random, the chunk into pages at random (lists may straddle pages): read exactly when
+    every definition level is 2 and every repetition level is 0 at a list start, 1 elsewhere
+    (pyarrow reads these levels the same whatever their runs); one wrong level: refused."""
+    n = rows * width
+    values = np.arange(n, dtype=np.int32) * 7 - 3
+    rep = [0 if g % width == 0 else 1 for g in range(n)]
+    dfn = [2] * n
+    if fault:
+        g = data.draw(st.integers(0, n - 1))
+        if fault == "rep":
+            rep[g] ^= 1
+        else:
+            dfn[g] = data.draw(st.sampled_from([0, 1, 3]))
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, n - 1)), max_size=4)))) if n > 1 else []
+    bounds = [0, *cuts, n]
+    chunk = bytearray()
+    for a, b in zip(bounds, bounds[1:]):
+        r = encode_levels(rep[a:b], 1, data.draw(level_plans(rep[a:b])), data.draw(st.integers(0, 1)))
+        d = encode_levels(dfn[a:b], 2, data.draw(level_plans(dfn[a:b])), data.draw(st.integers(0, 3)))
+        vals = values[a:b].tobytes()
+        if version == 1:
+            body = len(r).to_bytes(4, "little") + r + len(d).to_bytes(4, "little") + d + vals
+            sub = {1: b - a, 2: 0, 3: 3, 4: 3}
+            header = {1: 0, 2: len(body), 3: len(body), 5: _thrift_i32s(sub)}
+        else:
+            body = r + d + vals
+            sub = _thrift_i32s({1: b - a, 2: 0, 3: sum(1 for g in range(a, b) if g % width == 0), 4: 0, 5: len(d), 6: len(r)})
+            sub = sub[:-1] + bytes([0x11]) + b"\0"  # field 7 (is_compressed): true
+            header = {1: 3, 2: len(body), 3: len(body), 8: sub}
+        chunk += _thrift_i32s(header) + body
+    path = workdir / "levels.bin"
+    path.write_bytes(bytes(chunk))
+    out = np.full(n, -1, np.int32)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        got = PQ.read_chunk(fd, 0, len(chunk), 0, 1, 1, 2, width, rows, out)
+    finally:
+        os.close(fd)
+    if fault is None:
+        assert got == 0 and np.array_equal(out, values)
+    elif fault == "rep":
+        assert got == ST_LIST
+    else:
+        assert got == {0: ST_LIST, 1: ST_NULL, 3: ST_LEVELS}[dfn[g]]
 
 
 # -- corruption -------------------------------------------------------------------------------------
@@ -687,7 +810,7 @@ def test_bad_arguments_raise(workdir, originals):
         # statuses, not exceptions: what the chunk is, or where it is
         for i, value, want in [(3, 1, ST_CODEC), (3, -3, ST_CODEC), (4, 0, ST_TYPE), (4, 2, ST_TYPE), (4, 99, ST_TYPE),
                                (5, 0, ST_LAYOUT), (6, 1, ST_LAYOUT), (7, 0, ST_LAYOUT), (1, 1 << 40, ST_SHORT),
-                               (7, 1, ST_COUNT), (7, 4, ST_LIST), (2, ch.size - 1, ST_PAST)]:
+                               (7, 1, ST_COUNT), (7, 4, ST_LIST), (2, ch.size - 1, ST_PAST), (2, 1 << 50, ST_SHORT)]:
             bad = list(good)
             bad[i] = value
             out = np.empty(ch.rows * max(bad[7], 1), np.int32)

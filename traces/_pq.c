@@ -36,6 +36,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------------------------------------
@@ -454,10 +455,48 @@ typedef struct {
     int64_t width; /* rep: the list width */
 } lvl_t;
 
-/* why a level is wrong: a repetition level breaks the lists' length; a definition level of 0 is an
- * empty list (nothing defined below the required list), any other below the maximum a null item */
+/* why a level is wrong: a repetition level (0 or 1) breaks the lists' length; a definition level
+ * of 0 is an empty list (nothing defined below the required list), one below the maximum a null
+ * item; a level above its maximum is malformed */
 static int level_status(const lvl_t *L, uint32_t v) {
-    return L->is_rep || v == 0 ? ST_LIST : ST_NULL;
+    if (L->is_rep)
+        return v <= 1 ? ST_LIST : ST_LEVELS;
+    return v == 0 ? ST_LIST : v < (uint32_t)L->want ? ST_NULL : ST_LEVELS;
+}
+
+/* The bytes a bit-packed run of repetition levels (bit width 1) must hold: bit i of a byte whose
+ * first entry has phase ph (global position % width) is 0 exactly at a list start. */
+typedef struct {
+    int64_t width;
+    uint8_t exp[8], nxt[8]; /* width < 8: by phase, the byte and the next byte's phase */
+} rep_bytes_t;
+
+static void rep_bytes_init(rep_bytes_t *R, int64_t width) {
+    R->width = width;
+    if (width >= 8)
+        return;
+    for (int ph = 0; ph < width; ph++) {
+        uint8_t e = 0;
+        for (int i = 0; i < 8; i++)
+            if ((ph + i) % width)
+                e |= (uint8_t)(1u << i);
+        R->exp[ph] = e;
+        R->nxt[ph] = (uint8_t)((ph + 8) % width);
+    }
+}
+
+/* the expected byte at phase *ph, advancing *ph to the next byte's */
+static inline uint8_t rep_byte(const rep_bytes_t *R, int64_t *ph) {
+    if (R->width < 8) {
+        uint8_t e = R->exp[*ph];
+        *ph = R->nxt[*ph];
+        return e;
+    }
+    int64_t d = *ph ? R->width - *ph : 0; /* the bit of the list start in this byte, if below 8 */
+    *ph += 8;
+    if (*ph >= R->width)
+        *ph -= R->width;
+    return d < 8 ? (uint8_t)~(1u << d) : 0xFF;
 }
 
 /* whether the run of m entries of value v starting at global position g is as required */
@@ -497,7 +536,15 @@ static int check_levels(const uint8_t *p, size_t len, int64_t n, int bw, const l
                 return ST_LEVELS;
             int64_t m = (int64_t)(groups * 8) < n ? (int64_t)(groups * 8) : n;
             int64_t k = 0;
-            if (!L->is_rep || L->width == 1) {
+            if (L->is_rep && L->width > 1) {
+                /* lists of width > 1: the bytes follow a pattern of period width, compared whole */
+                rep_bytes_t R;
+                rep_bytes_init(&R, L->width);
+                int64_t ph = g % L->width, whole = m / 8, b = 0;
+                while (b < whole && p[b] == rep_byte(&R, &ph))
+                    b++;
+                k = b * 8; /* from a byte that differs, value by value: the loop below names the bad one */
+            } else {
                 /* every value must be the same: whole bytes compared at once */
                 uint32_t v = L->is_rep ? 0 : (uint32_t)L->want;
                 if (v > mask)
@@ -758,6 +805,9 @@ static int decode(job_t *j) {
     int st;
     if (j->size == 0) /* pyarrow writes an empty row group's chunks as 0 bytes at offset 0 */
         return j->expected == 0 ? ST_OK : ST_COUNT;
+    struct stat sb; /* a range past the end of a regular file: refused before allocating it */
+    if (fstat(j->fd, &sb) == 0 && S_ISREG(sb.st_mode) && j->offset + j->size > (int64_t)sb.st_size)
+        return ST_SHORT;
     if ((uint64_t)j->size > SIZE_MAX || !(j->buf = malloc((size_t)j->size)))
         return ST_NOMEM;
     if ((st = read_all(j)) != ST_OK)
