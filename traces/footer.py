@@ -261,10 +261,49 @@ def _long_field_id(buf: bytes, pos: int) -> tuple[int, int]:
     return fid, pos
 
 
-def _skip_checked(buf: bytes, pos: int, required: dict[int, tuple[int, ...]], what: str) -> int:
-    """Skip a struct that Thrift's generated reader (pyarrow's) still checks: every field in
-    ``required`` (id: allowed wire types) must be present with its type, or that reader refuses it."""
-    seen = 0
+# The IDL shapes (parquet.thrift) of the fields skipped inside the structs read here. Thrift's
+# generated reader (pyarrow's) reads a field whose wire type is its declared one by the declared
+# shape, trusting a list's element type to be the declared one, and skips any other by its wire
+# type: a skip by wire types alone would accept what it misreads. A shape is a wire type (a scalar,
+# 1 standing for either bool), ("struct", {field id: shape}, required ids) or ("list", element shape).
+_EMPTY = ("struct", {}, ())
+_KEY_VALUE = ("struct", {1: 8, 2: 8}, (1,))
+_COLUMN_META_SKIPPED = {
+    8: ("list", _KEY_VALUE),
+    12: ("struct", {1: 8, 2: 8, 3: 6, 4: 6, 5: 8, 6: 8, 7: 1, 8: 1}, ()),  # Statistics
+    13: ("list", ("struct", {1: 5, 2: 5, 3: 5}, (1, 2, 3))),  # PageEncodingStats
+    14: 6, 15: 5,  # bloom filter offset, length
+    16: ("struct", {1: 6, 2: ("list", 6), 3: ("list", 6)}, ()),  # SizeStatistics
+}
+_ROW_GROUP_SKIPPED = {4: ("list", ("struct", {1: 5, 2: 1, 3: 1}, (1, 2, 3))), 5: 6, 6: 6, 7: 4}
+_FILE_META_SKIPPED = {7: ("list", ("struct", {1: _EMPTY}, ()))}  # column_orders
+_LOGICAL_SKIPPED = {11: _EMPTY, 16: ("struct", {1: 3}, ()), 17: ("struct", {1: 8}, ()),
+                    18: ("struct", {1: 8, 2: 5}, ())}
+
+
+def _wire(shape: int | tuple) -> int:
+    return shape if isinstance(shape, int) else 12 if shape[0] == "struct" else 9
+
+
+def _skip_as(buf: bytes, pos: int, t: int, shape: int | tuple, depth: int) -> int:
+    """Skip a value of wire type ``t`` in a field of IDL shape ``shape``, refusing a list whose element
+    type is not the declared one (Thrift's reader would read it as the declared one) and a struct
+    without a required field (Thrift's reader refuses it)."""
+    if isinstance(shape, int) or t != _wire(shape):
+        return _skip_struct(buf, pos, depth) if t == 12 else _skip(buf, pos, t, depth)
+    if depth > _MAX_DEPTH:
+        raise FooterError("corrupt footer: nested too deep")
+    if shape[0] == "list":
+        et, n, pos = _list_head(buf, pos)
+        elem = shape[1]
+        want = _wire(elem)
+        if et != want and not (want == 1 and et == 2):
+            raise FooterError("footer has a list whose element type is not the one parquet.thrift declares")
+        for _ in range(n):
+            pos = _skip_as(buf, pos, et, elem, depth + 1)
+        return pos
+    fields, required = shape[1], shape[2]
+    seen = set()
     fid = 0
     while True:
         b = buf[pos]
@@ -278,29 +317,16 @@ def _skip_checked(buf: bytes, pos: int, required: dict[int, tuple[int, ...]], wh
             fid += b >> 4
         else:
             fid, pos = _long_field_id(buf, pos)
-        if fid in required and t in required[fid]:
-            seen |= 1 << fid
-        pos = _skip_struct(buf, pos, 2) if t == 12 else _skip(buf, pos, t, 2)
-    if seen != sum(1 << f for f in required):
-        raise FooterError(f"footer has a {what} without a required field")
-    return pos
-
-
-# Required fields of structs skipped otherwise (parquet.thrift): id -> wire types.
-_PAGE_ENCODING_STATS = {1: (5,), 2: (5,), 3: (5,)}
-_SORTING_COLUMN = {1: (5,), 2: (1, 2), 3: (1, 2)}
-
-
-def _skip_struct_list(buf: bytes, pos: int, t: int, required: dict[int, tuple[int, ...]], what: str) -> int:
-    """Skip an optional list<struct> field whose structs have required fields (a field of another
-    wire type is skipped as Thrift's reader skips it)."""
-    if t != _T_LIST:
-        return _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
-    et, n, pos = _list_head(buf, pos)
-    if et != _T_STRUCT:
-        raise FooterError(f"footer's {what} list is not a list of structs")
-    for _ in range(n):
-        pos = _skip_checked(buf, pos, required, what)
+        sub = fields.get(fid)
+        if sub is None:
+            pos = _skip_struct(buf, pos, depth + 1) if t == 12 else _skip(buf, pos, t, depth + 1)
+        else:
+            w = _wire(sub)
+            if t == w or (w == 1 and t == 2):
+                seen.add(fid)
+            pos = _skip_as(buf, pos, t, sub, depth + 1)
+    if required and not seen.issuperset(required):
+        raise FooterError("footer has a struct without a field parquet.thrift requires")
     return pos
 
 
@@ -526,9 +552,8 @@ _EMPTY_LOGICAL = {1: "STRING", 2: "MAP", 3: "LIST", 4: "ENUM", 6: "DATE", 12: "J
                   15: "FLOAT16"}
 
 
-# LogicalType members read as ("UNKNOWN", field id): 11 UNKNOWN (the null type), 16 VARIANT,
-# 17 GEOMETRY, 18 GEOGRAPHY (parquet.thrift, 2025). pyarrow refuses a member it does not know.
-_UNDECODED_LOGICAL = frozenset((11, 16, 17, 18))
+# LogicalType members read as ("UNKNOWN", field id) (_LOGICAL_SKIPPED): 11 UNKNOWN (the null type),
+# 16 VARIANT, 17 GEOMETRY, 18 GEOGRAPHY (parquet.thrift, 2025). pyarrow refuses a member it does not know.
 
 
 def _logical(buf: bytes, pos: int) -> tuple[tuple, int]:
@@ -562,8 +587,8 @@ def _logical(buf: bytes, pos: int) -> tuple[tuple, int]:
             out, pos = _time_logical(buf, pos, "TIME")
         elif fid == 5:
             out, pos = _decimal_logical(buf, pos)
-        elif fid in _UNDECODED_LOGICAL:
-            pos = _skip_struct(buf, pos, 1)
+        elif fid in _LOGICAL_SKIPPED:
+            pos = _skip_as(buf, pos, t, _LOGICAL_SKIPPED[fid], 1)
             out = ("UNKNOWN", fid)
         else:  # a member pyarrow does not know either: it refuses the file
             raise FooterError(f"footer has an unknown logical type (LogicalType field {fid})")
@@ -727,18 +752,11 @@ def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
                 s, pos = _string(buf, pos)
                 parts.append(s)
             path = tuple(parts)
-        elif fid == 13:
-            pos = _skip_struct_list(buf, pos, t, _PAGE_ENCODING_STATS, "page encoding stats")
-        elif fid == 8 and t == _T_LIST:
-            et, n, pos = _list_head(buf, pos)
-            if et != _T_STRUCT:
-                raise FooterError("footer has a column's key-value metadata that is not a list of structs")
-            for _ in range(n):
-                pos = _key_value(buf, pos)[2]
         elif fid == 17:
             raise FooterError("footer has geospatial statistics")
+        elif fid in _COLUMN_META_SKIPPED:
+            pos = _skip_as(buf, pos, t, _COLUMN_META_SKIPPED[fid], 1)
         else:
-            # 12 statistics, 14/15 bloom filter, 16 size statistics: nothing required inside.
             pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
     if (typ is None or encodings is None or path is None or codec is None or num_values is None or unc is None
             or comp is None or data_off is None):
@@ -814,10 +832,9 @@ def _row_group(buf: bytes, pos: int) -> tuple[RowGroup, int]:
                 total = v
             else:
                 num_rows = v
-        elif fid == 4:
-            pos = _skip_struct_list(buf, pos, t, _SORTING_COLUMN, "sorting column")
+        elif fid in _ROW_GROUP_SKIPPED:  # sorting columns, file offset, compressed size, ordinal
+            pos = _skip_as(buf, pos, t, _ROW_GROUP_SKIPPED[fid], 1)
         else:
-            # 5 file_offset, 6 total_compressed_size, 7 ordinal.
             pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
     if chunks is None or total is None or num_rows is None:
         raise FooterError("footer has a row group without its columns, byte size or row count")
@@ -914,8 +931,9 @@ def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup]
             created_by, pos = _string(buf, pos)
         elif fid == 8 or fid == 9:
             raise FooterError("encrypted footer (plaintext footer of an encrypted file)")
+        elif fid in _FILE_META_SKIPPED:  # column_orders (min/max sort orders: statistics only)
+            pos = _skip_as(buf, pos, t, _FILE_META_SKIPPED[fid], 1)
         else:
-            # 7 column_orders (min/max sort orders: statistics only).
             pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
     if pos != len(buf):
         raise FooterError(f"footer has {len(buf) - pos} bytes after its FileMetaData")
