@@ -30,7 +30,7 @@ MAGIC = b"PAR1"
 MAGIC_ENCRYPTED = b"PARE"
 # The first read takes this many bytes from the end of the file: a pyarrow footer of a few columns
 # is 1-5 KiB, so one pread usually holds it all.
-_TAIL_GUESS = 64 << 10
+_TAIL_GUESS = 16 << 10
 # Nesting deeper than this in a skipped Thrift value is not a Parquet footer but a corrupt one
 # (it also keeps the recursive skip far from Python's recursion limit).
 _MAX_DEPTH = 32
@@ -266,45 +266,51 @@ def _long_field_id(buf: bytes, pos: int) -> tuple[int, int]:
 # shape, trusting a list's element type to be the declared one, and skips any other by its wire
 # type: a skip by wire types alone would accept what it misreads. A shape is a wire type (a scalar,
 # 1 standing for either bool), ("struct", {field id: shape}, required ids) or ("list", element shape).
-_EMPTY = ("struct", {}, ())
-_KEY_VALUE = ("struct", {1: 8, 2: 8}, (1,))
+def _struct(fields: dict, required: tuple[int, ...] = ()) -> tuple:
+    return ("struct", fields, sum(1 << f for f in required))
+
+
+def _list(elem: int | tuple) -> tuple:
+    return ("list", elem, elem if isinstance(elem, int) else 12 if elem[0] == "struct" else 9)
+
+
+_EMPTY = _struct({})
 _COLUMN_META_SKIPPED = {
-    8: ("list", _KEY_VALUE),
-    12: ("struct", {1: 8, 2: 8, 3: 6, 4: 6, 5: 8, 6: 8, 7: 1, 8: 1}, ()),  # Statistics
-    13: ("list", ("struct", {1: 5, 2: 5, 3: 5}, (1, 2, 3))),  # PageEncodingStats
+    8: _list(_struct({1: 8, 2: 8}, (1,))),  # key_value_metadata (KeyValue)
+    12: _struct({1: 8, 2: 8, 3: 6, 4: 6, 5: 8, 6: 8, 7: 1, 8: 1}),  # Statistics
+    13: _list(_struct({1: 5, 2: 5, 3: 5}, (1, 2, 3))),  # PageEncodingStats
     14: 6, 15: 5,  # bloom filter offset, length
-    16: ("struct", {1: 6, 2: ("list", 6), 3: ("list", 6)}, ()),  # SizeStatistics
+    16: _struct({1: 6, 2: _list(6), 3: _list(6)}),  # SizeStatistics
 }
-_ROW_GROUP_SKIPPED = {4: ("list", ("struct", {1: 5, 2: 1, 3: 1}, (1, 2, 3))), 5: 6, 6: 6, 7: 4}
-_FILE_META_SKIPPED = {7: ("list", ("struct", {1: _EMPTY}, ()))}  # column_orders
-_LOGICAL_SKIPPED = {11: _EMPTY, 16: ("struct", {1: 3}, ()), 17: ("struct", {1: 8}, ()),
-                    18: ("struct", {1: 8, 2: 5}, ())}
-
-
-def _wire(shape: int | tuple) -> int:
-    return shape if isinstance(shape, int) else 12 if shape[0] == "struct" else 9
+_ROW_GROUP_SKIPPED = {4: _list(_struct({1: 5, 2: 1, 3: 1}, (1, 2, 3))), 5: 6, 6: 6, 7: 4}
+_FILE_META_SKIPPED = {7: _list(_struct({1: _EMPTY}))}  # column_orders
+_LOGICAL_SKIPPED = {11: _EMPTY, 16: _struct({1: 3}), 17: _struct({1: 8}), 18: _struct({1: 8, 2: 5})}
 
 
 def _skip_as(buf: bytes, pos: int, t: int, shape: int | tuple, depth: int) -> int:
     """Skip a value of wire type ``t`` in a field of IDL shape ``shape``, refusing a list whose element
     type is not the declared one (Thrift's reader would read it as the declared one) and a struct
     without a required field (Thrift's reader refuses it)."""
-    if isinstance(shape, int) or t != _wire(shape):
+    if shape.__class__ is int or t != (12 if shape[0] == "struct" else 9):
         return _skip_struct(buf, pos, depth) if t == 12 else _skip(buf, pos, t, depth)
     if depth > _MAX_DEPTH:
         raise FooterError("corrupt footer: nested too deep")
     if shape[0] == "list":
         et, n, pos = _list_head(buf, pos)
-        elem = shape[1]
-        want = _wire(elem)
+        elem, want = shape[1], shape[2]
         if et != want and not (want == 1 and et == 2):
             raise FooterError("footer has a list whose element type is not the one parquet.thrift declares")
-        for _ in range(n):
-            pos = _skip_as(buf, pos, et, elem, depth + 1)
+        if elem.__class__ is int:
+            for _ in range(n):
+                pos = _skip(buf, pos, et, depth + 1)
+        else:
+            for _ in range(n):
+                pos = _skip_as(buf, pos, et, elem, depth + 1)
         return pos
     fields, required = shape[1], shape[2]
-    seen = set()
+    seen = 0
     fid = 0
+    end = len(buf)
     while True:
         b = buf[pos]
         pos += 1
@@ -318,14 +324,31 @@ def _skip_as(buf: bytes, pos: int, t: int, shape: int | tuple, depth: int) -> in
         else:
             fid, pos = _long_field_id(buf, pos)
         sub = fields.get(fid)
-        if sub is None:
-            pos = _skip_struct(buf, pos, depth + 1) if t == 12 else _skip(buf, pos, t, depth + 1)
-        else:
-            w = _wire(sub)
-            if t == w or (w == 1 and t == 2):
-                seen.add(fid)
+        if sub is not None and sub.__class__ is not int:
+            if required and t == (12 if sub[0] == "struct" else 9) and 0 <= fid < 64:
+                seen |= 1 << fid
             pos = _skip_as(buf, pos, t, sub, depth + 1)
-    if required and not seen.issuperset(required):
+            continue
+        # A scalar field, or an unknown one: skipped by its wire type (strings and integers inline).
+        if required and sub is not None and (t == sub or (sub == 1 and t == 2)) and 0 <= fid < 64:
+            seen |= 1 << fid
+        if t == 8:
+            n = buf[pos]
+            if n < 0x80:
+                pos += 1 + n
+            else:
+                n, pos = _uvarint(buf, pos)
+                pos += n
+            if pos > end or n > _STRING_LIMIT:
+                raise FooterError("truncated footer: a string runs past its end")
+        elif t == 4 or t == 5 or t == 6:
+            if buf[pos] < 0x80:
+                pos += 1
+            else:
+                pos = _skip_varint(buf, pos)
+        elif t != 1 and t != 2:
+            pos = _skip_struct(buf, pos, depth + 1) if t == 12 else _skip(buf, pos, t, depth + 1)
+    if seen & required != required:
         raise FooterError("footer has a struct without a field parquet.thrift requires")
     return pos
 
@@ -685,13 +708,21 @@ def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
         if fid in _META_I64:
             if t != _T_I64:
                 raise _wrong("ColumnMetaData", fid, t)
+            # The zigzag varint inline (sizes and offsets take 2-4 bytes): no call per value.
             b = buf[pos]
-            if b < 0x80:
-                v = (b >> 1) ^ -(b & 1)
+            pos += 1
+            v = b & 0x7F
+            shift = 7
+            while b & 0x80:
+                b = buf[pos]
                 pos += 1
-            else:
-                v, pos = _uvarint(buf, pos)
-                v = (v >> 1) ^ -(v & 1)
+                v |= (b & 0x7F) << shift
+                shift += 7
+                if shift > 70:
+                    raise FooterError("corrupt footer: a varint longer than 10 bytes")
+            if v >> 64:
+                raise FooterError("corrupt footer: a varint above 64 bits")
+            v = (v >> 1) ^ -(v & 1)
             if v < 0:
                 raise FooterError(f"footer has a negative size or offset ({v}) in a column chunk")
             if fid == 9:
@@ -1024,6 +1055,8 @@ def _leaves(schema: list[SchemaElement]) -> list[Leaf]:
             if not (e.logical in (None, ("LIST",), ("MAP",))
                     and (e.logical is not None or e.converted_type in (None, 1, 2, 3))):
                 raise FooterError(f"footer's group {e.name!r} has an annotation pyarrow refuses on a group")
+            if r == 2 and (e.logical is not None or e.converted_type in (1, 3)):
+                raise FooterError(f"footer's group {e.name!r} is a repeated LIST or MAP")
             stack.append([e.num_children, path, rep, dfn])
         else:
             if e.type is None:
