@@ -1298,10 +1298,11 @@ def _fb_check_dictionary(b: bytes, p: int | None) -> None:
     _fb_scalar(b, tab, 2, _FB_U8, 1, 0)
     _fb_scalar(b, tab, 3, _FB_I16, 2, 0)
     index = _fb_ref(b, _fb_slot(b, tab, 1))
-    if index is not None:
-        itab = _fb_table(b, index)
-        _fb_scalar(b, itab, 0, _FB_I32, 4, 0)
-        _fb_scalar(b, itab, 1, _FB_U8, 1, 0)
+    if index is None:
+        raise FooterError("ARROW:schema has a dictionary without its index type")
+    itab = _fb_table(b, index)
+    if _fb_scalar(b, itab, 0, _FB_I32, 4, 0) not in (8, 16, 32, 64) or _fb_scalar(b, itab, 1, _FB_U8, 1, 0) > 1:
+        raise FooterError("ARROW:schema has a dictionary of an index type pyarrow refuses")
 
 
 # The parameters of each member of Schema.fbs's Type union (slot: kind), all checked on every field as
