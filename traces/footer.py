@@ -220,14 +220,6 @@ def _i32(buf: bytes, pos: int) -> tuple[int, int]:
     return v, pos
 
 
-def _binary(buf: bytes, pos: int) -> tuple[bytes, int]:
-    n, pos = _uvarint(buf, pos)
-    end = pos + n
-    if end > len(buf) or n > _STRING_LIMIT:
-        raise FooterError("truncated footer: a string runs past its end")
-    return buf[pos:end], end
-
-
 def _string(buf: bytes, pos: int) -> tuple[str, int]:
     n, pos = _uvarint(buf, pos)
     end = pos + n
