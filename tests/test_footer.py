@@ -137,7 +137,7 @@ def tables(draw: st.DrawFn) -> tuple[pa.Table, dict]:
     """A random table and random pq.write_table options."""
     seed = draw(st.integers(0, 2**32 - 1))
     rng = random.Random(seed)
-    n = draw(st.integers(0, 40))
+    n = draw(st.integers(1, 40))  # an empty table: test_empty_table_refused
     kinds = draw(st.lists(st.sampled_from(SCALARS + NESTED), min_size=1, max_size=5))
     names = draw(st.lists(st.text(NAME_CHARS, min_size=1, max_size=6), min_size=len(kinds), max_size=len(kinds),
                           unique=True))
@@ -378,18 +378,21 @@ def _write(tmp_path: Path, table: pa.Table, opts: dict, name: str = "t.parquet")
 def test_random_tables_read_like_pyarrow(tmp_path, case):
     table, opts = case
     path = _write(tmp_path, table, opts)
-    if table.num_rows == 0:
-        # pyarrow writes an empty column chunk with data_page_offset 0 and its one (empty) page
-        # recorded as a dictionary page: refused, the caller falls back (no trace part is empty).
-        with pytest.raises(FooterError, match="outside the file's data|not before its data pages"):
-            read_footer(path)
-        return
     assert_like_pyarrow(path)
     if opts["store_schema"]:
         assert_arrow_like_pyarrow(path, may_refuse=True)
     else:
         with pytest.raises(FooterError, match="stores no Arrow schema"):
             arrow_schema(read_footer(path))
+
+
+@pytest.mark.parametrize("use_dictionary", [False, True])
+def test_empty_table_refused(tmp_path, use_dictionary):
+    """pyarrow writes an empty column chunk with data_page_offset 0 and its one (empty) page recorded
+    as a dictionary page: refused, the caller falls back (no trace part is empty)."""
+    path = _write(tmp_path, pa.table({"a": pa.array([], pa.int32())}), {"use_dictionary": use_dictionary})
+    with pytest.raises(FooterError, match="outside the file's data|not before its data pages"):
+        read_footer(path)
 
 
 def test_every_kind_at_least_once(tmp_path):
