@@ -232,7 +232,7 @@ def assert_like_pyarrow(path: Path, printed: bool = True) -> None:
     pf = pq.ParquetFile(path)
     md = pf.metadata
     assert f.num_rows == md.num_rows
-    assert f.created_by == md.created_by
+    assert f.created_by == (md.created_by or None)  # pyarrow presents a missing one as ""
     assert f.kv == {k.decode(): v.decode() for k, v in (md.metadata or {}).items()}
     # The schema elements, against pyarrow's printed tree.
     exact = printed
@@ -718,3 +718,123 @@ def test_imports_only_the_standard_library():
             "assert not bad, bad")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env)
+
+
+# -- handmade footers: a naive Thrift compact encoder -------------------------------------------------------
+
+def _uv(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        if n < 0x80:
+            out.append(n)
+            return bytes(out)
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+
+
+def _zz(n: int) -> bytes:
+    return _uv((n << 1) ^ (n >> 63))
+
+
+def _s(text: str) -> bytes:
+    return _uv(len(text.encode())) + text.encode()
+
+
+def _st(*fields: tuple[int, int, bytes]) -> bytes:
+    """A struct of (field id, wire type, encoded value) fields, in the order given."""
+    out, last = bytearray(), 0
+    for fid, t, value in fields:
+        out += bytes([((fid - last) << 4) | t]) if 0 < fid - last <= 15 else bytes([t]) + _zz(fid)
+        out += value
+        last = fid
+    return bytes(out + b"\x00")
+
+
+def _ls(et: int, elems: list[bytes]) -> bytes:
+    n = len(elems)
+    return (bytes([(n << 4) | et]) if n < 15 else bytes([0xF0 | et]) + _uv(n)) + b"".join(elems)
+
+
+DATA = b"\x00" * 12  # stands for the column chunk's pages; only the footer is read
+
+
+def _handmade(tmp_path: Path, column_extra=(), file_extra=(), leaf_extra=()) -> Path:
+    """A file of one REQUIRED INT32 column "a", 3 rows in one row group, with extra Thrift fields."""
+    schema = [_st((4, 8, _s("schema")), (5, 5, _zz(1))), _st((1, 5, _zz(1)), (3, 5, _zz(0)), (4, 8, _s("a")),
+                                                              *leaf_extra)]
+    meta = _st((1, 5, _zz(1)), (2, 9, _ls(5, [_zz(0)])), (3, 9, _ls(8, [_s("a")])), (4, 5, _zz(0)), (5, 6, _zz(3)),
+               (6, 6, _zz(len(DATA))), (7, 6, _zz(len(DATA))), (9, 6, _zz(4)), *column_extra)
+    chunk = _st((2, 6, _zz(4)), (3, 12, meta))
+    group = _st((1, 9, _ls(12, [chunk])), (2, 6, _zz(len(DATA))), (3, 6, _zz(3)))
+    footer = _st((1, 5, _zz(2)), (2, 9, _ls(12, schema)), (3, 6, _zz(3)), (4, 9, _ls(12, [group])), *file_extra)
+    path = tmp_path / "h.parquet"
+    path.write_bytes(b"PAR1" + DATA + footer + len(footer).to_bytes(4, "little") + b"PAR1")
+    return path
+
+
+def _pyarrow_refuses(path: Path) -> bool:
+    try:
+        md = pq.ParquetFile(path).metadata
+        md.row_group(0).column(0).encodings  # noqa: B018
+    except Exception:
+        return True
+    return False
+
+
+def test_handmade_footer_reads_like_pyarrow(tmp_path):
+    path = _handmade(tmp_path)
+    f = read_footer(path)
+    assert (f.num_rows, [leaf.path for leaf in f.leaves], f.row_groups[0].chunks[0].data_page_offset) == \
+        (3, [("a",)], 4)
+    assert_like_pyarrow(path)
+    # Size statistics whose histograms fit the column's levels (0 and 0: one bucket each) read.
+    fits = _st((2, 9, _ls(6, [_zz(3)])), (3, 9, _ls(6, [_zz(3)])))
+    path = _handmade(tmp_path, column_extra=[(16, 12, fits)])
+    read_footer(path)
+    assert not _pyarrow_refuses(path)
+
+
+@pytest.mark.parametrize("case", ["rep histogram", "def histogram", "byte array bytes"])
+def test_size_statistics_that_do_not_fit(tmp_path, case):
+    """parquet-cpp throws from a constructor on these, which aborts the whole process (pyarrow 26):
+    refused, and pyarrow is not asked."""
+    stats = {"rep histogram": _st((2, 9, _ls(6, [_zz(1), _zz(2)]))),
+             "def histogram": _st((3, 9, _ls(6, [_zz(1), _zz(2)]))),
+             "byte array bytes": _st((1, 6, _zz(5)))}[case]
+    with pytest.raises(FooterError, match="size statistics"):
+        read_footer(_handmade(tmp_path, column_extra=[(16, 12, stats)]))
+
+
+def _refused_by_both(path: Path, match: str) -> None:
+    with pytest.raises(FooterError, match=match):
+        read_footer(path)
+    assert _pyarrow_refuses(path)
+
+
+def test_handmade_footers_pyarrow_refuses(tmp_path):
+    type_order = _st((1, 12, _st()))
+    _refused_by_both(_handmade(tmp_path, file_extra=[(7, 9, _ls(12, [type_order, type_order]))]), "column orders")
+    # A PageEncodingStats without its required count.
+    stats = _st((1, 5, _zz(0)), (2, 5, _zz(0)))
+    _refused_by_both(_handmade(tmp_path, column_extra=[(13, 9, _ls(12, [stats]))]), "requires")
+
+
+def test_handmade_footers_not_understood(tmp_path):
+    """Annotations pyarrow 26 reads as "Undefined" (a LogicalType member parquet.thrift does not have
+    yet, or one its physical type cannot carry): not understood here, refused."""
+    with pytest.raises(FooterError, match="unknown logical type"):
+        read_footer(_handmade(tmp_path, leaf_extra=[(10, 12, _st((30, 12, _st())))]))
+    # An INT32 leaf annotated INTEGER(64, signed), which pyarrow 26 reads as an unannotated int32.
+    int64 = _st((10, 12, _st((1, 3, bytes([64])), (2, 1, b""))))
+    with pytest.raises(FooterError, match="annotation"):
+        read_footer(_handmade(tmp_path, leaf_extra=[(10, 12, int64)]))
+
+
+def test_handmade_footers_pyarrow_misreads(tmp_path):
+    """What Thrift's generated reader would read otherwise than a skip by wire types: refused."""
+    # encoding_stats declared list<PageEncodingStats>, written as a list of i32.
+    with pytest.raises(FooterError, match="element type"):
+        read_footer(_handmade(tmp_path, column_extra=[(13, 9, _ls(5, [_zz(1)]))]))
+    # A field id beyond i16, which Thrift truncates to 5 (num_values, already read).
+    with pytest.raises(FooterError, match="i16"):
+        read_footer(_handmade(tmp_path, column_extra=[(65536 + 5, 6, _zz(99))]))

@@ -56,7 +56,8 @@ class SchemaElement:
     ("TIMESTAMP", is_adjusted_to_utc, unit) with unit "MILLIS" | "MICROS" | "NANOS",
     ("INTEGER", bit_width, is_signed), ("JSON",), ("BSON",), ("UUID",), ("FLOAT16",), or
     ("UNKNOWN", field_id) for 11 UNKNOWN (the null type), 16 VARIANT, 17 GEOMETRY, 18 GEOGRAPHY (not
-    decoded); any other member is refused (FooterError), as pyarrow refuses it.
+    decoded); any other member is refused (FooterError): not understood here (pyarrow 26 reads one as
+    an "Undefined" annotation).
     """
 
     __slots__ = ("name", "type", "type_length", "repetition", "num_children", "converted_type", "logical",
@@ -108,7 +109,8 @@ class Chunk:
     ``file_path`` is always None here (a chunk stored in another file is refused)."""
 
     __slots__ = ("file_path", "physical", "encodings", "path", "codec", "num_values", "total_uncompressed_size",
-                 "total_compressed_size", "data_page_offset", "index_page_offset", "dictionary_page_offset")
+                 "total_compressed_size", "data_page_offset", "index_page_offset", "dictionary_page_offset",
+                 "_size_stats")
 
     def __init__(self, physical: int, encodings: tuple[int, ...], path: tuple[str, ...], codec: int,
                  num_values: int, total_uncompressed_size: int, total_compressed_size: int,
@@ -124,6 +126,9 @@ class Chunk:
         self.data_page_offset = data_page_offset
         self.index_page_offset = index_page_offset
         self.dictionary_page_offset = dictionary_page_offset
+        # SizeStatistics as (has unencoded byte array bytes, repetition and definition histogram
+        # lengths), checked against the leaf by read_footer (pyarrow aborts on a mismatch); or None.
+        self._size_stats: tuple[bool, int, int] | None = None
 
     def __repr__(self) -> str:
         return (f"Chunk(path={self.path!r}, physical={self.physical}, codec={self.codec}, "
@@ -275,7 +280,7 @@ _COLUMN_META_SKIPPED = {
     16: _struct({1: 6, 2: _list(6), 3: _list(6)}),  # SizeStatistics
 }
 _ROW_GROUP_SKIPPED = {4: _list(_struct({1: 5, 2: 1, 3: 1}, (1, 2, 3))), 5: 6, 6: 6, 7: 4}
-_FILE_META_SKIPPED = {7: _list(_struct({1: _EMPTY}))}  # column_orders
+_COLUMN_ORDER = _struct({1: _EMPTY})  # a union: TYPE_ORDER
 _LOGICAL_SKIPPED = {11: _EMPTY, 16: _struct({1: 3}), 17: _struct({1: 8}), 18: _struct({1: 8, 2: 5})}
 
 
@@ -568,7 +573,7 @@ _EMPTY_LOGICAL = {1: "STRING", 2: "MAP", 3: "LIST", 4: "ENUM", 6: "DATE", 12: "J
 
 
 # LogicalType members read as ("UNKNOWN", field id) (_LOGICAL_SKIPPED): 11 UNKNOWN (the null type),
-# 16 VARIANT, 17 GEOMETRY, 18 GEOGRAPHY (parquet.thrift, 2025). pyarrow refuses a member it does not know.
+# 16 VARIANT, 17 GEOMETRY, 18 GEOGRAPHY (parquet.thrift, 2025); any other member is refused.
 
 
 def _logical(buf: bytes, pos: int) -> tuple[tuple, int]:
@@ -605,7 +610,7 @@ def _logical(buf: bytes, pos: int) -> tuple[tuple, int]:
         elif fid in _LOGICAL_SKIPPED:
             pos = _skip_as(buf, pos, t, _LOGICAL_SKIPPED[fid], 1)
             out = ("UNKNOWN", fid)
-        else:  # a member pyarrow does not know either: it refuses the file
+        else:  # a member newer than this reader (pyarrow reads it as "Undefined"): not understood
             raise FooterError(f"footer has an unknown logical type (LogicalType field {fid})")
     if out is None:
         raise FooterError("footer has an empty LogicalType union")
@@ -683,7 +688,7 @@ _META_I64 = frozenset((5, 6, 7, 9, 10, 11))
 
 def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
     typ = encodings = path = codec = num_values = unc = comp = data_off = None
-    index_off = dict_off = None
+    index_off = dict_off = size_stats = None
     fid = 0
     while True:
         b = buf[pos]
@@ -777,6 +782,8 @@ def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
             path = tuple(parts)
         elif fid == 17:
             raise FooterError("footer has geospatial statistics")
+        elif fid == 16 and t == _T_STRUCT:
+            size_stats, pos = _size_statistics(buf, pos)
         elif fid in _COLUMN_META_SKIPPED:
             pos = _skip_as(buf, pos, t, _COLUMN_META_SKIPPED[fid], 1)
         else:
@@ -784,7 +791,45 @@ def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
     if (typ is None or encodings is None or path is None or codec is None or num_values is None or unc is None
             or comp is None or data_off is None):
         raise FooterError("footer has a column chunk's metadata without a required field")
-    return Chunk(typ, encodings, path, codec, num_values, unc, comp, data_off, index_off, dict_off), pos
+    chunk = Chunk(typ, encodings, path, codec, num_values, unc, comp, data_off, index_off, dict_off)
+    chunk._size_stats = size_stats
+    return chunk, pos
+
+
+def _size_statistics(buf: bytes, pos: int) -> tuple[tuple[bool, int, int], int]:
+    """SizeStatistics {1: i64 unencoded_byte_array_data_bytes, 2: list<i64> repetition_level_histogram,
+    3: list<i64> definition_level_histogram}: which are there, and the histograms' lengths."""
+    has_bytes = False
+    rep = dfn = 0
+    fid = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        t = b & 15
+        if not t:
+            if b:
+                raise FooterError("corrupt footer: a bad field header")
+            break
+        if b >> 4:
+            fid += b >> 4
+        else:
+            fid, pos = _long_field_id(buf, pos)
+        if fid == 1 and t == _T_I64:
+            has_bytes = True
+            pos = _skip_varint(buf, pos)
+        elif (fid == 2 or fid == 3) and t == _T_LIST:
+            et, n, pos = _list_head(buf, pos)
+            if et != _T_I64:
+                raise FooterError("footer has a level histogram that is not a list of i64")
+            for _ in range(n):
+                pos = _skip_varint(buf, pos)
+            if fid == 2:
+                rep = n
+            else:
+                dfn = n
+        else:
+            pos = _skip_struct(buf, pos, 2) if t == 12 else _skip(buf, pos, t, 2)
+    return (has_bytes, rep, dfn), pos
 
 
 def _column_chunk(buf: bytes, pos: int) -> tuple[Chunk, int]:
@@ -904,8 +949,11 @@ def _struct_list(buf: bytes, pos: int, fid: int, t: int, what: str) -> tuple[int
     return n, pos
 
 
-def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup], dict[str, str], str | None]:
-    version = schema = num_rows = row_groups = created_by = None
+def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup], dict[str, str], str | None,
+                                        int | None]:
+    """FileMetaData: (num_rows, schema, row groups, key-value metadata, created_by, number of column
+    orders or None)."""
+    version = schema = num_rows = row_groups = created_by = column_orders = None
     kv: dict[str, str] = {}
     pos = 0
     fid = 0
@@ -954,8 +1002,13 @@ def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup]
             created_by, pos = _string(buf, pos)
         elif fid == 8 or fid == 9:
             raise FooterError("encrypted footer (plaintext footer of an encrypted file)")
-        elif fid in _FILE_META_SKIPPED:  # column_orders (min/max sort orders: statistics only)
-            pos = _skip_as(buf, pos, t, _FILE_META_SKIPPED[fid], 1)
+        elif fid == 7 and t == _T_LIST:  # column_orders (min/max sort orders: statistics only)
+            et, n, pos = _list_head(buf, pos)
+            if et != _T_STRUCT:
+                raise FooterError("footer's column orders are not a list of structs")
+            for _ in range(n):
+                pos = _skip_as(buf, pos, et, _COLUMN_ORDER, 2)
+            column_orders = n
         else:
             pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
     if pos != len(buf):
@@ -966,10 +1019,11 @@ def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup]
         raise FooterError(f"footer of an unknown Parquet format version {version}")
     if num_rows < 0:
         raise FooterError(f"footer has a negative row count ({num_rows})")
-    return num_rows, schema, row_groups, kv, created_by
+    return num_rows, schema, row_groups, kv, created_by, column_orders
 
 
-# Physical types each annotation may annotate (parquet-cpp refuses a file where one does not).
+# Physical types each annotation may annotate. An annotation on another is refused here (pyarrow 26
+# reads an inapplicable LogicalType as "Undefined", and so as a plain column: not understood here).
 _LOGICAL_PHYSICAL = {"STRING": (6,), "ENUM": (6,), "JSON": (6,), "BSON": (6,), "DATE": (1,), "TIMESTAMP": (2,)}
 _CONVERTED_PHYSICAL = {0: (6,), 4: (6,), 19: (6,), 20: (6,), 6: (1,), 7: (1,), 8: (2,), 9: (2,), 10: (2,),
                        11: (1,), 12: (1,), 13: (1,), 14: (2,), 15: (1,), 16: (1,), 17: (1,), 18: (2,)}
@@ -1070,6 +1124,12 @@ def _check(footer: Footer, data_end: int) -> None:
             raise FooterError(f"footer has a row group of {len(g.chunks)} column chunks for {len(leaves)} leaves")
         total_rows += g.num_rows
         for c, leaf in zip(g.chunks, leaves):
+            stats = c._size_stats
+            if stats is not None and ((stats[0] and leaf.element.type != 6)
+                                      or (stats[1] and stats[1] != leaf.max_rep + 1)
+                                      or (stats[2] and stats[2] != leaf.max_def + 1)):
+                raise FooterError(f"footer has size statistics of {'.'.join(c.path)!r} that do not fit its levels "
+                                  "or type")
             if c.path != leaf.path:
                 raise FooterError(f"footer has a column chunk for {'.'.join(c.path)!r} where "
                                   f"{'.'.join(leaf.path)!r} is expected")
@@ -1126,10 +1186,12 @@ def read_footer(path: str | os.PathLike, fd: int | None = None) -> Footer:
         if own:
             os.close(fd)
     try:
-        num_rows, schema, row_groups, kv, created_by = _file_metadata(meta)
+        num_rows, schema, row_groups, kv, created_by, column_orders = _file_metadata(meta)
     except IndexError:
         raise FooterError("truncated footer: its FileMetaData runs past its end") from None
     footer = Footer(num_rows, schema, _leaves(schema), row_groups, kv, created_by)
+    if column_orders is not None and column_orders != len(footer.leaves):
+        raise FooterError(f"footer has {column_orders} column orders for {len(footer.leaves)} columns")
     _check(footer, size - 8 - meta_len)
     return footer
 
