@@ -30,7 +30,7 @@ MAGIC = b"PAR1"
 MAGIC_ENCRYPTED = b"PARE"
 # The first read takes this many bytes from the end of the file: a pyarrow footer of a few columns
 # is 1-5 KiB, so one pread usually holds it all.
-_TAIL_GUESS = 64 << 10
+_TAIL_GUESS = 16 << 10
 # Nesting deeper than this in a skipped Thrift value is not a Parquet footer but a corrupt one
 # (it also keeps the recursive skip far from Python's recursion limit).
 _MAX_DEPTH = 32
@@ -56,7 +56,8 @@ class SchemaElement:
     ("TIMESTAMP", is_adjusted_to_utc, unit) with unit "MILLIS" | "MICROS" | "NANOS",
     ("INTEGER", bit_width, is_signed), ("JSON",), ("BSON",), ("UUID",), ("FLOAT16",), or
     ("UNKNOWN", field_id) for 11 UNKNOWN (the null type), 16 VARIANT, 17 GEOMETRY, 18 GEOGRAPHY (not
-    decoded); any other member is refused (FooterError), as pyarrow refuses it.
+    decoded); any other member is refused (FooterError): not understood here (pyarrow 26 reads one as
+    an "Undefined" annotation).
     """
 
     __slots__ = ("name", "type", "type_length", "repetition", "num_children", "converted_type", "logical",
@@ -108,7 +109,8 @@ class Chunk:
     ``file_path`` is always None here (a chunk stored in another file is refused)."""
 
     __slots__ = ("file_path", "physical", "encodings", "path", "codec", "num_values", "total_uncompressed_size",
-                 "total_compressed_size", "data_page_offset", "index_page_offset", "dictionary_page_offset")
+                 "total_compressed_size", "data_page_offset", "index_page_offset", "dictionary_page_offset",
+                 "_size_stats")
 
     def __init__(self, physical: int, encodings: tuple[int, ...], path: tuple[str, ...], codec: int,
                  num_values: int, total_uncompressed_size: int, total_compressed_size: int,
@@ -124,6 +126,9 @@ class Chunk:
         self.data_page_offset = data_page_offset
         self.index_page_offset = index_page_offset
         self.dictionary_page_offset = dictionary_page_offset
+        # SizeStatistics as (has unencoded byte array bytes, repetition and definition histogram
+        # lengths), checked against the leaf by read_footer (pyarrow aborts on a mismatch); or None.
+        self._size_stats: tuple[bool, int, int] | None = None
 
     def __repr__(self) -> str:
         return (f"Chunk(path={self.path!r}, physical={self.physical}, codec={self.codec}, "
@@ -220,14 +225,6 @@ def _i32(buf: bytes, pos: int) -> tuple[int, int]:
     return v, pos
 
 
-def _binary(buf: bytes, pos: int) -> tuple[bytes, int]:
-    n, pos = _uvarint(buf, pos)
-    end = pos + n
-    if end > len(buf) or n > _STRING_LIMIT:
-        raise FooterError("truncated footer: a string runs past its end")
-    return buf[pos:end], end
-
-
 def _string(buf: bytes, pos: int) -> tuple[str, int]:
     n, pos = _uvarint(buf, pos)
     end = pos + n
@@ -261,11 +258,56 @@ def _long_field_id(buf: bytes, pos: int) -> tuple[int, int]:
     return fid, pos
 
 
-def _skip_checked(buf: bytes, pos: int, required: dict[int, tuple[int, ...]], what: str) -> int:
-    """Skip a struct that Thrift's generated reader (pyarrow's) still checks: every field in
-    ``required`` (id: allowed wire types) must be present with its type, or that reader refuses it."""
+# The IDL shapes (parquet.thrift) of the fields skipped inside the structs read here. Thrift's
+# generated reader (pyarrow's) reads a field whose wire type is its declared one by the declared
+# shape, trusting a list's element type to be the declared one, and skips any other by its wire
+# type: a skip by wire types alone would accept what it misreads. A shape is a wire type (a scalar,
+# 1 standing for either bool), ("struct", {field id: shape}, required ids) or ("list", element shape).
+def _struct(fields: dict, required: tuple[int, ...] = ()) -> tuple:
+    return ("struct", fields, sum(1 << f for f in required))
+
+
+def _list(elem: int | tuple) -> tuple:
+    return ("list", elem, elem if isinstance(elem, int) else 12 if elem[0] == "struct" else 9)
+
+
+_EMPTY = _struct({})
+_COLUMN_META_SKIPPED = {
+    8: _list(_struct({1: 8, 2: 8}, (1,))),  # key_value_metadata (KeyValue)
+    12: _struct({1: 8, 2: 8, 3: 6, 4: 6, 5: 8, 6: 8, 7: 1, 8: 1}),  # Statistics
+    13: _list(_struct({1: 5, 2: 5, 3: 5}, (1, 2, 3))),  # PageEncodingStats
+    14: 6, 15: 5,  # bloom filter offset, length
+    16: _struct({1: 6, 2: _list(6), 3: _list(6)}),  # SizeStatistics
+}
+_ROW_GROUP_SKIPPED = {4: _list(_struct({1: 5, 2: 1, 3: 1}, (1, 2, 3))), 5: 6, 6: 6, 7: 4}
+_COLUMN_ORDER = _struct({1: _EMPTY})  # a union: TYPE_ORDER
+_LOGICAL_SKIPPED = {11: _EMPTY, 16: _struct({1: 3}), 17: _struct({1: 8}), 18: _struct({1: 8, 2: 5})}
+
+
+def _skip_as(buf: bytes, pos: int, t: int, shape: int | tuple, depth: int) -> int:
+    """Skip a value of wire type ``t`` in a field of IDL shape ``shape``, refusing a list whose element
+    type is not the declared one (Thrift's reader would read it as the declared one) and a struct
+    without a required field (Thrift's reader refuses it)."""
+    if shape.__class__ is int or t != (12 if shape[0] == "struct" else 9):
+        return _skip_struct(buf, pos, depth) if t == 12 else _skip(buf, pos, t, depth)
+    if depth > _MAX_DEPTH:
+        raise FooterError("corrupt footer: nested too deep")
+    if shape[0] == "list":
+        et, n, pos = _list_head(buf, pos)
+        elem, want = shape[1], shape[2]
+        if et != want and not (want == 1 and et == 2):
+            raise FooterError("footer has a list whose element type is not the one parquet.thrift declares")
+        if elem.__class__ is int:
+            for _ in range(n):
+                pos = _skip(buf, pos, et, depth + 1)
+        else:
+            for _ in range(n):
+                pos = _skip_as(buf, pos, et, elem, depth + 1)
+        return pos
+    fields, required = shape[1], shape[2]
     seen = 0
     fid = 0
+    end = len(buf)
     while True:
         b = buf[pos]
         pos += 1
@@ -278,29 +320,33 @@ def _skip_checked(buf: bytes, pos: int, required: dict[int, tuple[int, ...]], wh
             fid += b >> 4
         else:
             fid, pos = _long_field_id(buf, pos)
-        if fid in required and t in required[fid]:
+        sub = fields.get(fid)
+        if sub is not None and sub.__class__ is not int:
+            if required and t == (12 if sub[0] == "struct" else 9) and 0 <= fid < 64:
+                seen |= 1 << fid
+            pos = _skip_as(buf, pos, t, sub, depth + 1)
+            continue
+        # A scalar field, or an unknown one: skipped by its wire type (strings and integers inline).
+        if required and sub is not None and (t == sub or (sub == 1 and t == 2)) and 0 <= fid < 64:
             seen |= 1 << fid
-        pos = _skip_struct(buf, pos, 2) if t == 12 else _skip(buf, pos, t, 2)
-    if seen != sum(1 << f for f in required):
-        raise FooterError(f"footer has a {what} without a required field")
-    return pos
-
-
-# Required fields of structs skipped otherwise (parquet.thrift): id -> wire types.
-_PAGE_ENCODING_STATS = {1: (5,), 2: (5,), 3: (5,)}
-_SORTING_COLUMN = {1: (5,), 2: (1, 2), 3: (1, 2)}
-
-
-def _skip_struct_list(buf: bytes, pos: int, t: int, required: dict[int, tuple[int, ...]], what: str) -> int:
-    """Skip an optional list<struct> field whose structs have required fields (a field of another
-    wire type is skipped as Thrift's reader skips it)."""
-    if t != _T_LIST:
-        return _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
-    et, n, pos = _list_head(buf, pos)
-    if et != _T_STRUCT:
-        raise FooterError(f"footer's {what} list is not a list of structs")
-    for _ in range(n):
-        pos = _skip_checked(buf, pos, required, what)
+        if t == 8:
+            n = buf[pos]
+            if n < 0x80:
+                pos += 1 + n
+            else:
+                n, pos = _uvarint(buf, pos)
+                pos += n
+            if pos > end or n > _STRING_LIMIT:
+                raise FooterError("truncated footer: a string runs past its end")
+        elif t == 4 or t == 5 or t == 6:
+            if buf[pos] < 0x80:
+                pos += 1
+            else:
+                pos = _skip_varint(buf, pos)
+        elif t != 1 and t != 2:
+            pos = _skip_struct(buf, pos, depth + 1) if t == 12 else _skip(buf, pos, t, depth + 1)
+    if seen & required != required:
+        raise FooterError("footer has a struct without a field parquet.thrift requires")
     return pos
 
 
@@ -526,9 +572,8 @@ _EMPTY_LOGICAL = {1: "STRING", 2: "MAP", 3: "LIST", 4: "ENUM", 6: "DATE", 12: "J
                   15: "FLOAT16"}
 
 
-# LogicalType members read as ("UNKNOWN", field id): 11 UNKNOWN (the null type), 16 VARIANT,
-# 17 GEOMETRY, 18 GEOGRAPHY (parquet.thrift, 2025). pyarrow refuses a member it does not know.
-_UNDECODED_LOGICAL = frozenset((11, 16, 17, 18))
+# LogicalType members read as ("UNKNOWN", field id) (_LOGICAL_SKIPPED): 11 UNKNOWN (the null type),
+# 16 VARIANT, 17 GEOMETRY, 18 GEOGRAPHY (parquet.thrift, 2025); any other member is refused.
 
 
 def _logical(buf: bytes, pos: int) -> tuple[tuple, int]:
@@ -562,10 +607,10 @@ def _logical(buf: bytes, pos: int) -> tuple[tuple, int]:
             out, pos = _time_logical(buf, pos, "TIME")
         elif fid == 5:
             out, pos = _decimal_logical(buf, pos)
-        elif fid in _UNDECODED_LOGICAL:
-            pos = _skip_struct(buf, pos, 1)
+        elif fid in _LOGICAL_SKIPPED:
+            pos = _skip_as(buf, pos, t, _LOGICAL_SKIPPED[fid], 1)
             out = ("UNKNOWN", fid)
-        else:  # a member pyarrow does not know either: it refuses the file
+        else:  # a member newer than this reader (pyarrow reads it as "Undefined"): not understood
             raise FooterError(f"footer has an unknown logical type (LogicalType field {fid})")
     if out is None:
         raise FooterError("footer has an empty LogicalType union")
@@ -643,7 +688,7 @@ _META_I64 = frozenset((5, 6, 7, 9, 10, 11))
 
 def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
     typ = encodings = path = codec = num_values = unc = comp = data_off = None
-    index_off = dict_off = None
+    index_off = dict_off = size_stats = None
     fid = 0
     while True:
         b = buf[pos]
@@ -660,13 +705,21 @@ def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
         if fid in _META_I64:
             if t != _T_I64:
                 raise _wrong("ColumnMetaData", fid, t)
+            # The zigzag varint inline (sizes and offsets take 2-4 bytes): no call per value.
             b = buf[pos]
-            if b < 0x80:
-                v = (b >> 1) ^ -(b & 1)
+            pos += 1
+            v = b & 0x7F
+            shift = 7
+            while b & 0x80:
+                b = buf[pos]
                 pos += 1
-            else:
-                v, pos = _uvarint(buf, pos)
-                v = (v >> 1) ^ -(v & 1)
+                v |= (b & 0x7F) << shift
+                shift += 7
+                if shift > 70:
+                    raise FooterError("corrupt footer: a varint longer than 10 bytes")
+            if v >> 64:
+                raise FooterError("corrupt footer: a varint above 64 bits")
+            v = (v >> 1) ^ -(v & 1)
             if v < 0:
                 raise FooterError(f"footer has a negative size or offset ({v}) in a column chunk")
             if fid == 9:
@@ -727,23 +780,56 @@ def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
                 s, pos = _string(buf, pos)
                 parts.append(s)
             path = tuple(parts)
-        elif fid == 13:
-            pos = _skip_struct_list(buf, pos, t, _PAGE_ENCODING_STATS, "page encoding stats")
-        elif fid == 8 and t == _T_LIST:
-            et, n, pos = _list_head(buf, pos)
-            if et != _T_STRUCT:
-                raise FooterError("footer has a column's key-value metadata that is not a list of structs")
-            for _ in range(n):
-                pos = _key_value(buf, pos)[2]
         elif fid == 17:
             raise FooterError("footer has geospatial statistics")
+        elif fid == 16 and t == _T_STRUCT:
+            size_stats, pos = _size_statistics(buf, pos)
+        elif fid in _COLUMN_META_SKIPPED:
+            pos = _skip_as(buf, pos, t, _COLUMN_META_SKIPPED[fid], 1)
         else:
-            # 12 statistics, 14/15 bloom filter, 16 size statistics: nothing required inside.
             pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
     if (typ is None or encodings is None or path is None or codec is None or num_values is None or unc is None
             or comp is None or data_off is None):
         raise FooterError("footer has a column chunk's metadata without a required field")
-    return Chunk(typ, encodings, path, codec, num_values, unc, comp, data_off, index_off, dict_off), pos
+    chunk = Chunk(typ, encodings, path, codec, num_values, unc, comp, data_off, index_off, dict_off)
+    chunk._size_stats = size_stats
+    return chunk, pos
+
+
+def _size_statistics(buf: bytes, pos: int) -> tuple[tuple[bool, int, int], int]:
+    """SizeStatistics {1: i64 unencoded_byte_array_data_bytes, 2: list<i64> repetition_level_histogram,
+    3: list<i64> definition_level_histogram}: which are there, and the histograms' lengths."""
+    has_bytes = False
+    rep = dfn = 0
+    fid = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        t = b & 15
+        if not t:
+            if b:
+                raise FooterError("corrupt footer: a bad field header")
+            break
+        if b >> 4:
+            fid += b >> 4
+        else:
+            fid, pos = _long_field_id(buf, pos)
+        if fid == 1 and t == _T_I64:
+            has_bytes = True
+            pos = _skip_varint(buf, pos)
+        elif (fid == 2 or fid == 3) and t == _T_LIST:
+            et, n, pos = _list_head(buf, pos)
+            if et != _T_I64:
+                raise FooterError("footer has a level histogram that is not a list of i64")
+            for _ in range(n):
+                pos = _skip_varint(buf, pos)
+            if fid == 2:
+                rep = n
+            else:
+                dfn = n
+        else:
+            pos = _skip_struct(buf, pos, 2) if t == 12 else _skip(buf, pos, t, 2)
+    return (has_bytes, rep, dfn), pos
 
 
 def _column_chunk(buf: bytes, pos: int) -> tuple[Chunk, int]:
@@ -814,10 +900,9 @@ def _row_group(buf: bytes, pos: int) -> tuple[RowGroup, int]:
                 total = v
             else:
                 num_rows = v
-        elif fid == 4:
-            pos = _skip_struct_list(buf, pos, t, _SORTING_COLUMN, "sorting column")
+        elif fid in _ROW_GROUP_SKIPPED:  # sorting columns, file offset, compressed size, ordinal
+            pos = _skip_as(buf, pos, t, _ROW_GROUP_SKIPPED[fid], 1)
         else:
-            # 5 file_offset, 6 total_compressed_size, 7 ordinal.
             pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
     if chunks is None or total is None or num_rows is None:
         raise FooterError("footer has a row group without its columns, byte size or row count")
@@ -864,8 +949,11 @@ def _struct_list(buf: bytes, pos: int, fid: int, t: int, what: str) -> tuple[int
     return n, pos
 
 
-def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup], dict[str, str], str | None]:
-    version = schema = num_rows = row_groups = created_by = None
+def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup], dict[str, str], str | None,
+                                        int | None]:
+    """FileMetaData: (num_rows, schema, row groups, key-value metadata, created_by, number of column
+    orders or None)."""
+    version = schema = num_rows = row_groups = created_by = column_orders = None
     kv: dict[str, str] = {}
     pos = 0
     fid = 0
@@ -914,8 +1002,14 @@ def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup]
             created_by, pos = _string(buf, pos)
         elif fid == 8 or fid == 9:
             raise FooterError("encrypted footer (plaintext footer of an encrypted file)")
+        elif fid == 7 and t == _T_LIST:  # column_orders (min/max sort orders: statistics only)
+            et, n, pos = _list_head(buf, pos)
+            if et != _T_STRUCT:
+                raise FooterError("footer's column orders are not a list of structs")
+            for _ in range(n):
+                pos = _skip_as(buf, pos, et, _COLUMN_ORDER, 2)
+            column_orders = n
         else:
-            # 7 column_orders (min/max sort orders: statistics only).
             pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
     if pos != len(buf):
         raise FooterError(f"footer has {len(buf) - pos} bytes after its FileMetaData")
@@ -925,10 +1019,11 @@ def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup]
         raise FooterError(f"footer of an unknown Parquet format version {version}")
     if num_rows < 0:
         raise FooterError(f"footer has a negative row count ({num_rows})")
-    return num_rows, schema, row_groups, kv, created_by
+    return num_rows, schema, row_groups, kv, created_by, column_orders
 
 
-# Physical types each annotation may annotate (parquet-cpp refuses a file where one does not).
+# Physical types each annotation may annotate. An annotation on another is refused here (pyarrow 26
+# reads an inapplicable LogicalType as "Undefined", and so as a plain column: not understood here).
 _LOGICAL_PHYSICAL = {"STRING": (6,), "ENUM": (6,), "JSON": (6,), "BSON": (6,), "DATE": (1,), "TIMESTAMP": (2,)}
 _CONVERTED_PHYSICAL = {0: (6,), 4: (6,), 19: (6,), 20: (6,), 6: (1,), 7: (1,), 8: (2,), 9: (2,), 10: (2,),
                        11: (1,), 12: (1,), 13: (1,), 14: (2,), 15: (1,), 16: (1,), 17: (1,), 18: (2,)}
@@ -1006,6 +1101,8 @@ def _leaves(schema: list[SchemaElement]) -> list[Leaf]:
             if not (e.logical in (None, ("LIST",), ("MAP",))
                     and (e.logical is not None or e.converted_type in (None, 1, 2, 3))):
                 raise FooterError(f"footer's group {e.name!r} has an annotation pyarrow refuses on a group")
+            if r == 2 and (e.logical is not None or e.converted_type in (1, 3)):
+                raise FooterError(f"footer's group {e.name!r} is a repeated LIST or MAP")
             stack.append([e.num_children, path, rep, dfn])
         else:
             if e.type is None:
@@ -1027,6 +1124,12 @@ def _check(footer: Footer, data_end: int) -> None:
             raise FooterError(f"footer has a row group of {len(g.chunks)} column chunks for {len(leaves)} leaves")
         total_rows += g.num_rows
         for c, leaf in zip(g.chunks, leaves):
+            stats = c._size_stats
+            if stats is not None and ((stats[0] and leaf.element.type != 6)
+                                      or (stats[1] and stats[1] != leaf.max_rep + 1)
+                                      or (stats[2] and stats[2] != leaf.max_def + 1)):
+                raise FooterError(f"footer has size statistics of {'.'.join(c.path)!r} that do not fit its levels "
+                                  "or type")
             if c.path != leaf.path:
                 raise FooterError(f"footer has a column chunk for {'.'.join(c.path)!r} where "
                                   f"{'.'.join(leaf.path)!r} is expected")
@@ -1083,10 +1186,12 @@ def read_footer(path: str | os.PathLike, fd: int | None = None) -> Footer:
         if own:
             os.close(fd)
     try:
-        num_rows, schema, row_groups, kv, created_by = _file_metadata(meta)
+        num_rows, schema, row_groups, kv, created_by, column_orders = _file_metadata(meta)
     except IndexError:
         raise FooterError("truncated footer: its FileMetaData runs past its end") from None
     footer = Footer(num_rows, schema, _leaves(schema), row_groups, kv, created_by)
+    if column_orders is not None and column_orders != len(footer.leaves):
+        raise FooterError(f"footer has {column_orders} column orders for {len(footer.leaves)} columns")
     _check(footer, size - 8 - meta_len)
     return footer
 
@@ -1247,10 +1352,11 @@ def _fb_check_dictionary(b: bytes, p: int | None) -> None:
     _fb_scalar(b, tab, 2, _FB_U8, 1, 0)
     _fb_scalar(b, tab, 3, _FB_I16, 2, 0)
     index = _fb_ref(b, _fb_slot(b, tab, 1))
-    if index is not None:
-        itab = _fb_table(b, index)
-        _fb_scalar(b, itab, 0, _FB_I32, 4, 0)
-        _fb_scalar(b, itab, 1, _FB_U8, 1, 0)
+    if index is None:
+        raise FooterError("ARROW:schema has a dictionary without its index type")
+    itab = _fb_table(b, index)
+    if _fb_scalar(b, itab, 0, _FB_I32, 4, 0) not in (8, 16, 32, 64) or _fb_scalar(b, itab, 1, _FB_U8, 1, 0) > 1:
+        raise FooterError("ARROW:schema has a dictionary of an index type pyarrow refuses")
 
 
 # The parameters of each member of Schema.fbs's Type union (slot: kind), all checked on every field as
