@@ -675,6 +675,29 @@ static int lru_links_ok(const int32_t *ps, Py_ssize_t ps_len, Py_ssize_t C, Py_s
     return 1;
 }
 
+/* Before a replay (replay_lru and replay_lru_rows alike): the bytes resident now, where the peak
+ * starts; the policy's list links and each layer's group checked once. E_OK or the error. */
+static int lru_begin(const int32_t *ps, Py_ssize_t ps_len, Py_ssize_t C, const int64_t *grp, Py_ssize_t n_grp,
+                     const int64_t *layer_info, Py_ssize_t li_rows, int64_t *resident) {
+    *resident = 0;
+    for (Py_ssize_t g0 = 0; g0 < n_grp; g0++)
+        *resident += grp[g0 * N_GRP + GRP_USED];
+    if (!lru_links_ok(ps, ps_len, C, n_grp))
+        return E_LINK;
+    for (Py_ssize_t l = 0; l < li_rows; l++) /* every layer's group, once, not once per load */
+        if ((uint64_t)layer_info[2 * l] >= (uint64_t)n_grp)
+            return E_GROUP;
+    return E_OK;
+}
+
+/* After a replay: the stats it writes (one tick per routed slot: a plain replay drops none). */
+static void lru_end(int64_t *stats, const int64_t *opts, int64_t slots, int64_t peak, int64_t n_evict, int64_t n_over) {
+    stats[STAT_TICKS] = opts[OPT_TICK0] + slots;
+    stats[STAT_PEAK_BYTES] = peak;
+    stats[STAT_EVICTIONS] += n_evict;
+    stats[STAT_OVERFLOW] += n_over;
+}
+
 static int lru_loop(const lru_t *a) {
     /* The shapes checked by the caller make grp's rows N_GRP wide, acc [2, acc1, N_ACC], bacc's rows
      * N_ACC and layer_info's rows 2: constant strides, fewer values live in the load loop. */
@@ -695,15 +718,11 @@ static int lru_loop(const lru_t *a) {
     const int64_t load0 = a->opts[OPT_LOAD0];
     int64_t n_evict = 0, n_over = 0;
     int64_t cur_b = -1, b_look = 0, b_hit = 0, b_read = 0;
-    int64_t resident = 0;
-    for (Py_ssize_t g0 = 0; g0 < a->n_grp; g0++)
-        resident += grp[g0 * N_GRP + GRP_USED];
+    int64_t resident;
+    const int err = lru_begin(ps, a->ps_len, C, grp, a->n_grp, layer_info, a->li_rows, &resident);
+    if (err)
+        return err;
     int64_t peak = resident;
-    if (!lru_links_ok(ps, a->ps_len, C, a->n_grp))
-        return E_LINK;
-    for (Py_ssize_t l = 0; l < a->li_rows; l++) /* every layer's group, once, not once per load */
-        if ((uint64_t)layer_info[2 * l] >= (uint64_t)a->n_grp)
-            return E_GROUP;
     /* Rows the loads cover: [first, last); a load's rows are checked to lie inside, and every
      * entry id there is checked once, here (a vectorized pass over a few MB), not once per slot. */
     const int64_t first = n_load > 0 ? load_start[0] : 0, last = n_load > 0 ? load_start[n_load] : 0;
@@ -762,11 +781,8 @@ static int lru_loop(const lru_t *a) {
         bc[ACC_HITS] += b_hit;
         bc[ACC_READ] += b_read;
     }
-    /* One tick per routed slot (a plain replay drops none); an empty load adds none. */
-    a->stats[STAT_TICKS] = a->opts[OPT_TICK0] + (n_load > 0 ? (load_start[n_load] - load_start[0]) * k : 0);
-    a->stats[STAT_PEAK_BYTES] = peak;
-    a->stats[STAT_EVICTIONS] += n_evict;
-    a->stats[STAT_OVERFLOW] += n_over;
+    /* An empty load adds no tick. */
+    lru_end(a->stats, a->opts, n_load > 0 ? (load_start[n_load] - load_start[0]) * k : 0, peak, n_evict, n_over);
     return E_OK;
 }
 
@@ -781,6 +797,30 @@ PyDoc_STRVAR(replay_lru_doc,
 "acc int64 [2, L, 7], bacc int64 [B, 7], stats int64 [12], opts int64 [8] (OPT_TICK0, OPT_LOAD0 read).\n"
 "Writes ent, grp, ps, acc, bacc and stats exactly as the Numba kernel does.");
 
+/* The replay state's arguments, common to replay_lru and replay_lru_rows: layer_info, ent, grp,
+ * ps, acc, stats, opts (objects o[0..6]), taken and their shapes checked. 0 with an exception set
+ * on failure (the caller releases b). */
+typedef struct {
+    Py_buffer *layer_info, *ent, *grp, *ps, *acc, *stats, *opts;
+} state_args_t;
+
+static int take_state(bufs_t *b, PyObject *const *o, const char *fn, state_args_t *st) {
+    if (!(st->layer_info = take(b, o[0], fn, "layer_info", K_INT, 8, 2, 0)) ||
+        !(st->ent = take(b, o[1], fn, "ent", K_INT, 4, 2, 1)) || !(st->grp = take(b, o[2], fn, "grp", K_INT, 8, 2, 1)) ||
+        !(st->ps = take(b, o[3], fn, "ps", K_INT, 4, 1, 1)) || !(st->acc = take(b, o[4], fn, "acc", K_INT, 8, 3, 1)) ||
+        !(st->stats = take(b, o[5], fn, "stats", K_INT, 8, 1, 1)) || !(st->opts = take(b, o[6], fn, "opts", K_INT, 8, 1, 0)))
+        return 0;
+    const Py_ssize_t C = DIM(st->ent, 1), n_grp = DIM(st->grp, 0);
+    return need(DIM(st->layer_info, 1) == 2, fn, "layer_info must have 2 columns (eviction group, bytes of one entry)") &&
+           need(DIM(st->ent, 0) == N_ENT, fn, "ent must have 14 rows (replay.cache_state.N_ENT fields)") &&
+           need(C < INT32_MAX, fn, "ent has more columns than int32 entry ids") &&
+           need(DIM(st->grp, 1) == N_GRP, fn, "grp must have 5 columns (replay.cache_state.N_GRP)") &&
+           need(DIM(st->ps, 0) >= 2 * (C + n_grp), fn, "ps must hold 2 x (entries + groups) links (replay.policies.lru.init)") &&
+           need(DIM(st->acc, 0) == 2 && DIM(st->acc, 2) == N_ACC, fn, "acc must have the shape [2, layers, 7]") &&
+           need(DIM(st->stats, 0) == N_STATS, fn, "stats must hold 12 values (replay.cache_kernel.N_STATS)") &&
+           need(DIM(st->opts, 0) == N_OPTS, fn, "opts must hold 8 values (replay.cache_kernel.N_OPTS)");
+}
+
 static PyObject *py_replay_lru(PyObject *self, PyObject *args) {
     (void)self;
     static const char *fn = "replay_lru";
@@ -789,41 +829,29 @@ static PyObject *py_replay_lru(PyObject *self, PyObject *args) {
                           &o[9], &o[10], &o[11], &o[12]))
         return NULL;
     bufs_t b = {.n = 0};
-    Py_buffer *entries, *load_start, *load_lidx, *load_phase, *load_batch, *layer_info, *ent, *grp, *ps, *acc, *bacc,
-        *stats, *opts;
+    Py_buffer *entries, *load_start, *load_lidx, *load_phase, *load_batch, *bacc;
+    state_args_t st;
+    PyObject *state_objs[7] = {o[5], o[6], o[7], o[8], o[9], o[11], o[12]};
     if (!(entries = take(&b, o[0], fn, "entries", K_INT, 4, 2, 0)) ||
         !(load_start = take(&b, o[1], fn, "load_start", K_INT, 8, 1, 0)) ||
         !(load_lidx = take(&b, o[2], fn, "load_lidx", K_INT, 4, 1, 0)) ||
         !(load_phase = take(&b, o[3], fn, "load_phase", K_INT, 1, 1, 0)) ||
         !(load_batch = take(&b, o[4], fn, "load_batch", K_INT, 4, 1, 0)) ||
-        !(layer_info = take(&b, o[5], fn, "layer_info", K_INT, 8, 2, 0)) ||
-        !(ent = take(&b, o[6], fn, "ent", K_INT, 4, 2, 1)) || !(grp = take(&b, o[7], fn, "grp", K_INT, 8, 2, 1)) ||
-        !(ps = take(&b, o[8], fn, "ps", K_INT, 4, 1, 1)) || !(acc = take(&b, o[9], fn, "acc", K_INT, 8, 3, 1)) ||
-        !(bacc = take(&b, o[10], fn, "bacc", K_INT, 8, 2, 1)) || !(stats = take(&b, o[11], fn, "stats", K_INT, 8, 1, 1)) ||
-        !(opts = take(&b, o[12], fn, "opts", K_INT, 8, 1, 0)))
+        !(bacc = take(&b, o[10], fn, "bacc", K_INT, 8, 2, 1)) || !take_state(&b, state_objs, fn, &st))
         goto fail;
     if (!disjoint(&b, fn))
         goto fail;
     Py_ssize_t n_load = DIM(load_start, 0) - 1;
-    Py_ssize_t C = DIM(ent, 1), n_grp = DIM(grp, 0);
     if (!need(n_load < 0 || (DIM(load_lidx, 0) >= n_load && DIM(load_phase, 0) >= n_load && DIM(load_batch, 0) >= n_load),
               fn, "load_lidx, load_phase and load_batch must have one element per load (load_start's length - 1)") ||
-        !need(DIM(layer_info, 1) == 2, fn, "layer_info must have 2 columns (eviction group, bytes of one entry)") ||
-        !need(DIM(ent, 0) == N_ENT, fn, "ent must have 14 rows (replay.cache_state.N_ENT fields)") ||
-        !need(C < INT32_MAX, fn, "ent has more columns than int32 entry ids") ||
-        !need(DIM(grp, 1) == N_GRP, fn, "grp must have 5 columns (replay.cache_state.N_GRP)") ||
-        !need(DIM(ps, 0) >= 2 * (C + n_grp), fn, "ps must hold 2 x (entries + groups) links (replay.policies.lru.init)") ||
-        !need(DIM(acc, 0) == 2 && DIM(acc, 2) == N_ACC, fn, "acc must have the shape [2, layers, 7]") ||
-        !need(DIM(bacc, 1) == N_ACC, fn, "bacc must have the shape [batches, 7]") ||
-        !need(DIM(stats, 0) == N_STATS, fn, "stats must hold 12 values (replay.cache_kernel.N_STATS)") ||
-        !need(DIM(opts, 0) == N_OPTS, fn, "opts must hold 8 values (replay.cache_kernel.N_OPTS)"))
+        !need(DIM(bacc, 1) == N_ACC, fn, "bacc must have the shape [batches, 7]"))
         goto fail;
     lru_t a = {
         .entries = entries->buf, .load_lidx = load_lidx->buf, .load_batch = load_batch->buf, .load_start = load_start->buf,
-        .layer_info = layer_info->buf, .opts = opts->buf, .load_phase = load_phase->buf, .ent = ent->buf, .ps = ps->buf,
-        .grp = grp->buf, .acc = acc->buf, .bacc = bacc->buf, .stats = stats->buf,
-        .R = DIM(entries, 0), .k = DIM(entries, 1), .n_load = n_load, .li_rows = DIM(layer_info, 0), .C = C,
-        .n_grp = n_grp, .ps_len = DIM(ps, 0), .acc1 = DIM(acc, 1), .n_batch = DIM(bacc, 0),
+        .layer_info = st.layer_info->buf, .opts = st.opts->buf, .load_phase = load_phase->buf, .ent = st.ent->buf,
+        .ps = st.ps->buf, .grp = st.grp->buf, .acc = st.acc->buf, .bacc = bacc->buf, .stats = st.stats->buf,
+        .R = DIM(entries, 0), .k = DIM(entries, 1), .n_load = n_load, .li_rows = DIM(st.layer_info, 0), .C = DIM(st.ent, 1),
+        .n_grp = DIM(st.grp, 0), .ps_len = DIM(st.ps, 0), .acc1 = DIM(st.acc, 1), .n_batch = DIM(bacc, 0),
     };
     int err;
     Py_BEGIN_ALLOW_THREADS
@@ -876,15 +904,11 @@ static int lru_rows_loop(const lru_rows_t *a, int64_t *n_loads) {
     const uint64_t n_lid = (uint64_t)(a->li_rows < a->acc1 ? a->li_rows : a->acc1);
     const int64_t acc_phase = (int64_t)a->acc1 * N_ACC;
     const int64_t load0 = a->opts[OPT_LOAD0], n_expert = a->n_expert;
-    int64_t n_evict = 0, n_over = 0, resident = 0;
-    for (Py_ssize_t g0 = 0; g0 < a->n_grp; g0++)
-        resident += grp[g0 * N_GRP + GRP_USED];
+    int64_t n_evict = 0, n_over = 0, resident;
+    const int err = lru_begin(ps, a->ps_len, C, grp, a->n_grp, layer_info, a->li_rows, &resident);
+    if (err)
+        return err;
     int64_t peak = resident;
-    if (!lru_links_ok(ps, a->ps_len, C, a->n_grp))
-        return E_LINK;
-    for (Py_ssize_t l = 0; l < a->li_rows; l++)
-        if ((uint64_t)layer_info[2 * l] >= (uint64_t)a->n_grp)
-            return E_GROUP;
     int64_t load = load0;
     Py_ssize_t r = 0;
     while (r < R) {
@@ -926,10 +950,7 @@ static int lru_rows_loop(const lru_rows_t *a, int64_t *n_loads) {
             return E_CYCLE;
         load++;
     }
-    a->stats[STAT_TICKS] = a->opts[OPT_TICK0] + (int64_t)R * k;
-    a->stats[STAT_PEAK_BYTES] = peak;
-    a->stats[STAT_EVICTIONS] += n_evict;
-    a->stats[STAT_OVERFLOW] += n_over;
+    lru_end(a->stats, a->opts, (int64_t)R * k, peak, n_evict, n_over);
     *n_loads = load - load0;
     return E_OK;
 }
@@ -951,36 +972,26 @@ static PyObject *py_replay_lru_rows(PyObject *self, PyObject *args) {
                           &o[7], &o[8], &o[9], &o[10], &o[11]))
         return NULL;
     bufs_t b = {.n = 0};
-    Py_buffer *batch, *phase, *layer, *experts, *lidx_of, *layer_info, *ent, *grp, *ps, *acc, *stats, *opts;
+    Py_buffer *batch, *phase, *layer, *experts, *lidx_of;
+    state_args_t st;
     if (!(batch = take(&b, o[0], fn, "batch", K_INT, 4, 1, 0)) || !(phase = take(&b, o[1], fn, "phase", K_INT, 1, 1, 0)) ||
         !(layer = take(&b, o[2], fn, "layer", K_INT, 2, 1, 0)) ||
         !(experts = take(&b, o[3], fn, "experts", K_INT, 4, 2, 0)) ||
-        !(lidx_of = take(&b, o[4], fn, "lidx_of", K_INT, 4, 1, 0)) ||
-        !(layer_info = take(&b, o[5], fn, "layer_info", K_INT, 8, 2, 0)) ||
-        !(ent = take(&b, o[6], fn, "ent", K_INT, 4, 2, 1)) || !(grp = take(&b, o[7], fn, "grp", K_INT, 8, 2, 1)) ||
-        !(ps = take(&b, o[8], fn, "ps", K_INT, 4, 1, 1)) || !(acc = take(&b, o[9], fn, "acc", K_INT, 8, 3, 1)) ||
-        !(stats = take(&b, o[10], fn, "stats", K_INT, 8, 1, 1)) || !(opts = take(&b, o[11], fn, "opts", K_INT, 8, 1, 0)))
+        !(lidx_of = take(&b, o[4], fn, "lidx_of", K_INT, 4, 1, 0)) || !take_state(&b, o + 5, fn, &st))
         goto fail;
     if (!disjoint(&b, fn))
         goto fail;
-    Py_ssize_t R = DIM(experts, 0), C = DIM(ent, 1), n_grp = DIM(grp, 0);
+    Py_ssize_t R = DIM(experts, 0);
     if (!need(DIM(batch, 0) == R && DIM(phase, 0) == R && DIM(layer, 0) == R, fn,
               "batch, phase and layer must have one element per row of experts") ||
-        !need(n_expert >= 0, fn, "n_expert must be >= 0") ||
-        !need(DIM(layer_info, 1) == 2, fn, "layer_info must have 2 columns (eviction group, bytes of one entry)") ||
-        !need(DIM(ent, 0) == N_ENT, fn, "ent must have 14 rows (replay.cache_state.N_ENT fields)") ||
-        !need(C < INT32_MAX, fn, "ent has more columns than int32 entry ids") ||
-        !need(DIM(grp, 1) == N_GRP, fn, "grp must have 5 columns (replay.cache_state.N_GRP)") ||
-        !need(DIM(ps, 0) >= 2 * (C + n_grp), fn, "ps must hold 2 x (entries + groups) links (replay.policies.lru.init)") ||
-        !need(DIM(acc, 0) == 2 && DIM(acc, 2) == N_ACC, fn, "acc must have the shape [2, layers, 7]") ||
-        !need(DIM(stats, 0) == N_STATS, fn, "stats must hold 12 values (replay.cache_kernel.N_STATS)") ||
-        !need(DIM(opts, 0) == N_OPTS, fn, "opts must hold 8 values (replay.cache_kernel.N_OPTS)"))
+        !need(n_expert >= 0, fn, "n_expert must be >= 0"))
         goto fail;
     lru_rows_t a = {
         .batch = batch->buf, .experts = experts->buf, .lidx_of = lidx_of->buf, .phase = phase->buf, .layer = layer->buf,
-        .layer_info = layer_info->buf, .opts = opts->buf, .ent = ent->buf, .ps = ps->buf, .grp = grp->buf, .acc = acc->buf,
-        .stats = stats->buf, .R = R, .k = DIM(experts, 1), .n_lay = DIM(lidx_of, 0), .li_rows = DIM(layer_info, 0), .C = C,
-        .n_grp = n_grp, .ps_len = DIM(ps, 0), .acc1 = DIM(acc, 1), .n_expert = (int64_t)n_expert,
+        .layer_info = st.layer_info->buf, .opts = st.opts->buf, .ent = st.ent->buf, .ps = st.ps->buf, .grp = st.grp->buf,
+        .acc = st.acc->buf, .stats = st.stats->buf, .R = R, .k = DIM(experts, 1), .n_lay = DIM(lidx_of, 0),
+        .li_rows = DIM(st.layer_info, 0), .C = DIM(st.ent, 1), .n_grp = DIM(st.grp, 0), .ps_len = DIM(st.ps, 0),
+        .acc1 = DIM(st.acc, 1), .n_expert = (int64_t)n_expert,
     };
     int err;
     int64_t n_loads = 0;

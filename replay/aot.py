@@ -20,8 +20,6 @@ import, location and staleness checks are :class:`traces.compiled.Extension`'s (
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from traces.compiled import ENV, Extension, stale
 
 __all__ = ["ENV", "load", "stale", "why_unavailable"]  # and AVAILABLE (module __getattr__)
@@ -29,17 +27,6 @@ __all__ = ["ENV", "load", "stale", "why_unavailable"]  # and AVAILABLE (module _
 _EXT = Extension("replay._aot", "replay/_aot.c", purpose="to replay without Numba", what="the compiled kernels are")
 
 
-def load() -> ModuleType | None:
-    """``replay._aot``, or None when it is not built, stale, or turned off by ``MOE_REPLAY_AOT=0``."""
-    return _EXT.load()
-
-
-def why_unavailable() -> str | None:
-    """Why :func:`load` returns None, in one sentence; None when it returns the module."""
-    return _EXT.why_unavailable()
-
-
-def __getattr__(name: str) -> bool:
-    if name == "AVAILABLE":  # computed at each access: MOE_REPLAY_AOT may change after import
-        return load() is not None
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+load = _EXT.load  # the module, or None when it is not built, stale, or turned off by MOE_REPLAY_AOT=0
+why_unavailable = _EXT.why_unavailable  # why load() returns None, in one sentence; None when it returns the module
+__getattr__ = _EXT.module_getattr(__name__)  # AVAILABLE

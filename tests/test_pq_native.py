@@ -28,6 +28,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import loader_import_seconds
 from tests.naive.pqread import read_column
 from traces import pq_native
 
@@ -952,15 +953,8 @@ def test_an_extension_found_outside_its_package_or_stale_is_refused(tmp_path, mo
 
 @needs_pq
 def test_importing_it_needs_no_numpy_or_pyarrow():
-    code = ("import sys, time; t = time.perf_counter(); import traces.pq_native as p; m = p.load(); "
-            "dt = time.perf_counter() - t; assert m is not None, p.why_unavailable(); "
-            "assert not any(x.split('.')[0] in ('numpy', 'pyarrow', 'numba', 'polars') for x in sys.modules), sorted(sys.modules); "
-            "print(dt)")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("MOE_REPLAY_AOT", None)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    assert float(out.stdout) < 0.05  # a few milliseconds; generous for a loaded machine
+    # a few milliseconds; generous for a loaded machine
+    assert loader_import_seconds("traces.pq_native", ("numpy", "pyarrow", "numba", "polars")) < 0.05
 
 
 def _c_compiler() -> str | None:

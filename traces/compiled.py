@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Callable
 from types import ModuleType
 
 ENV = "MOE_REPLAY_AOT"
@@ -87,3 +88,14 @@ class Extension:
         if not self._tried:
             self._import()
         return self._why
+
+    def module_getattr(self, loader: str) -> Callable[[str], bool]:
+        """The ``__getattr__`` of the loader module named ``loader``: its ``AVAILABLE`` is whether
+        :meth:`load` returns the module, computed at each access (``MOE_REPLAY_AOT`` may change
+        after import)."""
+        def __getattr__(name: str) -> bool:
+            if name == "AVAILABLE":
+                return self.load() is not None
+            raise AttributeError(f"module {loader!r} has no attribute {name!r}")
+
+        return __getattr__

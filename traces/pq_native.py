@@ -30,8 +30,6 @@ Standard library only (no NumPy, no pyarrow): importing it costs about a millise
 
 from __future__ import annotations
 
-from types import ModuleType
-
 from traces.compiled import Extension
 
 __all__ = ["load", "why_unavailable"]  # and AVAILABLE (module __getattr__)
@@ -40,17 +38,6 @@ _EXT = Extension("traces._pq", "traces/_pq.c", purpose="to read routing columns 
                  what="the compiled Parquet reader is")
 
 
-def load() -> ModuleType | None:
-    """``traces._pq``, or None when it is not built, stale, or turned off by ``MOE_REPLAY_AOT=0``."""
-    return _EXT.load()
-
-
-def why_unavailable() -> str | None:
-    """Why :func:`load` returns None, in one sentence; None when it returns the module."""
-    return _EXT.why_unavailable()
-
-
-def __getattr__(name: str) -> bool:
-    if name == "AVAILABLE":  # computed at each access: MOE_REPLAY_AOT may change after import
-        return load() is not None
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+load = _EXT.load  # the module, or None when it is not built, stale, or turned off by MOE_REPLAY_AOT=0
+why_unavailable = _EXT.why_unavailable  # why load() returns None, in one sentence; None when it returns the module
+__getattr__ = _EXT.module_getattr(__name__)  # AVAILABLE
