@@ -433,6 +433,7 @@ class _Cell:
 
 def _cache_rows(kern: Any, pq: Any, trace: str, budgets: str | None, budget_mib: str | None, policies: str, phase: str,
                 seed: int, stream: str, per_layer: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    from replay.progress import progress
     from replay.rows import cache_summary, column_types, plain_rows
     from traces.errors import UserError
     from traces.memory import check_fits
@@ -470,7 +471,8 @@ def _cache_rows(kern: Any, pq: Any, trace: str, budgets: str | None, budget_mib:
         v = {name: memoryview(data[name]).cast("B").cast(fmts[name]) for name in names}
         experts = memoryview(data["experts"]).cast("B").cast("i", [rows, k])
         try:
-            n_loads = [cell.replay(kern, v, experts, lidx_of, n, state["load0"]) for cell in cells.values()][0]
+            for cell in cells.values():
+                n_loads = cell.replay(kern, v, experts, lidx_of, n, state["load0"])  # the same loads in every cell
         except ValueError:
             raise NotMine from None
         state["load0"] += n_loads
@@ -478,12 +480,14 @@ def _cache_rows(kern: Any, pq: Any, trace: str, budgets: str | None, budget_mib:
     reader = _Reader(pq, kern, t)
     n_parts = len(t.parts)
     reader.start(0)
+    bar = progress(t.n_rows, "cache replay (native)", unit="row")  # on a terminal only
     try:
         for i in range(n_parts):
             cols = reader.get()
             if i + 1 < n_parts:
                 reader.start(i + 1)
             R = len(cols["batch"])
+            bar.update(R)
             if R == 0:
                 continue
             b_, l_, p_ = cols["batch"], cols["layer"], cols["phase"]
@@ -510,6 +514,7 @@ def _cache_rows(kern: Any, pq: Any, trace: str, budgets: str | None, budget_mib:
         if carry is not None:
             replay_piece(carry)
     finally:
+        bar.close()
         if reader.thread is not None:
             reader.thread.join()
     raw_rows = []
