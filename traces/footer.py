@@ -215,23 +215,29 @@ def _zigzag(buf: bytes, pos: int) -> tuple[int, int]:
 
 
 def _i32(buf: bytes, pos: int) -> tuple[int, int]:
-    b = buf[pos]
-    if b < 0x80:
-        return (b >> 1) ^ -(b & 1), pos + 1
-    v, pos = _uvarint(buf, pos)
-    v = (v >> 1) ^ -(v & 1)
+    v, pos = _zigzag(buf, pos)
     if v < _I32_MIN or v > _I32_MAX:
         raise FooterError("corrupt footer: an i32 field out of range")
     return v, pos
 
 
-def _string(buf: bytes, pos: int) -> tuple[str, int]:
-    n, pos = _uvarint(buf, pos)
+def _string_span(buf: bytes, pos: int) -> tuple[int, int]:
+    """A binary value's bytes: (start, end), checked to lie in the buffer and within parquet-cpp's limit."""
+    n = buf[pos]
+    if n < 0x80:
+        pos += 1
+    else:
+        n, pos = _uvarint(buf, pos)
     end = pos + n
     if end > len(buf) or n > _STRING_LIMIT:
         raise FooterError("truncated footer: a string runs past its end")
+    return pos, end
+
+
+def _string(buf: bytes, pos: int) -> tuple[str, int]:
+    start, end = _string_span(buf, pos)
     try:
-        return buf[pos:end].decode(), end
+        return buf[start:end].decode(), end
     except UnicodeDecodeError:
         raise FooterError("footer holds a string that is not UTF-8") from None
 
@@ -249,15 +255,54 @@ def _list_head(buf: bytes, pos: int) -> tuple[int, int, int]:
     return b & 15, n, pos
 
 
-def _long_field_id(buf: bytes, pos: int) -> tuple[int, int]:
-    """A field id in its long form (a zigzag varint after the header byte). Thrift reads it as an
-    i16, so a wider one would alias another field there: refused."""
+def _field(buf: bytes, pos: int, fid: int) -> tuple[int, int, int]:
+    """The next field header of a struct whose previous field id is ``fid``: (field id, wire type,
+    next position); wire type 0 at the struct's stop byte. A field id in its long form (a zigzag
+    varint after the header byte) is read by Thrift as an i16, so a wider one would alias another
+    field there: refused."""
+    b = buf[pos]
+    pos += 1
+    t = b & 15
+    if not t:
+        if b:
+            raise FooterError("corrupt footer: a bad field header")
+        return fid, 0, pos
+    if b >> 4:
+        return fid + (b >> 4), t, pos
     fid, pos = _zigzag(buf, pos)
     if not -32768 <= fid <= 32767:
         raise FooterError("corrupt footer: a field id outside i16")
-    return fid, pos
+    return fid, t, pos
 
 
+def _wrong(what: str, fid: int, t: int) -> FooterError:
+    return FooterError(f"footer field {fid} of {what} has Thrift type {t}, not the one parquet.thrift gives it")
+
+
+def _list_of(buf: bytes, pos: int, fid: int, t: int, what: str, et: int, read, refusal: str) -> tuple[list, int]:
+    """Field ``fid`` of struct ``what``, declared a list of wire type ``et``: its elements, each read
+    by ``read(buf, pos) -> (value, pos)``. Another field type is refused, another element type too
+    (with ``refusal``)."""
+    if t != _T_LIST:
+        raise _wrong(what, fid, t)
+    elem_t, n, pos = _list_head(buf, pos)
+    if elem_t != et:
+        raise FooterError(refusal)
+    out = []
+    for _ in range(n):
+        v, pos = read(buf, pos)
+        out.append(v)
+    return out, pos
+
+
+def _bool(what: str, fid: int, t: int) -> bool:
+    """A bool field's value, held in its field header's wire type."""
+    if t != 1 and t != 2:
+        raise _wrong(what, fid, t)
+    return t == 1
+
+
+# -- skipping: the fields not read ----------------------------------------------------------------------
 # The IDL shapes (parquet.thrift) of the fields skipped inside the structs read here. Thrift's
 # generated reader (pyarrow's) reads a field whose wire type is its declared one by the declared
 # shape, trusting a list's element type to be the declared one, and skips any other by its wire
@@ -289,65 +334,58 @@ def _skip_as(buf: bytes, pos: int, t: int, shape: int | tuple, depth: int) -> in
     type is not the declared one (Thrift's reader would read it as the declared one) and a struct
     without a required field (Thrift's reader refuses it)."""
     if shape.__class__ is int or t != (12 if shape[0] == "struct" else 9):
-        return _skip_struct(buf, pos, depth) if t == 12 else _skip(buf, pos, t, depth)
+        return _skip(buf, pos, t, depth)
+    if shape[0] == "struct":
+        return _skip_struct(buf, pos, depth, shape[1], shape[2])
     if depth > _MAX_DEPTH:
         raise FooterError("corrupt footer: nested too deep")
-    if shape[0] == "list":
-        et, n, pos = _list_head(buf, pos)
-        elem, want = shape[1], shape[2]
-        if et != want and not (want == 1 and et == 2):
-            raise FooterError("footer has a list whose element type is not the one parquet.thrift declares")
-        if elem.__class__ is int:
-            for _ in range(n):
-                pos = _skip(buf, pos, et, depth + 1)
-        else:
-            for _ in range(n):
-                pos = _skip_as(buf, pos, et, elem, depth + 1)
-        return pos
-    fields, required = shape[1], shape[2]
+    et, n, pos = _list_head(buf, pos)
+    elem, want = shape[1], shape[2]
+    if et != want and not (want == 1 and et == 2):
+        raise FooterError("footer has a list whose element type is not the one parquet.thrift declares")
+    if elem.__class__ is int:
+        for _ in range(n):
+            pos = _skip(buf, pos, et, depth + 1)
+    else:
+        for _ in range(n):
+            pos = _skip_as(buf, pos, et, elem, depth + 1)
+    return pos
+
+
+def _skip_struct(buf: bytes, pos: int, depth: int, fields: dict = _EMPTY[1], required: int = 0) -> int:
+    """Skip a struct's fields up to its stop byte, each of a known id (in ``fields``) by its shape, any
+    other by its wire type; refused without a field whose bit is set in ``required``."""
+    if depth > _MAX_DEPTH:
+        raise FooterError("corrupt footer: nested too deep")
     seen = 0
-    fid = 0
-    end = len(buf)
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
+    fid, t, pos = _field(buf, pos, 0)
+    while t:
         sub = fields.get(fid)
-        if sub is not None and sub.__class__ is not int:
+        if sub is None or sub.__class__ is int:
+            if required and sub is not None and (t == sub or (sub == 1 and t == 2)) and 0 <= fid < 64:
+                seen |= 1 << fid
+            pos = _skip_field(buf, pos, t, depth + 1)
+        else:
             if required and t == (12 if sub[0] == "struct" else 9) and 0 <= fid < 64:
                 seen |= 1 << fid
             pos = _skip_as(buf, pos, t, sub, depth + 1)
-            continue
-        # A scalar field, or an unknown one: skipped by its wire type (strings and integers inline).
-        if required and sub is not None and (t == sub or (sub == 1 and t == 2)) and 0 <= fid < 64:
-            seen |= 1 << fid
-        if t == 8:
-            n = buf[pos]
-            if n < 0x80:
-                pos += 1 + n
-            else:
-                n, pos = _uvarint(buf, pos)
-                pos += n
-            if pos > end or n > _STRING_LIMIT:
-                raise FooterError("truncated footer: a string runs past its end")
-        elif t == 4 or t == 5 or t == 6:
-            if buf[pos] < 0x80:
-                pos += 1
-            else:
-                pos = _skip_varint(buf, pos)
-        elif t != 1 and t != 2:
-            pos = _skip_struct(buf, pos, depth + 1) if t == 12 else _skip(buf, pos, t, depth + 1)
+        fid, t, pos = _field(buf, pos, fid)
     if seen & required != required:
         raise FooterError("footer has a struct without a field parquet.thrift requires")
     return pos
+
+
+def _skip_field(buf: bytes, pos: int, t: int, depth: int) -> int:
+    """Skip a struct field's value of wire type ``t`` at nesting ``depth``: a bool (no payload), an
+    integer or a string at once, whatever the depth (the statistics and encoding stats skipped on
+    every column chunk are made of them); any other by :func:`_skip`."""
+    if t == 8:
+        return _string_span(buf, pos)[1]
+    if t == 4 or t == 5 or t == 6:
+        return pos + 1 if buf[pos] < 0x80 else _skip_varint(buf, pos)
+    if t == 1 or t == 2:
+        return pos
+    return _skip(buf, pos, t, depth)
 
 
 def _skip_varint(buf: bytes, pos: int) -> int:
@@ -360,55 +398,15 @@ def _skip_varint(buf: bytes, pos: int) -> int:
     return pos
 
 
-def _skip_struct(buf: bytes, pos: int, depth: int) -> int:
-    """Skip a struct's fields up to its stop byte; strings and integers inline (the statistics and
-    encoding stats skipped on every column chunk are made of them)."""
-    if depth > _MAX_DEPTH:
-        raise FooterError("corrupt footer: nested too deep")
-    end = len(buf)
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            return pos
-        if not b >> 4:
-            pos = _long_field_id(buf, pos)[1]
-        if t == 8:
-            n = buf[pos]
-            if n < 0x80:
-                pos += 1 + n
-            else:
-                n, pos = _uvarint(buf, pos)
-                pos += n
-            if pos > end or n > _STRING_LIMIT:
-                raise FooterError("truncated footer: a string runs past its end")
-        elif t == 4 or t == 5 or t == 6:
-            if buf[pos] < 0x80:
-                pos += 1
-            else:
-                pos = _skip_varint(buf, pos)
-        elif t != 1 and t != 2:
-            pos = _skip(buf, pos, t, depth + 1)
-
-
 def _skip(buf: bytes, pos: int, t: int, depth: int) -> int:
-    """Skip one value of wire type ``t`` (as a struct field: a bool has no payload)."""
+    """Skip one value of wire type ``t`` (as a struct field: a bool has no payload) at nesting ``depth``,
+    refused beyond _MAX_DEPTH (which also keeps it far from Python's recursion limit)."""
     if depth > _MAX_DEPTH:
         raise FooterError("corrupt footer: nested too deep")
     if t == 12:
         return _skip_struct(buf, pos, depth)
-    if t == 1 or t == 2:
-        return pos
-    if t == 4 or t == 5 or t == 6:
-        return _skip_varint(buf, pos)
-    if t == 8:
-        n, pos = _uvarint(buf, pos)
-        if pos + n > len(buf) or n > _STRING_LIMIT:
-            raise FooterError("truncated footer: a string runs past its end")
-        return pos + n
+    if t == 1 or t == 2 or t == 4 or t == 5 or t == 6 or t == 8:
+        return _skip_field(buf, pos, t, depth)
     if t == 3:
         return pos + 1
     if t == 7:
@@ -421,12 +419,8 @@ def _skip(buf: bytes, pos: int, t: int, depth: int) -> int:
             return pos + n
         if et == 7:
             return pos + 8 * n
-        if et == 12:
-            for _ in range(n):
-                pos = _skip_struct(buf, pos, depth + 1)
-        else:
-            for _ in range(n):
-                pos = _skip(buf, pos, et, depth + 1)
+        for _ in range(n):
+            pos = _skip(buf, pos, et, depth + 1)
         return pos
     if t == 11:
         n, pos = _uvarint(buf, pos)
@@ -444,37 +438,25 @@ def _skip(buf: bytes, pos: int, t: int, depth: int) -> int:
     raise FooterError(f"corrupt footer: unknown Thrift type {t}")
 
 
-def _wrong(what: str, fid: int, t: int) -> FooterError:
-    return FooterError(f"footer field {fid} of {what} has Thrift type {t}, not the one parquet.thrift gives it")
-
+# -- the structs read -------------------------------------------------------------------------------------
+# One function per struct of parquet.thrift read here, each naming its fields, their types and what
+# is checked on them; a field of a known id but another wire type is refused (_wrong) unless said.
 
 def _int_logical(buf: bytes, pos: int) -> tuple[tuple, int]:
     """IntType {1: i8 bitWidth, 2: bool isSigned}."""
     bw = signed = None
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
+    fid, t, pos = _field(buf, pos, 0)
+    while t:
         if fid == 1:
             if t != _T_I8:
                 raise _wrong("IntType", fid, t)
             bw = buf[pos]
             pos += 1
         elif fid == 2:
-            if t != 1 and t != 2:
-                raise _wrong("IntType", fid, t)
-            signed = t == 1
+            signed = _bool("IntType", fid, t)
         else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+            pos = _skip_field(buf, pos, t, 1)
+        fid, t, pos = _field(buf, pos, fid)
     if bw is None or signed is None:
         raise FooterError("footer has an IntType without its bit width or signedness")
     if bw > 127:
@@ -485,52 +467,35 @@ def _int_logical(buf: bytes, pos: int) -> tuple[tuple, int]:
 _TIME_UNITS = {1: "MILLIS", 2: "MICROS", 3: "NANOS"}
 
 
+def _time_unit(buf: bytes, pos: int, name: str) -> tuple[str, int]:
+    """TimeUnit, a union of empty structs {1: MILLIS, 2: MICROS, 3: NANOS}: exactly one of them."""
+    units = []
+    fid, t, pos = _field(buf, pos, 0)
+    while t:
+        if t != _T_STRUCT:
+            raise _wrong("TimeUnit", fid, t)
+        pos = _skip(buf, pos, t, 2)
+        units.append(fid)
+        fid, t, pos = _field(buf, pos, fid)
+    if len(units) != 1 or units[0] not in _TIME_UNITS:
+        raise FooterError(f"footer has a {name} whose unit is not one of millis, micros, nanos")
+    return _TIME_UNITS[units[0]], pos
+
+
 def _time_logical(buf: bytes, pos: int, name: str) -> tuple[tuple, int]:
-    """TimeType / TimestampType {1: bool isAdjustedToUTC, 2: TimeUnit unit (a union of empty structs)}."""
+    """TimeType / TimestampType {1: bool isAdjustedToUTC, 2: TimeUnit unit}."""
     utc = unit = None
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
+    fid, t, pos = _field(buf, pos, 0)
+    while t:
         if fid == 1:
-            if t != 1 and t != 2:
-                raise _wrong(name, fid, t)
-            utc = t == 1
+            utc = _bool(name, fid, t)
         elif fid == 2:
             if t != _T_STRUCT:
                 raise _wrong(name, fid, t)
-            units = []
-            ufid = 0
-            while True:
-                b = buf[pos]
-                pos += 1
-                ut = b & 15
-                if not ut:
-                    if b:
-                        raise FooterError("corrupt footer: a bad field header")
-                    break
-                if b >> 4:
-                    ufid += b >> 4
-                else:
-                    ufid, pos = _long_field_id(buf, pos)
-                if ut != _T_STRUCT:
-                    raise _wrong("TimeUnit", ufid, ut)
-                pos = _skip(buf, pos, ut, 2)
-                units.append(ufid)
-            if len(units) != 1 or units[0] not in _TIME_UNITS:
-                raise FooterError(f"footer has a {name} whose unit is not one of millis, micros, nanos")
-            unit = _TIME_UNITS[units[0]]
+            unit, pos = _time_unit(buf, pos, name)
         else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+            pos = _skip_field(buf, pos, t, 1)
+        fid, t, pos = _field(buf, pos, fid)
     if utc is None or unit is None:
         raise FooterError(f"footer has a {name} without its UTC flag or unit")
     return (name, utc, unit), pos
@@ -539,19 +504,8 @@ def _time_logical(buf: bytes, pos: int, name: str) -> tuple[tuple, int]:
 def _decimal_logical(buf: bytes, pos: int) -> tuple[tuple, int]:
     """DecimalType {1: i32 scale, 2: i32 precision}."""
     scale = precision = None
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
+    fid, t, pos = _field(buf, pos, 0)
+    while t:
         if fid == 1 or fid == 2:
             if t != _T_I32:
                 raise _wrong("DecimalType", fid, t)
@@ -561,7 +515,8 @@ def _decimal_logical(buf: bytes, pos: int) -> tuple[tuple, int]:
             else:
                 precision = v
         else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+            pos = _skip_field(buf, pos, t, 1)
+        fid, t, pos = _field(buf, pos, fid)
     if scale is None or precision is None:
         raise FooterError("footer has a DecimalType without its scale or precision")
     return ("DECIMAL", scale, precision), pos
@@ -579,25 +534,14 @@ _EMPTY_LOGICAL = {1: "STRING", 2: "MAP", 3: "LIST", 4: "ENUM", 6: "DATE", 12: "J
 def _logical(buf: bytes, pos: int) -> tuple[tuple, int]:
     """LogicalType, a union: exactly one struct-valued field."""
     out = None
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
+    fid, t, pos = _field(buf, pos, 0)
+    while t:
         if t != _T_STRUCT:
             raise _wrong("LogicalType", fid, t)
         if out is not None:
             raise FooterError("footer has a LogicalType union with two members")
         if fid in _EMPTY_LOGICAL:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+            pos = _skip_struct(buf, pos, 1)
             out = (_EMPTY_LOGICAL[fid],)
         elif fid == 10:
             out, pos = _int_logical(buf, pos)
@@ -612,26 +556,19 @@ def _logical(buf: bytes, pos: int) -> tuple[tuple, int]:
             out = ("UNKNOWN", fid)
         else:  # a member newer than this reader (pyarrow reads it as "Undefined"): not understood
             raise FooterError(f"footer has an unknown logical type (LogicalType field {fid})")
+        fid, t, pos = _field(buf, pos, fid)
     if out is None:
         raise FooterError("footer has an empty LogicalType union")
     return out, pos
 
 
 def _schema_element(buf: bytes, pos: int) -> tuple[SchemaElement, int]:
+    """SchemaElement {1: Type type, 2: i32 type_length, 3: FieldRepetitionType repetition_type,
+    4: string name, 5: i32 num_children, 6: ConvertedType converted_type, 7: i32 scale, 8: i32 precision,
+    9: i32 field_id, 10: LogicalType logicalType} (1-3, 5-9 all i32)."""
     typ = type_length = repetition = num_children = converted = logical = field_id = name = None
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
+    fid, t, pos = _field(buf, pos, 0)
+    while t:
         if fid == 4:
             if t != _T_BINARY:
                 raise _wrong("SchemaElement", fid, t)
@@ -643,12 +580,7 @@ def _schema_element(buf: bytes, pos: int) -> tuple[SchemaElement, int]:
         elif 1 <= fid <= 9:
             if t != _T_I32:
                 raise _wrong("SchemaElement", fid, t)
-            v = buf[pos]
-            if v < 0x80:
-                v = (v >> 1) ^ -(v & 1)
-                pos += 1
-            else:
-                v, pos = _i32(buf, pos)
+            v, pos = _i32(buf, pos)
             if fid == 1:
                 if not 0 <= v <= 7:
                     raise FooterError(f"footer has an unknown physical type {v}")
@@ -671,7 +603,8 @@ def _schema_element(buf: bytes, pos: int) -> tuple[SchemaElement, int]:
                 field_id = v
             # 7 scale, 8 precision: legacy decimal annotations (the LogicalType carries them too).
         else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+            pos = _skip_field(buf, pos, t, 1)
+        fid, t, pos = _field(buf, pos, fid)
     if name is None:
         raise FooterError("footer has a schema element without a name")
     return SchemaElement(name, typ, type_length, repetition, num_children, converted, logical, field_id), pos
@@ -679,47 +612,32 @@ def _schema_element(buf: bytes, pos: int) -> tuple[SchemaElement, int]:
 
 # Parquet Encoding numbers a reader may meet (1 is unused by the format; GROUP_VAR_INT was never used).
 _ENCODINGS = frozenset((0, 2, 3, 4, 5, 6, 7, 8, 9))
-# ColumnMetaData fields skipped on purpose (whatever their type): 8 key_value_metadata, 12 statistics,
-# 13 encoding_stats, 14/15 bloom filter, 16 size statistics, 17 geospatial statistics.
 
 
+def _encoding(buf: bytes, pos: int) -> tuple[int, int]:
+    v, pos = _i32(buf, pos)
+    if v not in _ENCODINGS:
+        raise FooterError(f"footer has an unknown encoding {v}")
+    return v, pos
+
+
+# ColumnMetaData's i64 fields: 5 num_values, 6 total_uncompressed_size, 7 total_compressed_size,
+# 9 data_page_offset, 10 index_page_offset, 11 dictionary_page_offset (all refused when negative).
 _META_I64 = frozenset((5, 6, 7, 9, 10, 11))
 
 
 def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
+    """ColumnMetaData {1: Type type, 2: list<Encoding> encodings, 3: list<string> path_in_schema,
+    4: CompressionCodec codec, 5-7, 9-11: i64 (_META_I64), 16: SizeStatistics}; the others skipped by
+    their shape (_COLUMN_META_SKIPPED), 17 geospatial statistics refused."""
     typ = encodings = path = codec = num_values = unc = comp = data_off = None
     index_off = dict_off = size_stats = None
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
+    fid, t, pos = _field(buf, pos, 0)
+    while t:
         if fid in _META_I64:
             if t != _T_I64:
                 raise _wrong("ColumnMetaData", fid, t)
-            # The zigzag varint inline (sizes and offsets take 2-4 bytes): no call per value.
-            b = buf[pos]
-            pos += 1
-            v = b & 0x7F
-            shift = 7
-            while b & 0x80:
-                b = buf[pos]
-                pos += 1
-                v |= (b & 0x7F) << shift
-                shift += 7
-                if shift > 70:
-                    raise FooterError("corrupt footer: a varint longer than 10 bytes")
-            if v >> 64:
-                raise FooterError("corrupt footer: a varint above 64 bits")
-            v = (v >> 1) ^ -(v & 1)
+            v, pos = _zigzag(buf, pos)
             if v < 0:
                 raise FooterError(f"footer has a negative size or offset ({v}) in a column chunk")
             if fid == 9:
@@ -737,48 +655,20 @@ def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
         elif fid == 1 or fid == 4:
             if t != _T_I32:
                 raise _wrong("ColumnMetaData", fid, t)
-            v = buf[pos]
-            if v < 0x80:
-                v = (v >> 1) ^ -(v & 1)
-                pos += 1
-            else:
-                v, pos = _i32(buf, pos)
+            v, pos = _i32(buf, pos)
+            if not 0 <= v <= 7:
+                raise FooterError(f"footer has an unknown {'physical type' if fid == 1 else 'compression codec'} {v}")
             if fid == 1:
-                if not 0 <= v <= 7:
-                    raise FooterError(f"footer has an unknown physical type {v}")
                 typ = v
             else:
-                if not 0 <= v <= 7:
-                    raise FooterError(f"footer has an unknown compression codec {v}")
                 codec = v
         elif fid == 2:
-            if t != _T_LIST:
-                raise _wrong("ColumnMetaData", fid, t)
-            et, n, pos = _list_head(buf, pos)
-            if et != _T_I32:
-                raise FooterError("footer has a column's encodings list of a type other than i32")
-            encs = []
-            for _ in range(n):
-                v = buf[pos]
-                if v < 0x80:
-                    v = (v >> 1) ^ -(v & 1)
-                    pos += 1
-                else:
-                    v, pos = _i32(buf, pos)
-                if v not in _ENCODINGS:
-                    raise FooterError(f"footer has an unknown encoding {v}")
-                encs.append(v)
+            encs, pos = _list_of(buf, pos, fid, t, "ColumnMetaData", _T_I32, _encoding,
+                                 "footer has a column's encodings list of a type other than i32")
             encodings = tuple(encs)
         elif fid == 3:
-            if t != _T_LIST:
-                raise _wrong("ColumnMetaData", fid, t)
-            et, n, pos = _list_head(buf, pos)
-            if et != _T_BINARY:
-                raise FooterError("footer has a column path that is not a list of strings")
-            parts = []
-            for _ in range(n):
-                s, pos = _string(buf, pos)
-                parts.append(s)
+            parts, pos = _list_of(buf, pos, fid, t, "ColumnMetaData", _T_BINARY, _string,
+                                  "footer has a column path that is not a list of strings")
             path = tuple(parts)
         elif fid == 17:
             raise FooterError("footer has geospatial statistics")
@@ -787,7 +677,8 @@ def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
         elif fid in _COLUMN_META_SKIPPED:
             pos = _skip_as(buf, pos, t, _COLUMN_META_SKIPPED[fid], 1)
         else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+            pos = _skip_field(buf, pos, t, 1)
+        fid, t, pos = _field(buf, pos, fid)
     if (typ is None or encodings is None or path is None or codec is None or num_values is None or unc is None
             or comp is None or data_off is None):
         raise FooterError("footer has a column chunk's metadata without a required field")
@@ -798,22 +689,12 @@ def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
 
 def _size_statistics(buf: bytes, pos: int) -> tuple[tuple[bool, int, int], int]:
     """SizeStatistics {1: i64 unencoded_byte_array_data_bytes, 2: list<i64> repetition_level_histogram,
-    3: list<i64> definition_level_histogram}: which are there, and the histograms' lengths."""
+    3: list<i64> definition_level_histogram}: which are there, and the histograms' lengths; a field of
+    another type is skipped (as Thrift's reader does)."""
     has_bytes = False
     rep = dfn = 0
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
+    fid, t, pos = _field(buf, pos, 0)
+    while t:
         if fid == 1 and t == _T_I64:
             has_bytes = True
             pos = _skip_varint(buf, pos)
@@ -828,26 +709,19 @@ def _size_statistics(buf: bytes, pos: int) -> tuple[tuple[bool, int, int], int]:
             else:
                 dfn = n
         else:
-            pos = _skip_struct(buf, pos, 2) if t == 12 else _skip(buf, pos, t, 2)
+            pos = _skip_field(buf, pos, t, 2)
+        fid, t, pos = _field(buf, pos, fid)
     return (has_bytes, rep, dfn), pos
 
 
 def _column_chunk(buf: bytes, pos: int) -> tuple[Chunk, int]:
+    """ColumnChunk {1: string file_path (refused), 2: i64 file_offset (deprecated, yet required),
+    3: ColumnMetaData meta_data, 4-7: offset and column index locations (skipped), 8-9: encryption
+    (refused)}."""
     meta = None
     file_offset = False
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
+    fid, t, pos = _field(buf, pos, 0)
+    while t:
         if fid == 3:
             if t != _T_STRUCT:
                 raise _wrong("ColumnChunk", fid, t)
@@ -857,39 +731,23 @@ def _column_chunk(buf: bytes, pos: int) -> tuple[Chunk, int]:
         elif fid == 8 or fid == 9:
             raise FooterError("footer has an encrypted column chunk")
         else:
-            # 2 file_offset (deprecated, yet required), 4-7 offset and column index locations.
             file_offset |= fid == 2 and t == _T_I64
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+            pos = _skip_field(buf, pos, t, 1)
+        fid, t, pos = _field(buf, pos, fid)
     if meta is None or not file_offset:
         raise FooterError("footer has a column chunk without its metadata or file offset")
     return meta, pos
 
 
 def _row_group(buf: bytes, pos: int) -> tuple[RowGroup, int]:
+    """RowGroup {1: list<ColumnChunk> columns, 2: i64 total_byte_size, 3: i64 num_rows}; 4 sorting
+    columns, 5 file offset, 6 compressed size, 7 ordinal skipped by their shape (_ROW_GROUP_SKIPPED)."""
     chunks = total = num_rows = None
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
+    fid, t, pos = _field(buf, pos, 0)
+    while t:
         if fid == 1:
-            if t != _T_LIST:
-                raise _wrong("RowGroup", fid, t)
-            et, n, pos = _list_head(buf, pos)
-            if et != _T_STRUCT:
-                raise FooterError("footer has a row group whose columns are not structs")
-            chunks = []
-            for _ in range(n):
-                c, pos = _column_chunk(buf, pos)
-                chunks.append(c)
+            chunks, pos = _list_of(buf, pos, fid, t, "RowGroup", _T_STRUCT, _column_chunk,
+                                   "footer has a row group whose columns are not structs")
         elif fid == 2 or fid == 3:
             if t != _T_I64:
                 raise _wrong("RowGroup", fid, t)
@@ -900,31 +758,22 @@ def _row_group(buf: bytes, pos: int) -> tuple[RowGroup, int]:
                 total = v
             else:
                 num_rows = v
-        elif fid in _ROW_GROUP_SKIPPED:  # sorting columns, file offset, compressed size, ordinal
+        elif fid in _ROW_GROUP_SKIPPED:
             pos = _skip_as(buf, pos, t, _ROW_GROUP_SKIPPED[fid], 1)
         else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+            pos = _skip_field(buf, pos, t, 1)
+        fid, t, pos = _field(buf, pos, fid)
     if chunks is None or total is None or num_rows is None:
         raise FooterError("footer has a row group without its columns, byte size or row count")
     return RowGroup(num_rows, total, chunks), pos
 
 
-def _key_value(buf: bytes, pos: int) -> tuple[str, str, int]:
+def _key_value(buf: bytes, pos: int) -> tuple[tuple[str, str], int]:
+    """KeyValue {1: string key, 2: string value} (a missing value is "")."""
     key = None
     value = ""
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
+    fid, t, pos = _field(buf, pos, 0)
+    while t:
         if fid == 1 or fid == 2:
             if t != _T_BINARY:
                 raise _wrong("KeyValue", fid, t)
@@ -934,53 +783,29 @@ def _key_value(buf: bytes, pos: int) -> tuple[str, str, int]:
             else:
                 value = s
         else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+            pos = _skip_field(buf, pos, t, 1)
+        fid, t, pos = _field(buf, pos, fid)
     if key is None:
         raise FooterError("footer has key-value metadata without a key")
-    return key, value, pos
-
-
-def _struct_list(buf: bytes, pos: int, fid: int, t: int, what: str) -> tuple[int, int]:
-    if t != _T_LIST:
-        raise _wrong("FileMetaData", fid, t)
-    et, n, pos = _list_head(buf, pos)
-    if et != _T_STRUCT:
-        raise FooterError(f"footer's {what} is not a list of structs")
-    return n, pos
+    return (key, value), pos
 
 
 def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup], dict[str, str], str | None,
                                         int | None]:
-    """FileMetaData: (num_rows, schema, row groups, key-value metadata, created_by, number of column
-    orders or None)."""
+    """FileMetaData {1: i32 version, 2: list<SchemaElement> schema, 3: i64 num_rows, 4: list<RowGroup>
+    row_groups, 5: list<KeyValue> key_value_metadata, 6: string created_by, 7: list<ColumnOrder>
+    column_orders, 8-9: encryption (refused)}: (num_rows, schema, row groups, key-value metadata,
+    created_by, number of column orders or None)."""
     version = schema = num_rows = row_groups = created_by = column_orders = None
     kv: dict[str, str] = {}
-    pos = 0
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
+    fid, t, pos = _field(buf, 0, 0)
+    while t:
         if fid == 2:
-            n, pos = _struct_list(buf, pos, fid, t, "schema")
-            schema = []
-            for _ in range(n):
-                e, pos = _schema_element(buf, pos)
-                schema.append(e)
+            schema, pos = _list_of(buf, pos, fid, t, "FileMetaData", _T_STRUCT, _schema_element,
+                                   "footer's schema is not a list of structs")
         elif fid == 4:
-            n, pos = _struct_list(buf, pos, fid, t, "row groups")
-            row_groups = []
-            for _ in range(n):
-                g, pos = _row_group(buf, pos)
-                row_groups.append(g)
+            row_groups, pos = _list_of(buf, pos, fid, t, "FileMetaData", _T_STRUCT, _row_group,
+                                       "footer's row groups is not a list of structs")
         elif fid == 3:
             if t != _T_I64:
                 raise _wrong("FileMetaData", fid, t)
@@ -990,9 +815,9 @@ def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup]
                 raise _wrong("FileMetaData", fid, t)
             version, pos = _i32(buf, pos)
         elif fid == 5:
-            n, pos = _struct_list(buf, pos, fid, t, "key-value metadata")
-            for _ in range(n):
-                k, v, pos = _key_value(buf, pos)
+            pairs, pos = _list_of(buf, pos, fid, t, "FileMetaData", _T_STRUCT, _key_value,
+                                  "footer's key-value metadata is not a list of structs")
+            for k, v in pairs:
                 if k in kv:
                     raise FooterError(f"footer has the key-value metadata key {k!r} twice")
                 kv[k] = v
@@ -1010,7 +835,8 @@ def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup]
                 pos = _skip_as(buf, pos, et, _COLUMN_ORDER, 2)
             column_orders = n
         else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+            pos = _skip_field(buf, pos, t, 1)
+        fid, t, pos = _field(buf, pos, fid)
     if pos != len(buf):
         raise FooterError(f"footer has {len(buf) - pos} bytes after its FileMetaData")
     if version is None or schema is None or num_rows is None or row_groups is None:
