@@ -270,13 +270,18 @@ def _wrong(what: str, fid: int, t: int) -> FooterError:
 #   _refuse(message)            the field is refused whatever its type ("{fid}" names it in the message);
 #   _shape(shape)               the field is skipped by its IDL shape (_skip_as; see _struct below).
 # A field of any other id is skipped by its wire type. A field met twice keeps its last value.
-_KEEP, _KEEP_IF, _KEEP_EACH, _REFUSE, _SHAPE = 0, 1, 2, 3, 4
+_KEEP, _KEEP_IF, _KEEP_EACH, _REFUSE, _SHAPE = 0, 1, 2, 3, 4  # (_REFUSE and _SHAPE last: one test for both)
 _INF = float("inf")
 _NO_FIELDS: dict = {}
 
 
 def _keep(wire: int, read=None, bounds: tuple | None = None) -> tuple:
     return (_KEEP, wire, read, bounds)
+
+
+def _i32_field(lo: int = _I32_MIN, hi: int = _I32_MAX, message: str = "corrupt footer: an i32 field out of range") -> tuple:
+    """An i32 field kept, a value outside [lo, hi] (within i32) refused."""
+    return _keep(_T_I32, _zigzag, (lo, hi, message))
 
 
 def _keep_if(wire: int, read=None) -> tuple:
@@ -323,11 +328,11 @@ def _read_struct(buf: bytes, pos: int, what: str, table: dict, depth: int = 1, o
             pos = _skip_field(buf, pos, t, depth)
             continue
         kind, want, read, bounds = entry
-        if kind == _SHAPE:
+        if kind >= _REFUSE:
+            if kind == _REFUSE:
+                raise FooterError(want.format(fid=fid))
             pos = _skip_as(buf, pos, t, want, depth)
             continue
-        if kind == _REFUSE:
-            raise FooterError(want.format(fid=fid))
         if t != want and not (want == 1 and t == 2):
             if kind == _KEEP_IF:
                 pos = _skip_field(buf, pos, t, depth)
@@ -335,8 +340,12 @@ def _read_struct(buf: bytes, pos: int, what: str, table: dict, depth: int = 1, o
             raise _wrong(what, fid, t)
         if union and got:
             raise FooterError(f"footer has a {what} union with two members")
-        if want == 1:
-            got[fid] = t == 1
+        if read is None:  # a bool (its value is its type), or a required field of a skipped struct (noted)
+            if want == 1:
+                got[fid] = t == 1
+            else:
+                got[fid] = None
+                pos = _skip_field(buf, pos, t, depth)
             continue
         v, pos = read(buf, pos)
         if bounds is not None and not bounds[0] <= v <= bounds[1]:
@@ -393,7 +402,7 @@ def _skip(buf: bytes, pos: int, t: int, depth: int) -> int:
     if depth > _MAX_DEPTH:
         raise FooterError("corrupt footer: nested too deep")
     if t == 12:
-        return _skip_struct(buf, pos, depth)
+        return _skip_as(buf, pos, t, _EMPTY, depth)
     if t == 1 or t == 2 or t == 4 or t == 5 or t == 6 or t == 8:
         return _skip_field(buf, pos, t, depth)
     if t == 3:
@@ -427,28 +436,20 @@ def _skip(buf: bytes, pos: int, t: int, depth: int) -> int:
     raise FooterError(f"corrupt footer: unknown Thrift type {t}")
 
 
-def _skip_struct(buf: bytes, pos: int, depth: int, table: dict = _NO_FIELDS, required: tuple[int, ...] = ()) -> int:
-    """Skip a struct (by ``table``, see _struct; by wire types alone when None), refused without a field
-    in ``required`` of its declared type."""
-    if depth > _MAX_DEPTH:
-        raise FooterError("corrupt footer: nested too deep")
-    got, pos = _read_struct(buf, pos, "", table, depth + 1)
-    for fid in required:
-        if fid not in got:
-            raise FooterError("footer has a struct without a field parquet.thrift requires")
-    return pos
-
-
 def _skip_as(buf: bytes, pos: int, t: int, shape: int | tuple, depth: int) -> int:
     """Skip a value of wire type ``t`` in a field of IDL shape ``shape``, refusing a list whose element
     type is not the declared one (Thrift's reader would read it as the declared one) and a struct
     without a required field (Thrift's reader refuses it)."""
     if shape.__class__ is int or t != (12 if shape[0] == "struct" else 9):
         return _skip(buf, pos, t, depth)
-    if shape[0] == "struct":
-        return _skip_struct(buf, pos, depth, shape[1], shape[2])
     if depth > _MAX_DEPTH:
         raise FooterError("corrupt footer: nested too deep")
+    if shape[0] == "struct":
+        got, pos = _read_struct(buf, pos, "", shape[1], depth + 1)
+        for fid in shape[2]:
+            if fid not in got:
+                raise FooterError("footer has a struct without a field parquet.thrift requires")
+        return pos
     et, n, pos = _list_head(buf, pos)
     elem, want = shape[1], shape[2]
     if et != want and not (want == 1 and et == 2):
@@ -472,7 +473,7 @@ def _struct(fields: dict, required: tuple[int, ...] = ()) -> tuple:
         if fid in required:
             if shape not in (1, 5, 8):  # the only required fields met in skipped structs
                 raise AssertionError(f"no skip for a required field of shape {shape}")
-            table[fid] = _keep_if(shape, None if shape == 1 else lambda buf, pos, t=shape: (None, _skip_field(buf, pos, t, 0)))
+            table[fid] = _keep_if(shape)
         elif shape.__class__ is not int:
             table[fid] = _shape(shape)
     return ("struct", table, required)
@@ -506,7 +507,7 @@ def _int_logical(buf: bytes, pos: int) -> tuple[tuple, int]:
 _INT_TYPE = {1: _keep(_T_I8, lambda buf, pos: (buf[pos], pos + 1)), 2: _keep(1)}
 # TimeUnit: a union of empty structs {1: MILLIS, 2: MICROS, 3: NANOS}; any member kept, then checked.
 _TIME_UNITS = {1: "MILLIS", 2: "MICROS", 3: "NANOS"}
-_TIME_UNIT_MEMBER = _keep(_T_STRUCT, lambda buf, pos: (None, _skip_struct(buf, pos, 2)))
+_TIME_UNIT_MEMBER = _keep(_T_STRUCT, lambda buf, pos: (None, _skip_as(buf, pos, _T_STRUCT, _EMPTY, 2)))
 
 
 def _time_logical(name: str):
@@ -535,12 +536,12 @@ def _decimal_logical(buf: bytes, pos: int) -> tuple[tuple, int]:
     return ("DECIMAL", got[1], got[2]), pos
 
 
-_DECIMAL_TYPE = {1: _keep(_T_I32, _i32), 2: _keep(_T_I32, _i32)}
+_DECIMAL_TYPE = {1: _i32_field(), 2: _i32_field()}
 
 
 def _member(value: tuple, shape: tuple = _EMPTY):
     """A LogicalType member read as ``value``, skipped by its struct shape."""
-    return _keep(_T_STRUCT, lambda buf, pos: (value, _skip_struct(buf, pos, 1, shape[1], shape[2])))
+    return _keep(_T_STRUCT, lambda buf, pos: (value, _skip_as(buf, pos, _T_STRUCT, shape, 1)))
 
 
 # LogicalType, a union: exactly one struct-valued member. Members read as ("UNKNOWN", field id): 11 UNKNOWN
@@ -567,15 +568,15 @@ def _logical(buf: bytes, pos: int) -> tuple[tuple, int]:
 # SchemaElement {1: Type type, 2: i32 type_length, 3: FieldRepetitionType repetition_type, 4: string name,
 # 5: i32 num_children, 6: ConvertedType converted_type, 7: i32 scale, 8: i32 precision, 9: i32 field_id,
 # 10: LogicalType logicalType}. 7 and 8 are legacy decimal annotations (the LogicalType carries them too).
-_PHYSICAL_TYPE = _keep(_T_I32, _i32, (0, 7, "footer has an unknown physical type {}"))
+_PHYSICAL_TYPE = _i32_field(0, 7, "footer has an unknown physical type {}")
 _SCHEMA_ELEMENT = {
     1: _PHYSICAL_TYPE,
-    2: _keep(_T_I32, _i32),
-    3: _keep(_T_I32, _i32, (0, 2, "footer has an unknown repetition type {}")),
+    2: _i32_field(),
+    3: _i32_field(0, 2, "footer has an unknown repetition type {}"),
     4: _keep(_T_BINARY, _string),
-    5: _keep(_T_I32, _i32, (0, _INF, "footer has a schema element with {} children")),
-    6: _keep(_T_I32, _i32, (0, 21, "footer has an unknown converted type {}")),
-    7: _keep(_T_I32, _i32), 8: _keep(_T_I32, _i32), 9: _keep(_T_I32, _i32),
+    5: _i32_field(0, _I32_MAX, "footer has a schema element with {} children"),
+    6: _i32_field(0, 21, "footer has an unknown converted type {}"),
+    7: _i32_field(), 8: _i32_field(), 9: _i32_field(),
     10: _keep(_T_STRUCT, _logical),
 }
 
@@ -629,7 +630,7 @@ _COLUMN_META = {
     2: _keep(_T_LIST, _list_of(_T_I32, _encoding,
                                "footer has a column's encodings list of a type other than i32")),
     3: _keep(_T_LIST, _list_of(_T_BINARY, _string, "footer has a column path that is not a list of strings")),
-    4: _keep(_T_I32, _i32, (0, 7, "footer has an unknown compression codec {}")),
+    4: _i32_field(0, 7, "footer has an unknown compression codec {}"),
     5: _keep(_T_I64, _zigzag, _OFFSET), 6: _keep(_T_I64, _zigzag, _OFFSET), 7: _keep(_T_I64, _zigzag, _OFFSET),
     8: _shape(_list(_KEY_VALUE_SHAPE)),
     9: _keep(_T_I64, _zigzag, _OFFSET), 10: _keep(_T_I64, _zigzag, _OFFSET), 11: _keep(_T_I64, _zigzag, _OFFSET),
@@ -641,7 +642,7 @@ _COLUMN_META = {
 
 def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
     got, pos = _read_struct(buf, pos, "ColumnMetaData", _COLUMN_META)
-    if not all(fid in got for fid in (1, 2, 3, 4, 5, 6, 7, 9)):
+    if not got.keys() >= {1, 2, 3, 4, 5, 6, 7, 9}:
         raise FooterError("footer has a column chunk's metadata without a required field")
     chunk = Chunk(got[1], tuple(got[2]), tuple(got[3]), got[4], got[5], got[6], got[7], got[9], got.get(10),
                   got.get(11))
@@ -678,7 +679,7 @@ _ROW_GROUP = {
 
 def _row_group(buf: bytes, pos: int) -> tuple[RowGroup, int]:
     got, pos = _read_struct(buf, pos, "RowGroup", _ROW_GROUP)
-    if 1 not in got or 2 not in got or 3 not in got:
+    if not got.keys() >= {1, 2, 3}:
         raise FooterError("footer has a row group without its columns, byte size or row count")
     return RowGroup(got[3], got[2], got[1]), pos
 
@@ -708,7 +709,7 @@ def _column_orders(buf: bytes, pos: int) -> tuple[int, int]:
 # 5: list<KeyValue> key_value_metadata, 6: string created_by, 7: list<ColumnOrder> column_orders,
 # 8-9: encryption (refused)}.
 _FILE_METADATA = {
-    1: _keep(_T_I32, _i32),
+    1: _i32_field(),
     2: _keep(_T_LIST, _list_of(_T_STRUCT, _schema_element, "footer's schema is not a list of structs")),
     3: _keep(_T_I64, _zigzag),
     4: _keep(_T_LIST, _list_of(_T_STRUCT, _row_group, "footer's row groups is not a list of structs")),
@@ -727,7 +728,7 @@ def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup]
     got, pos = _read_struct(buf, 0, "FileMetaData", _FILE_METADATA)
     if pos != len(buf):
         raise FooterError(f"footer has {len(buf) - pos} bytes after its FileMetaData")
-    if 1 not in got or 2 not in got or 3 not in got or 4 not in got:
+    if not got.keys() >= {1, 2, 3, 4}:
         raise FooterError("footer without its version, schema, row count or row groups")
     version, num_rows = got[1], got[3]
     if version not in (1, 2):
