@@ -265,7 +265,7 @@ def _wrong(what: str, fid: int, t: int) -> FooterError:
 #                               (no read for a bool, wire type 1: its value is its header's type), a value
 #                               outside [lo, hi] refused (message, "{}" the value); another wire type refused;
 #   _keep_if(wire type, read)   likewise, but a field of another wire type is skipped (as Thrift's reader
-#                               skips it);
+#                               skips it); without read (not a bool), the field is only noted (None) and skipped;
 #   _keep_each(wire type, read) like _keep, but the values of every occurrence are kept, in a list;
 #   _refuse(message)            the field is refused whatever its type ("{fid}" names it in the message);
 #   _shape(shape)               the field is skipped by its IDL shape (_skip_as; see _struct below).
@@ -493,10 +493,13 @@ _COLUMN_ORDER = _struct({1: _EMPTY})  # a union: TYPE_ORDER
 
 # -- the structs read -------------------------------------------------------------------------------------
 # Each struct of parquet.thrift read here: its table (the fields read, checked, refused or skipped by
-# shape), then what is checked on the whole.
+# shape), then its function: what is checked on the whole, and the value built.
+
+# IntType {1: i8 bitWidth, 2: bool isSigned}.
+_INT_TYPE = {1: _keep(_T_I8, lambda buf, pos: (buf[pos], pos + 1)), 2: _keep(1)}
+
 
 def _int_logical(buf: bytes, pos: int) -> tuple[tuple, int]:
-    """IntType {1: i8 bitWidth, 2: bool isSigned}."""
     got, pos = _read_struct(buf, pos, "IntType", _INT_TYPE)
     if 1 not in got or 2 not in got:
         raise FooterError("footer has an IntType without its bit width or signedness")
@@ -504,7 +507,6 @@ def _int_logical(buf: bytes, pos: int) -> tuple[tuple, int]:
     return ("INTEGER", bw - 256 if bw > 127 else bw, got[2]), pos
 
 
-_INT_TYPE = {1: _keep(_T_I8, lambda buf, pos: (buf[pos], pos + 1)), 2: _keep(1)}
 # TimeUnit: a union of empty structs {1: MILLIS, 2: MICROS, 3: NANOS}; any member kept, then checked.
 _TIME_UNITS = {1: "MILLIS", 2: "MICROS", 3: "NANOS"}
 _TIME_UNIT_MEMBER = _keep(_T_STRUCT, lambda buf, pos: (None, _skip_as(buf, pos, _T_STRUCT, _EMPTY, 2)))
@@ -528,15 +530,15 @@ def _time_logical(name: str):
     return read
 
 
+# DecimalType {1: i32 scale, 2: i32 precision}.
+_DECIMAL_TYPE = {1: _i32_field(), 2: _i32_field()}
+
+
 def _decimal_logical(buf: bytes, pos: int) -> tuple[tuple, int]:
-    """DecimalType {1: i32 scale, 2: i32 precision}."""
     got, pos = _read_struct(buf, pos, "DecimalType", _DECIMAL_TYPE)
     if 1 not in got or 2 not in got:
         raise FooterError("footer has a DecimalType without its scale or precision")
     return ("DECIMAL", got[1], got[2]), pos
-
-
-_DECIMAL_TYPE = {1: _i32_field(), 2: _i32_field()}
 
 
 def _member(value: tuple, shape: tuple = _EMPTY):
@@ -600,12 +602,6 @@ def _encoding(buf: bytes, pos: int) -> tuple[int, int]:
     return v, pos
 
 
-def _size_statistics(buf: bytes, pos: int) -> tuple[tuple[bool, int, int], int]:
-    """SizeStatistics: whether unencoded_byte_array_data_bytes is there, and the level histograms' lengths."""
-    got, pos = _read_struct(buf, pos, "SizeStatistics", _SIZE_STATISTICS, 2)
-    return (1 in got, got.get(2, 0), got.get(3, 0)), pos
-
-
 def _histogram_length(buf: bytes, pos: int) -> tuple[int, int]:
     et, n, pos = _list_head(buf, pos)
     if et != _T_I64:
@@ -619,6 +615,14 @@ def _histogram_length(buf: bytes, pos: int) -> tuple[int, int]:
 # 3: list<i64> definition_level_histogram}; a field of another type skipped.
 _SIZE_STATISTICS = {1: _keep_if(_T_I64, lambda buf, pos: (True, _skip_varint(buf, pos))),
                     2: _keep_if(_T_LIST, _histogram_length), 3: _keep_if(_T_LIST, _histogram_length)}
+
+
+def _size_statistics(buf: bytes, pos: int) -> tuple[tuple[bool, int, int], int]:
+    """Whether unencoded_byte_array_data_bytes is there, and the level histograms' lengths."""
+    got, pos = _read_struct(buf, pos, "SizeStatistics", _SIZE_STATISTICS, 2)
+    return (1 in got, got.get(2, 0), got.get(3, 0)), pos
+
+
 _OFFSET = (0, _INF, "footer has a negative size or offset ({}) in a column chunk")
 # ColumnMetaData {1: Type type, 2: list<Encoding> encodings, 3: list<string> path_in_schema,
 # 4: CompressionCodec codec, 5: i64 num_values, 6: i64 total_uncompressed_size, 7: i64 total_compressed_size,
@@ -654,7 +658,7 @@ def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
 # 4-7: offset and column index locations (skipped), 8-9: encryption (refused)}.
 _COLUMN_CHUNK = {
     1: _refuse("footer has a column chunk stored in another file (file_path)"),
-    2: _keep_if(_T_I64, lambda buf, pos: (None, _skip_field(buf, pos, _T_I64, 1))),
+    2: _keep_if(_T_I64),
     3: _keep(_T_STRUCT, _column_meta),
     8: _refuse("footer has an encrypted column chunk"), 9: _refuse("footer has an encrypted column chunk"),
 }
