@@ -1175,12 +1175,6 @@ def _fb_field(b: bytes, t: int, depth: int) -> ArrowField:
     return ArrowField(name, bool(nullable), typ, dictionary)
 
 
-def _need(p: int | None, name: str) -> int:
-    if p is None:
-        raise FooterError(f"ARROW:schema field {name!r} lacks its type's parameters")
-    return p
-
-
 def _decode_schema(blob: str) -> list[ArrowField]:
     try:
         data = binascii.a2b_base64(blob, strict_mode=True)
