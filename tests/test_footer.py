@@ -838,3 +838,21 @@ def test_handmade_footers_pyarrow_misreads(tmp_path):
     # A field id beyond i16, which Thrift truncates to 5 (num_values, already read).
     with pytest.raises(FooterError, match="i16"):
         read_footer(_handmade(tmp_path, column_extra=[(65536 + 5, 6, _zz(99))]))
+
+
+def test_handmade_field_met_twice(tmp_path):
+    """A field met twice in one struct: the last is kept, as Thrift's reader (pyarrow's) keeps it, and
+    each is checked as it is read, so a bad one is refused even where a good one follows."""
+    value_twice = _st((1, 8, _s("k")), (2, 8, _s("v1")), (2, 8, _s("v2")))
+    path = _handmade(tmp_path, file_extra=[(5, 9, _ls(12, [value_twice]))])
+    assert read_footer(path).kv == {"k": "v2"}
+    assert_like_pyarrow(path)
+    path = _handmade(tmp_path, leaf_extra=[(1, 5, _zz(2)), (1, 5, _zz(1))])  # INT64, then INT32
+    assert read_footer(path).leaves[0].element.type == 1
+    assert_like_pyarrow(path)
+    with pytest.raises(FooterError, match="physical type 9"):
+        read_footer(_handmade(tmp_path, leaf_extra=[(1, 5, _zz(9)), (1, 5, _zz(1))]))
+    # A TIMESTAMP whose unit is an empty union, then MICROS.
+    timestamp = _st((1, 1, b""), (2, 12, _st()), (2, 12, _st((2, 12, _st()))))
+    with pytest.raises(FooterError, match="unit"):
+        read_footer(_handmade(tmp_path, leaf_extra=[(10, 12, _st((8, 12, timestamp)))]))

@@ -215,23 +215,29 @@ def _zigzag(buf: bytes, pos: int) -> tuple[int, int]:
 
 
 def _i32(buf: bytes, pos: int) -> tuple[int, int]:
-    b = buf[pos]
-    if b < 0x80:
-        return (b >> 1) ^ -(b & 1), pos + 1
-    v, pos = _uvarint(buf, pos)
-    v = (v >> 1) ^ -(v & 1)
+    v, pos = _zigzag(buf, pos)
     if v < _I32_MIN or v > _I32_MAX:
         raise FooterError("corrupt footer: an i32 field out of range")
     return v, pos
 
 
-def _string(buf: bytes, pos: int) -> tuple[str, int]:
-    n, pos = _uvarint(buf, pos)
+def _string_span(buf: bytes, pos: int) -> tuple[int, int]:
+    """A binary value's bytes: (start, end), checked to lie in the buffer and within parquet-cpp's limit."""
+    n = buf[pos]
+    if n < 0x80:
+        pos += 1
+    else:
+        n, pos = _uvarint(buf, pos)
     end = pos + n
     if end > len(buf) or n > _STRING_LIMIT:
         raise FooterError("truncated footer: a string runs past its end")
+    return pos, end
+
+
+def _string(buf: bytes, pos: int) -> tuple[str, int]:
+    start, end = _string_span(buf, pos)
     try:
-        return buf[pos:end].decode(), end
+        return buf[start:end].decode(), end
     except UnicodeDecodeError:
         raise FooterError("footer holds a string that is not UTF-8") from None
 
@@ -249,65 +255,60 @@ def _list_head(buf: bytes, pos: int) -> tuple[int, int, int]:
     return b & 15, n, pos
 
 
-def _long_field_id(buf: bytes, pos: int) -> tuple[int, int]:
-    """A field id in its long form (a zigzag varint after the header byte). Thrift reads it as an
-    i16, so a wider one would alias another field there: refused."""
-    fid, pos = _zigzag(buf, pos)
-    if not -32768 <= fid <= 32767:
-        raise FooterError("corrupt footer: a field id outside i16")
-    return fid, pos
+def _wrong(what: str, fid: int, t: int) -> FooterError:
+    return FooterError(f"footer field {fid} of {what} has Thrift type {t}, not the one parquet.thrift gives it")
 
 
-# The IDL shapes (parquet.thrift) of the fields skipped inside the structs read here. Thrift's
-# generated reader (pyarrow's) reads a field whose wire type is its declared one by the declared
-# shape, trusting a list's element type to be the declared one, and skips any other by its wire
-# type: a skip by wire types alone would accept what it misreads. A shape is a wire type (a scalar,
-# 1 standing for either bool), ("struct", {field id: shape}, required ids) or ("list", element shape).
-def _struct(fields: dict, required: tuple[int, ...] = ()) -> tuple:
-    return ("struct", fields, sum(1 << f for f in required))
+# -- structs: one loop, driven by a table per struct ------------------------------------------------------
+# A struct's table maps a field id to what is done with the field:
+#   _keep(wire type, read, (lo, hi, message))   the field is kept: read(buf, pos) -> (value, next position)
+#                               (no read for a bool, wire type 1: its value is its header's type), a value
+#                               outside [lo, hi] refused (message, "{}" the value); another wire type refused;
+#   _keep_if(wire type, read)   likewise, but a field of another wire type is skipped (as Thrift's reader
+#                               skips it); without read (not a bool), the field is only noted (None) and skipped;
+#   _keep_each(wire type, read) like _keep, but the values of every occurrence are kept, in a list;
+#   _refuse(message)            the field is refused whatever its type ("{fid}" names it in the message);
+#   _shape(shape)               the field is skipped by its IDL shape (_skip_as; see _struct below).
+# A field of any other id is skipped by its wire type. A field met twice keeps its last value.
+_KEEP, _KEEP_IF, _KEEP_EACH, _REFUSE, _SHAPE = 0, 1, 2, 3, 4  # (_REFUSE and _SHAPE last: one test for both)
+_INF = float("inf")
+_NO_FIELDS: dict = {}
 
 
-def _list(elem: int | tuple) -> tuple:
-    return ("list", elem, elem if isinstance(elem, int) else 12 if elem[0] == "struct" else 9)
+def _keep(wire: int, read=None, bounds: tuple | None = None) -> tuple:
+    return (_KEEP, wire, read, bounds)
 
 
-_EMPTY = _struct({})
-_COLUMN_META_SKIPPED = {
-    8: _list(_struct({1: 8, 2: 8}, (1,))),  # key_value_metadata (KeyValue)
-    12: _struct({1: 8, 2: 8, 3: 6, 4: 6, 5: 8, 6: 8, 7: 1, 8: 1}),  # Statistics
-    13: _list(_struct({1: 5, 2: 5, 3: 5}, (1, 2, 3))),  # PageEncodingStats
-    14: 6, 15: 5,  # bloom filter offset, length
-    16: _struct({1: 6, 2: _list(6), 3: _list(6)}),  # SizeStatistics
-}
-_ROW_GROUP_SKIPPED = {4: _list(_struct({1: 5, 2: 1, 3: 1}, (1, 2, 3))), 5: 6, 6: 6, 7: 4}
-_COLUMN_ORDER = _struct({1: _EMPTY})  # a union: TYPE_ORDER
-_LOGICAL_SKIPPED = {11: _EMPTY, 16: _struct({1: 3}), 17: _struct({1: 8}), 18: _struct({1: 8, 2: 5})}
+def _i32_field(lo: int = _I32_MIN, hi: int = _I32_MAX, message: str = "corrupt footer: an i32 field out of range") -> tuple:
+    """An i32 field kept, a value outside [lo, hi] (within i32) refused."""
+    return _keep(_T_I32, _zigzag, (lo, hi, message))
 
 
-def _skip_as(buf: bytes, pos: int, t: int, shape: int | tuple, depth: int) -> int:
-    """Skip a value of wire type ``t`` in a field of IDL shape ``shape``, refusing a list whose element
-    type is not the declared one (Thrift's reader would read it as the declared one) and a struct
-    without a required field (Thrift's reader refuses it)."""
-    if shape.__class__ is int or t != (12 if shape[0] == "struct" else 9):
-        return _skip_struct(buf, pos, depth) if t == 12 else _skip(buf, pos, t, depth)
-    if depth > _MAX_DEPTH:
-        raise FooterError("corrupt footer: nested too deep")
-    if shape[0] == "list":
-        et, n, pos = _list_head(buf, pos)
-        elem, want = shape[1], shape[2]
-        if et != want and not (want == 1 and et == 2):
-            raise FooterError("footer has a list whose element type is not the one parquet.thrift declares")
-        if elem.__class__ is int:
-            for _ in range(n):
-                pos = _skip(buf, pos, et, depth + 1)
-        else:
-            for _ in range(n):
-                pos = _skip_as(buf, pos, et, elem, depth + 1)
-        return pos
-    fields, required = shape[1], shape[2]
-    seen = 0
+def _keep_if(wire: int, read=None) -> tuple:
+    return (_KEEP_IF, wire, read, None)
+
+
+def _keep_each(wire: int, read) -> tuple:
+    return (_KEEP_EACH, wire, read, None)
+
+
+def _refuse(message: str) -> tuple:
+    return (_REFUSE, message, None, None)
+
+
+def _shape(shape: tuple) -> tuple:
+    return (_SHAPE, shape, None, None)
+
+
+def _read_struct(buf: bytes, pos: int, what: str, table: dict, depth: int = 1, other: tuple | None = None,
+                 union: bool = False) -> tuple[dict, int]:
+    """The fields of struct ``what`` up to its stop byte, as ``table`` says: ({field id: value} of the
+    fields kept, next position). ``depth``: the nesting of the fields, for those skipped; ``other``: the
+    entry for an id not in the table (None: skipped by its wire type); ``union``: a second field is
+    refused. A field id in its long form (a zigzag varint after the header byte) is read by Thrift as
+    an i16, so a wider one would alias another field there: refused."""
+    got = {}
     fid = 0
-    end = len(buf)
     while True:
         b = buf[pos]
         pos += 1
@@ -315,39 +316,74 @@ def _skip_as(buf: bytes, pos: int, t: int, shape: int | tuple, depth: int) -> in
         if not t:
             if b:
                 raise FooterError("corrupt footer: a bad field header")
-            break
+            return got, pos
         if b >> 4:
             fid += b >> 4
         else:
-            fid, pos = _long_field_id(buf, pos)
-        sub = fields.get(fid)
-        if sub is not None and sub.__class__ is not int:
-            if required and t == (12 if sub[0] == "struct" else 9) and 0 <= fid < 64:
-                seen |= 1 << fid
-            pos = _skip_as(buf, pos, t, sub, depth + 1)
+            fid, pos = _zigzag(buf, pos)
+            if not -32768 <= fid <= 32767:
+                raise FooterError("corrupt footer: a field id outside i16")
+        entry = table.get(fid, other)
+        if entry is None:
+            pos = _skip_field(buf, pos, t, depth)
             continue
-        # A scalar field, or an unknown one: skipped by its wire type (strings and integers inline).
-        if required and sub is not None and (t == sub or (sub == 1 and t == 2)) and 0 <= fid < 64:
-            seen |= 1 << fid
-        if t == 8:
-            n = buf[pos]
-            if n < 0x80:
-                pos += 1 + n
+        kind, want, read, bounds = entry
+        if kind >= _REFUSE:
+            if kind == _REFUSE:
+                raise FooterError(want.format(fid=fid))
+            pos = _skip_as(buf, pos, t, want, depth)
+            continue
+        if t != want and not (want == 1 and t == 2):
+            if kind == _KEEP_IF:
+                pos = _skip_field(buf, pos, t, depth)
+                continue
+            raise _wrong(what, fid, t)
+        if union and got:
+            raise FooterError(f"footer has a {what} union with two members")
+        if read is None:  # a bool (its value is its type), or a required field of a skipped struct (noted)
+            if want == 1:
+                got[fid] = t == 1
             else:
-                n, pos = _uvarint(buf, pos)
-                pos += n
-            if pos > end or n > _STRING_LIMIT:
-                raise FooterError("truncated footer: a string runs past its end")
-        elif t == 4 or t == 5 or t == 6:
-            if buf[pos] < 0x80:
-                pos += 1
-            else:
-                pos = _skip_varint(buf, pos)
-        elif t != 1 and t != 2:
-            pos = _skip_struct(buf, pos, depth + 1) if t == 12 else _skip(buf, pos, t, depth + 1)
-    if seen & required != required:
-        raise FooterError("footer has a struct without a field parquet.thrift requires")
-    return pos
+                got[fid] = None
+                pos = _skip_field(buf, pos, t, depth)
+            continue
+        v, pos = read(buf, pos)
+        if bounds is not None and not bounds[0] <= v <= bounds[1]:
+            raise FooterError(bounds[2].format(v))
+        if kind == _KEEP_EACH:
+            got.setdefault(fid, []).append(v)
+        else:
+            got[fid] = v
+
+
+def _list_of(et: int, read, refusal: str):
+    """A reader of a list declared of wire type ``et`` (another element type refused with ``refusal``),
+    each element read by ``read``: a list of the values."""
+    def read_list(buf: bytes, pos: int) -> tuple[list, int]:
+        elem_t, n, pos = _list_head(buf, pos)
+        if elem_t != et:
+            raise FooterError(refusal)
+        out = []
+        for _ in range(n):
+            v, pos = read(buf, pos)
+            out.append(v)
+        return out, pos
+    return read_list
+
+
+# -- skipping: the fields not read ----------------------------------------------------------------------
+
+def _skip_field(buf: bytes, pos: int, t: int, depth: int) -> int:
+    """Skip a struct field's value of wire type ``t`` at nesting ``depth``: a bool (no payload), an
+    integer or a string at once, whatever the depth (the statistics and encoding stats skipped on
+    every column chunk are made of them); any other by :func:`_skip`."""
+    if t == 8:
+        return _string_span(buf, pos)[1]
+    if t == 4 or t == 5 or t == 6:
+        return pos + 1 if buf[pos] < 0x80 else _skip_varint(buf, pos)
+    if t == 1 or t == 2:
+        return pos
+    return _skip(buf, pos, t, depth)
 
 
 def _skip_varint(buf: bytes, pos: int) -> int:
@@ -360,55 +396,15 @@ def _skip_varint(buf: bytes, pos: int) -> int:
     return pos
 
 
-def _skip_struct(buf: bytes, pos: int, depth: int) -> int:
-    """Skip a struct's fields up to its stop byte; strings and integers inline (the statistics and
-    encoding stats skipped on every column chunk are made of them)."""
-    if depth > _MAX_DEPTH:
-        raise FooterError("corrupt footer: nested too deep")
-    end = len(buf)
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            return pos
-        if not b >> 4:
-            pos = _long_field_id(buf, pos)[1]
-        if t == 8:
-            n = buf[pos]
-            if n < 0x80:
-                pos += 1 + n
-            else:
-                n, pos = _uvarint(buf, pos)
-                pos += n
-            if pos > end or n > _STRING_LIMIT:
-                raise FooterError("truncated footer: a string runs past its end")
-        elif t == 4 or t == 5 or t == 6:
-            if buf[pos] < 0x80:
-                pos += 1
-            else:
-                pos = _skip_varint(buf, pos)
-        elif t != 1 and t != 2:
-            pos = _skip(buf, pos, t, depth + 1)
-
-
 def _skip(buf: bytes, pos: int, t: int, depth: int) -> int:
-    """Skip one value of wire type ``t`` (as a struct field: a bool has no payload)."""
+    """Skip one value of wire type ``t`` (as a struct field: a bool has no payload) at nesting ``depth``,
+    refused beyond _MAX_DEPTH (which also keeps it far from Python's recursion limit)."""
     if depth > _MAX_DEPTH:
         raise FooterError("corrupt footer: nested too deep")
     if t == 12:
-        return _skip_struct(buf, pos, depth)
-    if t == 1 or t == 2:
-        return pos
-    if t == 4 or t == 5 or t == 6:
-        return _skip_varint(buf, pos)
-    if t == 8:
-        n, pos = _uvarint(buf, pos)
-        if pos + n > len(buf) or n > _STRING_LIMIT:
-            raise FooterError("truncated footer: a string runs past its end")
-        return pos + n
+        return _skip_as(buf, pos, t, _EMPTY, depth)
+    if t == 1 or t == 2 or t == 4 or t == 5 or t == 6 or t == 8:
+        return _skip_field(buf, pos, t, depth)
     if t == 3:
         return pos + 1
     if t == 7:
@@ -421,12 +417,8 @@ def _skip(buf: bytes, pos: int, t: int, depth: int) -> int:
             return pos + n
         if et == 7:
             return pos + 8 * n
-        if et == 12:
-            for _ in range(n):
-                pos = _skip_struct(buf, pos, depth + 1)
-        else:
-            for _ in range(n):
-                pos = _skip(buf, pos, et, depth + 1)
+        for _ in range(n):
+            pos = _skip(buf, pos, et, depth + 1)
         return pos
     if t == 11:
         n, pos = _uvarint(buf, pos)
@@ -444,582 +436,316 @@ def _skip(buf: bytes, pos: int, t: int, depth: int) -> int:
     raise FooterError(f"corrupt footer: unknown Thrift type {t}")
 
 
-def _wrong(what: str, fid: int, t: int) -> FooterError:
-    return FooterError(f"footer field {fid} of {what} has Thrift type {t}, not the one parquet.thrift gives it")
+def _skip_as(buf: bytes, pos: int, t: int, shape: int | tuple, depth: int) -> int:
+    """Skip a value of wire type ``t`` in a field of IDL shape ``shape``, refusing a list whose element
+    type is not the declared one (Thrift's reader would read it as the declared one) and a struct
+    without a required field (Thrift's reader refuses it)."""
+    if shape.__class__ is int or t != (12 if shape[0] == "struct" else 9):
+        return _skip(buf, pos, t, depth)
+    if depth > _MAX_DEPTH:
+        raise FooterError("corrupt footer: nested too deep")
+    if shape[0] == "struct":
+        got, pos = _read_struct(buf, pos, "", shape[1], depth + 1)
+        for fid in shape[2]:
+            if fid not in got:
+                raise FooterError("footer has a struct without a field parquet.thrift requires")
+        return pos
+    et, n, pos = _list_head(buf, pos)
+    elem, want = shape[1], shape[2]
+    if et != want and not (want == 1 and et == 2):
+        raise FooterError("footer has a list whose element type is not the one parquet.thrift declares")
+    for _ in range(n):
+        pos = _skip(buf, pos, et, depth + 1) if elem.__class__ is int else _skip_as(buf, pos, et, elem, depth + 1)
+    return pos
+
+
+# The IDL shapes (parquet.thrift) of the fields skipped inside the structs read here. Thrift's
+# generated reader (pyarrow's) reads a field whose wire type is its declared one by the declared
+# shape, trusting a list's element type to be the declared one, and skips any other by its wire
+# type: a skip by wire types alone would accept what it misreads. A shape is a wire type (a scalar,
+# 1 standing for either bool), ("struct", table, required ids) or ("list", element shape, its wire type).
+def _struct(fields: dict, required: tuple[int, ...] = ()) -> tuple:
+    """The shape of a struct of fields {id: shape}: a table for _read_struct in which a required field
+    (a scalar in parquet.thrift) is kept when of its declared type, one of a nested shape skipped by
+    it, and any other scalar skipped by its wire type."""
+    table = {}
+    for fid, shape in fields.items():
+        if fid in required:
+            if shape not in (1, 5, 8):  # the only required fields met in skipped structs
+                raise AssertionError(f"no skip for a required field of shape {shape}")
+            table[fid] = _keep_if(shape)
+        elif shape.__class__ is not int:
+            table[fid] = _shape(shape)
+    return ("struct", table, required)
+
+
+def _list(elem: int | tuple) -> tuple:
+    return ("list", elem, elem if isinstance(elem, int) else 12 if elem[0] == "struct" else 9)
+
+
+_EMPTY = _struct({})
+_STATISTICS = _struct({1: 8, 2: 8, 3: 6, 4: 6, 5: 8, 6: 8, 7: 1, 8: 1})
+_KEY_VALUE_SHAPE = _struct({1: 8, 2: 8}, (1,))
+_PAGE_ENCODING_STATS = _struct({1: 5, 2: 5, 3: 5}, (1, 2, 3))
+_SORTING_COLUMN = _struct({1: 5, 2: 1, 3: 1}, (1, 2, 3))
+_COLUMN_ORDER = _struct({1: _EMPTY})  # a union: TYPE_ORDER
+
+
+# -- the structs read -------------------------------------------------------------------------------------
+# Each struct of parquet.thrift read here: its table (the fields read, checked, refused or skipped by
+# shape), then its function: what is checked on the whole, and the value built.
+
+# IntType {1: i8 bitWidth, 2: bool isSigned}.
+_INT_TYPE = {1: _keep(_T_I8, lambda buf, pos: (buf[pos], pos + 1)), 2: _keep(1)}
 
 
 def _int_logical(buf: bytes, pos: int) -> tuple[tuple, int]:
-    """IntType {1: i8 bitWidth, 2: bool isSigned}."""
-    bw = signed = None
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
-        if fid == 1:
-            if t != _T_I8:
-                raise _wrong("IntType", fid, t)
-            bw = buf[pos]
-            pos += 1
-        elif fid == 2:
-            if t != 1 and t != 2:
-                raise _wrong("IntType", fid, t)
-            signed = t == 1
-        else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
-    if bw is None or signed is None:
+    got, pos = _read_struct(buf, pos, "IntType", _INT_TYPE)
+    if 1 not in got or 2 not in got:
         raise FooterError("footer has an IntType without its bit width or signedness")
-    if bw > 127:
-        bw -= 256
-    return ("INTEGER", bw, signed), pos
+    bw = got[1]
+    return ("INTEGER", bw - 256 if bw > 127 else bw, got[2]), pos
 
 
+# TimeUnit: a union of empty structs {1: MILLIS, 2: MICROS, 3: NANOS}; any member kept, then checked.
 _TIME_UNITS = {1: "MILLIS", 2: "MICROS", 3: "NANOS"}
+_TIME_UNIT_MEMBER = _keep(_T_STRUCT, lambda buf, pos: (None, _skip_as(buf, pos, _T_STRUCT, _EMPTY, 2)))
 
 
-def _time_logical(buf: bytes, pos: int, name: str) -> tuple[tuple, int]:
-    """TimeType / TimestampType {1: bool isAdjustedToUTC, 2: TimeUnit unit (a union of empty structs)}."""
-    utc = unit = None
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
-        if fid == 1:
-            if t != 1 and t != 2:
-                raise _wrong(name, fid, t)
-            utc = t == 1
-        elif fid == 2:
-            if t != _T_STRUCT:
-                raise _wrong(name, fid, t)
-            units = []
-            ufid = 0
-            while True:
-                b = buf[pos]
-                pos += 1
-                ut = b & 15
-                if not ut:
-                    if b:
-                        raise FooterError("corrupt footer: a bad field header")
-                    break
-                if b >> 4:
-                    ufid += b >> 4
-                else:
-                    ufid, pos = _long_field_id(buf, pos)
-                if ut != _T_STRUCT:
-                    raise _wrong("TimeUnit", ufid, ut)
-                pos = _skip(buf, pos, ut, 2)
-                units.append(ufid)
-            if len(units) != 1 or units[0] not in _TIME_UNITS:
-                raise FooterError(f"footer has a {name} whose unit is not one of millis, micros, nanos")
-            unit = _TIME_UNITS[units[0]]
-        else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
-    if utc is None or unit is None:
-        raise FooterError(f"footer has a {name} without its UTC flag or unit")
-    return (name, utc, unit), pos
+def _time_logical(name: str):
+    """A reader of TimeType / TimestampType {1: bool isAdjustedToUTC, 2: TimeUnit unit}, ``name`` its kind."""
+    def read_unit(buf: bytes, pos: int) -> tuple[str, int]:
+        got, pos = _read_struct(buf, pos, "TimeUnit", _NO_FIELDS, other=_TIME_UNIT_MEMBER, union=True)
+        if len(got) != 1 or next(iter(got)) not in _TIME_UNITS:
+            raise FooterError(f"footer has a {name} whose unit is not one of millis, micros, nanos")
+        return _TIME_UNITS[next(iter(got))], pos
+
+    table = {1: _keep(1), 2: _keep(_T_STRUCT, read_unit)}
+
+    def read(buf: bytes, pos: int) -> tuple[tuple, int]:
+        got, pos = _read_struct(buf, pos, name, table)
+        if 1 not in got or 2 not in got:
+            raise FooterError(f"footer has a {name} without its UTC flag or unit")
+        return (name, got[1], got[2]), pos
+    return read
+
+
+# DecimalType {1: i32 scale, 2: i32 precision}.
+_DECIMAL_TYPE = {1: _i32_field(), 2: _i32_field()}
 
 
 def _decimal_logical(buf: bytes, pos: int) -> tuple[tuple, int]:
-    """DecimalType {1: i32 scale, 2: i32 precision}."""
-    scale = precision = None
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
-        if fid == 1 or fid == 2:
-            if t != _T_I32:
-                raise _wrong("DecimalType", fid, t)
-            v, pos = _i32(buf, pos)
-            if fid == 1:
-                scale = v
-            else:
-                precision = v
-        else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
-    if scale is None or precision is None:
+    got, pos = _read_struct(buf, pos, "DecimalType", _DECIMAL_TYPE)
+    if 1 not in got or 2 not in got:
         raise FooterError("footer has a DecimalType without its scale or precision")
-    return ("DECIMAL", scale, precision), pos
+    return ("DECIMAL", got[1], got[2]), pos
 
 
-# LogicalType union members that are empty structs.
-_EMPTY_LOGICAL = {1: "STRING", 2: "MAP", 3: "LIST", 4: "ENUM", 6: "DATE", 12: "JSON", 13: "BSON", 14: "UUID",
-                  15: "FLOAT16"}
+def _member(value: tuple, shape: tuple = _EMPTY):
+    """A LogicalType member read as ``value``, skipped by its struct shape."""
+    return _keep(_T_STRUCT, lambda buf, pos: (value, _skip_as(buf, pos, _T_STRUCT, shape, 1)))
 
 
-# LogicalType members read as ("UNKNOWN", field id) (_LOGICAL_SKIPPED): 11 UNKNOWN (the null type),
-# 16 VARIANT, 17 GEOMETRY, 18 GEOGRAPHY (parquet.thrift, 2025); any other member is refused.
+# LogicalType, a union: exactly one struct-valued member. Members read as ("UNKNOWN", field id): 11 UNKNOWN
+# (the null type), 16 VARIANT, 17 GEOMETRY, 18 GEOGRAPHY (parquet.thrift, 2025); any other member is
+# newer than this reader (pyarrow reads it as "Undefined"): not understood, refused.
+_LOGICAL_TYPE = {
+    1: _member(("STRING",)), 2: _member(("MAP",)), 3: _member(("LIST",)), 4: _member(("ENUM",)),
+    5: _keep(_T_STRUCT, _decimal_logical), 6: _member(("DATE",)), 7: _keep(_T_STRUCT, _time_logical("TIME")),
+    8: _keep(_T_STRUCT, _time_logical("TIMESTAMP")), 10: _keep(_T_STRUCT, _int_logical),
+    11: _member(("UNKNOWN", 11)), 12: _member(("JSON",)), 13: _member(("BSON",)), 14: _member(("UUID",)),
+    15: _member(("FLOAT16",)), 16: _member(("UNKNOWN", 16), _struct({1: 3})),
+    17: _member(("UNKNOWN", 17), _struct({1: 8})), 18: _member(("UNKNOWN", 18), _struct({1: 8, 2: 5})),
+}
+_UNKNOWN_LOGICAL = _refuse("footer has an unknown logical type (LogicalType field {fid})")
 
 
 def _logical(buf: bytes, pos: int) -> tuple[tuple, int]:
-    """LogicalType, a union: exactly one struct-valued field."""
-    out = None
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
-        if t != _T_STRUCT:
-            raise _wrong("LogicalType", fid, t)
-        if out is not None:
-            raise FooterError("footer has a LogicalType union with two members")
-        if fid in _EMPTY_LOGICAL:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
-            out = (_EMPTY_LOGICAL[fid],)
-        elif fid == 10:
-            out, pos = _int_logical(buf, pos)
-        elif fid == 8:
-            out, pos = _time_logical(buf, pos, "TIMESTAMP")
-        elif fid == 7:
-            out, pos = _time_logical(buf, pos, "TIME")
-        elif fid == 5:
-            out, pos = _decimal_logical(buf, pos)
-        elif fid in _LOGICAL_SKIPPED:
-            pos = _skip_as(buf, pos, t, _LOGICAL_SKIPPED[fid], 1)
-            out = ("UNKNOWN", fid)
-        else:  # a member newer than this reader (pyarrow reads it as "Undefined"): not understood
-            raise FooterError(f"footer has an unknown logical type (LogicalType field {fid})")
-    if out is None:
+    got, pos = _read_struct(buf, pos, "LogicalType", _LOGICAL_TYPE, other=_UNKNOWN_LOGICAL, union=True)
+    if not got:
         raise FooterError("footer has an empty LogicalType union")
-    return out, pos
+    return next(iter(got.values())), pos
+
+
+# SchemaElement {1: Type type, 2: i32 type_length, 3: FieldRepetitionType repetition_type, 4: string name,
+# 5: i32 num_children, 6: ConvertedType converted_type, 7: i32 scale, 8: i32 precision, 9: i32 field_id,
+# 10: LogicalType logicalType}. 7 and 8 are legacy decimal annotations (the LogicalType carries them too).
+_PHYSICAL_TYPE = _i32_field(0, 7, "footer has an unknown physical type {}")
+_SCHEMA_ELEMENT = {
+    1: _PHYSICAL_TYPE,
+    2: _i32_field(),
+    3: _i32_field(0, 2, "footer has an unknown repetition type {}"),
+    4: _keep(_T_BINARY, _string),
+    5: _i32_field(0, _I32_MAX, "footer has a schema element with {} children"),
+    6: _i32_field(0, 21, "footer has an unknown converted type {}"),
+    7: _i32_field(), 8: _i32_field(), 9: _i32_field(),
+    10: _keep(_T_STRUCT, _logical),
+}
 
 
 def _schema_element(buf: bytes, pos: int) -> tuple[SchemaElement, int]:
-    typ = type_length = repetition = num_children = converted = logical = field_id = name = None
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
-        if fid == 4:
-            if t != _T_BINARY:
-                raise _wrong("SchemaElement", fid, t)
-            name, pos = _string(buf, pos)
-        elif fid == 10:
-            if t != _T_STRUCT:
-                raise _wrong("SchemaElement", fid, t)
-            logical, pos = _logical(buf, pos)
-        elif 1 <= fid <= 9:
-            if t != _T_I32:
-                raise _wrong("SchemaElement", fid, t)
-            v = buf[pos]
-            if v < 0x80:
-                v = (v >> 1) ^ -(v & 1)
-                pos += 1
-            else:
-                v, pos = _i32(buf, pos)
-            if fid == 1:
-                if not 0 <= v <= 7:
-                    raise FooterError(f"footer has an unknown physical type {v}")
-                typ = v
-            elif fid == 3:
-                if not 0 <= v <= 2:
-                    raise FooterError(f"footer has an unknown repetition type {v}")
-                repetition = v
-            elif fid == 5:
-                if v < 0:
-                    raise FooterError(f"footer has a schema element with {v} children")
-                num_children = v
-            elif fid == 2:
-                type_length = v
-            elif fid == 6:
-                if not 0 <= v <= 21:
-                    raise FooterError(f"footer has an unknown converted type {v}")
-                converted = v
-            elif fid == 9:
-                field_id = v
-            # 7 scale, 8 precision: legacy decimal annotations (the LogicalType carries them too).
-        else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
-    if name is None:
+    got, pos = _read_struct(buf, pos, "SchemaElement", _SCHEMA_ELEMENT)
+    if 4 not in got:
         raise FooterError("footer has a schema element without a name")
-    return SchemaElement(name, typ, type_length, repetition, num_children, converted, logical, field_id), pos
+    g = got.get
+    return SchemaElement(got[4], g(1), g(2), g(3), g(5), g(6), g(10), g(9)), pos
 
 
 # Parquet Encoding numbers a reader may meet (1 is unused by the format; GROUP_VAR_INT was never used).
 _ENCODINGS = frozenset((0, 2, 3, 4, 5, 6, 7, 8, 9))
-# ColumnMetaData fields skipped on purpose (whatever their type): 8 key_value_metadata, 12 statistics,
-# 13 encoding_stats, 14/15 bloom filter, 16 size statistics, 17 geospatial statistics.
 
 
-_META_I64 = frozenset((5, 6, 7, 9, 10, 11))
+def _encoding(buf: bytes, pos: int) -> tuple[int, int]:
+    v, pos = _i32(buf, pos)
+    if v not in _ENCODINGS:
+        raise FooterError(f"footer has an unknown encoding {v}")
+    return v, pos
 
 
-def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
-    typ = encodings = path = codec = num_values = unc = comp = data_off = None
-    index_off = dict_off = size_stats = None
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
-        if fid in _META_I64:
-            if t != _T_I64:
-                raise _wrong("ColumnMetaData", fid, t)
-            # The zigzag varint inline (sizes and offsets take 2-4 bytes): no call per value.
-            b = buf[pos]
-            pos += 1
-            v = b & 0x7F
-            shift = 7
-            while b & 0x80:
-                b = buf[pos]
-                pos += 1
-                v |= (b & 0x7F) << shift
-                shift += 7
-                if shift > 70:
-                    raise FooterError("corrupt footer: a varint longer than 10 bytes")
-            if v >> 64:
-                raise FooterError("corrupt footer: a varint above 64 bits")
-            v = (v >> 1) ^ -(v & 1)
-            if v < 0:
-                raise FooterError(f"footer has a negative size or offset ({v}) in a column chunk")
-            if fid == 9:
-                data_off = v
-            elif fid == 7:
-                comp = v
-            elif fid == 6:
-                unc = v
-            elif fid == 5:
-                num_values = v
-            elif fid == 11:
-                dict_off = v
-            else:
-                index_off = v
-        elif fid == 1 or fid == 4:
-            if t != _T_I32:
-                raise _wrong("ColumnMetaData", fid, t)
-            v = buf[pos]
-            if v < 0x80:
-                v = (v >> 1) ^ -(v & 1)
-                pos += 1
-            else:
-                v, pos = _i32(buf, pos)
-            if fid == 1:
-                if not 0 <= v <= 7:
-                    raise FooterError(f"footer has an unknown physical type {v}")
-                typ = v
-            else:
-                if not 0 <= v <= 7:
-                    raise FooterError(f"footer has an unknown compression codec {v}")
-                codec = v
-        elif fid == 2:
-            if t != _T_LIST:
-                raise _wrong("ColumnMetaData", fid, t)
-            et, n, pos = _list_head(buf, pos)
-            if et != _T_I32:
-                raise FooterError("footer has a column's encodings list of a type other than i32")
-            encs = []
-            for _ in range(n):
-                v = buf[pos]
-                if v < 0x80:
-                    v = (v >> 1) ^ -(v & 1)
-                    pos += 1
-                else:
-                    v, pos = _i32(buf, pos)
-                if v not in _ENCODINGS:
-                    raise FooterError(f"footer has an unknown encoding {v}")
-                encs.append(v)
-            encodings = tuple(encs)
-        elif fid == 3:
-            if t != _T_LIST:
-                raise _wrong("ColumnMetaData", fid, t)
-            et, n, pos = _list_head(buf, pos)
-            if et != _T_BINARY:
-                raise FooterError("footer has a column path that is not a list of strings")
-            parts = []
-            for _ in range(n):
-                s, pos = _string(buf, pos)
-                parts.append(s)
-            path = tuple(parts)
-        elif fid == 17:
-            raise FooterError("footer has geospatial statistics")
-        elif fid == 16 and t == _T_STRUCT:
-            size_stats, pos = _size_statistics(buf, pos)
-        elif fid in _COLUMN_META_SKIPPED:
-            pos = _skip_as(buf, pos, t, _COLUMN_META_SKIPPED[fid], 1)
-        else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
-    if (typ is None or encodings is None or path is None or codec is None or num_values is None or unc is None
-            or comp is None or data_off is None):
-        raise FooterError("footer has a column chunk's metadata without a required field")
-    chunk = Chunk(typ, encodings, path, codec, num_values, unc, comp, data_off, index_off, dict_off)
-    chunk._size_stats = size_stats
-    return chunk, pos
+def _histogram_length(buf: bytes, pos: int) -> tuple[int, int]:
+    et, n, pos = _list_head(buf, pos)
+    if et != _T_I64:
+        raise FooterError("footer has a level histogram that is not a list of i64")
+    for _ in range(n):
+        pos = _skip_varint(buf, pos)
+    return n, pos
+
+
+# SizeStatistics {1: i64 unencoded_byte_array_data_bytes, 2: list<i64> repetition_level_histogram,
+# 3: list<i64> definition_level_histogram}; a field of another type skipped.
+_SIZE_STATISTICS = {1: _keep_if(_T_I64, lambda buf, pos: (True, _skip_varint(buf, pos))),
+                    2: _keep_if(_T_LIST, _histogram_length), 3: _keep_if(_T_LIST, _histogram_length)}
 
 
 def _size_statistics(buf: bytes, pos: int) -> tuple[tuple[bool, int, int], int]:
-    """SizeStatistics {1: i64 unencoded_byte_array_data_bytes, 2: list<i64> repetition_level_histogram,
-    3: list<i64> definition_level_histogram}: which are there, and the histograms' lengths."""
-    has_bytes = False
-    rep = dfn = 0
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
-        if fid == 1 and t == _T_I64:
-            has_bytes = True
-            pos = _skip_varint(buf, pos)
-        elif (fid == 2 or fid == 3) and t == _T_LIST:
-            et, n, pos = _list_head(buf, pos)
-            if et != _T_I64:
-                raise FooterError("footer has a level histogram that is not a list of i64")
-            for _ in range(n):
-                pos = _skip_varint(buf, pos)
-            if fid == 2:
-                rep = n
-            else:
-                dfn = n
-        else:
-            pos = _skip_struct(buf, pos, 2) if t == 12 else _skip(buf, pos, t, 2)
-    return (has_bytes, rep, dfn), pos
+    """Whether unencoded_byte_array_data_bytes is there, and the level histograms' lengths."""
+    got, pos = _read_struct(buf, pos, "SizeStatistics", _SIZE_STATISTICS, 2)
+    return (1 in got, got.get(2, 0), got.get(3, 0)), pos
+
+
+_OFFSET = (0, _INF, "footer has a negative size or offset ({}) in a column chunk")
+# ColumnMetaData {1: Type type, 2: list<Encoding> encodings, 3: list<string> path_in_schema,
+# 4: CompressionCodec codec, 5: i64 num_values, 6: i64 total_uncompressed_size, 7: i64 total_compressed_size,
+# 8: list<KeyValue> key_value_metadata, 9: i64 data_page_offset, 10: i64 index_page_offset,
+# 11: i64 dictionary_page_offset, 12: Statistics, 13: list<PageEncodingStats>, 14: i64 bloom_filter_offset,
+# 15: i32 bloom_filter_length, 16: SizeStatistics, 17: GeospatialStatistics (refused)}.
+_COLUMN_META = {
+    1: _PHYSICAL_TYPE,
+    2: _keep(_T_LIST, _list_of(_T_I32, _encoding,
+                               "footer has a column's encodings list of a type other than i32")),
+    3: _keep(_T_LIST, _list_of(_T_BINARY, _string, "footer has a column path that is not a list of strings")),
+    4: _i32_field(0, 7, "footer has an unknown compression codec {}"),
+    5: _keep(_T_I64, _zigzag, _OFFSET), 6: _keep(_T_I64, _zigzag, _OFFSET), 7: _keep(_T_I64, _zigzag, _OFFSET),
+    8: _shape(_list(_KEY_VALUE_SHAPE)),
+    9: _keep(_T_I64, _zigzag, _OFFSET), 10: _keep(_T_I64, _zigzag, _OFFSET), 11: _keep(_T_I64, _zigzag, _OFFSET),
+    12: _shape(_STATISTICS), 13: _shape(_list(_PAGE_ENCODING_STATS)),
+    16: _keep_if(_T_STRUCT, _size_statistics),
+    17: _refuse("footer has geospatial statistics"),
+}
+
+
+def _column_meta(buf: bytes, pos: int) -> tuple[Chunk, int]:
+    got, pos = _read_struct(buf, pos, "ColumnMetaData", _COLUMN_META)
+    if not got.keys() >= {1, 2, 3, 4, 5, 6, 7, 9}:
+        raise FooterError("footer has a column chunk's metadata without a required field")
+    chunk = Chunk(got[1], tuple(got[2]), tuple(got[3]), got[4], got[5], got[6], got[7], got[9], got.get(10),
+                  got.get(11))
+    chunk._size_stats = got.get(16)
+    return chunk, pos
+
+
+# ColumnChunk {1: string file_path (refused), 2: i64 file_offset (deprecated, yet required), 3: ColumnMetaData,
+# 4-7: offset and column index locations (skipped), 8-9: encryption (refused)}.
+_COLUMN_CHUNK = {
+    1: _refuse("footer has a column chunk stored in another file (file_path)"),
+    2: _keep_if(_T_I64),
+    3: _keep(_T_STRUCT, _column_meta),
+    8: _refuse("footer has an encrypted column chunk"), 9: _refuse("footer has an encrypted column chunk"),
+}
 
 
 def _column_chunk(buf: bytes, pos: int) -> tuple[Chunk, int]:
-    meta = None
-    file_offset = False
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
-        if fid == 3:
-            if t != _T_STRUCT:
-                raise _wrong("ColumnChunk", fid, t)
-            meta, pos = _column_meta(buf, pos)
-        elif fid == 1:
-            raise FooterError("footer has a column chunk stored in another file (file_path)")
-        elif fid == 8 or fid == 9:
-            raise FooterError("footer has an encrypted column chunk")
-        else:
-            # 2 file_offset (deprecated, yet required), 4-7 offset and column index locations.
-            file_offset |= fid == 2 and t == _T_I64
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
-    if meta is None or not file_offset:
+    got, pos = _read_struct(buf, pos, "ColumnChunk", _COLUMN_CHUNK)
+    if 3 not in got or 2 not in got:
         raise FooterError("footer has a column chunk without its metadata or file offset")
-    return meta, pos
+    return got[3], pos
+
+
+_ROW_GROUP_SIZE = (0, _INF, "footer has a row group with a negative size or row count ({})")
+# RowGroup {1: list<ColumnChunk> columns, 2: i64 total_byte_size, 3: i64 num_rows, 4: list<SortingColumn>
+# sorting_columns, 5: i64 file_offset, 6: i64 total_compressed_size, 7: i16 ordinal}.
+_ROW_GROUP = {
+    1: _keep(_T_LIST, _list_of(_T_STRUCT, _column_chunk, "footer has a row group whose columns are not structs")),
+    2: _keep(_T_I64, _zigzag, _ROW_GROUP_SIZE), 3: _keep(_T_I64, _zigzag, _ROW_GROUP_SIZE),
+    4: _shape(_list(_SORTING_COLUMN)),
+}
 
 
 def _row_group(buf: bytes, pos: int) -> tuple[RowGroup, int]:
-    chunks = total = num_rows = None
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
-        if fid == 1:
-            if t != _T_LIST:
-                raise _wrong("RowGroup", fid, t)
-            et, n, pos = _list_head(buf, pos)
-            if et != _T_STRUCT:
-                raise FooterError("footer has a row group whose columns are not structs")
-            chunks = []
-            for _ in range(n):
-                c, pos = _column_chunk(buf, pos)
-                chunks.append(c)
-        elif fid == 2 or fid == 3:
-            if t != _T_I64:
-                raise _wrong("RowGroup", fid, t)
-            v, pos = _zigzag(buf, pos)
-            if v < 0:
-                raise FooterError(f"footer has a row group with a negative size or row count ({v})")
-            if fid == 2:
-                total = v
-            else:
-                num_rows = v
-        elif fid in _ROW_GROUP_SKIPPED:  # sorting columns, file offset, compressed size, ordinal
-            pos = _skip_as(buf, pos, t, _ROW_GROUP_SKIPPED[fid], 1)
-        else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
-    if chunks is None or total is None or num_rows is None:
+    got, pos = _read_struct(buf, pos, "RowGroup", _ROW_GROUP)
+    if not got.keys() >= {1, 2, 3}:
         raise FooterError("footer has a row group without its columns, byte size or row count")
-    return RowGroup(num_rows, total, chunks), pos
+    return RowGroup(got[3], got[2], got[1]), pos
 
 
-def _key_value(buf: bytes, pos: int) -> tuple[str, str, int]:
-    key = None
-    value = ""
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
-        if fid == 1 or fid == 2:
-            if t != _T_BINARY:
-                raise _wrong("KeyValue", fid, t)
-            s, pos = _string(buf, pos)
-            if fid == 1:
-                key = s
-            else:
-                value = s
-        else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
-    if key is None:
+# KeyValue {1: string key, 2: string value} (a missing value is "").
+_KEY_VALUE = {1: _keep(_T_BINARY, _string), 2: _keep(_T_BINARY, _string)}
+
+
+def _key_value(buf: bytes, pos: int) -> tuple[tuple[str, str], int]:
+    got, pos = _read_struct(buf, pos, "KeyValue", _KEY_VALUE)
+    if 1 not in got:
         raise FooterError("footer has key-value metadata without a key")
-    return key, value, pos
+    return (got[1], got.get(2, "")), pos
 
 
-def _struct_list(buf: bytes, pos: int, fid: int, t: int, what: str) -> tuple[int, int]:
-    if t != _T_LIST:
-        raise _wrong("FileMetaData", fid, t)
+def _column_orders(buf: bytes, pos: int) -> tuple[int, int]:
+    """column_orders (min/max sort orders: statistics only): how many."""
     et, n, pos = _list_head(buf, pos)
     if et != _T_STRUCT:
-        raise FooterError(f"footer's {what} is not a list of structs")
+        raise FooterError("footer's column orders are not a list of structs")
+    for _ in range(n):
+        pos = _skip_as(buf, pos, et, _COLUMN_ORDER, 2)
     return n, pos
+
+
+# FileMetaData {1: i32 version, 2: list<SchemaElement> schema, 3: i64 num_rows, 4: list<RowGroup> row_groups,
+# 5: list<KeyValue> key_value_metadata, 6: string created_by, 7: list<ColumnOrder> column_orders,
+# 8-9: encryption (refused)}.
+_FILE_METADATA = {
+    1: _i32_field(),
+    2: _keep(_T_LIST, _list_of(_T_STRUCT, _schema_element, "footer's schema is not a list of structs")),
+    3: _keep(_T_I64, _zigzag),
+    4: _keep(_T_LIST, _list_of(_T_STRUCT, _row_group, "footer's row groups is not a list of structs")),
+    5: _keep_each(_T_LIST, _list_of(_T_STRUCT, _key_value, "footer's key-value metadata is not a list of structs")),
+    6: _keep(_T_BINARY, _string),
+    7: _keep_if(_T_LIST, _column_orders),
+    8: _refuse("encrypted footer (plaintext footer of an encrypted file)"),
+    9: _refuse("encrypted footer (plaintext footer of an encrypted file)"),
+}
 
 
 def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup], dict[str, str], str | None,
                                         int | None]:
     """FileMetaData: (num_rows, schema, row groups, key-value metadata, created_by, number of column
     orders or None)."""
-    version = schema = num_rows = row_groups = created_by = column_orders = None
-    kv: dict[str, str] = {}
-    pos = 0
-    fid = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        t = b & 15
-        if not t:
-            if b:
-                raise FooterError("corrupt footer: a bad field header")
-            break
-        if b >> 4:
-            fid += b >> 4
-        else:
-            fid, pos = _long_field_id(buf, pos)
-        if fid == 2:
-            n, pos = _struct_list(buf, pos, fid, t, "schema")
-            schema = []
-            for _ in range(n):
-                e, pos = _schema_element(buf, pos)
-                schema.append(e)
-        elif fid == 4:
-            n, pos = _struct_list(buf, pos, fid, t, "row groups")
-            row_groups = []
-            for _ in range(n):
-                g, pos = _row_group(buf, pos)
-                row_groups.append(g)
-        elif fid == 3:
-            if t != _T_I64:
-                raise _wrong("FileMetaData", fid, t)
-            num_rows, pos = _zigzag(buf, pos)
-        elif fid == 1:
-            if t != _T_I32:
-                raise _wrong("FileMetaData", fid, t)
-            version, pos = _i32(buf, pos)
-        elif fid == 5:
-            n, pos = _struct_list(buf, pos, fid, t, "key-value metadata")
-            for _ in range(n):
-                k, v, pos = _key_value(buf, pos)
-                if k in kv:
-                    raise FooterError(f"footer has the key-value metadata key {k!r} twice")
-                kv[k] = v
-        elif fid == 6:
-            if t != _T_BINARY:
-                raise _wrong("FileMetaData", fid, t)
-            created_by, pos = _string(buf, pos)
-        elif fid == 8 or fid == 9:
-            raise FooterError("encrypted footer (plaintext footer of an encrypted file)")
-        elif fid == 7 and t == _T_LIST:  # column_orders (min/max sort orders: statistics only)
-            et, n, pos = _list_head(buf, pos)
-            if et != _T_STRUCT:
-                raise FooterError("footer's column orders are not a list of structs")
-            for _ in range(n):
-                pos = _skip_as(buf, pos, et, _COLUMN_ORDER, 2)
-            column_orders = n
-        else:
-            pos = _skip_struct(buf, pos, 1) if t == 12 else _skip(buf, pos, t, 1)
+    got, pos = _read_struct(buf, 0, "FileMetaData", _FILE_METADATA)
     if pos != len(buf):
         raise FooterError(f"footer has {len(buf) - pos} bytes after its FileMetaData")
-    if version is None or schema is None or num_rows is None or row_groups is None:
+    if not got.keys() >= {1, 2, 3, 4}:
         raise FooterError("footer without its version, schema, row count or row groups")
+    version, num_rows = got[1], got[3]
     if version not in (1, 2):
         raise FooterError(f"footer of an unknown Parquet format version {version}")
     if num_rows < 0:
         raise FooterError(f"footer has a negative row count ({num_rows})")
-    return num_rows, schema, row_groups, kv, created_by, column_orders
+    kv: dict[str, str] = {}
+    for pairs in got.get(5, ()):  # every key_value_metadata field met, merged
+        for k, v in pairs:
+            if k in kv:
+                raise FooterError(f"footer has the key-value metadata key {k!r} twice")
+            kv[k] = v
+    return num_rows, got[2], got[4], kv, got.get(6), got.get(7)
 
 
 # Physical types each annotation may annotate. An annotation on another is refused here (pyarrow 26
@@ -1447,12 +1173,6 @@ def _fb_field(b: bytes, t: int, depth: int) -> ArrowField:
         # Children on a type that has none (struct, union, map, run-end encoded have them).
         raise FooterError(f"ARROW:schema field {name!r} of a childless type has children")
     return ArrowField(name, bool(nullable), typ, dictionary)
-
-
-def _need(p: int | None, name: str) -> int:
-    if p is None:
-        raise FooterError(f"ARROW:schema field {name!r} lacks its type's parameters")
-    return p
 
 
 def _decode_schema(blob: str) -> list[ArrowField]:
