@@ -856,3 +856,8 @@ def test_handmade_field_met_twice(tmp_path):
     timestamp = _st((1, 1, b""), (2, 12, _st()), (2, 12, _st((2, 12, _st()))))
     with pytest.raises(FooterError, match="unit"):
         read_footer(_handmade(tmp_path, leaf_extra=[(10, 12, _st((8, 12, timestamp)))]))
+    # The key-value metadata twice: pyarrow keeps the second list only, so a reader merging both
+    # could take an ARROW:schema pyarrow never sees. Refused.
+    first, second = _st((1, 8, _s("a")), (2, 8, _s("1"))), _st((1, 8, _s("b")), (2, 8, _s("2")))
+    with pytest.raises(FooterError, match="key-value metadata twice"):
+        read_footer(_handmade(tmp_path, file_extra=[(5, 9, _ls(12, [first])), (5, 9, _ls(12, [second]))]))

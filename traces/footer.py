@@ -740,7 +740,9 @@ def _file_metadata(buf: bytes) -> tuple[int, list[SchemaElement], list[RowGroup]
     if num_rows < 0:
         raise FooterError(f"footer has a negative row count ({num_rows})")
     kv: dict[str, str] = {}
-    for pairs in got.get(5, ()):  # every key_value_metadata field met, merged
+    if len(got.get(5, ())) > 1:  # pyarrow keeps the last one only: a stored schema it never sees could hide in another
+        raise FooterError("footer holds its key-value metadata twice")
+    for pairs in got.get(5, ()):
         for k, v in pairs:
             if k in kv:
                 raise FooterError(f"footer has the key-value metadata key {k!r} twice")
