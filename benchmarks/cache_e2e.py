@@ -5,9 +5,11 @@ only (4.8 M routing rows; written first if absent). One budget, LRU. Each side i
 timed from outside (wall clock; user + system CPU and peak RSS of that process, from /usr/bin/time):
 
 - ``ours``: the console script (``replay.fastcli.main``) running ``cache TRACE --budgets B
-  --policies lru --json --stream off|on`` (import, open, check every row, cut loads, replay,
-  print), with the compiled kernels (replay/_aot.c) and, side by side, with Numba's
-  (``MOE_REPLAY_AOT=0``) and through typer (``MOE_REPLAY_FAST=0``, what every run paid before);
+  --policies lru --json --stream on`` (import, open, check every row, cut loads, replay, print):
+  by the native path (replay/native.py: no NumPy, no Arrow; footers parsed in Python, column
+  chunks decoded in C, the compiled kernels), and, side by side, as it ran before: the NumPy +
+  Arrow path with the compiled kernels (``MOE_REPLAY_NATIVE=0``), with Numba's kernels
+  (``MOE_REPLAY_AOT=0``), and through typer (``MOE_REPLAY_FAST=0``);
 - ``lcs``: ``python -c "import libcachesim; LRU(B).process_trace(oracleGeneral file)"`` on the
   same requests (``moe-replay export libcachesim``, written once, not timed); the script also
   reports ``process_trace``'s own seconds, which the issue's target adds to Python's start-up
@@ -20,7 +22,9 @@ The project's modules are byte-compiled first (``compileall``, as pip does for a
 package): a workspace that sets PYTHONDONTWRITEBYTECODE=1 would otherwise compile them from source
 on every run (~0.1 s). Both sides report the
 same hits (checked). Rounds are interleaved (one run of each per round) and the best of each is
-printed, with the load average at the start.
+printed, with the load average at the start, and the ratio to the target round by round (ours
+and libCacheSim's ``process_trace`` timed in the same round), since this machine's speed drifts
+by 20-40% from minute to minute.
 
     python -m benchmarks.cache_e2e [--trace DIR] [--budget-mib 1000] [--rounds 3]
 """
@@ -94,18 +98,19 @@ def main() -> None:
     for pkg in ("replay", "traces"):
         compileall.compile_dir(root / pkg, quiet=1)
     variants = {  # name: (command, environment, label)
-        "off": ([*cache, "off"], {}, "ours: --stream off (auto's choice here)"),
-        "on": ([*cache, "on"], {}, "ours: --stream on"),
-        "on_numba": ([*cache, "on"], {"MOE_REPLAY_AOT": "0"}, "ours: --stream on, Numba kernels"),
-        "on_typer": ([*cache, "on"], {"MOE_REPLAY_AOT": "0", "MOE_REPLAY_FAST": "0"}, "ours: --stream on, Numba + typer (before)"),
+        "native": ([*cache, "on"], {}, "ours: native path (no NumPy, no Arrow)"),
+        "numpy": ([*cache, "on"], {"MOE_REPLAY_NATIVE": "0"}, "ours: NumPy + Arrow, compiled kernels"),
+        "on_numba": ([*cache, "on"], {"MOE_REPLAY_AOT": "0"}, "ours: NumPy + Arrow, Numba kernels"),
+        "on_typer": ([*cache, "on"], {"MOE_REPLAY_AOT": "0", "MOE_REPLAY_FAST": "0"}, "ours: Numba + typer (before)"),
         "lcs": ([sys.executable, "-c", LCS, str(oracle), b], {}, "libCacheSim: python + import + process_trace"),
         "program": ([*script, "cache", str(tiny), "--budgets", b, "--policies", "lru", "--json"], {}, "ours on a 100-token trace"),
         "python": ([sys.executable, "-c", "pass"], {}, "python -c pass"),
     }
     from replay import aot
+    from traces import pq_native
 
-    if aot.load() is None:
-        raise SystemExit(f"the compiled kernels are not in use: {aot.why_unavailable()}")
+    if aot.load() is None or pq_native.load() is None:
+        raise SystemExit(f"the compiled modules are not in use: {aot.why_unavailable() or pq_native.why_unavailable()}")
     print(f"machine: {machine()}")
     for cmd, env, _ in variants.values():  # warm: kernels in the Numba cache, bytecode, files in the page cache
         run(cmd, env)
@@ -113,10 +118,10 @@ def main() -> None:
     for _ in range(args.rounds):
         for k, (cmd, env, _) in variants.items():
             res[k].append(run(cmd, env))
-    rows = json.loads(res["off"][0]["out"])["rows"][0]
+    rows = json.loads(res["native"][0]["out"])["rows"][0]
     n, hits = rows["lookups"], rows["hits"]
-    for m in ("on", "on_numba", "on_typer"):
-        assert res[m][0]["out"] == res["off"][0]["out"], m  # the same bytes whichever way it ran
+    for m in ("numpy", "on_numba", "on_typer"):
+        assert res[m][0]["out"] == res["native"][0]["out"], m  # the same bytes whichever way it ran
     miss_ratio, lcs_setup, _ = (float(x) for x in res["lcs"][0]["out"].split())
     lcs_hits = round(n * (1 - miss_ratio))
     assert lcs_hits == hits, f"libCacheSim {lcs_hits} hits, ours {hits}"
@@ -132,12 +137,15 @@ def main() -> None:
         extra = f"{(r['rss_mib'] - base) * 2**20 / n:15.1f}" if ours else f"{'':15s}"
         print(f"{label:46s} {r['wall_s']:7.3f} {r['cpu_s']:6.2f} {r['rss_mib']:12.0f} {whole} {extra}")
     target = pt + best["python"]["wall_s"]
+    rounds = sorted(o["wall_s"] / (float(lc["out"].split()[2]) + py["wall_s"])
+                    for o, lc, py in zip(res["native"], res["lcs"], res["python"]))
     print(f"libCacheSim process_trace alone {pt:.3f} s ({n / pt / 1e6:.1f} M requests/s; its import and reader "
           f"{lcs_setup:.3f} s apart); the target, process_trace + Python's start-up: {target:.3f} s; "
-          f"ours / target: off {best['off']['wall_s'] / target:.2f}x, on {best['on']['wall_s'] / target:.2f}x; "
-          f"ours / libCacheSim's whole process: on {best['on']['wall_s'] / best['lcs']['wall_s']:.2f}x "
+          f"ours / target: native {best['native']['wall_s'] / target:.2f}x, NumPy + Arrow {best['numpy']['wall_s'] / target:.2f}x; "
+          f"ours / libCacheSim's whole process: native {best['native']['wall_s'] / best['lcs']['wall_s']:.2f}x "
           f"(best of {args.rounds} interleaved rounds)")
-
+    print(f"native / target round by round (same round's runs): min {rounds[0]:.2f}x, median {rounds[len(rounds) // 2]:.2f}x, "
+          f"max {rounds[-1]:.2f}x over {len(rounds)} rounds")
 
 if __name__ == "__main__":
     main()

@@ -7,6 +7,8 @@
  *   replay_lru == replay.cache_kernel._driver compiled by make_kernel(name, replay.policies.lru,
  *                 whatif=False, slots=False) (also the `layer` policy: lru's hooks, one group per
  *                 layer; the driver takes a load's group from layer_info)
+ *   replay_lru_rows == cut_loads then replay_lru, in one pass over the rows, without per-batch
+ *                 totals (replay.native's replay: no NumPy to hold the loads in between)
  *
  * Same arguments in the same order, same results, same bytes written: tests/test_aot_kernels.py
  * demands exact agreement with the Numba kernels (and with the naive twin tests/naive/cache.py) on
@@ -216,9 +218,53 @@ static inline __attribute__((always_inline)) int slots_ok(const int32_t *ex, con
  * as the Numba kernel's early returns. */
 #define ROWS_BLOCK 4096
 
+/* One row's checks at top-1, against the row before it (b0, l0, s0, p0): the same flag as the
+ * general loop's for k == 1, in 32-bit arithmetic (every value but n_expert is at most 32 bits wide). */
+static inline __attribute__((always_inline)) int row_bad_k1(int32_t b, int32_t lay, int32_t s, int32_t p, int32_t e, float w,
+                                               int32_t b0, int32_t l0, int32_t s0, int32_t p0,
+                                               const uint8_t *moe, uint32_t n_layer, int64_t n_expert) {
+    const int in_range = (uint32_t)lay < n_layer;
+    int bad = !in_range | !moe[in_range ? lay : 0];
+    bad |= (uint32_t)p > 1;
+    bad |= (b < b0) | ((b == b0) & ((lay < l0) | ((lay == l0) & (s <= s0)) | (p != p0)));
+    bad |= (e < 0) | ((int64_t)e >= n_expert) | (w < 0) | (w == INFINITY); /* NaN passes both */
+    return bad;
+}
+
+/* Top-1, the common case made fast: the first row against the previous part's last, then every
+ * row against the one before it, without the general loop's per-row choice of predecessor. */
+static int rows_ok_k1(const int32_t *batch, const int16_t *layer, const int32_t *step, const int8_t *phase,
+                      const int32_t *experts, const float *weights, const uint8_t *moe, Py_ssize_t R,
+                      Py_ssize_t n_layer, int64_t n_expert, int has_last, const int64_t *last) {
+    if (R == 0)
+        return 1;
+    const uint32_t nl = (uint32_t)n_layer; /* <= UINT32_MAX: checked by the caller */
+    int bad = 0;
+    {
+        const int64_t b = batch[0], lay = layer[0], s = step[0], p = phase[0];
+        const int in_range = (uint64_t)lay < (uint64_t)n_layer;
+        bad |= !in_range | !moe[in_range ? lay : 0];
+        bad |= (uint64_t)p > 1;
+        bad |= has_last & ((b < last[0]) | ((b == last[0]) & ((lay < last[1]) | ((lay == last[1]) & (s <= last[2])) |
+                                                              (p != last[3]))));
+        const int64_t e = experts[0];
+        const float w = weights[0];
+        bad |= (e < 0) | (e >= n_expert) | (w < 0) | (w == INFINITY);
+    }
+    for (Py_ssize_t r0 = 1; r0 < R && !bad; r0 += ROWS_BLOCK) {
+        const Py_ssize_t r1 = r0 + ROWS_BLOCK < R ? r0 + ROWS_BLOCK : R;
+        for (Py_ssize_t r = r0; r < r1; r++)
+            bad |= row_bad_k1(batch[r], layer[r], step[r], phase[r], experts[r], weights[r], batch[r - 1], layer[r - 1],
+                              step[r - 1], phase[r - 1], moe, nl, n_expert);
+    }
+    return !bad;
+}
+
 static int rows_ok_loop(const int32_t *batch, const int16_t *layer, const int32_t *step, const int8_t *phase,
                         const int32_t *experts, const float *weights, const uint8_t *moe, Py_ssize_t R, Py_ssize_t k,
                         Py_ssize_t n_layer, int64_t n_expert, int by_rank, int has_last, const int64_t *last) {
+    if (k == 1 && (uint64_t)n_layer <= UINT32_MAX)
+        return rows_ok_k1(batch, layer, step, phase, experts, weights, moe, R, n_layer, n_expert, has_last, last);
     for (Py_ssize_t r0 = 0; r0 < R; r0 += ROWS_BLOCK) {
         const Py_ssize_t r1 = r0 + ROWS_BLOCK < R ? r0 + ROWS_BLOCK : R;
         int bad = 0;
@@ -484,7 +530,8 @@ typedef struct {
 } lru_t;
 
 enum lru_err {
-    E_OK = 0, E_LOAD_START, E_LOAD_LIDX, E_GROUP, E_PHASE, E_BATCH, E_ENTRY, E_LINK, E_CYCLE,
+    E_OK = 0, E_LOAD_START, E_LOAD_LIDX, E_GROUP, E_PHASE, E_BATCH, E_ENTRY, E_LINK, E_CYCLE, E_ROW_LAYER, E_ROW_EXPERT,
+    E_ROW_ORDER,
 };
 
 static const char *lru_err_text[] = {
@@ -497,6 +544,9 @@ static const char *lru_err_text[] = {
     "entries names an entry outside ent's columns",
     "ps holds a list link outside the entries (it is not replay.policies.lru's state for this ent)",
     "ps holds a list with a cycle (it is not replay.policies.lru's state for this ent)",
+    "a row routes at a layer lidx_of does not map to a MoE layer",
+    "a row names an expert outside 0..n_expert-1",
+    "batches out of order (a row's batch below the row before it)",
 };
 
 /* The lru hooks (replay/policies/lru.py), on ps = entry pairs, then group pairs counted backwards
@@ -566,6 +616,48 @@ static inline __attribute__((always_inline)) int lru_evict(int32_t *ps, int32_t 
     return 1;
 }
 
+/* One routed slot of load `load` looking up entry e: a repeat inside the load is only promoted;
+ * else one lookup, a hit (promoted) or a miss (admitted at the most recent end). */
+static inline __attribute__((always_inline)) void lru_lookup(int32_t *ps, int32_t *gp, int32_t *pin, int32_t *res, uint32_t e,
+                                                int64_t load, int64_t *n_look, int64_t *n_hit) {
+    if ((int64_t)pin[e] == load) { /* a repeat inside this load: already looked up, only promoted */
+        lru_touch(ps, gp, e);
+        return;
+    }
+    (*n_look)++;
+    pin[e] = (int32_t)load;
+    if (res[e] == 1) {
+        (*n_hit)++;
+        lru_touch(ps, gp, e);
+    } else {
+        res[e] = 1;
+        lru_append(ps, gp, e);
+    }
+}
+
+/* After a load's lookups: its misses' bytes join its group `gr`, then eviction, once, in that group,
+ * until it fits; never an entry this load touched (they all sit at the tail, so the walk from the
+ * head stops early). Returns 0 when the walk finds a cycle. */
+static inline __attribute__((always_inline)) int lru_fit(int32_t *ps, int32_t *gp, const int32_t *pin, int32_t *res,
+                                            const int32_t *bytes, int64_t *gr, int64_t load, int64_t n_miss,
+                                            int64_t n_read, Py_ssize_t C, int64_t *resident, int64_t *peak,
+                                            int64_t *n_evict, int64_t *n_over) {
+    const int64_t used0 = gr[GRP_USED];
+    int64_t used = used0 + n_read;
+    int64_t n_gone = 0;
+    if (used > gr[GRP_BUDGET]) {
+        if (!lru_evict(ps, gp, pin, res, bytes, load, &used, gr[GRP_BUDGET], C, &n_gone, n_over))
+            return 0;
+    }
+    gr[GRP_USED] = used;
+    *resident += used - used0;
+    if (*resident > *peak)
+        *peak = *resident;
+    gr[GRP_COUNT] += n_miss - n_gone;
+    *n_evict += n_gone;
+    return 1;
+}
+
 static int entries_ok(const int32_t *e, int64_t n, Py_ssize_t C) {
     uint32_t most = 0; /* as unsigned: a negative id is larger than any C */
     for (int64_t i = 0; i < n; i++)
@@ -581,6 +673,29 @@ static int lru_links_ok(const int32_t *ps, Py_ssize_t ps_len, Py_ssize_t C, Py_s
         if (ps[i] >= C)
             return 0;
     return 1;
+}
+
+/* Before a replay (replay_lru and replay_lru_rows alike): the bytes resident now, where the peak
+ * starts; the policy's list links and each layer's group checked once. E_OK or the error. */
+static int lru_begin(const int32_t *ps, Py_ssize_t ps_len, Py_ssize_t C, const int64_t *grp, Py_ssize_t n_grp,
+                     const int64_t *layer_info, Py_ssize_t li_rows, int64_t *resident) {
+    *resident = 0;
+    for (Py_ssize_t g0 = 0; g0 < n_grp; g0++)
+        *resident += grp[g0 * N_GRP + GRP_USED];
+    if (!lru_links_ok(ps, ps_len, C, n_grp))
+        return E_LINK;
+    for (Py_ssize_t l = 0; l < li_rows; l++) /* every layer's group, once, not once per load */
+        if ((uint64_t)layer_info[2 * l] >= (uint64_t)n_grp)
+            return E_GROUP;
+    return E_OK;
+}
+
+/* After a replay: the stats it writes (one tick per routed slot: a plain replay drops none). */
+static void lru_end(int64_t *stats, const int64_t *opts, int64_t slots, int64_t peak, int64_t n_evict, int64_t n_over) {
+    stats[STAT_TICKS] = opts[OPT_TICK0] + slots;
+    stats[STAT_PEAK_BYTES] = peak;
+    stats[STAT_EVICTIONS] += n_evict;
+    stats[STAT_OVERFLOW] += n_over;
 }
 
 static int lru_loop(const lru_t *a) {
@@ -603,15 +718,11 @@ static int lru_loop(const lru_t *a) {
     const int64_t load0 = a->opts[OPT_LOAD0];
     int64_t n_evict = 0, n_over = 0;
     int64_t cur_b = -1, b_look = 0, b_hit = 0, b_read = 0;
-    int64_t resident = 0;
-    for (Py_ssize_t g0 = 0; g0 < a->n_grp; g0++)
-        resident += grp[g0 * N_GRP + GRP_USED];
+    int64_t resident;
+    const int err = lru_begin(ps, a->ps_len, C, grp, a->n_grp, layer_info, a->li_rows, &resident);
+    if (err)
+        return err;
     int64_t peak = resident;
-    if (!lru_links_ok(ps, a->ps_len, C, a->n_grp))
-        return E_LINK;
-    for (Py_ssize_t l = 0; l < a->li_rows; l++) /* every layer's group, once, not once per load */
-        if ((uint64_t)layer_info[2 * l] >= (uint64_t)a->n_grp)
-            return E_GROUP;
     /* Rows the loads cover: [first, last); a load's rows are checked to lie inside, and every
      * entry id there is checked once, here (a vectorized pass over a few MB), not once per slot. */
     const int64_t first = n_load > 0 ? load_start[0] : 0, last = n_load > 0 ? load_start[n_load] : 0;
@@ -634,22 +745,8 @@ static int lru_loop(const lru_t *a) {
         int64_t n_look = 0, n_hit = 0;
         const int32_t *row = entries + lo * k;
         const int32_t *end = entries + hi * k;
-        for (; row < end; row++) {
-            const uint32_t e = (uint32_t)*row; /* < C: checked by entries_ok */
-            if ((int64_t)pin[e] == load) { /* a repeat inside this load: already looked up, only promoted */
-                lru_touch(ps, gp, e);
-                continue;
-            }
-            n_look++;
-            pin[e] = (int32_t)load;
-            if (res[e] == 1) {
-                n_hit++;
-                lru_touch(ps, gp, e);
-            } else {
-                res[e] = 1;
-                lru_append(ps, gp, e);
-            }
-        }
+        for (; row < end; row++)
+            lru_lookup(ps, gp, pin, res, (uint32_t)*row, load, &n_look, &n_hit); /* < C: checked by entries_ok */
         const int64_t n_miss = n_look - n_hit;
         const int64_t n_read = n_miss * layer_info[2 * lid + 1];
         const int64_t ph = load_phase[li];
@@ -675,22 +772,8 @@ static int lru_loop(const lru_t *a) {
         b_look += n_look;
         b_hit += n_hit;
         b_read += n_read;
-        /* Eviction: once, after the load, in the load's group, until the group fits; never an entry
-         * this load touched (they all sit at the tail, so the walk from the head stops early). */
-        int64_t *gr = grp + g * N_GRP;
-        const int64_t used0 = gr[GRP_USED];
-        int64_t used = used0 + n_read;
-        int64_t n_gone = 0;
-        if (used > gr[GRP_BUDGET]) {
-            if (!lru_evict(ps, gp, pin, res, bytes, load, &used, gr[GRP_BUDGET], C, &n_gone, &n_over))
-                return E_CYCLE;
-        }
-        gr[GRP_USED] = used;
-        resident += used - used0;
-        if (resident > peak)
-            peak = resident;
-        gr[GRP_COUNT] += n_miss - n_gone;
-        n_evict += n_gone;
+        if (!lru_fit(ps, gp, pin, res, bytes, grp + g * N_GRP, load, n_miss, n_read, C, &resident, &peak, &n_evict, &n_over))
+            return E_CYCLE;
     }
     if (cur_b >= 0) {
         int64_t *bc = bacc + cur_b * N_ACC;
@@ -698,11 +781,8 @@ static int lru_loop(const lru_t *a) {
         bc[ACC_HITS] += b_hit;
         bc[ACC_READ] += b_read;
     }
-    /* One tick per routed slot (a plain replay drops none); an empty load adds none. */
-    a->stats[STAT_TICKS] = a->opts[OPT_TICK0] + (n_load > 0 ? (load_start[n_load] - load_start[0]) * k : 0);
-    a->stats[STAT_PEAK_BYTES] = peak;
-    a->stats[STAT_EVICTIONS] += n_evict;
-    a->stats[STAT_OVERFLOW] += n_over;
+    /* An empty load adds no tick. */
+    lru_end(a->stats, a->opts, n_load > 0 ? (load_start[n_load] - load_start[0]) * k : 0, peak, n_evict, n_over);
     return E_OK;
 }
 
@@ -717,6 +797,30 @@ PyDoc_STRVAR(replay_lru_doc,
 "acc int64 [2, L, 7], bacc int64 [B, 7], stats int64 [12], opts int64 [8] (OPT_TICK0, OPT_LOAD0 read).\n"
 "Writes ent, grp, ps, acc, bacc and stats exactly as the Numba kernel does.");
 
+/* The replay state's arguments, common to replay_lru and replay_lru_rows: layer_info, ent, grp,
+ * ps, acc, stats, opts (objects o[0..6]), taken and their shapes checked. 0 with an exception set
+ * on failure (the caller releases b). */
+typedef struct {
+    Py_buffer *layer_info, *ent, *grp, *ps, *acc, *stats, *opts;
+} state_args_t;
+
+static int take_state(bufs_t *b, PyObject *const *o, const char *fn, state_args_t *st) {
+    if (!(st->layer_info = take(b, o[0], fn, "layer_info", K_INT, 8, 2, 0)) ||
+        !(st->ent = take(b, o[1], fn, "ent", K_INT, 4, 2, 1)) || !(st->grp = take(b, o[2], fn, "grp", K_INT, 8, 2, 1)) ||
+        !(st->ps = take(b, o[3], fn, "ps", K_INT, 4, 1, 1)) || !(st->acc = take(b, o[4], fn, "acc", K_INT, 8, 3, 1)) ||
+        !(st->stats = take(b, o[5], fn, "stats", K_INT, 8, 1, 1)) || !(st->opts = take(b, o[6], fn, "opts", K_INT, 8, 1, 0)))
+        return 0;
+    const Py_ssize_t C = DIM(st->ent, 1), n_grp = DIM(st->grp, 0);
+    return need(DIM(st->layer_info, 1) == 2, fn, "layer_info must have 2 columns (eviction group, bytes of one entry)") &&
+           need(DIM(st->ent, 0) == N_ENT, fn, "ent must have 14 rows (replay.cache_state.N_ENT fields)") &&
+           need(C < INT32_MAX, fn, "ent has more columns than int32 entry ids") &&
+           need(DIM(st->grp, 1) == N_GRP, fn, "grp must have 5 columns (replay.cache_state.N_GRP)") &&
+           need(DIM(st->ps, 0) >= 2 * (C + n_grp), fn, "ps must hold 2 x (entries + groups) links (replay.policies.lru.init)") &&
+           need(DIM(st->acc, 0) == 2 && DIM(st->acc, 2) == N_ACC, fn, "acc must have the shape [2, layers, 7]") &&
+           need(DIM(st->stats, 0) == N_STATS, fn, "stats must hold 12 values (replay.cache_kernel.N_STATS)") &&
+           need(DIM(st->opts, 0) == N_OPTS, fn, "opts must hold 8 values (replay.cache_kernel.N_OPTS)");
+}
+
 static PyObject *py_replay_lru(PyObject *self, PyObject *args) {
     (void)self;
     static const char *fn = "replay_lru";
@@ -725,41 +829,29 @@ static PyObject *py_replay_lru(PyObject *self, PyObject *args) {
                           &o[9], &o[10], &o[11], &o[12]))
         return NULL;
     bufs_t b = {.n = 0};
-    Py_buffer *entries, *load_start, *load_lidx, *load_phase, *load_batch, *layer_info, *ent, *grp, *ps, *acc, *bacc,
-        *stats, *opts;
+    Py_buffer *entries, *load_start, *load_lidx, *load_phase, *load_batch, *bacc;
+    state_args_t st;
+    PyObject *state_objs[7] = {o[5], o[6], o[7], o[8], o[9], o[11], o[12]};
     if (!(entries = take(&b, o[0], fn, "entries", K_INT, 4, 2, 0)) ||
         !(load_start = take(&b, o[1], fn, "load_start", K_INT, 8, 1, 0)) ||
         !(load_lidx = take(&b, o[2], fn, "load_lidx", K_INT, 4, 1, 0)) ||
         !(load_phase = take(&b, o[3], fn, "load_phase", K_INT, 1, 1, 0)) ||
         !(load_batch = take(&b, o[4], fn, "load_batch", K_INT, 4, 1, 0)) ||
-        !(layer_info = take(&b, o[5], fn, "layer_info", K_INT, 8, 2, 0)) ||
-        !(ent = take(&b, o[6], fn, "ent", K_INT, 4, 2, 1)) || !(grp = take(&b, o[7], fn, "grp", K_INT, 8, 2, 1)) ||
-        !(ps = take(&b, o[8], fn, "ps", K_INT, 4, 1, 1)) || !(acc = take(&b, o[9], fn, "acc", K_INT, 8, 3, 1)) ||
-        !(bacc = take(&b, o[10], fn, "bacc", K_INT, 8, 2, 1)) || !(stats = take(&b, o[11], fn, "stats", K_INT, 8, 1, 1)) ||
-        !(opts = take(&b, o[12], fn, "opts", K_INT, 8, 1, 0)))
+        !(bacc = take(&b, o[10], fn, "bacc", K_INT, 8, 2, 1)) || !take_state(&b, state_objs, fn, &st))
         goto fail;
     if (!disjoint(&b, fn))
         goto fail;
     Py_ssize_t n_load = DIM(load_start, 0) - 1;
-    Py_ssize_t C = DIM(ent, 1), n_grp = DIM(grp, 0);
     if (!need(n_load < 0 || (DIM(load_lidx, 0) >= n_load && DIM(load_phase, 0) >= n_load && DIM(load_batch, 0) >= n_load),
               fn, "load_lidx, load_phase and load_batch must have one element per load (load_start's length - 1)") ||
-        !need(DIM(layer_info, 1) == 2, fn, "layer_info must have 2 columns (eviction group, bytes of one entry)") ||
-        !need(DIM(ent, 0) == N_ENT, fn, "ent must have 14 rows (replay.cache_state.N_ENT fields)") ||
-        !need(C < INT32_MAX, fn, "ent has more columns than int32 entry ids") ||
-        !need(DIM(grp, 1) == N_GRP, fn, "grp must have 5 columns (replay.cache_state.N_GRP)") ||
-        !need(DIM(ps, 0) >= 2 * (C + n_grp), fn, "ps must hold 2 x (entries + groups) links (replay.policies.lru.init)") ||
-        !need(DIM(acc, 0) == 2 && DIM(acc, 2) == N_ACC, fn, "acc must have the shape [2, layers, 7]") ||
-        !need(DIM(bacc, 1) == N_ACC, fn, "bacc must have the shape [batches, 7]") ||
-        !need(DIM(stats, 0) == N_STATS, fn, "stats must hold 12 values (replay.cache_kernel.N_STATS)") ||
-        !need(DIM(opts, 0) == N_OPTS, fn, "opts must hold 8 values (replay.cache_kernel.N_OPTS)"))
+        !need(DIM(bacc, 1) == N_ACC, fn, "bacc must have the shape [batches, 7]"))
         goto fail;
     lru_t a = {
         .entries = entries->buf, .load_lidx = load_lidx->buf, .load_batch = load_batch->buf, .load_start = load_start->buf,
-        .layer_info = layer_info->buf, .opts = opts->buf, .load_phase = load_phase->buf, .ent = ent->buf, .ps = ps->buf,
-        .grp = grp->buf, .acc = acc->buf, .bacc = bacc->buf, .stats = stats->buf,
-        .R = DIM(entries, 0), .k = DIM(entries, 1), .n_load = n_load, .li_rows = DIM(layer_info, 0), .C = C,
-        .n_grp = n_grp, .ps_len = DIM(ps, 0), .acc1 = DIM(acc, 1), .n_batch = DIM(bacc, 0),
+        .layer_info = st.layer_info->buf, .opts = st.opts->buf, .load_phase = load_phase->buf, .ent = st.ent->buf,
+        .ps = st.ps->buf, .grp = st.grp->buf, .acc = st.acc->buf, .bacc = bacc->buf, .stats = st.stats->buf,
+        .R = DIM(entries, 0), .k = DIM(entries, 1), .n_load = n_load, .li_rows = DIM(st.layer_info, 0), .C = DIM(st.ent, 1),
+        .n_grp = DIM(st.grp, 0), .ps_len = DIM(st.ps, 0), .acc1 = DIM(st.acc, 1), .n_batch = DIM(bacc, 0),
     };
     int err;
     Py_BEGIN_ALLOW_THREADS
@@ -778,10 +870,150 @@ fail:
 
 /* ------------------------------------------------------------------------------------------------ */
 
+/* ------------------------------------------------------------------------------------------------
+ * replay_lru_rows: cut_loads and replay_lru in one pass over the rows */
+
+typedef struct {
+    const int32_t *batch, *experts, *lidx_of;
+    const int8_t *phase;
+    const int16_t *layer;
+    const int64_t *layer_info, *opts;
+    int32_t *ent, *ps;
+    int64_t *grp, *acc, *stats;
+    Py_ssize_t R, k, n_lay, li_rows, C, n_grp, ps_len, acc1;
+    int64_t n_expert;
+} lru_rows_t;
+
+/* The loads are the runs of equal (batch, layer), as cut_loads cuts them: a load's phase is its
+ * first row's, its entries lidx_of[layer] * n_expert + expert; each load is replayed as lru_loop
+ * replays it (the same hooks, the same order of writes), without the per-batch totals. Rows are
+ * checked as cut_loads checks them (a MoE layer, an expert in range, batches in order), and each
+ * entry id against C, before it is used. */
+static int lru_rows_loop(const lru_rows_t *a, int64_t *n_loads) {
+    const Py_ssize_t k = a->k, C = a->C, R = a->R;
+    const int32_t *batch = a->batch, *experts = a->experts, *lidx_of = a->lidx_of;
+    const int8_t *phase = a->phase;
+    const int16_t *layer = a->layer;
+    const int64_t *layer_info = a->layer_info;
+    int32_t *ps = a->ps;
+    int32_t *gp0 = ps + a->ps_len - 2;
+    int32_t *res = a->ent + (size_t)ENT_RESIDENT * C;
+    int32_t *pin = a->ent + (size_t)ENT_PIN * C;
+    const int32_t *bytes = a->ent + (size_t)ENT_BYTES * C;
+    int64_t *grp = a->grp, *acc = a->acc;
+    const uint64_t n_lid = (uint64_t)(a->li_rows < a->acc1 ? a->li_rows : a->acc1);
+    const int64_t acc_phase = (int64_t)a->acc1 * N_ACC;
+    const int64_t load0 = a->opts[OPT_LOAD0], n_expert = a->n_expert;
+    int64_t n_evict = 0, n_over = 0, resident;
+    const int err = lru_begin(ps, a->ps_len, C, grp, a->n_grp, layer_info, a->li_rows, &resident);
+    if (err)
+        return err;
+    int64_t peak = resident;
+    int64_t load = load0;
+    Py_ssize_t r = 0;
+    while (r < R) {
+        const int32_t b = batch[r];
+        const int16_t lay16 = layer[r];
+        if (lay16 < 0 || lay16 >= a->n_lay || lidx_of[lay16] < 0)
+            return E_ROW_LAYER;
+        if (r > 0 && b < batch[r - 1])
+            return E_ROW_ORDER;
+        const int64_t lid = lidx_of[lay16];
+        if ((uint64_t)lid >= n_lid)
+            return E_LOAD_LIDX;
+        const int64_t ph = phase[r];
+        if ((uint64_t)ph > 1)
+            return E_PHASE;
+        const int64_t g = layer_info[2 * lid];
+        int32_t *gp = gp0 - 2 * g;
+        const int64_t base = lid * n_expert;
+        int64_t n_look = 0, n_hit = 0;
+        do {
+            const int32_t *ex = experts + r * k;
+            for (Py_ssize_t j = 0; j < k; j++) {
+                const int64_t e = ex[j];
+                if (e < 0 || e >= n_expert)
+                    return E_ROW_EXPERT;
+                if (base + e >= C)
+                    return E_ENTRY;
+                lru_lookup(ps, gp, pin, res, (uint32_t)(base + e), load, &n_look, &n_hit);
+            }
+            r++;
+        } while (r < R && batch[r] == b && layer[r] == lay16);
+        const int64_t n_miss = n_look - n_hit;
+        const int64_t n_read = n_miss * layer_info[2 * lid + 1];
+        int64_t *ac = acc + ph * acc_phase + lid * N_ACC;
+        ac[ACC_LOOKUPS] += n_look;
+        ac[ACC_HITS] += n_hit;
+        ac[ACC_READ] += n_read;
+        if (!lru_fit(ps, gp, pin, res, bytes, grp + g * N_GRP, load, n_miss, n_read, C, &resident, &peak, &n_evict, &n_over))
+            return E_CYCLE;
+        load++;
+    }
+    lru_end(a->stats, a->opts, (int64_t)R * k, peak, n_evict, n_over);
+    *n_loads = load - load0;
+    return E_OK;
+}
+
+PyDoc_STRVAR(replay_lru_rows_doc,
+"replay_lru_rows(batch, phase, layer, experts, lidx_of, n_expert, layer_info, ent, grp, ps, acc, stats, opts) -> loads\n\n"
+"cut_loads on the rows, then replay_lru on its loads, in one pass and without the per-batch totals\n"
+"(bacc): batch int32 [R], phase int8 [R], layer int16 [R], experts int32 [R, k], lidx_of int32 [layers],\n"
+"n_expert int; then replay_lru's layer_info, ent, grp, ps, acc, stats and opts (OPT_TICK0, OPT_LOAD0 read).\n"
+"Writes ent, grp, ps, acc and stats as those two calls do; returns the number of loads. A row cut_loads\n"
+"refuses raises ValueError (the state is then garbage, as with replay_lru).");
+
+static PyObject *py_replay_lru_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    static const char *fn = "replay_lru_rows";
+    PyObject *o[12];
+    long long n_expert;
+    if (!PyArg_ParseTuple(args, "OOOOOLOOOOOOO:replay_lru_rows", &o[0], &o[1], &o[2], &o[3], &o[4], &n_expert, &o[5], &o[6],
+                          &o[7], &o[8], &o[9], &o[10], &o[11]))
+        return NULL;
+    bufs_t b = {.n = 0};
+    Py_buffer *batch, *phase, *layer, *experts, *lidx_of;
+    state_args_t st;
+    if (!(batch = take(&b, o[0], fn, "batch", K_INT, 4, 1, 0)) || !(phase = take(&b, o[1], fn, "phase", K_INT, 1, 1, 0)) ||
+        !(layer = take(&b, o[2], fn, "layer", K_INT, 2, 1, 0)) ||
+        !(experts = take(&b, o[3], fn, "experts", K_INT, 4, 2, 0)) ||
+        !(lidx_of = take(&b, o[4], fn, "lidx_of", K_INT, 4, 1, 0)) || !take_state(&b, o + 5, fn, &st))
+        goto fail;
+    if (!disjoint(&b, fn))
+        goto fail;
+    Py_ssize_t R = DIM(experts, 0);
+    if (!need(DIM(batch, 0) == R && DIM(phase, 0) == R && DIM(layer, 0) == R, fn,
+              "batch, phase and layer must have one element per row of experts") ||
+        !need(n_expert >= 0, fn, "n_expert must be >= 0"))
+        goto fail;
+    lru_rows_t a = {
+        .batch = batch->buf, .experts = experts->buf, .lidx_of = lidx_of->buf, .phase = phase->buf, .layer = layer->buf,
+        .layer_info = st.layer_info->buf, .opts = st.opts->buf, .ent = st.ent->buf, .ps = st.ps->buf, .grp = st.grp->buf,
+        .acc = st.acc->buf, .stats = st.stats->buf, .R = R, .k = DIM(experts, 1), .n_lay = DIM(lidx_of, 0),
+        .li_rows = DIM(st.layer_info, 0), .C = DIM(st.ent, 1), .n_grp = DIM(st.grp, 0), .ps_len = DIM(st.ps, 0),
+        .acc1 = DIM(st.acc, 1), .n_expert = (int64_t)n_expert,
+    };
+    int err;
+    int64_t n_loads = 0;
+    Py_BEGIN_ALLOW_THREADS
+    err = lru_rows_loop(&a, &n_loads);
+    Py_END_ALLOW_THREADS
+    bufs_release(&b);
+    if (err) {
+        PyErr_Format(PyExc_ValueError, "%s: %s", fn, lru_err_text[err]);
+        return NULL;
+    }
+    return PyLong_FromLongLong((long long)n_loads);
+fail:
+    bufs_release(&b);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"rows_ok", py_rows_ok, METH_VARARGS, rows_ok_doc},
     {"cut_loads", py_cut_loads, METH_VARARGS, cut_loads_doc},
     {"replay_lru", py_replay_lru, METH_VARARGS, replay_lru_doc},
+    {"replay_lru_rows", py_replay_lru_rows, METH_VARARGS, replay_lru_rows_doc},
     {NULL, NULL, 0, NULL},
 };
 

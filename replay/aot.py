@@ -13,77 +13,20 @@ source, or is turned off, callers use the Numba kernels and get the same figures
 - :func:`why_unavailable`: one sentence saying why not, or None.
 
 ``MOE_REPLAY_AOT=0`` in the environment turns it off (read at each call, so a test can set it).
-This module imports nothing heavy (no Numba, no NumPy): importing it costs about a millisecond.
+This module imports nothing heavy (no Numba, no NumPy): importing it costs about a millisecond. The
+import, location and staleness checks are :class:`traces.compiled.Extension`'s (shared with
+:mod:`traces.pq_native`).
 """
 
 from __future__ import annotations
 
-import os
-from types import ModuleType
+from traces.compiled import ENV, Extension, stale
 
-ENV = "MOE_REPLAY_AOT"
+__all__ = ["ENV", "load", "stale", "why_unavailable"]  # and AVAILABLE (module __getattr__)
 
-_mod: ModuleType | None = None
-_why: str | None = None
-_tried = False
+_EXT = Extension("replay._aot", "replay/_aot.c", purpose="to replay without Numba", what="the compiled kernels are")
 
 
-def _import() -> None:
-    global _mod, _why, _tried
-    _tried = True
-    try:
-        from replay import _aot
-    except ImportError as e:
-        _why = (f"replay._aot is not built ({e}); reinstall moe-replay with a C compiler present "
-                "(`pip install -e .` or `make`) to replay without Numba")
-        return
-    here = os.path.dirname(os.path.realpath(__file__))
-    if os.path.dirname(os.path.realpath(_aot.__file__)) != here:
-        # A tree with no build of its own, run with another checkout's editable install (PYTHONPATH
-        # over a shared venv): its finder supplies that checkout's build, of that checkout's source.
-        _why = (f"replay._aot was found at {_aot.__file__}, outside this replay package ({here}); build it here "
-                "(`pip install -e .`) to replay without Numba")
-        return
-    if stale(os.path.join(here, "_aot.c"), _aot.__file__):
-        _why = (f"{_aot.__file__} is older than replay/_aot.c; rebuild it (`make`, or `pip install -e .`) "
-                "to replay without Numba")
-        return
-    _mod = _aot
-
-
-def stale(source: str, built: str) -> bool:
-    """Whether the build ``built`` is older than its ``source``. In a source tree (an editable
-    install) a build that failed leaves the previous one in place: it would answer for code that
-    changed, so it is refused. A wheel ships no source: nothing to compare, never stale."""
-    try:
-        return os.stat(source).st_mtime > os.stat(built).st_mtime
-    except OSError:
-        return False
-
-
-def _off() -> bool:
-    return os.environ.get(ENV, "").strip() == "0"
-
-
-def load() -> ModuleType | None:
-    """``replay._aot``, or None when it is not built, stale, or turned off by ``MOE_REPLAY_AOT=0``."""
-    if _off():
-        return None
-    if not _tried:
-        _import()
-    return _mod
-
-
-def why_unavailable() -> str | None:
-    """Why :func:`load` returns None, in one sentence; None when it returns the module."""
-    if _off():
-        return f"the compiled kernels are turned off ({ENV}=0 in the environment)"
-    if not _tried:
-        _import()
-    return _why
-
-
-def __getattr__(name: str) -> bool:
-    if name == "AVAILABLE":  # computed at each access: MOE_REPLAY_AOT may change after import
-        return load() is not None
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+load = _EXT.load  # the module, or None when it is not built, stale, or turned off by MOE_REPLAY_AOT=0
+why_unavailable = _EXT.why_unavailable  # why load() returns None, in one sentence; None when it returns the module
+__getattr__ = _EXT.module_getattr(__name__)  # AVAILABLE

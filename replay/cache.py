@@ -739,10 +739,6 @@ def warm_up(policies: list[str], whatif: bool = False, slots: bool = False) -> N
         kernel_for(p, whatif, slots)
 
 
-def _pct(h: np.ndarray | int, n: np.ndarray | int) -> float:
-    return 100.0 * float(h) / float(n) if n else math.nan
-
-
 def result_rows(loads: Loads, res: ReplayResult, per_layer: bool = False, extras: bool = False) -> list[dict[str, Any]]:
     """Cache rows (DESIGN.md keys first). ``lookups``/``hits``/``misses``/``read_mib`` are all
     phases (cumulative); the ``_decode`` columns count decode loads only.
@@ -752,25 +748,18 @@ def result_rows(loads: Loads, res: ReplayResult, per_layer: bool = False, extras
     the replay, e.g. ``pin``'s pinned experts: read once up front, not in ``read_mib``; 0 for the
     others) and ``share_mib`` (a layer's budget under a per-layer partition; on the overall row
     the sum of the shares; None for a global cache)."""
+    from replay.rows import cache_row
+
     out = []
     layers: list[int | None] = [None] + (list(loads.moe_layers) if per_layer else [])
     for i, layer in enumerate(layers):
         a = res.acc if layer is None else res.acc[:, i - 1: i, :]
-        lk, ht, rd = (a[:, :, f].sum(axis=1) for f in (ACC_LOOKUPS, ACC_HITS, ACC_READ))  # per phase
-        out.append({
-            "policy": res.policy, "budget_mib": res.budget_mib, "layer": layer,
-            "lookups": int(lk.sum()), "hits": int(ht.sum()),
-            "hit_pct_decode": _pct(ht[1], lk[1]), "hit_pct_cum": _pct(ht.sum(), lk.sum()),
-            "hit_pct_prefill": _pct(ht[0], lk[0]),
-            "read_mib": float(rd.sum()) / MIB,
-            "misses": int(lk.sum() - ht.sum()),
-            "lookups_decode": int(lk[1]), "hits_decode": int(ht[1]),
-            "read_mib_decode": float(rd[1]) / MIB,
-            "evictions": res.evictions if layer is None else None,
-            "overflow_loads": res.overflow_loads if layer is None else None,
-            "peak_resident_mib": res.peak_resident_bytes / MIB if layer is None and res.peak_resident_bytes is not None else None,
-            "over_budget": res.over_budget if layer is None else None,
-        })
+        lk, ht, rd = ([int(x) for x in a[:, :, f].sum(axis=1)] for f in (ACC_LOOKUPS, ACC_HITS, ACC_READ))  # per phase
+        overall = layer is None
+        out.append(cache_row(res.policy, res.budget_mib, layer, lk, ht, rd,
+                             evictions=res.evictions if overall else None, overflow_loads=res.overflow_loads if overall else None,
+                             peak_resident_bytes=res.peak_resident_bytes if overall else None,
+                             over_budget=res.over_budget if overall else None))
         if extras:
             pre = res.preload_bytes
             sh = res.layer_share_bytes

@@ -11,9 +11,10 @@ understands completely: ``cache TRACE`` with any of ``--json`` (or ``--format js
 would refuse) goes to typer, which answers exactly as before. It then runs the same library calls
 as :mod:`replay.cli.cache` (the rows as :mod:`replay.rows` normalizes them, the same JSON object),
 through the same error handling (:func:`replay.runner.guarded`); the kernels are the compiled
-extension's when it was built (:mod:`replay.aot`), else Numba's. ``tests/test_fastcli.py``
-holds its output to the typer path's, byte for byte, refusals included. ``MOE_REPLAY_FAST=0``
-turns it off.
+extension's when it was built (:mod:`replay.aot`), else Numba's. A simple trace with plain LRU
+policies and given budgets goes further, to :mod:`replay.native` (no NumPy and no Arrow either),
+which gives back what it does not take. ``tests/test_fastcli.py`` holds the output to the typer
+path's, byte for byte, refusals included. ``MOE_REPLAY_FAST=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -70,7 +71,6 @@ def cache_json(trace: str, budgets: str | None, budget_mib: str | None, policies
     from replay.cache_stream import check_stream_mode, choose_stream
     from replay.info import require_routings
     from replay.phases import check_phase
-    from replay.present.format import json_object
     from replay.rows import cache_summary, column_types, plain_rows
     from traces import open_trace
     from traces.units import parse_budget_mib, parse_budgets_mib
@@ -110,7 +110,17 @@ def cache_json(trace: str, budgets: str | None, budget_mib: str | None, policies
             blist = default_budgets_mib(loads, rec_budget)
         raw, extras = sweep_rows(loads, pols, [float(b) for b in blist], per_layer=per_layer, seed=seed, show_progress=True)
     rows = plain_rows(raw, column_types(extras))
-    sm = cache_summary(t, rows, blist, budgets is not None or budget_mib is not None, W_bytes, loads.batch_phase)
+    sm = cache_summary(t, rows, blist, budgets is not None or budget_mib is not None, W_bytes,
+                       bool((loads.batch_phase == 1).any()))
+    return cache_json_text(trace, phase, rows, sm)
+
+
+def cache_json_text(trace: str, phase: str, rows: list[dict[str, Any]], sm: dict[str, Any]) -> str:
+    """The JSON object ``cache --json`` prints: the rows and :func:`replay.rows.cache_summary`'s ``sm``."""
+    from pathlib import Path
+
+    from replay.present.format import json_object
+
     return json_object("cache", str(Path(trace)), rows, phase=phase, token_cycle_mib=sm["token_cycle_mib"],
                        working_set_mib=sm["working_set_mib"], budgets_below_token_cycle=sm["budgets_below_token_cycle"],
                        budgets_chosen=sm["budgets_chosen"], note=sm["note"], cost_model=None)
@@ -128,7 +138,10 @@ def run(args: list[str], debug: bool) -> int | None:
     def call() -> int:
         # The library's own functions, not replay.api's: their messages name the flags as typed
         # (what replay.api.cli_flags asks of the API's functions on typer's path).
-        out = cache_json(**opts)
+        from replay import native
+
+        got = native.cache_rows(**opts)  # None: not one the native path takes (the same JSON, or refusal, below)
+        out = cache_json(**opts) if got is None else cache_json_text(opts["trace"], opts["phase"], *got)
         sys.stdout.write(out + "\n")
         sys.stdout.flush()
         return 0

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from traces.errors import UserError
-from traces.reader import Trace
 from traces.units import MIB
+
+if TYPE_CHECKING:
+    from traces.reader import Trace
 
 NO_DECODE = ("the trace has no decoded tokens (prefill only: a prompt-only run or a capture stopped during the prompt), "
              "so decode-only figures are null ('-'); the cumulative ones cover the prefill")

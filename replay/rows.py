@@ -15,12 +15,43 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from traces.units import MIB
+
 # Column -> type for the cache rows' columns Polars could not infer from the first values alone
 # (None on the per-layer rows): "int", "float" or "bool".
 CACHE_COLUMN_TYPES = {"layer": "int", "evictions": "int", "overflow_loads": "int", "peak_resident_mib": "float",
                       "over_budget": "bool"}
 EXTRA_COLUMN_TYPES = {"preload_mib": "float", "share_mib": "float"}
 _CAST = {"int": int, "float": float, "bool": bool}
+
+
+def cache_row(policy: str, budget_mib: float, layer: int | None, lookups: list[int], hits: list[int], read_bytes: list[int],
+              evictions: int | None, overflow_loads: int | None, peak_resident_bytes: int | None,
+              over_budget: bool | None) -> dict[str, Any]:
+    """One cache row (DESIGN.md keys first) from per-phase totals: ``lookups``, ``hits`` and
+    ``read_bytes`` are [prefill, decode] Python ints. ``lookups``/``hits``/``misses``/``read_mib``
+    are all phases (cumulative); the ``_decode`` columns count decode loads only. The replay's
+    rows (:func:`replay.cache.result_rows`) and the native path's (:mod:`replay.native`) are both
+    made here."""
+    lk, ht = lookups[0] + lookups[1], hits[0] + hits[1]
+    return {
+        "policy": policy, "budget_mib": budget_mib, "layer": layer,
+        "lookups": lk, "hits": ht,
+        "hit_pct_decode": _pct(hits[1], lookups[1]), "hit_pct_cum": _pct(ht, lk),
+        "hit_pct_prefill": _pct(hits[0], lookups[0]),
+        "read_mib": float(read_bytes[0] + read_bytes[1]) / MIB,
+        "misses": lk - ht,
+        "lookups_decode": lookups[1], "hits_decode": hits[1],
+        "read_mib_decode": float(read_bytes[1]) / MIB,
+        "evictions": evictions,
+        "overflow_loads": overflow_loads,
+        "peak_resident_mib": peak_resident_bytes / MIB if peak_resident_bytes is not None else None,
+        "over_budget": over_budget,
+    }
+
+
+def _pct(h: int, n: int) -> float:
+    return 100.0 * float(h) / float(n) if n else math.nan
 
 
 def column_types(extras: bool) -> dict[str, str]:
@@ -64,7 +95,7 @@ def cache_frame(rows: list[dict[str, Any]], extras: bool = False) -> Any:
 
 
 def cache_summary(trace: Any, rows: list[dict[str, Any]], budgets_mib: list[float], budgets_given: bool,
-                  working_set_bytes: int, batch_phase: Any) -> dict[str, Any]:
+                  working_set_bytes: int, has_decode: bool) -> dict[str, Any]:
     """What ``cache`` prints around its rows (the command line's typer path and its fast path
     alike): ``token_cycle_mib`` T, ``working_set_mib`` W, ``budgets_below_token_cycle``,
     ``budgets_chosen`` (how the budgets were chosen), ``collapsed`` (LRU's overall rows below T
@@ -81,7 +112,7 @@ def cache_summary(trace: Any, rows: list[dict[str, Any]], budgets_mib: list[floa
     lru_below = [r for r in rows if r["layer"] is None and r["policy"] == "lru" and r["budget_mib"] < T]
     # No decode loads (prefill-only trace): decode hit % is null, which is not a collapse.
     collapsed = [r for r in lru_below if r["hit_pct_decode"] is not None and r["hit_pct_decode"] < 5.0]
-    no_decode = not (batch_phase == 1).any()  # a load's phase is its batch's (one phase per batch)
+    no_decode = not has_decode  # any decode row (a load's phase is its batch's: one phase per batch)
     return {"token_cycle_mib": T, "working_set_mib": working_set_bytes / MIB,
             "budgets_below_token_cycle": [b for b in budgets_mib if b < T], "budgets_chosen": chosen,
             "collapsed": collapsed, "no_decode": no_decode,

@@ -71,3 +71,22 @@ def modules_after(entry: str, *args: str) -> tuple[str, set[str]]:
                          text=True, env=env, cwd=root, check=True)
     return res.stdout, set(json.loads(res.stderr.strip().splitlines()[-1]))
 
+
+def loader_import_seconds(loader: str, forbidden: tuple[str, ...]) -> float:
+    """Seconds a fresh interpreter takes to import the compiled-module loader ``loader`` (e.g.
+    ``replay.aot``) and load its module, asserting that it loaded and imported none of the packages
+    ``forbidden`` (top-level names)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = (f"import sys, time; t = time.perf_counter(); import {loader} as a; m = a.load(); "
+            "dt = time.perf_counter() - t; assert m is not None, a.why_unavailable(); "
+            f"bad = sorted(x for x in sys.modules if x.split('.')[0] in {forbidden!r}); assert not bad, bad; print(dt)")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.pop("MOE_REPLAY_AOT", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root)
+    assert out.returncode == 0, out.stderr
+    return float(out.stdout)

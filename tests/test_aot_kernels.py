@@ -8,8 +8,6 @@ bacc and stats byte for byte as the Numba driver does, and agrees with the naive
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replay import aot
+from tests.helpers import loader_import_seconds
 from tests.trace_strategies import small_shape, turn_rows
 
 AOT = aot.load()
@@ -424,6 +423,14 @@ def _replay_parts(kern, numba, loads, policy, budget, cuts, tick0, stats0, load_
     return outs
 
 
+def _parts_plan(t, n_cuts, seed):
+    """(loads, load indexes where parts are cut, stats a replay starts from (nonzero), budget bytes) for a drawn trace."""
+    loads = _loads(t)
+    rng = np.random.default_rng(seed)
+    cuts = _cuts(loads, n_cuts, rng)
+    return loads, cuts, rng.integers(0, 1000, 12).astype(np.int64), t[6] * UNIT
+
+
 def _same(x, y):
     assert len(x) == len(y)
     for i, (px, py) in enumerate(zip(x, y)):
@@ -444,15 +451,81 @@ def test_replay_lru_equals_numba_part_by_part(t, policy, n_cuts, seed, tick0, lo
     load again, so a repeat is looked up twice, in both) and empty loads with garbage fields."""
     if not t[5]:
         return
-    loads = _loads(t)
-    rng = np.random.default_rng(seed)
-    cuts = _cuts(loads, n_cuts, rng)
-    stats0 = rng.integers(0, 1000, 12).astype(np.int64)
-    budget = t[6] * UNIT
+    loads, cuts, stats0, budget = _parts_plan(t, n_cuts, seed)
     es = seed if empty else None
     got = _replay_parts(AOT.replay_lru, False, loads, policy, budget, cuts, tick0, stats0, load_base, es)
     want = _replay_parts(_numba(policy), True, loads, policy, budget, cuts, tick0, stats0, load_base, es)
     _same(got, want)
+
+
+def _replay_rows_parts(loads, t, policy, budget, cuts, tick0, stats0, load_base):
+    """replay_lru_rows on the same parts' rows (cut_loads and replay_lru in one pass): the state after
+    each part, with bacc left out (it keeps no per-batch totals)."""
+    from replay.cache_kernel import OPT_LOAD0, OPT_TICK0, STAT_TICKS, no_options
+
+    moe_layers, n_layer, n_expert, k, eb, rows, _ = t
+    ent, grp, ps, acc, layer_info = _state(loads, policy, budget)
+    lidx_of = np.full(n_layer, -1, np.int32)
+    lidx_of[moe_layers] = np.arange(len(moe_layers), dtype=np.int32)
+    outs, tick = [], tick0
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        r0, r1 = int(loads.load_start[a]), int(loads.load_start[b])
+        part = rows[r0:r1]
+        n = len(part)
+        stats = stats0.copy()
+        opts = no_options()
+        opts[OPT_TICK0] = tick
+        opts[OPT_LOAD0] = load_base + a
+        def col(i, dtype, *shape, part=part, n=n):
+            return np.array([r[i] for r in part], dtype).reshape(n, *shape)
+
+        got = AOT.replay_lru_rows(col(1, np.int32), col(2, np.int8), col(4, np.int16), col(5, np.int32, k),
+                                  lidx_of, n_expert, layer_info, ent, grp, ps, acc, stats, opts)
+        assert got == b - a  # the loads cut_loads cuts
+        tick = int(stats[STAT_TICKS])
+        outs.append((np.zeros(0), stats, ent.copy(), grp.copy(), ps.copy(), acc.copy()))
+    return outs
+
+
+@needs_aot
+@settings(max_examples=200, **FAST)
+@given(t=small_traces(), policy=st.sampled_from(["lru", "layer"]), n_cuts=st.integers(0, 6), seed=st.integers(0, 2**32 - 1),
+       tick0=st.sampled_from([0, 12345, 2**40]), load_base=st.sampled_from([0, 1000, 2**31 - 3]))
+def test_replay_lru_rows_equals_cut_then_replay(t, policy, n_cuts, seed, tick0, load_base):
+    """The fused kernel leaves the state, acc and stats byte for byte as cut_loads then replay_lru
+    (itself held to Numba above), part by part with carried clocks; bacc apart."""
+    if not t[5]:
+        return
+    loads, cuts, stats0, budget = _parts_plan(t, n_cuts, seed)
+    got = _replay_rows_parts(loads, t, policy, budget, cuts, tick0, stats0, load_base)
+    want = _replay_parts(AOT.replay_lru, False, loads, policy, budget, cuts, tick0, stats0, load_base)
+    _same(got, [(np.zeros(0), *w[1:]) for w in want])
+
+
+@needs_aot
+@pytest.mark.parametrize("bad, needle", [("layer", "MoE layer"), ("expert", "outside 0..n_expert-1"), ("order", "out of order"),
+                                         ("phase", "load_phase")])
+def test_replay_lru_rows_refuses_rows_cut_loads_refuses(bad, needle):
+    from replay.cache_kernel import no_options
+
+    rows = [(0, 0, 1, 0, 0, [1]), (0, 0, 1, 0, 1, [2]), (0, 1, 1, 1, 0, [0]), (0, 1, 1, 1, 1, [3])]
+    t = ([0, 1], 3, 4, 1, {0: UNIT, 1: UNIT}, rows, 2)
+    loads = _loads(t)
+    ent, grp, ps, acc, layer_info = _state(loads, "lru", 2 * UNIT)
+    batch, phase = np.array([0, 0, 1, 1], np.int32), np.array([1, 1, 1, 1], np.int8)
+    layer, experts = np.array([0, 1, 0, 1], np.int16), np.array([[1], [2], [0], [3]], np.int32)
+    if bad == "layer":
+        layer[2] = 2  # lidx_of[2] = -1: not a MoE layer
+    elif bad == "expert":
+        experts[3, 0] = 4
+    elif bad == "order":
+        batch[3] = 0
+    else:
+        phase[2] = 2
+    lidx_of = np.array([0, 1, -1], np.int32)
+    with pytest.raises(ValueError, match=needle):
+        AOT.replay_lru_rows(batch, phase, layer, experts, lidx_of, 4, layer_info, ent, grp, ps, acc, np.zeros(12, np.int64),
+                            no_options())
 
 
 @needs_aot
@@ -731,12 +804,4 @@ def test_a_build_older_than_its_source_is_refused(tmp_path):
 
 @needs_aot
 def test_importing_it_needs_no_numba():
-    code = ("import sys, time; t = time.perf_counter(); import replay.aot as a; m = a.load(); "
-            "dt = time.perf_counter() - t; assert m is not None, a.why_unavailable(); "
-            "assert not any(x == 'numba' or x.startswith('numba.') or x == 'numpy' for x in sys.modules), sorted(sys.modules); "
-            "print(dt)")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("MOE_REPLAY_AOT", None)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    assert float(out.stdout) < 0.05  # about a millisecond; generous for a loaded machine
+    assert loader_import_seconds("replay.aot", ("numba", "numpy")) < 0.05  # about a millisecond; generous for a loaded machine

@@ -161,7 +161,7 @@ def register(app: typer.Typer) -> None:
                               policy_options=popts, cost_model=cmodel, retain_predictor=predictor if retain else None,
                               show_progress=True, loads=loads, predictor_file=predictor_file)
         sm = cache_summary(t, rows_of(frame.filter(frame["layer"].is_null())), blist,
-                           budgets is not None or budget_mib is not None, W_bytes, loads.batch_phase)
+                           budgets is not None or budget_mib is not None, W_bytes, bool((loads.batch_phase == 1).any()))
         T, W, chosen, collapsed, no_decode = (sm["token_cycle_mib"], sm["working_set_mib"], sm["budgets_chosen"],
                                               sm["collapsed"], sm["no_decode"])
         if csv is not None:
