@@ -246,3 +246,29 @@ def test_state_constants_are_the_replays():
     for n in (1, 15, 16, 17, 6144, 100_000):
         assert native._row_length(n) == cache_state.row_length(n)
     assert os.environ.get(native.ENV) != "0"
+
+
+@pytest.mark.parametrize("policy", ["lru", "layer"])
+def test_fresh_state_is_the_replays(tiny, policy):
+    """The native path builds a cell's state without NumPy (replay.native._Cell); it holds the bytes
+    replay.cache_state.new_state, replay.cache._groups and replay.policies.lru.init make for the
+    same trace, policy and budget (as replay.cache_stream builds a cell)."""
+    import importlib
+
+    from replay.cache_state import new_state
+    from replay.policies import policy_module
+    from traces import open_trace
+
+    cache = importlib.import_module("replay.cache")
+    loads = cache.loads_of(open_trace(tiny))
+    t = native._open(str(tiny))
+    for budget_mib in (0.001, 0.37, 5.0):
+        cell = native._Cell(t, policy, budget_mib)
+        pm = policy_module(policy)
+        group, gbud = cache._groups(loads, pm, cache.budget_bytes(budget_mib))
+        ent, grp = new_state(loads.entry_bytes, group, gbud)
+        info = np.stack([group[::loads.n_expert], loads.layer_expert_bytes]).T.astype(np.int64)
+        assert bytes(cell.ent) == ent.tobytes()
+        assert bytes(cell.grp) == grp.tobytes()
+        assert bytes(cell.ps) == pm.init(ent, grp, 0).tobytes()
+        assert bytes(cell.layer_info) == info.tobytes()
