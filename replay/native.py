@@ -5,10 +5,11 @@ Why: importing NumPy and pyarrow costs about 0.25-0.3 s on this project's 2-core
 half of a whole ``cache`` run on a 4.8 M-routing trace (issue 18 asks for that run, whole process,
 to be at least as fast as libCacheSim's ``process_trace`` plus Python's start-up). Here the part
 files' footers are parsed in Python (:mod:`traces.footer`), their column chunks read and decoded
-in C (:mod:`traces.pq_native`, ``traces._pq``), and the rows checked, cut into loads and replayed
-by the compiled kernels (:mod:`replay.aot`, ``replay._aot``), on buffers the standard library
-makes (``memoryview(bytearray).cast``). The next part is read on a second thread while this one
-is replayed (the C calls release the GIL).
+in C (:mod:`traces.pq_native`, ``traces._pq``), and the rows checked (``rows_ok``), cut into
+loads and replayed (``replay_lru_rows``: both in one pass) by the compiled kernels
+(:mod:`replay.aot`, ``replay._aot``), on buffers the standard library makes
+(``memoryview(bytearray).cast``). The next part is read and checked on a second thread while this
+one is replayed (the C calls release the GIL).
 
 It takes only what it understands completely, and answers None for anything else, so the caller
 (:mod:`replay.fastcli`) runs the ordinary path, which prints the same JSON or the same refusal:
@@ -23,7 +24,8 @@ It takes only what it understands completely, and answers None for anything else
   dictionary); every row valid (the gate that :func:`replay.cache.iter_load_parts` uses).
 
 A trace it gives up on part way (a bad row in the last part) costs that much reading twice; a
-valid one is read once. ``tests/test_native.py`` holds its JSON to the ordinary path's, byte for
+valid one is read once. A run it takes holds two parts' columns and one cell state per (policy,
+budget), not the trace: 22-23 MiB for the whole process on the 4.8 M-routing benchmark trace. ``tests/test_native.py`` holds its JSON to the ordinary path's, byte for
 byte, on random traces, and checks what it gives up on and what it imports.
 ``MOE_REPLAY_NATIVE=0`` turns it off.
 """
@@ -55,10 +57,6 @@ MAX_SLOTS = (1 << 31) - 2
 
 class NotMine(Exception):
     """The native path does not take this run (the ordinary path runs it)."""
-
-
-def _zeros(fmt: str, n: int) -> memoryview:
-    return memoryview(bytearray(n * _ITEMSIZE[fmt])).cast(fmt)
 
 
 def _filled(fmt: str, n: int, value: int) -> array:
