@@ -25,9 +25,10 @@ It takes only what it understands completely, and answers None for anything else
 
 A trace it gives up on part way (a bad row in the last part) costs that much reading twice; a
 valid one is read once. A run it takes holds two parts' columns and one cell state per (policy,
-budget), not the trace: 22-23 MiB for the whole process on the 4.8 M-routing benchmark trace. ``tests/test_native.py`` holds its JSON to the ordinary path's, byte for
-byte, on random traces, and checks what it gives up on and what it imports.
-``MOE_REPLAY_NATIVE=0`` turns it off.
+budget), not the trace (:func:`memory_bytes`, which ``info`` prints): 22-23 MiB for the whole
+process on the 4.8 M-routing benchmark trace. ``tests/test_native.py`` holds its JSON to the
+ordinary path's, byte for byte, on random traces, and checks what it gives up on and what it
+imports. ``MOE_REPLAY_NATIVE=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -427,6 +428,33 @@ class _Cell:
         pin = self.ent_flat[PIN * self.RL:PIN * self.RL + self.C]
         n = t.n_expert
         return sum(t.expert_bytes[t.moe_layers[e // n]] for e, p in enumerate(pin) if p != -1)
+
+
+def row_bytes(k: int) -> int:
+    """Bytes of one row of :data:`READ` as the native path holds it (k slots)."""
+    return sum(_ITEMSIZE[fmt] * (k if name in ("experts", "weights") else 1) for name, fmt in READ)
+
+
+def cell_bytes(n_moe_layers: int, n_expert: int) -> int:
+    """Bytes of one cell's state (:class:`_Cell`: ent, ps, grp, layer_info, acc), one group per
+    MoE layer at most (``layer``)."""
+    L = n_moe_layers
+    RL = _row_length(L * n_expert)
+    return N_ENT * 4 * RL + 4 * 2 * (RL + L) + 8 * (N_GRP * L + 2 * L + 2 * L * N_ACC)
+
+
+def memory_bytes(trace: Any, n_cells: int = 1) -> int | None:
+    """Bytes a native-path ``cache`` run holds beyond the program, estimated from the metadata
+    (``trace``: an opened :class:`traces.reader.Trace`): two parts' columns (:class:`_Reader`'s
+    buffers, used in turn), the C reader's transient page and chunk buffers (bounded by the
+    largest part's list column, twice), and ``n_cells`` cell states. None when the native path
+    does not take the trace (a request, token or recorded column, a router or metrics file)."""
+    if any(c in ("request", "token", "residency", "read_bytes", "dropped") for c in trace.columns) \
+            or trace.has_router or trace.has_metrics:
+        return None
+    rows = max(trace.part_rows, default=0)
+    k = trace.top_k
+    return 2 * rows * row_bytes(k) + 2 * rows * 4 * k + n_cells * cell_bytes(len(trace.moe_layers), trace.n_expert)
 
 
 def _cache_rows(kern: Any, pq: Any, trace: str, budgets: str | None, budget_mib: str | None, policies: str, phase: str,

@@ -272,3 +272,62 @@ def test_fresh_state_is_the_replays(tiny, policy):
         assert bytes(cell.grp) == grp.tobytes()
         assert bytes(cell.ps) == pm.init(ent, grp, 0).tobytes()
         assert bytes(cell.layer_info) == info.tobytes()
+
+
+def test_memory_estimate_is_what_it_allocates(tmp_path):
+    """replay.native.memory_bytes (what `info` prints for the native path) counts the buffers a run
+    allocates: two parts' columns at the largest part's size, and each cell's state; None for a
+    trace the native path does not take."""
+    from replay.info import info_rows
+    from traces import open_trace
+    from traces.units import MIB
+
+    d = tmp_path / "t"
+    meta = {"model": {"name": "h", "arch": "test", "n_layer": 3, "moe_layers": [0, 2], "n_expert": 8, "top_k": 2,
+                      "top_k_native": 2, "n_embd": None},
+            "expert_bytes": [100, None, 300], "dense_bytes": [None] * 3, "gating": default_gating("softmax", True),
+            "provenance": {"engine": "test"}}
+    w = TraceWriter(d, meta, tokens_per_part=256)
+    rng = np.random.default_rng(4)
+    for s in range(700):
+        for layer in (0, 2):
+            w.append(turn=0, batch=s, phase=1, step=s, layer=layer, experts=[rng.choice(8, 2, replace=False)],
+                     weights=[[0.6, 0.4]])
+    w.close()
+    tr = open_trace(d)
+    assert len(tr.parts) == 3 and tr.part_rows[0] == max(tr.part_rows) > tr.part_rows[-1]
+    t = native._open(str(d))
+    reader = native._Reader(pq_native.load(), aot.load(), t)
+    for i in (0, 1):
+        reader.start(i)
+        reader.get()
+    columns = sum(len(b) for store in reader.stores for b in store.values())
+    assert columns == 2 * max(tr.part_rows) * native.row_bytes(tr.top_k)
+    cell = native._Cell(t, "layer", 1.0)
+    held = sum(m.nbytes for m in (cell.ent, cell.grp, cell.layer_info, cell.acc)) + len(cell.ps) * cell.ps.itemsize
+    assert held == native.cell_bytes(len(tr.moe_layers), tr.n_expert)
+    transient = 2 * max(tr.part_rows) * 4 * tr.top_k
+    assert native.memory_bytes(tr) == columns + transient + held
+    assert info_rows(tr)[0]["cache_memory_mib_native"] == native.memory_bytes(tr) / MIB
+
+
+def test_memory_estimate_none_where_it_gives_back(tmp_path, tiny):
+    from replay.info import info_rows
+    from traces import open_trace
+
+    t = copy_trace(tiny, tmp_path / "t")
+    assert native.memory_bytes(open_trace(t)) is not None
+    meta = json.loads((t / "trace.json").read_text())
+    meta["columns"] = ["residency"]
+    import pyarrow as pa
+
+    k = meta["model"]["top_k"]
+    for p in sorted((t / "routings").glob("part-*.parquet")):
+        tb = pq.read_table(p)
+        res = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(tb.num_rows * k, np.uint8)), k)
+        tb = tb.append_column(pa.field("residency", res.type, nullable=False), res)
+        p.unlink()
+        pq.write_table(tb, p)
+    (t / "trace.json").write_text(json.dumps(meta))
+    tr = open_trace(t)
+    assert native.memory_bytes(tr) is None and info_rows(tr)[0]["cache_memory_mib_native"] is None
