@@ -66,7 +66,7 @@ from replay.cache_state import BUDGET, MAX_SLOTS, RESIDENT, new_state
 from replay.policies import REG, is_plugin, names, policy_module
 from traces.errors import UserError
 from traces.reader import RoutingArrays, Trace, fixed_list_to_numpy
-from traces.units import MIB, check_budget_mib
+from traces.units import MIB, budget_bytes  # noqa: F401 (budget_bytes: re-exported, callers import it from here)
 
 if TYPE_CHECKING:
     import polars as pl
@@ -185,11 +185,6 @@ def check_policy_options(policy: str, options: dict[str, Any] | None, loads: Loa
         options = pm.prepare_options(loads, options)
     options["_prepared"] = True
     return options
-
-
-def budget_bytes(budget_mib: float) -> int:
-    """A budget in MiB as bytes (floor), checked as every budget is (:func:`traces.units.check_budget_mib`)."""
-    return int(math.floor(check_budget_mib(budget_mib, "budget") * MIB))
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,6 @@ imports. ``MOE_REPLAY_NATIVE=0`` turns it off.
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 from array import array
@@ -344,13 +343,13 @@ class _Cell:
     """One (policy, budget) replay's state: replay.cache_state.new_state and replay.policies.lru.init, as buffers."""
 
     def __init__(self, t: _Trace, policy: str, budget_mib: float) -> None:
-        from traces.units import MIB, check_budget_mib
+        from traces.units import budget_bytes
 
         L, n = len(t.moe_layers), t.n_expert
         C = L * n
         RL = _row_length(C)
         self.policy, self.budget_mib = policy, budget_mib
-        budget = int(math.floor(check_budget_mib(budget_mib, "budget") * MIB))  # replay.cache.budget_bytes
+        budget = budget_bytes(budget_mib)
         by_layer = policy == "layer"
         G = L if by_layer else 1
         ent = array("i")

@@ -40,6 +40,11 @@ def check_budget_mib(value: object, what: str = "budget") -> float:
     return v
 
 
+def budget_bytes(budget_mib: float) -> int:
+    """A budget in MiB as bytes (floor), checked as every budget is (:func:`check_budget_mib`)."""
+    return int(math.floor(check_budget_mib(budget_mib, "budget") * MIB))
+
+
 def parse_budget_mib(text: str | float | int, what: str = "budget") -> float:
     """One budget in MiB from ``4000``, ``4000MiB``, ``4GiB``, ``1.5GiB``, ``512KiB`` or ``1TiB``
     (binary units, case-insensitive; a bare number is MiB); a number is checked as is. Exact: 1.5GiB
