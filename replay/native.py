@@ -148,7 +148,7 @@ def _open(path: str) -> _Trace:
     if names != [f"part-{i:05d}.parquet" for i in range(len(names))]:
         raise NotMine
     try:
-        want = routing_fields(meta, columns, meta.get("gate_input_dtype", "float32"))
+        want = [_arrow_field(name, typ) for name, typ in routing_fields(meta, columns, meta.get("gate_input_dtype", "float32"))]
     except (KeyError, ValueError):
         raise NotMine from None
     parts = [os.path.join(rdir, n) for n in names]
@@ -159,7 +159,7 @@ def _open(path: str) -> _Trace:
             got = arrow_schema(ft)
         except (FooterError, OSError):
             raise NotMine from None
-        if not _same_fields(got, want):
+        if got != want:  # pyarrow's Schema.equals on what it would present
             raise NotMine
         footers.append(ft)
     t = _Trace(path, meta, parts, footers)
@@ -168,25 +168,14 @@ def _open(path: str) -> _Trace:
     return t
 
 
-def _same_fields(got: list[Any], want: list[tuple[str, tuple]]) -> bool:
-    """Whether the Arrow fields a footer stores are the format's (pyarrow's ``Schema.equals`` on
-    what it would read: names, types, nullability; a list's item field nullable, named as Arrow
-    or Parquet name it)."""
-    if len(got) != len(want):
-        return False
-    for g, (name, typ) in zip(got, want):
-        if g.name != name or g.nullable or g.dictionary or not _same_type(g.type, typ):
-            return False
-    return True
+def _arrow_field(name: str, typ: tuple, nullable: bool = False) -> Any:
+    """A :mod:`traces.meta` field as :class:`traces.footer.ArrowField` (a list's items nullable, as
+    Arrow's default item field): compared with ``==``, which ignores a list child's name as Arrow does."""
+    from traces.footer import ArrowField
 
-
-def _same_type(g: tuple, w: tuple) -> bool:
-    if w[0] == "fixed_size_list":
-        if g[0] != "fixed_size_list" or g[1] != w[1]:
-            return False
-        item = g[2]
-        return item.nullable and not item.dictionary and item.name in ("item", "element") and _same_type(item.type, w[2])
-    return tuple(g) == tuple(w)
+    if typ[0] == "fixed_size_list":
+        typ = ("fixed_size_list", typ[1], _arrow_field("element", typ[2], nullable=True))
+    return ArrowField(name, nullable, typ)
 
 
 def _elements(ft: Any) -> dict[tuple[str, ...], Any]:
