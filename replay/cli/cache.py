@@ -8,7 +8,18 @@ from pathlib import Path
 
 import typer
 
-from replay.cli.options import BudgetsOpt, JsonOpt, PolicyFileOpt, PredictorFileOpt, TraceArg, example, parse_budget, parse_budgets  # noqa: F401
+from replay.cli.options import (  # noqa: F401
+    BudgetsOpt,
+    ForeignCostModelOpt,
+    JsonOpt,
+    PolicyFileOpt,
+    PredictorFileOpt,
+    TraceArg,
+    check_foreign_cost_model,
+    example,
+    parse_budget,
+    parse_budgets,
+)
 from replay.policies import REGISTRY
 from traces.errors import UserError
 
@@ -50,6 +61,7 @@ def register(app: typer.Typer) -> None:
         cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file: adds ms/token and tok/s."),
         flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
         compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
+        foreign_cost_model: bool = ForeignCostModelOpt,
         policy_file: list[Path] | None = PolicyFileOpt,
         predictor_file: list[Path] | None = PredictorFileOpt,
         json_out: bool = JsonOpt,
@@ -95,6 +107,7 @@ def register(app: typer.Typer) -> None:
         json_out = json_out or check_format(fmt) == "json"
         check_phase(phase)
         cmodel = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
+        check_foreign_cost_model(foreign_cost_model, cost_model)
         budget_mib = parse_budget(budget_mib, "--budget-mib")
         from replay.plugins import register_files
 
@@ -126,6 +139,10 @@ def register(app: typer.Typer) -> None:
         # that reads them another way checks them first (traces.reader.Trace.rows_pending).
         t = open_trace(trace, defer_rows=True)
         require_routings(t, "replay")
+        if cmodel is not None:  # before the replay: a model of another model or device is refused, or marked
+            from replay.cost_origin import apply_to
+
+            cmodel = apply_to(cmodel, t, foreign=foreign_cost_model)
         if validate:
             row = run_validate(t, budget_mib)
             if csv is not None:
@@ -151,14 +168,15 @@ def register(app: typer.Typer) -> None:
                 blist = default_budgets_mib(Sizes(t.token_cycle_bytes, working_set_stream(t)), rec_budget)
             frame, loads, W_bytes = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=True)
             if cmodel is not None:
-                frame = api.with_time(frame, cmodel, trace=t)
+                frame = api.with_time(frame, cmodel, trace=t, foreign_cost_model=foreign_cost_model)
         else:
             loads = loads_of(t)
             W_bytes = loads.working_set_bytes
             if blist is None:
                 blist = default_budgets_mib(loads, rec_budget)
             frame = api.cache(t, policies=pols, budgets_mib=blist, per_layer=per_layer, phase=phase, seed=seed,
-                              policy_options=popts, cost_model=cmodel, retain_predictor=predictor if retain else None,
+                              policy_options=popts, cost_model=cmodel, foreign_cost_model=foreign_cost_model,
+                              retain_predictor=predictor if retain else None,
                               show_progress=True, loads=loads, predictor_file=predictor_file)
         sm = cache_summary(t, rows_of(frame.filter(frame["layer"].is_null())), blist,
                            budgets is not None or budget_mib is not None, W_bytes, bool((loads.batch_phase == 1).any()))
