@@ -765,7 +765,7 @@ def _mark_foreign(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for r in rows]
 
 
-_TIME_UNIT = re.compile(r"(?<=\d) (ms/token|tok/s)\b")
+_TIME_UNIT = re.compile(r"(?<=\d) (ms/token|tok/s)\b(?![\^~])")  # a figure already marked keeps its marks
 
 
 def _mark_foreign_lines(lines: list[str]) -> list[str]:
@@ -834,12 +834,12 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
             for t in s.tables:
                 atomic_write_text(stage / "tables" / f"{t.name}.csv", t.frame.write_csv(float_precision=6))
         rows = build_verdict(ctx) if trace.n_rows else []
-        atomic_write_text(stage / "verdict.json", json_object("report", name, rows, budgets_mib=vb, budget_from=where) + "\n")
         foreign = cost_model is not None and cost_model.foreign
         if foreign:
             rows = _mark_foreign(rows)
             for s in sections:  # the sections' sentences: their tables mark their own cells
                 s.text, s.notes = [_mark_time_units(x) for x in s.text], [_mark_time_units(x) for x in s.notes]
+        atomic_write_text(stage / "verdict.json", json_object("report", name, rows, budgets_mib=vb, budget_from=where) + "\n")
         lines = verdict_lines(rows, {s.title: s.anchor for s in sections if not s.unavailable})
         if foreign:
             lines = _mark_foreign_lines(lines)
