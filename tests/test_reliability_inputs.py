@@ -444,12 +444,16 @@ def _corrupt_column(part: Path, column: str) -> None:
     part.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("column", ["experts.list.element", "batch"])
-def test_corrupt_data_page_named(imported, column):
-    part = imported / "routings" / "part-00000.parquet"
+@pytest.mark.parametrize("version, column", [(2, "expert_0"), (2, "batch"), (1, "experts.list.element"), (1, "batch")])
+def test_corrupt_data_page_named(imported, tmp_path, version, column):
+    trace = imported
+    if version == 1:  # a version 1 trace (tests/fixtures/v1): read by pyarrow too, the same sentence
+        trace = tmp_path / "v1"
+        shutil.copytree(Path(__file__).parent / "fixtures" / "v1" / "bigmoe", trace)
+    part = trace / "routings" / "part-00000.parquet"
     _corrupt_column(part, column)
     for verb in (["info"], ["cache", "--budgets", "1"], ["drop"]):
-        res = run_cli(verb[0], imported, *verb[1:])
+        res = run_cli(verb[0], trace, *verb[1:])
         assert res.code == 2, res.err
         assert_one_sentence_error(res, "part-00000.parquet")
 
