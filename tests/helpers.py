@@ -132,3 +132,26 @@ def rewrite_part(part, fn) -> None:
             fields.append(f)
             arrays.append(col)
     write_part(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), part)
+
+
+def rewrite_wide(part, column: str, fn) -> None:
+    """Rewrite wide ``column`` (logits, gate_input) of one version 2 part: ``fn`` edits its values, a
+    writable ``[rows, width]`` NumPy copy, in place."""
+    from pathlib import Path
+
+    import numpy as np
+    import pyarrow as pa
+
+    from traces.schema import wide_file
+    from traces.writer import write_wide
+
+    path = wide_file(Path(part), column)
+    with pa.memory_map(str(path)) as src:
+        t = pa.ipc.open_file(src).read_all()
+    field = t.schema.field(0)
+    col = t.column(0).combine_chunks()
+    width = field.type.list_size
+    values = np.array(col.values.to_numpy(zero_copy_only=False)).reshape(-1, width)
+    fn(values)
+    write_wide(pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1), type=field.type.value_type), type=field.type),
+               field, path)
