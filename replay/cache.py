@@ -373,7 +373,7 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
     leb = np.array([int(trace.expert_bytes[l]) for l in trace.moe_layers], dtype=np.int64)  # once, not per chunk
 
     def chunks():
-        for i, t in enumerate(trace.iter_tables(columns, read_ahead=True, fast=_fast_columns(trace.top_k))):
+        for i, t in enumerate(trace.iter_tables(columns, read_ahead=True)):
             cols = {c: _column_numpy(t.column(c)) for c in LOAD_COLUMNS if c != "experts"}
             cols["experts"] = fixed_list_to_numpy(t.column("experts"))
             if checker is not None:
@@ -429,15 +429,6 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
         load0 += lp.load_start.shape[0] - 1
         n_batch = batch0 + lp.batch_turn.shape[0]
         last_batch = int(cols["batch"][cut - 1])
-
-
-def _fast_columns(top_k: int) -> tuple[str, ...]:
-    """The list columns :func:`iter_load_parts` reads through the page path (traces.pages): experts
-    and weights from top-2 on. At top-1 Arrow's own reader is faster (all seven columns of the
-    4.8 M-routing top-1 trace: 0.18 s against 0.21 s, the page path's headers parsed in Python
-    costing more than Arrow's list levels of one value); at top-2 the page path wins (0.07 vs
-    0.09 s per 0.96 M rows), at top-4 0.09 vs 0.14, at top-8 15.6 vs 28.5 ms per part."""
-    return ("experts", "weights") if top_k >= 2 else ()
 
 
 def _column_numpy(col: Any) -> np.ndarray:

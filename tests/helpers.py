@@ -90,3 +90,68 @@ def loader_import_seconds(loader: str, forbidden: tuple[str, ...]) -> float:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root)
     assert out.returncode == 0, out.stderr
     return float(out.stdout)
+
+
+def rewrite_part(part, fn) -> None:
+    """Rewrite one part file of a trace through ``fn`` (a tests' corruption): ``fn`` gets the part's
+    *logical* columns (``experts`` as ``[rows, k]`` lists, as the reader hands them out, wide
+    columns left out) and returns a table that is written back in the trace's own format version:
+    version 1 as it is, version 2 with each list split into its slot columns (``experts`` ->
+    ``expert_0..``) whatever their types, so a wrong type or a missing column reaches the file."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from traces.schema import SLOT_STEMS, WIDE_COLUMNS
+    from traces.writer import write_part
+
+    part = Path(part)
+    meta = json.loads((part.parent.parent / "trace.json").read_text())
+    if meta["version"] == 1:
+        pq.write_table(fn(pq.read_table(part)), part)
+        return
+    from traces.reader import Trace
+
+    cols = [c for c in ("turn", "batch", "phase", "step", "layer", "experts", "weights", *meta.get("columns", []))
+            if c not in WIDE_COLUMNS]
+    n = pq.ParquetFile(part).metadata.num_rows
+    tr = Trace(part.parent.parent, meta, [part], [n])
+    t = fn(tr.read_part(0, cols))
+    fields, arrays = [], []
+    for f in t.schema:
+        col = t.column(f.name).combine_chunks()
+        if pa.types.is_fixed_size_list(f.type):
+            v = col.flatten().to_numpy(zero_copy_only=False).reshape(len(col), f.type.list_size)
+            for j in range(f.type.list_size):
+                fields.append(pa.field(f"{SLOT_STEMS[f.name]}_{j}", f.type.value_type, nullable=False))
+                arrays.append(pa.array(np.ascontiguousarray(v[:, j]), type=f.type.value_type))
+        else:
+            fields.append(f)
+            arrays.append(col)
+    write_part(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), part)
+
+
+def rewrite_wide(part, column: str, fn) -> None:
+    """Rewrite wide ``column`` (logits, gate_input) of one version 2 part: ``fn`` edits its values, a
+    writable ``[rows, width]`` NumPy copy, in place."""
+    from pathlib import Path
+
+    import numpy as np
+    import pyarrow as pa
+
+    from traces.schema import wide_file
+    from traces.writer import write_wide
+
+    path = wide_file(Path(part), column)
+    with pa.memory_map(str(path)) as src:
+        t = pa.ipc.open_file(src).read_all()
+    field = t.schema.field(0)
+    col = t.column(0).combine_chunks()
+    width = field.type.list_size
+    values = np.array(col.values.to_numpy(zero_copy_only=False)).reshape(-1, width)
+    fn(values)
+    write_wide(pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1), type=field.type.value_type), type=field.type),
+               field, path)
