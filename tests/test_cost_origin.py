@@ -110,8 +110,9 @@ def test_qwen_model_on_gemma_is_refused_unless_foreign(real_trace_dir, tmp_path)
         assert_one_sentence_error(res, str(qm), "fitted on Qwen3-30B-A3B-Q4_K_M", "--foreign-cost-model")
     assert not (tmp_path / "rep").exists()
     # with leave: every time figure is marked
-    rows = run_cli("cache", g, "--cost-model", qm, "--foreign-cost-model", "--budgets", "390,4000", "--json").json()["rows"]
-    assert rows and all(r["cost_model_foreign"] is True for r in rows)
+    obj = run_cli("cache", g, "--cost-model", qm, "--foreign-cost-model", "--budgets", "390,4000", "--json").json()
+    rows = obj["rows"]
+    assert rows and all(r["cost_model_foreign"] is True for r in rows) and obj["cost_model_foreign"] is True
     text = run_cli("cache", g, "--cost-model", qm, "--foreign-cost-model", "--budgets", "390,4000").out
     timed = text[text.index("estimated ms per decoded token"):]
     assert "FOREIGN" in timed.splitlines()[0]

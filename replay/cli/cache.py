@@ -189,6 +189,7 @@ def register(app: typer.Typer) -> None:
                 "cache", str(trace), rows_of(frame), phase=phase, token_cycle_mib=T, working_set_mib=W,
                 budgets_below_token_cycle=sm["budgets_below_token_cycle"], budgets_chosen=chosen, note=sm["note"],
                 cost_model=(cmodel.row() if cmodel is not None else None),
+                **({"cost_model_foreign": True} if cmodel is not None and cmodel.foreign else {}),
             ))
             return
         if fmt == "compact":
