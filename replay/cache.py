@@ -86,10 +86,6 @@ def kernel_for(policy: str, whatif: bool = False, slots: bool = False):
     variant that writes per-slot residency codes (a what-if variant always can)."""
     key = (policy, whatif, slots and not whatif)
     with _KERNELS_LOCK:
-        if key not in _KERNELS and not whatif and not slots:
-            aot = _aot_kernel(policy)
-            if aot is not None:
-                _KERNELS[key] = aot
         if key not in _KERNELS:
             pm = policy_module(policy)
             try:
@@ -101,34 +97,6 @@ def kernel_for(policy: str, whatif: bool = False, slots: bool = False):
                 raise _plugin_error(policy, pm, e) from e
             _KERNELS[key] = kern
         return _KERNELS[key]
-
-
-# Policies whose plain replay (no what-if, no per-slot codes) the compiled extension runs
-# (replay/_aot.c, :mod:`replay.aot`): the Numba driver with the lru hooks, one group (lru) or one
-# per layer (layer). tests/test_aot_kernels.py holds each to the Numba kernel, byte for byte.
-AOT_POLICIES = ("lru", "layer")
-
-
-def _aot_kernel(policy: str):
-    """The compiled extension's plain replay of ``policy``, with the Numba driver's arguments, or
-    None (not built, disabled by MOE_REPLAY_AOT=0, or a policy it does not run)."""
-    if policy not in AOT_POLICIES or is_plugin(policy):
-        return None
-    from replay import aot
-
-    ext = aot.load()
-    if ext is None:
-        return None
-    run = ext.replay_lru
-
-    def kern(entries, load_start, load_lidx, load_phase, load_batch, layer_info, next_load, ent, grp, ps, acc, bacc, stats,
-             slot_out, drop, pred, opts):
-        # A plain replay: next_load, slot_out, drop and pred are not read (as in the Numba variant,
-        # where they are compiled out).
-        run(entries, load_start, load_lidx, load_phase, load_batch, layer_info, ent, grp, ps, acc, bacc, stats, opts)
-
-    kern.compiled_ahead = True
-    return kern
 
 
 def _plugin_error(policy: str, pm: Any, e: Exception) -> UserError:
@@ -355,7 +323,7 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
     rows checked here as they are read, before any of its loads is handed out (the checker's
     columns are read with it: the part is read once), so a replay reads the trace once, not twice;
     a bad row raises the :class:`traces.errors.TraceError` that :func:`traces.open_trace` would."""
-    from replay.load_kernel import gate_rows as rows_ok
+    from replay.load_kernel import rows_ok
     from traces.reader import RowChecker
 
     check_state_fits(trace)
