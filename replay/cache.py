@@ -478,7 +478,7 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 def _cut(trace: Trace, cols: dict[str, np.ndarray], lidx_of: np.ndarray, buf: _CutBuffers) -> Loads:
     """One chunk's :class:`Loads`: :func:`replay.load_kernel.cut_loads` (one pass, into ``buf``), or
     :func:`prepare_loads` where that declines (rows out of order or out of range: it refuses or handles them)."""
-    from replay.load_kernel import cut_rows as cut_loads
+    from replay.load_kernel import cut_loads
 
     leb = buf.leb
     R = cols["batch"].shape[0]
@@ -803,19 +803,8 @@ def default_budgets_mib(loads: Loads, recorded_mib: float | None = None, n: int 
 def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
           threads: int | None = None, show_progress: bool = True, policy_options: dict[str, dict[str, Any]] | None = None,
           **whatif: Any) -> pl.DataFrame:
-    """Every (policy, budget) cell, in parallel over the cores (the kernels release the GIL): the
-    rows of :func:`sweep_rows` as a frame (:func:`replay.rows.cache_frame`)."""
-    from replay.rows import cache_frame
-
-    rows, extras = sweep_rows(loads, policies, budgets_mib, per_layer, seed, threads, show_progress, policy_options, **whatif)
-    return cache_frame(rows, extras)
-
-
-def sweep_rows(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
-               threads: int | None = None, show_progress: bool = True, policy_options: dict[str, dict[str, Any]] | None = None,
-               **whatif: Any) -> tuple[list[dict[str, Any]], bool]:
-    """(The cache rows of every (policy, budget) cell as :func:`result_rows` makes them, whether
-    they carry the ``extras`` columns), replayed in parallel over the cores.
+    """Every (policy, budget) cell, in parallel over the cores (the kernels release the GIL): one
+    row per cell as :func:`result_rows` makes it, as a frame (:func:`replay.rows.cache_frame`).
 
     Rows ordered by policy (as given) then budget (as given). ``infinite`` ignores the budget, so
     it is replayed once and its row repeated for every budget. ``whatif`` (e.g. ``pred``,
@@ -825,6 +814,7 @@ def sweep_rows(loads: Loads, policies: list[str], budgets_mib: list[float], per_
     ``share_mib`` (:func:`result_rows`).
     """
     from replay.progress import progress
+    from replay.rows import cache_frame
 
     policies = check_policies(policies)
     budgets = [float(b) for b in budgets_mib]
@@ -860,7 +850,7 @@ def sweep_rows(loads: Loads, policies: list[str], budgets_mib: list[float], per_
             r = ReplayResult(p, b, budget_bytes(b), r.acc, r.bacc, r.evictions, r.overflow_loads, None, r.seconds, r.stats,
                              r.preload_bytes, r.layer_share_bytes)
         rows.extend(result_rows(loads, r, per_layer, extras))
-    return rows, extras
+    return cache_frame(rows, extras)
 
 
 def validate(trace: Trace, budget_mib: float | None = None) -> dict[str, Any]:
