@@ -77,3 +77,20 @@ def test_cli_notice_with_a_fresh_kernel_cache(synth_trace_dir, tmp_path):
     env2 = dict(env, NUMBA_CACHE_DIR=str(tmp_path / "numba2"))
     p = subprocess.run([sys.executable, "-m", "replay.cli", *args], cwd=ROOT, env=env2, capture_output=True, text=True)
     assert p.returncode == 0 and COMPILE_NOTICE not in p.stderr + p.stdout
+
+
+def test_progress_is_tqdms_disabled_bar_off_a_terminal(monkeypatch):
+    """Piped or redirected, a bar is tqdm's own disabled one: it takes every call the verbs make and prints nothing."""
+    from replay.progress import progress
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with progress(10, "x", unit="row") as bar:
+        bar.set_postfix_str("decode", refresh=False)
+        bar.set_description("y")
+        bar.update(3)
+        bar.reset(total=5)
+        assert bar.disable and bar.total == 5
+    bar.close()
+    assert sys.stderr.getvalue() == ""
+    with progress(10, "x", enabled=False) as bar:
+        assert bar.disable
