@@ -16,7 +16,6 @@ ALL += ["sweep_scale"]
 ALL += ["capture_hf_overhead"]
 ALL += ["quality_overhead"]
 ALL += ["cache_e2e"]
-ALL += ["pq_read"]
 
 
 def main() -> None:
