@@ -43,55 +43,6 @@ def assert_one_sentence_error(res: CliResult, *needles: str) -> None:
         assert n in lines[0], f"{n!r} not in {lines[0]!r}"
 
 
-# Run a command line's main() in a fresh interpreter, then report the modules it imported (on
-# stderr's last line, after the command's own output on stdout).
-_MODULES_AFTER = """
-import json, sys
-from {entry} import main
-try:
-    main(sys.argv[1:])
-except SystemExit as e:
-    assert not e.code, e.code
-print(json.dumps(sorted(sys.modules)), file=sys.stderr)
-"""
-
-
-def modules_after(entry: str, *args: str) -> tuple[str, set[str]]:
-    """(stdout, every module imported) of ``entry.main(args)`` in a fresh interpreter: ``replay.cli``
-    (the typer application) or ``replay.fastcli`` (the console script)."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    res = subprocess.run([sys.executable, "-c", _MODULES_AFTER.format(entry=entry), *map(str, args)], capture_output=True,
-                         text=True, env=env, cwd=root, check=True)
-    return res.stdout, set(json.loads(res.stderr.strip().splitlines()[-1]))
-
-
-def loader_import_seconds(loader: str, forbidden: tuple[str, ...]) -> float:
-    """Seconds a fresh interpreter takes to import the compiled-module loader ``loader`` (e.g.
-    ``replay.aot``) and load its module, asserting that it loaded and imported none of the packages
-    ``forbidden`` (top-level names)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    code = (f"import sys, time; t = time.perf_counter(); import {loader} as a; m = a.load(); "
-            "dt = time.perf_counter() - t; assert m is not None, a.why_unavailable(); "
-            f"bad = sorted(x for x in sys.modules if x.split('.')[0] in {forbidden!r}); assert not bad, bad; print(dt)")
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    env.pop("MOE_REPLAY_AOT", None)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root)
-    assert out.returncode == 0, out.stderr
-    return float(out.stdout)
-
-
 def rewrite_part(part, fn) -> None:
     """Rewrite one part file of a trace through ``fn`` (a tests' corruption): ``fn`` gets the part's
     *logical* columns (``experts`` as ``[rows, k]`` lists, as the reader hands them out, wide
