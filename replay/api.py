@@ -142,7 +142,7 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
           budgets_mib: Sequence[float] | None = None, per_layer: bool = False, phase: str = "decode", seed: int = 0,
           policy_options: dict[str, dict[str, Any]] | None = None, policy_file: Any = None, cost_model: Any = None,
           retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
-          loads: Any = None, stream: str = "auto") -> pl.DataFrame:
+          loads: Any = None, stream: str = "auto", paired: bool = False) -> pl.DataFrame:
     """Replay every (policy, budget) cell: one row per cell (``layer`` null) and, with
     ``per_layer``, one per MoE layer. Keys: ``policy``, ``budget_mib``, ``layer``,
     ``hit_pct_decode``, ``hit_pct_cum``, ``read_mib``, ``peak_resident_mib``, ``overflow_loads``,
@@ -157,7 +157,15 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     same rows byte for byte, memory one part plus the cache states); auto streams when the
     in-memory replay would not fit comfortably (:func:`replay.cache_stream.auto_streams`) and
     every policy streams (not pin, colibri, layer-opt; not with ``retain_predictor`` or
-    ``policy_options``); on refuses what cannot stream."""
+    ``policy_options``); on refuses what cannot stream.
+
+    ``paired``: also, on every overall row, its decode hit % minus LRU's at the same budget with
+    a 95% interval from a seeded paired block bootstrap over decoded tokens (``delta_vs_lru_pp``,
+    ``delta_ci_low``, ``delta_ci_high``, ``vs_lru`` = better | worse | tie: better or worse only
+    when the interval excludes zero) and ``tied_with_best`` (the best within-budget online policy,
+    or tied with it within noise); with ``cost_model`` the same for ms per decoded token
+    (``delta_ms_vs_lru``, ``delta_ms_ci_low``, ``delta_ms_ci_high``, ``vs_lru_time``,
+    ``tied_with_fastest``). :mod:`replay.paired` (docs/design.md, "Paired comparisons")."""
     from replay.cache import check_policies, loads_of, sweep
     from replay.cache_stream import check_stream_mode, choose_stream
     from replay.info import require_routings
@@ -178,21 +186,35 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
 
         blist = (_budgets(budgets_mib) if budgets_mib is not None
                  else _default(Sizes(t.token_cycle_bytes, working_set_stream(t)), t.recorded.get("budget_mib")))
-        frame = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=show_progress)[0]
-        return with_time(frame, cost_model, trace=t) if cost_model is not None else frame
+        series: dict | None = {} if paired else None
+        frame = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=show_progress, series=series)[0]
+        frame = with_time(frame, cost_model, trace=t) if cost_model is not None else frame
+        return _paired(frame, series, cost_model)
     loads = loads if loads is not None else loads_of(t)
     blist = _budgets(budgets_mib) if budgets_mib is not None else default_budgets_mib(t)
+    series = {} if paired else None
     if retain_predictor is not None:
         from replay.prefetch import retain_sweep
+
+        if paired:
+            raise UserError("paired: compares plain replays; not with retain_predictor.")
 
         frame = retain_sweep(t, loads, pols, blist, retain_predictor, per_layer=per_layer, seed=seed,
                              policy_options=policy_options, show_progress=show_progress)
     else:
         frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed, policy_options=policy_options,
-                      show_progress=show_progress)
+                      show_progress=show_progress, series=series)
     if cost_model is not None:
         frame = with_time(frame, cost_model, trace=t)
-    return frame
+    return _paired(frame, series, cost_model)
+
+
+def _paired(frame: pl.DataFrame, series: dict | None, cost_model: Any) -> pl.DataFrame:
+    if series is None:
+        return frame
+    from replay.paired import with_paired
+
+    return with_paired(frame, series, cost_model)
 
 
 @_api

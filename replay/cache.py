@@ -834,18 +834,19 @@ def default_budgets_mib(loads: Loads, recorded_mib: float | None = None, n: int 
 
 def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
           threads: int | None = None, show_progress: bool = True, policy_options: dict[str, dict[str, Any]] | None = None,
-          **whatif: Any) -> pl.DataFrame:
+          series: dict | None = None, **whatif: Any) -> pl.DataFrame:
     """Every (policy, budget) cell, in parallel over the cores (the kernels release the GIL): the
     rows of :func:`sweep_rows` as a frame (:func:`replay.rows.cache_frame`)."""
     from replay.rows import cache_frame
 
-    rows, extras = sweep_rows(loads, policies, budgets_mib, per_layer, seed, threads, show_progress, policy_options, **whatif)
+    rows, extras = sweep_rows(loads, policies, budgets_mib, per_layer, seed, threads, show_progress, policy_options,
+                              series=series, **whatif)
     return cache_frame(rows, extras)
 
 
 def sweep_rows(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
                threads: int | None = None, show_progress: bool = True, policy_options: dict[str, dict[str, Any]] | None = None,
-               **whatif: Any) -> tuple[list[dict[str, Any]], bool]:
+               series: dict | None = None, **whatif: Any) -> tuple[list[dict[str, Any]], bool]:
     """(The cache rows of every (policy, budget) cell as :func:`result_rows` makes them, whether
     they carry the ``extras`` columns), replayed in parallel over the cores.
 
@@ -854,7 +855,8 @@ def sweep_rows(loads: Loads, policies: list[str], budgets_mib: list[float], per_
     ``ahead``, ``retain``) is passed to every :func:`replay`. ``policy_options`` maps a policy
     name to its options (:func:`replay`'s ``policy_options``). When a policy preloads entries or
     sets its own per-layer budgets (``pin``, ``layer-opt``), every row gains ``preload_mib`` and
-    ``share_mib`` (:func:`result_rows`).
+    ``share_mib`` (:func:`result_rows`). ``series`` (a dict): filled with each cell's decode
+    batches, (policy, budget) -> :class:`replay.paired.DecodeSeries`, for paired comparisons.
     """
     from replay.progress import progress
 
@@ -892,6 +894,10 @@ def sweep_rows(loads: Loads, policies: list[str], budgets_mib: list[float], per_
             r = ReplayResult(p, b, budget_bytes(b), r.acc, r.bacc, r.evictions, r.overflow_loads, None, r.seconds, r.stats,
                              r.preload_bytes, r.layer_share_bytes)
         rows.extend(result_rows(loads, r, per_layer, extras))
+        if series is not None:
+            from replay.paired import series_of
+
+            series[(p, b)] = series_of(loads, r)
     return rows, extras
 
 

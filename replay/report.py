@@ -366,11 +366,11 @@ def section_cache(ctx: ReportContext) -> Section:
         return Section("Expert cache", unavailable="the trace has no decoded tokens, and hit rates here are decode-only")
     rec = tr.recorded.get("budget_mib")
     budgets = sorted(set(ctx.budgets_mib or default_budgets_mib(loads, rec)) | set(ctx.verdict_budgets))
-    policies = ctx.policies or ["lru", "lfu", "layer", "lfru", "belady", "infinite"]
-    for bound in ("belady", "infinite"):
-        if bound not in policies:
-            policies = [*policies, bound]
-    frame = sweep(loads, policies, budgets, per_layer=True, show_progress=False)
+    from replay.policy_set import left_out_text, report_policies
+
+    policies, left = report_policies(ctx.policies)
+    series: dict = {}
+    frame = sweep(loads, policies, budgets, per_layer=True, show_progress=False, series=series)
     model = ctx.shared.get("cost_model")
     if model is not None:
         from replay.cost import with_time
@@ -383,6 +383,10 @@ def section_cache(ctx: ReportContext) -> Section:
                   f"Belady (offline optimum at that budget) and infinite (compulsory misses only) are the ceiling. "
                   f"T = {T:.1f} MiB is one token cycle (sum over MoE layers of top_k x expert_bytes): below it global "
                   "LRU collapses, because each token's sweep over the layers evicts exactly what the next token needs.")
+    ranked = [p for p in policies if p not in BOUNDS]
+    s.text.append(f"Policies ranked in this section's tables and plots and in the verdict: {len(ranked)} online "
+                  f"({', '.join(ranked)}; {'given with --policies' if ctx.policies else 'every registered online policy'}), "
+                  "beside the bounds belady and infinite. " + left_out_text(left))
     vlines = {f"T = one token cycle ({T:.1f} MiB)": T}
     if rec is not None:
         vlines[f"recorded budget ({plots.budget_label(float(rec))})"] = float(rec)
@@ -404,6 +408,10 @@ def section_cache(ctx: ReportContext) -> Section:
                                     budget_x=True, ylim=ylim, caption=caption))
     online = [p for p in policies if p not in BOUNDS]
     cells = overall.to_dicts()
+    if model is not None:
+        from replay.paired import annotate
+
+        annotate(cells, series, model)  # the fastest per budget against LRU, with the paired interval (replay.paired)
     over = [r for r in cells if is_over_budget(r)]
     gap_rows = []
     for b in budgets:
@@ -501,15 +509,18 @@ def _at_verdict_budgets(ctx: ReportContext, loads: Any, policies: list[str], mod
     decode hit % (highest first), then name; and the online policies compared."""
     from replay.cache import sweep
     from replay.cost import BOUNDS, with_time
-    from replay.policies import REGISTRY
+    from replay.paired import annotate
+    from replay.policy_set import online_policies
 
-    online = [p for p in (ctx.policies or REGISTRY) if p not in BOUNDS]
+    online = online_policies(ctx.policies)
     if not ctx.verdict_budgets:
         return [], online
-    frame = sweep(loads, [*online, "belady"], ctx.verdict_budgets, show_progress=False)
+    series: dict = {}
+    frame = sweep(loads, [*online, "belady"], ctx.verdict_budgets, show_progress=False, series=series)
     if model is not None:
         frame = with_time(frame, model, ctx.trace.token_counts()["tokens_decode"])
     rows = frame.filter(pl.col("layer").is_null()).to_dicts()
+    annotate(rows, series, model)  # each cell against LRU and the best, with the paired interval (replay.paired)
     rows.sort(key=lambda r: (r["budget_mib"], r["policy"] in BOUNDS, -(r["hit_pct_decode"] or 0.0), r["policy"]))
     return rows, online
 
@@ -664,8 +675,9 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
     copied from the row of the verb that computes it (``cache``, ``predict``, ``prefetch``, ``drop``;
     ``quality``'s quality.json with ``--quality``): what
     :func:`replay.present.verdict.verdict_lines` prints and ``verdict.json`` holds."""
-    from replay.cache import is_over_budget, pick_best, within_budget
+    from replay.cache import is_over_budget, within_budget
     from replay.cost import BOUNDS
+    from replay.paired import decide
 
     rows: list[dict[str, Any]] = []
     cells = ctx.shared.get("cache_rows") or []
@@ -676,8 +688,10 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
         if not at:
             continue
         ok, over = within_budget([r for p, r in sorted(at.items()) if p not in BOUNDS])
-        best = pick_best(ok, "hit_pct_decode", highest=True)
-        fastest = pick_best(ok, "ms_per_token", highest=False) if model is not None else None
+        dec = decide([r for p, r in sorted(at.items())])  # the one rule (replay.paired): best, ties, against LRU
+        dec_t = decide([r for p, r in sorted(at.items())], "ms_per_token") if model is not None else None
+        best = dec["best"] if dec else None
+        fastest = dec_t["best"] if dec_t else None
         row: dict[str, Any] = {"kind": "cache", "budget_mib": b, "budget_from": ctx.verdict_where, "policies_compared": compared}
         for prefix, r in (("", best), ("lru_", at.get("lru"))):
             row.update({f"{prefix}{k}": (r or {}).get(k) for k in ("hit_pct_decode", "read_mib", "preload_mib", "ms_per_token",
@@ -692,6 +706,11 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
         row["gap_to_belady_pp"] = (None if best is None or bel is None or None in (best["hit_pct_decode"], bel["hit_pct_decode"])
                                    else bel["hit_pct_decode"] - best["hit_pct_decode"])
         row.update({f"fastest_{k}": (fastest or {}).get(k) for k in ("policy", "ms_per_token", "tok_s", "hit_pct_decode")})
+        for prefix, d in (("", dec), ("fastest_", dec_t)):  # the paired interval against LRU, and the ties
+            row.update({f"{prefix}vs_lru": (d or {}).get("call"),
+                        f"{prefix}{'delta_ms_vs_lru' if prefix else 'delta_vs_lru_pp'}": (d or {}).get("delta"),
+                        f"{prefix}delta_ci_low": (d or {}).get("low"), f"{prefix}delta_ci_high": (d or {}).get("high"),
+                        f"{prefix}tied_with": (d or {}).get("tied"), f"{prefix}vs_lru_text": (d or {}).get("text")})
         row["over_budget_left_out"] = ", ".join(f"{r['policy']} (peak {fmt_q(r['peak_resident_mib'], 'mib')} MiB)"
                                                 for r in over) or None
         rows.append(row)

@@ -149,9 +149,13 @@ def register(app: typer.Typer) -> None:
 
             if blist is None:  # the working set first (one more pass over the parts), then the replay
                 blist = default_budgets_mib(Sizes(t.token_cycle_bytes, working_set_stream(t)), rec_budget)
-            frame, loads, W_bytes = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=True)
+            series: dict | None = {} if cmodel is not None else None
+            frame, loads, W_bytes = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=True,
+                                                 series=series)
             if cmodel is not None:
-                frame = api.with_time(frame, cmodel, trace=t)
+                from replay.paired import with_paired
+
+                frame = with_paired(api.with_time(frame, cmodel, trace=t), series, cmodel)
         else:
             loads = loads_of(t)
             W_bytes = loads.working_set_bytes
@@ -159,7 +163,8 @@ def register(app: typer.Typer) -> None:
                 blist = default_budgets_mib(loads, rec_budget)
             frame = api.cache(t, policies=pols, budgets_mib=blist, per_layer=per_layer, phase=phase, seed=seed,
                               policy_options=popts, cost_model=cmodel, retain_predictor=predictor if retain else None,
-                              show_progress=True, loads=loads, predictor_file=predictor_file)
+                              show_progress=True, loads=loads, predictor_file=predictor_file,
+                              paired=cmodel is not None and not retain)  # with a cost model: each cell against LRU (replay.paired)
         sm = cache_summary(t, rows_of(frame.filter(frame["layer"].is_null())), blist,
                            budgets is not None or budget_mib is not None, W_bytes, bool((loads.batch_phase == 1).any()))
         T, W, chosen, collapsed, no_decode = (sm["token_cycle_mib"], sm["working_set_mib"], sm["budgets_chosen"],

@@ -52,6 +52,7 @@ def cache_line(r: dict[str, Any]) -> str:
     elif r.get("lru_hit_pct_decode") is not None:
         txt += (f"; LRU {fmt_q(r['lru_hit_pct_decode'], 'pct')}%{_over(r, 'lru_')} hits, {fmt_q(r['lru_read_mib'], 'mib')} MiB"
                 f"{_time(r, 'lru_')}")
+    txt += _paired(r, "")
     if r.get("belady_hit_pct_decode") is not None:
         txt += f"; the Belady bound {fmt_q(r['belady_hit_pct_decode'], 'pct')}%{_over(r, 'belady_')} hits"
         gap = r.get("gap_to_belady_pp")
@@ -60,9 +61,23 @@ def cache_line(r: dict[str, Any]) -> str:
     if r.get("fastest_policy") is not None and r["fastest_policy"] != r["policy"]:
         txt += (f"; fastest under the cost model: **{r['fastest_policy']}**, {fmt_q(r['fastest_ms_per_token'], 'ms')} ms/token, "
                 f"{fmt_q(r['fastest_tok_s'], 'tok_s')} tok/s at {fmt_q(r['fastest_hit_pct_decode'], 'pct')}% hits")
+    if r.get("fastest_policy") is not None:
+        txt += _paired(r, "fastest_", "on time under the cost model, ")
     if r.get("over_budget_left_out"):
         txt += f"; left out as over budget: {r['over_budget_left_out']}"
     return txt
+
+
+def _paired(r: dict[str, Any], prefix: str, what: str = "") -> str:
+    """The best (or fastest) against LRU with the paired interval (replay.paired.decide), and the ties."""
+    txt = r.get(f"{prefix}vs_lru_text")
+    if not txt or r.get(f"{prefix}policy") == "lru" and not r.get(f"{prefix}tied_with"):
+        return ""
+    out = "" if r.get(f"{prefix}policy") == "lru" else f"; {what}{txt}"
+    tied = r.get(f"{prefix}tied_with") or []
+    if tied:
+        out += f"; tied with {r[f'{prefix}policy']} within noise: {', '.join(tied)}"
+    return out
 
 
 def predictor_line(r: dict[str, Any]) -> str:
