@@ -273,7 +273,8 @@ def decide(rows: list[dict[str, Any]], value: str = "hit_pct_decode") -> dict[st
     if best["policy"] == BASELINE:
         text = "that is LRU"
     elif verdict is None:
-        text = "no paired interval against LRU (LRU not replayed here)"
+        text = ("no paired interval against LRU (" + ("LRU not replayed here)" if d is None else
+                                                      f"fewer than {2 * MIN_BLOCK} decoded tokens)"))
     else:
         iv = f"{signed(d)}{unit} vs LRU, 95% interval [{signed(lo)}, {signed(hi)}]"
         if verdict == "tie":

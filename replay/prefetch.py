@@ -225,25 +225,27 @@ def best_plain(trace: Trace, budget_mib: float, model=None, loads: Loads | None 
     qualifies.
 
     A prefetch what-if is judged against this too: a prefetch "win" over LRU is no win when plain
-    LFU already beats it at the same budget. (One small function, so a shared ranking helper can
-    replace the choice below.)"""
+    LFU already beats it at the same budget. The choice is the one rule of every "best"
+    (:func:`replay.paired.decide` over :func:`replay.policy_set.online_policies`); the row gains
+    ``tied_with`` (the online policies tied with it within noise) and the paired columns of
+    :func:`replay.paired.annotate`."""
     from replay.cache import loads_of, sweep
-    from replay.cost import BOUNDS, with_time
+    from replay.cost import with_time
     from replay.frames import rows_of
-    from replay.policies import REGISTRY
+    from replay.paired import annotate, decide
+    from replay.policy_set import online_policies
 
     loads = loads if loads is not None else loads_of(trace)
-    online = [p for p in REGISTRY if p not in BOUNDS]
-    frame = sweep(loads, online, [float(budget_mib)], show_progress=False)
+    series: dict = {}
+    frame = sweep(loads, online_policies(), [float(budget_mib)], show_progress=False, series=series)
     if model is not None:
         frame = with_time(frame, model, loads.decode_tokens)
-    rows = [r for r in rows_of(frame) if r["layer"] is None and r["hit_pct_decode"] is not None
-            and not (r.get("overflow_loads") or 0) > 0
-            and not (r.get("peak_resident_mib") is not None and r["peak_resident_mib"] > r["budget_mib"])]
-    if not rows:
+    rows = [r for r in rows_of(frame) if r["layer"] is None and r["hit_pct_decode"] is not None]
+    annotate(rows, series, model)
+    dec = decide(rows)
+    if dec is None:
         return None
-    top = max(r["hit_pct_decode"] for r in rows)
-    return sorted((r for r in rows if r["hit_pct_decode"] == top), key=lambda r: r["policy"])[0]
+    return {**dec["best"], "tied_with": dec["tied"]}
 
 
 def with_best_plain(frame: pl.DataFrame, plain: dict | None) -> pl.DataFrame:
