@@ -306,3 +306,41 @@ def with_paired(frame: Any, series: dict[tuple[str, float], DecodeSeries], model
         return pl.Boolean if k.startswith("tied_") else pl.String if k.startswith("vs_") else pl.Float64
 
     return frame.with_columns([pl.Series(k, [r.get(k) for r in rows], dtype=dtype(k)) for k in cols])
+
+
+# -- what-ifs against their baseline (prefetch, retention) ----------------------------------------
+
+WHATIF_COLUMNS = ("delta_hit_pp", "delta_hit_ci_low", "delta_hit_ci_high", "vs_baseline", "delta_mib_per_token",
+                  "delta_mib_ci_low", "delta_mib_ci_high")
+WHATIF_TIME_COLUMNS = ("delta_ms_per_token", "delta_ms_ci_low", "delta_ms_ci_high", "vs_baseline_time")
+
+
+def whatif_series(loads: Any, res: Any) -> DecodeSeries:
+    """:func:`series_of` with the speculative reads counted in the bytes (a prefetch's cost)."""
+    from replay.cache_kernel import ACC_SPEC_READ
+
+    s = series_of(loads, res)
+    spec = res.bacc[np.asarray(loads.batch_phase) == 1, ACC_SPEC_READ].astype(np.int64)
+    return DecodeSeries(s.lookups, s.hits, s.read_bytes + spec, s.tokens)
+
+
+def whatif_columns(loads: Any, base: Any, res: Any, model: Any = None, *, seed: int = SEED,
+                   resamples: int = RESAMPLES) -> dict[str, Any]:
+    """A what-if replay ``res`` (prefetch, retention) against its baseline ``base`` (same policy and
+    budget, no what-if), paired over decoded tokens: decode hit points gained (``delta_hit_pp`` and
+    interval, ``vs_baseline`` = better | worse | tie), MiB read per decoded token added, speculative
+    reads included (``delta_mib_per_token`` and interval), and with ``model`` ms per decoded token
+    (``delta_ms_per_token`` and interval, ``vs_baseline_time``: better = faster)."""
+    a, b = whatif_series(loads, res), whatif_series(loads, base)
+    h = diff_hit_pp(a, b, seed=seed, resamples=resamples)
+    m = diff_per_token(a, b, seed=seed, resamples=resamples)
+    out = dict(zip(WHATIF_COLUMNS, (h.delta, h.low, h.high, call(h), m.delta, m.low, m.high), strict=True))
+    if model is not None:
+        t = diff_per_token(a, b, ms_per_mib=model.ms_per_mib, ms_per_miss=model.ms_per_miss, seed=seed, resamples=resamples)
+        out.update(zip(WHATIF_TIME_COLUMNS, (t.delta, t.low, t.high, call(t, higher_is_better=False)), strict=True))
+    return out
+
+
+def interval_text(delta: float | None, low: float | None, high: float | None, unit: str) -> str:
+    """"+1.2 points (95% interval [+0.4, +2.0])"."""
+    return f"{signed(delta)}{unit} (95% interval [{signed(low)}, {signed(high)}])"

@@ -564,12 +564,12 @@ def section_prefetch(ctx: ReportContext) -> Section:
     if best is not None and best["predictor"] not in predictors:
         predictors.append(best["predictor"])  # the verdict's best predictor: its prefetch is the verdict's question
     rows = []
+    model = ctx.shared.get("cost_model")
     for budget in budgets:
         for pred in predictors:
             for policy, guard in (("lru", False), ("lfru", True)):
-                rows.append(prefetch(tr, pred, budget, policy=policy, guard=guard))
+                rows.append(prefetch(tr, pred, budget, policy=policy, guard=guard, model=model))
     frame = pl.concat(rows, how="diagonal_relaxed")
-    model = ctx.shared.get("cost_model")
     cols = (["budget_mib"] if len(budgets) > 1 else []) + [
         "predictor", "policy", "guard", "hit_pct_decode_baseline", "hit_pct_decode", "useful_pct",
         "total_mib_per_token_baseline", "total_mib_per_token"]
@@ -609,8 +609,10 @@ def section_prefetch(ctx: ReportContext) -> Section:
     budgets = sorted({float(f"{f * tr.token_cycle_bytes / (1 << 20):.2g}") for f in (0.5, 1.5, 3.0)} | set(budgets))
     ret = retain_sweep(tr, loads, ["lru", "lfru"], budgets, "prev-token").filter(pl.col("layer").is_null())
     s.tables.append(Table("retention", ret, "retention of prev-token's guesses (zero extra bytes): decode hit % with and "
-                          "without, change in points", columns=["policy", "budget_mib", "hit_pct_decode_no_retain",
-                                                                  "hit_pct_decode", "retain_gain_pp_decode"],
+                          "without, change in points with its 95% interval (paired block bootstrap over decoded tokens) "
+                          "and the call: better or worse only when the interval excludes zero, else tie",
+                          columns=["policy", "budget_mib", "hit_pct_decode_no_retain", "hit_pct_decode", "retain_gain_pp_decode",
+                                   "retain_gain_ci_low", "retain_gain_ci_high", "retain_vs_no_retain"],
                           headers={"hit_pct_decode": "Hit % (decode, with retention)"}))
     return s
 
@@ -736,7 +738,8 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
             rows.append({"kind": "prefetch", **{k: r.get(k) for k in (
                 "budget_mib", "predictor", "policy", "guard", "hit_pct_decode_baseline", "hit_pct_decode",
                 "total_mib_per_token_baseline", "total_mib_per_token", "ms_per_token_baseline", "ms_per_token", "tok_s_baseline",
-                "tok_s", "spec_fills")}})
+                "tok_s", "spec_fills", "delta_hit_pp", "delta_hit_ci_low", "delta_hit_ci_high", "vs_baseline",
+                "delta_ms_per_token", "delta_ms_ci_low", "delta_ms_ci_high", "vs_baseline_time")}})
     if "drop" in ctx.shared:
         mode, budget, drops = ctx.shared["drop"]
         rows += [{"kind": "drop", "mode": mode, "budget_mib": budget, "policy": "lru" if mode == "closed" else None,

@@ -258,3 +258,20 @@ def test_qwen_s3fifo_against_lru_is_called_alike_everywhere(real_trace_dir, tmp_
     rep = api.sweep_report(tmp_path / "sw").row(0, named=True)
     assert (rep["best_online"], rep["vs_lru"]) == (row["policy"], row["vs_lru"])
     assert (rep["delta_ci_low"], rep["delta_ci_high"]) == pytest.approx((row["delta_ci_low"], row["delta_ci_high"]))
+
+
+def test_prefetch_and_retention_carry_the_paired_interval(traces):
+    model = api.manual_cost_model(flash_mib_s=1000, compute_ms=10)
+    r = api.prefetch(traces["win"], budget_mib=BUDGET, cost_model=model).row(0, named=True)
+    assert r["delta_hit_pp"] == pytest.approx(r["hit_pct_decode"] - r["hit_pct_decode_baseline"])
+    assert r["delta_mib_per_token"] == pytest.approx(r["total_mib_per_token"] - r["total_mib_per_token_baseline"])
+    assert r["delta_ms_per_token"] == pytest.approx(r["ms_per_token"] - r["ms_per_token_baseline"])
+    for pre, col in (("delta_hit", "vs_baseline"), ("delta_ms", "vs_baseline_time")):
+        lo, hi = r[f"{pre}_ci_low"], r[f"{pre}_ci_high"]
+        assert lo <= r[f"{pre}_pp" if pre == "delta_hit" else f"{pre}_per_token"] <= hi
+        want = "tie" if lo <= 0 <= hi else ("better" if (lo > 0) == (pre == "delta_hit") else "worse")
+        assert r[col] == want
+    f = api.cache(traces["win"], policies=["lru"], budgets_mib=[BUDGET], retain_predictor="prev-token")
+    row = f.filter(pl.col("layer").is_null()).row(0, named=True)
+    assert row["retain_gain_ci_low"] <= row["retain_gain_pp_decode"] <= row["retain_gain_ci_high"]
+    assert row["retain_vs_no_retain"] in ("better", "worse", "tie")

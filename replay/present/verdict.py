@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from replay.paired import interval_text, tie_text
 from replay.present.format import exact, fmt_q
 
 # the row kinds and the section each links to (the section's title: its anchor is made from it)
@@ -91,7 +92,21 @@ def prefetch_outcome(r: dict[str, Any]) -> str:
     if not r.get("spec_fills"):
         return "it read nothing (every guess was resident or refused): no change"
     if r.get("ms_per_token") is None:
+        if r.get("vs_baseline") is not None:  # the paired interval over decoded tokens (replay.paired)
+            iv = interval_text(r["delta_hit_pp"], r["delta_hit_ci_low"], r["delta_hit_ci_high"], " points")
+            hits = ({"better": "more hits beyond noise", "worse": "fewer hits beyond noise"}.get(r["vs_baseline"])
+                    or tie_text((r["delta_hit_ci_high"] - r["delta_hit_ci_low"]) / 2, " points") + " on hits")
+            return f"{hits}, {iv}; and bytes are not time: no cost model to say which is faster"
         return ("more hits" if more_hits else "no more hits") + ", and bytes are not time: no cost model to say which is faster"
+    if r.get("vs_baseline_time") is not None:
+        iv = interval_text(r["delta_ms_per_token"], r["delta_ms_ci_low"], r["delta_ms_ci_high"], " ms/token")
+        if r["vs_baseline_time"] == "tie":
+            return (f"prefetching and no prefetch {tie_text((r['delta_ms_ci_high'] - r['delta_ms_ci_low']) / 2, ' ms/token')} "
+                    f"on time, {iv}")
+        if r["vs_baseline_time"] == "better":
+            return f"prefetching wins on time beyond noise, {iv}"
+        return ("prefetching loses on wall-clock time beyond noise" + (" even though it raises the hit rate" if more_hits else "")
+                + f", {iv}")
     saved = r["ms_per_token_baseline"] - r["ms_per_token"]
     if saved > 0:
         # below the printed precision the two times read the same: say by how little it wins
