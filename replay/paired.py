@@ -18,8 +18,8 @@ circular block bootstrap over decoded tokens* (docs/design.md, "Paired compariso
   ``ms_per_mib x d(MiB/token) + ms_per_miss x d(misses/token)`` on the same resamples;
 - the 95% interval is the difference ± t(0.975, b - 1) x SE, SE the standard deviation of
   ``resamples`` = 2000 resampled differences and b the number of blocks (a short trace has few
-  blocks: the t quantile widens the interval for it, where a percentile interval of 8 blocks
-  covered 86% instead of 95% on the synthetic draws of tests/test_paired.py), drawn by
+  blocks: the t quantile widens the interval for it; docs/design.md gives the coverage measured
+  while choosing it), drawn by
   ``numpy.random.default_rng(seed)`` (seed 0): the same inputs give the same interval, byte for byte.
 
 :func:`call` turns an interval into the one answer every surface prints: "better" or "worse"
