@@ -344,3 +344,17 @@ def whatif_columns(loads: Any, base: Any, res: Any, model: Any = None, *, seed: 
 def interval_text(delta: float | None, low: float | None, high: float | None, unit: str) -> str:
     """"+1.2 points (95% interval [+0.4, +2.0])"."""
     return f"{signed(delta)}{unit} (95% interval [{signed(low)}, {signed(high)}])"
+
+
+def diff_saved_pct(base: DecodeSeries, res: DecodeSeries, *, seed: int = SEED, resamples: int = RESAMPLES) -> Diff:
+    """Bytes read avoided by a what-if (drop-cold) as % of its baseline's, 100 x (base - res) / base,
+    over decoded tokens, with its interval (the ratio of sums recomputed on each paired resample)."""
+    _check(base, res)
+    n = len(base)
+    if n == 0 or base.read_bytes.sum() == 0:
+        return Diff(math.nan, math.nan, math.nan, n, block_tokens(n))
+    point = 100.0 * float(base.read_bytes.sum() - res.read_bytes.sum()) / float(base.read_bytes.sum())
+    s = _resampled_sums(np.stack([base.read_bytes, res.read_bytes], axis=1), np.random.default_rng(seed), resamples)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = 100.0 * (s[:, 0] - s[:, 1]) / s[:, 0]
+    return _interval(point, d, n)

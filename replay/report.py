@@ -355,7 +355,7 @@ def best_predictor(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def section_cache(ctx: ReportContext) -> Section:
-    from replay.cache import default_budgets_mib, is_over_budget, loads_of, pick_best, sweep, within_budget
+    from replay.cache import default_budgets_mib, is_over_budget, loads_of, sweep, within_budget
     from replay.cost import BOUNDS
     from replay.present import plots
     from replay.present.cache import over_budget_note
@@ -408,16 +408,16 @@ def section_cache(ctx: ReportContext) -> Section:
                                     budget_x=True, ylim=ylim, caption=caption))
     online = [p for p in policies if p not in BOUNDS]
     cells = overall.to_dicts()
-    if model is not None:
-        from replay.paired import annotate
+    from replay.paired import annotate, decide
 
-        annotate(cells, series, model)  # the fastest per budget against LRU, with the paired interval (replay.paired)
+    annotate(cells, series, model)  # every cell against LRU and the best, with the paired interval (replay.paired)
     over = [r for r in cells if is_over_budget(r)]
     gap_rows = []
     for b in budgets:
         at = {r["policy"]: r for r in cells if r["budget_mib"] == b}
         ok, excluded = within_budget([at[p] for p in online if p in at])
-        best = pick_best(ok, "hit_pct_decode", highest=True)
+        dec = decide([at[p] for p in online if p in at])  # the one rule: pick_best, then the interval against LRU
+        best = dec["best"] if dec else None
         bel = at.get("belady")
         row = {"budget_mib": b, "below_T": b < T, "best_online": best["policy"] if best else None,
                "best_online_hit_pct_decode": best["hit_pct_decode"] if best else None,
@@ -428,6 +428,8 @@ def section_cache(ctx: ReportContext) -> Section:
                or None}
         row["gap_to_belady_pp"] = (None if best is None or bel is None or bel["hit_pct_decode"] is None
                                    or best["hit_pct_decode"] is None else bel["hit_pct_decode"] - best["hit_pct_decode"])
+        row["best_vs_lru"] = dec["call"] if dec else None
+        row["tied_with_best"] = ", ".join(dec["tied"]) or None if dec else None
         gap_rows.append(row)
     note = over_budget_note(cells) if over else None
     if note:
@@ -449,10 +451,13 @@ def section_cache(ctx: ReportContext) -> Section:
                       "survives eviction, as in the reference replay behind the published curves); lfu-incache and "
                       "layerlfu-incache restart it at admission.")
     s.tables.append(Table("cache_gap", pl.DataFrame(gap_rows), f"best within-budget online policy of those swept "
-                          f"({', '.join(online)}) against the bound, per budget (decode); ! = the Belady bound itself "
+                          f"({', '.join(online)}) against the bound, per budget (decode); its call against LRU (better only "
+                          "when the paired 95% interval excludes zero, else tie) and the policies tied with it within noise; "
+                          "! = the Belady bound itself "
                           "overflowed the budget (every registered policy at the verdict's budget: the next table)",
-                          columns=["budget_mib", "below_T", "best_online", "best_online_hit_pct_decode", "belady_hit_pct_decode",
-                                   "gap_to_belady_pp", "infinite_hit_pct_decode", "over_budget_excluded"],
+                          columns=["budget_mib", "below_T", "best_online", "best_online_hit_pct_decode", "best_vs_lru",
+                                   "tied_with_best", "belady_hit_pct_decode", "gap_to_belady_pp", "infinite_hit_pct_decode",
+                                   "over_budget_excluded"],
                           marks={"belady_hit_pct_decode": [bool(r["belady_over_budget"]) for r in gap_rows]}))
     cols = ["policy", "budget_mib", "hit_pct_decode", "hit_pct_cum", "read_mib", "peak_resident_mib", "overflow_loads",
             "over_budget"]
@@ -743,7 +748,8 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
     if "drop" in ctx.shared:
         mode, budget, drops = ctx.shared["drop"]
         rows += [{"kind": "drop", "mode": mode, "budget_mib": budget, "policy": "lru" if mode == "closed" else None,
-                  "frac": r["frac"], "io_saved_pct": r["io_saved_pct"], "mass_lost_pct": r["mass_lost_pct"]} for r in drops]
+                  "frac": r["frac"], "io_saved_pct": r["io_saved_pct"], "mass_lost_pct": r["mass_lost_pct"],
+                  "io_saved_ci_low": r.get("io_saved_ci_low"), "io_saved_ci_high": r.get("io_saved_ci_high")} for r in drops]
     for res in ctx.shared.get("quality") or []:  # drop-cold measured in the model (report --quality): quality.json's rows
         rows += [{"kind": "quality", "quality": res.name, "engine": res.obj["engine"], "policy": res.obj["policy"],
                   "budget_mib": res.obj["budget_mib"], "random_weights": res.random_weights, "setting": r["setting"],

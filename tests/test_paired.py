@@ -275,3 +275,11 @@ def test_prefetch_and_retention_carry_the_paired_interval(traces):
     row = f.filter(pl.col("layer").is_null()).row(0, named=True)
     assert row["retain_gain_ci_low"] <= row["retain_gain_pp_decode"] <= row["retain_gain_ci_high"]
     assert row["retain_vs_no_retain"] in ("better", "worse", "tie")
+
+
+def test_closed_loop_drop_carries_the_paired_interval(traces):
+    f = api.drop(traces["win"], mode="closed", budget_mib=BUDGET, fracs=[0.5, 1.0])
+    rows = [r for r in f.to_dicts() if r["mode"] == "closed"]
+    assert rows
+    for r in rows:
+        assert r["io_saved_ci_low"] <= r["io_saved_pct"] <= r["io_saved_ci_high"], r

@@ -140,7 +140,10 @@ def _check_printed(report, rows):
                 want.append(f"(95% interval [{r['delta_ms_ci_low']:+.1f}, {r['delta_ms_ci_high']:+.1f}])")
         elif r["kind"] == "drop":
             drops = [x for x in rows if x["kind"] == "drop"]
-            want = [f"F = {exact(d['frac'])}: {fmt_q(d['io_saved_pct'], 'pct')}% / {fmt_q(d['mass_lost_pct'], 'pct')}%"
+            want = [f"F = {exact(d['frac'])}: {fmt_q(d['io_saved_pct'], 'pct')}%"
+                    + ("" if d.get("io_saved_ci_low") is None else  # closed loop: the paired interval (replay.paired)
+                       f" (95% interval {fmt_q(d['io_saved_ci_low'], 'pct')} to {fmt_q(d['io_saved_ci_high'], 'pct')}%)")
+                    + f" / {fmt_q(d['mass_lost_pct'], 'pct')}%"
                     for d in drops] + ["proxy", "(#drop-cold-trade-off)"]
         else:
             want = [r["model"], "(#cost-model)"]

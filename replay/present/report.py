@@ -72,6 +72,7 @@ HEADERS: dict[str, str] = {
     "closed_k_mass_lost_at_equal_io_pct": "Top-k cut's mass discarded at equal reads (%)",
     "hit_pct_decode_baseline": "Hit % (decode, without)", "hit_pct_decode": "Hit % (decode)",
     "hit_pct_cum": "Hit % (all phases)", "hit_pct_decode_no_retain": "Hit % (decode, no retention)",
+    "best_vs_lru": "Best vs LRU (call on the paired interval)", "tied_with_best": "Tied with the best (within noise)",
     "retain_gain_pp_decode": "Gain (points, decode)", "retain_gain_ci_low": "Gain, 95% interval low",
     "retain_gain_ci_high": "Gain, 95% interval high", "retain_vs_no_retain": "Call (vs no retention)",
     "terms": "Terms", "intercept_ms": "Intercept (ms/token)", "ms_per_mib": "Slope (ms/MiB)", "ms_per_miss": "ms per miss",

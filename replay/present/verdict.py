@@ -132,7 +132,12 @@ def drop_line(rows: list[dict[str, Any]]) -> str:
     r0 = rows[0]
     how = ("static, on the engine's recorded residency" if r0["mode"] == "static"
            else f"closed loop, LRU at {exact(r0['budget_mib'])} MiB")
-    parts = [f"F = {exact(r['frac'])}: {fmt_q(r['io_saved_pct'], 'pct')}% / {fmt_q(r['mass_lost_pct'], 'pct')}%" for r in rows]
+    def saved(r: dict[str, Any]) -> str:
+        iv = ("" if r.get("io_saved_ci_low") is None else
+              f" (95% interval {fmt_q(r['io_saved_ci_low'], 'pct')} to {fmt_q(r['io_saved_ci_high'], 'pct')}%)")
+        return f"{fmt_q(r['io_saved_pct'], 'pct')}%{iv}"
+
+    parts = [f"F = {exact(r['frac'])}: {saved(r)} / {fmt_q(r['mass_lost_pct'], 'pct')}%" for r in rows]
     return (f"Drop-cold ({how}; decode routings), reads avoided (% of miss bytes) / router weight mass discarded (%): "
             + "; ".join(parts) + ". Weight mass is a proxy for quality, not a measurement of it")
 
