@@ -369,8 +369,8 @@ def section_cache(ctx: ReportContext) -> Section:
     from replay.policy_set import left_out_text, report_policies
 
     policies, left = report_policies(ctx.policies)
-    series: dict = {}
-    frame = sweep(loads, policies, budgets, per_layer=True, show_progress=False, series=series)
+    token_series: dict = {}  # each cell's decode batches, for the paired comparisons (replay.paired)
+    frame = sweep(loads, policies, budgets, per_layer=True, show_progress=False, series=token_series)
     model = ctx.shared.get("cost_model")
     if model is not None:
         from replay.cost import with_time
@@ -410,7 +410,7 @@ def section_cache(ctx: ReportContext) -> Section:
     cells = overall.to_dicts()
     from replay.paired import annotate, decide
 
-    annotate(cells, series, model)  # every cell against LRU and the best, with the paired interval (replay.paired)
+    annotate(cells, token_series, model)  # every cell against LRU and the best, with the paired interval (replay.paired)
     over = [r for r in cells if is_over_budget(r)]
     gap_rows = []
     for b in budgets:

@@ -172,6 +172,9 @@ def test_report_verdict_win_and_tie(traces, tmp_path):
         md = (out / "index.md").read_text()
         verdict = md[md.index("## Verdict"):md.index("**Contents:**")]
         assert ("beats LRU beyond noise" if kind == "win" else "tie within noise (±") in verdict, verdict
+        gap = pl.read_csv(out / "tables" / "cache_gap.csv").filter(pl.col("budget_mib") == BUDGET).row(0, named=True)
+        assert (gap["best_online"], gap["best_vs_lru"]) == (row["policy"], want)  # the section makes the verdict's call
+        assert (gap["tied_with_best"] or "") == ", ".join(row["tied_with"])
 
 
 def test_report_ranks_one_policy_set_and_names_what_it_left_out(traces, tmp_path):
