@@ -189,7 +189,7 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
         series: dict | None = {} if paired else None
         frame = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=show_progress, series=series)[0]
         frame = with_time(frame, cost_model, trace=t) if cost_model is not None else frame
-        return _paired(frame, series, cost_model)
+        return _paired(frame, series, cost_model, t)
     loads = loads if loads is not None else loads_of(t)
     blist = _budgets(budgets_mib) if budgets_mib is not None else default_budgets_mib(t)
     series = {} if paired else None
@@ -206,15 +206,15 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
                       show_progress=show_progress, series=series)
     if cost_model is not None:
         frame = with_time(frame, cost_model, trace=t)
-    return _paired(frame, series, cost_model)
+    return _paired(frame, series, cost_model, t)
 
 
-def _paired(frame: pl.DataFrame, series: dict | None, cost_model: Any) -> pl.DataFrame:
+def _paired(frame: pl.DataFrame, series: dict | None, cost_model: Any, trace: Any) -> pl.DataFrame:
     if series is None:
         return frame
-    from replay.paired import with_paired
+    from replay.paired import with_paired, with_requests
 
-    return with_paired(frame, series, cost_model)
+    return with_paired(frame, with_requests(series, trace), cost_model)
 
 
 @_api

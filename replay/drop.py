@@ -206,9 +206,17 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
         return {f"hit_pct_{name}{suffix}": _pct(t[ACC_HITS], t[ACC_LOOKUPS]) for name, t in by.items()}
 
     base = replay(loads, policy, float(budget_mib), seed=seed)
-    from replay.paired import diff_saved_pct, series_of
+    import dataclasses
 
-    b_series = series_of(loads, base)
+    from replay.paired import diff_saved_pct, request_units, series_of
+
+    units = request_units(trace)
+
+    def paired_series(res):  # each decode batch's request, when requests are resampled whole
+        s = series_of(loads, res)
+        return dataclasses.replace(s, requests=units) if units is not None and len(s) == units.shape[0] else s
+
+    b_series = paired_series(base)
     b_acc, b_dec = totals(base)
     b_hits = hit_pcts(base, "_baseline")
     total_read = float(b_acc[ACC_READ])
@@ -229,7 +237,7 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
             misses_decode_baseline=int(b_dec[ACC_LOOKUPS] - b_dec[ACC_HITS]), tokens_decode=n_tok_dec,
         )
         # reads avoided against the same replay without dropping, paired over decoded tokens (replay.paired)
-        d = diff_saved_pct(b_series, series_of(loads, res)) if phase == "decode" else None
+        d = diff_saved_pct(b_series, paired_series(res)) if phase == "decode" else None
         row.update(io_saved_ci_low=d.low if d else None, io_saved_ci_high=d.high if d else None)
         return row
 

@@ -11,7 +11,8 @@ circular block bootstrap over decoded tokens* (docs/design.md, "Paired compariso
   streamed replay alike;
 - the units are resampled in blocks of ``block_tokens(n) = max(16, ceil(sqrt(n)))`` consecutive
   units (the cache remembers, so neighbouring tokens' hits are correlated; circular: a block
-  may wrap from the last unit to the first), the same blocks for both settings (paired);
+  may wrap from the last unit to the first), the same blocks for both settings (paired); when the
+  trace has requests, each decode batch serving one, whole requests (:func:`request_units`);
 - a ratio is recomputed on each resample as a ratio of sums (hit % = sum hits / sum lookups,
   MiB per token = sum bytes / sum tokens), never a mean of per-token ratios;
 - ms per token under a cost model is linear in MiB and misses per token, so its difference is
@@ -56,9 +57,43 @@ class DecodeSeries:
     hits: np.ndarray
     read_bytes: np.ndarray
     tokens: np.ndarray
+    requests: np.ndarray | None = None  # int [units]: the request of each decode batch (resampled whole), or None
 
     def __len__(self) -> int:
         return int(self.lookups.shape[0])
+
+
+MIN_REQUESTS = 8
+
+
+def request_units(trace: Any) -> np.ndarray | None:
+    """The request of each decode batch, numbered 0.. (requests resampled whole), when the trace has a
+    ``request`` column, every decode batch serves one request and at least :data:`MIN_REQUESTS`
+    requests decode; else None (blocks of decode batches: one request, or batches that serve
+    several requests at once, whose reads cannot be split between them)."""
+    if trace is None or not trace.has("request"):
+        return None
+    t = trace.table(["batch", "phase", "request"])
+    dec = t.column("phase").to_numpy() == 1
+    b, rq = t.column("batch").to_numpy()[dec], t.column("request").to_numpy()[dec]
+    if b.size == 0:
+        return None
+    change = np.r_[True, b[1:] != b[:-1]]
+    first = rq[np.flatnonzero(change)]
+    if (rq != first[np.cumsum(change) - 1]).any():
+        return None  # a decode batch serves several requests
+    _, units = np.unique(first, return_inverse=True)
+    return units.astype(np.int64) if int(units.max()) + 1 >= MIN_REQUESTS else None
+
+
+def with_requests(series: dict[Any, DecodeSeries], trace: Any) -> dict[Any, DecodeSeries]:
+    """``series`` with each decode batch's request (:func:`request_units`) where the trace has them."""
+    import dataclasses
+
+    units = request_units(trace)
+    if units is None:
+        return series
+    return {k: dataclasses.replace(s, requests=units) if len(s) == units.shape[0] else s for k, s in series.items()}
 
 
 def series_of(loads: Any, res: Any) -> DecodeSeries:
@@ -88,9 +123,23 @@ class Diff:
         return (self.high - self.low) / 2.0
 
 
-def _resampled_sums(cols: np.ndarray, rng: np.random.Generator, resamples: int) -> np.ndarray:
-    """Sums of each column of ``cols`` [n, c] over ``resamples`` circular block resamples: [resamples, c]."""
+def _resampled_sums(cols: np.ndarray, rng: np.random.Generator, resamples: int,
+                    requests: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """(Sums of each column of ``cols`` [n, c] over ``resamples`` resamples: [resamples, c]; the
+    degrees of freedom of the interval). With ``requests``, whole requests are resampled (G
+    requests drawn with replacement: G - 1 degrees of freedom); else circular blocks of
+    :func:`block_tokens` units (b blocks: b - 1)."""
     n, c = cols.shape
+    if requests is not None:
+        G = int(requests.max()) + 1
+        per = np.zeros((G, c), np.float64)
+        np.add.at(per, requests, cols.astype(np.float64))
+        out = np.empty((resamples, c), np.float64)
+        step = max(1, 4_000_000 // G)
+        for a in range(0, resamples, step):
+            m = min(step, resamples - a)
+            out[a:a + m] = per[rng.integers(0, G, size=(m, G))].sum(axis=1)
+        return out, G - 1
     L = block_tokens(n)
     nb = math.ceil(n / L)
     lens = np.full(nb, L, np.int64)
@@ -103,7 +152,7 @@ def _resampled_sums(cols: np.ndarray, rng: np.random.Generator, resamples: int) 
         m = min(step, resamples - a)
         starts = rng.integers(0, n, size=(m, nb))
         out[a:a + m] = (cum[starts + lens] - cum[starts]).sum(axis=1)
-    return out
+    return out, nb - 1
 
 
 Z975 = 1.959963984540054
@@ -121,15 +170,19 @@ def t975(df: int) -> float:
             + (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160 / v ** 4)
 
 
-def _interval(point: float, draws: np.ndarray, n: int) -> Diff:
-    """point ± t(0.975, blocks - 1) x the standard deviation of the resampled differences."""
+def _interval(point: float, draws: np.ndarray, n: int, df: int) -> Diff:
+    """point ± t(0.975, df) x the standard deviation of the resampled differences (df = blocks - 1,
+    or requests - 1)."""
     draws = draws[np.isfinite(draws)]
     L = block_tokens(n)
-    nb = math.ceil(n / L) if n else 0
-    if draws.size < 2 or nb < 2:
+    if draws.size < 2 or df < 1:
         return Diff(float(point), math.nan, math.nan, n, L)
-    h = t975(nb - 1) * float(np.std(draws, ddof=1))
+    h = t975(df) * float(np.std(draws, ddof=1))
     return Diff(float(point), float(point) - h, float(point) + h, n, L)
+
+
+def _requests(a: DecodeSeries, b: DecodeSeries) -> np.ndarray | None:
+    return a.requests if a.requests is not None else b.requests
 
 
 def _check(a: DecodeSeries, b: DecodeSeries) -> None:
@@ -144,10 +197,11 @@ def diff_hit_pp(a: DecodeSeries, b: DecodeSeries, *, seed: int = SEED, resamples
     if n == 0 or a.lookups.sum() == 0 or b.lookups.sum() == 0:
         return Diff(math.nan, math.nan, math.nan, n, block_tokens(n))
     point = 100.0 * (a.hits.sum() / a.lookups.sum() - b.hits.sum() / b.lookups.sum())
-    s = _resampled_sums(np.stack([a.hits, a.lookups, b.hits, b.lookups], axis=1), np.random.default_rng(seed), resamples)
+    s, df = _resampled_sums(np.stack([a.hits, a.lookups, b.hits, b.lookups], axis=1), np.random.default_rng(seed), resamples,
+                            _requests(a, b))
     with np.errstate(divide="ignore", invalid="ignore"):
         d = 100.0 * (s[:, 0] / s[:, 1] - s[:, 2] / s[:, 3])
-    return _interval(point, d, n)
+    return _interval(point, d, n, df)
 
 
 def diff_per_token(a: DecodeSeries, b: DecodeSeries, *, ms_per_mib: float = 1.0, ms_per_miss: float = 0.0,
@@ -167,10 +221,11 @@ def diff_per_token(a: DecodeSeries, b: DecodeSeries, *, ms_per_mib: float = 1.0,
     da = cost(a.read_bytes.astype(np.float64), a.lookups.astype(np.float64), a.hits.astype(np.float64))
     db = cost(b.read_bytes.astype(np.float64), b.lookups.astype(np.float64), b.hits.astype(np.float64))
     point = float((da.sum() - db.sum()) / a.tokens.sum())
-    s = _resampled_sums(np.stack([da - db, a.tokens.astype(np.float64)], axis=1), np.random.default_rng(seed), resamples)
+    s, df = _resampled_sums(np.stack([da - db, a.tokens.astype(np.float64)], axis=1), np.random.default_rng(seed), resamples,
+                            _requests(a, b))
     with np.errstate(divide="ignore", invalid="ignore"):
         d = s[:, 0] / s[:, 1]
-    return _interval(point, d, n)
+    return _interval(point, d, n, df)
 
 
 def call(d: Diff | None, higher_is_better: bool = True) -> str | None:
@@ -321,17 +376,21 @@ def whatif_series(loads: Any, res: Any) -> DecodeSeries:
 
     s = series_of(loads, res)
     spec = res.bacc[np.asarray(loads.batch_phase) == 1, ACC_SPEC_READ].astype(np.int64)
-    return DecodeSeries(s.lookups, s.hits, s.read_bytes + spec, s.tokens)
+    return DecodeSeries(s.lookups, s.hits, s.read_bytes + spec, s.tokens, s.requests)
 
 
 def whatif_columns(loads: Any, base: Any, res: Any, model: Any = None, *, seed: int = SEED,
-                   resamples: int = RESAMPLES) -> dict[str, Any]:
+                   resamples: int = RESAMPLES, requests: np.ndarray | None = None) -> dict[str, Any]:
     """A what-if replay ``res`` (prefetch, retention) against its baseline ``base`` (same policy and
     budget, no what-if), paired over decoded tokens: decode hit points gained (``delta_hit_pp`` and
     interval, ``vs_baseline`` = better | worse | tie), MiB read per decoded token added, speculative
     reads included (``delta_mib_per_token`` and interval), and with ``model`` ms per decoded token
     (``delta_ms_per_token`` and interval, ``vs_baseline_time``: better = faster)."""
     a, b = whatif_series(loads, res), whatif_series(loads, base)
+    if requests is not None and len(a) == requests.shape[0]:  # requests resampled whole (request_units)
+        import dataclasses
+
+        a, b = dataclasses.replace(a, requests=requests), dataclasses.replace(b, requests=requests)
     h = diff_hit_pp(a, b, seed=seed, resamples=resamples)
     m = diff_per_token(a, b, seed=seed, resamples=resamples)
     out = dict(zip(WHATIF_COLUMNS, (h.delta, h.low, h.high, call(h), m.delta, m.low, m.high), strict=True))
@@ -354,7 +413,8 @@ def diff_saved_pct(base: DecodeSeries, res: DecodeSeries, *, seed: int = SEED, r
     if n == 0 or base.read_bytes.sum() == 0:
         return Diff(math.nan, math.nan, math.nan, n, block_tokens(n))
     point = 100.0 * float(base.read_bytes.sum() - res.read_bytes.sum()) / float(base.read_bytes.sum())
-    s = _resampled_sums(np.stack([base.read_bytes, res.read_bytes], axis=1), np.random.default_rng(seed), resamples)
+    s, df = _resampled_sums(np.stack([base.read_bytes, res.read_bytes], axis=1), np.random.default_rng(seed), resamples,
+                            _requests(base, res))
     with np.errstate(divide="ignore", invalid="ignore"):
         d = 100.0 * (s[:, 0] - s[:, 1]) / s[:, 0]
-    return _interval(point, d, n)
+    return _interval(point, d, n, df)

@@ -205,9 +205,9 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
         "read_mib_decode_baseline": b["read_mib_decode"], "misses_decode_baseline": b["misses_decode"],
         "overflow_loads": res.overflow_loads,
     }
-    from replay.paired import whatif_columns
+    from replay.paired import request_units, whatif_columns
 
-    row.update(whatif_columns(loads, base, res, model))
+    row.update(whatif_columns(loads, base, res, model, requests=request_units(trace)))
     return pl.DataFrame([row], infer_schema_length=None)
 
 
@@ -238,7 +238,7 @@ def best_plain(trace: Trace, budget_mib: float, model=None, loads: Loads | None 
     from replay.cache import loads_of, sweep
     from replay.cost import with_time
     from replay.frames import rows_of
-    from replay.paired import annotate, decide
+    from replay.paired import annotate, decide, with_requests
     from replay.policy_set import online_policies
 
     loads = loads if loads is not None else loads_of(trace)
@@ -247,7 +247,7 @@ def best_plain(trace: Trace, budget_mib: float, model=None, loads: Loads | None 
     if model is not None:
         frame = with_time(frame, model, loads.decode_tokens)
     rows = [r for r in rows_of(frame) if r["layer"] is None and r["hit_pct_decode"] is not None]
-    annotate(rows, series, model)
+    annotate(rows, with_requests(series, trace), model)
     dec = decide(rows)
     if dec is None:
         return None
@@ -280,7 +280,7 @@ def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: l
     bootstrap over decoded tokens (``retain_gain_ci_low`` / ``retain_gain_ci_high``) and its call
     ``retain_vs_no_retain`` (better | worse | tie, :mod:`replay.paired`)."""
     from replay.cache import sweep
-    from replay.paired import call, diff_hit_pp
+    from replay.paired import call, diff_hit_pp, with_requests
 
     g = guesses(trace, predictor)
     s_with: dict = {}
@@ -289,6 +289,7 @@ def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: l
                    retain=True, policy_options=policy_options, show_progress=show_progress, series=s_with)
     without = sweep(loads, policies, budgets_mib, per_layer=per_layer, seed=seed, show_progress=False,
                     policy_options=policy_options, series=s_without)
+    s_with, s_without = with_requests(s_with, trace), with_requests(s_without, trace)
     diffs = [diff_hit_pp(s_with[(p, b)], s_without[(p, b)]) if layer is None else None
              for p, b, layer in zip(with_r["policy"], with_r["budget_mib"], with_r["layer"], strict=True)]
     return with_r.with_columns(

@@ -408,9 +408,9 @@ def section_cache(ctx: ReportContext) -> Section:
                                     budget_x=True, ylim=ylim, caption=caption))
     online = [p for p in policies if p not in BOUNDS]
     cells = overall.to_dicts()
-    from replay.paired import annotate, decide
+    from replay.paired import annotate, decide, with_requests
 
-    annotate(cells, token_series, model)  # every cell against LRU and the best, with the paired interval (replay.paired)
+    annotate(cells, with_requests(token_series, tr), model)  # every cell against LRU and the best, with the paired interval (replay.paired)
     over = [r for r in cells if is_over_budget(r)]
     gap_rows = []
     for b in budgets:
@@ -514,7 +514,7 @@ def _at_verdict_budgets(ctx: ReportContext, loads: Any, policies: list[str], mod
     decode hit % (highest first), then name; and the online policies compared."""
     from replay.cache import sweep
     from replay.cost import BOUNDS, with_time
-    from replay.paired import annotate
+    from replay.paired import annotate, with_requests
     from replay.policy_set import online_policies
 
     online = online_policies(ctx.policies)
@@ -525,7 +525,7 @@ def _at_verdict_budgets(ctx: ReportContext, loads: Any, policies: list[str], mod
     if model is not None:
         frame = with_time(frame, model, ctx.trace.token_counts()["tokens_decode"])
     rows = frame.filter(pl.col("layer").is_null()).to_dicts()
-    annotate(rows, series, model)  # each cell against LRU and the best, with the paired interval (replay.paired)
+    annotate(rows, with_requests(series, ctx.trace), model)  # each cell against LRU and the best, with the paired interval (replay.paired)
     rows.sort(key=lambda r: (r["budget_mib"], r["policy"] in BOUNDS, -(r["hit_pct_decode"] or 0.0), r["policy"]))
     return rows, online
 

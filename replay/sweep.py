@@ -828,7 +828,7 @@ def _paired_columns(rows: list[dict[str, Any]], timed: bool) -> dict[str, Any]:
     interval, and the policies tied with it (:func:`replay.paired.decide`): the group's plain cells
     replayed again from their trace (the stored rows hold totals, not per-token figures), each
     replayed figure checked against the stored one. ``paired_note`` says why there is none."""
-    from replay.paired import annotate, decide
+    from replay.paired import annotate, decide, with_requests
 
     keys = ["vs_lru", "delta_vs_lru_pp", "delta_ci_low", "delta_ci_high", "tied_with_best"]
     if timed:
@@ -865,7 +865,7 @@ def _paired_columns(rows: list[dict[str, Any]], timed: bool) -> dict[str, Any]:
     if any(stored[r["policy"]].get("hits") != r.get("hits") for r in again):
         out["paired_note"] = "the trace no longer gives the stored figures: no paired interval"
         return out
-    annotate(again, series, model)
+    annotate(again, with_requests(series, t), model)
     for prefix, value in (("", "hit_pct_decode"), ("fastest_", "ms_per_token")):
         if prefix and not timed:
             continue

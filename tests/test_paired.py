@@ -286,3 +286,25 @@ def test_closed_loop_drop_carries_the_paired_interval(traces):
     assert rows
     for r in rows:
         assert r["io_saved_ci_low"] <= r["io_saved_pct"] <= r["io_saved_ci_high"], r
+
+
+def test_requests_are_resampled_whole(tmp_path):
+    """With a request column (requests one after another), whole requests are the resampling unit:
+    10 requests give t(0.975, 9) x the spread of request resamples, not the token blocks'."""
+    from replay.cache import loads_of, sweep
+    from replay.paired import request_units, with_requests
+    from traces import open_trace
+
+    t = open_trace(write_routing_trace(tmp_path / "req", "win", tokens=400, requests=10))
+    units = request_units(t)
+    assert units is not None and units.tolist() == [i // 40 for i in range(400)]
+    series: dict = {}
+    sweep(loads_of(t), ["lru", "lfu"], [BUDGET], show_progress=False, series=series)
+    plain = diff_hit_pp(series[("lfu", BUDGET)], series[("lru", BUDGET)])
+    whole = with_requests(series, t)
+    d = diff_hit_pp(whole[("lfu", BUDGET)], whole[("lru", BUDGET)])
+    assert d.delta == plain.delta and (d.low, d.high) != (plain.low, plain.high)
+    f = api.cache(t, policies=["lru", "lfu"], budgets_mib=[BUDGET], paired=True).filter(pl.col("policy") == "lfu")
+    assert (f["delta_ci_low"][0], f["delta_ci_high"][0]) == pytest.approx((d.low, d.high))
+    # a trace without requests, or whose batches serve several at once, resamples blocks of tokens
+    assert request_units(open_trace(write_routing_trace(tmp_path / "one", "win", tokens=100))) is None

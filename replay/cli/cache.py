@@ -153,9 +153,9 @@ def register(app: typer.Typer) -> None:
             frame, loads, W_bytes = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=True,
                                                  series=series)
             if cmodel is not None:
-                from replay.paired import with_paired
+                from replay.paired import with_paired, with_requests
 
-                frame = with_paired(api.with_time(frame, cmodel, trace=t), series, cmodel)
+                frame = with_paired(api.with_time(frame, cmodel, trace=t), with_requests(series, t), cmodel)
         else:
             loads = loads_of(t)
             W_bytes = loads.working_set_bytes
