@@ -308,3 +308,11 @@ def test_requests_are_resampled_whole(tmp_path):
     assert (f["delta_ci_low"][0], f["delta_ci_high"][0]) == pytest.approx((d.low, d.high))
     # a trace without requests, or whose batches serve several at once, resamples blocks of tokens
     assert request_units(open_trace(write_routing_trace(tmp_path / "one", "win", tokens=100))) is None
+
+
+def test_streamed_replay_gives_the_same_paired_columns(traces):
+    model = api.manual_cost_model(flash_mib_s=1000, compute_ms=10)
+    a, b = (api.cache(traces["win"], policies=POLICIES, budgets_mib=[8, BUDGET], paired=True, cost_model=model, stream=s)
+            for s in ("on", "off"))
+    assert a.equals(b)
+    assert a["delta_ci_low"].drop_nulls().len() == 8  # every cell (LRU against itself: 0)
