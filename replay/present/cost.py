@@ -122,7 +122,10 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
         by_hits = pick_best(at, "hit_pct_decode", highest=True)
         if by_time is None or by_hits is None:
             continue
-        if by_time["policy"] != by_hits["policy"] and by_time["ms_per_token"] < by_hits["ms_per_token"]:
+        if by_time["policy"] != by_hits["policy"] and by_hits.get("tied_with_fastest"):  # within noise (replay.paired)
+            out.append(f"at {exact(b)} MiB, {by_hits['policy']} hits most and {by_time['policy']} is fastest, but they tie on "
+                       "time within noise")
+        elif by_time["policy"] != by_hits["policy"] and by_time["ms_per_token"] < by_hits["ms_per_token"]:
             out.append(f"at {exact(b)} MiB, {by_hits['policy']} hits most ({by_hits['hit_pct_decode']:.1f}% decode) but "
                        f"{by_time['policy']} is faster ({by_time['ms_per_token']:.1f} vs {by_hits['ms_per_token']:.1f} ms/token): "
                        "it reads fewer bytes per token (expert sizes differ by layer)")
