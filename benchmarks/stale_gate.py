@@ -50,7 +50,7 @@ def ensure_trace(path: Path, tokens: int, layers: int, embd: int, experts: int) 
         if (synth.get("tokens"), synth.get("layers"), synth.get("embd"), synth.get("experts")) == (tokens, layers, embd, experts):
             if current_layout(path):
                 return
-            print(f"{path} was written by an older writer (pages the raw-page path does not read); regenerating")
+            print(f"{path} was written by an older writer (trace format version 1: gate inputs decoded, not mapped); regenerating")
     print(f"generating {path} (one-off; minutes) ...", flush=True)
     subprocess.run([sys.executable, "-m", "replay.cli", "synth", str(path), "--layers", str(layers), "--experts",
                     str(experts), "--top-k", "8", "--embd", str(embd), "--tokens", str(tokens), "--prompt-tokens", "0",
@@ -58,13 +58,11 @@ def ensure_trace(path: Path, tokens: int, layers: int, embd: int, experts: int) 
 
 
 def current_layout(path: Path) -> bool:
-    """Whether the trace's gate inputs and router matrices are stored as the current writer
-    stores them (uncompressed PLAIN pages that traces.pages reads without Arrow)."""
-    from traces.pages import plan_fixed_list
+    """Whether the trace is stored as the current writer stores it (format version 2: the gate
+    inputs in Arrow IPC files that stale-gate maps)."""
+    import json
 
-    parts = sorted((path / "routings").glob("part-*.parquet"))
-    return bool(parts) and plan_fixed_list(parts[0], "gate_input") is not None and \
-        plan_fixed_list(path / "router.parquet", "weight") is not None
+    return json.loads((path / "trace.json").read_text()).get("version") == 2
 
 
 def floor_seconds(part_tokens: list[int], embd: int, experts: int, layers: int, threaded: bool = False) -> float:
@@ -93,7 +91,7 @@ def floor_seconds(part_tokens: list[int], embd: int, experts: int, layers: int, 
 
 def read_seconds(trace) -> float:
     """The stale-gate read path alone, on one thread: every part mapped (or decoded, where its
-    pages do not allow a map), every layer's gate rows gathered as float64, no compute."""
+    trace is version 1), every layer's gate rows gathered as float64, no compute."""
     from replay.predictors.gate import _chunks  # the path predict_gate reads through
 
     t0 = time.perf_counter()

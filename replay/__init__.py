@@ -9,7 +9,7 @@ returns one Polars DataFrame with the DESIGN.md keys; bad input raises :class:`R
     pre = replay.prefetch(t, predictor="prev-token", budget_mib=512)
     replay.write_report("trace_dir", "report_dir", force=True)
 
-Functions: open_trace, synth, cache, retain, predict, predict_run, drop, prefetch, fit_cost_model,
+Functions: open_trace, synth, cache, cache_run, retain, predict, predict_run, drop, prefetch, fit_cost_model,
 cost_fit, load_cost_model, manual_cost_model, with_time, write_report, default_budgets_mib,
 policy_names, predictor_names, sweep, sweep_report, compare, compare_run.
 
@@ -30,6 +30,7 @@ __all__ = [
     "ReplayError",
     "__version__",
     "cache",
+    "cache_run",
     "compare",
     "compare_run",
     "cost_fit",

@@ -137,6 +137,89 @@ def default_budgets_mib(trace: TraceLike) -> list[float]:
     return _default(loads_of(t), t.recorded.get("budget_mib"))
 
 
+class CacheRun:
+    """Everything ``cache`` prints: the rows (``frame``), the budgets replayed (``budgets_mib``),
+    the loads the replay cut (``loads``: the batch-only ones when streamed), the working set in
+    bytes and :attr:`summary` (:func:`replay.rows.cache_summary`: T, W, the note)."""
+
+    def __init__(self, trace: Any, frame: pl.DataFrame, budgets_mib: list[float], budgets_given: bool, loads: Any,
+                 working_set_bytes: int | None, streamed: bool) -> None:
+        self.trace, self.frame, self.budgets_mib, self.budgets_given = trace, frame, budgets_mib, budgets_given
+        self.loads, self.streamed = loads, streamed
+        self._working_set_bytes = working_set_bytes
+
+    @property
+    def working_set_bytes(self) -> int:
+        return self.loads.working_set_bytes if self._working_set_bytes is None else self._working_set_bytes
+
+    @functools.cached_property
+    def summary(self) -> dict[str, Any]:
+        from replay.frames import rows_of
+        from replay.rows import cache_summary
+
+        return cache_summary(self.trace, rows_of(self.frame.filter(self.frame["layer"].is_null())), self.budgets_mib,
+                             self.budgets_given, self.working_set_bytes, bool((self.loads.batch_phase == 1).any()))
+
+
+@_api
+def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer", "lfru", "belady", "infinite"),
+              budgets_mib: Sequence[float] | None = None, per_layer: bool = False, phase: str = "decode", seed: int = 0,
+              policy_options: dict[str, dict[str, Any]] | None = None, policy_file: Any = None, cost_model: Any = None,
+              retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
+              loads: Any = None, stream: str = "auto", paired: bool = False) -> CacheRun:
+    """:func:`cache` with everything the command prints beside the rows: a :class:`CacheRun`. The
+    one flow of a cache replay: the ``cache`` verb, :func:`cache` and sweeps all run it."""
+    from replay.cache import check_policies, default_budgets_mib, loads_of, sweep
+    from replay.cache_stream import check_stream_mode, choose_stream, streamable
+    from replay.info import require_routings
+    from replay.phases import check_phase
+
+    check_phase(phase)
+    check_stream_mode(stream)
+    _plugins(policy_file, predictor_file)
+    pols = check_policies(list(policies))
+    if not 0 <= seed < 1 << 63:
+        raise UserError(f"--seed: {seed} is not in 0..2^63-1.")
+    t = _trace(trace)
+    require_routings(t, "replay")
+    blist = _budgets(budgets_mib) if budgets_mib is not None else None
+    rec_budget = t.recorded.get("budget_mib")
+    # Options of a policy that streams replay in memory only (the policies that take options do not stream).
+    in_memory_only = ("--retain" if retain_predictor is not None
+                      else "policy_options" if policy_options and all(streamable(p) for p in pols) else None)
+    if paired and retain_predictor is not None:
+        raise UserError("paired: compares plain replays; not with retain_predictor.")
+    series: dict | None = {} if paired else None  # each cell's decode batches (replay.paired)
+    if loads is None and choose_stream(t, pols, stream, in_memory_only=in_memory_only):
+        from replay.cache_stream import Sizes, stream_sweep, working_set_stream
+
+        if blist is None:  # the working set first (one more pass over the parts), then the replay
+            blist = default_budgets_mib(Sizes(t.token_cycle_bytes, working_set_stream(t)), rec_budget)
+        frame, loads, working_set = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=show_progress,
+                                                 series=series)
+        streamed = True
+    else:
+        loads = loads if loads is not None else loads_of(t)
+        working_set, streamed = None, False
+        if blist is None:
+            blist = default_budgets_mib(loads, rec_budget)
+        if retain_predictor is not None:
+            from replay.prefetch import retain_sweep
+
+            frame = retain_sweep(t, loads, pols, blist, retain_predictor, per_layer=per_layer, seed=seed,
+                                 policy_options=policy_options, show_progress=show_progress)
+        else:
+            frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed, policy_options=policy_options,
+                          show_progress=show_progress, series=series)
+    if cost_model is not None:
+        frame = with_time(frame, cost_model, trace=t)
+    if series is not None:
+        from replay.paired import with_paired, with_requests
+
+        frame = with_paired(frame, with_requests(series, t), cost_model)
+    return CacheRun(t, frame, blist, budgets_mib is not None, loads, working_set, streamed)
+
+
 @_api
 def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer", "lfru", "belady", "infinite"),
           budgets_mib: Sequence[float] | None = None, per_layer: bool = False, phase: str = "decode", seed: int = 0,
@@ -166,55 +249,10 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     or tied with it within noise); with ``cost_model`` the same for ms per decoded token
     (``delta_ms_vs_lru``, ``delta_ms_ci_low``, ``delta_ms_ci_high``, ``vs_lru_time``,
     ``tied_with_fastest``). :mod:`replay.paired` (docs/design.md, "Paired comparisons")."""
-    from replay.cache import check_policies, loads_of, sweep
-    from replay.cache_stream import check_stream_mode, choose_stream
-    from replay.info import require_routings
-    from replay.phases import check_phase
-
-    check_phase(phase)
-    check_stream_mode(stream, "stream")
-    _plugins(policy_file, predictor_file)
-    pols = check_policies(list(policies), option="policies")
-    if not 0 <= seed < 1 << 63:
-        raise UserError(f"seed: {seed} is not in 0..2^63-1.")
-    t = _trace(trace)
-    require_routings(t, "replay")
-    in_memory_only = "retain_predictor" if retain_predictor is not None else "policy_options" if policy_options else None
-    if loads is None and choose_stream(t, pols, stream, in_memory_only=in_memory_only, option="stream"):
-        from replay.cache import default_budgets_mib as _default
-        from replay.cache_stream import Sizes, stream_sweep, working_set_stream
-
-        blist = (_budgets(budgets_mib) if budgets_mib is not None
-                 else _default(Sizes(t.token_cycle_bytes, working_set_stream(t)), t.recorded.get("budget_mib")))
-        series: dict | None = {} if paired else None
-        frame = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=show_progress, series=series)[0]
-        frame = with_time(frame, cost_model, trace=t) if cost_model is not None else frame
-        return _paired(frame, series, cost_model, t)
-    loads = loads if loads is not None else loads_of(t)
-    blist = _budgets(budgets_mib) if budgets_mib is not None else default_budgets_mib(t)
-    series = {} if paired else None
-    if retain_predictor is not None:
-        from replay.prefetch import retain_sweep
-
-        if paired:
-            raise UserError("paired: compares plain replays; not with retain_predictor.")
-
-        frame = retain_sweep(t, loads, pols, blist, retain_predictor, per_layer=per_layer, seed=seed,
-                             policy_options=policy_options, show_progress=show_progress)
-    else:
-        frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed, policy_options=policy_options,
-                      show_progress=show_progress, series=series)
-    if cost_model is not None:
-        frame = with_time(frame, cost_model, trace=t)
-    return _paired(frame, series, cost_model, t)
-
-
-def _paired(frame: pl.DataFrame, series: dict | None, cost_model: Any, trace: Any) -> pl.DataFrame:
-    if series is None:
-        return frame
-    from replay.paired import with_paired, with_requests
-
-    return with_paired(frame, with_requests(series, trace), cost_model)
+    return cache_run(trace, policies=policies, budgets_mib=budgets_mib, per_layer=per_layer, phase=phase, seed=seed,
+                     policy_options=policy_options, policy_file=policy_file, cost_model=cost_model,
+                     retain_predictor=retain_predictor, predictor_file=predictor_file, show_progress=show_progress,
+                     loads=loads, stream=stream, paired=paired).frame
 
 
 @_api
@@ -299,7 +337,7 @@ def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: flo
     _plugins(policy_file, predictor_file)
     t = _trace(trace)
     frame = _prefetch(t, predictor, budget_mib=_budget(budget_mib), policy=policy, cap=cap, guard=guard, drop_frac=drop_frac,
-                      retain=retain, model=cost_model)
+                      retain=retain)
     if cost_model is not None:
         from replay.present.whatif import with_verdict
 

@@ -86,10 +86,6 @@ def kernel_for(policy: str, whatif: bool = False, slots: bool = False):
     variant that writes per-slot residency codes (a what-if variant always can)."""
     key = (policy, whatif, slots and not whatif)
     with _KERNELS_LOCK:
-        if key not in _KERNELS and not whatif and not slots:
-            aot = _aot_kernel(policy)
-            if aot is not None:
-                _KERNELS[key] = aot
         if key not in _KERNELS:
             pm = policy_module(policy)
             try:
@@ -101,34 +97,6 @@ def kernel_for(policy: str, whatif: bool = False, slots: bool = False):
                 raise _plugin_error(policy, pm, e) from e
             _KERNELS[key] = kern
         return _KERNELS[key]
-
-
-# Policies whose plain replay (no what-if, no per-slot codes) the compiled extension runs
-# (replay/_aot.c, :mod:`replay.aot`): the Numba driver with the lru hooks, one group (lru) or one
-# per layer (layer). tests/test_aot_kernels.py holds each to the Numba kernel, byte for byte.
-AOT_POLICIES = ("lru", "layer")
-
-
-def _aot_kernel(policy: str):
-    """The compiled extension's plain replay of ``policy``, with the Numba driver's arguments, or
-    None (not built, disabled by MOE_REPLAY_AOT=0, or a policy it does not run)."""
-    if policy not in AOT_POLICIES or is_plugin(policy):
-        return None
-    from replay import aot
-
-    ext = aot.load()
-    if ext is None:
-        return None
-    run = ext.replay_lru
-
-    def kern(entries, load_start, load_lidx, load_phase, load_batch, layer_info, next_load, ent, grp, ps, acc, bacc, stats,
-             slot_out, drop, pred, opts):
-        # A plain replay: next_load, slot_out, drop and pred are not read (as in the Numba variant,
-        # where they are compiled out).
-        run(entries, load_start, load_lidx, load_phase, load_batch, layer_info, ent, grp, ps, acc, bacc, stats, opts)
-
-    kern.compiled_ahead = True
-    return kern
 
 
 def _plugin_error(policy: str, pm: Any, e: Exception) -> UserError:
@@ -355,7 +323,7 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
     rows checked here as they are read, before any of its loads is handed out (the checker's
     columns are read with it: the part is read once), so a replay reads the trace once, not twice;
     a bad row raises the :class:`traces.errors.TraceError` that :func:`traces.open_trace` would."""
-    from replay.load_kernel import gate_rows as rows_ok
+    from replay.load_kernel import rows_ok
     from traces.reader import RowChecker
 
     check_state_fits(trace)
@@ -373,7 +341,7 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
     leb = np.array([int(trace.expert_bytes[l]) for l in trace.moe_layers], dtype=np.int64)  # once, not per chunk
 
     def chunks():
-        for i, t in enumerate(trace.iter_tables(columns, read_ahead=True, fast=_fast_columns(trace.top_k))):
+        for i, t in enumerate(trace.iter_tables(columns, read_ahead=True)):
             cols = {c: _column_numpy(t.column(c)) for c in LOAD_COLUMNS if c != "experts"}
             cols["experts"] = fixed_list_to_numpy(t.column("experts"))
             if checker is not None:
@@ -429,15 +397,6 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
         load0 += lp.load_start.shape[0] - 1
         n_batch = batch0 + lp.batch_turn.shape[0]
         last_batch = int(cols["batch"][cut - 1])
-
-
-def _fast_columns(top_k: int) -> tuple[str, ...]:
-    """The list columns :func:`iter_load_parts` reads through the page path (traces.pages): experts
-    and weights from top-2 on. At top-1 Arrow's own reader is faster (all seven columns of the
-    4.8 M-routing top-1 trace: 0.18 s against 0.21 s, the page path's headers parsed in Python
-    costing more than Arrow's list levels of one value); at top-2 the page path wins (0.07 vs
-    0.09 s per 0.96 M rows), at top-4 0.09 vs 0.14, at top-8 15.6 vs 28.5 ms per part."""
-    return ("experts", "weights") if top_k >= 2 else ()
 
 
 def _column_numpy(col: Any) -> np.ndarray:
@@ -510,7 +469,7 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 def _cut(trace: Trace, cols: dict[str, np.ndarray], lidx_of: np.ndarray, buf: _CutBuffers) -> Loads:
     """One chunk's :class:`Loads`: :func:`replay.load_kernel.cut_loads` (one pass, into ``buf``), or
     :func:`prepare_loads` where that declines (rows out of order or out of range: it refuses or handles them)."""
-    from replay.load_kernel import cut_rows as cut_loads
+    from replay.load_kernel import cut_loads
 
     leb = buf.leb
     R = cols["batch"].shape[0]
@@ -835,20 +794,8 @@ def default_budgets_mib(loads: Loads, recorded_mib: float | None = None, n: int 
 def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
           threads: int | None = None, show_progress: bool = True, policy_options: dict[str, dict[str, Any]] | None = None,
           series: dict | None = None, **whatif: Any) -> pl.DataFrame:
-    """Every (policy, budget) cell, in parallel over the cores (the kernels release the GIL): the
-    rows of :func:`sweep_rows` as a frame (:func:`replay.rows.cache_frame`)."""
-    from replay.rows import cache_frame
-
-    rows, extras = sweep_rows(loads, policies, budgets_mib, per_layer, seed, threads, show_progress, policy_options,
-                              series=series, **whatif)
-    return cache_frame(rows, extras)
-
-
-def sweep_rows(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
-               threads: int | None = None, show_progress: bool = True, policy_options: dict[str, dict[str, Any]] | None = None,
-               series: dict | None = None, **whatif: Any) -> tuple[list[dict[str, Any]], bool]:
-    """(The cache rows of every (policy, budget) cell as :func:`result_rows` makes them, whether
-    they carry the ``extras`` columns), replayed in parallel over the cores.
+    """Every (policy, budget) cell, in parallel over the cores (the kernels release the GIL): one
+    row per cell as :func:`result_rows` makes it, as a frame (:func:`replay.rows.cache_frame`).
 
     Rows ordered by policy (as given) then budget (as given). ``infinite`` ignores the budget, so
     it is replayed once and its row repeated for every budget. ``whatif`` (e.g. ``pred``,
@@ -859,6 +806,7 @@ def sweep_rows(loads: Loads, policies: list[str], budgets_mib: list[float], per_
     batches, (policy, budget) -> :class:`replay.paired.DecodeSeries`, for paired comparisons.
     """
     from replay.progress import progress
+    from replay.rows import cache_frame
 
     policies = check_policies(policies)
     budgets = [float(b) for b in budgets_mib]
@@ -898,7 +846,7 @@ def sweep_rows(loads: Loads, policies: list[str], budgets_mib: list[float], per_
             from replay.paired import series_of
 
             series[(p, b)] = series_of(loads, r)
-    return rows, extras
+    return cache_frame(rows, extras)
 
 
 def validate(trace: Trace, budget_mib: float | None = None) -> dict[str, Any]:

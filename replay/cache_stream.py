@@ -252,20 +252,10 @@ def stream_sweep(trace: Trace, policies: list[str], budgets_mib: list[float], pe
     for a plain replay of streamable policies, every cell replayed in one streamed pass over the
     trace. The rows, in the same order, are those of ``sweep(loads_of(trace), policies, budgets_mib,
     per_layer, seed)``, byte for byte; the working set is ``loads_of(trace).working_set_bytes``.
-    ``infinite`` (a policy that ignores the budget) is replayed once, its row repeated per budget, as sweep does."""
-    from replay.rows import cache_frame
-
-    rows, loads, working_set = stream_sweep_rows(trace, policies, budgets_mib, per_layer, seed, chunk_rows, show_progress,
-                                                 threads, series)
-    return cache_frame(rows), loads, working_set
-
-
-def stream_sweep_rows(trace: Trace, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
-                      chunk_rows: int | None = None, show_progress: bool = False,
-                      threads: int | None = None, series: dict | None = None) -> tuple[list[dict[str, Any]], Loads, int]:
-    """:func:`stream_sweep` with the rows as :func:`replay.cache.result_rows` makes them (no frame);
-    ``series`` as in :func:`replay.cache.sweep_rows` (each cell's decode batches, for paired comparisons)."""
+    ``infinite`` (a policy that ignores the budget) is replayed once, its row repeated per budget, as sweep does.
+    ``series`` as in :func:`replay.cache.sweep` (each cell's decode batches, for paired comparisons)."""
     from replay.cache import result_rows
+    from replay.rows import cache_frame
 
     policies = check_policies(policies)
     budgets = [float(b) for b in budgets_mib]
@@ -292,7 +282,7 @@ def stream_sweep_rows(trace: Trace, policies: list[str], budgets_mib: list[float
             from replay.paired import series_of
 
             series[(p, b)] = series_of(loads, r)
-    return rows, loads, int(loads.entry_bytes[seen].sum())
+    return cache_frame(rows), loads, int(loads.entry_bytes[seen].sum())
 
 
 def sweep_stream(trace: Trace, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,

@@ -97,16 +97,12 @@ def info_rows(trace: Trace) -> list[dict[str, Any]]:
         "moe_layers_absent": compact_ranges(m["moe_layers_absent"]) if m.get("moe_layers_absent") else None,
     }
     # Bytes a one-budget `cache` replay holds beyond the program itself (an estimate from the
-    # metadata: replay.cache_stream.stream_memory_bytes), in memory and streamed part by part, and
-    # on the native path (replay.native.memory_bytes) when it takes the trace.
+    # metadata: replay.cache_stream.stream_memory_bytes), in memory and streamed part by part.
     from replay.cache_stream import stream_memory_bytes
-    from replay.native import memory_bytes
 
     mem = stream_memory_bytes(trace)
     row["cache_memory_mib_in_memory"] = mem["in_memory"] / MIB
     row["cache_memory_mib_streamed"] = mem["streamed"] / MIB
-    native = memory_bytes(trace)  # None: the native path does not take this trace
-    row["cache_memory_mib_native"] = None if native is None else native / MIB
     return [row]
 
 

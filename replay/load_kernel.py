@@ -12,10 +12,6 @@ and cut the rows into loads, each in one pass with no temporaries (:func:`replay
   range, batches out of order) it returns a nonzero status and the caller falls back to
   ``prepare_loads``, which refuses or handles it. ``tests/test_cache_stream.py`` checks that both
   give the same arrays.
-
-Both have a compiled twin in the C extension (replay/_aot.c, :mod:`replay.aot`), used when it was
-built: :func:`gate_rows` and :func:`cut_rows` pick it, else these Numba kernels
-(``tests/test_aot_kernels.py`` holds the two to each other, byte for byte).
 """
 
 from __future__ import annotations
@@ -113,18 +109,3 @@ def cut_loads(turn, batch, phase, step, layer, experts, lidx_of, n_expert, entri
     load_start[G] = R
     return 0, G, B
 
-
-def gate_rows(*args):
-    """:func:`rows_ok`, run by the compiled extension when it was built (no Numba import), else by Numba."""
-    from replay import aot
-
-    ext = aot.load()
-    return (ext.rows_ok if ext is not None else rows_ok)(*args)
-
-
-def cut_rows(*args):
-    """:func:`cut_loads`, run by the compiled extension when it was built (no Numba import), else by Numba."""
-    from replay import aot
-
-    ext = aot.load()
-    return (ext.cut_loads if ext is not None else cut_loads)(*args)

@@ -9,9 +9,10 @@ hook or constant is missing) is one :class:`~traces.errors.UserError` naming the
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.metadata
 import importlib.util
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -35,8 +36,6 @@ def load_file(path: str | Path, kind: str) -> ModuleType:
         raise UserError(f"{p}: a {kind} file must be a Python module ending in .py.")
     p = p.resolve()
     data = p.read_bytes()
-    import hashlib  # here, not at import: a plain cache run loads no plugin file (~5 ms of its start-up)
-
     name = f"moe_replay_plugin_{kind}_{p.stem}_{hashlib.sha1(str(p).encode() + data).hexdigest()[:12]}"
     if name in sys.modules:
         return sys.modules[name]
@@ -68,46 +67,7 @@ def load(spec: str, kind: str) -> ModuleType:
 
 def entry_points(group: str) -> list[tuple[str, str]]:
     """(entry point name, module spec) of an entry-point group, sorted by name (deterministic)."""
-    if not _may_have_entry_points(group):
-        return []
-    import importlib.metadata
-
-    eps = importlib.metadata.entry_points(group=group)
-    return sorted((ep.name, ep.value.split(":")[0]) for ep in eps)
-
-
-def _may_have_entry_points(group: str) -> bool:
-    """False only when no installed distribution can declare ``group``: every ``sys.path`` entry is
-    a plain directory, no import hook lists distributions of its own, and no ``entry_points.txt``
-    of a ``*.dist-info`` / ``*.egg-info`` there names the group. Importing importlib.metadata and
-    parsing every distribution's metadata costs more (~20-60 ms) than a whole small replay, and
-    the answer is almost always "none"; anything unusual is left to importlib.metadata (True)."""
-    import importlib.machinery
-
-    if any(hasattr(f, "find_distributions") and f is not importlib.machinery.PathFinder for f in sys.meta_path):
-        return True
-    needle = group.encode()  # anywhere in the file: a looser test than the section header itself
-    for entry in sys.path:
-        path = entry or "."
-        if not os.path.isdir(path):
-            if os.path.exists(path):
-                return True  # a zip or other archive on the path: importlib.metadata reads it
-            continue
-        try:
-            with os.scandir(path) as it:
-                names = [e.name for e in it if e.name.endswith((".dist-info", ".egg-info"))]
-        except OSError:
-            return True
-        for name in names:
-            try:
-                with open(os.path.join(path, name, "entry_points.txt"), "rb") as f:
-                    if needle in f.read():
-                        return True
-            except FileNotFoundError:
-                continue
-            except OSError:
-                return True
-    return False
+    return sorted((ep.name, ep.value.split(":")[0]) for ep in importlib.metadata.entry_points(group=group))
 
 
 def _paths(files: str | Path | list | tuple | None) -> list[str]:

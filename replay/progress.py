@@ -11,46 +11,13 @@ from typing import TYPE_CHECKING, TextIO
 if TYPE_CHECKING:
     from tqdm import tqdm
 
-class _Silent:
-    """What :func:`progress` returns when no bar is shown: counts, prints nothing, and spares the
-    run importing tqdm (piped and ``--json`` runs never show a bar)."""
-
-    disable = True
-
-    def __init__(self, total: int | None) -> None:
-        self.total = total
-        self.n = 0
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-
-    def close(self) -> None:
-        pass
-
-    def reset(self, total: int | None = None) -> None:
-        self.n = 0
-        self.total = total
-
-    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
-        pass
-
-    def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
-        pass
-
-    def __enter__(self) -> _Silent:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
-def progress(total: int | None, desc: str, unit: str = "it", enabled: bool = True) -> tqdm | _Silent:
-    """A progress bar on a terminal; silent when stderr is piped or redirected, or not ``enabled``."""
-    if not (enabled and sys.stderr.isatty()):
-        return _Silent(total)
+def progress(total: int | None, desc: str, unit: str = "it", enabled: bool = True) -> tqdm:
+    """A progress bar on a terminal; tqdm's own disabled bar (it counts nothing, prints nothing)
+    when stderr is piped or redirected, or not ``enabled``."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, disable=False, leave=False, dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, unit=unit, disable=not (enabled and sys.stderr.isatty()), leave=False,
+                dynamic_ncols=True)
 
 
 COMPILE_NOTICE = "compiling replay kernels (once per installation; later runs load them from the cache) ..."
@@ -75,7 +42,7 @@ def compile_notice(stream: TextIO | None = None) -> Iterator[None]:
         said = False
         listener = None
 
-        def install(self) -> None:  # once Numba is in use (traces.jit): a compiled-extension run never imports it
+        def install(self) -> None:  # once Numba is in use (traces.jit imports it when a kernel is first needed)
             from numba.core import event
 
             class _Listener(event.Listener):
@@ -94,7 +61,7 @@ def compile_notice(stream: TextIO | None = None) -> Iterator[None]:
     if "numba" in sys.modules:  # already in use (imported here or directly): listen now
         notice.install()
     else:
-        on_resolve(notice.install)  # when traces.jit first imports it (never, if the compiled extension runs everything)
+        on_resolve(notice.install)  # when traces.jit first imports it
     try:
         yield
     finally:

@@ -1,8 +1,7 @@
 """Running one command: exit codes, signals and one-sentence errors, with no typer import.
 
-Both ways into the command line go through :func:`guarded`: the typer application
-(:mod:`replay.cli`) and the fast path that runs a plain ``cache --json`` without typer, Polars or
-Numba (:mod:`replay.fastcli`), so a refusal, an interruption or a bug reads the same either way.
+The command line (:mod:`replay.cli`) runs every command through :func:`guarded`, so a refusal,
+an interruption or a bug reads the same in every verb.
 Exit codes: 0 done, 1 a check ran and failed, 2 bad input or an OS error, 3 a bug, 128 + N killed
 by signal N (130 SIGINT, 143 SIGTERM).
 """

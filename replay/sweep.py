@@ -370,11 +370,8 @@ def read_grid(path: str | Path) -> Grid:
 
 
 def _file_digest(path: str | Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def trace_content_id(path: str | Path) -> str:

@@ -186,7 +186,7 @@ def test_prepare_loads_equals_reference_in_and_out_of_order():
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.helpers import assert_one_sentence_error, run_cli  # noqa: E402
+from tests.helpers import assert_one_sentence_error, rewrite_part, run_cli  # noqa: E402
 
 # Small synthetic traces: one request or several batched (request column: the checker's Python
 # path), top-1 to top-3, a prompt or none.
@@ -278,8 +278,10 @@ CORRUPTIONS = ("expert_range", "expert_dup", "layer_range", "layer_not_moe", "ph
 
 
 def _corrupt(path: Path, kind: str, part: int, row: int, n_layer: int, n_expert: int) -> None:
-    f = path / "routings" / f"part-{part:05d}.parquet"
-    t = pq.read_table(f)
+    rewrite_part(path / "routings" / f"part-{part:05d}.parquet", lambda t: _mutated(t, kind, row, n_layer, n_expert))
+
+
+def _mutated(t: pa.Table, kind: str, row: int, n_layer: int, n_expert: int) -> pa.Table:
     cols = {c: (t.column(c).to_numpy(zero_copy_only=False).copy() if not pa.types.is_fixed_size_list(t.schema.field(c).type)
                 else np.stack(t.column(c).to_numpy(zero_copy_only=False)).copy()) for c in t.column_names}
     r = row % t.num_rows
@@ -324,7 +326,7 @@ def _corrupt(path: Path, kind: str, part: int, row: int, n_layer: int, n_expert:
                                                             fld.type.list_size))
         else:
             arrays.append(pa.array(cols[c], type=fld.type))
-    pq.write_table(pa.Table.from_arrays(arrays, schema=t.schema), f)
+    return pa.Table.from_arrays(arrays, schema=t.schema)
 
 
 def _outcome(fn):

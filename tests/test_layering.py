@@ -41,9 +41,6 @@ ABOVE = {"__init__.py", "api.py", "report.py", "output.py", "plots.py"}  # the p
 # sweep.py runs each grid cell through the public API (replay.api.cache, .drop, ...: a cell's rows are
 # exactly the verb's rows), so like report.py it sits above the API; it formats nothing itself
 ABOVE |= {"sweep.py"}
-# fastcli.py is the console script's entry: a plain cache --json without typer (it is the command line,
-# like replay/cli/, and hands everything else to it)
-ABOVE |= {"fastcli.py"}
 PRESENTATION = ("replay.present", "replay.output", "replay.report", "replay.plots", "replay.cli", "replay.api", "matplotlib",
                 "typer")
 

@@ -223,10 +223,9 @@ def names_online():
 # -- the Qwen trace at its recorded budget -------------------------------------------------------
 
 def test_qwen_s3fifo_against_lru_is_called_alike_everywhere(real_trace_dir, tmp_path):
-    from replay.report import write_report
-
     from replay.policies import REGISTRY
     from replay.policy_set import online_policies
+    from replay.report import write_report
 
     d = real_trace_dir("qwen")
     t = api.open_trace(d)

@@ -1,4 +1,4 @@
-"""The moe-route-trace format, version 1: schema, writer, validating reader, importers, synthetic traces."""
+"""The moe-route-trace format (version 2; version 1 still read): schema, writer, validating reader, upgrade, importers, synthetic traces."""
 
 from traces.errors import TraceError, UserError
 

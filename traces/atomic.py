@@ -12,6 +12,9 @@ The guarantees every writing command inherits from here (README "Guarantees"):
 - On any exception (including an interrupt) the staging directory is removed; one left by a killed
   process (its PID is no longer alive) is removed by the next write to the same destination.
 - An OS error while writing names the destination and the OS's reason (a :class:`UserError`).
+
+Written here on purpose: the atomic-write libraries replace one file; none swaps a whole directory
+in one rename or refuses a destination that overlaps an input.
 """
 
 from __future__ import annotations

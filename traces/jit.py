@@ -1,13 +1,11 @@
 """``njit`` that imports Numba only when a kernel is first needed.
 
 Importing Numba and loading its cached machine code costs about 0.4 s of a process's start-up,
-more than a whole ahead-of-time compiled LRU replay of a 4.8 M-routing trace (issue 18: ``cache``
-end to end against libCacheSim). The modules on the replay's path (the cache state, the driver,
-the built-in policies, the load cutter) decorate their kernels with this ``njit`` instead of
+which a verb that runs no kernel (``info``, ``--help``) need not pay. The modules on the replay's
+path (the cache state, the driver, the built-in policies, the load cutter) decorate their kernels with this ``njit`` instead of
 Numba's: defining them costs nothing, and Numba is imported the first time any of them is called,
 compiled into another kernel (:func:`replay.cache_kernel.make_kernel`), or asked for an attribute
-only a dispatcher has. A process that replays through the compiled extension (:mod:`replay.aot`)
-never imports Numba at all.
+only a dispatcher has.
 
 On that first need, :func:`resolve` imports Numba, wraps every function decorated so far with
 ``numba.njit(**options)`` in definition order (the same options, so the on-disk cache is the one

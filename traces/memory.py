@@ -15,18 +15,7 @@ GIB = 1 << 30
 
 
 def available_bytes() -> int:
-    """Memory the system can hand out now without swapping (psutil's ``available``).
-
-    On Linux that is the kernel's ``MemAvailable`` (what psutil reads too), read here directly:
-    importing psutil costs ~12 ms of every ``cache`` run's start-up. Elsewhere, or when the line
-    is missing (kernels before 3.14), psutil's figure."""
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass
+    """Memory the system can hand out now without swapping (psutil's ``available``)."""
     import psutil
 
     return int(psutil.virtual_memory().available)

@@ -1,8 +1,14 @@
-"""Trace format, version 1: ``trace.json``'s contract and the routing columns' types, in plain
-Python (no NumPy, no Arrow: :mod:`replay.native` opens a trace without importing either).
+"""Trace format (version 2; version 1 still read): ``trace.json``'s contract and the routing
+columns' types, in plain Python.
 
-:mod:`traces.schema` builds the Arrow schemas from :func:`routing_fields` and re-exports the rest;
-see ``DESIGN.md``, "Trace format, version 1".
+Two views of the same routings: the *logical* columns (:func:`routing_fields`: ``experts``,
+``weights`` and the recorded per-slot columns as ``[rows, top_k]`` lists, ``logits`` and
+``gate_input`` as ``[rows, width]`` lists) that every reader hands out, whatever the version; and
+how version 2 stores them (:func:`part_fields`: one primitive Parquet column per slot,
+``expert_0 .. expert_{k-1}``; :func:`wide_fields`: the wide lists in Arrow IPC files beside each
+part, read memory-mapped). Version 1 stored the logical columns as they are, in Parquet.
+:mod:`traces.schema` builds the Arrow schemas and re-exports the rest; ``docs/format.md`` is the
+format's description.
 """
 
 from __future__ import annotations
@@ -13,7 +19,8 @@ from typing import Any
 from traces.units import MAX_BUDGET_MIB, PHASE_DECODE, PHASE_PREFILL  # noqa: F401 (re-exported: they live in traces.units)
 
 FORMAT = "moe-route-trace"
-VERSION = 1
+VERSION = 2  # what the writer writes
+READ_VERSIONS = (1, 2)  # what the reader reads (tests/fixtures/v1 holds version 1 traces)
 TRACE_JSON = "trace.json"
 ROUTINGS_DIR = "routings"
 ROUTER_FILE = "router.parquet"
@@ -66,6 +73,39 @@ def routing_fields(meta: dict[str, Any], columns: tuple[str, ...] = (), gate_inp
     return fields
 
 
+# Version 2: the stem of each per-slot column's Parquet columns (``expert_0``, ``weight_0``, ...).
+SLOT_STEMS = {"experts": "expert", "weights": "weight", "residency": "residency", "read_bytes": "read_bytes",
+              "dropped": "dropped"}
+
+
+def slot_names(column: str, k: int) -> list[str]:
+    """Version 2's Parquet columns of the logical per-slot column ``column`` (``experts`` ->
+    ``expert_0 .. expert_{k-1}``)."""
+    return [f"{SLOT_STEMS[column]}_{j}" for j in range(k)]
+
+
+def part_fields(meta: dict[str, Any], columns: tuple[str, ...] = ()) -> list[tuple[str, tuple]]:
+    """(name, type) of every column of a version 2 ``routings/part-NNNNN.parquet``, in order: the
+    key scalars, ``expert_0..``, ``weight_0..``, then per optional column either its slots
+    (``residency_0..``) or the scalar itself (``request``, ``token``); the wide columns are not in
+    the Parquet part (:func:`wide_fields`)."""
+    k = meta["model"]["top_k"]
+    fields: list[tuple[str, tuple]] = []
+    for name, t in routing_fields(meta, tuple(c for c in columns if c not in WIDE_COLUMNS)):
+        if t[0] == "fixed_size_list":
+            fields += [(s, t[2]) for s in slot_names(name, k)]
+        else:
+            fields.append((name, t))
+    return fields
+
+
+def wide_fields(meta: dict[str, Any], columns: tuple[str, ...] = (), gate_input_dtype: str = "float32") -> list[tuple[str, tuple]]:
+    """(name, type) of each wide column a version 2 trace stores in ``part-NNNNN.<name>.arrow`` (an
+    Arrow IPC file of one non-null column of that fixed_size_list type, one row per routing)."""
+    wide = tuple(c for c in columns if c in WIDE_COLUMNS)
+    return [(n, t) for n, t in routing_fields(meta, wide, gate_input_dtype) if n in wide]
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -114,8 +154,8 @@ def validate_meta(meta: Any, where: str) -> list[str]:
     if meta.get("format") != FORMAT:
         return [f"is not a moe-route-trace (format is {meta.get('format')!r})"]
     version = meta.get("version")
-    if version != VERSION:
-        return [f"has schema version {version!r}; this tool reads version {VERSION}"]
+    if not _is_int(version) or version not in READ_VERSIONS:
+        return [f"has schema version {version!r}; this tool reads versions {' and '.join(map(str, READ_VERSIONS))}"]
     problems: list[str] = []
     if not isinstance(meta.get("complete"), bool):
         problems.append("has no boolean 'complete'")

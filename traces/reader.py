@@ -1,9 +1,15 @@
-"""Trace reader: validates a v1 trace on open and hands back frames and dense arrays.
+"""Trace reader: validates a trace (format version 2, or 1) on open and hands back frames and
+dense arrays.
 
 Nothing downstream ever sees a half-valid trace: :func:`open_trace` checks the metadata, every
-part file's schema and the row-level invariants (ids in range, distinct inside a routing, layers
-that are MoE layers, row order, one phase per batch) before it returns. Wide columns (logits,
-gate_input) are never read unless a caller names them.
+part file's schema (and, in version 2, each wide column's Arrow IPC file: its schema and row
+count) and the row-level invariants (ids in range, distinct inside a routing, layers that are MoE
+layers, row order, one phase per batch) before it returns. Wide columns (logits, gate_input) are
+never read unless a caller names them.
+
+Whatever the version, a part is handed out as the *logical* columns (``experts`` ``[rows, k]``
+and so on, :func:`traces.schema.routings_schema`): version 2's slot columns are joined (for top-1
+without a copy), its wide columns mapped from their IPC files. Every read goes through pyarrow.
 """
 
 from __future__ import annotations
@@ -20,7 +26,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from traces.errors import TraceError
-from traces.pages import read_fixed_list
 from traces.schema import (
     METRICS_FILE,
     PHASE_DECODE,
@@ -29,11 +34,16 @@ from traces.schema import (
     REQUEST_COLUMNS,
     ROUTER_FILE,
     ROUTINGS_DIR,
+    SLOT_STEMS,
     TRACE_JSON,
     WIDE_COLUMNS,
     metrics_first_problem,
+    part_schema,
     routings_schema,
+    slot_names,
     validate_meta,
+    wide_file,
+    wide_schemas,
 )
 
 if TYPE_CHECKING:
@@ -94,41 +104,58 @@ def fixed_list_to_numpy(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return arr.reshape(-1, width)
 
 
-def read_part(part: Path, columns: list[str], fast: tuple[str, ...] = WIDE_COLUMNS, threads: bool = True) -> pa.Table:
-    """``columns`` of one Parquet file as an Arrow table; those in ``fast`` (the wide ones) by the
-    raw-page path of :mod:`traces.pages` where their pages allow it.
+def read_part(part: Path, columns: list[str], threads: bool = True) -> pa.Table:
+    """``columns`` of one Parquet file as an Arrow table (pyarrow's reader).
 
-    A file whose footer is intact but whose data pages are not (a bad zstd frame, a cut page) is
-    only found out here, at the first read: that is a :class:`TraceError` naming the file."""
+    A file whose footer is intact but whose data pages are not (a bad compressed frame, a cut page)
+    is only found out here, at the first read: that is a :class:`TraceError` naming the file."""
     try:
-        return _read_part(part, columns, fast, threads)
+        return pq.ParquetFile(part).read(columns=columns, use_threads=threads).select(columns)
     except (pa.ArrowException, OSError, ValueError, EOFError) as e:
         raise _fail(part, f"has a corrupt or unreadable data page in column(s) {', '.join(columns)} ({_short(e)})") from None
 
 
-def _read_part(part: Path, columns: list[str], fast: tuple[str, ...], threads: bool = True) -> pa.Table:
-    pf = pq.ParquetFile(part)
-    wide: dict[str, pa.Array] = {}
-    for name in columns:
-        if name in fast:
-            values = read_fixed_list(part, name, pf=pf, zstd=True)
-            if values is not None:
-                typ = pf.schema_arrow.field(name).type
-                flat1 = np.ascontiguousarray(values.reshape(-1))
-                # zero-copy; pa.array() on a NumPy array would import numpy.ma (~17 ms of a small run)
-                flat = pa.Array.from_buffers(typ.value_type, flat1.shape[0], [None, pa.py_buffer(flat1)])
-                wide[name] = pa.FixedSizeListArray.from_arrays(flat, type=typ)
-    if not wide:
-        return pf.read(columns=columns, use_threads=threads).select(columns)
-    rest = [c for c in columns if c not in wide]
-    table = pf.read(columns=rest, use_threads=threads) if rest else None
-    schema = pa.schema([pf.schema_arrow.field(c) for c in columns])  # the file's fields: same schema either path
-    return pa.Table.from_arrays([wide[c] if c in wide else table.column(c) for c in columns],  # type: ignore[union-attr]
-                                schema=schema)
+def _one_chunk(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    if isinstance(col, pa.Array):
+        return col
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+
+def join_slots(slots: list[pa.ChunkedArray | pa.Array], typ: pa.DataType) -> pa.Array:
+    """Version 2's slot columns (``expert_0 .. expert_{k-1}``) as the logical ``fixed_size_list[k]``
+    ``typ``: for k = 1 the column itself (no copy), else one interleaving copy."""
+    if len(slots) == 1:
+        return pa.FixedSizeListArray.from_arrays(_one_chunk(slots[0]), type=typ)
+    cols = [_one_chunk(c).to_numpy(zero_copy_only=False) for c in slots]
+    values = np.empty((len(cols[0]), len(cols)), dtype=typ.value_type.to_pandas_dtype())
+    for j, c in enumerate(cols):
+        values[:, j] = c
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1), type=typ.value_type), type=typ)
+
+
+def read_wide(path: Path, field: pa.Field) -> pa.Array:
+    """A version 2 wide column's Arrow IPC file, memory-mapped (its values are the file's bytes,
+    nothing is decoded or copied), checked against ``field``; a :class:`TraceError` naming the file."""
+    if not path.is_file():
+        raise _fail(path, f"is missing (the part's {field.name} column)")
+    try:
+        reader = pa.ipc.open_file(pa.memory_map(str(path)))
+        schema = reader.schema
+        if not (len(schema) == 1 and schema.field(0).equals(field)):
+            got = ", ".join(f"{f.name} {f.type}{'' if f.nullable else ' not null'}" for f in schema)
+            raise _fail(path, f"holds column(s) {got}, expected {field.name} {field.type} not null")
+        batches = [reader.get_batch(i).column(0) for i in range(reader.num_record_batches)]
+        arr = batches[0] if len(batches) == 1 else pa.concat_arrays(batches) if batches else pa.array([], field.type)
+        arr.validate()
+    except (pa.ArrowException, OSError, ValueError, EOFError) as e:
+        raise _fail(path, f"is not a readable Arrow IPC file (truncated or corrupt: {_short(e)})") from None
+    if arr.null_count:
+        raise _fail(path, f"holds a null {field.name} row")
+    return arr
 
 
 class Trace:
-    """An opened, validated v1 trace directory."""
+    """An opened, validated trace directory (format version 1 or 2)."""
 
     def __init__(self, path: Path, meta: dict[str, Any], parts: list[Path], part_rows: list[int]) -> None:
         self.path = path
@@ -146,6 +173,11 @@ class Trace:
             _check_rows(self)
 
     # -- metadata shortcuts -------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The format version of the files (1 or 2; the writer writes 2)."""
+        return int(self.meta["version"])
+
     @property
     def model(self) -> dict[str, Any]:
         return self.meta["model"]
@@ -209,33 +241,64 @@ class Trace:
         return dict(self.meta.get("recorded") or {})
 
     # -- rows -------------------------------------------------------------------------------
-    def iter_tables(self, columns: tuple[str, ...] | list[str], read_ahead: bool = False,
-                    fast: tuple[str, ...] = WIDE_COLUMNS) -> Iterator[pa.Table]:
-        """Yield one Arrow table per part file with only ``columns`` (streaming).
+    def logical_schema(self) -> pa.Schema:
+        """The schema of the logical routing columns (:func:`traces.schema.routings_schema`)."""
+        return routings_schema(self.meta, tuple(self.columns), self.meta.get("gate_input_dtype", "float32"))
 
-        The wide columns (logits, gate_input) come through :func:`traces.pages.read_fixed_list`
-        when their pages allow it (uncompressed PLAIN, as this package writes them): the values
-        are copied out of the file without Arrow's per-float level decoding, several times
-        faster, bit-identical; otherwise through Arrow.
+    def read_part(self, i: int, columns: tuple[str, ...] | list[str], threads: bool = True) -> pa.Table:
+        """The logical ``columns`` of part ``i`` as an Arrow table, whatever the version: a corrupt
+        data page or wide file is a :class:`TraceError` naming the file."""
+        columns = list(columns)
+        part = self.parts[i]
+        schema = self.logical_schema()
+        if self.version == 1:
+            return read_part(part, columns, threads)
+        k = self.top_k
+        phys: list[str] = []
+        for c in columns:
+            if c not in WIDE_COLUMNS:
+                phys += slot_names(c, k) if c in SLOT_STEMS else [c]
+        t = read_part(part, phys, threads) if phys else None
+        arrays: list[pa.Array | pa.ChunkedArray] = []
+        for c in columns:
+            if c in WIDE_COLUMNS:
+                arrays.append(self.wide(i, c))
+            elif c in SLOT_STEMS:
+                arrays.append(join_slots([t.column(n) for n in slot_names(c, k)], schema.field(c).type))  # type: ignore[union-attr]
+            else:
+                arrays.append(t.column(c))  # type: ignore[union-attr]
+        return pa.Table.from_arrays(arrays, schema=pa.schema([schema.field(c) for c in columns]))
+
+    def wide(self, i: int, column: str) -> pa.Array:
+        """Wide ``column`` (logits, gate_input) of part ``i``: version 2 maps its Arrow IPC file
+        (no decoding, no copy), version 1 decodes the Parquet column."""
+        if self.version == 1:
+            return _one_chunk(read_part(self.parts[i], [column]).column(column))
+        field = wide_schemas(self.meta, (column,), self.meta.get("gate_input_dtype", "float32"))[column].field(column)
+        arr = read_wide(wide_file(self.parts[i], column), field)
+        if len(arr) != self.part_rows[i]:
+            raise _fail(wide_file(self.parts[i], column), f"holds {len(arr)} rows, its part {self.part_rows[i]}")
+        return arr
+
+    def iter_tables(self, columns: tuple[str, ...] | list[str], read_ahead: bool = False) -> Iterator[pa.Table]:
+        """Yield one Arrow table per part file with only the logical ``columns`` (streaming).
 
         ``read_ahead``: decode the next part on one background thread while the caller works on
         this one (two parts in memory at once; for a caller that runs a kernel on each part).
-        ``fast``: the fixed-size-list columns read by the page path (default the wide ones; the
-        page path reads zstd-compressed pages too, so experts and weights may be named).
         """
         columns = list(columns)
         if not read_ahead or len(self.parts) < 2:
-            for part in self.parts:
-                yield read_part(part, columns) if fast == WIDE_COLUMNS else read_part(part, columns, fast)
+            for i in range(len(self.parts)):
+                yield self.read_part(i, columns)
             return
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="moe-replay-read") as pool:
-            nxt = pool.submit(read_part, self.parts[0], columns, fast, False)
+            nxt = pool.submit(self.read_part, 0, columns, False)
             for i in range(len(self.parts)):
                 t = nxt.result()
                 if i + 1 < len(self.parts):
-                    nxt = pool.submit(read_part, self.parts[i + 1], columns, fast, False)
+                    nxt = pool.submit(self.read_part, i + 1, columns, False)
                 yield t
                 del t
 
@@ -247,8 +310,7 @@ class Trace:
             raise TraceError(self.path, f"has no {', '.join(missing)} column")
         tables = list(self.iter_tables(columns))
         if not tables:
-            schema = routings_schema(self.meta, tuple(self.columns), self.meta.get("gate_input_dtype", "float32"))
-            return schema.empty_table().select(columns)
+            return self.logical_schema().empty_table().select(columns)
         return pa.concat_tables(tables)
 
     def routings(self, columns: tuple[str, ...] | list[str] = NARROW) -> pl.DataFrame:
@@ -276,13 +338,13 @@ class Trace:
         import polars as pl
 
         path = self.path / ROUTER_FILE
-        return pl.from_arrow(read_part(path, pq.ParquetFile(path).schema_arrow.names, fast=()))  # type: ignore[return-value]
+        return pl.from_arrow(read_part(path, pq.ParquetFile(path).schema_arrow.names))  # type: ignore[return-value]
 
     def router_matrices(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
         """{layer: (W [n_expert, n_embd] float32, bias [n_expert] float32)} from router.parquet."""
         if not self.has_router:
             return {}
-        t = read_part(self.path / ROUTER_FILE, ["layer", "expert", "weight", "bias"], fast=("weight",))
+        t = read_part(self.path / ROUTER_FILE, ["layer", "expert", "weight", "bias"])
         w = _router_by_layer(t, fixed_list_to_numpy(t.column("weight")))
         b = _router_by_layer(t, t.column("bias").to_numpy())
         return {l: (w[l], b[l]) for l in w}
@@ -297,7 +359,7 @@ class Trace:
         from router.parquet's optional ``logit_bias`` column; {} when it has none."""
         if not self.has_router_logit_bias:
             return {}
-        t = read_part(self.path / ROUTER_FILE, ["layer", "expert", "logit_bias"], fast=())
+        t = read_part(self.path / ROUTER_FILE, ["layer", "expert", "logit_bias"])
         return _router_by_layer(t, t.column("logit_bias").to_numpy())
 
     def metrics(self) -> pl.DataFrame | None:
@@ -368,7 +430,9 @@ def open_trace(path: str | Path, check_rows: bool = True, defer_rows: bool = Fal
     expected_names = [f"part-{i:05d}.parquet" for i in range(len(parts))]
     if [p.name for p in parts] != expected_names:
         raise _fail(rdir, "part files are not numbered part-00000.parquet, part-00001.parquet, ... without gaps")
-    schema = routings_schema(meta, tuple(meta.get("columns", [])), meta.get("gate_input_dtype", "float32"))
+    columns, gdtype = tuple(meta.get("columns", [])), meta.get("gate_input_dtype", "float32")
+    v2 = meta["version"] == 2
+    schema = part_schema(meta, columns) if v2 else routings_schema(meta, columns, gdtype)
     part_rows = []
     for part in parts:
         try:
@@ -377,9 +441,14 @@ def open_trace(path: str | Path, check_rows: bool = True, defer_rows: bool = Fal
             raise _fail(part, f"is not a readable Parquet file (truncated or corrupt: {_short(e)})") from None
         got = pf.schema_arrow
         if not got.equals(schema, check_metadata=False):
-            raise _fail(part, f"has the wrong columns or types: {_schema_diff(got, schema)}")
+            raise _fail(part, f"has the wrong columns or types for format version {meta['version']}: {_schema_diff(got, schema)}")
         part_rows.append(pf.metadata.num_rows)
     trace = Trace(root, meta, parts, part_rows)
+    if v2:
+        for i in range(len(parts)):
+            for c in columns:
+                if c in WIDE_COLUMNS:
+                    trace.wide(i, c)  # schema and row count, mapped (nothing is decoded)
     if meta["complete"] and not parts:
         raise _fail(rdir, "holds no part files although trace.json says the trace is complete")
     if "rows" in meta and meta["complete"] and meta["rows"] != trace.n_rows:
@@ -652,10 +721,10 @@ def _check_router(trace: Trace) -> None:
     if "logit_bias" in got.names:
         if not got.field("logit_bias").type.equals(pa.float32()):
             raise _fail(path, "column logit_bias (optional) is not float32")
-        lb = read_part(path, ["logit_bias"], fast=()).column("logit_bias")
+        lb = read_part(path, ["logit_bias"]).column("logit_bias")
         if lb.null_count or not np.isfinite(lb.to_numpy(zero_copy_only=False)).all():
             raise _fail(path, "column logit_bias holds a null, NaN or infinite value")
-    t = read_part(path, ["layer", "expert"], fast=())  # a corrupt data page is named, not an Arrow error
+    t = read_part(path, ["layer", "expert"])  # a corrupt data page is named, not an Arrow error
     lay = t.column("layer").to_numpy()
     ex = t.column("expert").to_numpy()
     for l in trace.moe_layers:

@@ -1,12 +1,14 @@
-"""Trace format, version 1: the metadata (``trace.json``) and the Parquet schemas.
+"""Trace format (version 2; version 1 still read): the metadata (``trace.json``) and the Arrow
+schemas of the logical routing columns and of version 2's files.
 
-See ``DESIGN.md``, "Trace format, version 1". This module knows the contract and checks it; it
-does no I/O beyond what the caller hands it.
+See ``docs/format.md``. This module knows the contract and checks it; it does no I/O beyond what
+the caller hands it.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +27,7 @@ from traces.meta import (  # noqa: F401 (re-exported: the plain-Python half of t
     PHASE_DECODE,
     PHASE_NAMES,
     PHASE_PREFILL,
+    READ_VERSIONS,
     RECORDED_TYPES,
     REQUEST_TYPES,
     RES_HIT,
@@ -32,14 +35,18 @@ from traces.meta import (  # noqa: F401 (re-exported: the plain-Python half of t
     RES_MISS,
     ROUTER_FILE,
     ROUTINGS_DIR,
+    SLOT_STEMS,
     TRACE_JSON,
     VERSION,
     WIDE_COLUMNS,
     _is_int,
     _is_num,
     default_gating,
+    part_fields,
     routing_fields,
+    slot_names,
     validate_meta,
+    wide_fields,
 )
 
 
@@ -70,6 +77,24 @@ def routings_schema(meta: dict[str, Any], columns: tuple[str, ...] = (), gate_in
     """The Arrow schema of ``routings/`` for a trace with metadata ``meta`` and optional ``columns``
     (:func:`traces.meta.routing_fields` as Arrow fields, none nullable)."""
     return pa.schema([pa.field(name, arrow_type(t), nullable=False) for name, t in routing_fields(meta, columns, gate_input_dtype)])
+
+
+def part_schema(meta: dict[str, Any], columns: tuple[str, ...] = ()) -> pa.Schema:
+    """The Arrow schema of a version 2 ``routings/part-NNNNN.parquet`` (:func:`traces.meta.part_fields`,
+    none nullable)."""
+    return pa.schema([pa.field(name, arrow_type(t), nullable=False) for name, t in part_fields(meta, columns)])
+
+
+def wide_schemas(meta: dict[str, Any], columns: tuple[str, ...] = (), gate_input_dtype: str = "float32") -> dict[str, pa.Schema]:
+    """{wide column: the Arrow schema of its version 2 ``part-NNNNN.<column>.arrow`` file} (one
+    non-null fixed_size_list column named like the file)."""
+    return {name: pa.schema([pa.field(name, arrow_type(t), nullable=False)])
+            for name, t in wide_fields(meta, columns, gate_input_dtype)}
+
+
+def wide_file(part: Path, column: str) -> Path:
+    """The Arrow IPC file of wide ``column`` beside version 2 part ``part`` (``part-00000.logits.arrow``)."""
+    return part.with_name(f"{part.name.removesuffix('.parquet')}.{column}.arrow")
 
 
 ROUTER_SCHEMA_BASE = {"layer": pa.int16(), "expert": pa.int32(), "bias": pa.float32()}

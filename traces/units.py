@@ -3,6 +3,9 @@
 - :data:`MIB`: bytes in one MiB (2^20), an int: multiply MiB by it for bytes, divide bytes by it
   for MiB (Python's ``/`` gives a float either way, exactly rounded).
 - :data:`PHASE_PREFILL` / :data:`PHASE_DECODE`: the ``phase`` column's codes (0 prompt, 1 decode).
+
+Budgets are parsed here on purpose, not by a units library: those read "4GB" as a decimal unit,
+and a budget refuses decimal units (:func:`parse_budget_mib`) rather than guess.
 """
 
 import math

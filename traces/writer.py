@@ -1,9 +1,12 @@
-"""Streaming trace writer (format v1).
+"""Streaming trace writer (format version 2, ``docs/format.md``).
 
-Rows are buffered and written as numbered Parquet part files, each closed (and renamed into
-place) as soon as it is written, so an interrupted capture loses at most the rows not yet flushed.
-``trace.json`` is written atomically first with ``complete: false`` and rewritten with
-``complete: true`` only by :meth:`TraceWriter.close`.
+Rows are buffered and written as numbered part files, each closed (and renamed into place) as
+soon as it is written, so an interrupted capture loses at most the rows not yet flushed: a
+Parquet file of the narrow columns, one primitive column per slot (``expert_0..``), and beside
+it, for each wide column (logits, gate_input), an Arrow IPC file (``part-00000.logits.arrow``)
+written before the Parquet file, so a part that exists has its wide files. ``trace.json`` is
+written atomically first with ``complete: false`` and rewritten with ``complete: true`` only by
+:meth:`TraceWriter.close`.
 """
 
 from __future__ import annotations
@@ -31,35 +34,66 @@ from traces.schema import (
     TRACE_JSON,
     VERSION,
     WIDE_COLUMNS,
+    part_schema,
     routings_schema,
+    slot_names,
     validate_meta,
+    wide_file,
+    wide_schemas,
 )
 
 PARQUET_OPTS = {"compression": "zstd", "use_dictionary": False, "write_statistics": True}
-# Wide float columns (logits, gate_input) are written uncompressed: zstd saves ~8% on float noise
-# but triples decode time, and decoding gate inputs is what bounds stale-gate on long traces.
-# Row groups of ~32 MiB let readers decode one part on several threads.
-ROW_GROUP_BYTES = 32 << 20
+# Version 2 parts: every column LZ4 (Parquet's LZ4_RAW), PLAIN, no dictionary, no statistics, one
+# row group per part. Measured on the 4.8 M-routing top-1 trace (benchmarks/RESULTS.md, "Trace
+# format v2"): pyarrow reads all seven routing columns in about half the time of version 1's
+# zstd'd lists, the scalars at memory speed; zstd decodes 2-4x slower for ~40% smaller files,
+# dictionaries and delta encodings decoded no faster.
+PART_OPTS = {"compression": "lz4", "use_dictionary": False, "write_statistics": False}
+
+
+def write_part(table: pa.Table, path: Path) -> None:
+    """A version 2 Parquet part (``table`` in :func:`traces.schema.part_schema`), written atomically."""
+    write_parquet_atomic(table, path, {**PART_OPTS, "row_group_size": max(1, table.num_rows)})
+
+
+def write_wide(array: pa.Array, field: pa.Field, path: Path) -> None:
+    """One wide column as a version 2 Arrow IPC file (uncompressed, one record batch: read
+    memory-mapped, its values are the file's bytes), written atomically."""
+    sink = pa.BufferOutputStream()
+    schema = pa.schema([field])
+    with pa.ipc.new_file(sink, schema) as w:
+        w.write_batch(pa.record_batch([array], schema=schema))
+    atomic_write_bytes(path, sink.getvalue().to_pybytes())
+
+
+def split_slots(table: pa.Table, meta: dict[str, Any], columns: tuple[str, ...]) -> tuple[pa.Table, dict[str, pa.Array]]:
+    """A table of logical routing columns (:func:`traces.schema.routings_schema`) as version 2
+    stores it: the Parquet part (each per-slot list split into one column per slot) and the wide
+    columns, one array each."""
+    schema = part_schema(meta, columns)
+    k = meta["model"]["top_k"]
+    arrays: list[pa.Array] = []
+    for name in table.column_names:
+        if name in WIDE_COLUMNS:
+            continue
+        col = table.column(name).combine_chunks()
+        if pa.types.is_fixed_size_list(col.type):
+            flat = col.values.slice(col.offset * k, len(col) * k) if col.null_count == 0 else col.flatten()
+            if k == 1:
+                arrays.append(flat)
+            else:
+                v = flat.to_numpy(zero_copy_only=False).reshape(-1, k)
+                arrays += [pa.array(np.ascontiguousarray(v[:, j]), type=col.type.value_type) for j in range(k)]
+        else:
+            arrays.append(col)
+    wide = {name: table.column(name).combine_chunks() for name in table.column_names if name in WIDE_COLUMNS}
+    return pa.Table.from_arrays(arrays, schema=schema), wide
 
 
 def _leaf(f: pa.Field) -> str:
     """The Parquet column path of ``f``: per-column options name leaves, and a list's values are
     ``name.list.element`` (an option keyed by the bare list name silently does not apply)."""
     return f"{f.name}.list.element" if pa.types.is_fixed_size_list(f.type) else f.name
-
-
-def routings_write_options(schema: pa.Schema) -> dict:
-    """Parquet options for a routings part: per-column compression and a row-group size."""
-    comp = {_leaf(f): ("none" if f.name in WIDE_COLUMNS else "zstd") for f in schema}
-    row_bytes = 0
-    for f in schema:
-        t = f.type
-        row_bytes += (t.list_size * t.value_type.bit_width // 8) if pa.types.is_fixed_size_list(t) else t.bit_width // 8
-    # Min/max statistics of float noise prune nothing and add a header field per page; 8 MiB pages
-    # (default 1 MiB) mean 8x fewer page headers for readers to parse (traces.pages).
-    stats = [_leaf(f) for f in schema if f.name not in WIDE_COLUMNS]
-    return {"compression": comp, "use_dictionary": False, "write_statistics": stats, "data_page_size": 8 << 20,
-            "row_group_size": max(1024, ROW_GROUP_BYTES // max(1, row_bytes))}
 
 
 def dump_meta(meta: dict[str, Any]) -> str:
@@ -81,8 +115,16 @@ def _fixed_list(values: np.ndarray, width: int, typ: pa.DataType) -> pa.Array:
     return pa.FixedSizeListArray.from_arrays(flat, width)
 
 
+def _slot_arrays(arrays: list[pa.Array], values: np.ndarray, k: int, name: str) -> None:
+    """Append the ``k`` slot columns of ``values`` ``[rows, k]`` to ``arrays``."""
+    if values.ndim != 2 or values.shape[1] != k:
+        raise ValueError(f"{name}: expected a [rows, {k}] array, got shape {values.shape}")
+    for j in range(k):
+        arrays.append(pa.array(np.ascontiguousarray(values[:, j])))
+
+
 class TraceWriter:
-    """Write a v1 trace into an existing, empty directory ``out_dir``.
+    """Write a version 2 trace into an existing, empty directory ``out_dir``.
 
     ``meta`` is the trace.json content without ``format``/``version``/``complete``/``columns``
     (the writer sets those). ``columns`` names the optional per-row columns that every
@@ -114,12 +156,14 @@ class TraceWriter:
         if problems:
             raise ValueError(f"invalid trace metadata: {problems[0]}")
         self.columns = tuple(columns)
-        self.schema = routings_schema(self.meta, self.columns, gate_input_dtype)
-        self._write_opts = routings_write_options(self.schema)
+        self.schema = routings_schema(self.meta, self.columns, gate_input_dtype)  # the logical columns
+        self._part_schema = part_schema(self.meta, self.columns)
+        self._wide_schemas = wide_schemas(self.meta, self.columns, gate_input_dtype)
         self._weights_checked = weights_checked
         self.k = self.meta["model"]["top_k"]
         self.rows_per_part = max(1, tokens_per_part * len(self.meta["model"]["moe_layers"]))
         self._buf: list[pa.RecordBatch] = []
+        self._wide_buf: dict[str, list[pa.Array]] = {c: [] for c in self._wide_schemas}
         self._buffered = 0
         self._part = 0
         self._last_key: tuple[int, ...] | None = None
@@ -171,16 +215,19 @@ class TraceWriter:
         scalars = {c: self._scalar_column(c, np.broadcast_to(np.asarray(optional[c]), (n,)))
                    for c in REQUEST_COLUMNS if c in self.columns and c in optional}
         self._check_order(cols["batch"], cols["layer"], cols["step"], scalars.get("request"))
-        arrays.append(_fixed_list(experts.astype(np.int32, copy=False), self.k, pa.int32()))
-        arrays.append(_fixed_list(weights, self.k, pa.float32()))
-        for field in list(self.schema)[len(arrays):]:
-            if field.name in REQUEST_COLUMNS:  # per-row scalars (scalars broadcast, as the key columns)
-                arrays.append(pa.array(scalars[field.name], type=field.type))
-                continue
-            typ = field.type.value_type
-            vals = np.asarray(optional[field.name]).astype(typ.to_pandas_dtype(), copy=False)
-            arrays.append(_fixed_list(vals, field.type.list_size, typ))
-        self._buf.append(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+        for name, values in (("experts", experts.astype(np.int32, copy=False)), ("weights", weights)):
+            _slot_arrays(arrays, values, self.k, name)
+        for name in self.columns:
+            if name in REQUEST_COLUMNS:  # per-row scalars (scalars broadcast, as the key columns)
+                arrays.append(pa.array(scalars[name], type=REQUEST_COLUMNS[name]))
+            elif name in WIDE_COLUMNS:
+                typ = self._wide_schemas[name].field(name).type
+                vals = np.asarray(optional[name]).astype(typ.value_type.to_pandas_dtype(), copy=False)
+                self._wide_buf[name].append(_fixed_list(vals, typ.list_size, typ.value_type))
+            else:  # a recorded per-slot column
+                typ = self._part_schema.field(slot_names(name, self.k)[0]).type
+                _slot_arrays(arrays, np.asarray(optional[name]).astype(typ.to_pandas_dtype(), copy=False), self.k, name)
+        self._buf.append(pa.RecordBatch.from_arrays(arrays, schema=self._part_schema))
         self._buffered += n
         if self._buffered >= self.rows_per_part:
             self.flush()
@@ -238,11 +285,14 @@ class TraceWriter:
         """Close the buffered rows as the next part file (no-op when nothing is buffered)."""
         if not self._buf:
             return
-        table = pa.Table.from_batches(self._buf, schema=self.schema)
-        write_parquet_atomic(table, self.dir / ROUTINGS_DIR / f"part-{self._part:05d}.parquet", self._write_opts)
+        part = self.dir / ROUTINGS_DIR / f"part-{self._part:05d}.parquet"
+        for name, chunks in self._wide_buf.items():  # first: a part that exists has its wide files
+            write_wide(pa.concat_arrays(chunks), self._wide_schemas[name].field(name), wide_file(part, name))
+        write_part(pa.Table.from_batches(self._buf, schema=self._part_schema), part)
         self._part += 1
         self.rows_written += self._buffered
         self._buf, self._buffered = [], 0
+        self._wide_buf = {c: [] for c in self._wide_schemas}
 
     # -- side tables ------------------------------------------------------------------------
     def write_router(self, layer: np.ndarray, expert: np.ndarray, weight: np.ndarray, bias: np.ndarray,
@@ -259,7 +309,7 @@ class TraceWriter:
         if logit_bias is not None:
             cols["logit_bias"] = pa.array(np.asarray(logit_bias, dtype=np.float32))
         table = pa.table(cols)
-        # The matrices uncompressed, like the other wide columns: read by the raw-page fast path.
+        # The matrices uncompressed (float noise: zstd saves little and decodes slowly); the same in both versions.
         write_parquet_atomic(table, self.dir / ROUTER_FILE, {**PARQUET_OPTS, "compression": {
             _leaf(f): ("none" if f.name == "weight" else "zstd") for f in table.schema}})
 

@@ -56,6 +56,7 @@ VERB_MODULES = ("replay.cli.cache", "replay.cli.predict", "replay.cli.whatif", "
                 "replay.cli.imports", "replay.cli.exports", "replay.cli.schedule")
 VERB_MODULES += ("replay.cli.sweep",)
 VERB_MODULES += ("replay.cli.compare",)
+VERB_MODULES += ("replay.cli.upgrade",)
 
 
 def _echo(text: str) -> None:

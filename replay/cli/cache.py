@@ -80,7 +80,7 @@ def register(app: typer.Typer) -> None:
         tables; JSON/CSV rows carry peak_resident_mib, overflow_loads and over_budget).
         --validate exits 1 when the replay does not reproduce the engine."""
         from replay import api
-        from replay.cache import VALIDATE_TOLERANCE_PP, check_policies, default_budgets_mib, loads_of, validate_ok
+        from replay.cache import VALIDATE_TOLERANCE_PP, check_policies, validate_ok
         from replay.cache import validate as run_validate
         from replay.cost import cost_model_from_options
         from replay.frames import rows_of
@@ -88,7 +88,6 @@ def register(app: typer.Typer) -> None:
         from replay.phases import check_phase
         from replay.present.cache import compact_text, retain_text, sweep_text, time_text, validate_text
         from replay.present.format import json_object
-        from replay.rows import cache_summary
         from traces import open_trace
         from traces.atomic import check_output_file, write_output_file
 
@@ -116,7 +115,7 @@ def register(app: typer.Typer) -> None:
             raise UserError("--budgets and --budget-mib both name the budgets to replay; give one of them.")
         if csv is not None:
             check_output_file(csv, inputs=[trace, cost_model])  # before the replay, not after
-        from replay.cache_stream import check_stream_mode, choose_stream
+        from replay.cache_stream import check_stream_mode
 
         check_stream_mode(stream)
         if validate and stream == "on":
@@ -140,33 +139,14 @@ def register(app: typer.Typer) -> None:
             if ok is False:
                 raise SystemExit(1)  # the report is printed; a script sees the replay did not reproduce the engine
             return
-        streamed = choose_stream(t, pols, stream, in_memory_only="--retain" if retain else None)
-        rec_budget = t.recorded.get("budget_mib")
         if blist is None and budget_mib is not None:
             blist = [budget_mib]
-        if streamed:
-            from replay.cache_stream import Sizes, stream_sweep, working_set_stream
-
-            if blist is None:  # the working set first (one more pass over the parts), then the replay
-                blist = default_budgets_mib(Sizes(t.token_cycle_bytes, working_set_stream(t)), rec_budget)
-            series: dict | None = {} if cmodel is not None else None
-            frame, loads, W_bytes = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=True,
-                                                 series=series)
-            if cmodel is not None:
-                from replay.paired import with_paired, with_requests
-
-                frame = with_paired(api.with_time(frame, cmodel, trace=t), with_requests(series, t), cmodel)
-        else:
-            loads = loads_of(t)
-            W_bytes = loads.working_set_bytes
-            if blist is None:
-                blist = default_budgets_mib(loads, rec_budget)
-            frame = api.cache(t, policies=pols, budgets_mib=blist, per_layer=per_layer, phase=phase, seed=seed,
-                              policy_options=popts, cost_model=cmodel, retain_predictor=predictor if retain else None,
-                              show_progress=True, loads=loads, predictor_file=predictor_file,
-                              paired=cmodel is not None and not retain)  # with a cost model: each cell against LRU (replay.paired)
-        sm = cache_summary(t, rows_of(frame.filter(frame["layer"].is_null())), blist,
-                           budgets is not None or budget_mib is not None, W_bytes, bool((loads.batch_phase == 1).any()))
+        run = api.cache_run(t, policies=pols, budgets_mib=blist,
+                            per_layer=per_layer, phase=phase, seed=seed, policy_options=popts, cost_model=cmodel,
+                            retain_predictor=predictor if retain else None, show_progress=True, stream=stream,
+                            predictor_file=predictor_file,
+                            paired=cmodel is not None and not retain)  # with a cost model: each cell against LRU (replay.paired)
+        frame, blist, loads, sm = run.frame, run.budgets_mib, run.loads, run.summary
         T, W, chosen, collapsed, no_decode = (sm["token_cycle_mib"], sm["working_set_mib"], sm["budgets_chosen"],
                                               sm["collapsed"], sm["no_decode"])
         if csv is not None:

@@ -32,8 +32,6 @@ def info_text(trace: Trace, row: dict[str, Any]) -> str:
         f"T          one token cycle (sum over MoE layers of top_k x expert_bytes) = {row['token_cycle_mib']:.1f} MiB",
         f"memory     a cache replay at one budget holds about {row['cache_memory_mib_in_memory']:,.0f} MiB (the cache verb, "
         f"in memory); {row['cache_memory_mib_streamed']:,.0f} MiB streamed part by part (cache --stream on)"
-        + ("" if row["cache_memory_mib_native"] is None else
-           f"; {row['cache_memory_mib_native']:,.0f} MiB on the native path (cache --json, lru or layer, budgets given)")
         + f"; estimates, beyond the program itself; cache --stream auto (the default) streams above {AUTO_STREAM_MIB:,} MiB "
         "in memory or a quarter of the memory available when it runs",
         f"complete   {'yes' if row['complete'] else 'NO: capture was interrupted; the trace holds what was written'}",

@@ -186,11 +186,8 @@ def json_objects(path: Path) -> list[tuple[str, Any]]:
 
 
 def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def provenance(fmt: str, sources: Iterable[Path], *, engine: str, engine_version: str | None = None,
