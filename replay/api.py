@@ -337,7 +337,7 @@ def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: flo
     _plugins(policy_file, predictor_file)
     t = _trace(trace)
     frame = _prefetch(t, predictor, budget_mib=_budget(budget_mib), policy=policy, cap=cap, guard=guard, drop_frac=drop_frac,
-                      retain=retain)
+                      retain=retain, model=cost_model)
     if cost_model is not None:
         from replay.present.whatif import with_verdict
 
