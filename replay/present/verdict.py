@@ -77,7 +77,7 @@ def _paired(r: dict[str, Any], prefix: str, what: str = "") -> str:
     out = "" if r.get(f"{prefix}policy") == "lru" else f"; {what}{txt}"
     tied = r.get(f"{prefix}tied_with") or []
     if tied:
-        out += f"; tied with {r[f'{prefix}policy']} within noise: {', '.join(tied)}"
+        out += f"; tied with {r[f'{prefix}policy']} within noise{' on time' if prefix else ''}: {', '.join(tied)}"
     return out
 
 
