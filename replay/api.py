@@ -166,7 +166,7 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
               budgets_mib: Sequence[float] | None = None, per_layer: bool = False, phase: str = "decode", seed: int = 0,
               policy_options: dict[str, dict[str, Any]] | None = None, policy_file: Any = None, cost_model: Any = None,
               retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
-              loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False) -> CacheRun:
+              loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False, paired: bool = False) -> CacheRun:
     """:func:`cache` with everything the command prints beside the rows: a :class:`CacheRun`. The
     one flow of a cache replay: the ``cache`` verb, :func:`cache` and sweeps all run it. A
     ``cost_model`` fitted on another model or device is refused before the replay unless
@@ -190,12 +190,16 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
     # Options of a policy that streams replay in memory only (the policies that take options do not stream).
     in_memory_only = ("--retain" if retain_predictor is not None
                       else "policy_options" if policy_options and all(streamable(p) for p in pols) else None)
+    if paired and retain_predictor is not None:
+        raise UserError("paired: compares plain replays; not with retain_predictor.")
+    series: dict | None = {} if paired else None  # each cell's decode batches (replay.paired)
     if loads is None and choose_stream(t, pols, stream, in_memory_only=in_memory_only):
         from replay.cache_stream import Sizes, stream_sweep, working_set_stream
 
         if blist is None:  # the working set first (one more pass over the parts), then the replay
             blist = default_budgets_mib(Sizes(t.token_cycle_bytes, working_set_stream(t)), rec_budget)
-        frame, loads, working_set = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=show_progress)
+        frame, loads, working_set = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=show_progress,
+                                                 series=series)
         streamed = True
     else:
         loads = loads if loads is not None else loads_of(t)
@@ -209,9 +213,13 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
                                  policy_options=policy_options, show_progress=show_progress)
         else:
             frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed, policy_options=policy_options,
-                          show_progress=show_progress)
+                          show_progress=show_progress, series=series)
     if cost_model is not None:
         frame = with_time(frame, cost_model, trace=t)
+    if series is not None:
+        from replay.paired import with_paired, with_requests
+
+        frame = with_paired(frame, with_requests(series, t), cost_model)
     return CacheRun(t, frame, blist, budgets_mib is not None, loads, working_set, streamed)
 
 
@@ -220,7 +228,7 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
           budgets_mib: Sequence[float] | None = None, per_layer: bool = False, phase: str = "decode", seed: int = 0,
           policy_options: dict[str, dict[str, Any]] | None = None, policy_file: Any = None, cost_model: Any = None,
           retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
-          loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False) -> pl.DataFrame:
+          loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False, paired: bool = False) -> pl.DataFrame:
     """Replay every (policy, budget) cell: one row per cell (``layer`` null) and, with
     ``per_layer``, one per MoE layer. Keys: ``policy``, ``budget_mib``, ``layer``,
     ``hit_pct_decode``, ``hit_pct_cum``, ``read_mib``, ``peak_resident_mib``, ``overflow_loads``,
@@ -237,11 +245,19 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     same rows byte for byte, memory one part plus the cache states); auto streams when the
     in-memory replay would not fit comfortably (:func:`replay.cache_stream.auto_streams`) and
     every policy streams (not pin, colibri, layer-opt; not with ``retain_predictor`` or
-    ``policy_options``); on refuses what cannot stream."""
+    ``policy_options``); on refuses what cannot stream.
+
+    ``paired``: also, on every overall row, its decode hit % minus LRU's at the same budget with
+    a 95% interval from a seeded paired block bootstrap over decoded tokens (``delta_vs_lru_pp``,
+    ``delta_ci_low``, ``delta_ci_high``, ``vs_lru`` = better | worse | tie: better or worse only
+    when the interval excludes zero) and ``tied_with_best`` (the best within-budget online policy,
+    or tied with it within noise); with ``cost_model`` the same for ms per decoded token
+    (``delta_ms_vs_lru``, ``delta_ms_ci_low``, ``delta_ms_ci_high``, ``vs_lru_time``,
+    ``tied_with_fastest``). :mod:`replay.paired` (docs/design.md, "Paired comparisons")."""
     return cache_run(trace, policies=policies, budgets_mib=budgets_mib, per_layer=per_layer, phase=phase, seed=seed,
                      policy_options=policy_options, policy_file=policy_file, cost_model=cost_model,
                      retain_predictor=retain_predictor, predictor_file=predictor_file, show_progress=show_progress,
-                     loads=loads, stream=stream, foreign_cost_model=foreign_cost_model).frame
+                     loads=loads, stream=stream, foreign_cost_model=foreign_cost_model, paired=paired).frame
 
 
 @_api
@@ -330,7 +346,7 @@ def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: flo
     t = _trace(trace)
     cost_model = _applied(cost_model, t, foreign_cost_model)
     frame = _prefetch(t, predictor, budget_mib=_budget(budget_mib), policy=policy, cap=cap, guard=guard, drop_frac=drop_frac,
-                      retain=retain)
+                      retain=retain, model=cost_model)
     if cost_model is not None:
         from replay.present.whatif import with_verdict
 

@@ -793,7 +793,7 @@ def default_budgets_mib(loads: Loads, recorded_mib: float | None = None, n: int 
 
 def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
           threads: int | None = None, show_progress: bool = True, policy_options: dict[str, dict[str, Any]] | None = None,
-          **whatif: Any) -> pl.DataFrame:
+          series: dict | None = None, **whatif: Any) -> pl.DataFrame:
     """Every (policy, budget) cell, in parallel over the cores (the kernels release the GIL): one
     row per cell as :func:`result_rows` makes it, as a frame (:func:`replay.rows.cache_frame`).
 
@@ -802,7 +802,8 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
     ``ahead``, ``retain``) is passed to every :func:`replay`. ``policy_options`` maps a policy
     name to its options (:func:`replay`'s ``policy_options``). When a policy preloads entries or
     sets its own per-layer budgets (``pin``, ``layer-opt``), every row gains ``preload_mib`` and
-    ``share_mib`` (:func:`result_rows`).
+    ``share_mib`` (:func:`result_rows`). ``series`` (a dict): filled with each cell's decode
+    batches, (policy, budget) -> :class:`replay.paired.DecodeSeries`, for paired comparisons.
     """
     from replay.progress import progress
     from replay.rows import cache_frame
@@ -841,6 +842,10 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
             r = ReplayResult(p, b, budget_bytes(b), r.acc, r.bacc, r.evictions, r.overflow_loads, None, r.seconds, r.stats,
                              r.preload_bytes, r.layer_share_bytes)
         rows.extend(result_rows(loads, r, per_layer, extras))
+        if series is not None:
+            from replay.paired import series_of
+
+            series[(p, b)] = series_of(loads, r)
     return cache_frame(rows, extras)
 
 

@@ -246,12 +246,14 @@ def stream_memory_bytes(trace: Trace, n_cells: int = 1) -> dict[str, int]:
 
 
 def stream_sweep(trace: Trace, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
-                 chunk_rows: int | None = None, show_progress: bool = False, threads: int | None = None) -> tuple[Any, Loads, int]:
+                 chunk_rows: int | None = None, show_progress: bool = False, threads: int | None = None,
+                 series: dict | None = None) -> tuple[Any, Loads, int]:
     """(:func:`replay.cache.sweep`'s frame, the batch-only :class:`Loads`, the working set in bytes)
     for a plain replay of streamable policies, every cell replayed in one streamed pass over the
     trace. The rows, in the same order, are those of ``sweep(loads_of(trace), policies, budgets_mib,
     per_layer, seed)``, byte for byte; the working set is ``loads_of(trace).working_set_bytes``.
-    ``infinite`` (a policy that ignores the budget) is replayed once, its row repeated per budget, as sweep does."""
+    ``infinite`` (a policy that ignores the budget) is replayed once, its row repeated per budget, as sweep does.
+    ``series`` as in :func:`replay.cache.sweep` (each cell's decode batches, for paired comparisons)."""
     from replay.cache import result_rows
     from replay.rows import cache_frame
 
@@ -276,6 +278,10 @@ def stream_sweep(trace: Trace, policies: list[str], budgets_mib: list[float], pe
             r = ReplayResult(p, b, budget_bytes(b), r.acc, r.bacc, r.evictions, r.overflow_loads, None, r.seconds, r.stats,
                              r.preload_bytes, r.layer_share_bytes)
         rows.extend(result_rows(loads, r, per_layer))
+        if series is not None:
+            from replay.paired import series_of
+
+            series[(p, b)] = series_of(loads, r)
     return cache_frame(rows), loads, int(loads.entry_bytes[seen].sum())
 
 

@@ -163,7 +163,9 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
     ``closed-k``, one per keep_k in k-1..1 unless given): the cache replayed with dropping in the
     loop at ``budget_mib`` (default: the trace's recorded budget) under ``policy``.
 
-    Per row, over the routings of ``phase``: ``io_saved_pct`` (bytes the misses read, against the
+    Per row, over the routings of ``phase``: ``io_saved_pct`` (with ``phase`` decode, its 95% interval
+    ``io_saved_ci_low`` / ``io_saved_ci_high`` from the paired block bootstrap over decoded tokens,
+    :mod:`replay.paired`; None otherwise) (bytes the misses read, against the
     no-drop replay at the same budget and policy; negative if dropping made the cache read more),
     ``mass_lost_pct``, ``routings_dropped_pct`` (routings with at least one expert skipped),
     ``experts_dropped_pct`` (routed experts skipped), ``survivors_*``; the cache's own hit rate
@@ -204,6 +206,17 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
         return {f"hit_pct_{name}{suffix}": _pct(t[ACC_HITS], t[ACC_LOOKUPS]) for name, t in by.items()}
 
     base = replay(loads, policy, float(budget_mib), seed=seed)
+    import dataclasses
+
+    from replay.paired import diff_saved_pct, request_units, series_of
+
+    units = request_units(trace)
+
+    def paired_series(res):  # each decode batch's request, when requests are resampled whole
+        s = series_of(loads, res)
+        return dataclasses.replace(s, requests=units) if units is not None and len(s) == units.shape[0] else s
+
+    b_series = paired_series(base)
     b_acc, b_dec = totals(base)
     b_hits = hit_pcts(base, "_baseline")
     total_read = float(b_acc[ACC_READ])
@@ -223,6 +236,9 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
             read_mib_decode_baseline=float(b_dec[ACC_READ]) / MIB,
             misses_decode_baseline=int(b_dec[ACC_LOOKUPS] - b_dec[ACC_HITS]), tokens_decode=n_tok_dec,
         )
+        # reads avoided against the same replay without dropping, paired over decoded tokens (replay.paired)
+        d = diff_saved_pct(b_series, paired_series(res)) if phase == "decode" else None
+        row.update(io_saved_ci_low=d.low if d else None, io_saved_ci_high=d.high if d else None)
         return row
 
     out = []

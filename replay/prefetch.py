@@ -142,7 +142,7 @@ def _totals(loads: Loads, res: ReplayResult) -> dict[str, float]:
 
 
 def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, policy: str = "lru", cap: int | None = None,
-             guard: bool = False, drop_frac: float | None = None, retain: bool = False) -> pl.DataFrame:
+             guard: bool = False, drop_frac: float | None = None, retain: bool = False, model=None) -> pl.DataFrame:
     """One row: the prefetch replay against the no-prefetch replay at the same budget and policy.
 
     Keys: ``predictor``, ``ahead``, ``policy``, ``budget_mib``, ``cap``, ``guard``, ``drop``,
@@ -151,7 +151,10 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
     (fills demanded before eviction), ``useful_pct`` (of fills), ``evicted_unused``,
     ``unused_at_end``, ``refused_guard``, ``refused_no_room``, ``capped``, ``predicted_resident``;
     bytes per decoded token ``total_mib_per_token`` (demand + speculative) and its ``_baseline``,
-    ``bytes_change_pct``; ``tokens_decode``, ``read_mib_decode``, ``misses_decode`` (+ baseline)."""
+    ``bytes_change_pct``; ``tokens_decode``, ``read_mib_decode``, ``misses_decode`` (+ baseline);
+    the paired comparison with the baseline over decoded tokens (:func:`replay.paired.whatif_columns`:
+    ``delta_hit_pp``, ``delta_mib_per_token`` with their 95% intervals and ``vs_baseline``; with
+    ``model`` also ``delta_ms_per_token`` and ``vs_baseline_time``)."""
     if policy not in PREFETCH_POLICIES:
         check_policies([policy], option="--policy")
         raise UserError(f"--policy {policy}: prefetch replays {' or '.join(PREFETCH_POLICIES)} only.")
@@ -202,6 +205,9 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
         "read_mib_decode_baseline": b["read_mib_decode"], "misses_decode_baseline": b["misses_decode"],
         "overflow_loads": res.overflow_loads,
     }
+    from replay.paired import request_units, whatif_columns
+
+    row.update(whatif_columns(loads, base, res, model, requests=request_units(trace)))
     return pl.DataFrame([row], infer_schema_length=None)
 
 
@@ -226,25 +232,27 @@ def best_plain(trace: Trace, budget_mib: float, model=None, loads: Loads | None 
     qualifies.
 
     A prefetch what-if is judged against this too: a prefetch "win" over LRU is no win when plain
-    LFU already beats it at the same budget. (One small function, so a shared ranking helper can
-    replace the choice below.)"""
+    LFU already beats it at the same budget. The choice is the one rule of every "best"
+    (:func:`replay.paired.decide` over :func:`replay.policy_set.online_policies`); the row gains
+    ``tied_with`` (the online policies tied with it within noise) and the paired columns of
+    :func:`replay.paired.annotate`."""
     from replay.cache import loads_of, sweep
-    from replay.cost import BOUNDS, with_time
+    from replay.cost import with_time
     from replay.frames import rows_of
-    from replay.policies import REGISTRY
+    from replay.paired import annotate, decide, with_requests
+    from replay.policy_set import online_policies
 
     loads = loads if loads is not None else loads_of(trace)
-    online = [p for p in REGISTRY if p not in BOUNDS]
-    frame = sweep(loads, online, [float(budget_mib)], show_progress=False)
+    series: dict = {}
+    frame = sweep(loads, online_policies(), [float(budget_mib)], show_progress=False, series=series)
     if model is not None:
         frame = with_time(frame, model, loads.decode_tokens)
-    rows = [r for r in rows_of(frame) if r["layer"] is None and r["hit_pct_decode"] is not None
-            and not (r.get("overflow_loads") or 0) > 0
-            and not (r.get("peak_resident_mib") is not None and r["peak_resident_mib"] > r["budget_mib"])]
-    if not rows:
+    rows = [r for r in rows_of(frame) if r["layer"] is None and r["hit_pct_decode"] is not None]
+    annotate(rows, with_requests(series, trace), model)
+    dec = decide(rows)
+    if dec is None:
         return None
-    top = max(r["hit_pct_decode"] for r in rows)
-    return sorted((r for r in rows if r["hit_pct_decode"] == top), key=lambda r: r["policy"])[0]
+    return {**dec["best"], "tied_with": dec["tied"]}
 
 
 def with_best_plain(frame: pl.DataFrame, plain: dict | None) -> pl.DataFrame:
@@ -269,20 +277,31 @@ def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: l
     """Cache rows with retention (the predictor's guesses for the next layer(s) protected from
     eviction), plus ``hit_pct_decode_no_retain``, ``hit_pct_cum_no_retain`` and
     ``retain_gain_pp_decode`` / ``retain_gain_pp_cum`` (percentage points) from the same sweep
-    without retention."""
+    without retention; on the overall rows the decode gain's 95% interval from the paired block
+    bootstrap over decoded tokens (``retain_gain_ci_low`` / ``retain_gain_ci_high``) and its call
+    ``retain_vs_no_retain`` (better | worse | tie, :mod:`replay.paired`)."""
     from replay.cache import sweep
+    from replay.paired import call, diff_hit_pp, with_requests
 
     g = guesses(trace, predictor)
+    s_with: dict = {}
+    s_without: dict = {}
     with_r = sweep(loads, policies, budgets_mib, per_layer=per_layer, seed=seed, pred=g.entries, ahead=g.ahead,
-                   retain=True, policy_options=policy_options, show_progress=show_progress)
+                   retain=True, policy_options=policy_options, show_progress=show_progress, series=s_with)
     without = sweep(loads, policies, budgets_mib, per_layer=per_layer, seed=seed, show_progress=False,
-                    policy_options=policy_options)
+                    policy_options=policy_options, series=s_without)
+    s_with, s_without = with_requests(s_with, trace), with_requests(s_without, trace)
+    diffs = [diff_hit_pp(s_with[(p, b)], s_without[(p, b)]) if layer is None else None
+             for p, b, layer in zip(with_r["policy"], with_r["budget_mib"], with_r["layer"], strict=True)]
     return with_r.with_columns(
         pl.lit(g.name).alias("retain_predictor"),
         without["hit_pct_decode"].alias("hit_pct_decode_no_retain"),
         without["hit_pct_cum"].alias("hit_pct_cum_no_retain"),
         (with_r["hit_pct_decode"] - without["hit_pct_decode"]).alias("retain_gain_pp_decode"),
         (with_r["hit_pct_cum"] - without["hit_pct_cum"]).alias("retain_gain_pp_cum"),
+        pl.Series("retain_gain_ci_low", [d.low if d else None for d in diffs], dtype=pl.Float64),
+        pl.Series("retain_gain_ci_high", [d.high if d else None for d in diffs], dtype=pl.Float64),
+        pl.Series("retain_vs_no_retain", [call(d) if d else None for d in diffs], dtype=pl.String),
     )
 
 

@@ -374,7 +374,7 @@ def best_predictor(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def section_cache(ctx: ReportContext) -> Section:
-    from replay.cache import default_budgets_mib, is_over_budget, loads_of, pick_best, sweep, within_budget
+    from replay.cache import default_budgets_mib, is_over_budget, loads_of, sweep, within_budget
     from replay.cost import BOUNDS
     from replay.present import plots
     from replay.present.cache import over_budget_note
@@ -385,11 +385,11 @@ def section_cache(ctx: ReportContext) -> Section:
         return Section("Expert cache", unavailable="the trace has no decoded tokens, and hit rates here are decode-only")
     rec = tr.recorded.get("budget_mib")
     budgets = sorted(set(ctx.budgets_mib or default_budgets_mib(loads, rec)) | set(ctx.verdict_budgets))
-    policies = ctx.policies or ["lru", "lfu", "layer", "lfru", "belady", "infinite"]
-    for bound in ("belady", "infinite"):
-        if bound not in policies:
-            policies = [*policies, bound]
-    frame = sweep(loads, policies, budgets, per_layer=True, show_progress=False)
+    from replay.policy_set import left_out_text, report_policies
+
+    policies, left = report_policies(ctx.policies)
+    token_series: dict = {}  # each cell's decode batches, for the paired comparisons (replay.paired)
+    frame = sweep(loads, policies, budgets, per_layer=True, show_progress=False, series=token_series)
     model = ctx.shared.get("cost_model")
     if model is not None:
         from replay.cost import with_time
@@ -402,6 +402,10 @@ def section_cache(ctx: ReportContext) -> Section:
                   f"Belady (offline optimum at that budget) and infinite (compulsory misses only) are the ceiling. "
                   f"T = {T:.1f} MiB is one token cycle (sum over MoE layers of top_k x expert_bytes): below it global "
                   "LRU collapses, because each token's sweep over the layers evicts exactly what the next token needs.")
+    ranked = [p for p in policies if p not in BOUNDS]
+    s.text.append(f"Policies ranked in this section's tables and plots and in the verdict: {len(ranked)} online "
+                  f"({', '.join(ranked)}; {'given with --policies' if ctx.policies else 'every registered online policy'}), "
+                  "beside the bounds belady and infinite. " + left_out_text(left))
     vlines = {f"T = one token cycle ({T:.1f} MiB)": T}
     if rec is not None:
         vlines[f"recorded budget ({plots.budget_label(float(rec))})"] = float(rec)
@@ -423,12 +427,16 @@ def section_cache(ctx: ReportContext) -> Section:
                                     budget_x=True, ylim=ylim, caption=caption))
     online = [p for p in policies if p not in BOUNDS]
     cells = overall.to_dicts()
+    from replay.paired import annotate, decide, with_requests
+
+    annotate(cells, with_requests(token_series, tr), model)  # every cell against LRU and the best, with the paired interval (replay.paired)
     over = [r for r in cells if is_over_budget(r)]
     gap_rows = []
     for b in budgets:
         at = {r["policy"]: r for r in cells if r["budget_mib"] == b}
         ok, excluded = within_budget([at[p] for p in online if p in at])
-        best = pick_best(ok, "hit_pct_decode", highest=True)
+        dec = decide([at[p] for p in online if p in at])  # the one rule: pick_best, then the interval against LRU
+        best = dec["best"] if dec else None
         bel = at.get("belady")
         row = {"budget_mib": b, "below_T": b < T, "best_online": best["policy"] if best else None,
                "best_online_hit_pct_decode": best["hit_pct_decode"] if best else None,
@@ -439,6 +447,8 @@ def section_cache(ctx: ReportContext) -> Section:
                or None}
         row["gap_to_belady_pp"] = (None if best is None or bel is None or bel["hit_pct_decode"] is None
                                    or best["hit_pct_decode"] is None else bel["hit_pct_decode"] - best["hit_pct_decode"])
+        row["best_vs_lru"] = dec["call"] if dec else None
+        row["tied_with_best"] = ", ".join(dec["tied"]) or None if dec else None
         gap_rows.append(row)
     note = over_budget_note(cells) if over else None
     if note:
@@ -460,10 +470,13 @@ def section_cache(ctx: ReportContext) -> Section:
                       "survives eviction, as in the reference replay behind the published curves); lfu-incache and "
                       "layerlfu-incache restart it at admission.")
     s.tables.append(Table("cache_gap", pl.DataFrame(gap_rows), f"best within-budget online policy of those swept "
-                          f"({', '.join(online)}) against the bound, per budget (decode); ! = the Belady bound itself "
+                          f"({', '.join(online)}) against the bound, per budget (decode); its call against LRU (better only "
+                          "when the paired 95% interval excludes zero, else tie) and the policies tied with it within noise; "
+                          "! = the Belady bound itself "
                           "overflowed the budget (every registered policy at the verdict's budget: the next table)",
-                          columns=["budget_mib", "below_T", "best_online", "best_online_hit_pct_decode", "belady_hit_pct_decode",
-                                   "gap_to_belady_pp", "infinite_hit_pct_decode", "over_budget_excluded"],
+                          columns=["budget_mib", "below_T", "best_online", "best_online_hit_pct_decode", "best_vs_lru",
+                                   "tied_with_best", "belady_hit_pct_decode", "gap_to_belady_pp", "infinite_hit_pct_decode",
+                                   "over_budget_excluded"],
                           marks={"belady_hit_pct_decode": [bool(r["belady_over_budget"]) for r in gap_rows]}))
     cols = ["policy", "budget_mib", "hit_pct_decode", "hit_pct_cum", "read_mib", "peak_resident_mib", "overflow_loads",
             "over_budget"]
@@ -520,15 +533,18 @@ def _at_verdict_budgets(ctx: ReportContext, loads: Any, policies: list[str], mod
     decode hit % (highest first), then name; and the online policies compared."""
     from replay.cache import sweep
     from replay.cost import BOUNDS, with_time
-    from replay.policies import REGISTRY
+    from replay.paired import annotate, with_requests
+    from replay.policy_set import online_policies
 
-    online = [p for p in (ctx.policies or REGISTRY) if p not in BOUNDS]
+    online = online_policies(ctx.policies)
     if not ctx.verdict_budgets:
         return [], online
-    frame = sweep(loads, [*online, "belady"], ctx.verdict_budgets, show_progress=False)
+    series: dict = {}
+    frame = sweep(loads, [*online, "belady"], ctx.verdict_budgets, show_progress=False, series=series)
     if model is not None:
         frame = with_time(frame, model, ctx.trace.token_counts()["tokens_decode"])
     rows = frame.filter(pl.col("layer").is_null()).to_dicts()
+    annotate(rows, with_requests(series, ctx.trace), model)  # each cell against LRU and the best, with the paired interval (replay.paired)
     rows.sort(key=lambda r: (r["budget_mib"], r["policy"] in BOUNDS, -(r["hit_pct_decode"] or 0.0), r["policy"]))
     return rows, online
 
@@ -576,12 +592,12 @@ def section_prefetch(ctx: ReportContext) -> Section:
     if best is not None and best["predictor"] not in predictors:
         predictors.append(best["predictor"])  # the verdict's best predictor: its prefetch is the verdict's question
     rows = []
+    model = ctx.shared.get("cost_model")
     for budget in budgets:
         for pred in predictors:
             for policy, guard in (("lru", False), ("lfru", True)):
-                rows.append(prefetch(tr, pred, budget, policy=policy, guard=guard))
+                rows.append(prefetch(tr, pred, budget, policy=policy, guard=guard, model=model))
     frame = pl.concat(rows, how="diagonal_relaxed")
-    model = ctx.shared.get("cost_model")
     cols = (["budget_mib"] if len(budgets) > 1 else []) + [
         "predictor", "policy", "guard", "hit_pct_decode_baseline", "hit_pct_decode", "useful_pct",
         "total_mib_per_token_baseline", "total_mib_per_token"]
@@ -621,8 +637,10 @@ def section_prefetch(ctx: ReportContext) -> Section:
     budgets = sorted({float(f"{f * tr.token_cycle_bytes / (1 << 20):.2g}") for f in (0.5, 1.5, 3.0)} | set(budgets))
     ret = retain_sweep(tr, loads, ["lru", "lfru"], budgets, "prev-token").filter(pl.col("layer").is_null())
     s.tables.append(Table("retention", ret, "retention of prev-token's guesses (zero extra bytes): decode hit % with and "
-                          "without, change in points", columns=["policy", "budget_mib", "hit_pct_decode_no_retain",
-                                                                  "hit_pct_decode", "retain_gain_pp_decode"],
+                          "without, change in points with its 95% interval (paired block bootstrap over decoded tokens) "
+                          "and the call: better or worse only when the interval excludes zero, else tie",
+                          columns=["policy", "budget_mib", "hit_pct_decode_no_retain", "hit_pct_decode", "retain_gain_pp_decode",
+                                   "retain_gain_ci_low", "retain_gain_ci_high", "retain_vs_no_retain"],
                           headers={"hit_pct_decode": "Hit % (decode, with retention)"}))
     return s
 
@@ -690,8 +708,9 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
     copied from the row of the verb that computes it (``cache``, ``predict``, ``prefetch``, ``drop``;
     ``quality``'s quality.json with ``--quality``): what
     :func:`replay.present.verdict.verdict_lines` prints and ``verdict.json`` holds."""
-    from replay.cache import is_over_budget, pick_best, within_budget
+    from replay.cache import is_over_budget, within_budget
     from replay.cost import BOUNDS
+    from replay.paired import decide
 
     rows: list[dict[str, Any]] = []
     cells = ctx.shared.get("cache_rows") or []
@@ -702,8 +721,10 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
         if not at:
             continue
         ok, over = within_budget([r for p, r in sorted(at.items()) if p not in BOUNDS])
-        best = pick_best(ok, "hit_pct_decode", highest=True)
-        fastest = pick_best(ok, "ms_per_token", highest=False) if model is not None else None
+        dec = decide([r for p, r in sorted(at.items())])  # the one rule (replay.paired): best, ties, against LRU
+        dec_t = decide([r for p, r in sorted(at.items())], "ms_per_token") if model is not None else None
+        best = dec["best"] if dec else None
+        fastest = dec_t["best"] if dec_t else None
         row: dict[str, Any] = {"kind": "cache", "budget_mib": b, "budget_from": ctx.verdict_where, "policies_compared": compared}
         for prefix, r in (("", best), ("lru_", at.get("lru"))):
             row.update({f"{prefix}{k}": (r or {}).get(k) for k in ("hit_pct_decode", "read_mib", "preload_mib", "ms_per_token",
@@ -718,6 +739,11 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
         row["gap_to_belady_pp"] = (None if best is None or bel is None or None in (best["hit_pct_decode"], bel["hit_pct_decode"])
                                    else bel["hit_pct_decode"] - best["hit_pct_decode"])
         row.update({f"fastest_{k}": (fastest or {}).get(k) for k in ("policy", "ms_per_token", "tok_s", "hit_pct_decode")})
+        for prefix, d in (("", dec), ("fastest_", dec_t)):  # the paired interval against LRU, and the ties
+            row.update({f"{prefix}vs_lru": (d or {}).get("call"),
+                        f"{prefix}{'delta_ms_vs_lru' if prefix else 'delta_vs_lru_pp'}": (d or {}).get("delta"),
+                        f"{prefix}delta_ci_low": (d or {}).get("low"), f"{prefix}delta_ci_high": (d or {}).get("high"),
+                        f"{prefix}tied_with": (d or {}).get("tied"), f"{prefix}vs_lru_text": (d or {}).get("text")})
         row["over_budget_left_out"] = ", ".join(f"{r['policy']} (peak {fmt_q(r['peak_resident_mib'], 'mib')} MiB)"
                                                 for r in over) or None
         rows.append(row)
@@ -744,11 +770,13 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
             rows.append({"kind": "prefetch", **{k: r.get(k) for k in (
                 "budget_mib", "predictor", "policy", "guard", "hit_pct_decode_baseline", "hit_pct_decode",
                 "total_mib_per_token_baseline", "total_mib_per_token", "ms_per_token_baseline", "ms_per_token", "tok_s_baseline",
-                "tok_s", "spec_fills")}})
+                "tok_s", "spec_fills", "delta_hit_pp", "delta_hit_ci_low", "delta_hit_ci_high", "vs_baseline",
+                "delta_ms_per_token", "delta_ms_ci_low", "delta_ms_ci_high", "vs_baseline_time")}})
     if "drop" in ctx.shared:
         mode, budget, drops = ctx.shared["drop"]
         rows += [{"kind": "drop", "mode": mode, "budget_mib": budget, "policy": "lru" if mode == "closed" else None,
-                  "frac": r["frac"], "io_saved_pct": r["io_saved_pct"], "mass_lost_pct": r["mass_lost_pct"]} for r in drops]
+                  "frac": r["frac"], "io_saved_pct": r["io_saved_pct"], "mass_lost_pct": r["mass_lost_pct"],
+                  "io_saved_ci_low": r.get("io_saved_ci_low"), "io_saved_ci_high": r.get("io_saved_ci_high")} for r in drops]
     for res in ctx.shared.get("quality") or []:  # drop-cold measured in the model (report --quality): quality.json's rows
         rows += [{"kind": "quality", "quality": res.name, "engine": res.obj["engine"], "policy": res.obj["policy"],
                   "budget_mib": res.obj["budget_mib"], "random_weights": res.random_weights, "setting": r["setting"],

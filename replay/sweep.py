@@ -820,6 +820,64 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
 # --- the report over RESULTS -----------------------------------------------------------------
 
 
+def _paired_columns(rows: list[dict[str, Any]], timed: bool) -> dict[str, Any]:
+    """The best (and fastest) of one (trace, cost model, budget) group against LRU with the paired
+    interval, and the policies tied with it (:func:`replay.paired.decide`): the group's plain cells
+    replayed again from their trace (the stored rows hold totals, not per-token figures), each
+    replayed figure checked against the stored one. ``paired_note`` says why there is none."""
+    from replay.paired import annotate, decide, with_requests
+
+    keys = ["vs_lru", "delta_vs_lru_pp", "delta_ci_low", "delta_ci_high", "tied_with_best"]
+    if timed:
+        keys += ["fastest_vs_lru", "fastest_delta_ms_vs_lru", "fastest_delta_ms_ci_low", "fastest_delta_ms_ci_high",
+                 "tied_with_fastest"]
+    out: dict[str, Any] = dict.fromkeys(keys)
+    out["paired_note"] = None
+    if not any(r["policy"] == "lru" for r in rows):
+        out["paired_note"] = "no LRU cell at this budget to compare with"
+        return out
+    plain = [r for r in rows if not any(r.get(c) is not None for c in ("cell_policy_options", "cell_retain_predictor",
+                                                                      "cell_predictor"))]
+    try:
+        from replay.cache import loads_of, sweep
+        from replay.cost import load_cost_model
+        from traces import open_trace
+
+        t = open_trace(rows[0]["trace"])
+        series: dict = {}
+        pols = list(dict.fromkeys(r["policy"] for r in plain))
+        b = float(rows[0]["budget_mib"])
+        again = sweep(loads_of(t), pols, [b], seed=int(plain[0].get("cell_seed") or 0), show_progress=False,
+                      series=series).filter(pl.col("layer").is_null()).to_dicts()
+        model = None
+        if timed and rows[0].get("cell_cost_model"):
+            from replay.cost import with_time
+
+            model = load_cost_model(rows[0]["cell_cost_model"])
+            again = with_time(pl.DataFrame(again), model, t.token_counts()["tokens_decode"]).to_dicts()
+    except (UserError, OSError) as e:
+        out["paired_note"] = f"not replayed again for the paired interval: {str(e).rstrip('.')}"
+        return out
+    stored = {r["policy"]: r for r in plain}
+    if any(stored[r["policy"]].get("hits") != r.get("hits") for r in again):
+        out["paired_note"] = "the trace no longer gives the stored figures: no paired interval"
+        return out
+    annotate(again, with_requests(series, t), model)
+    for prefix, value in (("", "hit_pct_decode"), ("fastest_", "ms_per_token")):
+        if prefix and not timed:
+            continue
+        d = decide(again, value)
+        if d is None:
+            continue
+        out[f"{prefix}vs_lru"] = d["call"]
+        unit = "delta_ms_vs_lru" if prefix else "delta_vs_lru_pp"
+        out[f"{prefix}{unit}"] = d["delta"]
+        out[f"{prefix}{'delta_ms_' if prefix else 'delta_'}ci_low"] = d["low"]
+        out[f"{prefix}{'delta_ms_' if prefix else 'delta_'}ci_high"] = d["high"]
+        out["tied_with_fastest" if prefix else "tied_with_best"] = ", ".join(d["tied"]) or None
+    return out
+
+
 def sweep_report(results: str | Path) -> pl.DataFrame:
     """Per trace, cost model and budget: the best within-budget online policy of RESULTS/cache.parquet
     by decode hit % (and, where a cost model was given, the fastest by ms per token), against the
@@ -864,6 +922,7 @@ def sweep_report(results: str | Path) -> pl.DataFrame:
         row["over_budget_excluded"] = ", ".join(
             f"{r['policy']} (peak {r['peak_resident_mib']:.1f} MiB)" if r.get("peak_resident_mib") is not None else r["policy"]
             for r in excluded) or None
+        row.update(_paired_columns(rows, "ms_per_token" in overall.columns))
         out.append(row)
     order = {t: i for i, t in enumerate(dict.fromkeys(r["trace"] for r in out))}  # traces in grid order
     out.sort(key=lambda r: (order[r["trace"]], str(r.get("cell_cost_model")), r["budget_mib"]))

@@ -35,7 +35,8 @@ def traces(draw):
 def assert_same_as_naive(res, want, moe_layers) -> None:
     """A kernel replay (``slots=True``) agrees exactly with the naive twin's result: per layer
     and phase lookups, hits and bytes read, every slot's code, the eviction count, the overflowed
-    loads and the peak resident bytes."""
+    loads and the peak resident bytes; and per batch (the per-decoded-token figures a paired
+    comparison resamples, replay.paired) lookups, hits and bytes read."""
     for i, layer in enumerate(moe_layers):
         for ph in (0, 1):
             assert res.acc[ph, i, 0] == want["lookups"].get((ph, layer), 0)
@@ -45,6 +46,9 @@ def assert_same_as_naive(res, want, moe_layers) -> None:
     assert res.evictions == want["evictions"]
     assert res.overflow_loads == want["overflow"]
     assert res.peak_resident_bytes == want["peak_bytes"]
+    keys = sorted(want["per_batch"])  # the kernel numbers batches 0.. in trace order
+    assert res.bacc.shape[0] == len(keys)
+    assert res.bacc[:, :3].tolist() == [want["per_batch"][b] for b in keys]
 
 
 def _arrays(rows, k):

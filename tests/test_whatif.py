@@ -187,7 +187,10 @@ def test_real_qwen_prefetch_more_hits_more_bytes_is_slower(real_trace_dir, tmp_p
     r = res.json()["rows"][0]
     assert r["hit_pct_decode"] > r["hit_pct_decode_baseline"] and r["bytes_change_pct"] > 0
     assert r["ms_per_token"] > r["ms_per_token_baseline"]
-    assert "slower" in r["verdict"] and "more bytes" in r["verdict"] and "no prefetch wins" in r["verdict"]
+    assert "slower" in r["verdict"] and "more bytes" in r["verdict"]
+    # 1.8 ms/token slower on 128 tokens is inside the paired interval (replay.paired): a tie, said as one
+    assert r["delta_ms_ci_low"] < 0 < r["delta_ms_ci_high"] and r["vs_baseline_time"] == "tie"
+    assert "tie within noise (±" in r["verdict"] and "neither wins on time" in r["verdict"]
     text = run_cli("prefetch", q, "--predictor", "static-hot", "--cost-model", model).out
     assert "decode-only" in text and "cumulative" in text and "slower under the cost model" in text
     # prev-token under LRU above one token cycle: every guess is resident, prefetch reads nothing (said out loud)

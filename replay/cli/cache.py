@@ -161,7 +161,8 @@ def register(app: typer.Typer) -> None:
         run = api.cache_run(t, policies=pols, budgets_mib=blist,
                             per_layer=per_layer, phase=phase, seed=seed, policy_options=popts, cost_model=cmodel,
                             retain_predictor=predictor if retain else None, show_progress=True, stream=stream,
-                            predictor_file=predictor_file, foreign_cost_model=foreign_cost_model)
+                            predictor_file=predictor_file, foreign_cost_model=foreign_cost_model,
+                            paired=cmodel is not None and not retain)  # with a cost model: each cell against LRU (replay.paired)
         frame, blist, loads, sm = run.frame, run.budgets_mib, run.loads, run.summary
         T, W, chosen, collapsed, no_decode = (sm["token_cycle_mib"], sm["working_set_mib"], sm["budgets_chosen"],
                                               sm["collapsed"], sm["no_decode"])

@@ -184,6 +184,19 @@ def retain_text(frame: pl.DataFrame, policies: list[str], budgets_mib: list[floa
     for field, title in (("retain_gain_pp_decode", "decode-only"), ("retain_gain_pp_cum", "cumulative (prefill included)")):
         rows = [{"budget": exact(float(b)), **{p: cell[(p, b)][field] for p in policies}} for b in budgets_mib]
         out += [title, text_table(rows, ["budget", *policies], ["budget_mib", *policies], digits=PRECISION["pp"])]
+    if overall and "retain_vs_no_retain" in overall[0]:
+        from replay.paired import signed, tie_text
+
+        def said(r: dict) -> str:
+            lo, hi = r["retain_gain_ci_low"], r["retain_gain_ci_high"]
+            if r["retain_vs_no_retain"] is None:
+                return f"{signed(r['retain_gain_pp_decode'])} (no interval: too few decoded tokens)"
+            iv = f"{signed(r['retain_gain_pp_decode'])} [{signed(lo)}, {signed(hi)}]"
+            return f"{iv} {tie_text((hi - lo) / 2, '')}" if r["retain_vs_no_retain"] == "tie" else f"{iv} {r['retain_vs_no_retain']}"
+
+        out.append("decode-only change with its 95% interval (paired block bootstrap over decoded tokens; better or worse "
+                   "only when the interval excludes zero): "
+                   + "; ".join(f"{p} at {exact(float(b))} MiB {said(cell[(p, b)])}" for p in policies for b in budgets_mib))
     out.append("Hit % is not time: retention reads no extra bytes, so fewer misses are fewer bytes here (see the MiB table).")
     return "\n".join(out)
 

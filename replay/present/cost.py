@@ -109,6 +109,7 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
     way :func:`replay.cache.pick_best` breaks them (the CLI and the report alike)."""
     from replay.cache import pick_best, within_budget
     from replay.cost import BOUNDS
+    from replay.paired import decide, tied_text
 
     online = [r for r in rows if r.get("layer") is None and r["policy"] not in BOUNDS and r.get("ms_per_token") is not None]
     if not online:
@@ -118,14 +119,17 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
     for b in sorted({r["budget_mib"] for r in online}):
         ok, over = within_budget([r for r in online if r["budget_mib"] == b])
         left_out += over
-        r = pick_best(ok, "ms_per_token", highest=False)
-        if r is None:
+        dec = decide(ok, "ms_per_token")  # the one rule (replay.paired): pick_best, then the paired interval vs LRU
+        if dec is None:
             best.append(f"{exact(b)} MiB: none within budget")
             continue
+        r = dec["best"]
         ci = r.get("ms_per_token_ci95")
         ci_txt = f" +/- {ci:.1f}" if ci is not None and math.isfinite(ci) else ""
         mk = time_marks(r)
-        best.append(f"{exact(b)} MiB: {r['policy']} {r['ms_per_token']:.1f}{ci_txt} ms{mk} ({r['tok_s']:.2f} tok/s{mk})")
+        parts = ([dec["text"]] if dec["call"] is not None else []) + ([tied_text(dec).removeprefix("; ")] if dec["tied"] else [])
+        paired = f" [{'; '.join(parts)}]" if parts else ""
+        best.append(f"{exact(b)} MiB: {r['policy']} {r['ms_per_token']:.1f}{ci_txt} ms{mk} ({r['tok_s']:.2f} tok/s{mk}){paired}")
     named = ["belady", "infinite"] + sorted({r["policy"] for r in rows if r["policy"] in BOUNDS} - {"belady", "infinite"})
     out = [f"fastest online policy per budget (decode, estimated; {'/'.join(named)} are bounds, not candidates"
            + ("; over-budget cells left out" if left_out else "") + "): " + "; ".join(best)]
@@ -140,7 +144,10 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
         by_hits = pick_best(at, "hit_pct_decode", highest=True)
         if by_time is None or by_hits is None:
             continue
-        if by_time["policy"] != by_hits["policy"] and by_time["ms_per_token"] < by_hits["ms_per_token"]:
+        if by_time["policy"] != by_hits["policy"] and by_hits.get("tied_with_fastest"):  # within noise (replay.paired)
+            out.append(f"at {exact(b)} MiB, {by_hits['policy']} hits most and {by_time['policy']} is fastest, but they tie on "
+                       "time within noise")
+        elif by_time["policy"] != by_hits["policy"] and by_time["ms_per_token"] < by_hits["ms_per_token"]:
             out.append(f"at {exact(b)} MiB, {by_hits['policy']} hits most ({by_hits['hit_pct_decode']:.1f}% decode) but "
                        f"{by_time['policy']} is faster ({by_time['ms_per_token']:.1f} vs {by_hits['ms_per_token']:.1f} ms/token): "
                        "it reads fewer bytes per token (expert sizes differ by layer)")
@@ -151,4 +158,8 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
         out.append(EXTRAPOLATED_LEGEND)
     if any(r.get("cost_model_foreign") for r in online):
         out.append(foreign_legend())
+    if any(r.get("vs_lru_time") is not None for r in online):
+        out.append("against LRU: the difference in ms/token on the same tokens, with a 95% interval from a seeded paired "
+                   "block bootstrap over decoded tokens (docs/design.md, 'Paired comparisons'); a policy is called faster "
+                   "only when the interval excludes zero, else a tie within noise")
     return out

@@ -228,6 +228,12 @@ def verdict(r: dict) -> str:
            else f"lowers the decode hit rate by {fmt_q(-dh, 'pp')} points")
     byt = (f"reads {fmt_q(db, 'pct')}% more bytes per decoded token" if db >= 0
            else f"reads {fmt_q(-db, 'pct')}% fewer bytes per decoded token")
+    if r.get("vs_baseline_time") == "tie":  # the paired interval over decoded tokens includes zero (replay.paired)
+        from replay.paired import tie_text
+
+        return (f"prefetch {hit} and {byt} (speculative reads included): {fmt_q(abs(dms), 'ms')} ms/token "
+                f"{'slower' if dms > 0 else 'faster'} under the cost model, a "
+                f"{tie_text((r['delta_ms_ci_high'] - r['delta_ms_ci_low']) / 2, ' ms/token')}: neither wins on time")
     if dms > 0:
         return (f"prefetch {hit} but {byt} (speculative reads included): {fmt_q(dms, 'ms')} ms/token slower under the "
                 "cost model, so no prefetch wins on time")
