@@ -91,9 +91,9 @@ def read_columns(trace_dir: Path, columns: list[str]) -> None:
 
 
 def read_reader(trace_dir: Path) -> None:
-    from replay.cache import _column_numpy
+    from replay.core.simulate import _column_numpy
     from traces import open_trace
-    from traces.reader import fixed_list_to_numpy
+    from traces.io.reader import fixed_list_to_numpy
 
     t = open_trace(trace_dir, check_rows=False)
     for i in range(len(t.parts)):
@@ -103,7 +103,7 @@ def read_reader(trace_dir: Path) -> None:
 
 
 def data_path(trace_dir: Path, policy: str, entries: int) -> int:
-    from replay.cache import loads_of, replay
+    from replay.core.simulate import loads_of, replay
     from traces import open_trace
 
     loads = loads_of(open_trace(trace_dir, defer_rows=True))
@@ -154,7 +154,7 @@ def main() -> None:
     args = ap.parse_args()
     import libcachesim as lcs
 
-    from replay.cache import warm_up
+    from replay.core.simulate import warm_up
 
     args.dir.mkdir(parents=True, exist_ok=True)
     tokens = {"20k": 20_000, "100k": 100_000}

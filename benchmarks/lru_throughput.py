@@ -3,7 +3,7 @@
 Trace: the project's synthetic generator, 20,000 decode tokens (+32 prefill), 48 MoE layers x 128
 experts, top-8, routing only. Target (issue 3): >= 100 million routed slots per second.
 
-``M slots/s`` is :func:`replay.cache.replay` as the tool runs it: the Numba driver with the
+``M slots/s`` is :func:`replay.core.simulate.replay` as the tool runs it: the Numba driver with the
 policy's hooks inlined, best of 5, compile time excluded by a warm-up.
 
     python -m benchmarks.lru_throughput [--trace DIR]
@@ -22,7 +22,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trace", type=Path, default=Path(tempfile.gettempdir()) / "moe-replay-bench-synth20k")
     args = ap.parse_args()
-    from replay.cache import loads_of, replay, warm_up
+    from replay.core.simulate import loads_of, replay, warm_up
     from traces import open_trace
 
     t = open_trace(synthetic_trace(args.trace))
@@ -40,7 +40,7 @@ def main() -> None:
             sec = best_of(lambda p=policy, b=budget: replay(loads, p, b), 5)
             rate = slots / sec / 1e6
             print(f"{policy:8s} {budget:10d} {res.hit_pct_cum:11.2f} {sec:8.4f} {rate:10.1f} {rate / 100:13.2f}x")
-    print("(best of 5 single-thread replays through replay.cache.replay, compile time excluded by a warm-up: the Numba "
+    print("(best of 5 single-thread replays through replay.core.simulate.replay, compile time excluded by a warm-up: the Numba "
           "driver with the policy's hooks inlined)")
 
 

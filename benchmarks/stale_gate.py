@@ -12,7 +12,7 @@ child process, so its memory does not count here. Then, in this one process:
   data already in memory (no reading, no ranking, no scoring);
 - read only: the read path stale-gate uses, on one thread, no compute: each part file mapped,
   each layer's gate rows gathered from it as float64 (reported so the ratio can be read);
-- stale-gate: ``replay.predict.evaluate(trace, ["stale-gate"])`` end to end: reading the narrow
+- stale-gate: ``replay.analyses.accuracy.evaluate(trace, ["stale-gate"])`` end to end: reading the narrow
   columns, streaming every part's gate inputs from Parquet, the same matmuls, the selection rule,
   top-k, scoring per layer. It shares the source layers out among the cores, each thread running
   single-threaded BLAS, so the floor is timed both ways (one product at a time on numpy's
@@ -113,7 +113,7 @@ def main() -> None:
     path = a.trace or Path("/tmp/moe-replay-bench") / f"stale-gate-L{a.layers}-E{a.experts}-d{a.embd}-T{a.tokens}"
     ensure_trace(path, a.tokens, a.layers, a.embd, a.experts)
 
-    from replay.predict import evaluate
+    from replay.analyses.accuracy import evaluate
     from replay.predictors.gate import _workers, warm_up
     from traces import open_trace
 

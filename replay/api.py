@@ -1,10 +1,10 @@
 """The public Python API: keyword arguments in, one Polars DataFrame out (DESIGN.md keys).
 
-Every analysis function takes a trace (a :class:`traces.reader.Trace` from :func:`open_trace`,
+Every analysis function takes a trace (a :class:`traces.io.reader.Trace` from :func:`open_trace`,
 or a path to one), keyword-only options, and returns one ``polars.DataFrame``; where the
 command line prints more than the rows (warnings, predictors that could not run), a second
 function returns it (:func:`predict_run`). Bad input raises :class:`ReplayError` (the project's
-:class:`traces.errors.UserError`) with a message that names the parameter, never a CLI flag.
+:class:`traces.format.errors.UserError`) with a message that names the parameter, never a CLI flag.
 The ``moe-replay`` verbs call exactly these functions.
 """
 
@@ -17,14 +17,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 if TYPE_CHECKING:  # Polars is imported where a function runs, not by ``import replay.cli`` (``--help`` stays fast)
     import polars as pl
 
 ReplayError = UserError
 
-TraceLike = Any  # a traces.reader.Trace or a path to a trace directory
+TraceLike = Any  # a traces.io.reader.Trace or a path to a trace directory
 
 # CLI flags a library message may name, and the keyword that replaces each in the API's messages.
 _KEYWORD = {
@@ -71,7 +71,7 @@ def _api(fn: Callable) -> Callable:
 
 def _trace(trace: TraceLike):
     from traces import open_trace as _open
-    from traces.reader import Trace
+    from traces.io.reader import Trace
 
     return trace if isinstance(trace, Trace) else _open(trace)
 
@@ -79,7 +79,7 @@ def _trace(trace: TraceLike):
 def _plugins(policy_file: Any, predictor_file: Any) -> None:
     """Register the files; the predictor files join this call's default lists (a contextvar,
     reset by :func:`_api` when the call returns)."""
-    from replay.plugins import register_files
+    from replay.plugin_files import register_files
     from replay.predictors import active_files
 
     _, preds = register_files(policy_file, predictor_file)
@@ -89,7 +89,7 @@ def _plugins(policy_file: Any, predictor_file: Any) -> None:
 
 def _budget(value: Any, what: str = "budget_mib") -> float | None:
     """A budget in MiB: a number, or text with a binary unit ("4GiB"), read by the CLI's own parser."""
-    from traces.units import parse_budget_mib
+    from traces.util.units import parse_budget_mib
 
     return None if value is None else parse_budget_mib(value, what)
 
@@ -111,13 +111,13 @@ def open_trace(path: str | Path):
 @_api
 def synth(out: str | Path, *, force: bool = False, **config: Any):
     """Write a synthetic trace (the project's small residual-stream model, deterministic per
-    ``seed``) into ``out`` and open it. ``config``: the fields of :class:`traces.synth.SynthConfig`
+    ``seed``) into ``out`` and open it. ``config``: the fields of :class:`traces.synth.generator.SynthConfig`
     (``layers``, ``experts``, ``top_k``, ``embd``, ``tokens``, ``prompt_tokens``, ``seed``,
     ``gating``, ``routing_only``, ``expert_bytes``, ``drift``, ``reuse``, ``skew``)."""
     import dataclasses
 
     from traces import open_trace as _open
-    from traces.synth import SynthConfig, write_synthetic
+    from traces.synth.generator import SynthConfig, write_synthetic
 
     known = {f.name for f in dataclasses.fields(SynthConfig)}
     bad = sorted(set(config) - known)
@@ -130,8 +130,8 @@ def synth(out: str | Path, *, force: bool = False, **config: Any):
 def default_budgets_mib(trace: TraceLike) -> list[float]:
     """The default budgets: 9, geometric from T/2 to the working set W (2 significant figures),
     the recorded budget replacing the nearest."""
-    from replay.cache import default_budgets_mib as _default
-    from replay.cache import loads_of
+    from replay.core.simulate import default_budgets_mib as _default
+    from replay.core.simulate import loads_of
 
     t = _trace(trace)
     return _default(loads_of(t), t.recorded.get("budget_mib"))
@@ -140,7 +140,7 @@ def default_budgets_mib(trace: TraceLike) -> list[float]:
 class CacheRun:
     """Everything ``cache`` prints: the rows (``frame``), the budgets replayed (``budgets_mib``),
     the loads the replay cut (``loads``: the batch-only ones when streamed), the working set in
-    bytes and :attr:`summary` (:func:`replay.rows.cache_summary`: T, W, the note)."""
+    bytes and :attr:`summary` (:func:`replay.core.rows.cache_summary`: T, W, the note)."""
 
     def __init__(self, trace: Any, frame: pl.DataFrame, budgets_mib: list[float], budgets_given: bool, loads: Any,
                  working_set_bytes: int | None, streamed: bool) -> None:
@@ -154,8 +154,8 @@ class CacheRun:
 
     @functools.cached_property
     def summary(self) -> dict[str, Any]:
-        from replay.frames import rows_of
-        from replay.rows import cache_summary
+        from replay.core.frames import rows_of
+        from replay.core.rows import cache_summary
 
         return cache_summary(self.trace, rows_of(self.frame.filter(self.frame["layer"].is_null())), self.budgets_mib,
                              self.budgets_given, self.working_set_bytes, bool((self.loads.batch_phase == 1).any()))
@@ -171,10 +171,10 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
     one flow of a cache replay: the ``cache`` verb, :func:`cache` and sweeps all run it. A
     ``cost_model`` fitted on another model or device is refused before the replay unless
     ``foreign_cost_model`` (replay.cost_origin)."""
-    from replay.cache import check_policies, default_budgets_mib, loads_of, sweep
-    from replay.cache_stream import check_stream_mode, choose_stream, streamable
-    from replay.info import require_routings
-    from replay.phases import check_phase
+    from replay.analyses.info import require_routings
+    from replay.core.phases import check_phase
+    from replay.core.simulate import check_policies, default_budgets_mib, loads_of, sweep
+    from replay.core.streaming import check_stream_mode, choose_stream, streamable
 
     check_phase(phase)
     check_stream_mode(stream)
@@ -194,7 +194,7 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
         raise UserError("paired: compares plain replays; not with retain_predictor.")
     series: dict | None = {} if paired else None  # each cell's decode batches (replay.paired)
     if loads is None and choose_stream(t, pols, stream, in_memory_only=in_memory_only):
-        from replay.cache_stream import Sizes, stream_sweep, working_set_stream
+        from replay.core.streaming import Sizes, stream_sweep, working_set_stream
 
         if blist is None:  # the working set first (one more pass over the parts), then the replay
             blist = default_budgets_mib(Sizes(t.token_cycle_bytes, working_set_stream(t)), rec_budget)
@@ -207,7 +207,7 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
         if blist is None:
             blist = default_budgets_mib(loads, rec_budget)
         if retain_predictor is not None:
-            from replay.prefetch import retain_sweep
+            from replay.analyses.prefetching import retain_sweep
 
             frame = retain_sweep(t, loads, pols, blist, retain_predictor, per_layer=per_layer, seed=seed,
                                  policy_options=policy_options, show_progress=show_progress)
@@ -241,9 +241,9 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     is MiB, or text with a binary unit (``"4GiB"``, ``"1.5GiB"``), in every function that takes one.
     ``phase`` is checked (decode | prefill | all): it names the hit % a caller leads with; every
     row carries all of them. ``policy_file``: a policy module (or a list) anywhere on disk.
-    ``stream`` (auto | on | off): replay part by part (:func:`replay.cache_stream.stream_sweep`, the
+    ``stream`` (auto | on | off): replay part by part (:func:`replay.core.streaming.stream_sweep`, the
     same rows byte for byte, memory one part plus the cache states); auto streams when the
-    in-memory replay would not fit comfortably (:func:`replay.cache_stream.auto_streams`) and
+    in-memory replay would not fit comfortably (:func:`replay.core.streaming.auto_streams`) and
     every policy streams (not pin, colibri, layer-opt; not with ``retain_predictor`` or
     ``policy_options``); on refuses what cannot stream.
 
@@ -276,11 +276,11 @@ def predict_run(trace: TraceLike, *, predictors: Sequence[str] | None = None, ho
                 width: int | None = None, phase: str = "decode", max_horizon: int | None = None,
                 predictor_file: Any = None, progress: Any = None):
     """:func:`predict` with everything the command prints beside the rows: a
-    :class:`replay.predict.PredictResult` (``.frame``, ``.unavailable``, ``.warnings``, ``.notes``,
+    :class:`replay.analyses.accuracy.PredictResult` (``.frame``, ``.unavailable``, ``.warnings``, ``.notes``,
     ``.ctrl_failing_layers``). ``max_horizon``: the stale-gate[1..D] curve instead (``horizon``
     column)."""
-    from replay.info import require_routings
-    from replay.predict import evaluate, expand, horizon_curve
+    from replay.analyses.accuracy import evaluate, expand, horizon_curve
+    from replay.analyses.info import require_routings
 
     _plugins(None, predictor_file)
     t = _trace(trace)
@@ -313,8 +313,8 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
     cache replayed at ``budget_mib`` under ``policy`` with dropping in the loop). With
     ``cost_model``: ``ms_per_token`` and the no-drop baseline (decode only; ``foreign_cost_model``
     as in :func:`cache`)."""
-    from replay.drop import closed_drop, drop_time_columns, static_drop
-    from replay.phases import check_phase
+    from replay.analyses.drop_cold import closed_drop, drop_time_columns, static_drop
+    from replay.core.phases import check_phase
 
     check_phase(phase)
     _plugins(policy_file, None)
@@ -339,8 +339,8 @@ def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: flo
     ``budget_mib`` (default: the recorded budget) against no prefetch and against the best plain
     online policy at that budget (``best_plain_*``). With ``cost_model``: ``ms_per_token``,
     ``tok_s`` and a ``verdict`` (``foreign_cost_model`` as in :func:`cache`)."""
-    from replay.prefetch import best_plain, with_best_plain, with_prefetch_time
-    from replay.prefetch import prefetch as _prefetch
+    from replay.analyses.prefetching import best_plain, with_best_plain, with_prefetch_time
+    from replay.analyses.prefetching import prefetch as _prefetch
 
     _plugins(policy_file, predictor_file)
     t = _trace(trace)
@@ -357,9 +357,9 @@ def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: flo
 @_api
 def fit_cost_model(trace: TraceLike):
     """Fit the cost model (ms per token from expert bytes read and misses) on a trace with
-    recorded engine metrics; returns the chosen :class:`replay.cost.CostModel` (``.row()`` is its
+    recorded engine metrics; returns the chosen :class:`replay.analyses.cost_model.CostModel` (``.row()`` is its
     DESIGN.md row; :func:`cost_fit` has every candidate)."""
-    from replay.cost import fit_trace
+    from replay.analyses.cost_model import fit_trace
 
     return fit_trace(_trace(trace))[0]
 
@@ -367,7 +367,7 @@ def fit_cost_model(trace: TraceLike):
 @_api
 def cost_fit(trace: TraceLike) -> pl.DataFrame:
     """Every candidate cost model fitted on ``trace``, one row each (``selected`` marks the chosen)."""
-    from replay.cost import fit_trace
+    from replay.analyses.cost_model import fit_trace
 
     best, cands, _ = fit_trace(_trace(trace))
     import polars as pl
@@ -378,7 +378,7 @@ def cost_fit(trace: TraceLike) -> pl.DataFrame:
 @_api
 def load_cost_model(path: str | Path):
     """Read a cost model saved by ``moe-replay cost fit --json`` (or a bare model object)."""
-    from replay.cost import load_cost_model as _load
+    from replay.analyses.cost_model import load_cost_model as _load
 
     return _load(path)
 
@@ -386,7 +386,7 @@ def load_cost_model(path: str | Path):
 @_api
 def manual_cost_model(*, flash_mib_s: float, compute_ms: float):
     """A cost model from a read bandwidth (MiB/s) and a compute time per token (ms)."""
-    from replay.cost import cost_model_from_options
+    from replay.analyses.cost_model import cost_model_from_options
 
     return cost_model_from_options(None, flash_mib_s, compute_ms)
 
@@ -399,7 +399,7 @@ def with_time(frame: pl.DataFrame, model: Any, *, trace: TraceLike = None, token
     With ``trace``, a model fitted on another model or device is refused unless
     ``foreign_cost_model`` (as in :func:`cache`); with ``tokens_decode`` alone there is no trace
     to compare with, so the caller answers for it."""
-    from replay.cost import with_time as _with_time
+    from replay.analyses.cost_model import with_time as _with_time
 
     if trace is not None:
         t = _trace(trace)
@@ -431,8 +431,8 @@ def write_report(trace: str | Path, out: str | Path, *, budgets_mib: Sequence[fl
     ``quality``: one or more ``moe-replay quality`` results (directories or their quality.json) for the
     Quality section. ``cost_model`` fitted on another model or device: refused unless
     ``foreign_cost_model`` (then every time figure in the report is marked)."""
-    from replay.cache import check_policies
-    from replay.report import write_report as _write
+    from replay.analyses.report import write_report as _write
+    from replay.core.simulate import check_policies
 
     _plugins(policy_file, predictor_file)
     pols = check_policies(list(policies), option="policies") if policies is not None else None
@@ -459,41 +459,11 @@ def predictor_names() -> list[str]:
 
 
 @_api
-def sweep(grid: str | Path, out: str | Path, *, engine: str = "local", workers: int | None = None,
-          address: str | None = None, force: bool = False, show_progress: bool = False) -> pl.DataFrame:
-    """Run the sweep of the TOML ``grid`` into the results directory ``out`` (one Parquet table per
-    analysis kind, ``out/<kind>.parquet``: each row the kind's API rows plus ``trace_id``, ``trace``,
-    ``cell_key`` and every cell parameter as ``cell_<keyword>``). A rerun computes only the cells
-    ``out`` lacks (``force`` recomputes them). ``engine``: ``local`` (a process pool of ``workers``,
-    default one per core) or ``ray`` (``address``: ``auto``, ``HOST:PORT``, or None to start Ray
-    here). Returns one row per kind (cells, computed, rows, table); the whole run's record is
-    ``out/sweep.json``. The grid format: ``moe-replay sweep --example``."""
-    import polars as pl
-
-    from replay.sweep import run_sweep
-
-    summary = run_sweep(grid, out, engine=engine, workers=workers, address=address, force=force,
-                        show_progress=show_progress)
-    return pl.DataFrame(summary["kinds"], schema={"kind": pl.String, "cells": pl.Int64, "computed": pl.Int64,
-                                                  "rows": pl.Int64, "table": pl.String, "notes": pl.List(pl.String)})
-
-
-@_api
-def sweep_report(results: str | Path) -> pl.DataFrame:
-    """Compare the traces of a sweep: per trace, cost model and budget of ``results/cache.parquet``,
-    the best within-budget online policy by decode hit % (and the fastest by ms per token where the
-    cells had a cost model), against Belady; over-budget cells are left out and named."""
-    from replay.sweep import sweep_report as _report
-
-    return _report(results)
-
-
-@_api
 def compare_run(trace_a: TraceLike, trace_b: TraceLike, *, tol: float = 1e-3, align: str = "none", phase: str = "all"):
     """:func:`compare` with everything the command prints beside the rows: a
-    :class:`replay.compare.CompareResult` (``.per_layer``, ``.disagreements`` with each one's
+    :class:`replay.analyses.trace_compare.CompareResult` (``.per_layer``, ``.disagreements`` with each one's
     margin and whether it is explained, ``.positions``, ``.tokens_checked``, ``.notes``)."""
-    from replay.compare import compare as run
+    from replay.analyses.trace_compare import compare as run
 
     return run(_trace(trace_a), _trace(trace_b), tol=tol, align=align, phase=phase)
 

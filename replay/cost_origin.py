@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 FOREIGN_HOW = "pass --foreign-cost-model to apply it anyway, every time figure then marked"
 # Fields compared between the model's origin and the trace: any difference is another model or
@@ -33,7 +33,7 @@ def trace_origin(trace: Any, content_id: str | None = None) -> dict[str, Any]:
     prov = dict(trace.meta.get("provenance") or {})
     rec = trace.recorded
     if content_id is None:
-        from replay.sweep import trace_content_id
+        from replay.analyses.sweeps import trace_content_id
 
         content_id = "sha256:" + trace_content_id(trace.path)
     return {

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 MAX_MS = 86_400_000.0  # one day: no per-token time, coefficient or intercept beyond it is a measurement
 MIN_MS_PER_TOKEN = 0.01  # 100,000 tok/s: no MoE decode streams experts faster than this

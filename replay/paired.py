@@ -26,7 +26,7 @@ circular block bootstrap over decoded tokens* (docs/design.md, "Paired compariso
 :func:`call` turns an interval into the one answer every surface prints: "better" or "worse"
 only when the interval excludes zero, else "tie" (printed "tie within noise (±x)", x the
 interval's half-width). :func:`decide` applies it to one budget's rows: the best within-budget
-online setting (:func:`replay.cache.pick_best`), the settings tied with it, and how it compares
+online setting (:func:`replay.core.simulate.pick_best`), the settings tied with it, and how it compares
 with LRU. The report's verdict, ``cache``, ``sweep-report`` and the API all go through it.
 """
 
@@ -97,8 +97,8 @@ def with_requests(series: dict[Any, DecodeSeries], trace: Any) -> dict[Any, Deco
 
 
 def series_of(loads: Any, res: Any) -> DecodeSeries:
-    """The decode batches of a :class:`replay.cache.ReplayResult` (its ``bacc``) as a series."""
-    from replay.cache_kernel import ACC_HITS, ACC_LOOKUPS, ACC_READ
+    """The decode batches of a :class:`replay.core.simulate.ReplayResult` (its ``bacc``) as a series."""
+    from replay.core.driver import ACC_HITS, ACC_LOOKUPS, ACC_READ
 
     dec = np.asarray(loads.batch_phase) == 1
     b = res.bacc[dec]
@@ -265,7 +265,7 @@ def annotate(rows: list[dict[str, Any]], series: dict[tuple[str, float], DecodeS
     the same for ms per decoded token (``delta_ms_vs_lru``, ``delta_ms_ci_low``,
     ``delta_ms_ci_high``, ``vs_lru_time``, ``tied_with_fastest``). None where it does not apply
     (no LRU replayed, a bound, an over-budget cell, no series)."""
-    from replay.cache import is_over_budget, pick_best
+    from replay.core.simulate import is_over_budget, pick_best
     from replay.policies import bound_policies
 
     bounds = set(bound_policies())
@@ -309,7 +309,7 @@ def decide(rows: list[dict[str, Any]], value: str = "hit_pct_decode") -> dict[st
     better | worse | tie (None: no interval), ``delta`` / ``low`` / ``high`` (best minus LRU:
     points of decode hit %, or ms per token), ``text``, a phrase for the line that names it. None
     when no online row stays within budget."""
-    from replay.cache import is_over_budget, pick_best
+    from replay.core.simulate import is_over_budget, pick_best
     from replay.policies import bound_policies
 
     bounds = set(bound_policies())
@@ -349,7 +349,7 @@ def tied_text(dec: dict[str, Any]) -> str:
 
 def with_paired(frame: Any, series: dict[tuple[str, float], DecodeSeries], model: Any = None, *, seed: int = SEED,
                 resamples: int = RESAMPLES) -> Any:
-    """A cache frame (:func:`replay.cache.sweep`'s rows, with ``ms_per_token`` when ``model`` is
+    """A cache frame (:func:`replay.core.simulate.sweep`'s rows, with ``ms_per_token`` when ``model`` is
     given) plus the columns of :func:`annotate` (null on per-layer rows)."""
     import polars as pl
 
@@ -372,7 +372,7 @@ WHATIF_TIME_COLUMNS = ("delta_ms_per_token", "delta_ms_ci_low", "delta_ms_ci_hig
 
 def whatif_series(loads: Any, res: Any) -> DecodeSeries:
     """:func:`series_of` with the speculative reads counted in the bytes (a prefetch's cost)."""
-    from replay.cache_kernel import ACC_SPEC_READ
+    from replay.core.driver import ACC_SPEC_READ
 
     s = series_of(loads, res)
     spec = res.bacc[np.asarray(loads.batch_phase) == 1, ACC_SPEC_READ].astype(np.int64)

@@ -4,7 +4,7 @@ Every module — a built-in named in a registry, a file given with ``policy_file
 ``predictor_file=`` (``--policy-file`` / ``--predictor-file``), or an entry point of the groups
 ``moe_replay.policies`` / ``moe_replay.predictors`` — is imported by :func:`load` and checked by
 the registry's own validator before use. A problem (the file is missing, it fails to import, a
-hook or constant is missing) is one :class:`~traces.errors.UserError` naming the file.
+hook or constant is missing) is one :class:`~traces.format.errors.UserError` naming the file.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from traces.errors import UserError
+from replay.plugin_spec import check as check_contract
+from traces.format.errors import UserError
 
 
 def where(mod: ModuleType) -> str:
@@ -70,14 +71,6 @@ def entry_points(group: str) -> list[tuple[str, str]]:
     return sorted((ep.name, ep.value.split(":")[0]) for ep in importlib.metadata.entry_points(group=group))
 
 
-def _paths(files: str | Path | list | tuple | None) -> list[str]:
-    if files is None:
-        return []
-    if isinstance(files, (str, Path)):
-        return [str(files)]
-    return [str(f) for f in files]
-
-
 class Registry:
     """One kind of plugin (policies, predictors): built-ins by name, then entry points, then files,
     each module checked by ``validate(module, name or None) -> name`` before it is usable.
@@ -98,6 +91,7 @@ class Registry:
 
     def add(self, mod: ModuleType, name: str | None = None) -> str:
         n = self.validate(mod, name)
+        check_contract(mod, self.kind, where(mod))  # the plugin contract: replay/plugin_spec.py
         old = self._modules.get(n)
         if old is not None and old is not mod:
             raise UserError(f"{where(mod)}: {self.kind} name {n!r} is already taken by {where(old)}.")
@@ -170,11 +164,3 @@ class Registry:
         self._entry_points_of = None
 
 
-def register_files(policy_file: str | Path | list | tuple | None = None,
-                   predictor_file: str | Path | list | tuple | None = None) -> tuple[list[str], list[str]]:
-    """Register user policy and predictor modules (a path or a list of paths each); returns the
-    (policy names, predictor names) they define."""
-    from replay.policies import add_policy_file
-    from replay.predictors import add_predictor_file
-
-    return ([add_policy_file(p) for p in _paths(policy_file)], [add_predictor_file(p) for p in _paths(predictor_file)])

@@ -14,8 +14,8 @@ import signal
 import sys
 from collections.abc import Callable
 
-from traces.errors import UserError
-from traces.signals import on_signals
+from traces.format.errors import UserError
+from traces.util.signals import on_signals
 
 
 class Interrupted(BaseException):
@@ -32,7 +32,7 @@ def _raise_interrupted(signum: int, frame: object) -> None:
 
 def _interrupted(signum: int) -> int:
     """Say in one line what an interrupted run left behind; return 128 + the signal number."""
-    from traces import atomic
+    from traces.io import atomic
 
     name = signal.Signals(signum).name
     if atomic.written:
@@ -75,7 +75,7 @@ def guarded(call: Callable[[], int], debug: bool, quiet: bool = False,
     and, unless ``quiet`` (``--json``), the compile notice on a terminal; return its exit code, or
     the code of what it raised, said in one sentence on stderr (``debug``: re-raised for the
     traceback). ``usage_error`` turns a front end's own exceptions into a code (None: not one of them)."""
-    from replay.progress import compile_notice
+    from replay.core.progress import compile_notice
 
     try:
         # The first run after installation compiles the kernels (about a minute): say so on a

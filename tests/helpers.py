@@ -56,15 +56,15 @@ def rewrite_part(part, fn) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from traces.schema import SLOT_STEMS, WIDE_COLUMNS
-    from traces.writer import write_part
+    from traces.format.schema import SLOT_STEMS, WIDE_COLUMNS
+    from traces.io.writer import write_part
 
     part = Path(part)
     meta = json.loads((part.parent.parent / "trace.json").read_text())
     if meta["version"] == 1:
         pq.write_table(fn(pq.read_table(part)), part)
         return
-    from traces.reader import Trace
+    from traces.io.reader import Trace
 
     cols = [c for c in ("turn", "batch", "phase", "step", "layer", "experts", "weights", *meta.get("columns", []))
             if c not in WIDE_COLUMNS]
@@ -93,8 +93,8 @@ def rewrite_wide(part, column: str, fn) -> None:
     import numpy as np
     import pyarrow as pa
 
-    from traces.schema import wide_file
-    from traces.writer import write_wide
+    from traces.format.schema import wide_file
+    from traces.io.writer import write_wide
 
     path = wide_file(Path(part), column)
     with pa.memory_map(str(path)) as src:

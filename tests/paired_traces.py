@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from traces import TraceWriter
-from traces.schema import default_gating
+from traces.format.schema import default_gating
 
 LAYERS, EXPERTS, EXPERT_BYTES = 4, 64, 1 << 20
 

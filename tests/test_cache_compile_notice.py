@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numba
 
-from replay.progress import COMPILE_NOTICE, compile_notice
+from replay.core.progress import COMPILE_NOTICE, compile_notice
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,7 +81,7 @@ def test_cli_notice_with_a_fresh_kernel_cache(synth_trace_dir, tmp_path):
 
 def test_progress_is_tqdms_disabled_bar_off_a_terminal(monkeypatch):
     """Piped or redirected, a bar is tqdm's own disabled one: it takes every call the verbs make and prints nothing."""
-    from replay.progress import progress
+    from replay.core.progress import progress
 
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     with progress(10, "x", unit="row") as bar:

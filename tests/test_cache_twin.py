@@ -8,11 +8,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.cache import batch_series, prepare_loads, replay
+from replay.core.simulate import batch_series, prepare_loads, replay
 from replay.policies import REGISTRY, add_policy_file
 from tests.naive.cache import naive_replay
 from tests.trace_strategies import small_shape, turn_rows
-from traces.reader import RoutingArrays
+from traces.io.reader import RoutingArrays
 
 # The example plugin (examples/fifo_policy.py) goes through the same registry and driver as the built-ins.
 FIFO = add_policy_file(Path(__file__).resolve().parents[1] / "examples" / "fifo_policy.py")
@@ -137,7 +137,7 @@ def test_expert_id_out_of_range_is_refused():
     # The kernels index their state by entry without bounds checks: prepare_loads must refuse first.
     import pytest
 
-    from traces.errors import UserError
+    from traces.format.errors import UserError
 
     for bad in (-1, 4):
         rows = [(0, 0, 1, 0, 0, [0, bad])]

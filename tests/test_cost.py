@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.cost import MIB, CostModel, add_time_columns, choose, fit_candidates, load_cost_model, manual_model
+from replay.analyses.cost_model import MIB, CostModel, add_time_columns, choose, fit_candidates, load_cost_model, manual_model
 from tests.helpers import assert_one_sentence_error, run_cli
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 
 def feats(wall, rb, misses=None):

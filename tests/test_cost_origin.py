@@ -12,11 +12,11 @@ import polars as pl
 import pytest
 
 import replay
-from replay.cost import MIB, CostModel, add_time_columns, device_check, fit_candidates, load_cost_model
+from replay.analyses.cost_model import MIB, CostModel, add_time_columns, device_check, fit_candidates, load_cost_model
 from replay.cost_sense import t_quantile_975
 from tests.helpers import assert_one_sentence_error, run_cli
 from traces import open_trace
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 TIME = r"(?<![\d.])(?<!\+-)\d+(?:\.\d+)? (?:ms/token|ms|tok/s)(?![\w/])"
 SHAPE = {"layers": 4, "experts": 16, "top_k": 2, "embd": 16, "tokens": 40, "prompt_tokens": 8}

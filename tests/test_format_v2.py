@@ -1,7 +1,7 @@
 """Trace format version 2 against version 1: the committed v1 fixtures (tests/fixtures/v1, written by
 the v1 writer) read directly and after ``moe-replay upgrade`` give the figures the v1 code gave
 (tests/fixtures/v1/expected); a corrupt v2 file is refused in one sentence naming it; every writer
-of routings goes through traces/writer.py, so importers and capture write version 2."""
+of routings goes through traces/io/writer.py, so importers and capture write version 2."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers import assert_one_sentence_error, run_cli
 from traces import TraceError, open_trace
-from traces.schema import VERSION
+from traces.format.schema import VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "tests" / "fixtures" / "v1"
@@ -189,12 +189,12 @@ def test_a_corrupt_v2_trace_is_refused_in_one_sentence(upgraded, tmp_path, what,
 
 def test_routings_are_written_only_by_traces_writer():
     """Importers, capture (engine_bridge), synth and schedule all write routings through
-    traces/writer.py, so they write version 2: no other module writes Parquet or Arrow IPC."""
+    traces/io/writer.py, so they write version 2: no other module writes Parquet or Arrow IPC."""
     writers = re.compile(r"write_table|ParquetWriter|ipc\.new_file|RecordBatchFileWriter|write_parquet_atomic\(")
     found = []
     for d in ("traces", "replay", "engine_bridge"):
         for p in sorted((ROOT / d).rglob("*.py")):
-            if p.relative_to(ROOT).as_posix() == "traces/writer.py":
+            if p.relative_to(ROOT).as_posix() == "traces/io/writer.py":
                 continue
             for i, line in enumerate(p.read_text().splitlines(), 1):
                 if writers.search(line):

@@ -33,7 +33,7 @@ FUZZ = settings(max_examples=50, deadline=None, phases=NO_SHRINK,
 
 @pytest.fixture(scope="session")
 def base_trace(tmp_path_factory) -> Path:
-    from traces.synth import SynthConfig, write_synthetic
+    from traces.synth.generator import SynthConfig, write_synthetic
 
     out = tmp_path_factory.mktemp("fuzz-base") / "trace"
     write_synthetic(out, SynthConfig(layers=3, experts=8, top_k=2, embd=8, tokens=12, prompt_tokens=4))
@@ -150,7 +150,7 @@ MULTI_VERBS: dict[str, tuple[list[str], list[str]]] = {
 
 @pytest.fixture(scope="module")
 def multi_inputs(base_trace, tmp_path_factory) -> dict[str, Path]:
-    from traces.synth import SynthConfig, write_synthetic
+    from traces.synth.generator import SynthConfig, write_synthetic
 
     d = tmp_path_factory.mktemp("fuzz-multi")
     write_synthetic(d / "rtrace", SynthConfig(layers=2, experts=8, top_k=2, embd=8, tokens=3, prompt_tokens=2, requests=3))

@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from threadpoolctl import threadpool_info
 
 import replay.predictors.gate as gate
-from replay.predict import evaluate
+from replay.analyses.accuracy import evaluate
 from tests.predict_traces import gating_meta, write_trace
 from traces import open_trace
-from traces.reader import read_wide
-from traces.writer import write_wide
+from traces.io.reader import read_wide
+from traces.io.writer import write_wide
 
 
 def _mapped(path: Path, values: np.ndarray) -> np.ndarray:

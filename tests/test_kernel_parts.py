@@ -1,5 +1,5 @@
 """The load kernels and the LRU driver as the streamed replay runs them, part by part
-(replay/load_kernel.py, replay/cache_kernel.py): rows_ok lets valid parts through and stops a bad
+(replay/core/loads.py, replay/core/driver.py): rows_ok lets valid parts through and stops a bad
 row in any block; cut_loads gives prepare_loads' arrays; the Numba driver for lru and layer, whole
 or in parts with carried clocks, agrees with the naive twin (tests/naive/cache.py).
 """
@@ -128,7 +128,7 @@ def _rows_ok_args(p):
 @settings(max_examples=300, **FAST)
 @given(p=row_parts())
 def test_rows_ok_lets_valid_rows_through(p):
-    from replay.load_kernel import rows_ok
+    from replay.core.loads import rows_ok
 
     got = rows_ok(*_rows_ok_args(p))
     if p["valid"] and not p["has_last"]:
@@ -139,7 +139,7 @@ def test_rows_ok_lets_valid_rows_through(p):
 def test_rows_ok_across_blocks(k):
     """Long parts: a valid one passes, and one bad row anywhere (a row whose predecessor is
     the one before it in the part) fails."""
-    from replay.load_kernel import rows_ok
+    from replay.core.loads import rows_ok
 
     rng = np.random.default_rng(k)
     n_layer, n_expert, tokens = 3, 16, 3500  # 10,500 rows
@@ -188,9 +188,9 @@ def _cut_buffers(R, k, rng):
 def test_cut_loads_gives_prepare_loads_arrays(seed, R, k, sorted_batches, bad_layer, bad_expert, readonly):
     """On rows in order, prepare_loads' arrays; anything else declined with a nonzero status (the caller
     then runs prepare_loads, which refuses or handles it)."""
-    from replay.cache import prepare_loads
-    from replay.load_kernel import cut_loads
-    from traces.reader import RoutingArrays
+    from replay.core.loads import cut_loads
+    from replay.core.simulate import prepare_loads
+    from traces.io.reader import RoutingArrays
 
     rng = np.random.default_rng(seed)
     moe_layers = [1, 3, 4]
@@ -247,8 +247,8 @@ def small_traces(draw):
 
 
 def _loads(t):
-    from replay.cache import prepare_loads
-    from traces.reader import RoutingArrays
+    from replay.core.simulate import prepare_loads
+    from traces.io.reader import RoutingArrays
 
     moe_layers, n_layer, n_expert, k, eb, rows, _ = t
     R = len(rows)
@@ -265,10 +265,10 @@ def _loads(t):
 
 
 def _state(loads, policy, budget):
-    """A fresh cell, as replay.cache_stream builds it: (ent, grp, ps, acc, layer_info)."""
-    from replay.cache import _groups
-    from replay.cache_kernel import N_ACC
-    from replay.cache_state import new_state
+    """A fresh cell, as replay.core.streaming builds it: (ent, grp, ps, acc, layer_info)."""
+    from replay.core.driver import N_ACC
+    from replay.core.simulate import _groups
+    from replay.core.state import new_state
     from replay.policies import policy_module
 
     pm = policy_module(policy)
@@ -304,7 +304,7 @@ _NUMBA: dict[str, object] = {}
 def _numba(policy):
     """The Numba driver for ``policy`` (plain: no what-ifs, no per-slot codes)."""
     if policy not in _NUMBA:
-        from replay.cache_kernel import make_kernel
+        from replay.core.driver import make_kernel
         from replay.policies import policy_module
 
         _NUMBA[policy] = make_kernel(policy, policy_module(policy), whatif=False, slots=False)
@@ -312,10 +312,10 @@ def _numba(policy):
 
 
 def _replay_parts(kern, loads, policy, budget, cuts, tick0, stats0, load_base=0):
-    """Replay the trace part by part with the clocks carried as replay.cache_stream carries them
+    """Replay the trace part by part with the clocks carried as replay.core.streaming carries them
     (the load clock from ``load_base``); the state, the
     per-part outputs and the final stats, for a byte-for-byte comparison."""
-    from replay.cache_kernel import OPT_BATCH0, OPT_LOAD0, OPT_TICK0, STAT_TICKS, no_options
+    from replay.core.driver import OPT_BATCH0, OPT_LOAD0, OPT_TICK0, STAT_TICKS, no_options
 
     ent, grp, ps, acc, layer_info = _state(loads, policy, budget)
     k = loads.entries.shape[1]

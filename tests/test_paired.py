@@ -57,8 +57,8 @@ def test_coverage_of_a_known_difference_is_near_nominal():
 def test_coverage_of_a_null_difference_between_two_replayed_policies():
     """i.i.d. uniform routing: LRU and LFU fill the cache alike and then hold it full, so each
     lookup hits with the same probability (entries held / entries): a true difference of 0."""
-    from replay.cache import prepare_loads, replay
-    from traces.reader import RoutingArrays
+    from replay.core.simulate import prepare_loads, replay
+    from traces.io.reader import RoutingArrays
 
     rng = np.random.default_rng(11)
     layers, experts, tokens = 4, 32, 300
@@ -159,7 +159,7 @@ def test_sweep_report_win_and_tie(traces, tmp_path):
 
 
 def test_report_verdict_win_and_tie(traces, tmp_path):
-    from replay.report import write_report
+    from replay.analyses.report import write_report
 
     for kind, want in (("win", "better"), ("null", "tie")):
         out = write_report(traces[kind], tmp_path / kind, budget_mib=[BUDGET], policies=POLICIES)
@@ -180,8 +180,8 @@ def test_report_verdict_win_and_tie(traces, tmp_path):
 def test_report_ranks_one_policy_set_and_names_what_it_left_out(traces, tmp_path):
     """The cache section's tables and plots rank the verdict's policies (every registered online
     policy by default, s3fifo among them); with --policies the report names the others as left out."""
+    from replay.analyses.report import write_report
     from replay.policies import bound_policies, names
-    from replay.report import write_report
 
     out = write_report(traces["win"], tmp_path / "all", budget_mib=[BUDGET], budgets_mib=[BUDGET])
     v = json.loads((out / "verdict.json").read_text())
@@ -202,8 +202,8 @@ def test_report_ranks_one_policy_set_and_names_what_it_left_out(traces, tmp_path
 
 
 def test_prefetch_best_plain_uses_the_same_rule(traces):
-    from replay.cache import loads_of
-    from replay.prefetch import best_plain
+    from replay.analyses.prefetching import best_plain
+    from replay.core.simulate import loads_of
     from traces import open_trace
 
     t = open_trace(traces["win"])
@@ -223,9 +223,9 @@ def names_online():
 # -- the Qwen trace at its recorded budget -------------------------------------------------------
 
 def test_qwen_s3fifo_against_lru_is_called_alike_everywhere(real_trace_dir, tmp_path):
+    from replay.analyses.report import write_report
     from replay.policies import REGISTRY
     from replay.policy_set import online_policies
-    from replay.report import write_report
 
     d = real_trace_dir("qwen")
     t = api.open_trace(d)
@@ -293,7 +293,7 @@ def test_closed_loop_drop_carries_the_paired_interval(traces):
 def test_requests_are_resampled_whole(tmp_path):
     """With a request column (requests one after another), whole requests are the resampling unit:
     10 requests give t(0.975, 9) x the spread of request resamples, not the token blocks'."""
-    from replay.cache import loads_of, sweep
+    from replay.core.simulate import loads_of, sweep
     from replay.paired import request_units, with_requests
     from traces import open_trace
 

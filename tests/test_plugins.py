@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from replay import predictors as registry
-from replay.cache import prepare_loads, replay
+from replay.core.simulate import prepare_loads, replay
 from replay.policies import add_policy_file, names, policy_module
 from tests.helpers import assert_one_sentence_error, run_cli
 from tests.naive.cache import naive_replay
-from traces.errors import UserError
-from traces.reader import RoutingArrays
+from traces.format.errors import UserError
+from traces.io.reader import RoutingArrays
 
 ROOT = Path(__file__).resolve().parents[1]
 FIFO = ROOT / "examples" / "fifo_policy.py"
@@ -72,7 +72,7 @@ def _naive_two_ago(arr):
 
 
 def test_two_tokens_ago_predictor_cli_and_library(synth_trace_dir):
-    from replay.predict import evaluate
+    from replay.analyses.accuracy import evaluate
     from traces import open_trace
 
     t = synth_trace_dir(**SMALL)
@@ -228,7 +228,7 @@ def test_lazy_registry_keeps_names_order_and_refuses_a_clash(monkeypatch, tmp_pa
     monkeypatch.setattr(plugins, "entry_points", lambda group: [("fifo", str(FIFO))])
     assert pol.REG.known("lru") and "replay.policies.belady" not in {m.__name__ for m in pol.REG._modules.values()}
     assert pol.names() == (*pol.REGISTRY, "fifo")  # built-ins in registry order, then entry points, as before
-    from replay.cost import BOUNDS
+    from replay.analyses.cost_model import BOUNDS
 
     assert set(BOUNDS) == {"belady", "infinite", "layer-opt"}
     # an entry point claiming a built-in's name is refused even when only that built-in is asked for

@@ -16,8 +16,8 @@ import pytest
 from tests.conftest import SHARED_DATA
 from tests.helpers import assert_one_sentence_error, rewrite_part, rewrite_wide, run_cli
 from traces import TraceError, TraceWriter, open_trace
-from traces.errors import UserError
-from traces.schema import default_gating
+from traces.format.errors import UserError
+from traces.format.schema import default_gating
 
 # -- a small BigMoeOnEdge run: route CSV + .metrics, consistent with each other ------------------
 
@@ -166,7 +166,7 @@ def test_budgets_seeds_caps_bounded(small_synth, args, needle):
 
 
 def test_library_budget_bounded():
-    from replay.cache import budget_bytes
+    from replay.core.simulate import budget_bytes
 
     with pytest.raises(UserError, match="at most 2"):
         budget_bytes(1e300)
@@ -307,7 +307,7 @@ def test_implausible_wall_ms_refused(tmp_path, value, needle):
 def test_cost_fit_refuses_absurd_coefficients():
     import polars as pl
 
-    from replay.cost import fit_candidates
+    from replay.analyses.cost_model import fit_candidates
 
     f = pl.DataFrame({"wall_ms": [1e300, 1.0] * 8, "read_bytes": [float(1 << 20), 0.0] * 8, "misses": [1.0, 0.0] * 8})
     with pytest.raises(UserError, match="not plausible"):
@@ -492,7 +492,7 @@ def test_markdown_table_escapes_pipes():
 
 
 def test_cost_fit_table_does_not_embed_the_typed_path(imported, tmp_path):
-    from replay.report import ReportContext, section_cost
+    from replay.analyses.report import ReportContext, section_cost
 
     frames = []
     cwd = os.getcwd()

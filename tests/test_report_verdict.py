@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from replay.cost import BOUNDS, cost_model_from_options
+from replay.analyses.cost_model import BOUNDS, cost_model_from_options
 from replay.present.format import exact, fmt_q
 from replay.present.verdict import cache_line, prefetch_outcome, verdict_lines
 from tests.helpers import run_cli

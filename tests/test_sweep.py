@@ -16,10 +16,10 @@ import polars as pl
 import pytest
 
 import replay
-from replay.frames import rows_of
-from replay.sweep import EXAMPLE, KINDS, read_grid, results_lock, trace_content_id
+from replay.analyses.sweeps import EXAMPLE, KINDS, read_grid, results_lock, trace_content_id
+from replay.core.frames import rows_of
 from tests.helpers import assert_one_sentence_error, run_cli
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 KIND_NAMES = ("cache", "predict", "drop", "prefetch", "retention")
@@ -322,7 +322,7 @@ def test_trace_content_id(world, tmp_path):
 
 
 def test_a_failing_cell_is_named_and_unavailable_predictors_are_noted(tmp_path):
-    from replay.sweep import compute_cell, run_batch
+    from replay.analyses.sweeps import compute_cell, run_batch
 
     t = replay.synth(tmp_path / "plain", routing_only=True, **SHAPE)
     frame, notes = compute_cell("predict", str(t.path), {"predictor": "stale-gate[1]"})

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import assert_one_sentence_error, rewrite_part, run_cli
 from traces import TraceError, TraceWriter, open_trace
-from traces.schema import default_gating
+from traces.format.schema import default_gating
 
 
 def meta(n_layer=3, n_expert=8, k=2, n_embd=4, moe=(0, 1, 2), eb=1000):
@@ -67,7 +67,7 @@ def test_round_trip_rows_and_parts(tmp_path):
 
 
 def test_arrays_do_not_load_wide_columns(tmp_path, monkeypatch):
-    import traces.reader as reader
+    import traces.io.reader as reader
 
     write_small(tmp_path / "t", columns=("logits", "gate_input"))
     tr = open_trace(tmp_path / "t")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from replay.cache import prepare_loads, replay
-from replay.cache_kernel import STAT_SPEC_FILLS, STAT_SPEC_HITS, STAT_SPEC_REFUSED
-from replay.prefetch import guesses, prefetch
+from replay.analyses.prefetching import guesses, prefetch
+from replay.core.driver import STAT_SPEC_FILLS, STAT_SPEC_HITS, STAT_SPEC_REFUSED
+from replay.core.simulate import prepare_loads, replay
 from tests.helpers import assert_one_sentence_error, run_cli
 from traces import open_trace
-from traces.reader import RoutingArrays
-from traces.units import MIB
+from traces.io.reader import RoutingArrays
+from traces.util.units import MIB
 
 
 def _loads(batches):
@@ -119,7 +119,7 @@ def test_retention_keeps_the_guess_resident():
 
 def test_plain_replay_unchanged_by_empty_whatif_arrays(synth_trace_dir):
     t = open_trace(synth_trace_dir(layers=3, experts=16, top_k=2, embd=8, tokens=30, prompt_tokens=4, routing_only=True))
-    from replay.cache import loads_of
+    from replay.core.simulate import loads_of
     lo = loads_of(t)
     a = replay(lo, "lru", 1.0, slots=True)
     b = replay(lo, "lru", 1.0, slots=True, drop=np.zeros(lo.entries.shape, np.uint8),
@@ -239,7 +239,7 @@ def test_real_qwen_closed_drop_two_dropped_shares(real_trace_dir):
 def test_prefetch_shows_the_best_plain_policy(real_trace_dir, tmp_path):
     """The what-if is shown next to the best plain online policy at the same budget (the max decode
     hit % of a cache sweep over the online policies, ties by name), not only its own policy."""
-    from replay.cost import BOUNDS
+    from replay.analyses.cost_model import BOUNDS
     from replay.policies import REGISTRY
 
     q = real_trace_dir("qwen")

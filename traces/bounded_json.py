@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 MAX_DEPTH = 64  # no file this tool reads nests deeper than a handful of levels
 MAX_INT_DIGITS = 19  # 2^63 - 1 has 19 digits: every count, byte total and id fits in int64

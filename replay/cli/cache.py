@@ -1,6 +1,6 @@
 """``moe-replay cache``: the expert-cache table (policies x budgets), per layer on request, and
 ``--validate`` (LRU at the engine's budget against what the engine recorded). Thin: the numbers
-come from :mod:`replay.cache`."""
+come from :mod:`replay.core.simulate`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from replay.cli.options import (  # noqa: F401
     parse_budgets,
 )
 from replay.policies import REGISTRY
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 POLICIES_HELP = (
     "Comma-separated: " + ", ".join(REGISTRY) + ". "
@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
         csv: Path | None = typer.Option(None, "--csv", help="Also write every row to this CSV file (atomically)."),
         validate: bool = typer.Option(False, "--validate", help="Replay LRU at the recorded budget and compare with the engine; "
                                       "exits 1 when the replay does not reproduce the engine (cumulative hit % more than "
-                                      "0.1 points off)."),  # replay.cache.VALIDATE_TOLERANCE_PP (tests check they agree)
+                                      "0.1 points off)."),  # replay.core.simulate.VALIDATE_TOLERANCE_PP (tests check they agree)
         budget_mib: str | None = typer.Option(None, "--budget-mib", help="Budget for --validate (default: the recorded one); "
                                               "without --validate, a single budget to replay (not with --budgets). "
                                               "MiB, or with a unit: 4000, 4000MiB, 4GiB, 1.5GiB.", show_default=False),
@@ -92,23 +92,24 @@ def register(app: typer.Typer) -> None:
         tables; JSON/CSV rows carry peak_resident_mib, overflow_loads and over_budget).
         --validate exits 1 when the replay does not reproduce the engine."""
         from replay import api
-        from replay.cache import VALIDATE_TOLERANCE_PP, check_policies, validate_ok
-        from replay.cache import validate as run_validate
-        from replay.cost import cost_model_from_options
-        from replay.frames import rows_of
-        from replay.info import NO_DECODE, require_routings
-        from replay.phases import check_phase
+        from replay.analyses.cost_model import cost_model_from_options
+        from replay.analyses.info import require_routings
+        from replay.core.frames import rows_of
+        from replay.core.notes import NO_DECODE
+        from replay.core.phases import check_phase
+        from replay.core.simulate import VALIDATE_TOLERANCE_PP, check_policies, validate_ok
+        from replay.core.simulate import validate as run_validate
         from replay.present.cache import compact_text, retain_text, sweep_text, time_text, validate_text
         from replay.present.format import json_object
         from traces import open_trace
-        from traces.atomic import check_output_file, write_output_file
+        from traces.io.atomic import check_output_file, write_output_file
 
         json_out = json_out or check_format(fmt) == "json"
         check_phase(phase)
         cmodel = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
         check_foreign_cost_model(foreign_cost_model, cost_model)
         budget_mib = parse_budget(budget_mib, "--budget-mib")
-        from replay.plugins import register_files
+        from replay.plugin_files import register_files
 
         register_files(policy_file, predictor_file)
         pols = check_policies([p for p in policies.split(",") if p.strip()])
@@ -128,14 +129,14 @@ def register(app: typer.Typer) -> None:
             raise UserError("--budgets and --budget-mib both name the budgets to replay; give one of them.")
         if csv is not None:
             check_output_file(csv, inputs=[trace, cost_model])  # before the replay, not after
-        from replay.cache_stream import check_stream_mode
+        from replay.core.streaming import check_stream_mode
 
         check_stream_mode(stream)
         if validate and stream == "on":
             raise UserError("--stream on: --validate compares every routed slot with the engine's record in memory; "
                             "use --stream off or auto.")
         # Rows are checked as the replay reads them (one read of the trace, not two); anything
-        # that reads them another way checks them first (traces.reader.Trace.rows_pending).
+        # that reads them another way checks them first (traces.io.reader.Trace.rows_pending).
         t = open_trace(trace, defer_rows=True)
         require_routings(t, "replay")
         if cmodel is not None:  # before the replay: a model of another model or device is refused, or marked

@@ -1,4 +1,4 @@
-"""``cost fit``: fit a time-per-token model on recorded engine metrics (see replay/cost.py)."""
+"""``cost fit``: fit a time-per-token model on recorded engine metrics (see replay/analyses/cost_model.py)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ def fit(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (save it: --cost-model FILE reads it)."),
 ) -> None:
     """Fit wall_ms per decoded token against expert bytes read (and misses, if it pays)."""
-    from replay.cost import cross_trace, fit_trace
-    from replay.frames import rows_of
+    from replay.analyses.cost_model import cross_trace, fit_trace
+    from replay.core.frames import rows_of
     from replay.present.cost import _describe
     from replay.present.format import json_object, text_table
     from traces import open_trace
-    from traces.errors import UserError
+    from traces.format.errors import UserError
     from traces.importers.bigmoe import parse_metrics
 
     if metrics is not None and len(traces) != 1:
@@ -70,7 +70,7 @@ def check(
 ) -> None:
     """Replay LRU at the recorded budget, turn the replay's bytes into time, compare with the device
     (at another --budget-mib: the prediction only, since the device ran at the recorded one)."""
-    from replay.cost import device_check, load_cost_model
+    from replay.analyses.cost_model import device_check, load_cost_model
     from replay.present.cost import check_text
     from replay.present.format import json_object
     from traces import open_trace

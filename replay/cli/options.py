@@ -3,7 +3,7 @@
 Each verb module of this package defines ``register(app)`` and takes its shared parameters from
 here (``trace: Path = TraceArg``, ``json_out: bool = JsonOpt``, ...). Budgets, wherever a verb
 takes them, are read by :func:`parse_budget` / :func:`parse_budgets` (MiB, or with a binary unit:
-``4000``, ``4000MiB``, ``4GiB``, ``1.5GiB``), the one parser of :mod:`traces.units`.
+``4000``, ``4000MiB``, ``4GiB``, ``1.5GiB``), the one parser of :mod:`traces.util.units`.
 
 This module imports only typer: ``moe-replay --help`` must not wait for Numba or Polars.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import typer
 
-from traces.units import parse_budget_mib, parse_budgets_mib
+from traces.util.units import parse_budget_mib, parse_budgets_mib
 
 TraceArg = typer.Argument(..., help="Trace directory (trace.json + routings/).", show_default=False, metavar="TRACE")
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
@@ -35,7 +35,7 @@ def check_foreign_cost_model(foreign: bool, cost_model: object) -> None:
     """--foreign-cost-model gives leave to apply a --cost-model FILE; alone (or with a manual model,
     which fits no particular trace) it would be silently ignored, so it is refused."""
     if foreign and cost_model is None:
-        from traces.errors import UserError
+        from traces.format.errors import UserError
 
         raise UserError("--foreign-cost-model: only meaningful with --cost-model FILE (a manual model applies to any trace).")
 

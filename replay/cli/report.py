@@ -39,12 +39,12 @@ def register(app: typer.Typer) -> None:
                                            "(repeatable): adds quality lost against reads avoided per setting."),
     ) -> None:
         """Write a report: the verdict first (best policy, predictor, prefetch, drop-cold at the budget), then the evidence."""
+        from replay.analyses.cost_model import cost_model_from_options
+        from replay.analyses.report import SECTIONS
         from replay.api import write_report
-        from replay.cache import check_policies
-        from replay.cost import cost_model_from_options
-        from replay.plugins import register_files
-        from replay.progress import progress
-        from replay.report import SECTIONS
+        from replay.core.progress import progress
+        from replay.core.simulate import check_policies
+        from replay.plugin_files import register_files
 
         register_files(policy_file, predictor_file)
         # Validated up front, as 'cache' does: a bad value must not silently turn into a section

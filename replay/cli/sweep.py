@@ -1,6 +1,6 @@
 """``sweep`` (a TOML grid of traces x analyses x parameters into Parquet tables, resumable, on a
 local process pool or Ray) and ``sweep-report`` (compare the traces of a sweep). Thin: the work is
-in :mod:`replay.sweep`."""
+in :mod:`replay.analyses.sweeps`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from replay.cli.options import JsonOpt, example
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 
 def register(app: typer.Typer) -> None:
@@ -33,8 +33,8 @@ def register(app: typer.Typer) -> None:
         once: a rerun computes only the cells RESULTS lacks, so an interrupted sweep is finished by
         running it again. Tables: RESULTS/<kind>.parquet, rows in grid order, identical whatever the
         engine. Compare the traces with 'moe-replay sweep-report RESULTS'."""
+        from replay.analyses.sweeps import EXAMPLE, run_sweep
         from replay.present.format import json_object
-        from replay.sweep import EXAMPLE, run_sweep
 
         if example:
             typer.echo(EXAMPLE, nl=False)
@@ -73,9 +73,9 @@ def register(app: typer.Typer) -> None:
         """Compare the traces of a sweep: best within-budget online policy per budget and trace, against Belady.
 
         With a cost model in the [cache] cells, also the fastest online policy by ms per decoded token."""
-        from replay.frames import rows_of
+        from replay.analyses.sweeps import sweep_report as run
+        from replay.core.frames import rows_of
         from replay.present.format import json_object
-        from replay.sweep import sweep_report as run
 
         frame = run(results)
         if json_out:
@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
 
 
 def report_text(frame, results: Path) -> str:
-    from replay.frames import rows_of
+    from replay.core.frames import rows_of
     from replay.present.cache import OVER
     from replay.present.format import exact, fmt_q, text_table
 

@@ -1,4 +1,4 @@
-"""``upgrade``: rewrite a format version 1 trace as version 2 (traces/upgrade.py, docs/format.md)."""
+"""``upgrade``: rewrite a format version 1 trace as version 2 (traces/io/upgrade.py, docs/format.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def upgrade(
     the layout pyarrow reads at memory speed). Every verb still reads version 1 as it is."""
     from replay.cli import _echo
     from replay.present.format import json_object
-    from traces.upgrade import upgrade_trace
+    from traces.io.upgrade import upgrade_trace
 
     res = upgrade_trace(trace, out_dir, force=force)
     if json_out:

@@ -1,5 +1,5 @@
 """``drop`` and ``prefetch``: what-ifs that change what is read. Thin: the numbers come from
-:mod:`replay.drop` and :mod:`replay.prefetch`; time columns from :mod:`replay.cost`."""
+:mod:`replay.analyses.drop_cold` and :mod:`replay.analyses.prefetching`; time columns from :mod:`replay.analyses.cost_model`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from replay.cli.options import (
     example,
     parse_budget,
 )
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 
 def parse_floats(text: str, option: str) -> list[float]:
@@ -47,12 +47,12 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         """Drop-cold trade-off: reads avoided against router weight mass discarded, next to the top-k cut."""
-        from replay.plugins import register_files
+        from replay.plugin_files import register_files
 
         register_files(policy_file, None)
         from replay.api import drop as api_drop
-        from replay.frames import rows_of
-        from replay.phases import check_phase
+        from replay.core.frames import rows_of
+        from replay.core.phases import check_phase
         from replay.present.format import json_object
         from replay.present.whatif import _model_scope, format_closed, format_drop, format_drop_time
         from traces import open_trace
@@ -99,11 +99,11 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         """Speculative prefetch: a predictor's guesses read into the same cache, against no prefetch."""
-        from replay.plugins import register_files
+        from replay.plugin_files import register_files
 
         register_files(policy_file, predictor_file)
         from replay.api import prefetch as api_prefetch
-        from replay.frames import rows_of
+        from replay.core.frames import rows_of
         from replay.present.format import json_object
         from replay.present.whatif import BYTES_NOT_TIME, PREFETCH_NOTES, TIMED, format_prefetch
         from traces import open_trace
@@ -127,7 +127,7 @@ def register(app: typer.Typer) -> None:
 def _cost_model(path: Path | None, phase: str):
     if path is None:
         return None
-    from replay.cost import load_cost_model
+    from replay.analyses.cost_model import load_cost_model
 
     if phase != "decode":
         raise UserError(f"--cost-model: time per token is modelled for decoded tokens; use --phase decode, not {phase!r}.")

@@ -3,7 +3,7 @@
 - ``stale-gate[d]`` (d >= 1): MoE layer l's router matrix applied to the gate input of the MoE
   layer d places earlier in ``moe_layers`` (d=1 is the FATE mechanism: predict layer l while
   layer l-1 runs), ranked by the architecture's selection rule (activation, selection bias,
-  expert groups; :func:`traces.gating.selection_scores`). The first d MoE layers have no source
+  expert groups; :func:`traces.format.gating.selection_scores`). The first d MoE layers have no source
   and are unscored, as is a routing whose source row the trace lacks.
 - ``ctrl``: layer l's router on layer l's own gate input with the same rule. On a trace whose
   gate inputs and router matrices are consistent it reproduces every routing: 100.0%. Anything
@@ -39,13 +39,13 @@ from threadpoolctl import threadpool_limits
 
 from replay.predictors.base import NONE, Prediction, stale_gate_name
 from replay.predictors.metrics import warm_up as metrics_warm_up
-from traces.errors import UserError
-from traces.gating import activation, selection_scores, top_indices
-from traces.jit import resolve
-from traces.reader import Trace, fixed_list_to_numpy
-from traces.rounding import round_input
+from traces.format.errors import UserError
+from traces.format.gating import activation, selection_scores, top_indices
+from traces.io.reader import Trace, fixed_list_to_numpy
+from traces.util.jit import resolve
+from traces.util.rounding import round_input
 
-resolve()  # this module compiles with Numba itself: the lazy stand-ins (traces.jit) become dispatchers, the compile notice listens
+resolve()  # this module compiles with Numba itself: the lazy stand-ins (traces.util.jit) become dispatchers, the compile notice listens
 
 CTRL = "ctrl"
 
@@ -523,7 +523,7 @@ def _token_keys(cur: dict[str, np.ndarray]) -> np.ndarray:
 
 def applied_weights(logits: np.ndarray, ids: np.ndarray, gating: dict[str, Any]) -> np.ndarray:
     """The routing weights the experts ``ids`` [T, w] would receive if they were the selection
-    (the rule of :func:`traces.gating.select`: unbiased probs of the chosen, normalized if
+    (the rule of :func:`traces.format.gating.select`: unbiased probs of the chosen, normalized if
     ``norm_topk``, times ``scale``), float32."""
     act = gating.get("activation") or "softmax"
     if act == "softmax_weight":

@@ -28,9 +28,9 @@ import numpy as np
 import polars as pl
 
 from replay.predictors.base import NONE, Prediction
-from traces.jit import resolve
+from traces.util.jit import resolve
 
-resolve()  # this module compiles with Numba itself: the lazy stand-ins (traces.jit) become dispatchers, the compile notice listens
+resolve()  # this module compiles with Numba itself: the lazy stand-ins (traces.util.jit) become dispatchers, the compile notice listens
 
 FRAME_SCHEMA = {
     "predictor": pl.String,

@@ -1,5 +1,5 @@
 """``cache``'s text: the hit-rate, MiB and ms/token grids, the over-budget note, retention and
-``--validate``, from :func:`replay.api.cache` / :func:`replay.cache.validate`'s rows."""
+``--validate``, from :func:`replay.api.cache` / :func:`replay.core.simulate.validate`'s rows."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 import polars as pl
 
-from replay.cache import VALIDATE_TOLERANCE_PP, is_over_budget, validate_ok
-from replay.info import COLLAPSE  # noqa: F401 (re-exported; kept beside NO_DECODE for cache --json's fast path)
-from replay.phases import PHASE_HIT_KEY
+from replay.core.notes import COLLAPSE  # noqa: F401 (re-exported; kept beside NO_DECODE for cache --json's fast path)
+from replay.core.phases import PHASE_HIT_KEY
+from replay.core.simulate import VALIDATE_TOLERANCE_PP, is_over_budget, validate_ok
 from replay.policies import names, policy_module
 from replay.present.cost import time_marks, verdict
 from replay.present.format import PRECISION, digits_for, exact, fmt, rows_of, text_table
@@ -67,7 +67,7 @@ def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed,
     if "belady" in pols:
         lines.append("belady = evict the entry whose next load is furthest: the offline bound at that budget.")
     if loads is not None:
-        from replay.cache import budget_bytes, check_policy_options
+        from replay.core.simulate import budget_bytes, check_policy_options
         from replay.policies import policy_module
 
         for p in pols:

@@ -104,11 +104,11 @@ def _describe(path: str, best, cands) -> str:
 def verdict(rows: list[dict[str, Any]]) -> list[str]:
     """Which online configuration wins on time, and whether that is the one that wins on hits.
 
-    Only within-budget cells compete (:func:`replay.cache.within_budget`): an over-budget cell's
+    Only within-budget cells compete (:func:`replay.core.simulate.within_budget`): an over-budget cell's
     time needs more memory than its budget, so it is named as left out, never picked. Ties go the
-    way :func:`replay.cache.pick_best` breaks them (the CLI and the report alike)."""
-    from replay.cache import pick_best, within_budget
-    from replay.cost import BOUNDS
+    way :func:`replay.core.simulate.pick_best` breaks them (the CLI and the report alike)."""
+    from replay.analyses.cost_model import BOUNDS
+    from replay.core.simulate import pick_best, within_budget
     from replay.paired import decide, tied_text
 
     online = [r for r in rows if r.get("layer") is None and r["policy"] not in BOUNDS and r.get("ms_per_token") is not None]

@@ -8,8 +8,8 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from replay.frames import clean, rows_of  # noqa: F401 (rows_of: re-exported, the tables' row form)
-from traces.units import exact  # noqa: F401 (re-exported: a parameter printed as given)
+from replay.core.frames import clean, rows_of  # noqa: F401 (rows_of: re-exported, the tables' row form)
+from traces.util.units import exact  # noqa: F401 (re-exported: a parameter printed as given)
 
 
 def json_object(command: str, trace: str | None, rows: Iterable[dict[str, Any]], **extra: Any) -> str:

@@ -1,17 +1,18 @@
-"""``info``'s text: what a trace holds, from :func:`replay.info.info_rows`'s row."""
+"""``info``'s text: what a trace holds, from :func:`replay.analyses.info.info_rows`'s row."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from replay.info import NO_DECODE, prov_notes
+from replay.analyses.info import prov_notes
+from replay.core.notes import NO_DECODE
 
 if TYPE_CHECKING:
-    from traces.reader import Trace
+    from traces.io.reader import Trace
 
 
 def info_text(trace: Trace, row: dict[str, Any]) -> str:
-    from replay.cache_stream import AUTO_STREAM_MIB
+    from replay.core.streaming import AUTO_STREAM_MIB
 
     opt = [c for c in ("logits", "gate_input", "residency", "read_bytes", "dropped", "request", "token") if trace.has(c)]
     native = row["top_k_native"]

@@ -1,4 +1,4 @@
-"""The report's verdict, answer first: its rows (built by :func:`replay.report.build_verdict` from
+"""The report's verdict, answer first: its rows (built by :func:`replay.analyses.report.build_verdict` from
 the same frames the sections show, each figure copied from a verb's row) as Markdown lines, one
 line per row (the drop-cold rows share one line), each linking to the section with the evidence.
 

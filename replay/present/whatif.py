@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from replay.phases import PHASE_HIT_KEY
+from replay.core.phases import PHASE_HIT_KEY
 from replay.present.cost import EXTRAPOLATED, EXTRAPOLATED_LEGEND, FOREIGN, foreign_legend
 from replay.present.format import exact, fmt_q, rows_of, text_table
 
@@ -210,7 +210,7 @@ def plain_lines(r: dict, model) -> list[str]:
 
 
 def with_verdict(frame: pl.DataFrame) -> pl.DataFrame:
-    """Prefetch rows timed by :func:`replay.prefetch.with_prefetch_time` + ``verdict``: which wins
+    """Prefetch rows timed by :func:`replay.analyses.prefetching.with_prefetch_time` + ``verdict``: which wins
     on time, and why, in one sentence per row."""
     return frame.with_columns(pl.Series("verdict", [verdict(r) for r in frame.to_dicts()], dtype=pl.String))
 

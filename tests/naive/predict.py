@@ -1,8 +1,8 @@
 """Slow, obviously-correct twin of replay.predict, written from DESIGN.md ("Predictors and
 accuracy") with dicts, sets and loops. It recomputes the router selection rule on its own (plain
-Python floats, math.exp) and never imports traces.gating or replay.
+Python floats, math.exp) and never imports traces.format.gating or replay.
 
-Returns the same rows as ``replay.predict.evaluate(...).frame.to_dicts()``: per predictor, one
+Returns the same rows as ``replay.analyses.accuracy.evaluate(...).frame.to_dicts()``: per predictor, one
 row per MoE layer in ``moe_layers`` order, then the overall row (layer None).
 """
 
