@@ -170,7 +170,7 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
     """:func:`cache` with everything the command prints beside the rows: a :class:`CacheRun`. The
     one flow of a cache replay: the ``cache`` verb, :func:`cache` and sweeps all run it. A
     ``cost_model`` fitted on another model or device is refused before the replay unless
-    ``foreign_cost_model`` (replay.cost_origin)."""
+    ``foreign_cost_model`` (replay.analyses.cost_origin)."""
     from replay.analyses.info import require_routings
     from replay.core.phases import check_phase
     from replay.core.simulate import check_policies, default_budgets_mib, loads_of, sweep
@@ -192,7 +192,7 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
                       else "policy_options" if policy_options and all(streamable(p) for p in pols) else None)
     if paired and retain_predictor is not None:
         raise UserError("paired: compares plain replays; not with retain_predictor.")
-    series: dict | None = {} if paired else None  # each cell's decode batches (replay.paired)
+    series: dict | None = {} if paired else None  # each cell's decode batches (replay.analyses.paired)
     if loads is None and choose_stream(t, pols, stream, in_memory_only=in_memory_only):
         from replay.core.streaming import Sizes, stream_sweep, working_set_stream
 
@@ -217,7 +217,7 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
     if cost_model is not None:
         frame = with_time(frame, cost_model, trace=t)
     if series is not None:
-        from replay.paired import with_paired, with_requests
+        from replay.analyses.paired import with_paired, with_requests
 
         frame = with_paired(frame, with_requests(series, t), cost_model)
     return CacheRun(t, frame, blist, budgets_mib is not None, loads, working_set, streamed)
@@ -253,7 +253,7 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     when the interval excludes zero) and ``tied_with_best`` (the best within-budget online policy,
     or tied with it within noise); with ``cost_model`` the same for ms per decoded token
     (``delta_ms_vs_lru``, ``delta_ms_ci_low``, ``delta_ms_ci_high``, ``vs_lru_time``,
-    ``tied_with_fastest``). :mod:`replay.paired` (docs/design.md, "Paired comparisons")."""
+    ``tied_with_fastest``). :mod:`replay.analyses.paired` (docs/design.md, "Paired comparisons")."""
     return cache_run(trace, policies=policies, budgets_mib=budgets_mib, per_layer=per_layer, phase=phase, seed=seed,
                      policy_options=policy_options, policy_file=policy_file, cost_model=cost_model,
                      retain_predictor=retain_predictor, predictor_file=predictor_file, show_progress=show_progress,
@@ -412,10 +412,10 @@ def with_time(frame: pl.DataFrame, model: Any, *, trace: TraceLike = None, token
 
 
 def _applied(model: Any, t: Any, foreign: bool) -> Any:
-    """``model`` as it may be applied to trace ``t`` (replay.cost_origin.apply_to), or None."""
+    """``model`` as it may be applied to trace ``t`` (replay.analyses.cost_origin.apply_to), or None."""
     if model is None:
         return None
-    from replay.cost_origin import apply_to
+    from replay.analyses.cost_origin import apply_to
 
     return apply_to(model, t, foreign=bool(foreign))
 

@@ -1,5 +1,5 @@
 """Synthetic traces with a known difference between policies, for the paired comparisons
-(:mod:`replay.paired`): ``kind="win"`` routes each MoE layer's tokens to a few hot experts half the
+(:mod:`replay.analyses.paired`): ``kind="win"`` routes each MoE layer's tokens to a few hot experts half the
 time and to a scan over many cold ones otherwise, so a frequency policy (lfu) keeps the hot ones and
 beats LRU by many points; ``kind="null"`` routes uniformly at random (i.i.d.), where every demand
 policy that cannot see the future has the same expected hit rate (budget / experts): no true difference."""

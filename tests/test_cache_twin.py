@@ -36,7 +36,7 @@ def assert_same_as_naive(res, want, moe_layers) -> None:
     """A kernel replay (``slots=True``) agrees exactly with the naive twin's result: per layer
     and phase lookups, hits and bytes read, every slot's code, the eviction count, the overflowed
     loads and the peak resident bytes; and per batch (the per-decoded-token figures a paired
-    comparison resamples, replay.paired) lookups, hits and bytes read."""
+    comparison resamples, replay.analyses.paired) lookups, hits and bytes read."""
     for i, layer in enumerate(moe_layers):
         for ph in (0, 1):
             assert res.acc[ph, i, 0] == want["lookups"].get((ph, layer), 0)

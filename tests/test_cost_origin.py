@@ -13,7 +13,7 @@ import pytest
 
 import replay
 from replay.analyses.cost_model import MIB, CostModel, add_time_columns, device_check, fit_candidates, load_cost_model
-from replay.cost_sense import t_quantile_975
+from replay.analyses.cost_sense import t_quantile_975
 from tests.helpers import assert_one_sentence_error, run_cli
 from traces import open_trace
 from traces.format.errors import UserError

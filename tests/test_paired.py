@@ -1,4 +1,4 @@
-"""Paired comparisons (replay.paired): the interval's coverage on synthetic draws with a known
+"""Paired comparisons (replay.analyses.paired): the interval's coverage on synthetic draws with a known
 difference, and one call (better / tie within noise) made alike by every surface that names a
 best: the API, ``cache --cost-model``, ``sweep-report`` and the report's verdict."""
 
@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 
 from replay import api
-from replay.paired import DecodeSeries, block_tokens, call, decide, diff_hit_pp, diff_per_token, series_of, t975
+from replay.analyses.paired import DecodeSeries, block_tokens, call, decide, diff_hit_pp, diff_per_token, series_of, t975
 from tests.helpers import run_cli
 from tests.paired_traces import write_routing_trace
 
@@ -215,7 +215,7 @@ def test_prefetch_best_plain_uses_the_same_rule(traces):
 
 
 def names_online():
-    from replay.policy_set import online_policies
+    from replay.analyses.policy_set import online_policies
 
     return online_policies()
 
@@ -223,9 +223,9 @@ def names_online():
 # -- the Qwen trace at its recorded budget -------------------------------------------------------
 
 def test_qwen_s3fifo_against_lru_is_called_alike_everywhere(real_trace_dir, tmp_path):
+    from replay.analyses.policy_set import online_policies
     from replay.analyses.report import write_report
     from replay.policies import REGISTRY
-    from replay.policy_set import online_policies
 
     d = real_trace_dir("qwen")
     t = api.open_trace(d)
@@ -293,8 +293,8 @@ def test_closed_loop_drop_carries_the_paired_interval(traces):
 def test_requests_are_resampled_whole(tmp_path):
     """With a request column (requests one after another), whole requests are the resampling unit:
     10 requests give t(0.975, 9) x the spread of request resamples, not the token blocks'."""
+    from replay.analyses.paired import request_units, with_requests
     from replay.core.simulate import loads_of, sweep
-    from replay.paired import request_units, with_requests
     from traces import open_trace
 
     t = open_trace(write_routing_trace(tmp_path / "req", "win", tokens=400, requests=10))

@@ -141,7 +141,7 @@ def _check_printed(report, rows):
         elif r["kind"] == "drop":
             drops = [x for x in rows if x["kind"] == "drop"]
             want = [f"F = {exact(d['frac'])}: {fmt_q(d['io_saved_pct'], 'pct')}%"
-                    + ("" if d.get("io_saved_ci_low") is None else  # closed loop: the paired interval (replay.paired)
+                    + ("" if d.get("io_saved_ci_low") is None else  # closed loop: the paired interval (replay.analyses.paired)
                        f" (95% interval {fmt_q(d['io_saved_ci_low'], 'pct')} to {fmt_q(d['io_saved_ci_high'], 'pct')}%)")
                     + f" / {fmt_q(d['mass_lost_pct'], 'pct')}%"
                     for d in drops] + ["proxy", "(#drop-cold-trade-off)"]
@@ -201,7 +201,7 @@ def test_over_budget_figures_stay_marked_and_ties_are_said():
     assert prefetch_outcome(p) == "prefetching loses on wall-clock time even though it raises the hit rate"
     assert prefetch_outcome({**p, "ms_per_token": 9.99}) == "prefetching wins on time, by less than 0.1 ms/token"
     assert "no change" in prefetch_outcome({**p, "spec_fills": 0})
-    # with the paired interval (replay.paired): a call only beyond noise, else a tie
+    # with the paired interval (replay.analyses.paired): a call only beyond noise, else a tie
     q = {**p, "delta_ms_per_token": 0.02, "delta_ms_ci_low": -0.5, "delta_ms_ci_high": 0.54, "vs_baseline_time": "tie"}
     assert prefetch_outcome(q) == ("prefetching and no prefetch tie within noise (±0.5 ms/token) on time, +0.02 ms/token "
                                    "(95% interval [-0.5, +0.5])")

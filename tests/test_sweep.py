@@ -16,10 +16,11 @@ import polars as pl
 import pytest
 
 import replay
-from replay.analyses.sweeps import EXAMPLE, KINDS, read_grid, results_lock, trace_content_id
+from replay.analyses.sweeps import EXAMPLE, KINDS, read_grid, results_lock
 from replay.core.frames import rows_of
 from tests.helpers import assert_one_sentence_error, run_cli
 from traces.format.errors import UserError
+from traces.io.digest import trace_content_id
 
 ROOT = Path(__file__).resolve().parent.parent
 KIND_NAMES = ("cache", "predict", "drop", "prefetch", "retention")
@@ -130,7 +131,7 @@ def test_cells_equal_the_verbs_json_rows(world):
         want = _verb_rows("cache", path, "--policies", "lru,lfu,belady", "--budgets", "12,40", "--cost-model",
                           world / "cost.json")
         # a cell's own figures; the paired columns compare cells with each other (sweep-report computes them)
-        from replay.paired import HIT_COLUMNS, TIME_COLUMNS
+        from replay.analyses.paired import HIT_COLUMNS, TIME_COLUMNS
 
         want = [{k: v for k, v in r.items() if k not in HIT_COLUMNS + TIME_COLUMNS} for r in want]
         got = _sweep_rows(out / "cache.parquet", f"traces/{t}", list(want[0]))

@@ -188,7 +188,7 @@ def test_real_qwen_prefetch_more_hits_more_bytes_is_slower(real_trace_dir, tmp_p
     assert r["hit_pct_decode"] > r["hit_pct_decode_baseline"] and r["bytes_change_pct"] > 0
     assert r["ms_per_token"] > r["ms_per_token_baseline"]
     assert "slower" in r["verdict"] and "more bytes" in r["verdict"]
-    # 1.8 ms/token slower on 128 tokens is inside the paired interval (replay.paired): a tie, said as one
+    # 1.8 ms/token slower on 128 tokens is inside the paired interval (replay.analyses.paired): a tie, said as one
     assert r["delta_ms_ci_low"] < 0 < r["delta_ms_ci_high"] and r["vs_baseline_time"] == "tie"
     assert "tie within noise (±" in r["verdict"] and "neither wins on time" in r["verdict"]
     text = run_cli("prefetch", q, "--predictor", "static-hot", "--cost-model", model).out

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from replay.cost_sense import MAX_FLASH_MIB_S, MAX_MS, check_coefficients, check_times, extrapolated, interval_half_ms
+from replay.analyses.cost_sense import MAX_FLASH_MIB_S, MAX_MS, check_coefficients, check_times, extrapolated, interval_half_ms
 from replay.policies import bound_policies
 from traces.format.errors import UserError
 from traces.io.reader import Trace
@@ -66,11 +66,11 @@ class CostModel:
     fit_trace_id: str | None = None  # fit_data_id() of the recorded tokens the coefficients were fitted on
     fit_tokens: str | None = None
     notes: list[str] = field(default_factory=list)
-    # What the coefficients were fitted on (replay.cost_origin.trace_origin): model, arch, per-layer
+    # What the coefficients were fitted on (replay.analyses.cost_origin.trace_origin): model, arch, per-layer
     # expert bytes, engine and device, the trace's content hash. None: manual, or a file from
     # before origins were recorded (applied only as foreign).
     origin: dict[str, Any] | None = None
-    # For the prediction interval (replay.cost_sense): (X'X)^-1 of the fit's design, its residual
+    # For the prediction interval (replay.analyses.cost_sense): (X'X)^-1 of the fit's design, its residual
     # degrees of freedom, and the range of the fitted tokens' regressors (extrapolation beyond it).
     cov_unscaled: list[list[float]] | None = None
     df_resid: int | None = None
@@ -78,7 +78,7 @@ class CostModel:
     fit_read_mib_max: float | None = None
     fit_misses_min: float | None = None
     fit_misses_max: float | None = None
-    # Not saved: set on the copy applied to a trace of another model or device (replay.cost_origin),
+    # Not saved: set on the copy applied to a trace of another model or device (replay.analyses.cost_origin),
     # and the file a loaded model came from (for messages).
     foreign: bool = False
     loaded_from: str | None = None
@@ -95,7 +95,7 @@ class CostModel:
 
     def interval_ms(self, n_tokens: int, read_mib_per_token: float | None = None, misses_per_token: float = 0.0) -> float:
         """Half-width of the 95% prediction interval of the mean ms/token of ``n_tokens`` new
-        decoded tokens reading ``read_mib_per_token`` MiB each on average (replay.cost_sense:
+        decoded tokens reading ``read_mib_per_token`` MiB each on average (replay.analyses.cost_sense:
         residual and coefficient terms; the latter grows with the distance from the fitted read
         volumes). It assumes independent per-token errors; it does not cover drift between runs."""
         if n_tokens <= 0:
@@ -304,9 +304,9 @@ def diagnose(model: CostModel, features: pl.DataFrame, metrics: pl.DataFrame | N
 def fit_trace(trace: Trace, metrics: pl.DataFrame | None = None,
               origin: bool = True) -> tuple[CostModel, list[CostModel], pl.DataFrame]:
     """(chosen model, all candidates, per-token features) for one trace with recorded metrics.
-    ``origin``: record what the model was fitted on (replay.cost_origin; it hashes every file of
+    ``origin``: record what the model was fitted on (replay.analyses.cost_origin; it hashes every file of
     the trace); a model used only on the trace it was fitted on (the report's own) can skip it."""
-    from replay.cost_origin import trace_origin
+    from replay.analyses.cost_origin import trace_origin
 
     feats = recorded_token_features(trace, metrics)
     cands = fit_candidates(feats, str(trace.path))
@@ -394,7 +394,7 @@ def _model_origin(p: Path, row: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def check_model(m: CostModel, where: str) -> CostModel:
-    """Refuse a model that would print nonsense times (replay.cost_sense.check_coefficients): a
+    """Refuse a model that would print nonsense times (replay.analyses.cost_sense.check_coefficients): a
     slope that is not a positive ms/MiB within the physical bounds (more bytes read would make a
     token faster, down to negative ms; or a bandwidth no device has), a negative intercept or
     per-miss cost, or any of them beyond a day."""
@@ -404,9 +404,9 @@ def check_model(m: CostModel, where: str) -> CostModel:
 
 def load_cost_model(path: str | Path) -> CostModel:
     """Read a ``cost fit --json`` output (the row marked ``selected``) or a bare model object.
-    The file is read with bounds (traces.bounded_json: nesting depth, integer size), and every
+    The file is read with bounds (traces.util.bounded_json: nesting depth, integer size), and every
     field is checked before the model is built."""
-    from traces.bounded_json import read_bounded
+    from traces.util.bounded_json import read_bounded
 
     p = Path(path)
     if not p.is_file():
@@ -460,10 +460,10 @@ def add_time_columns(frame: pl.DataFrame, model: CostModel, read_mib_col: str, m
                      tokens_col: str) -> pl.DataFrame:
     """Add ``ms_per_token``, ``tok_s``, ``ms_per_token_ci95`` and ``extrapolated`` to rows that
     carry decode-phase MiB read (``read_mib_col``), misses and the number of decoded tokens they
-    cover (and ``cost_model_foreign`` when the model is a foreign one, replay.cost_origin).
+    cover (and ``cost_model_foreign`` when the model is a foreign one, replay.analyses.cost_origin).
 
     ``ms_per_token_ci95``: half-width of the 95% prediction interval of the rows' mean ms/token
-    (replay.cost_sense), wider the further the row's read volume is from the fitted ones;
+    (replay.analyses.cost_sense), wider the further the row's read volume is from the fitted ones;
     ``extrapolated``: the row's read volume per token lies outside the fitted tokens' (None for a
     model with no fitted range). Every time is checked for sense first: a model that gives a time
     outside the physical bounds at some row is refused with the row's budget named."""
@@ -516,10 +516,10 @@ def device_check(trace: Trace, model: CostModel | None = None, budget_mib: float
     with an intercept), not a sign of accuracy. ``error_scope`` says which case a row is.
 
     A given model fitted on another model or device is refused unless ``foreign``
-    (replay.cost_origin.apply_to); then the row carries ``cost_model_foreign``. A model whose
-    prediction for some token is not a time (replay.cost_sense) is refused, the budget named."""
+    (replay.analyses.cost_origin.apply_to); then the row carries ``cost_model_foreign``. A model whose
+    prediction for some token is not a time (replay.analyses.cost_sense) is refused, the budget named."""
+    from replay.analyses.cost_origin import apply_to
     from replay.core.simulate import decode_token_series, loads_of, replay
-    from replay.cost_origin import apply_to
 
     model = apply_to(model, trace, foreign=foreign)
 
@@ -619,7 +619,7 @@ def cost_model_from_options(path: str | Path | None, flash_mib_s: float | None, 
 def with_time(frame: pl.DataFrame, model: CostModel, tokens_decode: int) -> pl.DataFrame:
     """Cache rows + ``ms_per_token``/``tok_s``/``ms_per_token_ci95``/``extrapolated`` for the
     decode phase (:func:`add_time_columns`). Whether ``model`` may be applied to the rows' trace is
-    the caller's check (replay.cost_origin.apply_to): the rows do not say which trace they are."""
+    the caller's check (replay.analyses.cost_origin.apply_to): the rows do not say which trace they are."""
     if tokens_decode <= 0:
         raise UserError("the trace has no decoded tokens, so there is no time per decoded token to estimate.")
     f = frame.with_columns(pl.lit(tokens_decode).alias("tokens_decode"),

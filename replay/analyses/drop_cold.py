@@ -165,7 +165,7 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
 
     Per row, over the routings of ``phase``: ``io_saved_pct`` (with ``phase`` decode, its 95% interval
     ``io_saved_ci_low`` / ``io_saved_ci_high`` from the paired block bootstrap over decoded tokens,
-    :mod:`replay.paired`; None otherwise) (bytes the misses read, against the
+    :mod:`replay.analyses.paired`; None otherwise) (bytes the misses read, against the
     no-drop replay at the same budget and policy; negative if dropping made the cache read more),
     ``mass_lost_pct``, ``routings_dropped_pct`` (routings with at least one expert skipped),
     ``experts_dropped_pct`` (routed experts skipped), ``survivors_*``; the cache's own hit rate
@@ -208,7 +208,7 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
     base = replay(loads, policy, float(budget_mib), seed=seed)
     import dataclasses
 
-    from replay.paired import diff_saved_pct, request_units, series_of
+    from replay.analyses.paired import diff_saved_pct, request_units, series_of
 
     units = request_units(trace)
 
@@ -236,7 +236,7 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
             read_mib_decode_baseline=float(b_dec[ACC_READ]) / MIB,
             misses_decode_baseline=int(b_dec[ACC_LOOKUPS] - b_dec[ACC_HITS]), tokens_decode=n_tok_dec,
         )
-        # reads avoided against the same replay without dropping, paired over decoded tokens (replay.paired)
+        # reads avoided against the same replay without dropping, paired over decoded tokens (replay.analyses.paired)
         d = diff_saved_pct(b_series, paired_series(res)) if phase == "decode" else None
         row.update(io_saved_ci_low=d.low if d else None, io_saved_ci_high=d.high if d else None)
         return row

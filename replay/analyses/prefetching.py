@@ -152,7 +152,7 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
     ``unused_at_end``, ``refused_guard``, ``refused_no_room``, ``capped``, ``predicted_resident``;
     bytes per decoded token ``total_mib_per_token`` (demand + speculative) and its ``_baseline``,
     ``bytes_change_pct``; ``tokens_decode``, ``read_mib_decode``, ``misses_decode`` (+ baseline);
-    the paired comparison with the baseline over decoded tokens (:func:`replay.paired.whatif_columns`:
+    the paired comparison with the baseline over decoded tokens (:func:`replay.analyses.paired.whatif_columns`:
     ``delta_hit_pp``, ``delta_mib_per_token`` with their 95% intervals and ``vs_baseline``; with
     ``model`` also ``delta_ms_per_token`` and ``vs_baseline_time``)."""
     if policy not in PREFETCH_POLICIES:
@@ -205,7 +205,7 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
         "read_mib_decode_baseline": b["read_mib_decode"], "misses_decode_baseline": b["misses_decode"],
         "overflow_loads": res.overflow_loads,
     }
-    from replay.paired import request_units, whatif_columns
+    from replay.analyses.paired import request_units, whatif_columns
 
     row.update(whatif_columns(loads, base, res, model, requests=request_units(trace)))
     return pl.DataFrame([row], infer_schema_length=None)
@@ -233,14 +233,14 @@ def best_plain(trace: Trace, budget_mib: float, model=None, loads: Loads | None 
 
     A prefetch what-if is judged against this too: a prefetch "win" over LRU is no win when plain
     LFU already beats it at the same budget. The choice is the one rule of every "best"
-    (:func:`replay.paired.decide` over :func:`replay.policy_set.online_policies`); the row gains
+    (:func:`replay.analyses.paired.decide` over :func:`replay.analyses.policy_set.online_policies`); the row gains
     ``tied_with`` (the online policies tied with it within noise) and the paired columns of
-    :func:`replay.paired.annotate`."""
+    :func:`replay.analyses.paired.annotate`."""
     from replay.analyses.cost_model import with_time
+    from replay.analyses.paired import annotate, decide, with_requests
+    from replay.analyses.policy_set import online_policies
     from replay.core.frames import rows_of
     from replay.core.simulate import loads_of, sweep
-    from replay.paired import annotate, decide, with_requests
-    from replay.policy_set import online_policies
 
     loads = loads if loads is not None else loads_of(trace)
     series: dict = {}
@@ -279,9 +279,9 @@ def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: l
     ``retain_gain_pp_decode`` / ``retain_gain_pp_cum`` (percentage points) from the same sweep
     without retention; on the overall rows the decode gain's 95% interval from the paired block
     bootstrap over decoded tokens (``retain_gain_ci_low`` / ``retain_gain_ci_high``) and its call
-    ``retain_vs_no_retain`` (better | worse | tie, :mod:`replay.paired`)."""
+    ``retain_vs_no_retain`` (better | worse | tie, :mod:`replay.analyses.paired`)."""
+    from replay.analyses.paired import call, diff_hit_pp, with_requests
     from replay.core.simulate import sweep
-    from replay.paired import call, diff_hit_pp, with_requests
 
     g = guesses(trace, predictor)
     s_with: dict = {}

@@ -259,8 +259,8 @@ def quality_frame(results: list[QualityResult], model: Any = None) -> pl.DataFra
             row["read_mib_per_token"] = r["read_mib"] / res.tokens
             if model is not None:
                 ms, _ = price(res, r["read_mib"], model)
-                if ms is not None:  # a time, or a refusal naming the setting (replay.cost_sense)
-                    from replay.cost_sense import check_times
+                if ms is not None:  # a time, or a refusal naming the setting (replay.analyses.cost_sense)
+                    from replay.analyses.cost_sense import check_times
 
                     check_times(model, [ms], [f"for quality setting {r['setting']} of {res.name}"])
                 row["ms_per_token"] = ms

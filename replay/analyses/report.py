@@ -385,10 +385,10 @@ def section_cache(ctx: ReportContext) -> Section:
         return Section("Expert cache", unavailable="the trace has no decoded tokens, and hit rates here are decode-only")
     rec = tr.recorded.get("budget_mib")
     budgets = sorted(set(ctx.budgets_mib or default_budgets_mib(loads, rec)) | set(ctx.verdict_budgets))
-    from replay.policy_set import left_out_text, report_policies
+    from replay.analyses.policy_set import left_out_text, report_policies
 
     policies, left = report_policies(ctx.policies)
-    token_series: dict = {}  # each cell's decode batches, for the paired comparisons (replay.paired)
+    token_series: dict = {}  # each cell's decode batches, for the paired comparisons (replay.analyses.paired)
     frame = sweep(loads, policies, budgets, per_layer=True, show_progress=False, series=token_series)
     model = ctx.shared.get("cost_model")
     if model is not None:
@@ -427,9 +427,9 @@ def section_cache(ctx: ReportContext) -> Section:
                                     budget_x=True, ylim=ylim, caption=caption))
     online = [p for p in policies if p not in BOUNDS]
     cells = overall.to_dicts()
-    from replay.paired import annotate, decide, with_requests
+    from replay.analyses.paired import annotate, decide, with_requests
 
-    annotate(cells, with_requests(token_series, tr), model)  # every cell against LRU and the best, with the paired interval (replay.paired)
+    annotate(cells, with_requests(token_series, tr), model)  # every cell against LRU and the best, with the paired interval
     over = [r for r in cells if is_over_budget(r)]
     gap_rows = []
     for b in budgets:
@@ -532,9 +532,9 @@ def _at_verdict_budgets(ctx: ReportContext, loads: Any, policies: list[str], mod
     ``--policies``, when given) and the Belady bound, at the verdict's budgets, sorted by budget, then
     decode hit % (highest first), then name; and the online policies compared."""
     from replay.analyses.cost_model import BOUNDS, with_time
+    from replay.analyses.paired import annotate, with_requests
+    from replay.analyses.policy_set import online_policies
     from replay.core.simulate import sweep
-    from replay.paired import annotate, with_requests
-    from replay.policy_set import online_policies
 
     online = online_policies(ctx.policies)
     if not ctx.verdict_budgets:
@@ -544,7 +544,7 @@ def _at_verdict_budgets(ctx: ReportContext, loads: Any, policies: list[str], mod
     if model is not None:
         frame = with_time(frame, model, ctx.trace.token_counts()["tokens_decode"])
     rows = frame.filter(pl.col("layer").is_null()).to_dicts()
-    annotate(rows, with_requests(series, ctx.trace), model)  # each cell against LRU and the best, with the paired interval (replay.paired)
+    annotate(rows, with_requests(series, ctx.trace), model)  # each cell against LRU and the best, with the paired interval
     rows.sort(key=lambda r: (r["budget_mib"], r["policy"] in BOUNDS, -(r["hit_pct_decode"] or 0.0), r["policy"]))
     return rows, online
 
@@ -709,8 +709,8 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
     ``quality``'s quality.json with ``--quality``): what
     :func:`replay.present.verdict.verdict_lines` prints and ``verdict.json`` holds."""
     from replay.analyses.cost_model import BOUNDS
+    from replay.analyses.paired import decide
     from replay.core.simulate import is_over_budget, within_budget
-    from replay.paired import decide
 
     rows: list[dict[str, Any]] = []
     cells = ctx.shared.get("cache_rows") or []
@@ -721,7 +721,7 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
         if not at:
             continue
         ok, over = within_budget([r for p, r in sorted(at.items()) if p not in BOUNDS])
-        dec = decide([r for p, r in sorted(at.items())])  # the one rule (replay.paired): best, ties, against LRU
+        dec = decide([r for p, r in sorted(at.items())])  # the one rule (replay.analyses.paired): best, ties, against LRU
         dec_t = decide([r for p, r in sorted(at.items())], "ms_per_token") if model is not None else None
         best = dec["best"] if dec else None
         fastest = dec_t["best"] if dec_t else None
@@ -787,7 +787,7 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
 
 def _mark_foreign(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Verdict rows with a time figure (or the cost row) carry ``cost_model_foreign`` under a
-    foreign cost model (replay.cost_origin)."""
+    foreign cost model (replay.analyses.cost_origin)."""
     return [{**r, "cost_model_foreign": True}
             if r["kind"] == "cost" or any(v is not None for k, v in r.items() if "ms_per_token" in k or "tok_s" in k) else r
             for r in rows]
@@ -825,14 +825,14 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
     ``inputs``: files read besides the trace (a cost model); ``out_dir`` may not be, hold or lie in one.
     ``quality``: results of ``moe-replay quality`` (directories or their quality.json) for the Quality section.
     ``cost_model`` fitted on another model or device: refused unless ``foreign_cost_model``, then
-    every time figure is marked (replay.cost_origin)."""
+    every time figure is marked (replay.analyses.cost_origin)."""
     from replay.analyses.quality_result import load_all
     from replay.core.simulate import check_state_fits
 
     trace = open_trace(trace_dir)
     check_state_fits(trace)  # every section but the summary holds per-(layer, expert) arrays
     if cost_model is not None:  # before anything is written: refused, or a copy marked foreign
-        from replay.cost_origin import apply_to
+        from replay.analyses.cost_origin import apply_to
 
         cost_model = apply_to(cost_model, trace, foreign=foreign_cost_model)
     name = Path(trace_dir).resolve().name  # `report .` is named after the directory, not ""

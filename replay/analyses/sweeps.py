@@ -45,6 +45,7 @@ import polars as pl
 
 from replay.api import _api
 from traces.format.errors import UserError
+from traces.io.digest import sha256_file, trace_content_id
 from traces.util.units import parse_budget_mib
 
 FORMAT = "moe-replay-sweep"
@@ -370,31 +371,13 @@ def read_grid(path: str | Path) -> Grid:
 # --- cell keys -------------------------------------------------------------------------------
 
 
-def _file_digest(path: str | Path) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
-def trace_content_id(path: str | Path) -> str:
-    """sha256 over every file of a trace directory (relative path, size and bytes, in sorted order):
-    two copies of one trace share an id; any change to routings, metadata or metrics changes it."""
-    root = Path(path)
-    h = hashlib.sha256(b"moe-route-trace\0")
-    files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
-    for p in files:
-        rel = p.relative_to(root).as_posix()
-        h.update(f"{rel}\0{p.stat().st_size}\0".encode())
-        h.update(_file_digest(p).encode())
-    return h.hexdigest()
-
-
 def cell_key(trace_id: str, kind: str, params: dict[str, Any], version: str) -> str:
     """sha256 of (trace content id, kind, parameters, tool version); a file a parameter names
     enters by its content (a cost model refitted into the same path is a new cell)."""
     def content(k: str, v: Any) -> Any:
         if k not in _FILE_KEYS or v is None:
             return v
-        return [_file_digest(f) for f in v] if isinstance(v, list) else _file_digest(v)
+        return [sha256_file(f) for f in v] if isinstance(v, list) else sha256_file(v)
 
     canon = {k: content(k, v) for k, v in params.items()}
     blob = json.dumps({"trace": trace_id, "kind": kind, "params": canon, "version": version}, sort_keys=True,
@@ -823,10 +806,10 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
 
 def _paired_columns(rows: list[dict[str, Any]], timed: bool) -> dict[str, Any]:
     """The best (and fastest) of one (trace, cost model, budget) group against LRU with the paired
-    interval, and the policies tied with it (:func:`replay.paired.decide`): the group's plain cells
+    interval, and the policies tied with it (:func:`replay.analyses.paired.decide`): the group's plain cells
     replayed again from their trace (the stored rows hold totals, not per-token figures), each
     replayed figure checked against the stored one. ``paired_note`` says why there is none."""
-    from replay.paired import annotate, decide, with_requests
+    from replay.analyses.paired import annotate, decide, with_requests
 
     keys = ["vs_lru", "delta_vs_lru_pp", "delta_ci_low", "delta_ci_high", "tied_with_best"]
     if timed:

@@ -140,7 +140,7 @@ def register(app: typer.Typer) -> None:
         t = open_trace(trace, defer_rows=True)
         require_routings(t, "replay")
         if cmodel is not None:  # before the replay: a model of another model or device is refused, or marked
-            from replay.cost_origin import apply_to
+            from replay.analyses.cost_origin import apply_to
 
             cmodel = apply_to(cmodel, t, foreign=foreign_cost_model)
         if validate:
@@ -163,7 +163,7 @@ def register(app: typer.Typer) -> None:
                             per_layer=per_layer, phase=phase, seed=seed, policy_options=popts, cost_model=cmodel,
                             retain_predictor=predictor if retain else None, show_progress=True, stream=stream,
                             predictor_file=predictor_file, foreign_cost_model=foreign_cost_model,
-                            paired=cmodel is not None and not retain)  # with a cost model: each cell against LRU (replay.paired)
+                            paired=cmodel is not None and not retain)  # with a cost model: each cell against LRU (replay.analyses.paired)
         frame, blist, loads, sm = run.frame, run.budgets_mib, run.loads, run.summary
         T, W, chosen, collapsed, no_decode = (sm["token_cycle_mib"], sm["working_set_mib"], sm["budgets_chosen"],
                                               sm["collapsed"], sm["no_decode"])

@@ -102,7 +102,7 @@ def report_text(frame, results: Path) -> str:
         cols += ["fastest_online", "fastest_ms_per_token", "fastest_tok_s", "fastest_vs_lru_call"]
         heads += ["fastest online", "ms/token", "tok/s", "fastest vs LRU (ms/token, 95% interval)"]
     rows = rows_of(frame)
-    for r in rows:  # the one call (replay.paired.decide): better / worse only when the interval excludes zero
+    for r in rows:  # the one call (replay.analyses.paired.decide): better / worse only when the interval excludes zero
         r["vs_lru_call"] = _call_cell(r, "", "delta_vs_lru_pp", "delta_", r.get("tied_with_best"))
         if "fastest_online" in frame.columns:
             r["fastest_vs_lru_call"] = _call_cell(r, "fastest_", "fastest_delta_ms_vs_lru", "fastest_delta_ms_",
@@ -135,7 +135,7 @@ def report_text(frame, results: Path) -> str:
 
 def _call_cell(r: dict, prefix: str, delta: str, ci: str, tied: str | None) -> str:
     """"+1.6 [+0.3, +2.9] better" / "tie within noise (±1.3): +0.2 [-1.1, +1.5]" (and the ties), "-" without one."""
-    from replay.paired import signed, tie_text
+    from replay.analyses.paired import signed, tie_text
 
     call = r.get(f"{prefix}vs_lru")
     if r.get("fastest_online" if prefix else "best_online") == "lru":

@@ -135,9 +135,9 @@ def _cost_model(path: Path | None, phase: str):
 
 
 def _applied(model, tr, foreign: bool):
-    """The model as it may be applied to ``tr`` (refused, or a copy marked foreign: replay.cost_origin)."""
+    """The model as it may be applied to ``tr`` (refused, or a copy marked foreign: replay.analyses.cost_origin)."""
     if model is None:
         return None
-    from replay.cost_origin import apply_to
+    from replay.analyses.cost_origin import apply_to
 
     return apply_to(model, tr, foreign=foreign)

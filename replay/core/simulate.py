@@ -803,7 +803,7 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
     name to its options (:func:`replay`'s ``policy_options``). When a policy preloads entries or
     sets its own per-layer budgets (``pin``, ``layer-opt``), every row gains ``preload_mib`` and
     ``share_mib`` (:func:`result_rows`). ``series`` (a dict): filled with each cell's decode
-    batches, (policy, budget) -> :class:`replay.paired.DecodeSeries`, for paired comparisons.
+    batches, (policy, budget) -> :class:`replay.core.series.DecodeSeries`, for paired comparisons.
     """
     from replay.core.progress import progress
     from replay.core.rows import cache_frame
@@ -843,7 +843,7 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
                              r.preload_bytes, r.layer_share_bytes)
         rows.extend(result_rows(loads, r, per_layer, extras))
         if series is not None:
-            from replay.paired import series_of
+            from replay.core.series import series_of
 
             series[(p, b)] = series_of(loads, r)
     return cache_frame(rows, extras)

@@ -279,7 +279,7 @@ def stream_sweep(trace: Trace, policies: list[str], budgets_mib: list[float], pe
                              r.preload_bytes, r.layer_share_bytes)
         rows.extend(result_rows(loads, r, per_layer))
         if series is not None:
-            from replay.paired import series_of
+            from replay.core.series import series_of
 
             series[(p, b)] = series_of(loads, r)
     return cache_frame(rows), loads, int(loads.entry_bytes[seen].sum())

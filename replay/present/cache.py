@@ -185,7 +185,7 @@ def retain_text(frame: pl.DataFrame, policies: list[str], budgets_mib: list[floa
         rows = [{"budget": exact(float(b)), **{p: cell[(p, b)][field] for p in policies}} for b in budgets_mib]
         out += [title, text_table(rows, ["budget", *policies], ["budget_mib", *policies], digits=PRECISION["pp"])]
     if overall and "retain_vs_no_retain" in overall[0]:
-        from replay.paired import signed, tie_text
+        from replay.analyses.paired import signed, tie_text
 
         def said(r: dict) -> str:
             lo, hi = r["retain_gain_ci_low"], r["retain_gain_ci_high"]

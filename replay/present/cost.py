@@ -108,8 +108,8 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
     time needs more memory than its budget, so it is named as left out, never picked. Ties go the
     way :func:`replay.core.simulate.pick_best` breaks them (the CLI and the report alike)."""
     from replay.analyses.cost_model import BOUNDS
+    from replay.analyses.paired import decide, tied_text
     from replay.core.simulate import pick_best, within_budget
-    from replay.paired import decide, tied_text
 
     online = [r for r in rows if r.get("layer") is None and r["policy"] not in BOUNDS and r.get("ms_per_token") is not None]
     if not online:
@@ -119,7 +119,7 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
     for b in sorted({r["budget_mib"] for r in online}):
         ok, over = within_budget([r for r in online if r["budget_mib"] == b])
         left_out += over
-        dec = decide(ok, "ms_per_token")  # the one rule (replay.paired): pick_best, then the paired interval vs LRU
+        dec = decide(ok, "ms_per_token")  # the one rule (replay.analyses.paired): pick_best, then the paired interval vs LRU
         if dec is None:
             best.append(f"{exact(b)} MiB: none within budget")
             continue
@@ -144,7 +144,7 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
         by_hits = pick_best(at, "hit_pct_decode", highest=True)
         if by_time is None or by_hits is None:
             continue
-        if by_time["policy"] != by_hits["policy"] and by_hits.get("tied_with_fastest"):  # within noise (replay.paired)
+        if by_time["policy"] != by_hits["policy"] and by_hits.get("tied_with_fastest"):  # within noise (replay.analyses.paired)
             out.append(f"at {exact(b)} MiB, {by_hits['policy']} hits most and {by_time['policy']} is fastest, but they tie on "
                        "time within noise")
         elif by_time["policy"] != by_hits["policy"] and by_time["ms_per_token"] < by_hits["ms_per_token"]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from replay.paired import interval_text, tie_text
+from replay.analyses.paired import interval_text, tie_text
 from replay.present.format import exact, fmt_q
 
 # the row kinds and the section each links to (the section's title: its anchor is made from it)
@@ -70,7 +70,7 @@ def cache_line(r: dict[str, Any]) -> str:
 
 
 def _paired(r: dict[str, Any], prefix: str, what: str = "") -> str:
-    """The best (or fastest) against LRU with the paired interval (replay.paired.decide), and the ties."""
+    """The best (or fastest) against LRU with the paired interval (replay.analyses.paired.decide), and the ties."""
     txt = r.get(f"{prefix}vs_lru_text")
     if not txt or r.get(f"{prefix}policy") == "lru" and not r.get(f"{prefix}tied_with"):
         return ""
@@ -92,7 +92,7 @@ def prefetch_outcome(r: dict[str, Any]) -> str:
     if not r.get("spec_fills"):
         return "it read nothing (every guess was resident or refused): no change"
     if r.get("ms_per_token") is None:
-        if r.get("vs_baseline") is not None:  # the paired interval over decoded tokens (replay.paired)
+        if r.get("vs_baseline") is not None:  # the paired interval over decoded tokens (replay.analyses.paired)
             iv = interval_text(r["delta_hit_pp"], r["delta_hit_ci_low"], r["delta_hit_ci_high"], " points")
             hits = ({"better": "more hits beyond noise", "worse": "fewer hits beyond noise"}.get(r["vs_baseline"])
                     or tie_text((r["delta_hit_ci_high"] - r["delta_hit_ci_low"]) / 2, " points") + " on hits")

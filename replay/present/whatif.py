@@ -228,8 +228,8 @@ def verdict(r: dict) -> str:
            else f"lowers the decode hit rate by {fmt_q(-dh, 'pp')} points")
     byt = (f"reads {fmt_q(db, 'pct')}% more bytes per decoded token" if db >= 0
            else f"reads {fmt_q(-db, 'pct')}% fewer bytes per decoded token")
-    if r.get("vs_baseline_time") == "tie":  # the paired interval over decoded tokens includes zero (replay.paired)
-        from replay.paired import tie_text
+    if r.get("vs_baseline_time") == "tie":  # the paired interval over decoded tokens includes zero (replay.analyses.paired)
+        from replay.analyses.paired import tie_text
 
         return (f"prefetch {hit} and {byt} (speculative reads included): {fmt_q(abs(dms), 'ms')} ms/token "
                 f"{'slower' if dms > 0 else 'faster'} under the cost model, a "

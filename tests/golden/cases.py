@@ -96,7 +96,7 @@ _TIMES = re.compile(r'("(?:seconds|cells_per_s)"\s*:\s*)[0-9.e+-]+')
 
 def mask(text: str) -> str:
     """The output with the tool's version string masked (the only thing allowed to change)."""
-    from traces.version import __version__
+    from traces.format.version import __version__
 
     text = _TIMES.sub(r"\1<time>", _KEYS.sub(r'\1"<key>"', _VERSION.sub(r'\1"<v>"', text)))
     return text.replace(__version__, "<version>")

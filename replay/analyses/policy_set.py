@@ -5,7 +5,7 @@ The report ranks every registered online policy by default (built-ins and regist
 in its verdict, its tables and its plots alike, beside the bounds ``belady`` and ``infinite``;
 ``--policies`` narrows that set everywhere in the report at once. ``cache``'s compact default
 list stays (:data:`CACHE_DEFAULT`). Every "best" among them is chosen by
-:func:`replay.paired.decide` (:func:`replay.core.simulate.pick_best` on the within-budget cells, then the
+:func:`replay.analyses.paired.decide` (:func:`replay.core.simulate.pick_best` on the within-budget cells, then the
 paired interval against LRU)."""
 
 from __future__ import annotations

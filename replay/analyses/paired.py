@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from replay.core.series import DecodeSeries, series_of, whatif_series  # noqa: F401 (re-exported: the series paired comparisons resample)
+
 RESAMPLES = 2000
 SEED = 0
 MIN_BLOCK = 16
@@ -47,20 +49,6 @@ BASELINE = "lru"
 def block_tokens(n: int) -> int:
     """Units per bootstrap block: max(16, ceil(sqrt(n))) (at most n)."""
     return max(1, min(n, max(MIN_BLOCK, math.ceil(math.sqrt(n)))))
-
-
-@dataclass(frozen=True)
-class DecodeSeries:
-    """One setting's decode batches, in trace order: lookups, hits, bytes read by misses, tokens."""
-
-    lookups: np.ndarray
-    hits: np.ndarray
-    read_bytes: np.ndarray
-    tokens: np.ndarray
-    requests: np.ndarray | None = None  # int [units]: the request of each decode batch (resampled whole), or None
-
-    def __len__(self) -> int:
-        return int(self.lookups.shape[0])
 
 
 MIN_REQUESTS = 8
@@ -94,18 +82,6 @@ def with_requests(series: dict[Any, DecodeSeries], trace: Any) -> dict[Any, Deco
     if units is None:
         return series
     return {k: dataclasses.replace(s, requests=units) if len(s) == units.shape[0] else s for k, s in series.items()}
-
-
-def series_of(loads: Any, res: Any) -> DecodeSeries:
-    """The decode batches of a :class:`replay.core.simulate.ReplayResult` (its ``bacc``) as a series."""
-    from replay.core.driver import ACC_HITS, ACC_LOOKUPS, ACC_READ
-
-    dec = np.asarray(loads.batch_phase) == 1
-    b = res.bacc[dec]
-    tok = (np.ones(int(dec.sum()), np.int64) if loads.batch_tokens is None
-           else np.asarray(loads.batch_tokens)[dec].astype(np.int64))
-    return DecodeSeries(b[:, ACC_LOOKUPS].astype(np.int64), b[:, ACC_HITS].astype(np.int64),
-                        b[:, ACC_READ].astype(np.int64), tok)
 
 
 @dataclass(frozen=True)
@@ -368,15 +344,6 @@ def with_paired(frame: Any, series: dict[tuple[str, float], DecodeSeries], model
 WHATIF_COLUMNS = ("delta_hit_pp", "delta_hit_ci_low", "delta_hit_ci_high", "vs_baseline", "delta_mib_per_token",
                   "delta_mib_ci_low", "delta_mib_ci_high")
 WHATIF_TIME_COLUMNS = ("delta_ms_per_token", "delta_ms_ci_low", "delta_ms_ci_high", "vs_baseline_time")
-
-
-def whatif_series(loads: Any, res: Any) -> DecodeSeries:
-    """:func:`series_of` with the speculative reads counted in the bytes (a prefetch's cost)."""
-    from replay.core.driver import ACC_SPEC_READ
-
-    s = series_of(loads, res)
-    spec = res.bacc[np.asarray(loads.batch_phase) == 1, ACC_SPEC_READ].astype(np.int64)
-    return DecodeSeries(s.lookups, s.hits, s.read_bytes + spec, s.tokens, s.requests)
 
 
 def whatif_columns(loads: Any, base: Any, res: Any, model: Any = None, *, seed: int = SEED,

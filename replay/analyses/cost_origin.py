@@ -33,7 +33,7 @@ def trace_origin(trace: Any, content_id: str | None = None) -> dict[str, Any]:
     prov = dict(trace.meta.get("provenance") or {})
     rec = trace.recorded
     if content_id is None:
-        from replay.analyses.sweeps import trace_content_id
+        from traces.io.digest import trace_content_id
 
         content_id = "sha256:" + trace_content_id(trace.path)
     return {
@@ -71,7 +71,7 @@ def apply_to(model: Any, trace: Any, *, foreign: bool = False) -> Any:
     ``foreign`` is allowed; otherwise a :class:`UserError` in one sentence."""
     if model is None or model.kind == "manual" or model.foreign:  # foreign: already applied with leave
         return model
-    from replay.cost_sense import model_name
+    from replay.analyses.cost_sense import model_name
 
     name = model_name(model)
     if model.origin is None:
