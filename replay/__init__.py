@@ -1,6 +1,6 @@
 """moe-replay: offline replay of Mixture-of-Experts expert caches, predictors, drop and prefetch
 over v1 traces. The public Python API (every function keyword-only past the trace; every analysis
-returns one Polars DataFrame with the DESIGN.md keys; bad input raises :class:`ReplayError`)::
+returns one Polars DataFrame with the docs/design.md keys; bad input raises :class:`ReplayError`)::
 
     import replay
     t = replay.open_trace("trace_dir")

@@ -1,4 +1,4 @@
-"""The public Python API: keyword arguments in, one Polars DataFrame out (DESIGN.md keys).
+"""The public Python API: keyword arguments in, one Polars DataFrame out (docs/design.md keys).
 
 Every analysis function takes a trace (a :class:`traces.io.reader.Trace` from :func:`open_trace`,
 or a path to one), keyword-only options, and returns one ``polars.DataFrame``; where the
@@ -232,7 +232,7 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     """Replay every (policy, budget) cell: one row per cell (``layer`` null) and, with
     ``per_layer``, one per MoE layer. Keys: ``policy``, ``budget_mib``, ``layer``,
     ``hit_pct_decode``, ``hit_pct_cum``, ``read_mib``, ``peak_resident_mib``, ``overflow_loads``,
-    ``over_budget``, ... (DESIGN.md, "cache"); with ``cost_model`` (a model from
+    ``over_budget``, ... (docs/design.md, "cache"); with ``cost_model`` (a model from
     :func:`fit_cost_model` / :func:`load_cost_model`) also ``ms_per_token``/``tok_s`` (a model
     fitted on another model or device is refused unless ``foreign_cost_model``; then the rows carry
     ``cost_model_foreign``: docs/design.md, "Cost model"); with
@@ -297,7 +297,7 @@ def predict(trace: TraceLike, *, predictors: Sequence[str] | None = None, horizo
             predictor_file: Any = None) -> pl.DataFrame:
     """Predictor accuracy: one row per (predictor, MoE layer) and an overall row per predictor
     (``layer`` null). Keys: ``predictor``, ``layer``, ``slot_acc_pct``, ``whole_acc_pct``,
-    ``recall_pct``, ``precision_pct``, ``mass_pct``, ``scored``, ``unscored``, ... (DESIGN.md,
+    ``recall_pct``, ``precision_pct``, ``mass_pct``, ``scored``, ``unscored``, ... (docs/design.md,
     "predict"). ``predictors`` default: every registered predictor (a bare ``stale-gate`` is one
     per ``horizons``). Predictors the trace cannot run are left out: :func:`predict_run` says why."""
     return predict_run(trace, predictors=predictors, horizons=horizons, width=width, phase=phase,
@@ -358,7 +358,7 @@ def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: flo
 def fit_cost_model(trace: TraceLike):
     """Fit the cost model (ms per token from expert bytes read and misses) on a trace with
     recorded engine metrics; returns the chosen :class:`replay.analyses.cost_model.CostModel` (``.row()`` is its
-    DESIGN.md row; :func:`cost_fit` has every candidate)."""
+    docs/design.md row; :func:`cost_fit` has every candidate)."""
     from replay.analyses.cost_model import fit_trace
 
     return fit_trace(_trace(trace))[0]

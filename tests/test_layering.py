@@ -262,14 +262,27 @@ def test_no_module_named_like_a_public_function():
 
 # Modules that issue 27 item 1 retires (a second implementation, the typer-free fast path); allowed
 # here until they are gone.
-RETIRING = {"replay/native.py", "replay/aot.py", "replay/fastcli.py", "traces/footer.py", "traces/pages.py",
-            "traces/pq_native.py", "traces/compiled.py"}
+# The second implementations issue 27 retired: a native cache command, C twins of the Numba kernels,
+# a hand-written Parquet/Thrift reader and their loaders. None may come back.
+RETIRED = {"replay/native.py", "replay/aot.py", "replay/fastcli.py", "traces/footer.py", "traces/pages.py",
+           "traces/pq_native.py", "traces/compiled.py"}
+
+
+def test_no_second_implementation_remains():
+    back = sorted(f for f in RETIRED if (ROOT / f).exists())
+    assert not back, f"retired second implementations are back: {back}"
+    c_sources = sorted(str(f.relative_to(ROOT)) for d in ("replay", "traces", "engine_bridge") for f in (ROOT / d).rglob("*.c"))
+    assert not c_sources, f"C sources in the package (one implementation per kernel, in Numba): {c_sources}"
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text()).get("tool", {}).get("setuptools", {})
+    assert "ext-modules" not in setuptools, "pyproject.toml builds a C extension"
 
 
 def test_the_layout_has_its_shape():
     for d in ("replay/core", "replay/analyses", "replay/policies", "replay/predictors", "replay/present", "replay/cli",
               "traces/format", "traces/io", "traces/importers", "traces/synth", "traces/util"):
         assert (ROOT / d / "__init__.py").is_file(), d
-    top = {str(f.relative_to(ROOT)) for f in [*(ROOT / "replay").glob("*.py"), *(ROOT / "traces").glob("*.py")]} - RETIRING
+    top = {str(f.relative_to(ROOT)) for f in [*(ROOT / "replay").glob("*.py"), *(ROOT / "traces").glob("*.py")]}
     assert top == {"replay/__init__.py", "replay/api.py", "replay/runner.py", "replay/plugins.py",
                    "replay/plugin_spec.py", "replay/plugin_files.py", "traces/__init__.py"}

@@ -165,7 +165,7 @@ def test_real_qwen_closed_drop_at_recorded_budget(real_trace_dir):
         for key in ("mode", "frac", "keep_k", "phase", "io_saved_pct", "mass_lost_pct", "routings_dropped_pct",
                     "experts_dropped_pct", "hit_pct_decode", "hit_pct_cum", "hit_pct_decode_baseline"):
             assert key in r
-        assert "hit_pct" not in r  # DESIGN.md names hit rates by phase
+        assert "hit_pct" not in r  # docs/design.md names hit rates by phase
         assert r["budget_mib"] == 4000.0 and r["policy"] == "lru" and r["phase"] == "decode"
     cold = [r for r in rows if r["mode"] == "closed"]
     assert [r["frac"] for r in cold] == [0.5, 1.0] and [r["keep_k"] for r in rows if r["mode"] == "closed-k"] == [5, 4, 3, 2, 1]

@@ -147,4 +147,4 @@ def test_closed_drop_shares_match_naive_twin(tmp_path_factory, spec, policy, fra
             lk = sum(want[f"lookups_{p}{name}"] for p in ph)
             ht = sum(want[f"hits_{p}{name}"] for p in ph)
             assert got[f"hit_pct_{key}{name}"] == (100.0 * float(ht) / float(lk) if lk else None), (key, name)
-    assert "hit_pct" not in got and "hit_pct_baseline" not in got  # DESIGN.md's phase keys only
+    assert "hit_pct" not in got and "hit_pct_baseline" not in got  # docs/design.md's phase keys only

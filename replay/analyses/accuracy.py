@@ -1,11 +1,11 @@
-"""Predictor accuracy per layer (DESIGN.md, "Predictors and accuracy"): how much of each layer's
+"""Predictor accuracy per layer (docs/design.md, "Predictors and accuracy"): how much of each layer's
 routing a predictor would have named, scored against what the router chose.
 
     evaluate(trace, ["prev-token", "stale-gate", "ctrl"], horizons=[1, 2]) -> PredictResult
     horizon_curve(trace, 8) -> PredictResult   # stale-gate[1..8]: how much anticipation costs
 
 The frame has one row per (predictor, MoE layer) plus an overall row per predictor (``layer``
-null), with the DESIGN.md ``predict`` keys. Predictors whose inputs the trace lacks are listed in
+null), with the docs/design.md ``predict`` keys. Predictors whose inputs the trace lacks are listed in
 ``unavailable`` with the reason and the others still run. ``ctrl`` below 100.0% raises a loud
 warning naming the failing layers and a likely cause (``warnings``, ``ctrl_failing_layers``).
 """

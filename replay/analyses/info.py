@@ -1,4 +1,4 @@
-"""``info``: what a trace holds, in one flat row (DESIGN.md keys) and as text."""
+"""``info``: what a trace holds, in one flat row (docs/design.md keys) and as text."""
 
 from __future__ import annotations
 

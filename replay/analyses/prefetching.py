@@ -1,6 +1,6 @@
 """Speculative prefetch and retention: a predictor's guesses read into (or kept in) the same cache.
 
-Prefetch (DESIGN.md, "Lossy and speculative what-ifs"; the what-if issue): after layer l's load
+Prefetch (docs/design.md, "Lossy and speculative what-ifs"; the what-if issue): after layer l's load
 (and its eviction step), the predictor's guesses for the MoE layer d places ahead in the same
 token are read speculatively into the cache (d = 1 for ``prev-token`` and ``static-hot``; d for
 ``stale-gate[d]``, whose guesses for layer l+d come from layer l's gate input, i.e. exist only

@@ -22,7 +22,7 @@ from traces.format.errors import UserError
 from traces.io.reader import Trace
 from traces.util.units import MIB
 
-# Keys of every row (DESIGN.md "quality"); None allowed only where the verb writes None (reads
+# Keys of every row (docs/design.md "quality"); None allowed only where the verb writes None (reads
 # avoided when the undropped run read nothing).
 ROW_NUMBERS = ("ppl", "ppl_delta_pct", "kl_mean", "kl_p95", "top1_agree_pct", "routings_dropped_pct", "mass_lost_pct",
                "routings_dropped_pct_replay", "mass_lost_pct_replay", "read_mib", "read_mib_plain")

@@ -1,5 +1,5 @@
 """Sweeps: one TOML grid of traces x analyses x parameters, computed as independent cells on a
-local process pool or a Ray cluster, kept in RESULTS as Parquet tables (DESIGN.md, "sweep").
+local process pool or a Ray cluster, kept in RESULTS as Parquet tables (docs/design.md, "sweep").
 
 A *cell* is one call of a public API function (:mod:`replay.api`) on one trace with one set of
 keyword arguments; its rows are exactly that function's rows (what the verb's ``--json`` prints).

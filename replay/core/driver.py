@@ -1,6 +1,6 @@
 """The replay driver: walks loads, asks a policy's hooks what to evict, counts everything.
 
-DESIGN.md, "Replay semantics". A *load* is one (batch, layer) group. Inside a load the routed
+docs/design.md, "Replay semantics". A *load* is one (batch, layer) group. Inside a load the routed
 slots are visited token-major (row order, then slot order). Each unique entry (layer, expert) is
 *looked up* once per load: a hit if resident, else a miss that reads ``entry_bytes`` and is
 admitted at once; a repeated id in the same load only promotes (recency). After the load,

@@ -8,7 +8,7 @@ from traces.format.errors import UserError
 
 PHASES = ("decode", "prefill", "all")
 PHASE_CODES = {"decode": (1,), "prefill": (0,), "all": (0, 1)}
-# The hit-% key of a phase, as DESIGN.md names them ("all" is the cumulative figure).
+# The hit-% key of a phase, as docs/design.md names them ("all" is the cumulative figure).
 PHASE_HIT_KEY = {"decode": "hit_pct_decode", "prefill": "hit_pct_prefill", "all": "hit_pct_cum"}
 
 

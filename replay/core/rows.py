@@ -19,7 +19,7 @@ EXTRA_COLUMN_TYPES = {"preload_mib": "float", "share_mib": "float"}
 def cache_row(policy: str, budget_mib: float, layer: int | None, lookups: list[int], hits: list[int], read_bytes: list[int],
               evictions: int | None, overflow_loads: int | None, peak_resident_bytes: int | None,
               over_budget: bool | None) -> dict[str, Any]:
-    """One cache row (DESIGN.md keys first) from per-phase totals: ``lookups``, ``hits`` and
+    """One cache row (docs/design.md keys first) from per-phase totals: ``lookups``, ``hits`` and
     ``read_bytes`` are [prefill, decode] Python ints. ``lookups``/``hits``/``misses``/``read_mib``
     are all phases (cumulative); the ``_decode`` columns count decode loads only (the replay's
     rows: :func:`replay.core.simulate.result_rows`)."""

@@ -1,6 +1,6 @@
 """Expert-cache replay: what each policy would have hit, read and missed at each byte budget.
 
-Definitions used everywhere here (DESIGN.md, "Replay semantics"):
+Definitions used everywhere here (docs/design.md, "Replay semantics"):
 
 - a *load* is one (batch, layer) group; a *lookup* is one unique (layer, expert) inside a load
   (a repeated id in the same load, e.g. two prefill tokens routing to the same expert, is not a
@@ -694,7 +694,7 @@ def warm_up(policies: list[str], whatif: bool = False, slots: bool = False) -> N
 
 
 def result_rows(loads: Loads, res: ReplayResult, per_layer: bool = False, extras: bool = False) -> list[dict[str, Any]]:
-    """Cache rows (DESIGN.md keys first). ``lookups``/``hits``/``misses``/``read_mib`` are all
+    """Cache rows (docs/design.md keys first). ``lookups``/``hits``/``misses``/``read_mib`` are all
     phases (cumulative); the ``_decode`` columns count decode loads only.
 
     ``extras`` (a sweep sets it when a policy preloads entries or sets its own per-layer budgets,

@@ -27,7 +27,7 @@ whatever else it needs in its own int64 matrix ``ps``. Times are counted two way
 - ``load``: the index of the (batch, layer) group being replayed, 0-based over the whole trace
   (the *clock* LFRU ages by). ``ent[PIN, e] == load`` means the current load touched ``e`` (or,
   in a what-if, filled or protected it); such an entry is never evicted after that load
-  (DESIGN.md, "Replay semantics", rule 3). During a load's lookups it is also the driver's
+  (docs/design.md, "Replay semantics", rule 3). During a load's lookups it is also the driver's
   "already looked up in this load" stamp (fills and retention write it only after the lookups).
 
 Fields of the what-ifs (prefetch, retention, eviction guard; :mod:`replay.core.driver`):

@@ -35,7 +35,7 @@ What is colibri's (the source, read at commit 003a0b9):
   (``.coli_usage`` of earlier sessions), half the slots by default (``PIN_GB`` unset);
   ``REPIN`` = 0 (off) by default, ``--policy balanced`` sets ``REPIN=64``.
 
-This replay's semantics (the mapping onto loads; DESIGN.md "Replay semantics"):
+This replay's semantics (the mapping onto loads; docs/design.md "Replay semantics"):
 
 - a demand access = a *lookup*: one per entry per load (a repeat inside a load is not another
   access). On decode a load is one token's routing at one layer, so this is colibri's count

@@ -4,7 +4,7 @@ says it cannot ("unscored"). One small module per predictor behind the same hook
 disk) and the entry-point group ``moe_replay.predictors``; :mod:`replay.analyses.accuracy` scores them,
 :mod:`replay.analyses.prefetching` reads their guesses into the cache, and the report lists them.
 
-A predictor module defines (DESIGN.md, "Plugins"):
+A predictor module defines (docs/design.md, "Plugins"):
 
 - ``NAME`` (str): the name users type (``stale-gate``); ``DESCRIPTION`` (str): what its figure
   measures, one line (``{d}`` is replaced by the parameter of a parametrised predictor);

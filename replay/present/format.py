@@ -13,7 +13,7 @@ from traces.util.units import exact  # noqa: F401 (re-exported: a parameter prin
 
 
 def json_object(command: str, trace: str | None, rows: Iterable[dict[str, Any]], **extra: Any) -> str:
-    """The one JSON object every ``--json`` verb prints (DESIGN.md, "Machine-readable output")."""
+    """The one JSON object every ``--json`` verb prints (docs/design.md, "Machine-readable output")."""
     obj = {"command": command, "trace": trace, "rows": [clean(r) for r in rows]}
     obj.update({k: clean(v) for k, v in extra.items()})
     return json.dumps(obj, indent=1, allow_nan=False)

@@ -2,7 +2,7 @@
 images) as Markdown and as one self-contained HTML file. Pure: sections in, text out (the images are
 read from the report directory to embed).
 
-Rendered tables carry human headers with units (``HEADERS``; the CSVs keep the DESIGN.md keys),
+Rendered tables carry human headers with units (``HEADERS``; the CSVs keep the docs/design.md keys),
 text left-aligned and numbers right-aligned. A long table (per layer, per layer x budget) is shown
 as a compact summary; the table itself is a collapsed ``<details>`` block in the HTML and a link to
 its CSV in the Markdown. Sections the trace cannot support are not rendered as sections: they are
@@ -61,7 +61,7 @@ def anchor(title: str) -> str:
     return re.sub(r"[^a-z0-9 _-]", "", title.lower()).replace(" ", "-")
 
 
-# Human headers with units for the DESIGN.md keys the report's tables show; a key not here is shown
+# Human headers with units for the docs/design.md keys the report's tables show; a key not here is shown
 # as it is (a predictor's or policy's name).
 HEADERS: dict[str, str] = {
     "model": "Model", "moe_layers": "MoE layers", "n_expert": "Experts per layer", "top_k": "Top-k",
