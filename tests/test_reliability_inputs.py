@@ -529,3 +529,55 @@ def test_corrupt_gate_input_file_named(tmp_path, small_synth):
         res = run_cli(verb[0], tr, *verb[1:])
         assert res.code == 2, res.err
         assert_one_sentence_error(res, "part-00000.gate_input.arrow")
+
+
+# -- metrics that are not this run's (issue 29 item 6) -----------------------------------------
+# cache --validate, cost fit and cost check apply one identity check (replay.core.run_identity):
+# before it, --validate exited 0 on another run's metrics (a 6.65-point per-token gap), on the
+# run's own metrics shuffled, and dropped its per-token line when rows were missing.
+
+def _copy_with_metrics(src, dst, change):
+    shutil.copytree(src, dst)
+    t = pq.read_table(dst / "metrics.parquet")
+    pq.write_table(change(t, pa), dst / "metrics.parquet")
+    return dst
+
+
+def _shuffled(t, pa):
+    return t.take(pa.array(np.random.default_rng(0).permutation(t.num_rows)))
+
+
+@pytest.mark.parametrize("case, change, needle", [
+    ("shuffled", _shuffled, "not in decode order"),
+    ("short", lambda t, pa: t.slice(0, t.num_rows - 5), "123 per-token rows but the trace has 128"),
+])
+def test_validate_and_cost_refuse_metrics_that_are_not_this_runs(real_trace_dir, tmp_path, case, change, needle):
+    t = _copy_with_metrics(real_trace_dir("qwen"), tmp_path / case, change)
+    for verb in (["cache", t, "--validate"], ["cost", "fit", t], ["cost", "check", t]):
+        r = run_cli(*verb)
+        assert_one_sentence_error(r, str(t), needle, "not the metrics of this run")
+        assert r.code == 2
+
+
+def test_validate_refuses_another_runs_metrics(real_trace_dir, tmp_path):
+    gemma = pq.read_table(real_trace_dir("gemma") / "metrics.parquet")  # 128 rows too: only its totals tell
+    t = _copy_with_metrics(real_trace_dir("qwen"), tmp_path / "foreign", lambda t, pa: gemma)
+    for verb in (["cache", t, "--validate"], ["cost", "fit", t], ["cost", "check", t]):
+        assert_one_sentence_error(run_cli(*verb), str(t), "76.78% but the run's summary says 74.9%", "not the metrics of this run")
+
+
+def test_a_recorded_read_larger_than_the_expert_is_refused(real_trace_dir, tmp_path):
+    t = tmp_path / "bigread"
+    shutil.copytree(real_trace_dir("qwen"), t)
+
+    def grow(tab):
+        i = tab.column_names.index("read_bytes")
+        rb = tab.column(i).combine_chunks()
+        flat = rb.values.to_numpy().copy()
+        flat[0] = (4 << 30) - 1  # ~4 GiB for one slot of a ~3 MiB expert
+        new = pa.FixedSizeListArray.from_arrays(pa.array(flat, rb.type.value_type), rb.type.list_size)
+        return tab.set_column(i, tab.field(i), new)
+
+    rewrite_part(sorted((t / "routings").glob("*.parquet"))[0], grow)
+    for verb in (["cache", t, "--validate"], ["cost", "fit", t]):
+        assert_one_sentence_error(run_cli(*verb), str(t), "records read_bytes 4294967295", "bytes of one expert")

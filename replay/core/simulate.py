@@ -123,15 +123,18 @@ def _plugin_error(policy: str, pm: Any, e: Exception) -> UserError:
 
 
 def run_kernel(kern: Any, args: tuple, interruptible: bool) -> None:
-    """``kern(*args)``; with ``interruptible`` (a plugin policy's kernel) on a worker thread that the
-    main thread waits for, so SIGINT / SIGTERM still reach their handlers while a plugin's compiled
-    hook loops forever (the kernels release the GIL; a signal handler only runs in the main thread,
-    between bytecodes, which a kernel running there never reaches). The abandoned thread is a
-    daemon: the process exits with the interrupt's status while it spins. Built-ins run in the
-    calling thread (no thread per call in sweeps of thousands of cells)."""
-    if not interruptible or threading.current_thread() is not threading.main_thread():
-        kern(*args)  # off the main thread, the main thread is the one waiting (and interruptible)
+    """``kern(*args)``; with ``interruptible`` (a plugin policy's kernel) on a daemon thread that the
+    caller waits for, so SIGINT / SIGTERM still reach their handlers while a plugin's compiled hook
+    loops forever (a signal handler only runs in the main thread, between bytecodes, which a
+    kernel running there never reaches; the kernels release the GIL). A waiting thread other than
+    the main one gives up when the CLI's handler has set ``stop_requested`` (a pool's shutdown
+    would otherwise join it forever); the abandoned kernel spins on until the process exits with
+    the interrupt's status. Built-ins run in the calling thread (no thread per cell in sweeps)."""
+    if not interruptible:
+        kern(*args)
         return
+    from traces.util.signals import Abandoned, stop_requested
+
     failed: list[BaseException] = []
 
     def work() -> None:
@@ -142,7 +145,10 @@ def run_kernel(kern: Any, args: tuple, interruptible: bool) -> None:
 
     t = threading.Thread(target=work, name="moe-replay plugin kernel", daemon=True)
     t.start()
-    t.join()  # a lock wait: a signal's handler runs here and its exception ends the wait
+    while t.is_alive():
+        t.join(0.05)  # in the main thread a signal's handler runs here and its exception ends the wait
+        if stop_requested.is_set() and t.is_alive():
+            raise Abandoned("a plugin's kernel was left running: the command was interrupted")
     if failed:
         raise failed[0]
 
@@ -960,6 +966,12 @@ def validate(trace: Trace, budget_mib: float | None = None) -> dict[str, Any]:
     row["diff_pp"] = row["hit_pct_cum"] - rec_cum if rec_cum is not None else None
     row["token_max_abs_diff_pp"] = None
     m = trace.metrics()
+    if m is not None:
+        # Another run's metrics, or these out of order, would pass or fail the per-token comparison
+        # by chance (and fewer rows than tokens would drop it in silence): the same check as cost fit.
+        from replay.core.run_identity import check_metrics_of_run
+
+        check_metrics_of_run(trace, m, arrays)
     ser = batch_series(loads, res)
     if m is not None and "cache_hit_pct" in m.columns:
         cum_l = np.cumsum(ser["lookups"].to_numpy())

@@ -40,6 +40,7 @@ import numpy as np
 
 from traces.format.errors import UserError
 from traces.importers import repeated_expert_rows
+from traces.util.bounded_json import BoundsError, parse_bounded
 from traces.util.units import PHASE_DECODE, PHASE_PREFILL
 
 NAME = "megatron"
@@ -72,9 +73,11 @@ def read_records(path: Path) -> list[tuple[int, dict]]:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = parse_bounded(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: line {n}: is not valid JSON ({e.msg}; a truncated file?).") from None
+        except BoundsError as e:
+            raise UserError(f"{path}: line {n}: {e}.") from None
         if not isinstance(rec, dict):
             raise UserError(f"{path}: line {n}: is not a JSON object.")
         for key in ("step", "layer", "num_tokens", "topk", "top_indices"):

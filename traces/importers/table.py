@@ -25,7 +25,6 @@ model, the model's other MoE layers are listed as absent (``model.moe_layers_abs
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from traces.importers import (
     write_trace,
 )
 from traces.importers._sizes import require_sizes
+from traces.util.bounded_json import BoundsError, parse_bounded
 from traces.util.units import PHASE_DECODE, PHASE_PREFILL
 
 NAME = "table"
@@ -78,8 +78,8 @@ def _columns_of(path: Path) -> set[str] | None:
     if kind == "jsonl":
         for ln in head_lines(path, 8192):
             try:
-                obj = json.loads(ln)
-            except ValueError:
+                obj = parse_bounded(ln)
+            except (ValueError, BoundsError):
                 return None
             if isinstance(obj, dict) and "experts" in obj:
                 return set(obj)
@@ -171,9 +171,11 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
             if not ln.strip():
                 continue
             try:
-                obj = json.loads(ln)
+                obj = parse_bounded(ln)
             except ValueError:
                 raise UserError(f"{path}: line {i + 1}: is not a JSON object (a truncated or corrupt line).") from None
+            except BoundsError as e:
+                raise UserError(f"{path}: line {i + 1}: {e}.") from None
             if not isinstance(obj, dict):
                 raise UserError(f"{path}: line {i + 1}: is JSON but not an object.")
             out.append((i + 1, obj))
@@ -210,9 +212,11 @@ def _list(v: Any, path: Path, where: int, what: str, cast: type) -> list:
         s = v.strip()
         if s.startswith("["):
             try:
-                v = json.loads(s)
+                v = parse_bounded(s)
             except ValueError:
                 raise UserError(f"{path}: row {where}: {what} {v!r} is not a list.") from None
+            except BoundsError as e:
+                raise UserError(f"{path}: row {where}: {what}: {e}.") from None
         else:
             v = [x for x in _SPLIT.split(s) if x]
     if not isinstance(v, (list, tuple)):
