@@ -153,6 +153,20 @@ def run_kernel(kern: Any, args: tuple, interruptible: bool) -> None:
         raise failed[0]
 
 
+def wait_result(future: Any) -> Any:
+    """``future.result()``, waiting in short slices: a signal delivered to another thread of the
+    process (any thread may receive it) only sets a flag the main thread checks between bytecodes,
+    which a wait without a timeout never reaches; a plugin's kernel that never returns would keep
+    SIGINT from being handled."""
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    while True:
+        try:
+            return future.result(timeout=0.1)
+        except FutureTimeout:
+            continue
+
+
 _VICTIM_PROBLEMS = {
     ERR_VICTIM_RANGE: "which is no entry (entries are 0..{n})",
     ERR_VICTIM_NOT_RESIDENT: "an entry that is not resident",
@@ -920,7 +934,7 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
     with bar_ctx as bar, ThreadPoolExecutor(max_workers=threads) as pool:
         futs = {key: pool.submit(replay, loads, p, b, seed, policy_options=popts[p], **whatif) for key, (p, b) in unique.items()}
         for key, f in futs.items():
-            results[key] = f.result()
+            results[key] = wait_result(f)
             bar.update(1)
     rows = []
     for p, b in cells:

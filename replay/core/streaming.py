@@ -64,6 +64,7 @@ from replay.core.simulate import (
     iter_load_parts,
     kernel_for,
     run_kernel,
+    wait_result,
 )
 from replay.core.state import BUDGET, MAX_SLOTS, N_ENT, NEVER, USED, new_state, row_length
 from replay.policies import is_plugin, policy_module
@@ -201,7 +202,7 @@ def replay_stream(trace: Trace, cells: list[tuple[str, float]], seed: int = 0, c
                     run(st)
             else:
                 for f in [pool.submit(run, st) for st in states]:
-                    f.result()
+                    wait_result(f)
             bar.update(lp.entries.shape[0])
             del nxt
     out = []
