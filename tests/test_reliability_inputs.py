@@ -581,3 +581,72 @@ def test_a_recorded_read_larger_than_the_expert_is_refused(real_trace_dir, tmp_p
     rewrite_part(sorted((t / "routings").glob("*.parquet"))[0], grow)
     for verb in (["cache", t, "--validate"], ["cost", "fit", t]):
         assert_one_sentence_error(run_cli(*verb), str(t), "records read_bytes 4294967295", "bytes of one expert")
+
+
+# -- every reader bounds what it parses (issue 29 item 4) -------------------------------------
+# Before: RecursionError / OverflowError / "internal error: invalid trace metadata", exit 3.
+
+DEEP = "[" * 100_000 + "]" * 100_000
+HUGE = "1" + "0" * 30  # 10^30: past int64
+
+
+def _no_bug(res, *needles):
+    assert_one_sentence_error(res, *needles)
+    assert res.code == 2 and "internal error" not in res.err
+
+
+def test_trace_json_nested_or_huge_is_one_sentence(synth_trace_dir, tmp_path):
+    src = synth_trace_dir(layers=2, experts=4, top_k=1, embd=8, tokens=8, prompt_tokens=2)
+    deep = tmp_path / "deep"
+    shutil.copytree(src, deep)
+    (deep / "trace.json").write_text(DEEP)
+    _no_bug(run_cli("info", deep), "trace.json", "nests more than")
+    huge = tmp_path / "huge"
+    shutil.copytree(src, huge)
+    meta = json.loads((huge / "trace.json").read_text())
+    (huge / "trace.json").write_text(json.dumps(meta).replace('"n_expert": 4', f'"n_expert": {HUGE}'))
+    _no_bug(run_cli("info", huge), "trace.json", "model.n_expert holds an integer of 31 digits")
+
+
+def test_vllm_log_nested_or_huge_is_one_sentence(tmp_path):
+    log = tmp_path / "v.json"
+    log.write_text(DEEP)
+    _no_bug(run_cli("import", "vllm", log, tmp_path / "o", "--expert-bytes", "1000"), str(log), "nests more than")
+    log = tmp_path / "v.jsonl"
+    log.write_text('{"request_id": "a", "routed_experts": [[[HUGE]]]}\n'.replace("HUGE", HUGE))
+    _no_bug(run_cli("import", "vllm", log, tmp_path / "o", "--expert-bytes", "1000"), str(log), "line 1", "31 digits")
+    assert not (tmp_path / "o").exists()
+
+
+def test_moetrace_and_table_huge_integers_are_one_sentence(tmp_path):
+    mt = tmp_path / "moe-trace.csv"
+    mt.write_text(f"phase,token,layer,rank,expert\nprefill,0,0,0,{HUGE}\n")
+    _no_bug(run_cli("import", "llamacpp-moetrace", mt, tmp_path / "o", "--expert-bytes", "64"), str(mt), "line 2",
+            "beyond int32")
+    tb = tmp_path / "r.csv"
+    tb.write_text(f"layer,experts\n0,3 1\n{HUGE},1 2\n")
+    _no_bug(run_cli("import", "table", tb, tmp_path / "o", "--expert-bytes", "64"), str(tb), "row", "beyond any")
+    tj = tmp_path / "r.jsonl"
+    tj.write_text('{"layer": 0, "experts": [1, 2]}\n{"layer": HUGE, "experts": [1, 2]}\n'.replace("HUGE", HUGE))
+    _no_bug(run_cli("import", "table", tj, tmp_path / "o", "--expert-bytes", "64"), str(tj), "line 2", "31 digits")
+    assert not (tmp_path / "o").exists()
+
+
+def test_limits_are_checked_where_the_input_is_read(tmp_path):
+    jl = tmp_path / "router_trace_rank0.jsonl"
+    jl.write_text(json.dumps({"step": 0, "layer": 10**6, "num_tokens": 1, "topk": 1, "top_indices": [[0]]}) + "\n")
+    _no_bug(run_cli("import", "megatron", jl, tmp_path / "o", "--expert-bytes", "1000"), str(jl), "line 1",
+            "layer 1000000 is beyond")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"hidden_size": 1 << 40, "num_hidden_layers": 2, "num_experts": 8,
+                               "moe_intermediate_size": 64, "num_experts_per_tok": 2}))
+    _no_bug(run_cli("import", "megatron", jl, tmp_path / "o", "--sizes-from", cfg, "--dtype", "bf16"), str(cfg),
+            "hidden_size 1099511627776 is beyond")
+    cfg.write_text(json.dumps({"hidden_size": 1 << 20, "num_hidden_layers": 2, "num_experts": 8,
+                               "moe_intermediate_size": 1 << 20, "num_experts_per_tok": 2}))
+    _no_bug(run_cli("import", "megatron", jl, tmp_path / "o", "--sizes-from", cfg, "--dtype", "bf16"), str(cfg),
+            "beyond the 1 TiB a trace allows")
+    cfg.write_text(DEEP)
+    _no_bug(run_cli("import", "megatron", jl, tmp_path / "o", "--sizes-from", cfg, "--dtype", "bf16"), str(cfg),
+            "nests more than")
+    assert not (tmp_path / "o").exists()

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from traces.format.errors import UserError
+from traces.format.schema import MAX_INT32, MAX_LAYERS
 from traces.importers import repeated_expert_rows
 from traces.util.bounded_json import BoundsError, parse_bounded
 from traces.util.units import PHASE_DECODE, PHASE_PREFILL
@@ -60,6 +61,10 @@ def bf16_to_f32(raw: bytes) -> np.ndarray:
     """Raw little-endian bfloat16 -> float32 (exact: bf16 is the top half of a float32)."""
     u = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
     return u.view(np.float32)
+
+
+# Largest value of each integer field of a record: layer indices are int16, steps and counts int32.
+_LIMITS = {"step": MAX_INT32, "layer": MAX_LAYERS - 1, "num_tokens": MAX_INT32, "topk": MAX_INT32}
 
 
 def read_records(path: Path) -> list[tuple[int, dict]]:
@@ -87,6 +92,8 @@ def read_records(path: Path) -> list[tuple[int, dict]]:
             v = rec[key]
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise UserError(f"{path}: line {n}: {key} {v!r} is not a non-negative integer.")
+            if v > _LIMITS[key]:  # the trace's limits, named here rather than by the trace writer
+                raise UserError(f"{path}: line {n}: {key} {v} is beyond what a trace holds (at most {_LIMITS[key]}).")
         out.append((n, rec))
     if not out:
         raise UserError(f"{path}: holds no records.")
@@ -105,6 +112,8 @@ def _indices(rec: dict, path: Path, n: int) -> np.ndarray:
         raise UserError(f"{path}: line {n}: top_indices has shape {list(arr.shape)}, but num_tokens={T} and topk={k}.")
     if (arr < 0).any():
         raise UserError(f"{path}: line {n}: top_indices holds a negative expert id.")
+    if (arr > MAX_INT32).any():
+        raise UserError(f"{path}: line {n}: top_indices holds expert id {int(arr.max())}, beyond int32.")
     return arr
 
 

@@ -194,17 +194,26 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
+_INT64 = 1 << 63
+
+
 def _int(v: Any, path: Path, where: int, what: str) -> int:
+    """An integer field, within int64 (the columns are gathered as int64 arrays, then checked
+    against their own narrower ranges): beyond it, one sentence here, not an OverflowError there."""
     if isinstance(v, bool):
         raise UserError(f"{path}: row {where}: {what} {v!r} is not an integer.")
     if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    try:
-        return int(str(v).strip())
-    except ValueError:
-        raise UserError(f"{path}: row {where}: {what} {v!r} is not an integer.") from None
+        out = v
+    elif isinstance(v, float) and v.is_integer():
+        out = int(v)
+    else:
+        try:
+            out = int(str(v).strip())
+        except ValueError:
+            raise UserError(f"{path}: row {where}: {what} {v!r} is not an integer.") from None
+    if not -_INT64 <= out < _INT64:
+        raise UserError(f"{path}: row {where}: {what} {str(v)[:40]} is beyond any count or id (at most 2^63-1).")
+    return out
 
 
 def _list(v: Any, path: Path, where: int, what: str, cast: type) -> list:
@@ -289,7 +298,7 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
                     if not nums:
                         raise UserError(f"{path}: has no layer column {col['layer']!r} and no number in its file name; "
                                         "name the column with --map layer=COLUMN.")
-                    layer_from_name = int(nums[-1])
+                    layer_from_name = _int(nums[-1], path, 0, "layer (from the file name)")
                 cols["layer"].append(layer_from_name)
             for k in ("token", "batch", "token_id"):
                 if present[k]:
