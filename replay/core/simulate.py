@@ -48,7 +48,6 @@ from replay.core.driver import (
     ACC_HITS,
     ACC_LOOKUPS,
     ACC_READ,
-    ERR_VICTIM_GROUP,
     ERR_VICTIM_NOT_RESIDENT,
     ERR_VICTIM_RANGE,
     N_ACC,
@@ -170,7 +169,6 @@ def wait_result(future: Any) -> Any:
 _VICTIM_PROBLEMS = {
     ERR_VICTIM_RANGE: "which is no entry (entries are 0..{n})",
     ERR_VICTIM_NOT_RESIDENT: "an entry that is not resident",
-    ERR_VICTIM_GROUP: "a resident entry of another eviction group",
 }
 
 
