@@ -57,6 +57,11 @@ def cut_loads(turn, batch, phase, step, layer, experts, weights, lidx_of, n_expe
     B = at[AT_BATCHES]
     has_last = at[AT_HAS_LAST] != 0
     pb, pl, ps, pp = at[AT_BATCH], at[AT_LAYER], at[AT_STEP], at[AT_PHASE]
+    # The open load's first row and its batch's token count live in registers, written back once
+    # per batch (not read back from the arrays at every load: one load per row at top-1 decode).
+    cur_start = load_start[G - 1] if G > 0 else r0
+    cur_b = load_batch[G - 1] if G > 0 else 0
+    tokens = batch_tokens[cur_b] if G > 0 else 0
     for r in range(R):
         b, lay, s, p = np.int64(batch[r]), np.int64(layer[r]), np.int64(step[r]), np.int64(phase[r])
         if check:
@@ -76,10 +81,10 @@ def cut_loads(turn, batch, phase, step, layer, experts, weights, lidx_of, n_expe
                     if experts[r, i] == e:
                         return CUT_ROWS
                 w = weights[r, j]
-                if np.isnan(w):
+                if not (w >= 0 and w < np.inf):  # one test on the common path: NaN, negative or infinite
+                    if not np.isnan(w):
+                        return CUT_ROWS
                     n_nan += 1
-                elif np.isinf(w) or w < 0:
-                    return CUT_ROWS
                 if by_rank and j > 0 and w > weights[r, j - 1]:
                     return CUT_ROWS
             if n_nan != 0 and n_nan != k:
@@ -91,21 +96,26 @@ def cut_loads(turn, batch, phase, step, layer, experts, weights, lidx_of, n_expe
         if go_on and b < pb:
             return CUT_UNSORTED
         new_batch = not go_on or b != pb
+        new_load = new_batch or lay != pl
+        if new_load and G > 0:
+            rows = r0 + r - cur_start
+            if rows > tokens:
+                tokens = rows
         if new_batch:
+            if G > 0:
+                batch_tokens[cur_b] = tokens
             batch_turn[B] = turn[r]
             batch_step[B] = s
             batch_phase[B] = p
-            batch_tokens[B] = 0
+            cur_b = B
+            tokens = 0
             B += 1
-        if new_batch or lay != pl:
-            if G > 0:
-                rows = r0 + r - load_start[G - 1]
-                if rows > batch_tokens[load_batch[G - 1]]:
-                    batch_tokens[load_batch[G - 1]] = rows
-            load_start[G] = r0 + r
+        if new_load:
+            cur_start = r0 + r
+            load_start[G] = cur_start
             load_lidx[G] = li
             load_phase[G] = p
-            load_batch[G] = B - 1
+            load_batch[G] = cur_b
             G += 1
         for j in range(k):
             e = np.int64(experts[r, j])
@@ -115,9 +125,10 @@ def cut_loads(turn, batch, phase, step, layer, experts, weights, lidx_of, n_expe
         pb, pl, ps, pp = b, lay, s, p
         has_last = True
     if G > 0:
-        rows = r0 + R - load_start[G - 1]
-        if rows > batch_tokens[load_batch[G - 1]]:
-            batch_tokens[load_batch[G - 1]] = rows
+        rows = r0 + R - cur_start
+        if rows > tokens:
+            tokens = rows
+        batch_tokens[cur_b] = tokens
     load_start[G] = r0 + R
     at[AT_ROWS] = r0 + R
     at[AT_LOADS] = G
