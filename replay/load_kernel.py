@@ -48,7 +48,8 @@ def cut_loads(turn, batch, phase, step, layer, experts, weights, lidx_of, n_expe
     other status ``at`` is left as it was (the caller may call again from the same place).
 
     ``weights`` [R, k] is read only when ``check``; ``moe`` [n_layer] bool: the check's MoE layers;
-    ``lidx_of`` [max MoE layer + 1]: each layer's MoE index, -1 for a dense one."""
+    ``lidx_of`` [max MoE layer + 1]: each layer's MoE index, -1 for a dense one (the same layers as
+    ``moe``: with the gate on, the cut does not test again what the gate tested)."""
     R, k = experts.shape
     n_lay = lidx_of.shape[0]
     n_layer = moe.shape[0]
@@ -89,7 +90,7 @@ def cut_loads(turn, batch, phase, step, layer, experts, weights, lidx_of, n_expe
                     return CUT_ROWS
             if n_nan != 0 and n_nan != k:
                 return CUT_ROWS
-        if lay < 0 or lay >= n_lay or lidx_of[lay] < 0:
+        elif lay < 0 or lay >= n_lay or lidx_of[lay] < 0:  # the gate found these already
             return CUT_LAYER
         li = np.int64(lidx_of[lay])
         go_on = G > 0 and (r > 0 or has_last)  # a load and a batch before this row, in these arrays
@@ -119,7 +120,7 @@ def cut_loads(turn, batch, phase, step, layer, experts, weights, lidx_of, n_expe
             G += 1
         for j in range(k):
             e = np.int64(experts[r, j])
-            if e < 0 or e >= n_expert:
+            if not check and (e < 0 or e >= n_expert):
                 return CUT_EXPERT
             entries[r0 + r, j] = np.int32(li * n_expert + e)
         pb, pl, ps, pp = b, lay, s, p
