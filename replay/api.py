@@ -35,7 +35,7 @@ _KEYWORD = {
     "--compute-ms": "compute_ms", "--pin-per-layer": "policy_options['pin']['per_layer']",
     "--pin-profile": "policy_options['pin']['profile']", "--policy-file": "policy_file",
     "--predictor-file": "predictor_file", "--force": "force", "--out": "out", "--retain": "retain_predictor",
-    "--quality": "quality",
+    "--quality": "quality", "--foreign-cost-model": "foreign_cost_model=True",
 }
 # Set by the CLI while a verb runs: its messages keep the flag names the user typed.
 cli_flags: contextvars.ContextVar[bool] = contextvars.ContextVar("moe_replay_cli_flags", default=False)
@@ -166,9 +166,11 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
               budgets_mib: Sequence[float] | None = None, per_layer: bool = False, phase: str = "decode", seed: int = 0,
               policy_options: dict[str, dict[str, Any]] | None = None, policy_file: Any = None, cost_model: Any = None,
               retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
-              loads: Any = None, stream: str = "auto") -> CacheRun:
+              loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False) -> CacheRun:
     """:func:`cache` with everything the command prints beside the rows: a :class:`CacheRun`. The
-    one flow of a cache replay: the ``cache`` verb, :func:`cache` and sweeps all run it."""
+    one flow of a cache replay: the ``cache`` verb, :func:`cache` and sweeps all run it. A
+    ``cost_model`` fitted on another model or device is refused before the replay unless
+    ``foreign_cost_model`` (replay.cost_origin)."""
     from replay.cache import check_policies, default_budgets_mib, loads_of, sweep
     from replay.cache_stream import check_stream_mode, choose_stream, streamable
     from replay.info import require_routings
@@ -182,6 +184,7 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
         raise UserError(f"--seed: {seed} is not in 0..2^63-1.")
     t = _trace(trace)
     require_routings(t, "replay")
+    cost_model = _applied(cost_model, t, foreign_cost_model)
     blist = _budgets(budgets_mib) if budgets_mib is not None else None
     rec_budget = t.recorded.get("budget_mib")
     # Options of a policy that streams replay in memory only (the policies that take options do not stream).
@@ -217,12 +220,14 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
           budgets_mib: Sequence[float] | None = None, per_layer: bool = False, phase: str = "decode", seed: int = 0,
           policy_options: dict[str, dict[str, Any]] | None = None, policy_file: Any = None, cost_model: Any = None,
           retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
-          loads: Any = None, stream: str = "auto") -> pl.DataFrame:
+          loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False) -> pl.DataFrame:
     """Replay every (policy, budget) cell: one row per cell (``layer`` null) and, with
     ``per_layer``, one per MoE layer. Keys: ``policy``, ``budget_mib``, ``layer``,
     ``hit_pct_decode``, ``hit_pct_cum``, ``read_mib``, ``peak_resident_mib``, ``overflow_loads``,
     ``over_budget``, ... (DESIGN.md, "cache"); with ``cost_model`` (a model from
-    :func:`fit_cost_model` / :func:`load_cost_model`) also ``ms_per_token``/``tok_s``; with
+    :func:`fit_cost_model` / :func:`load_cost_model`) also ``ms_per_token``/``tok_s`` (a model
+    fitted on another model or device is refused unless ``foreign_cost_model``; then the rows carry
+    ``cost_model_foreign``: docs/design.md, "Cost model"); with
     ``retain_predictor`` the replay protects that predictor's guesses for the next layer(s)
     (``retain_gain_pp_*`` columns). ``budgets_mib`` default: :func:`default_budgets_mib`; a budget
     is MiB, or text with a binary unit (``"4GiB"``, ``"1.5GiB"``), in every function that takes one.
@@ -236,7 +241,7 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     return cache_run(trace, policies=policies, budgets_mib=budgets_mib, per_layer=per_layer, phase=phase, seed=seed,
                      policy_options=policy_options, policy_file=policy_file, cost_model=cost_model,
                      retain_predictor=retain_predictor, predictor_file=predictor_file, show_progress=show_progress,
-                     loads=loads, stream=stream).frame
+                     loads=loads, stream=stream, foreign_cost_model=foreign_cost_model).frame
 
 
 @_api
@@ -286,11 +291,12 @@ def predict(trace: TraceLike, *, predictors: Sequence[str] | None = None, horizo
 @_api
 def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), mode: str = "static",
          budget_mib: float | None = None, policy: str = "lru", phase: str = "decode", cost_model: Any = None,
-         policy_file: Any = None) -> pl.DataFrame:
+         policy_file: Any = None, foreign_cost_model: bool = False) -> pl.DataFrame:
     """Drop-cold (skip a miss whose router weight < F/k) and top-k cut rows: reads avoided against
     weight mass discarded. ``mode``: ``static`` (on the recorded residency) or ``closed`` (the
     cache replayed at ``budget_mib`` under ``policy`` with dropping in the loop). With
-    ``cost_model``: ``ms_per_token`` and the no-drop baseline (decode only)."""
+    ``cost_model``: ``ms_per_token`` and the no-drop baseline (decode only; ``foreign_cost_model``
+    as in :func:`cache`)."""
     from replay.drop import closed_drop, drop_time_columns, static_drop
     from replay.phases import check_phase
 
@@ -301,6 +307,7 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
     if cost_model is not None and phase != "decode":
         raise UserError(f"cost_model: time per token is modelled for decoded tokens; use phase='decode', not {phase!r}.")
     t = _trace(trace)
+    cost_model = _applied(cost_model, t, foreign_cost_model)
     vals = [float(f) for f in fracs]
     frame = (static_drop(t, vals, phase=phase) if mode == "static"
              else closed_drop(t, vals, budget_mib=_budget(budget_mib), policy=policy, phase=phase))
@@ -310,16 +317,18 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
 @_api
 def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: float | None = None, policy: str = "lru",
              cap: int | None = None, guard: bool = False, drop_frac: float | None = None, retain: bool = False,
-             cost_model: Any = None, policy_file: Any = None, predictor_file: Any = None) -> pl.DataFrame:
+             cost_model: Any = None, policy_file: Any = None, predictor_file: Any = None,
+             foreign_cost_model: bool = False) -> pl.DataFrame:
     """One row: speculative prefetch of ``predictor``'s guesses into the same cache at
     ``budget_mib`` (default: the recorded budget) against no prefetch and against the best plain
     online policy at that budget (``best_plain_*``). With ``cost_model``: ``ms_per_token``,
-    ``tok_s`` and a ``verdict``."""
+    ``tok_s`` and a ``verdict`` (``foreign_cost_model`` as in :func:`cache`)."""
     from replay.prefetch import best_plain, with_best_plain, with_prefetch_time
     from replay.prefetch import prefetch as _prefetch
 
     _plugins(policy_file, predictor_file)
     t = _trace(trace)
+    cost_model = _applied(cost_model, t, foreign_cost_model)
     frame = _prefetch(t, predictor, budget_mib=_budget(budget_mib), policy=policy, cap=cap, guard=guard, drop_frac=drop_frac,
                       retain=retain)
     if cost_model is not None:
@@ -367,16 +376,32 @@ def manual_cost_model(*, flash_mib_s: float, compute_ms: float):
 
 
 @_api
-def with_time(frame: pl.DataFrame, model: Any, *, trace: TraceLike = None, tokens_decode: int | None = None) -> pl.DataFrame:
-    """``frame`` (rows of :func:`cache`) + ``ms_per_token``, ``tok_s`` and ``ms_per_token_ci95``
-    under ``model``, for the decode tokens of ``trace`` (or ``tokens_decode``)."""
+def with_time(frame: pl.DataFrame, model: Any, *, trace: TraceLike = None, tokens_decode: int | None = None,
+              foreign_cost_model: bool = False) -> pl.DataFrame:
+    """``frame`` (rows of :func:`cache`) + ``ms_per_token``, ``tok_s``, ``ms_per_token_ci95`` and
+    ``extrapolated`` under ``model``, for the decode tokens of ``trace`` (or ``tokens_decode``).
+    With ``trace``, a model fitted on another model or device is refused unless
+    ``foreign_cost_model`` (as in :func:`cache`); with ``tokens_decode`` alone there is no trace
+    to compare with, so the caller answers for it."""
     from replay.cost import with_time as _with_time
 
+    if trace is not None:
+        t = _trace(trace)
+        model = _applied(model, t, foreign_cost_model)
+        if tokens_decode is None:
+            tokens_decode = t.token_counts()["tokens_decode"]
     if tokens_decode is None:
-        if trace is None:
-            raise UserError("with_time: give trace= or tokens_decode= (the decoded tokens the rows cover).")
-        tokens_decode = _trace(trace).token_counts()["tokens_decode"]
+        raise UserError("with_time: give trace= or tokens_decode= (the decoded tokens the rows cover).")
     return _with_time(frame, model, tokens_decode)
+
+
+def _applied(model: Any, t: Any, foreign: bool) -> Any:
+    """``model`` as it may be applied to trace ``t`` (replay.cost_origin.apply_to), or None."""
+    if model is None:
+        return None
+    from replay.cost_origin import apply_to
+
+    return apply_to(model, t, foreign=bool(foreign))
 
 
 @_api
@@ -384,11 +409,12 @@ def write_report(trace: str | Path, out: str | Path, *, budgets_mib: Sequence[fl
                  policies: Sequence[str] | None = None, cost_model: Any = None, force: bool = False,
                  policy_file: Any = None, predictor_file: Any = None, progress: Callable[[str], None] | None = None,
                  inputs: Sequence[Any] = (), budget_mib: float | Sequence[float] | None = None,
-                 quality: str | Path | Sequence[str | Path] = ()) -> Path:
+                 quality: str | Path | Sequence[str | Path] = (), foreign_cost_model: bool = False) -> Path:
     """Write the whole report of ``trace`` (index.md, index.html, verdict.json, PNGs, tables/*.csv) into
     ``out``; returns ``out``. ``budget_mib``: the budget(s) its verdict answers for (default: the recorded one).
     ``quality``: one or more ``moe-replay quality`` results (directories or their quality.json) for the
-    Quality section."""
+    Quality section. ``cost_model`` fitted on another model or device: refused unless
+    ``foreign_cost_model`` (then every time figure in the report is marked)."""
     from replay.cache import check_policies
     from replay.report import write_report as _write
 
@@ -398,7 +424,8 @@ def write_report(trace: str | Path, out: str | Path, *, budgets_mib: Sequence[fl
     return _write(path, out, budgets_mib=_budgets(budgets_mib) if budgets_mib is not None else None, policies=pols,
                   cost_model=cost_model, force=force, progress=progress, inputs=inputs,
                   budget_mib=_budgets(budget_mib) if budget_mib is not None else None,
-                  quality=[quality] if isinstance(quality, (str, Path)) else list(quality))
+                  quality=[quality] if isinstance(quality, (str, Path)) else list(quality),
+                  foreign_cost_model=foreign_cost_model)
 
 
 def policy_names() -> list[str]:

@@ -17,7 +17,6 @@ Units: ms per decoded token; MiB = 2^20 bytes; bandwidth in MiB/s.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,12 +25,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from replay.cost_sense import MAX_FLASH_MIB_S, MAX_MS, check_coefficients, check_times, extrapolated, interval_half_ms
 from replay.policies import bound_policies
 from traces.errors import UserError
 from traces.reader import Trace
 from traces.units import MIB, exact
 
-MAX_MS = 86_400_000.0  # one day: no per-token time, coefficient or intercept beyond it is a measurement
+MAX_COUNT = (1 << 63) - 1  # token counts and degrees of freedom in a model file
 
 FORMULAS = {
     "bytes": "wall_ms = intercept_ms + ms_per_mib * read_mib",
@@ -66,6 +66,22 @@ class CostModel:
     fit_trace_id: str | None = None  # fit_data_id() of the recorded tokens the coefficients were fitted on
     fit_tokens: str | None = None
     notes: list[str] = field(default_factory=list)
+    # What the coefficients were fitted on (replay.cost_origin.trace_origin): model, arch, per-layer
+    # expert bytes, engine and device, the trace's content hash. None: manual, or a file from
+    # before origins were recorded (applied only as foreign).
+    origin: dict[str, Any] | None = None
+    # For the prediction interval (replay.cost_sense): (X'X)^-1 of the fit's design, its residual
+    # degrees of freedom, and the range of the fitted tokens' regressors (extrapolation beyond it).
+    cov_unscaled: list[list[float]] | None = None
+    df_resid: int | None = None
+    fit_read_mib_min: float | None = None
+    fit_read_mib_max: float | None = None
+    fit_misses_min: float | None = None
+    fit_misses_max: float | None = None
+    # Not saved: set on the copy applied to a trace of another model or device (replay.cost_origin),
+    # and the file a loaded model came from (for messages).
+    foreign: bool = False
+    loaded_from: str | None = None
 
     @property
     def bandwidth_mib_s(self) -> float | None:
@@ -77,15 +93,29 @@ class CostModel:
         rb = np.asarray(read_bytes, dtype=np.float64) / MIB
         return self.intercept_ms + self.ms_per_mib * rb + self.ms_per_miss * np.asarray(misses, dtype=np.float64)
 
-    def interval_ms(self, n_tokens: int) -> float:
-        """Half-width of an approximate 95% interval on a run's mean ms/token, from the fit's
-        residuals (assumes independent per-token errors; it does not cover drift between runs)."""
-        if not self.resid_std_ms or n_tokens <= 0:
+    def interval_ms(self, n_tokens: int, read_mib_per_token: float | None = None, misses_per_token: float = 0.0) -> float:
+        """Half-width of the 95% prediction interval of the mean ms/token of ``n_tokens`` new
+        decoded tokens reading ``read_mib_per_token`` MiB each on average (replay.cost_sense:
+        residual and coefficient terms; the latter grows with the distance from the fitted read
+        volumes). It assumes independent per-token errors; it does not cover drift between runs."""
+        if n_tokens <= 0:
             return float("nan")
-        return 1.96 * self.resid_std_ms / math.sqrt(n_tokens)
+        x = self.fit_read_mib_mean if read_mib_per_token is None else read_mib_per_token
+        return float(interval_half_ms(self, np.array([x if x is not None else 0.0]), np.array([misses_per_token]),
+                                      np.array([n_tokens]))[0])
+
+    @property
+    def fit_read_mib_mean(self) -> float | None:
+        """The fitted tokens' mean MiB read per token (where the interval is narrowest)."""
+        if self.cov_unscaled is None:
+            return None
+        C = np.asarray(self.cov_unscaled)
+        # (X'X)^-1 of [1, x]: the mean is -C[0,1]/C[1,1] (for the misses model, at the mean misses)
+        return float(-C[0, 1] / C[1, 1]) if self.terms == "bytes" else None
 
     def row(self) -> dict[str, Any]:
         d = asdict(self)
+        del d["foreign"], d["loaded_from"]
         d["bandwidth_mib_s"] = self.bandwidth_mib_s
         return d
 
@@ -94,6 +124,9 @@ def manual_model(flash_mib_s: float, compute_ms: float) -> CostModel:
     """First-principles model for users without recorded metrics: reads are serial with compute."""
     if not (flash_mib_s > 0 and math.isfinite(flash_mib_s)):
         raise UserError(f"--flash-mib-s {flash_mib_s} must be a positive bandwidth in MiB/s.")
+    if flash_mib_s > MAX_FLASH_MIB_S:
+        raise UserError(f"--flash-mib-s {flash_mib_s:g} is above any device's read bandwidth (at most "
+                        f"{MAX_FLASH_MIB_S:,.0f} MiB/s).")
     if not (compute_ms >= 0 and math.isfinite(compute_ms)) or compute_ms > MAX_MS:
         raise UserError(f"--compute-ms {compute_ms} must be a non-negative time in ms per token (at most a day).")
     if 1000.0 / flash_mib_s > MAX_MS:
@@ -219,12 +252,18 @@ def fit_candidates(features: pl.DataFrame, source: str) -> list[CostModel]:
         if not np.isfinite(c).all() or not np.isfinite(c_half).all() or np.abs(c).max() > MAX_MS:
             raise UserError(f"{source}: the {terms} fit gives coefficients {', '.join(f'{x:g}' for x in c)}, not "
                             "plausible times; check the recorded wall_ms and read_bytes.")
+        mib = X[:, 1]
         out.append(CostModel(
             model=FORMULAS[terms], terms=terms, intercept_ms=float(c[0]), ms_per_mib=float(c[1]),
             ms_per_miss=float(c[2]) if terms == "bytes+misses" else 0.0, r2=_r2(y, pred),
             heldout_mape_pct=held, heldout_run_mean_err_pct=held_mean, tokens_fit=h, tokens_heldout=n - h,
-            resid_std_ms=float(resid.std(ddof=X.shape[1])), source=source, fit_trace_id=fit_data_id(features),
+            resid_std_ms=float(resid.std(ddof=X.shape[1])), source=source,
+            fit_trace_id=fit_data_id(features),
             fit_tokens=f"coefficients: decoded tokens 0..{n - 1}; held-out scores: fit on 0..{h - 1}, tested on {h}..{n - 1}",
+            cov_unscaled=np.linalg.inv(X.T @ X).tolist(), df_resid=int(n - X.shape[1]),
+            fit_read_mib_min=float(mib.min()), fit_read_mib_max=float(mib.max()),
+            fit_misses_min=float(X[:, 2].min()) if terms == "bytes+misses" else None,
+            fit_misses_max=float(X[:, 2].max()) if terms == "bytes+misses" else None,
         ))
     return out
 
@@ -245,6 +284,9 @@ def diagnose(model: CostModel, features: pl.DataFrame, metrics: pl.DataFrame | N
     if model.ms_per_mib <= 0:
         notes.append("the fitted slope is not positive: on this run, bytes read do not explain wall time "
                      "(compute or page faults dominate); do not use this model to rank what-ifs")
+    if model.intercept_ms < 0:
+        notes.append(f"the fitted intercept is negative ({model.intercept_ms:.1f} ms): a token reading nothing would take "
+                     "less than no time, so --cost-model refuses this model; the line holds only near the fitted volumes")
     if model.r2 is not None and model.r2 < 0.3:
         notes.append(f"r2 {model.r2:.2f}: bytes explain little of the token-to-token variation; "
                      "the model gives the mean trend, not individual tokens")
@@ -259,15 +301,22 @@ def diagnose(model: CostModel, features: pl.DataFrame, metrics: pl.DataFrame | N
     return notes
 
 
-def fit_trace(trace: Trace, metrics: pl.DataFrame | None = None) -> tuple[CostModel, list[CostModel], pl.DataFrame]:
-    """(chosen model, all candidates, per-token features) for one trace with recorded metrics."""
+def fit_trace(trace: Trace, metrics: pl.DataFrame | None = None,
+              origin: bool = True) -> tuple[CostModel, list[CostModel], pl.DataFrame]:
+    """(chosen model, all candidates, per-token features) for one trace with recorded metrics.
+    ``origin``: record what the model was fitted on (replay.cost_origin; it hashes every file of
+    the trace); a model used only on the trace it was fitted on (the report's own) can skip it."""
+    from replay.cost_origin import trace_origin
+
     feats = recorded_token_features(trace, metrics)
     cands = fit_candidates(feats, str(trace.path))
     best = choose(cands)
     m = metrics if metrics is not None else trace.metrics()
+    where = trace_origin(trace) if origin else None
     for c in cands:
         c.notes = diagnose(c, feats, m)
         c.fit_trace = str(trace.path)
+        c.origin = dict(where) if where is not None else None
     return best, cands, feats
 
 
@@ -298,32 +347,72 @@ def _model_number(p: Path, row: dict[str, Any], key: str, default: float | None 
     return float(v)
 
 
+def _model_count(p: Path, row: dict[str, Any], key: str) -> int | None:
+    v = row.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_COUNT:
+        raise UserError(f"{p}: {key} {v!r} is not a non-negative integer (at most 2^63-1).")
+    return v
+
+
+def _model_range(p: Path, row: dict[str, Any], lo: str, hi: str) -> tuple[float | None, float | None]:
+    a, b = _model_number(p, row, lo), _model_number(p, row, hi)
+    if (a is None) != (b is None) or (a is not None and not 0 <= a <= b <= MAX_MS):  # type: ignore[operator]
+        raise UserError(f"{p}: {lo} {row.get(lo)!r} and {hi} {row.get(hi)!r} are not a range of non-negative values.")
+    return a, b
+
+
+def _model_cov(p: Path, row: dict[str, Any], terms: str) -> list[list[float]] | None:
+    v = row.get("cov_unscaled")
+    if v is None:
+        return None
+    k = 3 if terms == "bytes+misses" else 2
+    ok = (isinstance(v, list) and len(v) == k and all(isinstance(r, list) and len(r) == k for r in v)
+          and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for r in v for x in r))
+    if ok:
+        C = np.asarray(v, dtype=np.float64)
+        ok = bool(np.allclose(C, C.T, rtol=1e-6, atol=0.0) and (np.diag(C) > 0).all())
+    if not ok:
+        raise UserError(f"{p}: cov_unscaled is not the {k} x {k} symmetric matrix (X'X)^-1 of a {terms} fit.")
+    return [[float(x) for x in r] for r in v]
+
+
+def _model_origin(p: Path, row: dict[str, Any]) -> dict[str, Any] | None:
+    v = row.get("origin")
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise UserError(f"{p}: origin {v!r} is not an object (model, arch, expert_bytes, engine, ...).")
+    for key in ("model", "arch", "engine", "engine_version", "device", "trace_content_sha256"):
+        if v.get(key) is not None and not isinstance(v[key], str):
+            raise UserError(f"{p}: origin.{key} {v[key]!r} is not a string.")
+    eb = v.get("expert_bytes")
+    if not isinstance(eb, list) or not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= MAX_COUNT for b in eb):
+        raise UserError(f"{p}: origin.expert_bytes is not a list of byte counts.")
+    return dict(v)
+
+
 def check_model(m: CostModel, where: str) -> CostModel:
-    """Refuse a model that would print nonsense times: a slope that is not a positive ms/MiB (more
-    bytes read would make a token faster, down to negative ms), a negative per-miss cost, or an
-    intercept outside -1 day..1 day per token."""
-    if not (math.isfinite(m.ms_per_mib) and m.ms_per_mib > 0):
-        raise UserError(f"{where}: ms_per_mib {m.ms_per_mib:g} is not a positive time per MiB read; reading more "
-                        "bytes must not make a token faster (refit on a run where bytes explain the time).")
-    if not (math.isfinite(m.ms_per_miss) and m.ms_per_miss >= 0):
-        raise UserError(f"{where}: ms_per_miss {m.ms_per_miss:g} is not a non-negative time per miss.")
-    if not (math.isfinite(m.intercept_ms) and abs(m.intercept_ms) <= MAX_MS):
-        raise UserError(f"{where}: intercept_ms {m.intercept_ms:g} is not a plausible time per token (|x| <= 1 day).")
-    if m.ms_per_mib > MAX_MS:
-        raise UserError(f"{where}: ms_per_mib {m.ms_per_mib:g} is more than a day per MiB read.")
+    """Refuse a model that would print nonsense times (replay.cost_sense.check_coefficients): a
+    slope that is not a positive ms/MiB within the physical bounds (more bytes read would make a
+    token faster, down to negative ms; or a bandwidth no device has), a negative intercept or
+    per-miss cost, or any of them beyond a day."""
+    check_coefficients(m, where)
     return m
 
 
 def load_cost_model(path: str | Path) -> CostModel:
-    """Read a ``cost fit --json`` output (the row marked ``selected``) or a bare model object."""
+    """Read a ``cost fit --json`` output (the row marked ``selected``) or a bare model object.
+    The file is read with bounds (traces.bounded_json: nesting depth, integer size), and every
+    field is checked before the model is built."""
+    from traces.bounded_json import read_bounded
+
     p = Path(path)
     if not p.is_file():
         # repr: a blank or odd path is visible in the sentence ("--cost-model ' '", not "--cost-model  ")
         raise UserError(f"--cost-model {str(path)!r}: no such cost-model file.")
-    try:
-        obj = json.loads(p.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise UserError(f"{p}: is not JSON (expected the output of 'moe-replay cost fit --json').") from None
+    obj = read_bounded(p, what="cost-model", hint=" (expected the output of 'moe-replay cost fit --json')")
     row = obj
     if isinstance(obj, dict) and isinstance(obj.get("rows"), list):
         sel = [r for r in obj["rows"] if isinstance(r, dict) and r.get("selected")]
@@ -335,45 +424,82 @@ def load_cost_model(path: str | Path) -> CostModel:
     intercept, slope = _model_number(p, row, "intercept_ms"), _model_number(p, row, "ms_per_mib")
     counts = {}
     for key in ("tokens_fit", "tokens_heldout"):
-        v = row.get(key) or 0
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise UserError(f"{p}: {key} {v!r} is not a non-negative integer.")
-        counts[key] = v
+        counts[key] = _model_count(p, row, key) or 0
     notes = row.get("notes") or []
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         raise UserError(f"{p}: notes is not a list of strings.")
     for key in ("model", "terms", "kind", "source", "fit_trace", "fit_trace_id", "fit_tokens"):
         if row.get(key) is not None and not isinstance(row[key], str):
             raise UserError(f"{p}: {key} {row[key]!r} is not a string.")
+    terms = str(row.get("terms", "bytes"))
+    if terms not in FORMULAS:
+        raise UserError(f"{p}: terms {terms!r} is not one of {', '.join(FORMULAS)}.")
+    kind = str(row.get("kind", "fit"))
+    if kind not in ("fit", "manual"):
+        raise UserError(f"{p}: kind {kind!r} is not fit or manual.")
+    rmin, rmax = _model_range(p, row, "fit_read_mib_min", "fit_read_mib_max")
+    mmin, mmax = _model_range(p, row, "fit_misses_min", "fit_misses_max")
+    df = _model_count(p, row, "df_resid")
+    if df == 0:
+        raise UserError(f"{p}: df_resid 0 leaves no residual to estimate an interval from.")
     m = CostModel(
-        model=str(row.get("model", FORMULAS["bytes"])), terms=str(row.get("terms", "bytes")), intercept_ms=intercept,  # type: ignore[arg-type]
-        ms_per_mib=slope, ms_per_miss=_model_number(p, row, "ms_per_miss") or 0.0, kind=str(row.get("kind", "fit")),  # type: ignore[arg-type]
+        model=str(row.get("model", FORMULAS["bytes"])), terms=terms, intercept_ms=intercept,  # type: ignore[arg-type]
+        ms_per_mib=slope, ms_per_miss=_model_number(p, row, "ms_per_miss") or 0.0, kind=kind,  # type: ignore[arg-type]
         r2=_model_number(p, row, "r2"), heldout_mape_pct=_model_number(p, row, "heldout_mape_pct"),
         heldout_run_mean_err_pct=_model_number(p, row, "heldout_run_mean_err_pct"),
         tokens_fit=counts["tokens_fit"], tokens_heldout=counts["tokens_heldout"],
         resid_std_ms=_model_number(p, row, "resid_std_ms"), source=row.get("source"), fit_trace=row.get("fit_trace"),
         fit_trace_id=row.get("fit_trace_id"), fit_tokens=row.get("fit_tokens"), notes=list(notes),
+        origin=_model_origin(p, row), cov_unscaled=_model_cov(p, row, terms), df_resid=df,
+        fit_read_mib_min=rmin, fit_read_mib_max=rmax, fit_misses_min=mmin, fit_misses_max=mmax, loaded_from=str(p),
     )
     return check_model(m, str(p))
 
 
 def add_time_columns(frame: pl.DataFrame, model: CostModel, read_mib_col: str, misses_col: str | None,
                      tokens_col: str) -> pl.DataFrame:
-    """Add ``ms_per_token``, ``tok_s`` and ``ms_per_token_ci95`` to rows that carry decode-phase
-    MiB read (``read_mib_col``), misses and the number of decoded tokens they cover."""
-    tok = frame[tokens_col].cast(pl.Float64)
-    mib_per_tok = frame[read_mib_col].cast(pl.Float64) / tok
-    miss_per_tok = (frame[misses_col].cast(pl.Float64) / tok) if misses_col else pl.Series([0.0] * frame.height)
+    """Add ``ms_per_token``, ``tok_s``, ``ms_per_token_ci95`` and ``extrapolated`` to rows that
+    carry decode-phase MiB read (``read_mib_col``), misses and the number of decoded tokens they
+    cover (and ``cost_model_foreign`` when the model is a foreign one, replay.cost_origin).
+
+    ``ms_per_token_ci95``: half-width of the 95% prediction interval of the rows' mean ms/token
+    (replay.cost_sense), wider the further the row's read volume is from the fitted ones;
+    ``extrapolated``: the row's read volume per token lies outside the fitted tokens' (None for a
+    model with no fitted range). Every time is checked for sense first: a model that gives a time
+    outside the physical bounds at some row is refused with the row's budget named."""
+    tok = frame[tokens_col].cast(pl.Float64).to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mib_per_tok = frame[read_mib_col].cast(pl.Float64).to_numpy() / tok
+        miss_per_tok = (frame[misses_col].cast(pl.Float64).to_numpy() / tok) if misses_col else np.zeros(frame.height)
     ms = model.intercept_ms + model.ms_per_mib * mib_per_tok + model.ms_per_miss * miss_per_tok
-    ci = pl.Series([model.interval_ms(int(n)) for n in frame[tokens_col].to_list()], dtype=pl.Float64)
-    return frame.with_columns(
-        ms_per_token=ms, tok_s=pl.when(ms > 0).then(1000.0 / ms).otherwise(None), ms_per_token_ci95=ci,
+    check_times(model, ms, _cells(frame))
+    ci = interval_half_ms(model, mib_per_tok, miss_per_tok, tok)
+    out = frame.with_columns(
+        ms_per_token=pl.Series(ms, dtype=pl.Float64), tok_s=pl.Series(1000.0 / ms, dtype=pl.Float64),
+        ms_per_token_ci95=pl.Series(ci, dtype=pl.Float64),
+        extrapolated=pl.Series(extrapolated(model, mib_per_tok, miss_per_tok), dtype=pl.Boolean),
     )
+    if model.foreign:
+        out = out.with_columns(cost_model_foreign=pl.lit(True))
+    return out
+
+
+def _cells(frame: pl.DataFrame) -> list[str]:
+    """How a refusal names each row: its budget (and policy, when the rows have one)."""
+    cols = frame.columns
+    out = []
+    for r in frame.select([c for c in ("policy", "budget_mib", "frac", "mode") if c in cols]).to_dicts() if cols else []:
+        bits = [f"at {exact(float(r['budget_mib']))} MiB" if r.get("budget_mib") is not None else "at the recorded residency"]
+        if r.get("policy") is not None:
+            bits.append(f"({r['policy']}" + (f", drop F={r['frac']:g})" if r.get("frac") is not None else ")"))
+        out.append(" ".join(bits))
+    return out or ["" for _ in range(frame.height)]
 
 
 # -- check against the device --------------------------------------------------------------------
 
-def device_check(trace: Trace, model: CostModel | None = None, budget_mib: float | None = None) -> dict[str, Any]:
+def device_check(trace: Trace, model: CostModel | None = None, budget_mib: float | None = None, *,
+                 foreign: bool = False) -> dict[str, Any]:
     """Does the replay + cost model reproduce the device's recorded speed?
 
     LRU is replayed at ``budget_mib`` (default: the recorded budget); the replay's own per-token
@@ -387,8 +513,15 @@ def device_check(trace: Trace, model: CostModel | None = None, budget_mib: float
     the second half) and ``heldout_mape_pct`` (per-token MAPE over it). A given model whose fit
     provenance (``fit_trace_id``, else its source path) is this run is in-sample: its coefficients
     saw every token it is checked on, so its run-mean error is 0 by construction (least squares
-    with an intercept), not a sign of accuracy. ``error_scope`` says which case a row is."""
+    with an intercept), not a sign of accuracy. ``error_scope`` says which case a row is.
+
+    A given model fitted on another model or device is refused unless ``foreign``
+    (replay.cost_origin.apply_to); then the row carries ``cost_model_foreign``. A model whose
+    prediction for some token is not a time (replay.cost_sense) is refused, the budget named."""
     from replay.cache import decode_token_series, loads_of, replay
+    from replay.cost_origin import apply_to
+
+    model = apply_to(model, trace, foreign=foreign)
 
     recorded_budget = trace.recorded.get("budget_mib")
     budget = budget_mib if budget_mib is not None else recorded_budget
@@ -425,6 +558,7 @@ def device_check(trace: Trace, model: CostModel | None = None, budget_mib: float
     if series.height != n:
         raise UserError(f"{trace.path}: the replay has {series.height} decoded tokens, the metrics {n}.")
     pred = model.predict_ms(series["read_bytes"].to_numpy(), series["misses"].to_numpy())
+    check_times(model, pred, [f"at {exact(float(budget))} MiB (lru, decode token {i + 1})" for i in range(n)])
     wall = feats["wall_ms"].to_numpy()
     rec_tok_s = 1000.0 / float(wall.mean())
     pred_tok_s = 1000.0 / float(pred.mean())
@@ -448,6 +582,8 @@ def device_check(trace: Trace, model: CostModel | None = None, budget_mib: float
         "model_heldout_mape_pct": None if fitted_here else model.heldout_mape_pct,
         "model_heldout_run_mean_err_pct": None if fitted_here else model.heldout_run_mean_err_pct,
     }
+    if model.foreign:
+        row["cost_model_foreign"] = True
     if fitted_here and compared:
         row["heldout_recorded_tok_s"] = 1000.0 / float(wall[h:].mean())
         row["heldout_predicted_tok_s"] = 1000.0 / float(pred[h:].mean())
@@ -481,7 +617,9 @@ def cost_model_from_options(path: str | Path | None, flash_mib_s: float | None, 
 
 
 def with_time(frame: pl.DataFrame, model: CostModel, tokens_decode: int) -> pl.DataFrame:
-    """Cache rows + ``ms_per_token``/``tok_s``/``ms_per_token_ci95`` for the decode phase."""
+    """Cache rows + ``ms_per_token``/``tok_s``/``ms_per_token_ci95``/``extrapolated`` for the
+    decode phase (:func:`add_time_columns`). Whether ``model`` may be applied to the rows' trace is
+    the caller's check (replay.cost_origin.apply_to): the rows do not say which trace they are."""
     if tokens_decode <= 0:
         raise UserError("the trace has no decoded tokens, so there is no time per decoded token to estimate.")
     f = frame.with_columns(pl.lit(tokens_decode).alias("tokens_decode"),

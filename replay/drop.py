@@ -272,5 +272,6 @@ def drop_time_columns(frame, model, mode: str):
         f = add_time_columns(frame, model, "read_mib_decode", "misses_decode", "tokens_decode")
         base = add_time_columns(frame, model, "read_mib_decode_baseline", "misses_decode_baseline", "tokens_decode")
     return f.with_columns(ms_per_token_baseline=base["ms_per_token"], tok_s_baseline=base["tok_s"],
+                          extrapolated_baseline=base["extrapolated"],
                           ms_saved_per_token=base["ms_per_token"] - f["ms_per_token"]).with_columns(
         pl.col("ms_saved_per_token").cast(pl.Float64))

@@ -213,7 +213,8 @@ def with_prefetch_time(frame: pl.DataFrame, model) -> pl.DataFrame:
 
     f = add_time_columns(frame, model, "total_mib_decode", "misses_decode", "tokens_decode")
     base = add_time_columns(frame, model, "read_mib_decode_baseline", "misses_decode_baseline", "tokens_decode")
-    return f.with_columns(ms_per_token_baseline=base["ms_per_token"], tok_s_baseline=base["tok_s"])
+    return f.with_columns(ms_per_token_baseline=base["ms_per_token"], tok_s_baseline=base["tok_s"],
+                          extrapolated_baseline=base["extrapolated"])
 
 
 

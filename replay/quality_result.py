@@ -259,8 +259,14 @@ def quality_frame(results: list[QualityResult], model: Any = None) -> pl.DataFra
             row["read_mib_per_token"] = r["read_mib"] / res.tokens
             if model is not None:
                 ms, _ = price(res, r["read_mib"], model)
+                if ms is not None:  # a time, or a refusal naming the setting (replay.cost_sense)
+                    from replay.cost_sense import check_times
+
+                    check_times(model, [ms], [f"for quality setting {r['setting']} of {res.name}"])
                 row["ms_per_token"] = ms
                 row["tok_s"] = 1000.0 / ms if ms is not None and ms > 0 else None
+                if getattr(model, "foreign", False):
+                    row["cost_model_foreign"] = True
             rows.append(row)
     schema = {"frac": pl.Float64, "keep_k": pl.Int64, "io_saved_pct": pl.Float64, "io_saved_pct_replay": pl.Float64,
               "io_saved_gap_pp": pl.Float64, "experts_dropped_pct": pl.Float64, "experts_dropped_pct_replay": pl.Float64,

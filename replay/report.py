@@ -7,6 +7,7 @@ output is byte-identical for the same trace and options (no timestamps, sorted e
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,14 +205,24 @@ def section_cost(ctx: ReportContext) -> Section:
         if m.kind == "manual":
             s.text.append("A manual model is an assumption given on the command line, not a measurement of any device: "
                           "its times rank configurations by bytes read; they do not predict a real engine's speed.")
+        if m.foreign:
+            from replay.present.cost import FOREIGN
+
+            o = m.origin or {}
+            s.text.append(f"**FOREIGN cost model**: fitted on {o.get('model') or 'a run it does not record'}"
+                          + (f" ({o.get('arch')})" if o.get("arch") else "") + f", not on {ctx.trace.model['name']}; applied "
+                          "with --foreign-cost-model. Every time figure in this report comes from it and is marked "
+                          + f"{FOREIGN} (its figures are that device's, not a measurement of this trace).")
         s.notes += [f"Note: {n}." for n in m.notes]
+        if m.kind != "manual":
+            s.notes.append(_INTERVAL_NOTE)
         ctx.shared["cost_model"] = m
         return s
     if not ctx.trace.has_metrics:
         s.unavailable = ("the trace has no recorded per-token engine metrics to fit a cost model on; pass "
                          "--cost-model FILE (from 'cost fit' or a manual model) to get time estimates")
         return s
-    best, cands, _ = fit_trace(ctx.trace)
+    best, cands, _ = fit_trace(ctx.trace, origin=False)  # applied here only: no origin to record
     ctx.shared["cost_model"] = best
     rows = []
     for c in cands:
@@ -219,7 +230,8 @@ def section_cost(ctx: ReportContext) -> Section:
         r["selected"] = c is best
         rows.append(r)
     # The trace's name, not its path as typed: `report qwen` and `report /abs/qwen` write the same bytes.
-    frame = pl.DataFrame(rows).drop("notes").with_columns(pl.lit(ctx.name).alias("source"), pl.lit(ctx.name).alias("fit_trace"))
+    frame = pl.DataFrame(rows).drop("notes", "origin", "cov_unscaled")
+    frame = frame.with_columns(pl.lit(ctx.name).alias("source"), pl.lit(ctx.name).alias("fit_trace"))
     bw = best.bandwidth_mib_s
     s.text.append(f"Fitted on this run's recorded decode tokens: {best.model}; intercept {fmt_q(best.intercept_ms, 'ms')} "
                   f"ms/token, slope {fmt_q(best.ms_per_mib, 'ms_per_mib')} ms/MiB"
@@ -229,12 +241,19 @@ def section_cost(ctx: ReportContext) -> Section:
                   "(predicted against recorded tok/s). The time estimates below use coefficients refitted on every token "
                   "of this run, so comparing them with this run's own recorded speed is in-sample.")
     s.notes += [f"Note: {n}." for n in best.notes]
+    s.notes.append(_INTERVAL_NOTE)
     s.tables.append(Table("cost_fit", frame, "candidate models (the selected one is used for time estimates)",
                           columns=["terms", "intercept_ms", "ms_per_mib", "ms_per_miss", "r2", "heldout_mape_pct",
                                    "heldout_run_mean_err_pct", "bandwidth_mib_s", "selected"],
                           headers={"heldout_mape_pct": "held-out per-token MAPE %",
                                    "heldout_run_mean_err_pct": "held-out run-mean error %"}))
     return s
+
+
+_INTERVAL_NOTE = ("Time figures carry a 95% prediction interval from the fit (its residuals and its coefficients' own "
+                  "uncertainty, so it widens with the distance from the read volumes the model was fitted on); a figure "
+                  "marked ^ is extrapolated: its read volume per token lies outside the fitted tokens' volumes, where no "
+                  "token was measured.")
 
 
 def _signed_pct(v: float | None) -> str:
@@ -516,7 +535,10 @@ def _at_verdict_budgets(ctx: ReportContext, loads: Any, policies: list[str], mod
 
 def _by_budget(overall: pl.DataFrame, policies: list[str], budgets: list[float], value: str, name: str, caption: str) -> Table:
     """One value of the cache cells as a policy x budget grid (over-budget cells marked)."""
+    from replay.present.cost import time_marks
+
     rows, marks = [], {exact(b): [] for b in budgets}
+    tm: dict[str, list[str]] = {exact(b): [] for b in budgets}
     for p in policies:
         row: dict[str, Any] = {"policy": p}
         for b in budgets:
@@ -524,10 +546,11 @@ def _by_budget(overall: pl.DataFrame, policies: list[str], budgets: list[float],
             r = f.row(0, named=True) if f.height else {}
             row[exact(b)] = r.get(value)
             marks[exact(b)].append(bool(r) and bool(r.get("overflow_loads") or 0))  # replay.cache.is_over_budget
+            tm[exact(b)].append(time_marks(r) if value in ("ms_per_token", "tok_s") else "")
         rows.append(row)
     frame = pl.DataFrame(rows, schema={"policy": pl.String, **{exact(b): pl.Float64 for b in budgets}})
     return Table(name, frame, caption, headers={exact(b): f"{exact(b)} MiB" for b in budgets}, marks=marks,
-                 digits={exact(b): digits_for(value) for b in budgets})
+                 digits={exact(b): digits_for(value) for b in budgets}, time_marks=tm)
 
 
 def section_prefetch(ctx: ReportContext) -> Section:
@@ -614,7 +637,10 @@ def _plain_text(plain: dict | None, frame: pl.DataFrame, budget: float, model: A
            f"name): {plain['policy']} {fmt_q(plain['hit_pct_decode'], 'pct')}% decode hit, "
            f"{fmt_q(plain['read_mib_decode'] / tok if tok else None, 'mib_per_token')} MiB per decoded token")
     if model is not None and plain.get("ms_per_token") is not None:
-        txt += f", {fmt_q(plain['ms_per_token'], 'ms')} ms/token ({fmt_q(plain['tok_s'], 'tok_s')} tok/s)"
+        from replay.present.cost import time_marks
+
+        mk = time_marks({**plain, "cost_model_foreign": getattr(model, "foreign", False)})
+        txt += f", {fmt_q(plain['ms_per_token'], 'ms')} ms/token{mk} ({fmt_q(plain['tok_s'], 'tok_s')} tok/s{mk})"
         beaten = [r for r in rows if r["ms_per_token"] is not None and r["ms_per_token"] < plain["ms_per_token"]]
         what = "time under the cost model"
     else:
@@ -698,7 +724,8 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
     if model is not None and rows:
         given = ctx.cost_model is not None
         source = ("a manual model given on the command line (an assumption, not a measurement)" if model.kind == "manual"
-                  else "given with --cost-model" if given else "fitted on this run's recorded metrics (so in-sample here)")
+                  else ("given with --cost-model, FOREIGN: fitted on another model or device" if model.foreign
+                        else "given with --cost-model") if given else "fitted on this run's recorded metrics (so in-sample here)")
         rows.append({"kind": "cost", "source": source, "model": model.model})
     pred = ctx.shared.get("predictor")
     if pred is not None:
@@ -730,24 +757,56 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
     return rows
 
 
+def _mark_foreign(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Verdict rows with a time figure (or the cost row) carry ``cost_model_foreign`` under a
+    foreign cost model (replay.cost_origin)."""
+    return [{**r, "cost_model_foreign": True}
+            if r["kind"] == "cost" or any(v is not None for k, v in r.items() if "ms_per_token" in k or "tok_s" in k) else r
+            for r in rows]
+
+
+_TIME_UNIT = re.compile(r"(?<=\d) (ms/token|tok/s)\b(?![\^~])")  # a figure already marked keeps its marks
+
+
+def _mark_foreign_lines(lines: list[str]) -> list[str]:
+    """Every time figure of the verdict's sentences marked as foreign (its unit followed by ~), and
+    the sentence that says why, first."""
+    from replay.present.cost import foreign_legend
+
+    return [foreign_legend("(see Cost model)") + ".", *(_mark_time_units(ln) for ln in lines)]
+
+
+def _mark_time_units(text: str) -> str:
+    from replay.present.cost import FOREIGN
+
+    return _TIME_UNIT.sub(lambda m: f" {m.group(1)}{FOREIGN}", text)
+
+
 # -- rendering ---------------------------------------------------------------------------------
 
 
 def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[float] | None = None,
                  policies: list[str] | None = None, cost_model: Any = None, force: bool = False,
                  progress: Callable[[str], None] | None = None, inputs: Sequence[str | Path | None] = (),
-                 budget_mib: Sequence[float] | None = None, quality: Sequence[str | Path] = ()) -> Path:
+                 budget_mib: Sequence[float] | None = None, quality: Sequence[str | Path] = (),
+                 foreign_cost_model: bool = False) -> Path:
     """Build every section and write index.md, index.html, verdict.json, PNGs and tables/*.csv into ``out_dir``.
 
     ``budgets_mib``: the cache sweep's budgets; ``budget_mib``: the budgets the verdict answers for
     (default: the recorded one) and drop-cold and prefetch run at, added to the sweep.
     ``inputs``: files read besides the trace (a cost model); ``out_dir`` may not be, hold or lie in one.
-    ``quality``: results of ``moe-replay quality`` (directories or their quality.json) for the Quality section."""
+    ``quality``: results of ``moe-replay quality`` (directories or their quality.json) for the Quality section.
+    ``cost_model`` fitted on another model or device: refused unless ``foreign_cost_model``, then
+    every time figure is marked (replay.cost_origin)."""
     from replay.cache import check_state_fits
     from replay.quality_result import load_all
 
     trace = open_trace(trace_dir)
     check_state_fits(trace)  # every section but the summary holds per-(layer, expert) arrays
+    if cost_model is not None:  # before anything is written: refused, or a copy marked foreign
+        from replay.cost_origin import apply_to
+
+        cost_model = apply_to(cost_model, trace, foreign=foreign_cost_model)
     name = Path(trace_dir).resolve().name  # `report .` is named after the directory, not ""
     # Read before anything is written: a section's UserError would only mark it unavailable.
     results = load_all(list(quality), trace, name)
@@ -775,8 +834,15 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
             for t in s.tables:
                 atomic_write_text(stage / "tables" / f"{t.name}.csv", t.frame.write_csv(float_precision=6))
         rows = build_verdict(ctx) if trace.n_rows else []
+        foreign = cost_model is not None and cost_model.foreign
+        if foreign:
+            rows = _mark_foreign(rows)
+            for s in sections:  # the sections' sentences: their tables mark their own cells
+                s.text, s.notes = [_mark_time_units(x) for x in s.text], [_mark_time_units(x) for x in s.notes]
         atomic_write_text(stage / "verdict.json", json_object("report", name, rows, budgets_mib=vb, budget_from=where) + "\n")
         lines = verdict_lines(rows, {s.title: s.anchor for s in sections if not s.unavailable})
+        if foreign:
+            lines = _mark_foreign_lines(lines)
         title = f"moe-replay report: {trace.model['name']}"
         atomic_write_text(stage / "index.md", render_markdown(title, sections, lines))
         atomic_write_text(stage / "index.html", render_html(title, sections, stage, lines))

@@ -8,7 +8,18 @@ from pathlib import Path
 
 import typer
 
-from replay.cli.options import BudgetsOpt, JsonOpt, PolicyFileOpt, PredictorFileOpt, TraceArg, example, parse_budget, parse_budgets  # noqa: F401
+from replay.cli.options import (  # noqa: F401
+    BudgetsOpt,
+    ForeignCostModelOpt,
+    JsonOpt,
+    PolicyFileOpt,
+    PredictorFileOpt,
+    TraceArg,
+    check_foreign_cost_model,
+    example,
+    parse_budget,
+    parse_budgets,
+)
 from replay.policies import REGISTRY
 from traces.errors import UserError
 
@@ -50,6 +61,7 @@ def register(app: typer.Typer) -> None:
         cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file: adds ms/token and tok/s."),
         flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
         compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
+        foreign_cost_model: bool = ForeignCostModelOpt,
         policy_file: list[Path] | None = PolicyFileOpt,
         predictor_file: list[Path] | None = PredictorFileOpt,
         json_out: bool = JsonOpt,
@@ -94,6 +106,7 @@ def register(app: typer.Typer) -> None:
         json_out = json_out or check_format(fmt) == "json"
         check_phase(phase)
         cmodel = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
+        check_foreign_cost_model(foreign_cost_model, cost_model)
         budget_mib = parse_budget(budget_mib, "--budget-mib")
         from replay.plugins import register_files
 
@@ -125,6 +138,10 @@ def register(app: typer.Typer) -> None:
         # that reads them another way checks them first (traces.reader.Trace.rows_pending).
         t = open_trace(trace, defer_rows=True)
         require_routings(t, "replay")
+        if cmodel is not None:  # before the replay: a model of another model or device is refused, or marked
+            from replay.cost_origin import apply_to
+
+            cmodel = apply_to(cmodel, t, foreign=foreign_cost_model)
         if validate:
             row = run_validate(t, budget_mib)
             if csv is not None:
@@ -144,7 +161,7 @@ def register(app: typer.Typer) -> None:
         run = api.cache_run(t, policies=pols, budgets_mib=blist,
                             per_layer=per_layer, phase=phase, seed=seed, policy_options=popts, cost_model=cmodel,
                             retain_predictor=predictor if retain else None, show_progress=True, stream=stream,
-                            predictor_file=predictor_file)
+                            predictor_file=predictor_file, foreign_cost_model=foreign_cost_model)
         frame, blist, loads, sm = run.frame, run.budgets_mib, run.loads, run.summary
         T, W, chosen, collapsed, no_decode = (sm["token_cycle_mib"], sm["working_set_mib"], sm["budgets_chosen"],
                                               sm["collapsed"], sm["no_decode"])
@@ -155,6 +172,7 @@ def register(app: typer.Typer) -> None:
                 "cache", str(trace), rows_of(frame), phase=phase, token_cycle_mib=T, working_set_mib=W,
                 budgets_below_token_cycle=sm["budgets_below_token_cycle"], budgets_chosen=chosen, note=sm["note"],
                 cost_model=(cmodel.row() if cmodel is not None else None),
+                **({"cost_model_foreign": True} if cmodel is not None and cmodel.foreign else {}),
             ))
             return
         if fmt == "compact":

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from replay.cli.options import BUDGET_UNITS_HELP, JsonOpt, example, parse_budget
+from replay.cli.options import BUDGET_UNITS_HELP, ForeignCostModelOpt, JsonOpt, check_foreign_cost_model, example, parse_budget
 
 cost_app = typer.Typer(no_args_is_help=True, help="Cost model: from bytes read per token to time per token.")
 
@@ -65,6 +65,7 @@ def check(
     cost_model: Path | None = typer.Option(None, "--cost-model", help="Use this model (default: fit on each trace's first half)."),
     budget_mib: str | None = typer.Option(None, "--budget-mib", help=f"Replay budget in {BUDGET_UNITS_HELP} (default: the "
                                           "recorded one).", show_default=False),
+    foreign_cost_model: bool = ForeignCostModelOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Replay LRU at the recorded budget, turn the replay's bytes into time, compare with the device
@@ -75,8 +76,9 @@ def check(
     from traces import open_trace
 
     budget_mib = parse_budget(budget_mib, "--budget-mib")
+    check_foreign_cost_model(foreign_cost_model, cost_model)
     model = load_cost_model(cost_model) if cost_model else None
-    rows = [device_check(open_trace(p), model, budget_mib) for p in traces]
+    rows = [device_check(open_trace(p), model, budget_mib, foreign=foreign_cost_model) for p in traces]
     if json_out:
         typer.echo(json_object("cost check", str(traces[0]) if len(traces) == 1 else None, rows))
         return

@@ -7,7 +7,17 @@ from pathlib import Path
 
 import typer
 
-from replay.cli.options import BUDGET_UNITS_HELP, JsonOpt, PolicyFileOpt, PredictorFileOpt, TraceArg, example, parse_budget
+from replay.cli.options import (
+    BUDGET_UNITS_HELP,
+    ForeignCostModelOpt,
+    JsonOpt,
+    PolicyFileOpt,
+    PredictorFileOpt,
+    TraceArg,
+    check_foreign_cost_model,
+    example,
+    parse_budget,
+)
 from traces.errors import UserError
 
 
@@ -32,6 +42,7 @@ def register(app: typer.Typer) -> None:
                                               "(default: the recorded one).", show_default=False),
         policy: str = typer.Option("lru", "--policy", help="closed: cache policy of the replay."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="Add ms/token from a 'cost fit --json' file (decode only)."),
+        foreign_cost_model: bool = ForeignCostModelOpt,
         policy_file: list[Path] | None = PolicyFileOpt,
         json_out: bool = JsonOpt,
     ) -> None:
@@ -51,9 +62,12 @@ def register(app: typer.Typer) -> None:
         if mode not in ("static", "closed"):
             raise UserError(f"--mode {mode!r} is not static or closed.")
         budget_mib = parse_budget(budget_mib, "--budget-mib")
+        check_foreign_cost_model(foreign_cost_model, cost_model)
         model = _cost_model(cost_model, phase)
         tr = open_trace(trace)
-        frame = api_drop(tr, fracs=values, mode=mode, budget_mib=budget_mib, policy=policy, phase=phase, cost_model=model)
+        model = _applied(model, tr, foreign_cost_model)
+        frame = api_drop(tr, fracs=values, mode=mode, budget_mib=budget_mib, policy=policy, phase=phase, cost_model=model,
+                           foreign_cost_model=foreign_cost_model)
         notes = []
         if model is not None:
             notes.append(f"ms_per_token: {model.model} (decode tokens; {_model_scope()})")
@@ -79,6 +93,7 @@ def register(app: typer.Typer) -> None:
         drop_frac: float | None = typer.Option(None, "--drop", help="Skip guesses with predicted weight < F/k (top kept)."),
         retain: bool = typer.Option(False, "--retain", help="Also protect the guesses for the next layer(s) from eviction."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="Add ms/token from a 'cost fit --json' file."),
+        foreign_cost_model: bool = ForeignCostModelOpt,
         policy_file: list[Path] | None = PolicyFileOpt,
         predictor_file: list[Path] | None = PredictorFileOpt,
         json_out: bool = JsonOpt,
@@ -94,10 +109,12 @@ def register(app: typer.Typer) -> None:
         from traces import open_trace
 
         budget_mib = parse_budget(budget_mib, "--budget-mib")
+        check_foreign_cost_model(foreign_cost_model, cost_model)
         model = _cost_model(cost_model, "decode")
         tr = open_trace(trace)
+        model = _applied(model, tr, foreign_cost_model)
         frame = api_prefetch(tr, predictor=predictor, budget_mib=budget_mib, policy=policy, cap=cap, guard=guard,
-                             drop_frac=drop_frac, retain=retain, cost_model=model,
+                             drop_frac=drop_frac, retain=retain, cost_model=model, foreign_cost_model=foreign_cost_model,
                                    predictor_file=predictor_file)
         if json_out:
             notes = [*PREFETCH_NOTES, BYTES_NOT_TIME if model is None else TIMED]
@@ -117,4 +134,10 @@ def _cost_model(path: Path | None, phase: str):
     return load_cost_model(path)
 
 
+def _applied(model, tr, foreign: bool):
+    """The model as it may be applied to ``tr`` (refused, or a copy marked foreign: replay.cost_origin)."""
+    if model is None:
+        return None
+    from replay.cost_origin import apply_to
 
+    return apply_to(model, tr, foreign=foreign)

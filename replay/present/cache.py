@@ -11,7 +11,7 @@ from replay.cache import VALIDATE_TOLERANCE_PP, is_over_budget, validate_ok
 from replay.info import COLLAPSE  # noqa: F401 (re-exported; kept beside NO_DECODE for cache --json's fast path)
 from replay.phases import PHASE_HIT_KEY
 from replay.policies import names, policy_module
-from replay.present.cost import verdict
+from replay.present.cost import time_marks, verdict
 from replay.present.format import PRECISION, digits_for, exact, fmt, rows_of, text_table
 
 OVER = " !"  # marks an over-budget cell in the text tables
@@ -108,16 +108,18 @@ def time_text(frame, pols, blist, cmodel) -> str:
     overall = rows_of(frame.filter(frame["layer"].is_null()))
     cell = {(r["policy"], r["budget_mib"]): r for r in overall}
     any_over = any(is_over_budget(c) for c in cell.values())
+    width = max((len(time_marks(c)) for c in cell.values()), default=0)
     rows = []
     for b in blist:
         row = {"budget": exact(b)}
         for p in pols:
             c = cell[(p, b)]
             mark = OVER if is_over_budget(c) else " " * len(OVER) if any_over else ""
-            row[p] = fmt(c["ms_per_token"], digits_for("ms_per_token")) + mark
+            row[p] = fmt(c["ms_per_token"], digits_for("ms_per_token")) + time_marks(c).ljust(width) + mark
         rows.append(row)
     bw = cmodel.bandwidth_mib_s
-    lines = [f"estimated ms per decoded token ({cmodel.kind} model: {cmodel.model}; intercept {cmodel.intercept_ms:.1f} ms, "
+    kind = f"{'FOREIGN ' if cmodel.foreign else ''}{cmodel.kind}"
+    lines = [f"estimated ms per decoded token ({kind} model: {cmodel.model}; intercept {cmodel.intercept_ms:.1f} ms, "
              f"{cmodel.ms_per_mib:.4f} ms/MiB" + (f" = {bw:.0f} MiB/s" if bw else "") + ")",
              "\n".join(line.rstrip() for line in text_table(rows, ["budget", *pols], ["budget_mib", *pols]).splitlines())]
     lines += verdict(overall)

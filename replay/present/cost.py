@@ -8,6 +8,23 @@ from typing import Any
 
 from replay.present.format import exact, fmt_q, text_table
 
+# Marks on a time figure (docs/design.md, "Cost model"): the cell's read volume per token lies
+# outside the fitted tokens' (extrapolated), or the model was fitted on another model or device.
+EXTRAPOLATED = "^"
+FOREIGN = "~"
+EXTRAPOLATED_LEGEND = (f"{EXTRAPOLATED} = extrapolated: the read volume per token lies outside the volumes the cost model "
+                       "was fitted on, where no token was measured")
+
+
+def foreign_legend(where: str = "") -> str:
+    return (f"{FOREIGN} = FOREIGN cost model{(' ' + where) if where else ''}: fitted on another model or device (or it records "
+            "no origin), applied with --foreign-cost-model; its times are that device's, not a measurement of this trace")
+
+
+def time_marks(r: dict[str, Any]) -> str:
+    """The marks a row's time figures carry: ^ (extrapolated), ~ (foreign model)."""
+    return (EXTRAPOLATED if r.get("extrapolated") else "") + (FOREIGN if r.get("cost_model_foreign") else "")
+
 
 def check_text(rows: list[dict], model) -> str:
     """The check table: like with like only (the error columns are blank where the replayed budget is
@@ -18,7 +35,11 @@ def check_text(rows: list[dict], model) -> str:
     if any("heldout_run_mean_err_pct" in r for r in rows):
         cols += ["heldout_run_mean_err_pct", "heldout_mape_pct"]
         heads += ["held-out run-mean error %", "held-out per-token MAPE %"]
+    if any(r.get("cost_model_foreign") for r in rows):
+        heads = [h + (f" {FOREIGN}" if c == "predicted_tok_s" else "") for c, h in zip(cols, heads)]
     lines = [text_table(rows, cols, heads)]
+    if any(r.get("cost_model_foreign") for r in rows):
+        lines.append(foreign_legend())
     compared = [r for r in rows if r["compared"]]
     if compared:
         lines.append("predicted = LRU replay at the recorded budget -> the replay's own expert bytes per decoded token -> "
@@ -103,7 +124,8 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
             continue
         ci = r.get("ms_per_token_ci95")
         ci_txt = f" +/- {ci:.1f}" if ci is not None and math.isfinite(ci) else ""
-        best.append(f"{exact(b)} MiB: {r['policy']} {r['ms_per_token']:.1f}{ci_txt} ms ({r['tok_s']:.2f} tok/s)")
+        mk = time_marks(r)
+        best.append(f"{exact(b)} MiB: {r['policy']} {r['ms_per_token']:.1f}{ci_txt} ms{mk} ({r['tok_s']:.2f} tok/s{mk})")
     named = ["belady", "infinite"] + sorted({r["policy"] for r in rows if r["policy"] in BOUNDS} - {"belady", "infinite"})
     out = [f"fastest online policy per budget (decode, estimated; {'/'.join(named)} are bounds, not candidates"
            + ("; over-budget cells left out" if left_out else "") + "): " + "; ".join(best)]
@@ -123,5 +145,10 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
                        f"{by_time['policy']} is faster ({by_time['ms_per_token']:.1f} vs {by_hits['ms_per_token']:.1f} ms/token): "
                        "it reads fewer bytes per token (expert sizes differ by layer)")
     out.append("time estimates see bytes read (and misses, if the model has that term), not compute, thermal state or page "
-               "faults; the +/- is a 95% interval from the fit's residuals (none for a manual model), not run-to-run drift")
+               "faults; the +/- is a 95% prediction interval from the fit (residuals and coefficients: wider away from the "
+               "fitted read volumes; none for a manual model), not run-to-run drift")
+    if any(r.get("extrapolated") for r in online):
+        out.append(EXTRAPOLATED_LEGEND)
+    if any(r.get("cost_model_foreign") for r in online):
+        out.append(foreign_legend())
     return out

@@ -32,6 +32,9 @@ class Table:
     headers: dict[str, str] | None = None  # md/html header of a column, where HEADERS' name is not the right one
     collapsed: bool = False  # long: a <details> block in the HTML, a link to the CSV in the Markdown
     marks: dict[str, list[bool]] | None = None  # column -> per-row flag: the cell is printed with a trailing "!"
+    # column -> per-row text after the cell (the cost model's marks: ^ extrapolated, ~ foreign); by
+    # default (None) derived from the rows' own ``extrapolated`` / ``cost_model_foreign`` columns
+    time_marks: dict[str, list[str]] | None = None
 
 
 @dataclass
@@ -110,9 +113,36 @@ def md_cell(text: str) -> str:
 def _cells(t: Table) -> list[list[str]]:
     cols = t.columns or t.frame.columns
     marks = t.marks if t.marks is not None else over_budget_marks(t.frame)
+    tm = t.time_marks if t.time_marks is not None else row_time_marks(t.frame)
     out = []
     for i, r in enumerate(t.frame.select(cols).rows()):
-        out.append([cell(c, v, t.digits) + ("!" if marks.get(c) and marks[c][i] else "") for c, v in zip(cols, r)])
+        out.append([cell(c, v, t.digits) + ("!" if marks.get(c) and marks[c][i] else "") + (tm[c][i] if c in tm else "")
+                    for c, v in zip(cols, r)])
+    return out
+
+
+# Columns that hold a time figure from the cost model, and (for those with one) the column that says
+# whether that figure was extrapolated.
+TIME_COLUMNS = {"ms_per_token": "extrapolated", "tok_s": "extrapolated", "ms_per_token_ci95": "extrapolated",
+                "ms_per_token_baseline": "extrapolated_baseline", "tok_s_baseline": "extrapolated_baseline",
+                "ms_saved_per_token": None}
+
+
+def row_time_marks(frame: pl.DataFrame) -> dict[str, list[str]]:
+    """Per time column, per row: "^" where the row's figure is extrapolated beyond the fitted read
+    volumes, "~" where the model is foreign (docs/design.md, "Cost model")."""
+    from replay.present.cost import EXTRAPOLATED, FOREIGN
+
+    out: dict[str, list[str]] = {}
+    foreign = (frame["cost_model_foreign"].fill_null(False).to_list() if "cost_model_foreign" in frame.columns
+               else [False] * frame.height)
+    for c, flag in TIME_COLUMNS.items():
+        if c not in frame.columns:
+            continue
+        ext = frame[flag].fill_null(False).to_list() if flag and flag in frame.columns else [False] * frame.height
+        marks = [(EXTRAPOLATED if e else "") + (FOREIGN if f else "") for e, f in zip(ext, foreign)]
+        if any(marks):
+            out[c] = marks
     return out
 
 
