@@ -18,7 +18,7 @@ UNIT = 1 << 16  # entry sizes and budgets in 1/16 MiB, so budget_mib is exact in
 FAST = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-# -- rows_ok ------------------------------------------------------------------------------------------
+# -- the row gate (cut_loads with check on) ------------------------------------------------------------
 
 # "none" last: hypothesis draws a sampled_from's first element most often
 CORRUPT = ("layer_range", "layer_negative", "layer_not_moe", "phase", "batch_back", "step_repeat", "step_back",
@@ -136,21 +136,21 @@ def _gate(batch, layer, step, phase, experts, weights, moe, n_expert, by_rank, h
     return status == CUT_OK
 
 
-def _rows_ok_args(p):
+def _gate_args(p):
     return (p["batch"], p["layer"], p["step"], p["phase"], p["experts"], p["weights"], p["moe"], p["n_expert"],
             p["by_rank"], p["has_last"], p["last"])
 
 
 @settings(max_examples=300, **FAST)
 @given(p=row_parts())
-def test_rows_ok_lets_valid_rows_through(p):
-    got = _gate(*_rows_ok_args(p))
+def test_gate_lets_valid_rows_through(p):
+    got = _gate(*_gate_args(p))
     if p["valid"] and not p["has_last"]:
         assert got, p  # valid rows pass (the gate is not stricter than the checker on these)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 8])
-def test_rows_ok_across_blocks(k):
+def test_gate_across_blocks(k):
     """Long parts: a valid one passes, and one bad row anywhere (a row whose predecessor is
     the one before it in the part) fails."""
     rng = np.random.default_rng(k)
