@@ -60,7 +60,7 @@ def main() -> None:
     args = ap.parse_args()
     import libcachesim as lcs
 
-    from replay.cache import warm_up
+    from replay.core.simulate import warm_up
 
     args.dir.mkdir(parents=True, exist_ok=True)
     tokens = {"20k": 20_000, "100k": 100_000}

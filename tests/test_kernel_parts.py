@@ -1,5 +1,5 @@
 """The load kernel and the LRU driver as the streamed replay runs them, part by part
-(replay/load_kernel.py, replay/cache_kernel.py): cut_loads' row gate lets valid parts through and
+(replay/core/loads.py, replay/core/driver.py): cut_loads' row gate lets valid parts through and
 stops a bad row in any block; its cut gives prepare_loads' arrays, in one call or continued over
 several; the Numba driver for lru and layer, whole or in parts with carried clocks, agrees with
 the naive twin (tests/naive/cache.py).
@@ -122,7 +122,7 @@ def row_parts(draw):
 
 def _gate(batch, layer, step, phase, experts, weights, moe, n_expert, by_rank, has_last, last):
     """cut_loads with its row gate on, into fresh buffers: True when it lets the rows through."""
-    from replay.load_kernel import AT_BATCH, AT_HAS_LAST, CUT_OK, CUT_ROWS, cut_loads, new_at
+    from replay.core.loads import AT_BATCH, AT_HAS_LAST, CUT_OK, CUT_ROWS, cut_loads, new_at
 
     R, k = experts.shape
     lidx_of = np.full(moe.shape[0], -1, np.int32)
@@ -225,7 +225,7 @@ def test_cut_loads_gives_prepare_loads_arrays(seed, R, k, sorted_batches, bad_la
     if readonly:  # columns straight from Arrow are read-only
         for v in cols.values():
             v.flags.writeable = False
-    from replay.load_kernel import AT_BATCHES, AT_LOADS, AT_ROWS, new_at
+    from replay.core.loads import AT_BATCHES, AT_LOADS, AT_ROWS, new_at
 
     no_check = (np.zeros((R, k), np.float32), lidx_of, n_expert, False, np.ones(5, np.bool_), False)
     ins = (cols["turn"], cols["batch"], cols["phase"], cols["step"], cols["layer"], cols["experts"])

@@ -1,16 +1,16 @@
 """One Numba pass over one part's routing columns, as read from the file: check the row
-invariants and cut the rows into loads, fused (:func:`replay.cache.iter_load_parts`,
-:func:`replay.cache.loads_of`): each column is read once, and the loads are written straight into
+invariants and cut the rows into loads, fused (:func:`replay.core.simulate.iter_load_parts`,
+:func:`replay.core.simulate.loads_of`): each column is read once, and the loads are written straight into
 the arrays the replay reads (the whole trace's, for ``loads_of``), with no temporaries.
 
 - The row check is a gate, not a judge: with ``check`` set, :data:`CUT_ROWS` means some row breaks an
-  invariant of :class:`traces.reader.RowChecker` for a trace without request, token or recorded
+  invariant of :class:`traces.io.reader.RowChecker` for a trace without request, token or recorded
   columns (the checker's ``simple`` case); the caller then runs the checker itself, which names the
   first bad row in its own words (or, where the gate is stricter, finds nothing, and the caller
   cuts again without the gate). So the sentence a user reads never comes from here, and a row
   this pass lets through is one the checker lets through (``tests/test_cache_stream.py`` corrupts
   parts and compares; ``tests/test_kernel_parts.py`` draws corruptions).
-- The cut is :func:`replay.cache.prepare_loads` for rows whose batches come in order (every valid
+- The cut is :func:`replay.core.simulate.prepare_loads` for rows whose batches come in order (every valid
   trace), continued across calls: the load (and batch) the previous call ended with goes on
   while the rows keep its (batch, layer). On anything else (a layer that is not a MoE layer, an
   expert id out of range, batches out of order) it returns a nonzero status and the caller falls
@@ -41,7 +41,7 @@ def new_at() -> np.ndarray:
 @njit(cache=True, nogil=True)
 def cut_loads(turn, batch, phase, step, layer, experts, weights, lidx_of, n_expert, check, moe, by_rank, at, entries,
               load_start, load_lidx, load_phase, load_batch, batch_turn, batch_step, batch_phase, batch_tokens):
-    """Check (when ``check``) and cut the rows, writing :func:`replay.cache.prepare_loads`'s arrays
+    """Check (when ``check``) and cut the rows, writing :func:`replay.core.simulate.prepare_loads`'s arrays
     into the given ones after what ``at`` says they already hold (each with room for one load and
     one batch per row more, ``load_start`` one more still). Returns the status; on :data:`CUT_OK`
     ``at`` is advanced (``load_start[at[AT_LOADS]]`` = rows so far closes the last load), on any

@@ -320,12 +320,12 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
     one part's arrays plus that load. A piece's arrays are reused for the next part: use or copy
     them before asking for the next.
 
-    A trace opened with ``defer_rows`` (:attr:`traces.reader.Trace.rows_pending`) has each part's
+    A trace opened with ``defer_rows`` (:attr:`traces.io.reader.Trace.rows_pending`) has each part's
     rows checked here as they are read, in the same pass that cuts them
-    (:func:`replay.load_kernel.cut_loads`), before any of its loads is handed out (the checker's
+    (:func:`replay.core.loads.cut_loads`), before any of its loads is handed out (the checker's
     columns are read with it: the part is read once), so a replay reads the trace once, not twice;
-    a bad row raises the :class:`traces.errors.TraceError` that :func:`traces.open_trace` would."""
-    from replay.load_kernel import AT_BATCHES, AT_LOADS, AT_ROWS, new_at
+    a bad row raises the :class:`traces.format.errors.TraceError` that :func:`traces.open_trace` would."""
+    from replay.core.loads import AT_BATCHES, AT_LOADS, AT_ROWS, new_at
 
     check_state_fits(trace)
     buf = _CutBuffers(trace.top_k)
@@ -361,10 +361,10 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
 def _cut_parts(trace: Trace, buf: _CutBuffers, at: np.ndarray, stream: bool) -> Iterator[bool]:
     """Read every part (the next on one background thread), check its rows where the trace's are
     pending, and cut them into ``buf`` after what ``at`` says it holds, in one pass
-    (:func:`replay.load_kernel.cut_loads`); yields after each part whether it was the last.
+    (:func:`replay.core.loads.cut_loads`); yields after each part whether it was the last.
     ``stream``: ``buf`` holds a part (grown to fit each, keeping what it holds), not the whole trace."""
-    from replay.load_kernel import AT_ROWS, CUT_OK, CUT_ROWS, CUT_UNSORTED, cut_loads
-    from traces.reader import RowChecker
+    from replay.core.loads import AT_ROWS, CUT_OK, CUT_ROWS, CUT_UNSORTED, cut_loads
+    from traces.io.reader import RowChecker
 
     checker = RowChecker(trace) if trace.rows_pending else None
     gate = checker is not None and checker.simple
@@ -435,7 +435,7 @@ _CUT_FIELDS = (("entries", np.int32, 1), ("load_start", np.int64, 1), ("load_lid
 
 
 class _CutBuffers:
-    """The arrays :func:`replay.load_kernel.cut_loads` writes loads into: room for ``rows`` rows
+    """The arrays :func:`replay.core.loads.cut_loads` writes loads into: room for ``rows`` rows
     and as many loads and batches (``load_start`` one more). :func:`loads_of` sizes them once for
     the whole trace; :func:`iter_load_parts` reuses them from part to part (grown when a part is
     longer: new arrays, so a piece handed out before stays valid until the next is asked for)."""
@@ -447,7 +447,7 @@ class _CutBuffers:
 
     def ensure(self, rows: int, at: np.ndarray | None = None) -> None:
         """Room for ``rows``, keeping what ``at`` says the arrays hold."""
-        from replay.load_kernel import AT_BATCHES, AT_LOADS, AT_ROWS
+        from replay.core.loads import AT_BATCHES, AT_LOADS, AT_ROWS
 
         if rows <= self.rows:
             return
@@ -499,7 +499,7 @@ def loads_of(trace: Trace, chunk_rows: int | None = None) -> Loads:
     straight into arrays allocated once for the whole trace (a load or batch that runs on across
     parts just goes on; peak: the result, about 17 bytes per load + 4 x top_k per routing row, plus
     one part's columns). ``chunk_rows`` is accepted for :func:`iter_load_parts`' callers and changes nothing."""
-    from replay.load_kernel import AT_BATCHES, AT_LOADS, AT_ROWS, new_at
+    from replay.core.loads import AT_BATCHES, AT_LOADS, AT_ROWS, new_at
 
     check_state_fits(trace)
     buf = _CutBuffers(trace.top_k, trace.n_rows)
