@@ -3,7 +3,8 @@ and cut the rows into loads, each in one pass with no temporaries (:func:`replay
 
 - :func:`rows_ok` is a gate, not a judge: True means every invariant of
   :class:`traces.io.reader.RowChecker` holds for a trace without request, token or recorded columns
-  (the checker's ``simple`` case); on False the caller runs the checker itself, which names the
+  (the checker's ``simple`` case), except the per-layer step order from batch to batch, which
+  :meth:`~traces.io.reader.RowChecker.passed` checks after it; on False the caller runs the checker itself, which names the
   first bad row in its own words. So the sentence a user reads never comes from here, and a row
   this pass lets through is one the checker lets through (``tests/test_cache_stream.py`` corrupts
   parts and compares).

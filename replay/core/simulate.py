@@ -349,7 +349,7 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
                 if checker.simple and rows_ok(cols["batch"], cols["layer"], cols["step"], cols["phase"], cols["experts"],
                                               fixed_list_to_numpy(t.column("weights")), moe, trace.n_expert, checker.by_rank,
                                               last is not None, np.array((last or (0,) * 4)[:4], np.int64)):
-                    checker.passed(t)
+                    checker.passed(trace.parts[i], t)
                 else:
                     checker.check(trace.parts[i], t)  # the checker's own sentence, or (the gate was stricter) on
             del t

@@ -135,6 +135,10 @@ def dump_passes(path: Path, recs: list[dict], p2l: np.ndarray) -> list[dict]:
         last_id = fid
         ids = _ints(rec["input_ids"], f"{where}: input_ids")
         pos = _ints(rec["positions"], f"{where}: positions")
+        for name, vals in (("input_ids", ids), ("positions", pos)):
+            neg = next((j for j, v in enumerate(vals) if v < 0), None)
+            if neg is not None:
+                raise UserError(f"{where}: {name}[{neg}] is {vals[neg]}, negative.")
         T = len(ids)
         if len(pos) != T:
             raise UserError(f"{where}: has {T} input_ids but {len(pos)} positions.")
@@ -238,6 +242,10 @@ def import_dumps(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool)
         for p in dump_passes(path, recs, p2l):
             # Physical slot -> logical expert with this dump's own map.
             topk = p["topk"]
+            if (topk < -1).any():
+                lay, tok, slot = (int(x) for x in np.argwhere(topk < -1)[0])
+                raise UserError(f"{p['where']}: topk_ids_of_layer[{lay}][{tok}][{slot}] is {int(topk[lay, tok, slot])}; "
+                                "a physical expert slot is >= 0, or -1 for none.")
             valid = topk >= 0
             if (topk[valid] >= p2l.shape[1]).any():
                 raise UserError(f"{p['where']}: names physical expert slot {int(topk[valid].max())}, but the map has "
@@ -395,9 +403,16 @@ def response_routes(resp: dict, L: int | None, k: int | None, notes_cached: list
         raise UserError(f"{where}: meta_info.routed_experts holds a negative expert id.")
     routed = np.ones(rows, bool)
     cached = mi.get("cached_tokens")
-    if isinstance(cached, int) and not isinstance(cached, bool) and cached > 0:
-        routed[:min(cached, P)] = False
-        notes_cached.append(min(cached, P))
+    # A count the engine cannot have written is refused, never clipped: -3 is not "none cached", and a
+    # count beyond the prompt would drop the whole prompt as cached.
+    if cached is not None and (not isinstance(cached, int) or isinstance(cached, bool) or cached < 0):
+        raise UserError(f"{where}: meta_info.cached_tokens {cached!r} is not a token count (an integer >= 0).")
+    if cached is not None and cached > P:
+        raise UserError(f"{where}: meta_info.cached_tokens {cached} is more than the {P} prompt tokens "
+                        "(only prompt positions come from the radix cache).")
+    if cached:
+        routed[:cached] = False
+        notes_cached.append(cached)
     return Routes(where=where, prompt_len=min(P, rows), experts=arr, routed=routed, token_ids=None), lk // k_here, k_here
 
 

@@ -217,6 +217,8 @@ def _list(v: Any, path: Path, where: int, what: str, cast: type) -> list:
             v = [x for x in _SPLIT.split(s) if x]
     if not isinstance(v, (list, tuple)):
         raise UserError(f"{path}: row {where}: {what} {v!r} is not a list.")
+    if cast is float and any(isinstance(x, bool) for x in v):
+        raise UserError(f"{path}: row {where}: {what} {v!r} holds true/false, not numbers.")
     try:
         return [cast(x) if cast is float else _int(x, path, where, what) for x in v]
     except (TypeError, ValueError):
@@ -322,6 +324,8 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
     def refuse_at(i: int, what_: str) -> None:
         raise UserError(f"{srcs[fileno[i]]}: row {rowno[i]}: {what_}.")
 
+    if (layer < 0).any():
+        refuse_at(int(np.argmax(layer < 0)), f"layer {int(layer[np.argmax(layer < 0)])} is negative")
     if (experts < 0).any():
         i = int(np.flatnonzero((experts < 0).any(axis=1))[0])
         refuse_at(i, f"expert id {int(experts[i].min())} is negative")

@@ -284,8 +284,21 @@ class Routes:
     token_ids: np.ndarray | None
 
 
-def unrouted_rows(arr: np.ndarray, where: str) -> np.ndarray:
-    """bool [positions]: True where the engine routed the position (any other negative is refused)."""
+def unrouted_rows(arr: np.ndarray, where: str, prompt_len: int | None = None) -> np.ndarray:
+    """bool [positions]: True where the engine routed the position. Only -1 on a whole position marks
+    one the engine did not route (its prefix cache); any other negative id is refused with the
+    position and field named, never taken for a cached position (-5 is no routing vLLM writes)."""
+    other = arr < -1
+    if other.any():
+        pos, lay, slot = (int(x) for x in np.argwhere(other)[0])
+        if prompt_len is None:
+            field_ = f"position {pos}"
+        elif pos < prompt_len:
+            field_ = f"prompt_routed_experts position {pos}"
+        else:
+            field_ = f"routed_experts position {pos - prompt_len} (sequence position {pos})"
+        raise UserError(f"{where}: {field_}, layer {lay}, slot {slot}: expert id {int(arr[pos, lay, slot])} is negative "
+                        "(only -1 on a whole position marks a prefix-cached token).")
     neg = arr < 0
     whole = neg.reshape(arr.shape[0], -1).all(axis=1) if arr.size else np.zeros(arr.shape[0], bool)
     if arr.size and arr.shape[1] * arr.shape[2] == 0:
@@ -350,7 +363,7 @@ def shape_requests(raw: list[RawRequest], notes: list[str]) -> list[Routes]:
                     raise UserError(f"{r.where}: completion {j} has {gen_rows} routed positions but only "
                                     f"{len(otoks)} generated tokens.")
                 token_ids = np.asarray(list(ptoks) + list(otoks[:gen_rows]), dtype=np.int64)
-            routed = unrouted_rows(full, r.where)
+            routed = unrouted_rows(full, r.where, P if r.prompt is not None else None)
             cached_rows += int((~routed).sum())
             if j > 0:
                 # n > 1: vLLM computes a shared prompt once; the other completions reuse it.
