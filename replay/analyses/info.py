@@ -53,6 +53,11 @@ def info_rows(trace: Trace) -> list[dict[str, Any]]:
         n_requests = 1 if trace.n_rows else 0
     prov = trace.meta.get("provenance", {})
     eb = [int(trace.expert_bytes[l]) for l in trace.moe_layers]
+    from traces.format.completeness import of_trace
+
+    # Measured from the rows, not taken from trace.json: a log that lost some (token, layer)
+    # routings is not complete, whatever its writer said (docs/design.md, "Completeness").
+    gaps = of_trace(trace)
     row: dict[str, Any] = {
         "model": m["name"],
         "arch": m["arch"],
@@ -65,7 +70,7 @@ def info_rows(trace: Trace) -> list[dict[str, Any]]:
         **counts,
         "turns": int(per_turn["turn"].n_unique()) if per_turn.height else 0,
         "rows": trace.n_rows,
-        "complete": trace.complete,
+        "complete": trace.complete and gaps["routings_missing"] == 0,
         "has_logits": trace.has("logits"),
         "has_gate_input": trace.has("gate_input"),
         "has_router": trace.has_router,
@@ -97,6 +102,8 @@ def info_rows(trace: Trace) -> list[dict[str, Any]]:
     mem = stream_memory_bytes(trace)
     row["cache_memory_mib_in_memory"] = mem["in_memory"] / MIB
     row["cache_memory_mib_streamed"] = mem["streamed"] / MIB
+    row["capture_complete"] = trace.complete
+    row.update(gaps)
     return [row]
 
 

@@ -361,6 +361,17 @@ def write_trace(out_dir: Path, meta: dict[str, Any], *, batch: np.ndarray, phase
     if n == 0:
         raise UserError(f"{what}: holds no routings; nothing to import.")
     turn = np.zeros(n, dtype=np.int64) if turn is None else turn
+    # Completeness measured, not assumed: tokens routed at fewer MoE layers than the trace holds are
+    # counted and named in the provenance (and info says the trace is not complete).
+    from traces.format.completeness import measure, sentence
+
+    gaps = measure(turn=turn, phase=phase, step=step, layer=layer, moe_layers=list(meta["model"]["moe_layers"]),
+                   request=optional.get("request"))
+    said = sentence(gaps, len(meta["model"]["moe_layers"]))
+    if said:
+        prov = meta.setdefault("provenance", {})
+        prov.setdefault("notes", []).append(said)
+        prov["routings_missing"] = {k: gaps[k] for k in ("routings_missing", "tokens_missing_layers", "routings_missing_at")}
     # The format's row order: (batch, layer, step), with a request column (batch, layer, request, step).
     keys = (step, optional["request"], layer, batch) if "request" in optional else (step, layer, batch)
     order = np.lexsort(keys)

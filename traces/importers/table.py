@@ -61,6 +61,25 @@ OPTIONS = (
 )
 
 KEYS = ("experts", "weights", "layer", "token", "request", "batch", "phase", "token_id")
+# The names engines and analysis scripts commonly give each key's column, in order of preference.
+# A key that --map does not name reads the column of its own name, else the first of these the
+# table has (said in the notes: which column, and that the name chose it). Names that another
+# format's sniffer claims (Megatron's top_indices, vLLM's routed_experts) are left out.
+SYNONYMS: dict[str, tuple[str, ...]] = {
+    "experts": ("expert_ids", "topk_ids", "topk_idx", "topk_indices", "topk_experts", "selected_experts",
+                "expert_indices", "ids"),
+    "weights": ("topk_weights", "routing_weights", "expert_weights", "gating_probs", "gate_probs", "gating",
+                "topk_probs", "router_probs", "probs", "topk_scores", "scores"),
+    "layer": ("layer_id", "layer_idx", "layer_index", "moe_layer"),
+    "token": ("token_idx", "token_index", "token_pos", "position", "pos", "position_id", "step"),
+    "request": ("request_id", "req_id", "req", "prompt_id", "problem_id", "sample_id", "seq_id", "sequence_id",
+                "prompt", "problem"),
+    "batch": ("batch_id", "batch_idx", "forward_pass_id", "forward_pass"),
+    "phase": ("stage_name",),
+    "token_id": ("input_id", "tok_id", "vocab_id"),
+}
+TRACE_COLUMN = {"experts": "experts", "weights": "weights", "layer": "layer", "token": "step", "request": "request",
+                "batch": "batch", "phase": "phase", "token_id": "token"}
 SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 _SPLIT = re.compile(r"[\s,;|]+")
 
@@ -81,7 +100,7 @@ def _columns_of(path: Path) -> set[str] | None:
                 obj = json.loads(ln)
             except ValueError:
                 return None
-            if isinstance(obj, dict) and "experts" in obj:
+            if isinstance(obj, dict) and _names(obj, "experts"):
                 return set(obj)
         return None
     if kind == "parquet":
@@ -99,11 +118,37 @@ def sniff(paths: list[Path]) -> bool:
     a number in its name)."""
     for p in paths:
         cols = _columns_of(p)
-        if not cols or "experts" not in cols:
+        if not cols or not _names(cols, "experts"):
             return False
-        if "layer" not in cols and not re.search(r"\d+", p.stem):
+        if not _names(cols, "layer") and not re.search(r"\d+", p.stem):
             return False
     return bool(paths)
+
+
+def _names(cols: Any, key: str) -> list[str]:
+    """The columns among ``cols`` that could be ``key``'s: its own name, then its common names."""
+    return [c for c in (key, *SYNONYMS.get(key, ())) if c in cols]
+
+
+def resolve_columns(mapping: dict[str, str], cols: Any, skip: Any = ()) -> tuple[dict[str, str], list[str]]:
+    """Which source column each key reads: the --map column, else the key's own name, else the first
+    of its common names the table has (a column is read by one key only; ``skip``: columns taken by
+    --where). Returns (key -> column, the keys whose column a common name chose)."""
+    taken = set(mapping.values()) | set(skip)
+    out: dict[str, str] = {}
+    auto: list[str] = []
+    for k in KEYS:
+        if k in mapping:
+            out[k] = mapping[k]
+            continue
+        for i, c in enumerate(_names(cols, k)):
+            if c not in taken:
+                out[k] = c
+                taken.add(c)
+                if i > 0 or c != k:
+                    auto.append(k)
+                break
+    return out, auto
 
 
 def _csv_rows(lines: list[str]) -> list[list[str]]:
@@ -247,6 +292,9 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
     cols: dict[str, list] = {k: [] for k in ("experts", "weights", "layer", "token", "request", "batch", "phase",
                                              "token_id", "file", "row")}
     have: dict[str, bool] = {}
+    col: dict[str, str] | None = None  # key -> source column, resolved on the first record kept
+    auto: list[str] = []
+    seen_cols: dict[str, None] = {}  # every column of every record kept, in order of first appearance
     for fi, path in enumerate(srcs):
         recs = _records(path)
         layer_from_name = None
@@ -258,7 +306,11 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
                     if version is None and isinstance(rec.get(vk), (str, int, float)):
                         version = str(rec[vk])
                 continue
-            col = {k: mapping.get(k, k) for k in KEYS}
+            if col is None:
+                col, auto = resolve_columns(mapping, rec, cond)
+                for k in KEYS:
+                    col.setdefault(k, k)
+            seen_cols.update(dict.fromkeys(str(c) for c in rec))
             present = {k: col[k] in rec for k in KEYS}
             hint = "; add --where to keep only the routing records" if not cond else ""
             for k in KEYS:
@@ -389,7 +441,15 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
         if (tid < 0).any():
             refuse_at(int(np.argmax(tid < 0)), "token_id is negative")
         optional["token"] = tid
-    extra: dict[str, Any] = {"mapping": {kk: mapping.get(kk, kk) for kk in KEYS if have.get(kk, kk == "experts")}}
+    assert col is not None
+    used = {kk: col[kk] for kk in KEYS if have.get(kk, kk == "experts")}
+    unused = [c for c in seen_cols if c not in set(used.values()) and c not in cond]
+    said = ", ".join(f"{c} -> {TRACE_COLUMN[kk]}" + (" (matched by name)" if kk in auto else "") for kk, c in used.items())
+    notes.insert(0, f"source columns read: {said}" + ("; chosen by name where --map did not say (--map KEY=COLUMN "
+                                                      "to choose another)" if any(kk in auto for kk in used) else ""))
+    notes.insert(1, f"source columns not used: {', '.join(unused)}" if unused else "every source column was used")
+    extra: dict[str, Any] = {"mapping": used, "mapped_by_name": [kk for kk in used if kk in auto],
+                             "unused_columns": unused}
     if cond:
         extra["where"] = cond
         extra["skipped_records"] = {"count": skipped, "keys": sorted(skipped_keys)}
