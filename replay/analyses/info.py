@@ -104,7 +104,28 @@ def info_rows(trace: Trace) -> list[dict[str, Any]]:
     row["cache_memory_mib_streamed"] = mem["streamed"] / MIB
     row["capture_complete"] = trace.complete
     row.update(gaps)
+    # Engine warm-up rows (a profiling or dummy pass) still in the trace: docs/design.md, "Warm-up rows".
+    runs = warmup_runs(trace)
+    row["warmup_tokens"] = sum(r["tokens"] for r in runs)
+    from traces.format.warmup import describe
+
+    row["warmup_at"] = describe(runs, label="trace rows") if runs else None
     return [row]
+
+
+def warmup_runs(trace: Trace) -> list[dict[str, Any]]:
+    """:func:`traces.format.warmup.find_runs` over a trace's rows (rows numbered in trace order)."""
+    from traces.format.warmup import find_runs
+    from traces.io.reader import fixed_list_to_numpy
+
+    cols = ["turn", "step", "layer", "experts", "weights"] + (["request"] if trace.has("request") else [])
+    t = trace.table(cols)
+    runs, _ = find_runs(turn=t.column("turn").to_numpy(), step=t.column("step").to_numpy(),
+                        layer=t.column("layer").to_numpy(), experts=fixed_list_to_numpy(t.column("experts")),
+                        weights=fixed_list_to_numpy(t.column("weights")),
+                        request=t.column("request").to_numpy() if trace.has("request") else None,
+                        moe_layers=len(trace.moe_layers))
+    return runs
 
 
 def prov_notes(trace: Trace) -> list[str]:

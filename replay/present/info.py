@@ -45,6 +45,10 @@ def info_text(trace: Trace, row: dict[str, Any]) -> str:
     if row["moe_layers_absent"]:
         lines.append(f"absent     MoE layers {row['moe_layers_absent']} of the model are not in the log; "
                      "every figure covers only the layers the trace has")
+    if row.get("warmup_tokens"):
+        lines.append(f"warm-up    {row['warmup_tokens']:,} token(s) look like an engine's warm-up (profiling or dummy) "
+                     f"pass: {row['warmup_at']}; they are replayed as routing (re-import with --drop-warmup to "
+                     "leave them out)")
     for n in prov_notes(trace):
         lines.append(f"import     {n}")
     if row["recorded_budget_mib"] is not None:

@@ -58,6 +58,9 @@ OPTIONS = (
                  "token_id)."),
     ImportOption("where", "--where", str, "Keep only records whose fields equal these values, e.g. type=route."),
     ImportOption("engine", "--engine", str, "The engine that wrote the log (provenance)."),
+    ImportOption("drop_warmup", "--drop-warmup", bool, "Leave out rows that look like an engine's warm-up (profiling "
+                 "or dummy) pass: runs of tokens routed alike at every layer or with exactly uniform weights "
+                 "(default: keep them and say so).", False),
 )
 
 KEYS = ("experts", "weights", "layer", "token", "request", "batch", "phase", "token_id")
@@ -280,7 +283,7 @@ def _phase(v: Any, path: Path, where: int) -> int:
 
 
 def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: bool = False, map: str | None = None,  # noqa: A002
-            where: str | None = None, engine: str | None = None) -> Path:
+            where: str | None = None, engine: str | None = None, drop_warmup: bool = False) -> Path:
     srcs = [check_source(Path(s)) for s in sources]
     sizes = require_sizes(sizes, srcs[0], NAME)
     mapping = parse_map(map)
@@ -457,7 +460,9 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
     meta = meta_from_sizes(what=what, stem=srcs[0].stem, sizes=sizes, n_layer=n_layer, n_expert=n_expert, layer=layer,
                            top_k=k, prov=prov)
     return write_trace(out_dir, meta, batch=batch, phase=phase, step=step, layer=layer, experts=experts,
-                       weights=weights.astype(np.float32), optional=optional, force=force, inputs=srcs, what=what)
+                       weights=weights.astype(np.float32), optional=optional, force=force, inputs=srcs, what=what,
+                       drop_warmup=drop_warmup,
+                       row_name=lambda i: f"{srcs[fileno[i]].name}:{rowno[i]}" if len(srcs) > 1 else str(rowno[i]))
 
 
 def _is_int_str(s: str) -> bool:
