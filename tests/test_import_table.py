@@ -243,3 +243,34 @@ def test_map_wins_and_every_unused_column_is_listed(tmp_path):
     assert [int(s) for s in a.step] == [5, 5, 6, 6]
     assert t.meta["provenance"]["unused_columns"] == ["topk_ids", "step", "note"]
     assert "source columns not used: topk_ids, step, note" in res.out
+
+
+def test_server_formats_account_for_every_field(tmp_path):
+    """The JSON formats name what each response / record field became and every field left unused."""
+    from tests.server_logs import random_vreqs, sglang_response, vllm_completion, write_megatron
+    from traces.importers import field_notes
+
+    assert field_notes({"a": "x"}, ["a", "b", "a"]) == ["source fields read: a -> x", "source fields not used: b"]
+    reqs = random_vreqs(np.random.default_rng(1), 2, 3, 2, 8)
+    src = tmp_path / "v.jsonl"
+    src.write_text("".join(json.dumps(vllm_completion(r, i)) + "\n" for i, r in enumerate(reqs)))
+    res = run_cli("import", "vllm", src, tmp_path / "v", "--expert-bytes", "64")
+    assert res.code == 0, res.err
+    notes = open_trace(tmp_path / "v").meta["provenance"]["notes"]
+    assert notes[0].startswith("source response fields read: prompt_routed_experts -> experts (prompt positions), "
+                               "choices[].routed_experts -> experts (generated)")
+    assert notes[1].startswith("source response fields not used: id, object, created, service_tier, usage,")
+    rng = np.random.default_rng(2)
+    rows = np.stack([np.stack([rng.choice(8, 2, replace=False) for _ in range(2)]) for _ in range(6)])
+    src = tmp_path / "s.jsonl"
+    src.write_text(json.dumps(sglang_response(4, [1, 2, 3], rows)) + "\n")
+    res = run_cli("import", "sglang", src, tmp_path / "s", "--expert-bytes", "64", "--top-k", "2")
+    assert res.code == 0, res.err
+    assert ("note: source response fields not used: text, output_ids, meta_info.id, meta_info.finish_reason, "
+            "meta_info.e2e_latency") in res.out
+    steps = [{0: rng.integers(0, 8, (2, 1)), 1: rng.integers(0, 8, (2, 1))}]
+    jl = write_megatron(tmp_path / "mg", steps)
+    res = run_cli("import", "megatron", jl, tmp_path / "m", "--expert-bytes", "64")
+    assert res.code == 0, res.err
+    assert "note: source record fields not used: stage" in res.out
+    assert "top_indices -> experts, layer -> layer" in res.out

@@ -207,6 +207,17 @@ def provenance(fmt: str, sources: Iterable[Path], *, engine: str, engine_version
     return prov
 
 
+def field_notes(read: dict[str, str], seen: Iterable[str], what: str = "fields") -> list[str]:
+    """Two notes accounting for every source field (issue 30): which became which trace column or
+    provenance entry (``read``: source field -> what it became; only those the log has are named)
+    and every field the log has that the import did not use."""
+    seen = list(dict.fromkeys(seen))
+    got = [f"{src} -> {dst}" for src, dst in read.items() if src in seen]
+    unused = [f for f in seen if f not in read]
+    return [f"source {what} read: {', '.join(got) if got else 'none'}",
+            f"source {what} not used: {', '.join(unused)}" if unused else f"every source {what[:-1]} was used"]
+
+
 def infer_shape(what: Path | str, layers: np.ndarray, experts: np.ndarray, sizes: Any, *, n_layer: int | None = None,
                 n_expert: int | None = None, notes: list[str]) -> tuple[int, int]:
     """(n_layer, n_expert) of an imported log: from the log when it says, else from the model the sizes

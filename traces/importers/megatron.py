@@ -171,6 +171,7 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool = Fal
     file_rank = int(m.group(1)) if m else None
     records = read_records(jsonl)
     notes: list[str] = []
+    seen_fields = [k for _, r in records for k in r]
     mtp = [r for _, r in records if r.get("block") == "mtp" or r.get("mtp_idx") is not None]
     if mtp:
         notes.append(f"{len(mtp)} record(s) of multi-token-prediction heads (mtp_idx) left out: they route the draft "
@@ -203,6 +204,15 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool = Fal
         wanted[col] = _Sidecar(jsonl.parent / f"{stem}_rank{side}.bin", jsonl, flag)
     if routings_only and any(SIDECARS[c][1] in r for c in SIDECARS for _, r in records):
         notes.append("sidecars not read (--routings-only): no gate_input or logits")
+    from traces.importers import field_notes
+
+    read = {"top_indices": "experts", "layer": "layer", "step": "batch (split where a layer repeats)",
+            "num_tokens": "tokens per record", "topk": "top_k", "rank": "provenance rank",
+            "block": "MTP records left out", "mtp_idx": "MTP records left out"}
+    for col, (_, off, nb, shp, _) in SIDECARS.items():
+        if col in wanted:
+            read.update({off: col, nb: col, shp: col})
+    notes[:0] = field_notes(read, seen_fields, "record fields")
     try:
         return _build(jsonl, records, wanted, sources, out_dir, sizes=sizes, force=force, k=k, rank=rank,
                       prefill_steps=prefill_steps, notes=notes, provenance=provenance, write_trace=write_trace,

@@ -366,7 +366,8 @@ def read_responses(path: Path) -> list[dict]:
         for key in ("prompt_tokens", "completion_tokens"):
             if not isinstance(mi.get(key), int) or isinstance(mi.get(key), bool) or mi[key] < 0:
                 raise UserError(f"{where}: meta_info.{key} is missing or not a token count.")
-        out.append({"where": where, "meta": mi, "output_ids": o.get("output_ids")})
+        out.append({"where": where, "meta": mi, "output_ids": o.get("output_ids"),
+                    "fields": [k for k in o if k != "meta_info"] + [f"meta_info.{k}" for k in mi]})
     if not out:
         raise UserError(f"{path}: holds no responses.")
     return out
@@ -426,13 +427,20 @@ def import_responses(sources: list[Path], out_dir: Path, *, sizes: Any, force: b
     cached: list[int] = []
     routes: list[Routes] = []
     shape = None
+    fields: list[str] = []
     for path in sources:
         for resp in read_responses(path):
+            fields += resp["fields"]
             r, L, k = response_routes(resp, sizes.n_layer, top_k, cached)
             if shape is not None and (L, k) != shape:
                 raise UserError(f"{r.where}: routes {L} layers x top-{k}, the first response {shape[0]} x top-{shape[1]}.")
             shape = (L, k)
             routes.append(r)
+    from traces.importers import field_notes
+
+    notes[:0] = field_notes({"meta_info.routed_experts": "experts", "meta_info.prompt_tokens": "prompt length",
+                             "meta_info.completion_tokens": "positions", "meta_info.cached_tokens": "positions absent "
+                             "(radix cache)"}, fields, "response fields")
     if cached:
         notes.append(f"{sum(cached)} prompt position(s) in {len(cached)} response(s) came from the radix cache "
                      "(meta_info.cached_tokens): not routed in this run, absent")
