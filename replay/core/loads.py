@@ -7,8 +7,9 @@ the arrays the replay reads (the whole trace's, for ``loads_of``), with no tempo
   invariant of :class:`traces.io.reader.RowChecker` for a trace without request, token or recorded
   columns (the checker's ``simple`` case); the caller then runs the checker itself, which names the
   first bad row in its own words (or, where the gate is stricter, finds nothing, and the caller
-  cuts again without the gate). So the sentence a user reads never comes from here, and a row
-  this pass lets through is one the checker lets through (``tests/test_cache_stream.py`` corrupts
+  cuts again without the gate). The per-layer step order from batch to batch is not carried by the
+  gate: :meth:`~traces.io.reader.RowChecker.passed` checks it after a part passes. So the sentence
+  a user reads never comes from here, and a row this pass lets through is one the checker lets through (``tests/test_cache_stream.py`` corrupts
   parts and compares; ``tests/test_kernel_parts.py`` draws corruptions).
 - The cut is :func:`replay.core.simulate.prepare_loads` for rows whose batches come in order (every valid
   trace), continued across calls: the load (and batch) the previous call ended with goes on

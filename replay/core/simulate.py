@@ -395,7 +395,7 @@ def _cut_parts(trace: Trace, buf: _CutBuffers, at: np.ndarray, stream: bool) -> 
             checker.check(trace.parts[i], t)  # type: ignore[union-attr]  # its own sentence, or (the gate was stricter) on
             status = int(cut_loads(*cols, False, moe, by_rank, *outs))
         elif gate:
-            checker.passed(t)  # type: ignore[union-attr]
+            checker.passed(trace.parts[i], t)  # type: ignore[union-attr]
         if status != CUT_OK:
             # Only rows never checked (a trace opened with check_rows=False) get here: prepare_loads
             # refuses a layer or an expert out of range in its own words.
