@@ -9,8 +9,8 @@ the arrays the replay reads (the whole trace's, for ``loads_of``), with no tempo
   first bad row in its own words (or, where the gate is stricter, finds nothing, and the caller
   cuts again without the gate). The per-layer step order from batch to batch is not carried by the
   gate: :meth:`~traces.io.reader.RowChecker.passed` checks it after a part passes. So the sentence
-  a user reads never comes from here, and a row this pass lets through is one the checker lets through (``tests/test_cache_stream.py`` corrupts
-  parts and compares; ``tests/test_kernel_parts.py`` draws corruptions).
+  a user reads never comes from here, and a row this pass lets through is one the checker lets
+  through (``tests/test_cache_stream.py`` corrupts parts and compares; ``tests/test_kernel_parts.py`` draws corruptions).
 - The cut is :func:`replay.core.simulate.prepare_loads` for rows whose batches come in order (every valid
   trace), continued across calls: the load (and batch) the previous call ended with goes on
   while the rows keep its (batch, layer). On anything else (a layer that is not a MoE layer, an
