@@ -558,10 +558,25 @@ def results_lock(out: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def grid_inputs(grid: Grid) -> list[str]:
+    """Every path a sweep of ``grid`` reads: the grid, its traces, and the files its cells name
+    (cost models, policy and predictor files); RESULTS may be none of them nor hold one."""
+    files: list[str] = [str(grid.file), *(ab for _, ab in grid.traces)]
+    for sets in grid.kinds.values():
+        for params in sets:
+            for k in _FILE_KEYS:
+                v = params.get(k)
+                for f in (v if isinstance(v, list) else [v]):
+                    if f is not None and str(f) not in files:
+                        files.append(str(f))
+    return files
+
+
 def _check_results_dir(out: Path, inputs: Sequence[str]) -> None:
-    from traces.io.atomic import check_not_input
+    from traces.io.atomic import check_not_input, check_not_special
 
     check_not_input(out, inputs)
+    check_not_special(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a directory.")
     if out.is_dir() and any(out.iterdir()) and not (out / "sweep.json").exists() and not (out / "chunks").is_dir():
@@ -741,7 +756,7 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
         _import_ray()
     out = Path(out)
     grid = read_grid(grid_file)
-    _check_results_dir(out, [str(grid.file), *(ab for _, ab in grid.traces)])
+    _check_results_dir(out, grid_inputs(grid))
     cells = cells_of(grid)
     if engine == "ray":
         ray_connect(address)  # before anything is written: a cluster that cannot be reached writes nothing

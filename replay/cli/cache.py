@@ -127,8 +127,10 @@ def register(app: typer.Typer) -> None:
         blist = parse_budgets(budgets) if budgets is not None else None
         if blist is not None and budget_mib is not None and not validate:
             raise UserError("--budgets and --budget-mib both name the budgets to replay; give one of them.")
+        # Every path this command reads: --csv may be none of them, nor lie inside one.
+        inputs = [trace, cost_model, pin_profile, *(policy_file or []), *(predictor_file or [])]
         if csv is not None:
-            check_output_file(csv, inputs=[trace, cost_model])  # before the replay, not after
+            check_output_file(csv, inputs=inputs)  # before the replay, not after
         from replay.core.streaming import check_stream_mode
 
         check_stream_mode(stream)
@@ -147,7 +149,7 @@ def register(app: typer.Typer) -> None:
             row = run_validate(t, budget_mib)
             if csv is not None:
                 import polars as pl
-                write_output_file(csv, pl.DataFrame([row]).write_csv(), inputs=[trace, cost_model])
+                write_output_file(csv, pl.DataFrame([row]).write_csv(), inputs=inputs)
             ok = validate_ok(row)
             if json_out:
                 typer.echo(json_object("cache", str(trace), [row], validate=True, tolerance_pp=VALIDATE_TOLERANCE_PP,
@@ -168,7 +170,7 @@ def register(app: typer.Typer) -> None:
         T, W, chosen, collapsed, no_decode = (sm["token_cycle_mib"], sm["working_set_mib"], sm["budgets_chosen"],
                                               sm["collapsed"], sm["no_decode"])
         if csv is not None:
-            write_output_file(csv, frame.write_csv(), inputs=[trace, cost_model])
+            write_output_file(csv, frame.write_csv(), inputs=inputs)
         if json_out:
             typer.echo(json_object(
                 "cache", str(trace), rows_of(frame), phase=phase, token_cycle_mib=T, working_set_mib=W,

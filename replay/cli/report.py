@@ -57,5 +57,6 @@ def register(app: typer.Typer) -> None:
         with progress(len(SECTIONS), "report", unit="section") as bar:
             write_report(trace, out, budgets_mib=b, budget_mib=vb, policies=p, cost_model=m, force=force,
                          predictor_file=predictor_file, progress=lambda name: (bar.set_postfix_str(name), bar.update()),
-                         inputs=[cost_model], quality=list(quality), foreign_cost_model=foreign_cost_model)
+                         inputs=[cost_model, *(policy_file or []), *(predictor_file or []), *quality],
+                         quality=list(quality), foreign_cost_model=foreign_cost_model)
         typer.echo(f"wrote {out}/index.md and {out}/index.html")
