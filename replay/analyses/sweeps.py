@@ -119,7 +119,9 @@ KINDS: dict[str, Kind] = {
     "retention": Kind("retention", "retain", {"policies": "policy", "budgets_mib": "budget_mib"},
                       {"predictors": "predictor"}, dict(_COMMON_REFUSED)),
 }
-_FILE_KEYS = ("cost_model", "policy_file", "predictor_file")  # values are paths: their bytes enter the cell key
+_FILE_KEYS = ("cost_model", "policy_file", "predictor_file")
+#: ``--workers`` is refused beyond this many local workers per core (a typo, not a pool).
+MAX_WORKERS_PER_CORE = 4  # values are paths: their bytes enter the cell key
 
 
 def _api_keywords(kind: Kind) -> dict[str, Any]:
@@ -748,6 +750,13 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
         raise UserError(f"--engine {engine!r} is not local or ray.")
     if workers is not None and (isinstance(workers, bool) or workers < 1):
         raise UserError(f"--workers {workers}: give at least 1 worker.")
+    cores = os.cpu_count() or 1
+    if workers is not None and workers > MAX_WORKERS_PER_CORE * cores:
+        # Each worker is a process holding its traces; beyond the cores they only queue for CPU
+        # (docs/sweeps.md: two workers on 2 CPUs were already slower than one).
+        raise UserError(f"--workers {workers}: this machine has {cores} core{'s' if cores != 1 else ''}; more than "
+                        f"{MAX_WORKERS_PER_CORE} workers per core only add processes and memory "
+                        f"(give 1..{MAX_WORKERS_PER_CORE * cores}).")
     if address is not None and engine != "ray":
         raise UserError("--address: only meaningful with --engine ray.")
     if workers is not None and engine != "local":
