@@ -224,6 +224,14 @@ def test_no_special_file_is_replaced(small, tmp_path, specials, writer, which):
     assert os.readlink(specials["link-to-null"]) == "/dev/null"
 
 
+def test_make_model_force_never_replaces_a_fifo(specials):
+    pytest.importorskip("gguf")
+    for dest in specials.values():
+        before = digest(*specials.values())
+        assert_one_sentence_error(run_cli("make-model", dest, "--force"), str(dest), "not a regular file")
+        assert digest(*specials.values()) == before
+
+
 def test_a_csv_another_writer_wrote_meanwhile_is_not_replaced(small, tmp_path, monkeypatch):
     """Two --csv writers to one file: the second to finish refuses instead of silently winning."""
     from replay import api
