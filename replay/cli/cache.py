@@ -68,7 +68,8 @@ def register(app: typer.Typer) -> None:
         fmt: str = typer.Option("table", "--format", help="table (the grids) | compact (one line per policy and budget, "
                                 "as libCacheSim prints) | json (as --json)."),
         retain: bool = typer.Option(False, "--retain", help="Protect the --predictor's guesses for the next layer(s) from eviction."),
-        predictor: str = typer.Option("prev-token", "--predictor", help="With --retain: prev-token | stale-gate[d] | static-hot."),
+        predictor: str | None = typer.Option(None, "--predictor", help="With --retain: prev-token (the default) | "
+                                             "stale-gate[d] | static-hot.", show_default=False),
         pin_per_layer: int | None = typer.Option(None, "--pin-per-layer", help="pin: experts pinned per MoE layer "
                                                  "(default: as many as fit in half the budget, the same in every layer)."),
         pin_profile: Path | None = typer.Option(None, "--pin-profile", help="pin: take the hot list from this trace's whole-run "
@@ -104,7 +105,12 @@ def register(app: typer.Typer) -> None:
         from traces import open_trace
         from traces.io.atomic import check_output_file, write_output_file
 
+        if json_out and check_format(fmt) not in ("table", "json"):  # table is the default: --json alone
+            raise UserError(f"--json and --format {fmt} ask for two outputs; give one of them (--format json is --json).")
         json_out = json_out or check_format(fmt) == "json"
+        if predictor is not None and not retain:  # it would be silently ignored
+            raise UserError(f"--predictor {predictor}: only meaningful with --retain (cache replays no predictor otherwise).")
+        predictor = predictor or "prev-token"
         check_phase(phase)
         cmodel = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
         check_foreign_cost_model(foreign_cost_model, cost_model)
@@ -127,8 +133,10 @@ def register(app: typer.Typer) -> None:
         blist = parse_budgets(budgets) if budgets is not None else None
         if blist is not None and budget_mib is not None and not validate:
             raise UserError("--budgets and --budget-mib both name the budgets to replay; give one of them.")
+        # Every path this command reads: --csv may be none of them, nor lie inside one.
+        inputs = [trace, cost_model, pin_profile, *(policy_file or []), *(predictor_file or [])]
         if csv is not None:
-            check_output_file(csv, inputs=[trace, cost_model])  # before the replay, not after
+            check_output_file(csv, inputs=inputs)  # before the replay, not after
         from replay.core.streaming import check_stream_mode
 
         check_stream_mode(stream)
@@ -147,7 +155,7 @@ def register(app: typer.Typer) -> None:
             row = run_validate(t, budget_mib)
             if csv is not None:
                 import polars as pl
-                write_output_file(csv, pl.DataFrame([row]).write_csv(), inputs=[trace, cost_model])
+                write_output_file(csv, pl.DataFrame([row]).write_csv(), inputs=inputs)
             ok = validate_ok(row)
             if json_out:
                 typer.echo(json_object("cache", str(trace), [row], validate=True, tolerance_pp=VALIDATE_TOLERANCE_PP,
@@ -168,7 +176,7 @@ def register(app: typer.Typer) -> None:
         T, W, chosen, collapsed, no_decode = (sm["token_cycle_mib"], sm["working_set_mib"], sm["budgets_chosen"],
                                               sm["collapsed"], sm["no_decode"])
         if csv is not None:
-            write_output_file(csv, frame.write_csv(), inputs=[trace, cost_model])
+            write_output_file(csv, frame.write_csv(), inputs=inputs)
         if json_out:
             typer.echo(json_object(
                 "cache", str(trace), rows_of(frame), phase=phase, token_cycle_mib=T, working_set_mib=W,

@@ -45,6 +45,7 @@ from traces.format.schema import (
     wide_file,
     wide_schemas,
 )
+from traces.io.atomic import note_input
 
 if TYPE_CHECKING:
     import polars as pl
@@ -409,6 +410,7 @@ def open_trace(path: str | Path, check_rows: bool = True, defer_rows: bool = Fal
     unchecked row either way, and a bad one is refused with the same sentence.
     ``check_rows=False``: never check them (for traces this package has just written)."""
     root = Path(path)
+    note_input(root)  # an input of the command: no output of it may replace or write into it
     if not root.exists():
         raise _fail(root, "no such trace directory")
     if not root.is_dir():
