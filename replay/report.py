@@ -379,8 +379,14 @@ def section_cache(ctx: ReportContext) -> Section:
     overall = frame.filter(pl.col("layer").is_null())
     T = loads.token_cycle_bytes / (1 << 20)
     s = Section("Expert cache")
+    from replay.policies.opt_bound import sizes_differ
+
+    ceiling = ("Belady (offline optimum at that budget) and infinite (compulsory misses only) are the ceiling. "
+               if not sizes_differ(loads.layer_expert_bytes) else
+               "Belady (furthest next use: with these unequal expert sizes a heuristic, not a bound; the verdict measures "
+               "the gap against opt-bound, the upper bound on hits) and infinite (compulsory misses only) are the ceiling. ")
     s.text.append(f"Decode-only hit % per policy and byte budget (a lookup = one unique (layer, expert) per load). "
-                  f"Belady (offline optimum at that budget) and infinite (compulsory misses only) are the ceiling. "
+                  f"{ceiling}"
                   f"T = {T:.1f} MiB is one token cycle (sum over MoE layers of top_k x expert_bytes): below it global "
                   "LRU collapses, because each token's sweep over the layers evicts exactly what the next token needs.")
     vlines = {f"T = one token cycle ({T:.1f} MiB)": T}
@@ -506,7 +512,10 @@ def _at_verdict_budgets(ctx: ReportContext, loads: Any, policies: list[str], mod
     online = [p for p in (ctx.policies or REGISTRY) if p not in BOUNDS]
     if not ctx.verdict_budgets:
         return [], online
-    frame = sweep(loads, [*online, "belady"], ctx.verdict_budgets, show_progress=False)
+    from replay.policies.opt_bound import sizes_differ
+
+    bounds = ["belady", "opt-bound"] if sizes_differ(loads.layer_expert_bytes) else ["belady"]
+    frame = sweep(loads, [*online, *bounds], ctx.verdict_budgets, show_progress=False)
     if model is not None:
         frame = with_time(frame, model, ctx.trace.token_counts()["tokens_decode"])
     rows = frame.filter(pl.col("layer").is_null()).to_dicts()
@@ -691,6 +700,11 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
         row["belady_peak_resident_mib"] = bel["peak_resident_mib"] if bel else None
         row["gap_to_belady_pp"] = (None if best is None or bel is None or None in (best["hit_pct_decode"], bel["hit_pct_decode"])
                                    else bel["hit_pct_decode"] - best["hit_pct_decode"])
+        ub = at.get("opt-bound")  # only with unequal expert sizes, where belady is a heuristic
+        if ub is not None:
+            row["bound_hit_pct_decode"] = ub["hit_pct_decode"]
+            row["gap_to_bound_pp"] = (None if best is None or None in (best["hit_pct_decode"], ub["hit_pct_decode"])
+                                      else ub["hit_pct_decode"] - best["hit_pct_decode"])
         row.update({f"fastest_{k}": (fastest or {}).get(k) for k in ("policy", "ms_per_token", "tok_s", "hit_pct_decode")})
         row["over_budget_left_out"] = ", ".join(f"{r['policy']} (peak {fmt_q(r['peak_resident_mib'], 'mib')} MiB)"
                                                 for r in over) or None

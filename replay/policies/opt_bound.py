@@ -341,13 +341,18 @@ def flow_bound(n_load, capt, budget, lo, hi, size, value):
                     for z in range(depth):
                         if rcap[stack[z]] < push:
                             push = rcap[stack[z]]
+                    z0 = depth
                     for z in range(depth):
                         rcap[stack[z]] -= push
                         rcap[stack[z] ^ 1] += push
+                        if rcap[stack[z]] == 0 and z < z0:
+                            z0 = z
                     sent += push
                     paths += 1
-                    depth = 0
-                    u = 0
+                    if z0 == depth:  # nothing saturated: the whole budget is sent
+                        break
+                    depth = z0  # go on from the tail of the first saturated arc
+                    u = tail[stack[z0]]
                     continue
                 found = False
                 while cur[u] < deg[u + 1]:
@@ -388,6 +393,12 @@ def flow_bound(n_load, capt, budget, lo, hi, size, value):
         if slack > 0.0:
             dual += size[i] * slack
     return flow, primal, dual, paths
+
+
+def sizes_differ(layer_expert_bytes) -> bool:
+    """Whether the MoE layers' experts differ in size: then ``belady`` (furthest next use) is a
+    heuristic, not a bound, and the report compares the best online policy with ``opt-bound``."""
+    return len({int(b) for b in layer_expert_bytes}) > 1
 
 
 def prepare_options(loads, options: dict) -> dict:
