@@ -381,10 +381,12 @@ def section_cache(ctx: ReportContext) -> Section:
     s = Section("Expert cache")
     from replay.policies.opt_bound import sizes_differ
 
+    unequal = sizes_differ(loads.layer_expert_bytes)
     ceiling = ("Belady (offline optimum at that budget) and infinite (compulsory misses only) are the ceiling. "
-               if not sizes_differ(loads.layer_expert_bytes) else
-               "Belady (furthest next use: with these unequal expert sizes a heuristic, not a bound; the verdict measures "
-               "the gap against opt-bound, the upper bound on hits) and infinite (compulsory misses only) are the ceiling. ")
+               if not unequal else
+               "Infinite (compulsory misses only) is the ceiling at any budget; Belady (furthest next use) is, with these "
+               "unequal expert sizes, a heuristic, not a bound: the verdict measures the gap against opt-bound, the upper "
+               "bound on hits. ")
     s.text.append(f"Decode-only hit % per policy and byte budget (a lookup = one unique (layer, expert) per load). "
                   f"{ceiling}"
                   f"T = {T:.1f} MiB is one token cycle (sum over MoE layers of top_k x expert_bytes): below it global "
@@ -395,7 +397,9 @@ def section_cache(ctx: ReportContext) -> Section:
     for col, png, title, ylabel, ylim, caption in (
             ("hit_pct_decode", "cache_curves.png", "Expert-cache hit rate vs budget (decode loads)", "decode-only hit rate (%)",
              (0, 102), "Pick the highest curve at the memory you can give the cache; the distance to the Belady curve is "
-                       "what a better online policy could still win there."),
+                       + ("about " if unequal else "") + "what a better online policy could still win there"
+                       + (" (Belady is a heuristic with these unequal expert sizes; the verdict gives the upper bound)."
+                          if unequal else ".")),
             *((("tok_s", "cache_tok_s.png", "Decode speed vs budget under the cost model", "decode speed (tok/s, cost model)",
                 None, "Pick the highest curve at your budget: the tokens per second each policy buys under the cost model "
                       "(bytes read turned into time; a manual model ranks, it does not measure)."),) if model is not None else ())):
@@ -447,7 +451,10 @@ def section_cache(ctx: ReportContext) -> Section:
                       "survives eviction, as in the reference replay behind the published curves); lfu-incache and "
                       "layerlfu-incache restart it at admission.")
     s.tables.append(Table("cache_gap", pl.DataFrame(gap_rows), f"best within-budget online policy of those swept "
-                          f"({', '.join(online)}) against the bound, per budget (decode); ! = the Belady bound itself "
+                          f"({', '.join(online)}) against "
+                          + ("Belady (a heuristic with these unequal expert sizes: the verdict's gap is against opt-bound)"
+                             if unequal else "the bound") + ", per budget (decode); ! = "
+                          + ("Belady" if unequal else "the Belady bound") + " itself "
                           "overflowed the budget (every registered policy at the verdict's budget: the next table)",
                           columns=["budget_mib", "below_T", "best_online", "best_online_hit_pct_decode", "belady_hit_pct_decode",
                                    "gap_to_belady_pp", "infinite_hit_pct_decode", "over_budget_excluded"],
