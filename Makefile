@@ -23,19 +23,17 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check -q --upgrade pip
 
-# replay/_aot.c and traces/_pq.c are compiled by the editable install (pyproject.toml's ext-modules):
-# editing one reinstalls, so a stale build never answers for a changed source.
 # The editable install leaves the project's own modules to be byte-compiled on first import, which a
 # shell with PYTHONDONTWRITEBYTECODE=1 never keeps (~0.1 s of every run): compiled here once, as pip
 # does for an installed package (a changed module is recompiled in memory until the next install).
 COMPILE := $(PY) -m compileall -q replay traces engine_bridge >/dev/null
 
-$(VENV)/.core: pyproject.toml constraints.txt replay/_aot.c traces/_pq.c | $(VENV)/bin/python
+$(VENV)/.core: pyproject.toml constraints.txt | $(VENV)/bin/python
 	$(PIP) -e .
 	$(COMPILE)
 	touch $@
 
-$(VENV)/.dev: pyproject.toml constraints.txt replay/_aot.c traces/_pq.c | $(VENV)/bin/python
+$(VENV)/.dev: pyproject.toml constraints.txt | $(VENV)/bin/python
 	$(PIP) -e '.[dev,capture,hf,cluster]'
 	$(COMPILE)
 	touch $@ $(VENV)/.core

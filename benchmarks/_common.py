@@ -48,7 +48,7 @@ def best_of(fn, n: int = 5) -> float:
 def synthetic_trace(out: Path, tokens: int = 20000, layers: int = 48, experts: int = 128, top_k: int = 8) -> Path:
     """The project's synthetic generator, routing only; reused when already written."""
     from traces import open_trace
-    from traces.synth import SynthConfig, write_synthetic
+    from traces.synth.generator import SynthConfig, write_synthetic
 
     if not (out / "trace.json").is_file():
         write_synthetic(out, SynthConfig(layers=layers, experts=experts, top_k=top_k, tokens=tokens, prompt_tokens=32,
@@ -63,10 +63,10 @@ def top1_decode_loads(trace_dir: Path):
     object id per request = layer index x n_expert + expert)."""
     import numpy as np
 
-    from replay.cache import prepare_loads
+    from replay.core.simulate import prepare_loads
     from traces import open_trace
-    from traces.reader import RoutingArrays
-    from traces.units import MIB
+    from traces.io.reader import RoutingArrays
+    from traces.util.units import MIB
 
     t = open_trace(synthetic_trace(trace_dir))
     a = t.arrays(recorded=False)

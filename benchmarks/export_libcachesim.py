@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks._common import machine
-from traces.units import MIB
+from traces.util.units import MIB
 
 ENTRIES = (8, 48, 96, 256, 1024)
 
@@ -35,8 +35,8 @@ def main() -> None:
     import libcachesim as lcs
 
     import replay
-    from traces.exports import export
-    from traces.synth import SynthConfig, write_synthetic
+    from traces.io.exports import export
+    from traces.synth.generator import SynthConfig, write_synthetic
 
     print(f"machine: {machine()}")
     print(f"libcachesim {getattr(lcs, '__version__', '0.3.5')}; synthetic 48 x 128, {args.tokens} decode tokens, "

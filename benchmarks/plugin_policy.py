@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=5000)
     ap.add_argument("--trace", type=Path, default=None)
     args = ap.parse_args()
-    from replay.cache import loads_of, replay, warm_up
+    from replay.core.simulate import loads_of, replay, warm_up
     from replay.policies import add_policy_file
     from traces import open_trace
 

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks._common import machine, top1_decode_loads
-from traces.units import MIB
+from traces.util.units import MIB
 
 ENTRIES = (8, 16, 19, 20, 64, 512, 2048)
 
@@ -34,7 +34,7 @@ def main() -> None:
     args = ap.parse_args()
     import libcachesim as lcs
 
-    from replay.cache import replay
+    from replay.core.simulate import replay
 
     t, loads, obj = top1_decode_loads(args.trace)
     n = obj.shape[0]

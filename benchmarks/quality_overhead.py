@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from engine_bridge import hf
     from engine_bridge.quality import Setting, _DropCold, _router_logit_hooks, new_cache
-    from replay.cache import budget_bytes
+    from replay.core.simulate import budget_bytes
 
     start_tiny_model_run(a, "tokens teacher-forced")
     tmp = Path(tempfile.mkdtemp(prefix="quality-bench-"))
@@ -130,7 +130,7 @@ def _llama(a: argparse.Namespace) -> None:
     from engine_bridge.gguf_static import read_static
     from engine_bridge.quality import Setting, _DropColdGgml, new_cache
     from engine_bridge.tinymodel import TinyModelConfig, write_tiny_model
-    from replay.cache import budget_bytes
+    from replay.core.simulate import budget_bytes
 
     print(machine())
     cfg = TinyModelConfig(arch="qwen3moe", layers=a.layers, experts=a.experts, top_k=a.top_k, embd=a.hidden,

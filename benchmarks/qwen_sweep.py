@@ -25,7 +25,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=Path(os.environ.get("MOE_REPLAY_SHARED", ROOT.parent / "shared")) / "data"
                     / "bigmoeonedge-2026-07-15")
     args = ap.parse_args()
-    from replay.cache import default_budgets_mib, loads_of, sweep, warm_up
+    from replay.core.simulate import default_budgets_mib, loads_of, sweep, warm_up
     from replay.policies import DEFAULT_POLICIES
     from traces import open_trace
     from traces.importers.bigmoe import import_bigmoe

@@ -16,7 +16,7 @@ ALL += ["sweep_scale"]
 ALL += ["capture_hf_overhead"]
 ALL += ["quality_overhead"]
 ALL += ["cache_e2e"]
-ALL += ["pq_read"]
+ALL += ["format_v2"]
 
 
 def main() -> None:

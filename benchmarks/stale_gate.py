@@ -12,7 +12,7 @@ child process, so its memory does not count here. Then, in this one process:
   data already in memory (no reading, no ranking, no scoring);
 - read only: the read path stale-gate uses, on one thread, no compute: each part file mapped,
   each layer's gate rows gathered from it as float64 (reported so the ratio can be read);
-- stale-gate: ``replay.predict.evaluate(trace, ["stale-gate"])`` end to end: reading the narrow
+- stale-gate: ``replay.analyses.accuracy.evaluate(trace, ["stale-gate"])`` end to end: reading the narrow
   columns, streaming every part's gate inputs from Parquet, the same matmuls, the selection rule,
   top-k, scoring per layer. It shares the source layers out among the cores, each thread running
   single-threaded BLAS, so the floor is timed both ways (one product at a time on numpy's
@@ -50,7 +50,7 @@ def ensure_trace(path: Path, tokens: int, layers: int, embd: int, experts: int) 
         if (synth.get("tokens"), synth.get("layers"), synth.get("embd"), synth.get("experts")) == (tokens, layers, embd, experts):
             if current_layout(path):
                 return
-            print(f"{path} was written by an older writer (pages the raw-page path does not read); regenerating")
+            print(f"{path} was written by an older writer (trace format version 1: gate inputs decoded, not mapped); regenerating")
     print(f"generating {path} (one-off; minutes) ...", flush=True)
     subprocess.run([sys.executable, "-m", "replay.cli", "synth", str(path), "--layers", str(layers), "--experts",
                     str(experts), "--top-k", "8", "--embd", str(embd), "--tokens", str(tokens), "--prompt-tokens", "0",
@@ -58,13 +58,11 @@ def ensure_trace(path: Path, tokens: int, layers: int, embd: int, experts: int) 
 
 
 def current_layout(path: Path) -> bool:
-    """Whether the trace's gate inputs and router matrices are stored as the current writer
-    stores them (uncompressed PLAIN pages that traces.pages reads without Arrow)."""
-    from traces.pages import plan_fixed_list
+    """Whether the trace is stored as the current writer stores it (format version 2: the gate
+    inputs in Arrow IPC files that stale-gate maps)."""
+    import json
 
-    parts = sorted((path / "routings").glob("part-*.parquet"))
-    return bool(parts) and plan_fixed_list(parts[0], "gate_input") is not None and \
-        plan_fixed_list(path / "router.parquet", "weight") is not None
+    return json.loads((path / "trace.json").read_text()).get("version") == 2
 
 
 def floor_seconds(part_tokens: list[int], embd: int, experts: int, layers: int, threaded: bool = False) -> float:
@@ -93,7 +91,7 @@ def floor_seconds(part_tokens: list[int], embd: int, experts: int, layers: int, 
 
 def read_seconds(trace) -> float:
     """The stale-gate read path alone, on one thread: every part mapped (or decoded, where its
-    pages do not allow a map), every layer's gate rows gathered as float64, no compute."""
+    trace is version 1), every layer's gate rows gathered as float64, no compute."""
     from replay.predictors.gate import _chunks  # the path predict_gate reads through
 
     t0 = time.perf_counter()
@@ -115,7 +113,7 @@ def main() -> None:
     path = a.trace or Path("/tmp/moe-replay-bench") / f"stale-gate-L{a.layers}-E{a.experts}-d{a.embd}-T{a.tokens}"
     ensure_trace(path, a.tokens, a.layers, a.embd, a.experts)
 
-    from replay.predict import evaluate
+    from replay.analyses.accuracy import evaluate
     from replay.predictors.gate import _workers, warm_up
     from traces import open_trace
 

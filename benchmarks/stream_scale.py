@@ -5,9 +5,9 @@ experts, top-8, routing only; written first if absent, which takes long: see syn
 each in a fresh child process that opens the trace and replays it as ``cache --stream off|on``
 does (the rows checked as they are read: ``open_trace(defer_rows=True)``):
 
-- ``in-memory``: :func:`replay.cache.loads_of` (the whole trace's loads, ~17 bytes per load + 4 x
-  top_k per routing row) then :func:`replay.cache.replay`;
-- ``streamed``: :func:`replay.cache_stream.replay_stream` (one part at a time, the cache state
+- ``in-memory``: :func:`replay.core.simulate.loads_of` (the whole trace's loads, ~17 bytes per load + 4 x
+  top_k per routing row) then :func:`replay.core.simulate.replay`;
+- ``streamed``: :func:`replay.core.streaming.replay_stream` (one part at a time, the cache state
   carried across parts).
 
 Each child prints its peak RSS (ru_maxrss, the whole process: Python, Numba, Arrow included),
@@ -32,8 +32,8 @@ import json, resource, sys, time
 t0 = time.perf_counter()
 from traces import open_trace
 import importlib
-cache = importlib.import_module("replay.cache")
-from replay.cache_stream import replay_stream
+cache = importlib.import_module("replay.core.simulate")
+from replay.core.streaming import replay_stream
 mode, path, budget = sys.argv[1], sys.argv[2], float(sys.argv[3])
 cache.warm_up(["lru"])
 t1 = time.perf_counter()

@@ -55,9 +55,9 @@ def main() -> None:
     ap.add_argument("--ray-cpus", type=int, default=2, help="CPUs of the local Ray instance (0 = skip Ray)")
     args = ap.parse_args()
     sizes = [int(w) for w in args.workers.split(",")]
-    from replay.cache import loads_of
+    from replay.core.simulate import loads_of
     from traces import open_trace
-    from traces.units import MIB
+    from traces.util.units import MIB
 
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)

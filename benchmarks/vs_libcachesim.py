@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks._common import best_of, machine, top1_decode_loads
-from traces.units import MIB
+from traces.util.units import MIB
 
 ROUNDS = 5
 
@@ -36,8 +36,8 @@ def main() -> None:
     args = ap.parse_args()
     import libcachesim as lcs
 
-    from replay.cache import replay, warm_up
-    from replay.cache_kernel import next_loads
+    from replay.core.driver import next_loads
+    from replay.core.simulate import replay, warm_up
 
     t, loads, obj = top1_decode_loads(args.trace)
     n = obj.shape[0]

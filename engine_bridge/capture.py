@@ -40,11 +40,11 @@ from engine_bridge.engine import (
 )
 from engine_bridge.gguf_static import GgufStatic, read_static
 from engine_bridge.hook import GraphShape, LayerCapture, MoeHook
-from traces.atomic import check_output_dir
-from traces.errors import UserError
-from traces.rounding import input_rounding
-from traces.signals import on_signals
-from traces.writer import TraceWriter
+from traces.format.errors import UserError
+from traces.io.atomic import check_output_dir
+from traces.io.writer import TraceWriter
+from traces.util.rounding import input_rounding
+from traces.util.signals import on_signals
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Self-checks run on every capture, from the trace as written (so they check what a reader sees).
 
-1. ``topk_of_logits``: the architecture's selection rule (:func:`traces.gating.select`) applied to
+1. ``topk_of_logits``: the architecture's selection rule (:func:`traces.format.gating.select`) applied to
    the captured logits picks exactly the captured ids, in rank order; the captured weights agree
    with the rule's weights. A routing that differs only among exactly tied selection scores
    (``ties``: bf16 / f16 logits tie often, and the rule's lower-id choice is a convention)
@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from traces.gating import select, selection_scores
-from traces.reader import fixed_list_to_numpy, open_trace
-from traces.rounding import round_input
+from traces.format.gating import select, selection_scores
+from traces.io.reader import fixed_list_to_numpy, open_trace
+from traces.util.rounding import round_input
 
 
 def run_checks(trace_dir: str | Path, logit_bias: dict[int, np.ndarray] | None = None, rel_tol: float = 1e-4,

@@ -15,7 +15,7 @@ from typing import Any
 import typer
 
 from replay.cli.options import BUDGET_UNITS_HELP
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 
 def register(app: typer.Typer) -> None:
@@ -62,8 +62,8 @@ def capture_cmd(
 
     require_capture_extra("capture")  # before any file is looked at: name the extra, not a module
     from engine_bridge.capture import CaptureOptions, capture, validate
+    from replay.core.progress import progress
     from replay.present.format import json_object
-    from replay.progress import progress
 
     if (prompt is None) == (prompt_file is None):
         raise UserError("give exactly one of --prompt TEXT or --prompt-file FILE.")

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 PINNED_VERSION = "0.3.36"
 

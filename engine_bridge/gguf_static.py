@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 GGUF_MAGIC = b"GGUF"
 _BLK = re.compile(r"^blk\.(\d+)\.(.+)$")

@@ -39,11 +39,11 @@ import numpy as np
 
 from engine_bridge.capture import TokenRates, _Stop
 from engine_bridge.checks import checks_passed, run_checks
-from traces.atomic import check_output_dir
-from traces.errors import UserError
-from traces.gating import selection_scores
-from traces.signals import on_signals
-from traces.writer import TraceWriter
+from traces.format.errors import UserError
+from traces.format.gating import selection_scores
+from traces.io.atomic import check_output_dir
+from traces.io.writer import TraceWriter
+from traces.util.signals import on_signals
 
 _EXTRA = "pip install 'moe-replay[hf]'"
 
@@ -66,7 +66,7 @@ class Family:
 
     router_attr: str  # the block's child that routes ("gate" | "router")
     router_class: str  # the class whose forward the rule below describes
-    activation: str  # softmax | sigmoid | softmax_weight (traces.gating vocabulary)
+    activation: str  # softmax | sigmoid | softmax_weight (traces.format.gating vocabulary)
     always_norm: bool = False  # the router normalises the top-k whatever the config says
     weight: str = "weight"  # the router matrix [n_expert, hidden]
     selection_bias: str | None = None  # added to the scores for selection only (not to the weights)
@@ -763,7 +763,7 @@ def _cache_of(out: Any) -> Any:
 def rank_order(ids: np.ndarray, weights: np.ndarray, logits: np.ndarray, gating: dict[str, Any],
                bias: np.ndarray | None, extra: list[np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Put each routing's slots in rank order: descending selection score of the captured logits
-    (the rule :func:`traces.gating.select` ranks by), ties to the lower id."""
+    (the rule :func:`traces.format.gating.select` ranks by), ties to the lower id."""
     sel = selection_scores(logits, gating, bias)
     score = np.take_along_axis(sel, ids.astype(np.int64), axis=1)
     order = np.lexsort((ids, -score), axis=1) if ids.shape[1] > 1 else np.zeros_like(ids, dtype=np.int64)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 # The corpus the tiny tokenizer's merges are learned from: fixed, so the vocabulary is too.
 _CORPUS = [

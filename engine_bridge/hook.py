@@ -30,17 +30,7 @@ from typing import Any
 import numpy as np
 
 from engine_bridge import ggml
-
-LOGITS, LOGITS_BIASED, PROBS, PROBS_BIASED, GROUP_TOPK, TOPK, WEIGHTS = range(7)
-WEIGHT_CHAIN = ("ffn_moe_weights", "ffn_moe_weights_softmax", "ffn_moe_weights_norm", "ffn_moe_weights_scaled")
-_STRUCT_NAMES = {
-    "ffn_moe_logits": LOGITS,
-    "ffn_moe_logits_biased": LOGITS_BIASED,
-    "ffn_moe_probs": PROBS,
-    "ffn_moe_probs_biased": PROBS_BIASED,
-    "ffn_moe_group_topk": GROUP_TOPK,
-    "ffn_moe_topk": TOPK,
-}
+from engine_bridge.router_nodes import _STRUCT_NAMES, LOGITS, PROBS, TOPK, WEIGHT_CHAIN, WEIGHTS
 
 
 @dataclass

@@ -24,10 +24,10 @@ from llvmlite import ir
 from numba import cfunc, njit, types
 from numba.extending import intrinsic
 
-from engine_bridge.hook import _STRUCT_NAMES, LOGITS, PROBS, TOPK, WEIGHT_CHAIN, WEIGHTS
-from traces.jit import resolve
+from engine_bridge.router_nodes import _STRUCT_NAMES, LOGITS, PROBS, TOPK, WEIGHT_CHAIN, WEIGHTS
+from traces.util.jit import resolve
 
-resolve()  # this module compiles with Numba itself: the lazy stand-ins (traces.jit) become dispatchers, the compile notice listens
+resolve()  # this module compiles with Numba itself: the lazy stand-ins (traces.util.jit) become dispatchers, the compile notice listens
 
 # state[]: asks answered; 1 = ask in Python; the remembered top-k node and its layer (-1 none);
 # whether to observe the router logits; the ops MUL_MAT_ID and MUL_MAT; the Python callback's

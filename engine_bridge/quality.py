@@ -13,8 +13,8 @@ neither looked up, nor read, nor admitted; its weight is set to zero without ren
 others (``renormalize``: the survivors are rescaled to the sum the router gave the whole set).
 
 Each run writes its trace (the router's routing, with a ``dropped`` column marking what the run
-dropped) under OUT; the offline closed-loop replay of that trace (:func:`replay.drop.closed_drop`'s
-flags through :func:`replay.cache.replay`) drops exactly the same slots (tests/test_quality.py).
+dropped) under OUT; the offline closed-loop replay of that trace (:func:`replay.analyses.drop_cold.closed_drop`'s
+flags through :func:`replay.core.simulate.replay`) drops exactly the same slots (tests/test_quality.py).
 
 Figures per setting: perplexity over the text and its change from the undropped (plain) run; KL
 (undropped || run) of the next-token distribution (nats; mean and p95 over positions), top-1
@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from traces.errors import UserError
-from traces.units import exact
+from traces.format.errors import UserError
+from traces.util.units import exact
 
 
 @dataclass(frozen=True)
@@ -111,18 +111,18 @@ class LruStep:
 
 
 class KernelStep:
-    """Any policy the replay can step: the replay kernel itself (:func:`replay.cache.kernel_for`'s
+    """Any policy the replay can step: the replay kernel itself (:func:`replay.core.simulate.kernel_for`'s
     what-if driver for ``policy``, drop flags on), called once per load with its state (``ent``,
     ``grp``, the policy's ``ps``) and its clocks (tick, load number, current batch; as
-    :func:`replay.cache_stream.replay_stream` carries them from part to part) carried from call to
+    :func:`replay.core.streaming.replay_stream` carries them from part to part) carried from call to
     call. One token per forward: a load whose layer index is not above the previous load's starts a
     new batch (the next token). Same interface and counters as :class:`LruStep`; the calls together
     equal one replay of all the loads (tests/test_quality_step.py, every steppable policy)."""
 
     def __init__(self, policy: str, entry_bytes: np.ndarray, n_expert: int, budget: int, seed: int = 0) -> None:
-        from replay.cache import Loads, _groups, kernel_for
-        from replay.cache_kernel import N_ACC, N_STATS, no_options
-        from replay.cache_state import new_state
+        from replay.core.driver import N_ACC, N_STATS, no_options
+        from replay.core.simulate import Loads, _groups, kernel_for
+        from replay.core.state import new_state
         from replay.policies import policy_module
 
         check_steppable(policy)
@@ -153,7 +153,7 @@ class KernelStep:
     def step(self, lidx: int, ids: np.ndarray, flags: np.ndarray) -> np.ndarray:
         """One load of layer index ``lidx``: ``ids`` [T, k] in rank order, ``flags`` [T, k] uint8
         (1 skip if not resident, 2 always); returns the bool [T, k] of skipped slots."""
-        from replay.cache_kernel import OPT_BATCH0, OPT_LOAD0, OPT_TICK0, STAT_EVICTIONS, STAT_OVERFLOW, STAT_TICKS
+        from replay.core.driver import OPT_BATCH0, OPT_LOAD0, OPT_TICK0, STAT_EVICTIONS, STAT_OVERFLOW, STAT_TICKS
 
         self.load += 1
         T, k = ids.shape
@@ -178,25 +178,25 @@ class KernelStep:
 
     @property
     def lookups(self) -> int:
-        from replay.cache_kernel import ACC_LOOKUPS
+        from replay.core.driver import ACC_LOOKUPS
 
         return int(self.acc[:, :, ACC_LOOKUPS].sum())
 
     @property
     def hits(self) -> int:
-        from replay.cache_kernel import ACC_HITS
+        from replay.core.driver import ACC_HITS
 
         return int(self.acc[:, :, ACC_HITS].sum())
 
     @property
     def read_bytes(self) -> int:
-        from replay.cache_kernel import ACC_READ
+        from replay.core.driver import ACC_READ
 
         return int(self.acc[:, :, ACC_READ].sum())
 
     @property
     def skipped(self) -> int:
-        from replay.cache_kernel import ACC_SKIPPED
+        from replay.core.driver import ACC_SKIPPED
 
         return int(self.acc[:, :, ACC_SKIPPED].sum())
 
@@ -485,9 +485,9 @@ def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str 
     hold their traces, quality.json's ``generation`` the texts, the first generated token where each
     setting's output leaves the undropped one (``diverges_at``, null if identical) and the run's
     figures beside the closed-loop replay's of the undropped generation's trace."""
-    from replay.cache import budget_bytes, check_policies
+    from replay.core.simulate import budget_bytes, check_policies
     from replay.present.format import json_object
-    from traces.atomic import staged_dir
+    from traces.io.atomic import staged_dir
 
     check_policies([policy], option="--policy")
     check_steppable(policy)
@@ -553,9 +553,9 @@ def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str 
 def _predicted(plain_dir: Path, settings: list[Setting], policy: str, budget_mib: float) -> tuple[int, list[dict[str, Any]]]:
     """The undropped run's reads in the replay at ``policy`` and the closed-loop replay's rows
     (every phase) of its trace for the settings."""
-    from replay.cache import prepare_loads, replay
-    from replay.cache_kernel import ACC_READ
-    from replay.drop import closed_drop
+    from replay.analyses.drop_cold import closed_drop
+    from replay.core.driver import ACC_READ
+    from replay.core.simulate import prepare_loads, replay
     from traces import open_trace
 
     plain = open_trace(plain_dir)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 ARCHS = ("qwen3moe", "minimax-m2", "gpt-oss")
 WEIGHT_TYPES = ("f32", "f16")

@@ -10,9 +10,9 @@ or ``replay.cache(trace, policies=["lru", "fifo"], policy_file="examples/fifo_po
 A policy module defines ``NAME``, the constants ``PARTITION`` ("global": one cache over all
 layers, or "layer": one per MoE layer), ``UNBOUNDED`` and ``NEEDS_NEXT_USE``, ``init`` (plain
 Python: the policy's own state array ``ps``) and four hooks compiled with
-``@njit(inline="always")`` into the replay driver (see replay/cache_kernel.py for what each is
+``@njit(inline="always")`` into the replay driver (see replay/core/driver.py for what each is
 told): ``on_admit``, ``on_touch``, ``pick_victim`` (must only return entries for which
-``replay.cache_state.evictable`` holds, or -1) and ``on_evict``. ``NEEDS_TICK``, ``NEEDS_FREQ``
+``replay.core.state.evictable`` holds, or -1) and ``on_evict``. ``NEEDS_TICK``, ``NEEDS_FREQ``
 and ``NEEDS_LAST_LOAD`` = False tell the driver this policy reads none of those fields.
 
 State: a doubly linked list per eviction group in admission order (head = oldest), in ``ps``:
@@ -24,7 +24,7 @@ touched (they cannot be evicted after it).
 import numpy as np
 from numba import njit
 
-from replay.cache_state import evictable
+from replay.core.state import evictable
 
 NAME = "fifo"
 PARTITION = "global"

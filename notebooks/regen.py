@@ -23,7 +23,7 @@ from pathlib import Path
 
 import nbformat
 
-from replay.progress import COMPILE_NOTICE
+from replay.core.progress import COMPILE_NOTICE
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -1,6 +1,6 @@
 """moe-replay: offline replay of Mixture-of-Experts expert caches, predictors, drop and prefetch
 over v1 traces. The public Python API (every function keyword-only past the trace; every analysis
-returns one Polars DataFrame with the DESIGN.md keys; bad input raises :class:`ReplayError`)::
+returns one Polars DataFrame with the docs/design.md keys; bad input raises :class:`ReplayError`)::
 
     import replay
     t = replay.open_trace("trace_dir")
@@ -9,27 +9,25 @@ returns one Polars DataFrame with the DESIGN.md keys; bad input raises :class:`R
     pre = replay.prefetch(t, predictor="prev-token", budget_mib=512)
     replay.write_report("trace_dir", "report_dir", force=True)
 
-Functions: open_trace, synth, cache, retain, predict, predict_run, drop, prefetch, fit_cost_model,
+Functions: open_trace, synth, cache, cache_run, retain, predict, predict_run, drop, prefetch, fit_cost_model,
 cost_fit, load_cost_model, manual_cost_model, with_time, write_report, default_budgets_mib,
 policy_names, predictor_names, sweep, sweep_report, compare, compare_run.
 
-Six functions share their name with the library module that does the work (``replay.cache``,
-``replay.predict``, ``replay.drop``, ``replay.prefetch``, ``replay.sweep``, ``replay.compare``): the package attribute is always the
-function; the modules are imported with ``from replay.cache import sweep`` as before.
+Each function is imported from the module that holds it on first use: :mod:`replay.api` (and
+:mod:`replay.analyses.sweeps` for ``sweep`` and ``sweep_report``). No submodule of ``replay`` is named
+like one of them, so ``replay.cache`` is always the function.
 
 Your own policy or predictor module: ``policy_file=`` / ``predictor_file=`` (see examples/ and
 the README, "Write your own policy or predictor").
 """
 
-import sys as _sys
-import types as _types
-
-from traces.version import __version__
+from traces.format.version import __version__
 
 __all__ = [
     "ReplayError",
     "__version__",
     "cache",
+    "cache_run",
     "compare",
     "compare_run",
     "cost_fit",
@@ -52,15 +50,18 @@ __all__ = [
     "write_report",
 ]
 
+# Where a public function lives when not in replay.api (the sweep engine sits above the API).
+_HOME = {"sweep": "replay.analyses.sweeps", "sweep_report": "replay.analyses.sweeps"}
+
 
 def __getattr__(name: str) -> object:
     """The API functions are imported on first use (PEP 562): ``import replay.cli`` (and so
     ``moe-replay --help``) must not wait for Polars and Numba."""
     if name in __all__:
-        from replay import api
+        import importlib
 
-        value = getattr(api, name)
-        _types.ModuleType.__setattr__(_sys.modules[__name__], name, value)
+        value = getattr(importlib.import_module(_HOME.get(name, "replay.api")), name)
+        globals()[name] = value
         return value
     raise AttributeError(f"module 'replay' has no attribute {name!r}")
 
@@ -68,15 +69,3 @@ def __getattr__(name: str) -> object:
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
-
-class _Package(_types.ModuleType):
-    """The package keeps its API functions when a same-named library module is imported (Python's
-    import system sets ``replay.cache`` to the submodule otherwise)."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in __all__ and isinstance(value, _types.ModuleType):
-            return  # the module stays in sys.modules["replay." + name]
-        super().__setattr__(name, value)
-
-
-_sys.modules[__name__].__class__ = _Package

@@ -1,10 +1,10 @@
-"""The public Python API: keyword arguments in, one Polars DataFrame out (DESIGN.md keys).
+"""The public Python API: keyword arguments in, one Polars DataFrame out (docs/design.md keys).
 
-Every analysis function takes a trace (a :class:`traces.reader.Trace` from :func:`open_trace`,
+Every analysis function takes a trace (a :class:`traces.io.reader.Trace` from :func:`open_trace`,
 or a path to one), keyword-only options, and returns one ``polars.DataFrame``; where the
 command line prints more than the rows (warnings, predictors that could not run), a second
 function returns it (:func:`predict_run`). Bad input raises :class:`ReplayError` (the project's
-:class:`traces.errors.UserError`) with a message that names the parameter, never a CLI flag.
+:class:`traces.format.errors.UserError`) with a message that names the parameter, never a CLI flag.
 The ``moe-replay`` verbs call exactly these functions.
 """
 
@@ -17,14 +17,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 if TYPE_CHECKING:  # Polars is imported where a function runs, not by ``import replay.cli`` (``--help`` stays fast)
     import polars as pl
 
 ReplayError = UserError
 
-TraceLike = Any  # a traces.reader.Trace or a path to a trace directory
+TraceLike = Any  # a traces.io.reader.Trace or a path to a trace directory
 
 # CLI flags a library message may name, and the keyword that replaces each in the API's messages.
 _KEYWORD = {
@@ -35,7 +35,7 @@ _KEYWORD = {
     "--compute-ms": "compute_ms", "--pin-per-layer": "policy_options['pin']['per_layer']",
     "--pin-profile": "policy_options['pin']['profile']", "--policy-file": "policy_file",
     "--predictor-file": "predictor_file", "--force": "force", "--out": "out", "--retain": "retain_predictor",
-    "--quality": "quality",
+    "--quality": "quality", "--foreign-cost-model": "foreign_cost_model=True",
 }
 # Set by the CLI while a verb runs: its messages keep the flag names the user typed.
 cli_flags: contextvars.ContextVar[bool] = contextvars.ContextVar("moe_replay_cli_flags", default=False)
@@ -71,7 +71,7 @@ def _api(fn: Callable) -> Callable:
 
 def _trace(trace: TraceLike):
     from traces import open_trace as _open
-    from traces.reader import Trace
+    from traces.io.reader import Trace
 
     return trace if isinstance(trace, Trace) else _open(trace)
 
@@ -79,7 +79,7 @@ def _trace(trace: TraceLike):
 def _plugins(policy_file: Any, predictor_file: Any) -> None:
     """Register the files; the predictor files join this call's default lists (a contextvar,
     reset by :func:`_api` when the call returns)."""
-    from replay.plugins import register_files
+    from replay.plugin_files import register_files
     from replay.predictors import active_files
 
     _, preds = register_files(policy_file, predictor_file)
@@ -89,7 +89,7 @@ def _plugins(policy_file: Any, predictor_file: Any) -> None:
 
 def _budget(value: Any, what: str = "budget_mib") -> float | None:
     """A budget in MiB: a number, or text with a binary unit ("4GiB"), read by the CLI's own parser."""
-    from traces.units import parse_budget_mib
+    from traces.util.units import parse_budget_mib
 
     return None if value is None else parse_budget_mib(value, what)
 
@@ -111,13 +111,13 @@ def open_trace(path: str | Path):
 @_api
 def synth(out: str | Path, *, force: bool = False, **config: Any):
     """Write a synthetic trace (the project's small residual-stream model, deterministic per
-    ``seed``) into ``out`` and open it. ``config``: the fields of :class:`traces.synth.SynthConfig`
+    ``seed``) into ``out`` and open it. ``config``: the fields of :class:`traces.synth.generator.SynthConfig`
     (``layers``, ``experts``, ``top_k``, ``embd``, ``tokens``, ``prompt_tokens``, ``seed``,
     ``gating``, ``routing_only``, ``expert_bytes``, ``drift``, ``reuse``, ``skew``)."""
     import dataclasses
 
     from traces import open_trace as _open
-    from traces.synth import SynthConfig, write_synthetic
+    from traces.synth.generator import SynthConfig, write_synthetic
 
     known = {f.name for f in dataclasses.fields(SynthConfig)}
     bad = sorted(set(config) - known)
@@ -130,11 +130,97 @@ def synth(out: str | Path, *, force: bool = False, **config: Any):
 def default_budgets_mib(trace: TraceLike) -> list[float]:
     """The default budgets: 9, geometric from T/2 to the working set W (2 significant figures),
     the recorded budget replacing the nearest."""
-    from replay.cache import default_budgets_mib as _default
-    from replay.cache import loads_of
+    from replay.core.simulate import default_budgets_mib as _default
+    from replay.core.simulate import loads_of
 
     t = _trace(trace)
     return _default(loads_of(t), t.recorded.get("budget_mib"))
+
+
+class CacheRun:
+    """Everything ``cache`` prints: the rows (``frame``), the budgets replayed (``budgets_mib``),
+    the loads the replay cut (``loads``: the batch-only ones when streamed), the working set in
+    bytes and :attr:`summary` (:func:`replay.core.rows.cache_summary`: T, W, the note)."""
+
+    def __init__(self, trace: Any, frame: pl.DataFrame, budgets_mib: list[float], budgets_given: bool, loads: Any,
+                 working_set_bytes: int | None, streamed: bool) -> None:
+        self.trace, self.frame, self.budgets_mib, self.budgets_given = trace, frame, budgets_mib, budgets_given
+        self.loads, self.streamed = loads, streamed
+        self._working_set_bytes = working_set_bytes
+
+    @property
+    def working_set_bytes(self) -> int:
+        return self.loads.working_set_bytes if self._working_set_bytes is None else self._working_set_bytes
+
+    @functools.cached_property
+    def summary(self) -> dict[str, Any]:
+        from replay.core.frames import rows_of
+        from replay.core.rows import cache_summary
+
+        return cache_summary(self.trace, rows_of(self.frame.filter(self.frame["layer"].is_null())), self.budgets_mib,
+                             self.budgets_given, self.working_set_bytes, bool((self.loads.batch_phase == 1).any()))
+
+
+@_api
+def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer", "lfru", "belady", "infinite"),
+              budgets_mib: Sequence[float] | None = None, per_layer: bool = False, phase: str = "decode", seed: int = 0,
+              policy_options: dict[str, dict[str, Any]] | None = None, policy_file: Any = None, cost_model: Any = None,
+              retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
+              loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False, paired: bool = False) -> CacheRun:
+    """:func:`cache` with everything the command prints beside the rows: a :class:`CacheRun`. The
+    one flow of a cache replay: the ``cache`` verb, :func:`cache` and sweeps all run it. A
+    ``cost_model`` fitted on another model or device is refused before the replay unless
+    ``foreign_cost_model`` (replay.analyses.cost_origin)."""
+    from replay.analyses.info import require_routings
+    from replay.core.phases import check_phase
+    from replay.core.simulate import check_policies, default_budgets_mib, loads_of, sweep
+    from replay.core.streaming import check_stream_mode, choose_stream, streamable
+
+    check_phase(phase)
+    check_stream_mode(stream)
+    _plugins(policy_file, predictor_file)
+    pols = check_policies(list(policies))
+    if not 0 <= seed < 1 << 63:
+        raise UserError(f"--seed: {seed} is not in 0..2^63-1.")
+    t = _trace(trace)
+    require_routings(t, "replay")
+    cost_model = _applied(cost_model, t, foreign_cost_model)
+    blist = _budgets(budgets_mib) if budgets_mib is not None else None
+    rec_budget = t.recorded.get("budget_mib")
+    # Options of a policy that streams replay in memory only (the policies that take options do not stream).
+    in_memory_only = ("--retain" if retain_predictor is not None
+                      else "policy_options" if policy_options and all(streamable(p) for p in pols) else None)
+    if paired and retain_predictor is not None:
+        raise UserError("paired: compares plain replays; not with retain_predictor.")
+    series: dict | None = {} if paired else None  # each cell's decode batches (replay.analyses.paired)
+    if loads is None and choose_stream(t, pols, stream, in_memory_only=in_memory_only):
+        from replay.core.streaming import Sizes, stream_sweep, working_set_stream
+
+        if blist is None:  # the working set first (one more pass over the parts), then the replay
+            blist = default_budgets_mib(Sizes(t.token_cycle_bytes, working_set_stream(t)), rec_budget)
+        frame, loads, working_set = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=show_progress,
+                                                 series=series)
+        streamed = True
+    else:
+        loads = loads if loads is not None else loads_of(t)
+        working_set, streamed = None, False
+        if blist is None:
+            blist = default_budgets_mib(loads, rec_budget)
+        if retain_predictor is not None:
+            from replay.analyses.prefetching import retain_sweep
+
+            frame = retain_sweep(t, loads, pols, blist, retain_predictor, per_layer=per_layer, seed=seed,
+                                 policy_options=policy_options, show_progress=show_progress)
+        else:
+            frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed, policy_options=policy_options,
+                          show_progress=show_progress, series=series)
+    if cost_model is not None:
+        frame = with_time(frame, cost_model, trace=t)
+    if series is not None:
+        from replay.analyses.paired import with_paired, with_requests
+
+        frame = with_paired(frame, with_requests(series, t), cost_model)
+    return CacheRun(t, frame, blist, budgets_mib is not None, loads, working_set, streamed)
 
 
 @_api
@@ -142,57 +228,36 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
           budgets_mib: Sequence[float] | None = None, per_layer: bool = False, phase: str = "decode", seed: int = 0,
           policy_options: dict[str, dict[str, Any]] | None = None, policy_file: Any = None, cost_model: Any = None,
           retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
-          loads: Any = None, stream: str = "auto") -> pl.DataFrame:
+          loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False, paired: bool = False) -> pl.DataFrame:
     """Replay every (policy, budget) cell: one row per cell (``layer`` null) and, with
     ``per_layer``, one per MoE layer. Keys: ``policy``, ``budget_mib``, ``layer``,
     ``hit_pct_decode``, ``hit_pct_cum``, ``read_mib``, ``peak_resident_mib``, ``overflow_loads``,
-    ``over_budget``, ... (DESIGN.md, "cache"); with ``cost_model`` (a model from
-    :func:`fit_cost_model` / :func:`load_cost_model`) also ``ms_per_token``/``tok_s``; with
+    ``over_budget``, ... (docs/design.md, "cache"); with ``cost_model`` (a model from
+    :func:`fit_cost_model` / :func:`load_cost_model`) also ``ms_per_token``/``tok_s`` (a model
+    fitted on another model or device is refused unless ``foreign_cost_model``; then the rows carry
+    ``cost_model_foreign``: docs/design.md, "Cost model"); with
     ``retain_predictor`` the replay protects that predictor's guesses for the next layer(s)
     (``retain_gain_pp_*`` columns). ``budgets_mib`` default: :func:`default_budgets_mib`; a budget
     is MiB, or text with a binary unit (``"4GiB"``, ``"1.5GiB"``), in every function that takes one.
     ``phase`` is checked (decode | prefill | all): it names the hit % a caller leads with; every
     row carries all of them. ``policy_file``: a policy module (or a list) anywhere on disk.
-    ``stream`` (auto | on | off): replay part by part (:func:`replay.cache_stream.stream_sweep`, the
+    ``stream`` (auto | on | off): replay part by part (:func:`replay.core.streaming.stream_sweep`, the
     same rows byte for byte, memory one part plus the cache states); auto streams when the
-    in-memory replay would not fit comfortably (:func:`replay.cache_stream.auto_streams`) and
+    in-memory replay would not fit comfortably (:func:`replay.core.streaming.auto_streams`) and
     every policy streams (not pin, colibri, layer-opt; not with ``retain_predictor`` or
-    ``policy_options``); on refuses what cannot stream."""
-    from replay.cache import check_policies, loads_of, sweep
-    from replay.cache_stream import check_stream_mode, choose_stream
-    from replay.info import require_routings
-    from replay.phases import check_phase
+    ``policy_options``); on refuses what cannot stream.
 
-    check_phase(phase)
-    check_stream_mode(stream, "stream")
-    _plugins(policy_file, predictor_file)
-    pols = check_policies(list(policies), option="policies")
-    if not 0 <= seed < 1 << 63:
-        raise UserError(f"seed: {seed} is not in 0..2^63-1.")
-    t = _trace(trace)
-    require_routings(t, "replay")
-    in_memory_only = "retain_predictor" if retain_predictor is not None else "policy_options" if policy_options else None
-    if loads is None and choose_stream(t, pols, stream, in_memory_only=in_memory_only, option="stream"):
-        from replay.cache import default_budgets_mib as _default
-        from replay.cache_stream import Sizes, stream_sweep, working_set_stream
-
-        blist = (_budgets(budgets_mib) if budgets_mib is not None
-                 else _default(Sizes(t.token_cycle_bytes, working_set_stream(t)), t.recorded.get("budget_mib")))
-        frame = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=show_progress)[0]
-        return with_time(frame, cost_model, trace=t) if cost_model is not None else frame
-    loads = loads if loads is not None else loads_of(t)
-    blist = _budgets(budgets_mib) if budgets_mib is not None else default_budgets_mib(t)
-    if retain_predictor is not None:
-        from replay.prefetch import retain_sweep
-
-        frame = retain_sweep(t, loads, pols, blist, retain_predictor, per_layer=per_layer, seed=seed,
-                             policy_options=policy_options, show_progress=show_progress)
-    else:
-        frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed, policy_options=policy_options,
-                      show_progress=show_progress)
-    if cost_model is not None:
-        frame = with_time(frame, cost_model, trace=t)
-    return frame
+    ``paired``: also, on every overall row, its decode hit % minus LRU's at the same budget with
+    a 95% interval from a seeded paired block bootstrap over decoded tokens (``delta_vs_lru_pp``,
+    ``delta_ci_low``, ``delta_ci_high``, ``vs_lru`` = better | worse | tie: better or worse only
+    when the interval excludes zero) and ``tied_with_best`` (the best within-budget online policy,
+    or tied with it within noise); with ``cost_model`` the same for ms per decoded token
+    (``delta_ms_vs_lru``, ``delta_ms_ci_low``, ``delta_ms_ci_high``, ``vs_lru_time``,
+    ``tied_with_fastest``). :mod:`replay.analyses.paired` (docs/design.md, "Paired comparisons")."""
+    return cache_run(trace, policies=policies, budgets_mib=budgets_mib, per_layer=per_layer, phase=phase, seed=seed,
+                     policy_options=policy_options, policy_file=policy_file, cost_model=cost_model,
+                     retain_predictor=retain_predictor, predictor_file=predictor_file, show_progress=show_progress,
+                     loads=loads, stream=stream, foreign_cost_model=foreign_cost_model, paired=paired).frame
 
 
 @_api
@@ -211,11 +276,11 @@ def predict_run(trace: TraceLike, *, predictors: Sequence[str] | None = None, ho
                 width: int | None = None, phase: str = "decode", max_horizon: int | None = None,
                 predictor_file: Any = None, progress: Any = None):
     """:func:`predict` with everything the command prints beside the rows: a
-    :class:`replay.predict.PredictResult` (``.frame``, ``.unavailable``, ``.warnings``, ``.notes``,
+    :class:`replay.analyses.accuracy.PredictResult` (``.frame``, ``.unavailable``, ``.warnings``, ``.notes``,
     ``.ctrl_failing_layers``). ``max_horizon``: the stale-gate[1..D] curve instead (``horizon``
     column)."""
-    from replay.info import require_routings
-    from replay.predict import evaluate, expand, horizon_curve
+    from replay.analyses.accuracy import evaluate, expand, horizon_curve
+    from replay.analyses.info import require_routings
 
     _plugins(None, predictor_file)
     t = _trace(trace)
@@ -232,7 +297,7 @@ def predict(trace: TraceLike, *, predictors: Sequence[str] | None = None, horizo
             predictor_file: Any = None) -> pl.DataFrame:
     """Predictor accuracy: one row per (predictor, MoE layer) and an overall row per predictor
     (``layer`` null). Keys: ``predictor``, ``layer``, ``slot_acc_pct``, ``whole_acc_pct``,
-    ``recall_pct``, ``precision_pct``, ``mass_pct``, ``scored``, ``unscored``, ... (DESIGN.md,
+    ``recall_pct``, ``precision_pct``, ``mass_pct``, ``scored``, ``unscored``, ... (docs/design.md,
     "predict"). ``predictors`` default: every registered predictor (a bare ``stale-gate`` is one
     per ``horizons``). Predictors the trace cannot run are left out: :func:`predict_run` says why."""
     return predict_run(trace, predictors=predictors, horizons=horizons, width=width, phase=phase,
@@ -242,13 +307,14 @@ def predict(trace: TraceLike, *, predictors: Sequence[str] | None = None, horizo
 @_api
 def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), mode: str = "static",
          budget_mib: float | None = None, policy: str = "lru", phase: str = "decode", cost_model: Any = None,
-         policy_file: Any = None) -> pl.DataFrame:
+         policy_file: Any = None, foreign_cost_model: bool = False) -> pl.DataFrame:
     """Drop-cold (skip a miss whose router weight < F/k) and top-k cut rows: reads avoided against
     weight mass discarded. ``mode``: ``static`` (on the recorded residency) or ``closed`` (the
     cache replayed at ``budget_mib`` under ``policy`` with dropping in the loop). With
-    ``cost_model``: ``ms_per_token`` and the no-drop baseline (decode only)."""
-    from replay.drop import closed_drop, drop_time_columns, static_drop
-    from replay.phases import check_phase
+    ``cost_model``: ``ms_per_token`` and the no-drop baseline (decode only; ``foreign_cost_model``
+    as in :func:`cache`)."""
+    from replay.analyses.drop_cold import closed_drop, drop_time_columns, static_drop
+    from replay.core.phases import check_phase
 
     check_phase(phase)
     _plugins(policy_file, None)
@@ -257,6 +323,7 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
     if cost_model is not None and phase != "decode":
         raise UserError(f"cost_model: time per token is modelled for decoded tokens; use phase='decode', not {phase!r}.")
     t = _trace(trace)
+    cost_model = _applied(cost_model, t, foreign_cost_model)
     vals = [float(f) for f in fracs]
     frame = (static_drop(t, vals, phase=phase) if mode == "static"
              else closed_drop(t, vals, budget_mib=_budget(budget_mib), policy=policy, phase=phase))
@@ -266,18 +333,20 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
 @_api
 def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: float | None = None, policy: str = "lru",
              cap: int | None = None, guard: bool = False, drop_frac: float | None = None, retain: bool = False,
-             cost_model: Any = None, policy_file: Any = None, predictor_file: Any = None) -> pl.DataFrame:
+             cost_model: Any = None, policy_file: Any = None, predictor_file: Any = None,
+             foreign_cost_model: bool = False) -> pl.DataFrame:
     """One row: speculative prefetch of ``predictor``'s guesses into the same cache at
     ``budget_mib`` (default: the recorded budget) against no prefetch and against the best plain
     online policy at that budget (``best_plain_*``). With ``cost_model``: ``ms_per_token``,
-    ``tok_s`` and a ``verdict``."""
-    from replay.prefetch import best_plain, with_best_plain, with_prefetch_time
-    from replay.prefetch import prefetch as _prefetch
+    ``tok_s`` and a ``verdict`` (``foreign_cost_model`` as in :func:`cache`)."""
+    from replay.analyses.prefetching import best_plain, with_best_plain, with_prefetch_time
+    from replay.analyses.prefetching import prefetch as _prefetch
 
     _plugins(policy_file, predictor_file)
     t = _trace(trace)
+    cost_model = _applied(cost_model, t, foreign_cost_model)
     frame = _prefetch(t, predictor, budget_mib=_budget(budget_mib), policy=policy, cap=cap, guard=guard, drop_frac=drop_frac,
-                      retain=retain)
+                      retain=retain, model=cost_model)
     if cost_model is not None:
         from replay.present.whatif import with_verdict
 
@@ -288,9 +357,9 @@ def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: flo
 @_api
 def fit_cost_model(trace: TraceLike):
     """Fit the cost model (ms per token from expert bytes read and misses) on a trace with
-    recorded engine metrics; returns the chosen :class:`replay.cost.CostModel` (``.row()`` is its
-    DESIGN.md row; :func:`cost_fit` has every candidate)."""
-    from replay.cost import fit_trace
+    recorded engine metrics; returns the chosen :class:`replay.analyses.cost_model.CostModel` (``.row()`` is its
+    docs/design.md row; :func:`cost_fit` has every candidate)."""
+    from replay.analyses.cost_model import fit_trace
 
     return fit_trace(_trace(trace))[0]
 
@@ -298,7 +367,7 @@ def fit_cost_model(trace: TraceLike):
 @_api
 def cost_fit(trace: TraceLike) -> pl.DataFrame:
     """Every candidate cost model fitted on ``trace``, one row each (``selected`` marks the chosen)."""
-    from replay.cost import fit_trace
+    from replay.analyses.cost_model import fit_trace
 
     best, cands, _ = fit_trace(_trace(trace))
     import polars as pl
@@ -309,7 +378,7 @@ def cost_fit(trace: TraceLike) -> pl.DataFrame:
 @_api
 def load_cost_model(path: str | Path):
     """Read a cost model saved by ``moe-replay cost fit --json`` (or a bare model object)."""
-    from replay.cost import load_cost_model as _load
+    from replay.analyses.cost_model import load_cost_model as _load
 
     return _load(path)
 
@@ -317,22 +386,38 @@ def load_cost_model(path: str | Path):
 @_api
 def manual_cost_model(*, flash_mib_s: float, compute_ms: float):
     """A cost model from a read bandwidth (MiB/s) and a compute time per token (ms)."""
-    from replay.cost import cost_model_from_options
+    from replay.analyses.cost_model import cost_model_from_options
 
     return cost_model_from_options(None, flash_mib_s, compute_ms)
 
 
 @_api
-def with_time(frame: pl.DataFrame, model: Any, *, trace: TraceLike = None, tokens_decode: int | None = None) -> pl.DataFrame:
-    """``frame`` (rows of :func:`cache`) + ``ms_per_token``, ``tok_s`` and ``ms_per_token_ci95``
-    under ``model``, for the decode tokens of ``trace`` (or ``tokens_decode``)."""
-    from replay.cost import with_time as _with_time
+def with_time(frame: pl.DataFrame, model: Any, *, trace: TraceLike = None, tokens_decode: int | None = None,
+              foreign_cost_model: bool = False) -> pl.DataFrame:
+    """``frame`` (rows of :func:`cache`) + ``ms_per_token``, ``tok_s``, ``ms_per_token_ci95`` and
+    ``extrapolated`` under ``model``, for the decode tokens of ``trace`` (or ``tokens_decode``).
+    With ``trace``, a model fitted on another model or device is refused unless
+    ``foreign_cost_model`` (as in :func:`cache`); with ``tokens_decode`` alone there is no trace
+    to compare with, so the caller answers for it."""
+    from replay.analyses.cost_model import with_time as _with_time
 
+    if trace is not None:
+        t = _trace(trace)
+        model = _applied(model, t, foreign_cost_model)
+        if tokens_decode is None:
+            tokens_decode = t.token_counts()["tokens_decode"]
     if tokens_decode is None:
-        if trace is None:
-            raise UserError("with_time: give trace= or tokens_decode= (the decoded tokens the rows cover).")
-        tokens_decode = _trace(trace).token_counts()["tokens_decode"]
+        raise UserError("with_time: give trace= or tokens_decode= (the decoded tokens the rows cover).")
     return _with_time(frame, model, tokens_decode)
+
+
+def _applied(model: Any, t: Any, foreign: bool) -> Any:
+    """``model`` as it may be applied to trace ``t`` (replay.analyses.cost_origin.apply_to), or None."""
+    if model is None:
+        return None
+    from replay.analyses.cost_origin import apply_to
+
+    return apply_to(model, t, foreign=bool(foreign))
 
 
 @_api
@@ -340,13 +425,14 @@ def write_report(trace: str | Path, out: str | Path, *, budgets_mib: Sequence[fl
                  policies: Sequence[str] | None = None, cost_model: Any = None, force: bool = False,
                  policy_file: Any = None, predictor_file: Any = None, progress: Callable[[str], None] | None = None,
                  inputs: Sequence[Any] = (), budget_mib: float | Sequence[float] | None = None,
-                 quality: str | Path | Sequence[str | Path] = ()) -> Path:
+                 quality: str | Path | Sequence[str | Path] = (), foreign_cost_model: bool = False) -> Path:
     """Write the whole report of ``trace`` (index.md, index.html, verdict.json, PNGs, tables/*.csv) into
     ``out``; returns ``out``. ``budget_mib``: the budget(s) its verdict answers for (default: the recorded one).
     ``quality``: one or more ``moe-replay quality`` results (directories or their quality.json) for the
-    Quality section."""
-    from replay.cache import check_policies
-    from replay.report import write_report as _write
+    Quality section. ``cost_model`` fitted on another model or device: refused unless
+    ``foreign_cost_model`` (then every time figure in the report is marked)."""
+    from replay.analyses.report import write_report as _write
+    from replay.core.simulate import check_policies
 
     _plugins(policy_file, predictor_file)
     pols = check_policies(list(policies), option="policies") if policies is not None else None
@@ -354,7 +440,8 @@ def write_report(trace: str | Path, out: str | Path, *, budgets_mib: Sequence[fl
     return _write(path, out, budgets_mib=_budgets(budgets_mib) if budgets_mib is not None else None, policies=pols,
                   cost_model=cost_model, force=force, progress=progress, inputs=inputs,
                   budget_mib=_budgets(budget_mib) if budget_mib is not None else None,
-                  quality=[quality] if isinstance(quality, (str, Path)) else list(quality))
+                  quality=[quality] if isinstance(quality, (str, Path)) else list(quality),
+                  foreign_cost_model=foreign_cost_model)
 
 
 def policy_names() -> list[str]:
@@ -372,41 +459,11 @@ def predictor_names() -> list[str]:
 
 
 @_api
-def sweep(grid: str | Path, out: str | Path, *, engine: str = "local", workers: int | None = None,
-          address: str | None = None, force: bool = False, show_progress: bool = False) -> pl.DataFrame:
-    """Run the sweep of the TOML ``grid`` into the results directory ``out`` (one Parquet table per
-    analysis kind, ``out/<kind>.parquet``: each row the kind's API rows plus ``trace_id``, ``trace``,
-    ``cell_key`` and every cell parameter as ``cell_<keyword>``). A rerun computes only the cells
-    ``out`` lacks (``force`` recomputes them). ``engine``: ``local`` (a process pool of ``workers``,
-    default one per core) or ``ray`` (``address``: ``auto``, ``HOST:PORT``, or None to start Ray
-    here). Returns one row per kind (cells, computed, rows, table); the whole run's record is
-    ``out/sweep.json``. The grid format: ``moe-replay sweep --example``."""
-    import polars as pl
-
-    from replay.sweep import run_sweep
-
-    summary = run_sweep(grid, out, engine=engine, workers=workers, address=address, force=force,
-                        show_progress=show_progress)
-    return pl.DataFrame(summary["kinds"], schema={"kind": pl.String, "cells": pl.Int64, "computed": pl.Int64,
-                                                  "rows": pl.Int64, "table": pl.String, "notes": pl.List(pl.String)})
-
-
-@_api
-def sweep_report(results: str | Path) -> pl.DataFrame:
-    """Compare the traces of a sweep: per trace, cost model and budget of ``results/cache.parquet``,
-    the best within-budget online policy by decode hit % (and the fastest by ms per token where the
-    cells had a cost model), against Belady; over-budget cells are left out and named."""
-    from replay.sweep import sweep_report as _report
-
-    return _report(results)
-
-
-@_api
 def compare_run(trace_a: TraceLike, trace_b: TraceLike, *, tol: float = 1e-3, align: str = "none", phase: str = "all"):
     """:func:`compare` with everything the command prints beside the rows: a
-    :class:`replay.compare.CompareResult` (``.per_layer``, ``.disagreements`` with each one's
+    :class:`replay.analyses.trace_compare.CompareResult` (``.per_layer``, ``.disagreements`` with each one's
     margin and whether it is explained, ``.positions``, ``.tokens_checked``, ``.notes``)."""
-    from replay.compare import compare as run
+    from replay.analyses.trace_compare import compare as run
 
     return run(_trace(trace_a), _trace(trace_b), tol=tol, align=align, phase=phase)
 

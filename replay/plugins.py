@@ -4,20 +4,22 @@ Every module — a built-in named in a registry, a file given with ``policy_file
 ``predictor_file=`` (``--policy-file`` / ``--predictor-file``), or an entry point of the groups
 ``moe_replay.policies`` / ``moe_replay.predictors`` — is imported by :func:`load` and checked by
 the registry's own validator before use. A problem (the file is missing, it fails to import, a
-hook or constant is missing) is one :class:`~traces.errors.UserError` naming the file.
+hook or constant is missing) is one :class:`~traces.format.errors.UserError` naming the file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.metadata
 import importlib.util
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from traces.errors import UserError
+from replay.plugin_spec import check as check_contract
+from traces.format.errors import UserError
 
 
 def where(mod: ModuleType) -> str:
@@ -35,8 +37,6 @@ def load_file(path: str | Path, kind: str) -> ModuleType:
         raise UserError(f"{p}: a {kind} file must be a Python module ending in .py.")
     p = p.resolve()
     data = p.read_bytes()
-    import hashlib  # here, not at import: a plain cache run loads no plugin file (~5 ms of its start-up)
-
     name = f"moe_replay_plugin_{kind}_{p.stem}_{hashlib.sha1(str(p).encode() + data).hexdigest()[:12]}"
     if name in sys.modules:
         return sys.modules[name]
@@ -68,54 +68,7 @@ def load(spec: str, kind: str) -> ModuleType:
 
 def entry_points(group: str) -> list[tuple[str, str]]:
     """(entry point name, module spec) of an entry-point group, sorted by name (deterministic)."""
-    if not _may_have_entry_points(group):
-        return []
-    import importlib.metadata
-
-    eps = importlib.metadata.entry_points(group=group)
-    return sorted((ep.name, ep.value.split(":")[0]) for ep in eps)
-
-
-def _may_have_entry_points(group: str) -> bool:
-    """False only when no installed distribution can declare ``group``: every ``sys.path`` entry is
-    a plain directory, no import hook lists distributions of its own, and no ``entry_points.txt``
-    of a ``*.dist-info`` / ``*.egg-info`` there names the group. Importing importlib.metadata and
-    parsing every distribution's metadata costs more (~20-60 ms) than a whole small replay, and
-    the answer is almost always "none"; anything unusual is left to importlib.metadata (True)."""
-    import importlib.machinery
-
-    if any(hasattr(f, "find_distributions") and f is not importlib.machinery.PathFinder for f in sys.meta_path):
-        return True
-    needle = group.encode()  # anywhere in the file: a looser test than the section header itself
-    for entry in sys.path:
-        path = entry or "."
-        if not os.path.isdir(path):
-            if os.path.exists(path):
-                return True  # a zip or other archive on the path: importlib.metadata reads it
-            continue
-        try:
-            with os.scandir(path) as it:
-                names = [e.name for e in it if e.name.endswith((".dist-info", ".egg-info"))]
-        except OSError:
-            return True
-        for name in names:
-            try:
-                with open(os.path.join(path, name, "entry_points.txt"), "rb") as f:
-                    if needle in f.read():
-                        return True
-            except FileNotFoundError:
-                continue
-            except OSError:
-                return True
-    return False
-
-
-def _paths(files: str | Path | list | tuple | None) -> list[str]:
-    if files is None:
-        return []
-    if isinstance(files, (str, Path)):
-        return [str(files)]
-    return [str(f) for f in files]
+    return sorted((ep.name, ep.value.split(":")[0]) for ep in importlib.metadata.entry_points(group=group))
 
 
 class Registry:
@@ -138,6 +91,7 @@ class Registry:
 
     def add(self, mod: ModuleType, name: str | None = None) -> str:
         n = self.validate(mod, name)
+        check_contract(mod, self.kind, where(mod))  # the plugin contract: replay/plugin_spec.py
         old = self._modules.get(n)
         if old is not None and old is not mod:
             raise UserError(f"{where(mod)}: {self.kind} name {n!r} is already taken by {where(old)}.")
@@ -210,11 +164,3 @@ class Registry:
         self._entry_points_of = None
 
 
-def register_files(policy_file: str | Path | list | tuple | None = None,
-                   predictor_file: str | Path | list | tuple | None = None) -> tuple[list[str], list[str]]:
-    """Register user policy and predictor modules (a path or a list of paths each); returns the
-    (policy names, predictor names) they define."""
-    from replay.policies import add_policy_file
-    from replay.predictors import add_predictor_file
-
-    return ([add_policy_file(p) for p in _paths(policy_file)], [add_predictor_file(p) for p in _paths(predictor_file)])

@@ -1,8 +1,7 @@
 """Running one command: exit codes, signals and one-sentence errors, with no typer import.
 
-Both ways into the command line go through :func:`guarded`: the typer application
-(:mod:`replay.cli`) and the fast path that runs a plain ``cache --json`` without typer, Polars or
-Numba (:mod:`replay.fastcli`), so a refusal, an interruption or a bug reads the same either way.
+The command line (:mod:`replay.cli`) runs every command through :func:`guarded`, so a refusal,
+an interruption or a bug reads the same in every verb.
 Exit codes: 0 done, 1 a check ran and failed, 2 bad input or an OS error, 3 a bug, 128 + N killed
 by signal N (130 SIGINT, 143 SIGTERM).
 """
@@ -15,8 +14,8 @@ import signal
 import sys
 from collections.abc import Callable
 
-from traces.errors import UserError
-from traces.signals import on_signals
+from traces.format.errors import UserError
+from traces.util.signals import on_signals
 
 
 class Interrupted(BaseException):
@@ -33,7 +32,7 @@ def _raise_interrupted(signum: int, frame: object) -> None:
 
 def _interrupted(signum: int) -> int:
     """Say in one line what an interrupted run left behind; return 128 + the signal number."""
-    from traces import atomic
+    from traces.io import atomic
 
     name = signal.Signals(signum).name
     if atomic.written:
@@ -76,7 +75,7 @@ def guarded(call: Callable[[], int], debug: bool, quiet: bool = False,
     and, unless ``quiet`` (``--json``), the compile notice on a terminal; return its exit code, or
     the code of what it raised, said in one sentence on stderr (``debug``: re-raised for the
     traceback). ``usage_error`` turns a front end's own exceptions into a code (None: not one of them)."""
-    from replay.progress import compile_notice
+    from replay.core.progress import compile_notice
 
     try:
         # The first run after installation compiles the kernels (about a minute): say so on a

@@ -44,7 +44,7 @@ def synth_trace_dir(tmp_path_factory):
     cache: dict[tuple, Path] = {}
 
     def get(**kw) -> Path:
-        from traces.synth import SynthConfig, write_synthetic
+        from traces.synth.generator import SynthConfig, write_synthetic
 
         key = tuple(sorted(kw.items()))
         if key not in cache:

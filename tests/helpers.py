@@ -43,50 +43,66 @@ def assert_one_sentence_error(res: CliResult, *needles: str) -> None:
         assert n in lines[0], f"{n!r} not in {lines[0]!r}"
 
 
-# Run a command line's main() in a fresh interpreter, then report the modules it imported (on
-# stderr's last line, after the command's own output on stdout).
-_MODULES_AFTER = """
-import json, sys
-from {entry} import main
-try:
-    main(sys.argv[1:])
-except SystemExit as e:
-    assert not e.code, e.code
-print(json.dumps(sorted(sys.modules)), file=sys.stderr)
-"""
-
-
-def modules_after(entry: str, *args: str) -> tuple[str, set[str]]:
-    """(stdout, every module imported) of ``entry.main(args)`` in a fresh interpreter: ``replay.cli``
-    (the typer application) or ``replay.fastcli`` (the console script)."""
+def rewrite_part(part, fn) -> None:
+    """Rewrite one part file of a trace through ``fn`` (a tests' corruption): ``fn`` gets the part's
+    *logical* columns (``experts`` as ``[rows, k]`` lists, as the reader hands them out, wide
+    columns left out) and returns a table that is written back in the trace's own format version:
+    version 1 as it is, version 2 with each list split into its slot columns (``experts`` ->
+    ``expert_0..``) whatever their types, so a wrong type or a missing column reaches the file."""
     import json
-    import os
-    import subprocess
-    import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    res = subprocess.run([sys.executable, "-c", _MODULES_AFTER.format(entry=entry), *map(str, args)], capture_output=True,
-                         text=True, env=env, cwd=root, check=True)
-    return res.stdout, set(json.loads(res.stderr.strip().splitlines()[-1]))
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from traces.format.schema import SLOT_STEMS, WIDE_COLUMNS
+    from traces.io.writer import write_part
+
+    part = Path(part)
+    meta = json.loads((part.parent.parent / "trace.json").read_text())
+    if meta["version"] == 1:
+        pq.write_table(fn(pq.read_table(part)), part)
+        return
+    from traces.io.reader import Trace
+
+    cols = [c for c in ("turn", "batch", "phase", "step", "layer", "experts", "weights", *meta.get("columns", []))
+            if c not in WIDE_COLUMNS]
+    n = pq.ParquetFile(part).metadata.num_rows
+    tr = Trace(part.parent.parent, meta, [part], [n])
+    t = fn(tr.read_part(0, cols))
+    fields, arrays = [], []
+    for f in t.schema:
+        col = t.column(f.name).combine_chunks()
+        if pa.types.is_fixed_size_list(f.type):
+            v = col.flatten().to_numpy(zero_copy_only=False).reshape(len(col), f.type.list_size)
+            for j in range(f.type.list_size):
+                fields.append(pa.field(f"{SLOT_STEMS[f.name]}_{j}", f.type.value_type, nullable=False))
+                arrays.append(pa.array(np.ascontiguousarray(v[:, j]), type=f.type.value_type))
+        else:
+            fields.append(f)
+            arrays.append(col)
+    write_part(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), part)
 
 
-def loader_import_seconds(loader: str, forbidden: tuple[str, ...]) -> float:
-    """Seconds a fresh interpreter takes to import the compiled-module loader ``loader`` (e.g.
-    ``replay.aot``) and load its module, asserting that it loaded and imported none of the packages
-    ``forbidden`` (top-level names)."""
-    import os
-    import subprocess
-    import sys
+def rewrite_wide(part, column: str, fn) -> None:
+    """Rewrite wide ``column`` (logits, gate_input) of one version 2 part: ``fn`` edits its values, a
+    writable ``[rows, width]`` NumPy copy, in place."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    code = (f"import sys, time; t = time.perf_counter(); import {loader} as a; m = a.load(); "
-            "dt = time.perf_counter() - t; assert m is not None, a.why_unavailable(); "
-            f"bad = sorted(x for x in sys.modules if x.split('.')[0] in {forbidden!r}); assert not bad, bad; print(dt)")
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    env.pop("MOE_REPLAY_AOT", None)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root)
-    assert out.returncode == 0, out.stderr
-    return float(out.stdout)
+    import numpy as np
+    import pyarrow as pa
+
+    from traces.format.schema import wide_file
+    from traces.io.writer import write_wide
+
+    path = wide_file(Path(part), column)
+    with pa.memory_map(str(path)) as src:
+        t = pa.ipc.open_file(src).read_all()
+    field = t.schema.field(0)
+    col = t.column(0).combine_chunks()
+    width = field.type.list_size
+    values = np.array(col.values.to_numpy(zero_copy_only=False)).reshape(-1, width)
+    fn(values)
+    write_wide(pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1), type=field.type.value_type), type=field.type),
+               field, path)

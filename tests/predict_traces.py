@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from traces.schema import default_gating
-from traces.writer import TraceWriter
+from traces.format.schema import default_gating
+from traces.io.writer import TraceWriter
 
 GATINGS = ("softmax", "sigmoid", "sigmoid-bias", "grouped", "softmax_weight")
 
@@ -57,7 +57,7 @@ def write_trace(out: Path, *, n_layer: int, moe_layers: list[int], n_expert: int
     if with_gate:
         w.write_router(np.repeat(moe_layers, n_expert), np.tile(np.arange(n_expert), L), W.reshape(L * n_expert, n_embd),
                        bias.reshape(-1), lbias.reshape(-1) if logit_bias else None)
-    from traces.gating import select  # test scaffolding only: makes some routings consistent
+    from traces.format.gating import select  # test scaffolding only: makes some routings consistent
 
     batch, step, wrote = 0, 0, 0
 

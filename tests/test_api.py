@@ -76,16 +76,16 @@ def test_the_cli_keeps_its_flags(small):
 
 
 def test_functions_keep_their_names_when_the_modules_are_imported():
-    import replay.cache  # noqa: F401 (the library module shares the function's name)
-    from replay.prefetch import guesses  # noqa: F401
+    import replay.core.simulate  # noqa: F401 (the library module that was named replay.cache)
+    from replay.analyses.prefetching import guesses  # noqa: F401
 
     assert callable(replay.cache) and callable(replay.prefetch) and callable(replay.predict) and callable(replay.drop)
-    assert sys.modules["replay.cache"].__name__ == "replay.cache"
+    assert "replay.cache" not in sys.modules  # no module takes a public function's name
 
 
 def test_sweep_show_progress_is_honoured(small, monkeypatch, capsys):
     # item 5: sweep(show_progress=False) printed a bar on a terminal all the same
-    from replay.cache import loads_of, sweep
+    from replay.core.simulate import loads_of, sweep
 
     loads = loads_of(small)
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)

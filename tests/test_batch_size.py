@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 import replay
-from replay.cache import loads_of
+from replay.core.simulate import loads_of
 from traces import open_trace
 
 SHAPE = dict(layers=4, experts=32, top_k=4, embd=16, tokens=24, prompt_tokens=6, routing_only=True,

@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.cache import prepare_loads, replay
+from replay.core.simulate import prepare_loads, replay
 from replay.policies import _blocks
 from tests.naive.cache import naive_replay
 from tests.test_cache_twin import UNIT, _arrays, assert_same_as_naive
@@ -82,7 +82,7 @@ def test_blocks_pick_the_scan_victim_and_keep_exact_block_minima(data, n, block,
     # never-again entry instead of another changes no outcome): each victim is the evictable
     # resident entry with the smallest (NEVER - next use, last tick), and after every step each
     # block's minimum is exactly the smallest key in it.
-    from replay.cache_state import LAST_TICK, NEVER, NEXT_USE, PIN, RESIDENT, new_state
+    from replay.core.state import LAST_TICK, NEVER, NEXT_USE, PIN, RESIDENT, new_state
     from replay.policies import belady
 
     ent, grp = new_state(np.ones(n, np.int64), np.zeros(n, np.int32), np.array([n], np.int64))

@@ -10,9 +10,8 @@ import sys
 from pathlib import Path
 
 import numba
-import pytest
 
-from replay.progress import COMPILE_NOTICE, compile_notice
+from replay.core.progress import COMPILE_NOTICE, compile_notice
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,8 +70,7 @@ def test_cli_notice_with_a_fresh_kernel_cache(synth_trace_dir, tmp_path):
     loads the kernels from that cache and prints none; a pipe never gets it."""
     trace = synth_trace_dir(layers=2, experts=4, top_k=1, embd=8, tokens=6, prompt_tokens=2, routing_only=True,
                             expert_bytes=1 << 20)
-    # MOE_REPLAY_AOT=0: the Numba kernels even for lru (the compiled extension, when built, compiles nothing)
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), COLUMNS="200", MOE_REPLAY_AOT="0")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), COLUMNS="200")
     args = ["cache", str(trace), "--policies", "lru", "--budgets", "2"]
     assert COMPILE_NOTICE in _cli_on_pty(args, env)
     assert COMPILE_NOTICE not in _cli_on_pty(args, env)
@@ -81,16 +79,18 @@ def test_cli_notice_with_a_fresh_kernel_cache(synth_trace_dir, tmp_path):
     assert p.returncode == 0 and COMPILE_NOTICE not in p.stderr + p.stdout
 
 
-def test_no_notice_when_the_compiled_extension_runs_everything(synth_trace_dir, tmp_path):
-    """lru with the compiled extension (replay/_aot.c) built: nothing compiles, even with an empty
-    Numba cache, so a terminal gets no notice (and the process never imports Numba)."""
-    from replay import aot
+def test_progress_is_tqdms_disabled_bar_off_a_terminal(monkeypatch):
+    """Piped or redirected, a bar is tqdm's own disabled one: it takes every call the verbs make and prints nothing."""
+    from replay.core.progress import progress
 
-    if aot.load() is None:
-        pytest.skip(f"the compiled extension is not in use: {aot.why_unavailable()}")
-    trace = synth_trace_dir(layers=2, experts=4, top_k=1, embd=8, tokens=6, prompt_tokens=2, routing_only=True,
-                            expert_bytes=1 << 20)
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), COLUMNS="200")
-    out = _cli_on_pty(["cache", str(trace), "--policies", "lru,layer", "--budgets", "2"], env)
-    assert COMPILE_NOTICE not in out and "budget_mib" in out
-    assert not (tmp_path / "numba").exists()  # Numba never ran: it made no cache directory
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    with progress(10, "x", unit="row") as bar:
+        bar.set_postfix_str("decode", refresh=False)
+        bar.set_description("y")
+        bar.update(3)
+        bar.reset(total=5)
+        assert bar.disable and bar.total == 5
+    bar.close()
+    assert sys.stderr.getvalue() == ""
+    with progress(10, "x", enabled=False) as bar:
+        assert bar.disable

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from replay.cache import decode_token_series, loads_of, replay, validate
+from replay.core.simulate import decode_token_series, loads_of, replay, validate
 from traces import open_trace
 
 
@@ -65,7 +65,7 @@ QWEN_LFU = {
 
 
 def test_lfu_matches_independent_replay_of_the_route_csv(real_trace_dir):
-    from replay.cache import result_rows
+    from replay.core.simulate import result_rows
 
     loads = loads_of(open_trace(real_trace_dir("qwen")))
     for (policy, budget), ((hd, ld), (hc, lc)) in QWEN_LFU.items():
@@ -91,7 +91,7 @@ def test_layer_is_over_budget_below_its_share(real_trace_dir):
     the peak resident bytes exceed the budget; global LRU never overflows there. At larger budgets
     the decode loads fit the share but the one prefill batch (70 prompt tokens, ~52 distinct
     experts a layer) overflows it in 47 of 48 layers: still over budget, peak 7,275 MiB."""
-    from replay.cache import result_rows, sweep
+    from replay.core.simulate import result_rows, sweep
 
     loads = loads_of(open_trace(real_trace_dir("qwen")))
     frame = sweep(loads, ["layer", "lru"], [390.0, 590.0, 4000.0], show_progress=False)

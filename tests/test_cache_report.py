@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from replay.cost import cost_model_from_options
-from replay.report import ReportContext, section_cache
+from replay.analyses.cost_model import cost_model_from_options
+from replay.analyses.report import ReportContext, section_cache
 from traces import open_trace
 
 

@@ -1,4 +1,4 @@
-"""Streaming replay (replay.cache_stream): a trace cut into many small parts, replayed part by part
+"""Streaming replay (replay.core.streaming): a trace cut into many small parts, replayed part by part
 with the cache state carried across parts, gives exactly the figures of the in-memory replay of
 the whole trace, for every streamable policy (belady through its backward next-use pass); and
 loads built part by part equal the loads of the whole trace's arrays."""
@@ -15,11 +15,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from replay.cache import loads_of, prepare_loads, replay, result_rows
-from replay.cache_stream import replay_stream, stream_memory_bytes, streamable
+from replay.core.simulate import loads_of, prepare_loads, replay, result_rows
+from replay.core.streaming import replay_stream, stream_memory_bytes, streamable
 from replay.policies import names
 from traces import open_trace
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 CONFIGS = {
     # one request: a 20-row prefill load per layer, then one row per load
@@ -117,9 +117,9 @@ def test_memory_estimate_covers_the_loads(traces):
 
 
 def test_info_says_what_a_replay_holds(traces):
-    from replay.info import info_rows
+    from replay.analyses.info import info_rows
     from replay.present.info import info_text
-    from traces.units import MIB
+    from traces.util.units import MIB
 
     whole, _ = traces
     row = info_rows(whole)[0]
@@ -132,8 +132,8 @@ def test_info_says_what_a_replay_holds(traces):
 
 
 def test_sweep_stream_frame_equals_sweep(traces):
-    from replay.cache import sweep
-    from replay.cache_stream import sweep_stream
+    from replay.core.simulate import sweep
+    from replay.core.streaming import sweep_stream
 
     whole, split = traces
     pols = ["lru", "belady", "layer", "s3fifo"]
@@ -164,7 +164,7 @@ def prepare_loads_reference(a, moe_layers, n_expert):
 
 
 def test_prepare_loads_equals_reference_in_and_out_of_order():
-    from traces.reader import RoutingArrays
+    from traces.io.reader import RoutingArrays
 
     rng = np.random.default_rng(7)
     for i in range(200):
@@ -186,7 +186,7 @@ def test_prepare_loads_equals_reference_in_and_out_of_order():
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.helpers import assert_one_sentence_error, run_cli  # noqa: E402
+from tests.helpers import assert_one_sentence_error, rewrite_part, run_cli  # noqa: E402
 
 # Small synthetic traces: one request or several batched (request column: the checker's Python
 # path), top-1 to top-3, a prompt or none.
@@ -244,7 +244,7 @@ def test_cache_cli_stream_refusals(traces):
 
 
 def test_auto_streams_by_the_memory_estimate(traces, monkeypatch):
-    import replay.cache_stream as cs
+    import replay.core.streaming as cs
 
     _, split = traces
     calls = []
@@ -278,8 +278,10 @@ CORRUPTIONS = ("expert_range", "expert_dup", "layer_range", "layer_not_moe", "ph
 
 
 def _corrupt(path: Path, kind: str, part: int, row: int, n_layer: int, n_expert: int) -> None:
-    f = path / "routings" / f"part-{part:05d}.parquet"
-    t = pq.read_table(f)
+    rewrite_part(path / "routings" / f"part-{part:05d}.parquet", lambda t: _mutated(t, kind, row, n_layer, n_expert))
+
+
+def _mutated(t: pa.Table, kind: str, row: int, n_layer: int, n_expert: int) -> pa.Table:
     cols = {c: (t.column(c).to_numpy(zero_copy_only=False).copy() if not pa.types.is_fixed_size_list(t.schema.field(c).type)
                 else np.stack(t.column(c).to_numpy(zero_copy_only=False)).copy()) for c in t.column_names}
     r = row % t.num_rows
@@ -324,11 +326,11 @@ def _corrupt(path: Path, kind: str, part: int, row: int, n_layer: int, n_expert:
                                                             fld.type.list_size))
         else:
             arrays.append(pa.array(cols[c], type=fld.type))
-    pq.write_table(pa.Table.from_arrays(arrays, schema=t.schema), f)
+    return pa.Table.from_arrays(arrays, schema=t.schema)
 
 
 def _outcome(fn):
-    from traces.errors import TraceError
+    from traces.format.errors import TraceError
 
     try:
         fn()
@@ -366,7 +368,7 @@ def test_bad_rows_refused_alike_when_checked_as_read(synth_trace_dir, tmp_path_f
 
 def test_deferred_rows_are_checked_before_any_other_read(tmp_path, synth_trace_dir):
     """A trace opened with defer_rows is checked by whatever reads its rows first (arrays, token counts)."""
-    from traces.errors import TraceError
+    from traces.format.errors import TraceError
 
     src = synth_trace_dir(**SMALL[0])
     path = tmp_path / "t"
@@ -388,7 +390,7 @@ def test_valid_simple_trace_passes_the_fast_gate(monkeypatch, synth_trace_dir, t
     """The Numba gate lets every valid part of a trace without request/recorded columns through
     (the Python checker is then never run: one fast pass); a trace with a request column goes
     through the checker."""
-    from traces.reader import RowChecker
+    from traces.io.reader import RowChecker
 
     paths = [_split(synth_trace_dir(**cfg), 5, tmp_path) for cfg in SMALL[:2]]
     calls = []

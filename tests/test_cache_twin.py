@@ -8,11 +8,11 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.cache import batch_series, prepare_loads, replay
+from replay.core.simulate import batch_series, prepare_loads, replay
 from replay.policies import REGISTRY, add_policy_file
 from tests.naive.cache import naive_replay
 from tests.trace_strategies import small_shape, turn_rows
-from traces.reader import RoutingArrays
+from traces.io.reader import RoutingArrays
 
 # The example plugin (examples/fifo_policy.py) goes through the same registry and driver as the built-ins.
 FIFO = add_policy_file(Path(__file__).resolve().parents[1] / "examples" / "fifo_policy.py")
@@ -35,7 +35,8 @@ def traces(draw):
 def assert_same_as_naive(res, want, moe_layers) -> None:
     """A kernel replay (``slots=True``) agrees exactly with the naive twin's result: per layer
     and phase lookups, hits and bytes read, every slot's code, the eviction count, the overflowed
-    loads and the peak resident bytes."""
+    loads and the peak resident bytes; and per batch (the per-decoded-token figures a paired
+    comparison resamples, replay.analyses.paired) lookups, hits and bytes read."""
     for i, layer in enumerate(moe_layers):
         for ph in (0, 1):
             assert res.acc[ph, i, 0] == want["lookups"].get((ph, layer), 0)
@@ -45,6 +46,9 @@ def assert_same_as_naive(res, want, moe_layers) -> None:
     assert res.evictions == want["evictions"]
     assert res.overflow_loads == want["overflow"]
     assert res.peak_resident_bytes == want["peak_bytes"]
+    keys = sorted(want["per_batch"])  # the kernel numbers batches 0.. in trace order
+    assert res.bacc.shape[0] == len(keys)
+    assert res.bacc[:, :3].tolist() == [want["per_batch"][b] for b in keys]
 
 
 def _arrays(rows, k):
@@ -134,7 +138,7 @@ def test_expert_id_out_of_range_is_refused():
     # The kernels index their state by entry without bounds checks: prepare_loads must refuse first.
     import pytest
 
-    from traces.errors import UserError
+    from traces.format.errors import UserError
 
     for bad in (-1, 4):
         rows = [(0, 0, 1, 0, 0, [0, bad])]

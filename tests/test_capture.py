@@ -17,9 +17,9 @@ pytest.importorskip("gguf", reason="gguf-py is not installed (pip install 'moe-r
 from engine_bridge.capture import CaptureOptions, capture  # noqa: E402
 from engine_bridge.tinymodel import TinyModelConfig, write_tiny_model  # noqa: E402
 from traces import open_trace  # noqa: E402
-from traces.gating import activation, select  # noqa: E402
-from traces.reader import fixed_list_to_numpy  # noqa: E402
-from traces.rounding import round_input  # noqa: E402
+from traces.format.gating import activation, select  # noqa: E402
+from traces.io.reader import fixed_list_to_numpy  # noqa: E402
+from traces.util.rounding import round_input  # noqa: E402
 
 pytestmark = pytest.mark.capture
 
@@ -267,7 +267,7 @@ def test_quantized_router_fresh_gate(tmp_path):
 def test_ctrl_predictor_reads_100_on_captures(traces_full, arch):
     """The predictor issue's ctrl (router.parquet x gate_input with the engine's input rounding and
     the architecture's selection rule) reproduces every captured routing."""
-    from replay.predict import evaluate
+    from replay.analyses.accuracy import evaluate
 
     d, _ = traces_full[arch]
     t = open_trace(d)
@@ -301,9 +301,9 @@ def test_token_column_holds_the_prompt_and_the_decoded_tokens(models, traces_ful
 def test_kv_type_and_flash_attn_options(models, traces_full, tmp_path):
     """--kv-type f32 --flash-attn off computes attention in float32: recorded in provenance, the same
     routings as llama.cpp's default (f16 cache) on this model, logits that differ by f16 rounding only."""
-    from replay.compare import compare
+    from replay.analyses.trace_compare import compare
     from tests.helpers import assert_one_sentence_error, run_cli
-    from traces.errors import UserError
+    from traces.format.errors import UserError
 
     res = _capture(models["qwen3moe"], tmp_path / "f32", kv_type="f32", flash_attn="off")
     t = open_trace(res.out)

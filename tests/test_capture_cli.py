@@ -189,9 +189,9 @@ def arch_models(tmp_path_factory) -> dict[str, Path]:
 def _check_complete_trace(out: Path, row: dict, ubatch: int, n_decode: int) -> None:
     """Complete, self-checks pass (re-derived here from the columns), one trace batch per engine
     compute batch: prefill positions split every `ubatch` tokens, then one batch per decoded token."""
-    from traces.gating import select
-    from traces.reader import fixed_list_to_numpy
-    from traces.rounding import round_input
+    from traces.format.gating import select
+    from traces.io.reader import fixed_list_to_numpy
+    from traces.util.rounding import round_input
 
     t = open_trace(out)
     assert t.complete and row["complete"] and row["checks_passed"] and t.meta["checks"]["passed"] is True

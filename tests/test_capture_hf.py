@@ -23,9 +23,9 @@ from engine_bridge import hf  # noqa: E402
 from engine_bridge.hf import DropRule, capture_hf  # noqa: E402
 from engine_bridge.hf_tiny import TINY_FAMILIES, TinyHfConfig, build_tiny_model, write_tiny_hf_model  # noqa: E402
 from traces import open_trace  # noqa: E402
-from traces.errors import UserError  # noqa: E402
-from traces.gating import select  # noqa: E402
-from traces.reader import fixed_list_to_numpy  # noqa: E402
+from traces.format.errors import UserError  # noqa: E402
+from traces.format.gating import select  # noqa: E402
+from traces.io.reader import fixed_list_to_numpy  # noqa: E402
 
 pytestmark = pytest.mark.hf
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -201,7 +201,7 @@ def test_ids_in_rank_order_for_unsorted_topk(hf_traces):
     out, _ = hf_traces("deepseek_v3")
     t = open_trace(out)
     r = _rows(out, ["layer", "experts", "logits"])
-    from traces.gating import selection_scores
+    from traces.format.gating import selection_scores
     for l in t.moe_layers:
         idx = r["layer"] == l
         sel = selection_scores(r["logits"][idx], t.gating, t.router_matrices()[l][1])

@@ -16,9 +16,9 @@ import pytest
 import typer
 
 from tests.helpers import assert_one_sentence_error, run_cli
-from traces.errors import UserError
-from traces.units import parse_budget_mib, parse_budgets_mib
-from traces.version import __version__
+from traces.format.errors import UserError
+from traces.format.version import __version__
+from traces.util.units import parse_budget_mib, parse_budgets_mib
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -41,7 +41,7 @@ def test_help_imports_no_numba_or_polars():
 
 def test_import_replay_is_lazy_but_complete():
     got = _py("import sys, replay\nprint('polars' in sys.modules)\nprint(callable(replay.cache), 'replay.api' in sys.modules)\n"
-              "import replay.cache\nprint(callable(replay.cache), sorted(set(replay.__all__) - set(dir(replay))))")
+              "import replay.core.simulate\nprint(callable(replay.cache), sorted(set(replay.__all__) - set(dir(replay))))")
     assert got.split("\n")[:3] == ["False", "True True", "True []"]
 
 
@@ -97,7 +97,7 @@ def test_every_verb_has_one_example_and_a_plain_usage_line():
 
 
 def test_validate_tolerance_in_help_is_the_library_one():
-    from replay.cache import VALIDATE_TOLERANCE_PP
+    from replay.core.simulate import VALIDATE_TOLERANCE_PP
 
     assert f"{VALIDATE_TOLERANCE_PP:g} points off" in " ".join(run_cli("cache", "--help").out.replace("│", " ").split())
 
@@ -130,7 +130,7 @@ def test_budget_list_dedupes_across_units():
 
 def test_one_budget_parser():
     # the three old ways (cli/cache inline, parse_budgets(repr(x)) in whatif/cost, budget_bytes in the
-    # library) are one: no module but traces/units.py parses or bounds a budget itself
+    # library) are one: no module but traces/util/units.py parses or bounds a budget itself
     offenders = []
     for f in [*(ROOT / "replay").rglob("*.py"), *(ROOT / "engine_bridge").rglob("*.py")]:
         src = f.read_text(encoding="utf-8")
@@ -195,7 +195,7 @@ def test_compact_is_one_line_per_cell(tiny):
 
 def test_one_signal_installer():
     # the command line (replay/runner.py's guarded(), which replay/cli and the fast path both run
-    # through) and engine_bridge/capture both go through traces.signals.on_signals; nothing else
+    # through) and engine_bridge/capture both go through traces.util.signals.on_signals; nothing else
     # in the distribution installs a SIGINT/SIGTERM handler itself
     callers = []
     for pkg in ("replay", "engine_bridge", "traces"):
@@ -204,13 +204,13 @@ def test_one_signal_installer():
                 if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "signal"
                         and isinstance(node.func.value, ast.Name) and node.func.value.id == "signal"):
                     callers.append(str(f.relative_to(ROOT)))
-    assert sorted(set(callers)) == ["traces/signals.py"]
+    assert sorted(set(callers)) == ["traces/util/signals.py"]
     for f in ("replay/runner.py", "engine_bridge/capture.py"):
         assert "on_signals(" in (ROOT / f).read_text(encoding="utf-8"), f
 
 
 def test_on_signals_installs_and_restores():
-    from traces.signals import on_signals
+    from traces.util.signals import on_signals
 
     seen = []
     before = signal.getsignal(signal.SIGTERM)

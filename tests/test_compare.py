@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.compare import compare
+from replay.analyses.trace_compare import compare
 from tests.helpers import assert_one_sentence_error, run_cli
 from tests.naive.compare import compare_naive
 from traces import TraceWriter, open_trace
-from traces.errors import UserError
-from traces.schema import default_gating
+from traces.format.errors import UserError
+from traces.format.schema import default_gating
 
 _n = itertools.count()
 

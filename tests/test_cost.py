@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.cost import MIB, CostModel, add_time_columns, choose, fit_candidates, load_cost_model, manual_model
+from replay.analyses.cost_model import MIB, CostModel, add_time_columns, choose, fit_candidates, load_cost_model, manual_model
 from tests.helpers import assert_one_sentence_error, run_cli
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 
 def feats(wall, rb, misses=None):
@@ -187,9 +187,11 @@ def test_check_with_the_model_fitted_on_the_same_run_says_in_sample(real_trace_d
     assert r["error_scope"].startswith("in-sample") and abs(r["tok_s_err_pct"]) < 1e-6  # 0 by construction
     text = run_cli("cost", "check", q, "--cost-model", tmp_path / "q.json").out
     assert "IN-SAMPLE" in text and "not a measure of accuracy" in text
-    # the same model on another run is out-of-sample, and says so
-    other = run_cli("cost", "check", g, "--cost-model", tmp_path / "q.json", "--json").json()["rows"][0]
-    assert other["error_scope"].startswith("out-of-sample")
+    # the same model on another model's run is refused (issue 28 item 4); with leave, out-of-sample and marked
+    refused = run_cli("cost", "check", g, "--cost-model", tmp_path / "q.json", "--json")
+    assert_one_sentence_error(refused, "fitted on Qwen3-30B-A3B-Q4_K_M")
+    other = run_cli("cost", "check", g, "--cost-model", tmp_path / "q.json", "--foreign-cost-model", "--json").json()["rows"][0]
+    assert other["error_scope"].startswith("out-of-sample") and other["cost_model_foreign"] is True
     # the same run imported again elsewhere is still the same run
     from tests.conftest import real_files
     from traces.importers.bigmoe import import_bigmoe

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.drop import static_drop
+from replay.analyses.drop_cold import static_drop
 from tests.helpers import assert_one_sentence_error, run_cli
 from tests.naive.drop import naive_static_drop
 from tests.trace_strategies import recorded_traces, write_trace

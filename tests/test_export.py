@@ -43,7 +43,7 @@ def test_bigmoe_round_trip_gives_identical_replay_figures(tmp_path, real_trace_d
 
 
 def twin_records(trace):
-    """oracleGeneral records by dictionaries and loops, from DESIGN.md's load definition."""
+    """oracleGeneral records by dictionaries and loops, from docs/design.md's load definition."""
     a = trace.arrays(recorded=False)
     n_expert = trace.model["n_expert"]
     reqs = []  # (batch, obj, size)

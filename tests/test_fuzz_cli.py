@@ -18,12 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import run_cli
+from tests.helpers import rewrite_part, run_cli
 
 # No shrinking: a failing input is reported as drawn (shrinking a CLI run took 5 minutes per failure),
 # and the example counts keep the whole file near two minutes on the project's 2-core machine.
@@ -34,7 +33,7 @@ FUZZ = settings(max_examples=50, deadline=None, phases=NO_SHRINK,
 
 @pytest.fixture(scope="session")
 def base_trace(tmp_path_factory) -> Path:
-    from traces.synth import SynthConfig, write_synthetic
+    from traces.synth.generator import SynthConfig, write_synthetic
 
     out = tmp_path_factory.mktemp("fuzz-base") / "trace"
     write_synthetic(out, SynthConfig(layers=3, experts=8, top_k=2, embd=8, tokens=12, prompt_tokens=4))
@@ -151,7 +150,7 @@ MULTI_VERBS: dict[str, tuple[list[str], list[str]]] = {
 
 @pytest.fixture(scope="module")
 def multi_inputs(base_trace, tmp_path_factory) -> dict[str, Path]:
-    from traces.synth import SynthConfig, write_synthetic
+    from traces.synth.generator import SynthConfig, write_synthetic
 
     d = tmp_path_factory.mktemp("fuzz-multi")
     write_synthetic(d / "rtrace", SynthConfig(layers=2, experts=8, top_k=2, embd=8, tokens=3, prompt_tokens=2, requests=3))
@@ -272,13 +271,14 @@ MUTATIONS = {
     "truncate-part": st.tuples(st.just("truncate-part"), st.floats(0.0, 0.999)),
     "truncate-json": st.tuples(st.just("truncate-json"), st.floats(0.0, 0.999)),
     "truncate-router": st.tuples(st.just("truncate-router"), st.floats(0.0, 0.999)),
+    "truncate-wide": st.tuples(st.just("truncate-wide"), st.sampled_from(["logits", "gate_input"]), st.floats(0.0, 0.999)),
     "json-field": st.tuples(st.just("json-field"), st.sampled_from(JSON_FIELDS), st.sampled_from(JSON_VALUES)),
     "part-value": st.tuples(st.just("part-value"), st.sampled_from(PART_COLUMNS), st.integers(0, 10**6),
                             st.sampled_from(PART_VALUES)),
     "flip-part": st.tuples(st.just("flip-part"), st.floats(0.0, 1.0), st.integers(1, 255)),
     "flip-router": st.tuples(st.just("flip-router"), st.floats(0.0, 1.0), st.integers(1, 255)),
     "delete": st.tuples(st.just("delete"), st.sampled_from(["trace.json", "routings/part-00000.parquet", "routings",
-                                                            "router.parquet"])),
+                                                            "router.parquet", "routings/part-00000.gate_input.arrow"])),
 }
 mutation = st.one_of(*MUTATIONS.values())
 # Mutation classes that fail only for want of helper E1's reader validation (issue 14 item 8: data
@@ -326,12 +326,14 @@ def _set_json(meta: dict, field: tuple, value) -> None:
 
 def _set_part_value(part: Path, column: str, row: int, value) -> None:
     """Write ``value`` into one cell of a part (cast to the column's type where it fits, else clipped)."""
-    pf = pq.ParquetFile(part)
-    t = pf.read()
+    rewrite_part(part, lambda t: _with_value(t, column, row, value))
+
+
+def _with_value(t: pa.Table, column: str, row: int, value) -> pa.Table:
     col = t.column(column).combine_chunks()
     n = t.num_rows
     if n == 0:
-        return
+        return t
     row %= n
     if pa.types.is_fixed_size_list(col.type):
         vals = np.array(col.flatten().to_numpy(zero_copy_only=False)).reshape(n, -1).copy()
@@ -341,8 +343,7 @@ def _set_part_value(part: Path, column: str, row: int, value) -> None:
         vals = np.array(col.to_numpy(zero_copy_only=False)).copy()
         vals[row] = _fit(value, vals.dtype)
         new = pa.array(vals, type=col.type)
-    t = t.set_column(t.schema.get_field_index(column), t.schema.field(column), new)
-    pq.write_table(t, part)
+    return t.set_column(t.schema.get_field_index(column), t.schema.field(column), new)
 
 
 def _fit(value, dtype):
@@ -362,6 +363,8 @@ def mutate(trace: Path, m: tuple) -> None:
         _truncate(trace / "trace.json", m[1])
     elif kind == "truncate-router":
         _truncate(trace / "router.parquet", m[1])
+    elif kind == "truncate-wide":
+        _truncate(trace / "routings" / f"part-00000.{m[1]}.arrow", m[2])
     elif kind == "json-field":
         meta = json.loads((trace / "trace.json").read_text())
         _set_json(meta, m[1], m[2])

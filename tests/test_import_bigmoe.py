@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tests.conftest import real_files
 from tests.helpers import assert_one_sentence_error, run_cli
 from traces import open_trace
-from traces.errors import UserError
+from traces.format.errors import UserError
 from traces.importers.bigmoe import import_bigmoe
 
 EXPECTED = {

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from tests.helpers import assert_one_sentence_error, run_cli
 from traces import open_trace
+from traces.importers._sizes import load_sizes
 from traces.importers.colibri import import_
-from traces.sizes import load_sizes
 
 
 def engine_write(path, passes, layers, route):

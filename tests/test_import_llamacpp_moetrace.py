@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from tests.helpers import assert_one_sentence_error, run_cli
 from traces import open_trace
-from traces.errors import UserError
+from traces.format.errors import UserError
+from traces.importers._sizes import load_sizes
 from traces.importers.llamacpp_moetrace import import_
-from traces.sizes import load_sizes
 
 
 def passes(prompt_len: int, ubatch: int, n_decode: int):

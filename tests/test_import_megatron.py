@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import assert_one_sentence_error, run_cli
 from tests.server_logs import bf16_values, write_megatron
-from traces.reader import open_trace
+from traces.io.reader import open_trace
 
 
 def make_steps(rng, steps: list[int], layers: list[int], k: int, E: int) -> list[dict[int, np.ndarray]]:

@@ -99,7 +99,7 @@ def test_shared_routing_helpers_agree_with_a_plain_loop():
 
 
 def test_json_objects_names_where_each_value_stands(tmp_path):
-    from traces.errors import UserError
+    from traces.format.errors import UserError
     from traces.importers import json_objects
 
     (tmp_path / "a.jsonl").write_text('{"x": 1}\n\n[2]\n')

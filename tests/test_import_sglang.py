@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import assert_one_sentence_error, run_cli
 from tests.server_logs import DECODE, EXTEND, MIXED, sglang_record, sglang_response, write_sglang_dump
-from traces.reader import open_trace
+from traces.io.reader import open_trace
 
 torch = pytest.importorskip("torch")
 

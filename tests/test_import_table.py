@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from tests.helpers import assert_one_sentence_error, run_cli
 from traces import open_trace
+from traces.importers._sizes import load_sizes
 from traces.importers.table import import_
-from traces.sizes import load_sizes
 
 
 def routings(seed, n_req, layers, n_prompt, n_dec, n_expert, k):

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from tests.helpers import assert_one_sentence_error, run_cli
 from tests.server_logs import VReq, npy_b64, random_vreqs, vllm_completion, vllm_request_output, write_vllm_jsonl
-from traces.importers import sha256_file
-from traces.reader import open_trace
+from traces.io.digest import sha256_file
+from traces.io.reader import open_trace
 
 L, K, E = 4, 2, 16
 

@@ -1,4 +1,4 @@
-"""traces.jit: kernels defined without importing Numba, resolved into dispatchers on first need."""
+"""traces.util.jit: kernels defined without importing Numba, resolved into dispatchers on first need."""
 
 from __future__ import annotations
 
@@ -12,22 +12,22 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """
 import json, sys
-import replay.cache, replay.cache_stream, replay.load_kernel, replay.policies
+import replay.core.simulate, replay.core.streaming, replay.core.loads, replay.policies
 from replay.policies import policy_module
 for p in ("lru", "lfu", "layer", "lfru", "belady", "infinite", "s3fifo", "sieve", "least-stale", "pin", "colibri", "layer-opt"):
     policy_module(p)  # loaded and validated (its hooks are stand-ins, which count as kernels)
 before = "numba" in sys.modules
-from replay.cache_state import evictable
-from traces.jit import LazyJit
+from replay.core.state import evictable
+from traces.util.jit import LazyJit
 lazy = isinstance(evictable, LazyJit)
 import numpy as np
-from replay.cache import prepare_loads, replay
-from traces.reader import RoutingArrays
+from replay.core.simulate import prepare_loads, replay
+from traces.io.reader import RoutingArrays
 ra = RoutingArrays(turn=np.zeros(3, np.int32), batch=np.array([0, 1, 2], np.int32), phase=np.array([0, 1, 1], np.int8),
                    step=np.array([0, 1, 2], np.int32), layer=np.zeros(3, np.int16), experts=np.array([[0], [1], [0]], np.int32),
                    weights=np.zeros((3, 1), np.float32))
 r = replay(prepare_loads(ra, [0], 2, np.array([1 << 20])), "lfu", 2.0)
-import replay.cache_state as cs
+import replay.core.state as cs
 from numba.core.dispatcher import Dispatcher
 print(json.dumps({"before": before, "lazy": lazy, "after": "numba" in sys.modules, "hits": int(r.acc[:, :, 1].sum()),
                   "swapped": isinstance(cs.evictable, Dispatcher)}))
@@ -88,7 +88,7 @@ def test_stand_in_called_typed_and_njit_after_resolve():
 def test_positional_signatures_are_refused():
     import pytest
 
-    from traces import jit
+    from traces.util import jit
 
     with pytest.raises(TypeError, match="keyword options only"):
         jit.njit("int64(int64)")

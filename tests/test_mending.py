@@ -13,28 +13,29 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_version_has_one_source():
     import replay
-    from traces.version import __version__
+    from traces.format.version import __version__
 
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "version" not in meta["project"] and "version" in meta["project"]["dynamic"]
-    assert meta["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "traces.version.__version__"}
+    assert meta["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "traces.format.version.__version__"}
     assert replay.__version__ == __version__
 
 
 def test_mib_and_phases_defined_once():
-    from traces import schema, units
+    from traces.format import schema
+    from traces.util import units
 
     assert units.MIB == 1 << 20 and (schema.PHASE_PREFILL, schema.PHASE_DECODE) == (units.PHASE_PREFILL, units.PHASE_DECODE)
     defining = [str(p.relative_to(ROOT)) for d in ("replay", "traces", "engine_bridge", "benchmarks")
                 for p in (ROOT / d).rglob("*.py")
                 if re.search(r"^(MIB|PHASE_PREFILL|PHASE_DECODE)\s*=", p.read_text(), flags=re.M)]
-    assert defining == ["traces/units.py"]
+    assert defining == ["traces/util/units.py"]
 
 
 def test_replay_result_acc_shape_matches_its_docstring():
-    from replay.cache import ReplayResult, prepare_loads, replay
-    from replay.cache_kernel import N_ACC
-    from traces.reader import RoutingArrays
+    from replay.core.driver import N_ACC
+    from replay.core.simulate import ReplayResult, prepare_loads, replay
+    from traces.io.reader import RoutingArrays
 
     ra = RoutingArrays(turn=np.zeros(3, np.int32), batch=np.arange(3, dtype=np.int32), phase=np.ones(3, np.int8),
                        step=np.arange(3, dtype=np.int32), layer=np.zeros(3, np.int16),

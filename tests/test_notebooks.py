@@ -126,7 +126,7 @@ def _png(chunks: list[tuple[bytes, bytes]]) -> str:
 def test_normalise_removes_what_varies_between_runs():
     """Execution timestamps, split streams, the first-run compile notice, PNG version stamps, the
     Python version and unnumbered cells are what differ between two runs of the same notebook."""
-    from replay.progress import COMPILE_NOTICE
+    from replay.core.progress import COMPILE_NOTICE
 
     ihdr = (b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0))
     nb = nbformat.v4.new_notebook(metadata={"language_info": {"name": "python", "version": "3.11.9"}})

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.cache import ACC_HITS, prepare_loads, replay
+from replay.core.simulate import ACC_HITS, prepare_loads, replay
 from replay.policies import REGISTRY, opt_bound, policy_module
 from tests.naive.bound import naive_lp, naive_opt
 from tests.test_cache_twin import UNIT, _arrays, traces

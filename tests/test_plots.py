@@ -158,7 +158,7 @@ def label_colours(figs) -> dict[str, set[str]]:
 def _report_checked(trace, out, **kw) -> tuple[list, list[str]]:
     """Write the report of ``trace`` with every figure read back by check_figure before it is saved:
     (the captured figures, one line per failed check)."""
-    from replay.report import write_report
+    from replay.analyses.report import write_report
 
     failures: list[str] = []
 
@@ -177,7 +177,7 @@ def _report_checked(trace, out, **kw) -> tuple[list, list[str]]:
 def synth_report(synth_trace_dir, tmp_path_factory):
     """The whole report on a small synthetic trace, lfu-incache and lfru both asked for (their
     curves coincide there), with a manual cost model so time plots are drawn."""
-    from replay.cost import manual_model
+    from replay.analyses.cost_model import manual_model
 
     d = synth_trace_dir(layers=6, experts=16, top_k=2, embd=8, tokens=40, prompt_tokens=8)
     out = tmp_path_factory.mktemp("plots") / "r"

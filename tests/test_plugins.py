@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from replay import predictors as registry
-from replay.cache import prepare_loads, replay
+from replay.core.simulate import prepare_loads, replay
 from replay.policies import add_policy_file, names, policy_module
 from tests.helpers import assert_one_sentence_error, run_cli
 from tests.naive.cache import naive_replay
-from traces.errors import UserError
-from traces.reader import RoutingArrays
+from traces.format.errors import UserError
+from traces.io.reader import RoutingArrays
 
 ROOT = Path(__file__).resolve().parents[1]
 FIFO = ROOT / "examples" / "fifo_policy.py"
@@ -72,7 +72,7 @@ def _naive_two_ago(arr):
 
 
 def test_two_tokens_ago_predictor_cli_and_library(synth_trace_dir):
-    from replay.predict import evaluate
+    from replay.analyses.accuracy import evaluate
     from traces import open_trace
 
     t = synth_trace_dir(**SMALL)
@@ -204,28 +204,38 @@ def test_entry_point_groups_load_through_the_same_path(monkeypatch):
     assert "two-tokens-ago" in registry.default_names()  # an installed predictor is a default one
 
 
-def test_entry_point_scan_finds_a_declared_group(tmp_path, monkeypatch):
-    """The quick scan (no importlib.metadata) says 'none' only when no distribution names the
-    group; a distribution that declares it makes entry_points() ask importlib.metadata, which
-    finds it. A group this package declares (its commands) is found either way."""
-    from importlib.metadata import entry_points as ep_meta
-
+def test_entry_points_come_from_importlib_metadata(tmp_path, monkeypatch):
+    """entry_points() lists a group's entry points as importlib.metadata finds them, sorted by name:
+    none for a group nobody declares, a distribution's once it is on the path."""
     from replay import plugins
 
     group = "moe_replay.test_scan_group"
-    assert plugins._may_have_entry_points(group) is False
     assert plugins.entry_points(group) == []
     dist = tmp_path / "demo_pkg-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: demo-pkg\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(f"[{group}]\nfifo = demo_pkg.fifo\n")
+    (dist / "entry_points.txt").write_text(f"[{group}]\nfifo = demo_pkg.fifo\nb = demo_pkg.b:register\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert plugins._may_have_entry_points(group) is True
-    assert plugins.entry_points(group) == [("fifo", "demo_pkg.fifo")]
-    cmds = "moe_replay.commands"
-    assert plugins._may_have_entry_points(cmds) is True
-    assert plugins.entry_points(cmds) == sorted((e.name, e.value.split(":")[0]) for e in ep_meta(group=cmds))
-    archive = tmp_path / "deps.zip"
-    archive.write_bytes(b"PK\x05\x06" + b"\0" * 18)  # an (empty) archive on the path: left to importlib.metadata
-    monkeypatch.syspath_prepend(str(archive))
-    assert plugins._may_have_entry_points("moe_replay.nothing_declares_this") is True
+    assert plugins.entry_points(group) == [("b", "demo_pkg.b"), ("fifo", "demo_pkg.fifo")]
+
+
+def test_lazy_registry_keeps_names_order_and_refuses_a_clash(monkeypatch, tmp_path):
+    import replay.plugins as plugins
+    import replay.policies as pol
+
+    monkeypatch.setattr(pol.REG, "_modules", {})
+    monkeypatch.setattr(pol.REG, "_entry_points_of", None)
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [("fifo", str(FIFO))])
+    assert pol.REG.known("lru") and "replay.policies.belady" not in {m.__name__ for m in pol.REG._modules.values()}
+    assert pol.names() == (*pol.REGISTRY, "fifo")  # built-ins in registry order, then entry points, as before
+    from replay.analyses.cost_model import BOUNDS
+
+    assert set(BOUNDS) == {"belady", "infinite", "layer-opt"}
+    # an entry point claiming a built-in's name is refused even when only that built-in is asked for
+    clash = tmp_path / "lru_clash.py"
+    clash.write_text(FIFO.read_text().replace('NAME = "fifo"', 'NAME = "lru"'))
+    assert 'NAME = "lru"' in clash.read_text()
+    monkeypatch.setattr(pol.REG, "_modules", {})
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [("clash", str(clash))])
+    with pytest.raises(Exception, match="already taken"):
+        pol.REG.known("lru")

@@ -102,7 +102,7 @@ def test_least_stale_keeps_a_fresh_entry_over_an_older_stale_one():
 
 def test_least_stale_batch_cell_is_written_only_when_asked():
     """NEEDS_BATCH compiles the per-batch write in: a policy without it leaves grp[:, BATCH_LOAD] at -1."""
-    from replay.cache_kernel import make_kernel
+    from replay.core.driver import make_kernel
     from replay.policies import policy_module
 
     for name, want in (("least-stale", True), ("lru", False)):

@@ -9,12 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.cache import prepare_loads, replay, sweep
+from replay.core.simulate import prepare_loads, replay, sweep
 from replay.policies import bound_policies, layer_opt, pin
 from tests.helpers import assert_one_sentence_error, run_cli
 from tests.naive.cache import naive_largest_loads, naive_layer_opt_shares, naive_lru_misses, naive_replay
 from tests.test_cache_twin import UNIT, _arrays, assert_same_as_naive, traces
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -218,7 +218,7 @@ def test_cli_pin_and_layer_opt(small, synth_trace_dir):
 
 
 def test_layer_opt_is_a_bound_never_the_best_online():
-    from replay.cost import BOUNDS
+    from replay.analyses.cost_model import BOUNDS
     from replay.present.cost import verdict
 
     assert set(bound_policies()) == {"belady", "infinite", "layer-opt"} and set(BOUNDS) == set(bound_policies())

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from replay.cache import _driver_args, budget_bytes, check_policy_options, kernel_for, prepare_loads, replay
-from replay.cache_kernel import ACC_HITS, ACC_LOOKUPS, ACC_READ, ACC_SPEC_FILLS, OPT_FILL, STAT_PEAK_BYTES, no_options
+from replay.core.driver import ACC_HITS, ACC_LOOKUPS, ACC_READ, ACC_SPEC_FILLS, OPT_FILL, STAT_PEAK_BYTES, no_options
+from replay.core.simulate import _driver_args, budget_bytes, check_policy_options, kernel_for, prepare_loads, replay
 from replay.policies import DEFAULT_POLICIES, REGISTRY, colibri, policy_module
 from tests.naive.cache import NaiveColibri, naive_replay
 from tests.naive.whatif import naive_whatif
 from tests.test_cache_twin import UNIT, _arrays, assert_same_as_naive
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 
 @st.composite
@@ -222,8 +222,8 @@ def test_margin_is_25_percent_plus_4_heat(lead, swaps):
 
 
 def _fresh(loads, budget_units):
-    from replay.cache import _groups
-    from replay.cache_state import new_state
+    from replay.core.simulate import _groups
+    from replay.core.state import new_state
 
     pm = policy_module("colibri")
     group, gbud = _groups(loads, pm, budget_bytes(budget_units / 16), {"per_layer": 2})

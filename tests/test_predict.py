@@ -15,14 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replay.predict import evaluate, horizon_curve
+from replay.analyses.accuracy import evaluate, horizon_curve
 from replay.predictors.gate import _top_w, matrix_problem
 from replay.predictors.static_hot import hot_lists
 from tests.predict_traces import GATINGS, gating_meta, write_trace
 from traces import open_trace
-from traces.errors import TraceError, UserError
-from traces.gating import top_indices
-from traces.reader import RoutingArrays
+from traces.format.errors import TraceError, UserError
+from traces.format.gating import top_indices
+from traces.io.reader import RoutingArrays
 
 SMALL = dict(layers=4, experts=16, top_k=4, embd=32, tokens=40, prompt_tokens=12)
 
@@ -320,7 +320,7 @@ def test_rank_shortcut_equals_the_full_selection_rule(data):
     and sigmoid (saturates to exactly 1.0) take the full rule. On logits that are not within a few
     ulps of each other, the result must be the full rule's exactly, ties to the lower id included."""
     from replay.predictors.gate import rank
-    from traces.gating import selection_scores
+    from traces.format.gating import selection_scores
 
     e = data.draw(st.integers(2, 24))
     t = data.draw(st.integers(1, 12))

@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.predict import evaluate, expand
+from replay.analyses.accuracy import evaluate, expand
 from tests.naive.predict import naive_evaluate
 from tests.predict_traces import GATINGS, gating_meta, write_trace
 from traces import open_trace

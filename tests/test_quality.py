@@ -18,10 +18,10 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 from engine_bridge import hf  # noqa: E402
 from engine_bridge.hf_tiny import TinyHfConfig, write_tiny_hf_model  # noqa: E402
 from engine_bridge.quality import KernelStep, Setting, _DropCold, _router_logit_hooks, quality  # noqa: E402
-from replay.cache import budget_bytes, prepare_loads, replay  # noqa: E402
+from replay.core.simulate import budget_bytes, prepare_loads, replay  # noqa: E402
 from traces import open_trace  # noqa: E402
-from traces.errors import UserError  # noqa: E402
-from traces.units import MIB  # noqa: E402
+from traces.format.errors import UserError  # noqa: E402
+from traces.util.units import MIB  # noqa: E402
 
 pytestmark = pytest.mark.hf
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,7 +43,7 @@ def run(model_dir, tmp_path_factory):
 
 
 def own_replay_drops(trace_dir: Path, setting: Setting, budget_mib: float, policy: str = "lru") -> np.ndarray:
-    """The slots the offline closed-loop replay of this trace drops (replay.drop.closed_drop's flags)."""
+    """The slots the offline closed-loop replay of this trace drops (replay.analyses.drop_cold.closed_drop's flags)."""
     t = open_trace(trace_dir)
     a = t.arrays(recorded=False)
     w = a.weights.astype(np.float64)
@@ -117,7 +117,7 @@ def test_top_expert_never_dropped(run, name):
 
 
 def test_replay_prediction_is_the_closed_loop_replay_of_the_plain_trace(run):
-    from replay.drop import closed_drop
+    from replay.analyses.drop_cold import closed_drop
 
     out, obj = run
     pred = closed_drop(open_trace(out / "plain"), [0.5], budget_mib=BUDGET, phase="all", keep_ks=[]).to_dicts()[0]
@@ -156,7 +156,7 @@ def test_budget_at_the_working_set_never_evicts(run, model_dir, tmp_path):
 def test_other_policies_drops_equal_the_closed_loop_replay_of_the_runs_own_trace(model_dir, tmp_path, policy):
     """The simulated cache follows the policy's replay semantics: each setting's recorded drops are
     exactly the closed-loop replay's at that policy, and the *_replay figures are closed_drop's."""
-    from replay.drop import closed_drop
+    from replay.analyses.drop_cold import closed_drop
 
     obj = quality(str(model_dir), TEXT[:60], fracs=[1.0], keep_ks=[1], out=tmp_path / "o", budget_mib=BUDGET, policy=policy)
     assert obj["policy"] == policy

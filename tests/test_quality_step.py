@@ -12,10 +12,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from engine_bridge.quality import KernelStep, LruStep, check_steppable, new_cache
-from replay.cache import Loads, replay
-from replay.cache_kernel import ACC_HITS, ACC_LOOKUPS, ACC_READ
-from traces.errors import UserError
-from traces.units import MIB
+from replay.core.driver import ACC_HITS, ACC_LOOKUPS, ACC_READ
+from replay.core.simulate import Loads, replay
+from traces.format.errors import UserError
+from traces.util.units import MIB
 
 STEPPABLE = ("lru", "lfu", "lfu-incache", "random", "layer", "layerlfu", "layerlfu-incache", "lfru", "infinite", "s3fifo",
              "sieve", "least-stale")

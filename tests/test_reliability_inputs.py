@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.conftest import SHARED_DATA
-from tests.helpers import assert_one_sentence_error, run_cli
+from tests.helpers import assert_one_sentence_error, rewrite_part, rewrite_wide, run_cli
 from traces import TraceError, TraceWriter, open_trace
-from traces.errors import UserError
-from traces.schema import default_gating
+from traces.format.errors import UserError
+from traces.format.schema import default_gating
 
 # -- a small BigMoeOnEdge run: route CSV + .metrics, consistent with each other ------------------
 
@@ -166,7 +166,7 @@ def test_budgets_seeds_caps_bounded(small_synth, args, needle):
 
 
 def test_library_budget_bounded():
-    from replay.cache import budget_bytes
+    from replay.core.simulate import budget_bytes
 
     with pytest.raises(UserError, match="at most 2"):
         budget_bytes(1e300)
@@ -203,13 +203,14 @@ def _small_trace(path: Path, weights, gating=None, columns=(), extra=None) -> Pa
 
 
 def _rewrite_weights(trace: Path, fn) -> None:
-    part = trace / "routings" / "part-00000.parquet"
-    t = pq.read_table(part)
-    w = np.array(t.column("weights").to_pylist(), dtype=np.float32)
-    fn(w)
-    arr = pa.FixedSizeListArray.from_arrays(pa.array(w.reshape(-1), type=pa.float32()), 2)
-    i = t.schema.get_field_index("weights")
-    pq.write_table(t.set_column(i, t.schema.field(i), arr), part)
+    def edit(t: pa.Table) -> pa.Table:
+        w = np.array(t.column("weights").to_pylist(), dtype=np.float32)
+        fn(w)
+        arr = pa.FixedSizeListArray.from_arrays(pa.array(w.reshape(-1), type=pa.float32()), 2)
+        i = t.schema.get_field_index("weights")
+        return t.set_column(i, t.schema.field(i), arr)
+
+    rewrite_part(trace / "routings" / "part-00000.parquet", edit)
 
 
 def test_reader_refuses_negative_weights(tmp_path):
@@ -306,7 +307,7 @@ def test_implausible_wall_ms_refused(tmp_path, value, needle):
 def test_cost_fit_refuses_absurd_coefficients():
     import polars as pl
 
-    from replay.cost import fit_candidates
+    from replay.analyses.cost_model import fit_candidates
 
     f = pl.DataFrame({"wall_ms": [1e300, 1.0] * 8, "read_bytes": [float(1 << 20), 0.0] * 8, "misses": [1.0, 0.0] * 8})
     with pytest.raises(UserError, match="not plausible"):
@@ -355,14 +356,9 @@ def test_nan_gate_input_named_not_blamed_on_near_ties(tmp_path, small_synth):
     tr = tmp_path / "t"
     shutil.copytree(small_synth, tr)
     part = tr / "routings" / "part-00000.parquet"
-    t = pq.read_table(part)
-    g = np.array(t.column("gate_input").to_pylist(), dtype=np.float32)
-    lay = t.column("layer").to_numpy()
+    lay = pq.read_table(part, columns=["layer"]).column("layer").to_numpy()
     row = int(np.flatnonzero(lay == 1)[-1])
-    g[row, 3] = np.nan
-    i = t.schema.get_field_index("gate_input")
-    arr = pa.FixedSizeListArray.from_arrays(pa.array(g.reshape(-1), type=pa.float32()), g.shape[1])
-    pq.write_table(t.set_column(i, t.schema.field(i), arr), part)
+    rewrite_wide(part, "gate_input", lambda g: g.__setitem__((row, 3), np.nan))
     w = _ctrl_warning(tr)
     assert "layer 1: 1 routing(s) have a gate input holding NaN" in w
     assert "near-ties" not in w and "float16" not in w
@@ -444,12 +440,16 @@ def _corrupt_column(part: Path, column: str) -> None:
     part.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("column", ["experts.list.element", "batch"])
-def test_corrupt_data_page_named(imported, column):
-    part = imported / "routings" / "part-00000.parquet"
+@pytest.mark.parametrize("version, column", [(2, "expert_0"), (2, "batch"), (1, "experts.list.element"), (1, "batch")])
+def test_corrupt_data_page_named(imported, tmp_path, version, column):
+    trace = imported
+    if version == 1:  # a version 1 trace (tests/fixtures/v1): read by pyarrow too, the same sentence
+        trace = tmp_path / "v1"
+        shutil.copytree(Path(__file__).parent / "fixtures" / "v1" / "bigmoe", trace)
+    part = trace / "routings" / "part-00000.parquet"
     _corrupt_column(part, column)
     for verb in (["info"], ["cache", "--budgets", "1"], ["drop"]):
-        res = run_cli(verb[0], imported, *verb[1:])
+        res = run_cli(verb[0], trace, *verb[1:])
         assert res.code == 2, res.err
         assert_one_sentence_error(res, "part-00000.parquet")
 
@@ -492,7 +492,7 @@ def test_markdown_table_escapes_pipes():
 
 
 def test_cost_fit_table_does_not_embed_the_typed_path(imported, tmp_path):
-    from replay.report import ReportContext, section_cost
+    from replay.analyses.report import ReportContext, section_cost
 
     frames = []
     cwd = os.getcwd()
@@ -506,11 +506,26 @@ def test_cost_fit_table_does_not_embed_the_typed_path(imported, tmp_path):
     assert len(set(frames)) == 1 and str(imported) not in frames[0]
 
 
-def test_corrupt_gate_input_page_named(tmp_path, small_synth):
-    """A wide column is read only by the verbs that need it: its corrupt page is named there."""
+def test_corrupt_gate_input_page_named(tmp_path):
+    """Version 1: a wide column is read only by the verbs that need it: its corrupt page is named there."""
     tr = tmp_path / "t"
-    shutil.copytree(small_synth, tr)
+    shutil.copytree(Path(__file__).parent / "fixtures" / "v1" / "syn", tr)
     _corrupt_column(tr / "routings" / "part-00000.parquet", "gate_input.list.element")
     res = run_cli("predict", tr, "--predictors", "stale-gate")
     assert res.code == 2, res.err
     assert_one_sentence_error(res, "part-00000.parquet")
+
+
+def test_corrupt_gate_input_file_named(tmp_path, small_synth):
+    """Version 2: a wide column's Arrow IPC file with a garbled footer is refused on open, by every verb,
+    naming the file (its values are raw floats: what a checksum-free format cannot check, nothing does)."""
+    tr = tmp_path / "t"
+    shutil.copytree(small_synth, tr)
+    f = tr / "routings" / "part-00000.gate_input.arrow"
+    data = bytearray(f.read_bytes())
+    data[-60:-10] = bytes((7 * i + 13) % 256 for i in range(50))
+    f.write_bytes(bytes(data))
+    for verb in (["info"], ["cache", "--budgets", "1"], ["predict", "--predictors", "stale-gate"]):
+        res = run_cli(verb[0], tr, *verb[1:])
+        assert res.code == 2, res.err
+        assert_one_sentence_error(res, "part-00000.gate_input.arrow")

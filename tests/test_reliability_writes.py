@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import assert_one_sentence_error, run_cli
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = dict(layers=4, experts=16, top_k=4, embd=32, tokens=40, prompt_tokens=12)
@@ -74,7 +74,7 @@ def last_line(err: str) -> str:
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory) -> Path:
     """A synthetic trace big enough that a report takes seconds (so a signal lands mid-write)."""
-    from traces.synth import SynthConfig, write_synthetic
+    from traces.synth.generator import SynthConfig, write_synthetic
 
     out = tmp_path_factory.mktemp("t") / "trace"
     write_synthetic(out, SynthConfig(layers=16, experts=64, top_k=8, embd=64, tokens=3000, prompt_tokens=32))
@@ -83,7 +83,7 @@ def trace(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory) -> Path:
-    from traces.synth import SynthConfig, write_synthetic
+    from traces.synth.generator import SynthConfig, write_synthetic
 
     out = tmp_path_factory.mktemp("s") / "small"
     write_synthetic(out, SynthConfig(**SMALL))
@@ -126,12 +126,12 @@ def test_interrupted_force_keeps_the_old_report_and_does_not_claim_success(trace
 
 def test_a_keyboard_interrupt_typer_turns_into_a_returned_exit_code_is_honoured(monkeypatch, tmp_path):
     """Under standalone_mode=False typer *returns* Exit(130) for a KeyboardInterrupt; main must exit 130."""
-    import traces.synth
+    import traces.synth.generator
 
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(traces.synth, "write_synthetic", boom)
+    monkeypatch.setattr(traces.synth.generator, "write_synthetic", boom)
     res = run_cli("synth", tmp_path / "x", "--tokens", "4")
     assert res.code == 130, res
     assert "interrupted" in last_line(res.err) and "nothing was written" in last_line(res.err)
@@ -219,7 +219,7 @@ def test_cache_csv_refuses_a_file_of_the_trace(small, tmp_path):
 
 def test_a_destination_that_appears_during_the_work_is_not_replaced(tmp_path):
     """The existence check is repeated at the rename: the second writer refuses, the first's work stays."""
-    from traces.atomic import staged_dir
+    from traces.io.atomic import staged_dir
 
     out = tmp_path / "out"
     with pytest.raises(UserError, match="another writer created it"):
@@ -277,12 +277,12 @@ def test_metrics_that_is_a_directory(tmp_path):
 
 def test_a_full_disk_is_named_not_called_a_bug(monkeypatch, tmp_path):
     """ENOSPC while writing (simulated at fsync, where a full disk shows with delayed allocation)."""
-    import traces.atomic
+    import traces.io.atomic
 
     def full(fd):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(traces.atomic.os, "fsync", full)
+    monkeypatch.setattr(traces.io.atomic.os, "fsync", full)
     out = tmp_path / "out"
     res = run_cli("synth", out, "--tokens", "4", "--layers", "2", "--experts", "8", "--top-k", "2", "--embd", "8")
     assert res.code == 2, res
@@ -291,12 +291,12 @@ def test_a_full_disk_is_named_not_called_a_bug(monkeypatch, tmp_path):
 
 
 def test_a_genuine_bug_still_says_so(monkeypatch, small):
-    import replay.info
+    import replay.analyses.info
 
     def broken(*a, **k):
         raise OSError(errno.EBADF, "Bad file descriptor")  # no path, not the machine's fault: ours
 
-    monkeypatch.setattr(replay.info, "info_rows", broken)
+    monkeypatch.setattr(replay.analyses.info, "info_rows", broken)
     res = run_cli("info", small)
     assert res.code == 3 and "this is a bug" in res.err, res
 
@@ -345,7 +345,7 @@ def test_a_read_only_mount(small, mounts):
 def test_an_interrupt_as_the_staging_directory_is_made_leaves_nothing(tmp_path, monkeypatch):
     # the signal handler runs when os.mkdir returns, before staged_dir's next line: the directory
     # exists, so it must be removed and the output counted as abandoned (the CLI then names it)
-    from traces import atomic
+    from traces.io import atomic
 
     made = []
     real_mkdir = Path.mkdir
@@ -369,7 +369,7 @@ def test_an_interrupt_before_the_block_starts_names_the_output_and_leaves_nothin
     # the handler can also run after staged_dir yielded but before the caller's block starts (in the
     # context manager's __enter__): the block never runs, only the generator's finalisation removes
     # the stage, and the CLI's message (printed first) must already count the output as abandoned
-    from traces import atomic
+    from traces.io import atomic
 
     out = tmp_path / "out"
     atomic.abandoned.clear()

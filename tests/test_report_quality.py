@@ -17,13 +17,13 @@ pytest.importorskip("transformers", reason="transformers is not installed (pip i
 
 from engine_bridge.hf_tiny import TinyHfConfig, write_tiny_hf_model  # noqa: E402
 from engine_bridge.quality import quality  # noqa: E402
-from replay.cost import CostModel, manual_model  # noqa: E402
+from replay.analyses.cost_model import CostModel, manual_model  # noqa: E402
+from replay.analyses.quality_result import load_all, load_quality, quality_frame  # noqa: E402
 from replay.present.format import cell  # noqa: E402
 from replay.present.quality import COLUMNS, digits, quality_section  # noqa: E402
-from replay.quality_result import load_all, load_quality, quality_frame  # noqa: E402
 from tests.helpers import assert_one_sentence_error, run_cli  # noqa: E402
 from traces import open_trace  # noqa: E402
-from traces.units import MIB  # noqa: E402
+from traces.util.units import MIB  # noqa: E402
 
 pytestmark = pytest.mark.hf
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

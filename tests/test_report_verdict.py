@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from replay.cost import BOUNDS, cost_model_from_options
+from replay.analyses.cost_model import BOUNDS, cost_model_from_options
 from replay.present.format import exact, fmt_q
 from replay.present.verdict import cache_line, prefetch_outcome, verdict_lines
 from tests.helpers import run_cli
@@ -142,11 +142,18 @@ def _check_printed(report, rows):
                     f"{fmt_q(r['ms_per_token_baseline'], 'ms')} → {fmt_q(r['ms_per_token'], 'ms')} ms/token",
                     f"{fmt_q(r['tok_s_baseline'], 'tok_s')} → {fmt_q(r['tok_s'], 'tok_s')} tok/s",
                     f"at {exact(r['budget_mib'])} MiB", "(#prefetch-and-retention-what-ifs)"]
-            if r["spec_fills"] and r["ms_per_token"] > r["ms_per_token_baseline"] and r["hit_pct_decode"] > r["hit_pct_decode_baseline"]:
-                want.append("loses on wall-clock time even though it raises the hit rate")
+            if r["spec_fills"] and r["vs_baseline_time"] == "worse" and r["hit_pct_decode"] > r["hit_pct_decode_baseline"]:
+                want.append("loses on wall-clock time beyond noise even though it raises the hit rate")
+            if r["spec_fills"] and r["vs_baseline_time"] == "tie":  # the paired interval includes zero
+                want.append("tie within noise (±")
+            if r["spec_fills"]:
+                want.append(f"(95% interval [{r['delta_ms_ci_low']:+.1f}, {r['delta_ms_ci_high']:+.1f}])")
         elif r["kind"] == "drop":
             drops = [x for x in rows if x["kind"] == "drop"]
-            want = [f"F = {exact(d['frac'])}: {fmt_q(d['io_saved_pct'], 'pct')}% / {fmt_q(d['mass_lost_pct'], 'pct')}%"
+            want = [f"F = {exact(d['frac'])}: {fmt_q(d['io_saved_pct'], 'pct')}%"
+                    + ("" if d.get("io_saved_ci_low") is None else  # closed loop: the paired interval (replay.analyses.paired)
+                       f" (95% interval {fmt_q(d['io_saved_ci_low'], 'pct')} to {fmt_q(d['io_saved_ci_high'], 'pct')}%)")
+                    + f" / {fmt_q(d['mass_lost_pct'], 'pct')}%"
                     for d in drops] + ["proxy", "(#drop-cold-trade-off)"]
         else:
             want = [r["model"], "(#cost-model)"]
@@ -204,6 +211,12 @@ def test_over_budget_figures_stay_marked_and_ties_are_said():
     assert prefetch_outcome(p) == "prefetching loses on wall-clock time even though it raises the hit rate"
     assert prefetch_outcome({**p, "ms_per_token": 9.99}) == "prefetching wins on time, by less than 0.1 ms/token"
     assert "no change" in prefetch_outcome({**p, "spec_fills": 0})
+    # with the paired interval (replay.analyses.paired): a call only beyond noise, else a tie
+    q = {**p, "delta_ms_per_token": 0.02, "delta_ms_ci_low": -0.5, "delta_ms_ci_high": 0.54, "vs_baseline_time": "tie"}
+    assert prefetch_outcome(q) == ("prefetching and no prefetch tie within noise (±0.5 ms/token) on time, +0.02 ms/token "
+                                   "(95% interval [-0.5, +0.5])")
+    q = {**q, "delta_ms_ci_low": 0.01, "delta_ms_ci_high": 0.03, "vs_baseline_time": "worse"}
+    assert prefetch_outcome(q).startswith("prefetching loses on wall-clock time beyond noise even though it raises the hit rate")
     assert "bytes are not time" in prefetch_outcome({**p, "ms_per_token": None})
 
 

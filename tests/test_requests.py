@@ -10,14 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.cache import loads_of
-from replay.info import info_rows
-from replay.predict import evaluate
+from replay.analyses.accuracy import evaluate
+from replay.analyses.info import info_rows
+from replay.core.simulate import loads_of
 from tests.helpers import assert_one_sentence_error, run_cli
 from tests.naive.predict import naive_evaluate
 from tests.trace_strategies import recorded_traces, write_trace
 from traces import TraceError, TraceWriter, open_trace
-from traces.schema import default_gating
+from traces.format.schema import default_gating
 
 NAMES = ["prev-token", "static-hot", "static-hot-prompt"]
 

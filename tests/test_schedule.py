@@ -1,4 +1,4 @@
-"""traces.schedule: per-request routing logs batched by a stated schedule (hand-built cases, bad
+"""traces.synth.schedule: per-request routing logs batched by a stated schedule (hand-built cases, bad
 options, and a hypothesis property over random request sets), and the writer/reader round trip of
 the result (request and token columns)."""
 
@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from traces import TraceWriter, UserError, open_trace
-from traces.schedule import RequestRoutes, schedule
-from traces.schema import default_gating
+from traces.format.schema import default_gating
+from traces.synth.schedule import RequestRoutes, schedule
 
 
 def req(rid, prompt, gen, L=2, k=1, routed=None, tokens=True, base=0):

@@ -10,7 +10,7 @@ import pytest
 import replay
 from tests.helpers import assert_one_sentence_error, run_cli
 from traces import TraceWriter, open_trace
-from traces.schema import default_gating
+from traces.format.schema import default_gating
 
 SHAPE = dict(layers=3, experts=16, top_k=2, embd=8, tokens=5, prompt_tokens=4, requests=5, seed=2)
 ALL = ["turn", "batch", "phase", "step", "layer", "experts", "weights", "request", "logits", "gate_input"]

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tests.helpers import assert_one_sentence_error, run_cli
-from traces.errors import UserError
-from traces.sizes import DTYPES, load_sizes, matrix_bytes, require_sizes
+from traces.format.errors import UserError
+from traces.importers._sizes import DTYPES, load_sizes, matrix_bytes, require_sizes
 
 
 @pytest.mark.parametrize("arch", ["qwen3moe", "gpt-oss"])

@@ -8,8 +8,8 @@ import pytest
 
 from tests.helpers import assert_one_sentence_error, run_cli
 from traces import open_trace
-from traces.reader import fixed_list_to_numpy
-from traces.synth import SynthConfig, realistic_expert_bytes
+from traces.io.reader import fixed_list_to_numpy
+from traces.synth.generator import SynthConfig, realistic_expert_bytes
 
 
 def _recompute(tr):

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from traces.gating import top_indices
-from traces.synth import SynthConfig, _Model
+from traces.format.gating import top_indices
+from traces.synth.generator import SynthConfig, _Model
 
 
 def tokens_per_token_loop(model: _Model, n: int) -> np.ndarray:

@@ -13,8 +13,8 @@ from tests.helpers import assert_one_sentence_error, run_cli
 from tests.naive.synth import naive_lowrank_routes
 from tests.test_synth import _recompute
 from traces import open_trace
-from traces.reader import fixed_list_to_numpy
-from traces.synth import SynthConfig, _LowRankModel
+from traces.io.reader import fixed_list_to_numpy
+from traces.synth.generator import SynthConfig, _LowRankModel
 
 
 @st.composite

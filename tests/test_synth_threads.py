@@ -1,4 +1,4 @@
-"""synth's threads and in-memory checks (traces.synth): the next chunk generated in a background
+"""synth's threads and in-memory checks (traces.synth.generator): the next chunk generated in a background
 thread while the last is written, a chunk routed on two threads, the top-k kernel's threshold
 filter under ties, the routings checked before they are written, and a fork after synth."""
 
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from traces.errors import UserError
-from traces.synth import SynthConfig, _ahead, _LowRankModel, _Model, write_synthetic
-from traces.synth_kernels import softmax_route
+from traces.format.errors import UserError
+from traces.synth.generator import SynthConfig, _ahead, _LowRankModel, _Model, write_synthetic
+from traces.synth.kernels import softmax_route
 
 
 @settings(max_examples=40, deadline=None)
@@ -131,7 +131,7 @@ def test_first_bad_routing_equals_naive_twin(data):
     """The one-pass check synth runs before writing agrees with its plain-Python twin on rows with
     injected faults (ids out of range or repeated, weights negative, NaN, infinite or increasing)."""
     from tests.naive.synth import naive_first_bad_routing
-    from traces.synth_kernels import first_bad_routing
+    from traces.synth.kernels import first_bad_routing
 
     E = data.draw(st.integers(2, 20))
     k = data.draw(st.integers(1, E))
@@ -165,8 +165,8 @@ def test_first_bad_routing_equals_naive_twin(data):
 def test_writer_error_midway_stops_every_thread(tmp_path, monkeypatch):
     """An error while writing (here the third append) stops the generating threads and leaves
     nothing behind: no destination, no thread still running."""
-    import traces.synth as synth_mod
-    from traces.writer import TraceWriter
+    import traces.synth.generator as synth_mod
+    from traces.io.writer import TraceWriter
 
     calls = []
 

@@ -1,4 +1,5 @@
-"""Trace format v1: writer/reader round trip and the reader's validation of bad traces."""
+"""Trace format (version 2, as the writer writes it): writer/reader round trip and the reader's validation of
+bad traces. Version 1 traces: tests/test_format_v2.py, on the committed fixtures."""
 
 from __future__ import annotations
 
@@ -7,12 +8,11 @@ import shutil
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers import assert_one_sentence_error, run_cli
+from tests.helpers import assert_one_sentence_error, rewrite_part, run_cli
 from traces import TraceError, TraceWriter, open_trace
-from traces.schema import default_gating
+from traces.format.schema import default_gating
 
 
 def meta(n_layer=3, n_expert=8, k=2, n_embd=4, moe=(0, 1, 2), eb=1000):
@@ -67,28 +67,33 @@ def test_round_trip_rows_and_parts(tmp_path):
 
 
 def test_arrays_do_not_load_wide_columns(tmp_path, monkeypatch):
-    import traces.reader as reader
+    import traces.io.reader as reader
 
     write_small(tmp_path / "t", columns=("logits", "gate_input"))
     tr = open_trace(tmp_path / "t")
-    seen = []
-    real = reader.read_part
+    seen, wide = [], []
+    real, real_wide = reader.read_part, reader.Trace.wide
 
-    def spy(path, columns):
+    def spy(path, columns, *a):
         seen.append(tuple(columns))
-        return real(path, columns)
+        return real(path, columns, *a)
+
+    def spy_wide(self, i, column):
+        wide.append(column)
+        return real_wide(self, i, column)
 
     monkeypatch.setattr(reader, "read_part", spy)
+    monkeypatch.setattr(reader.Trace, "wide", spy_wide)
     tr.arrays()
-    assert seen and all("logits" not in c and "gate_input" not in c for c in seen)
+    assert seen and all("logits" not in c and "gate_input" not in c for c in seen) and not wide
     g = tr.table(["gate_input"])
-    assert g.num_rows == 15 and seen[-1] == ("gate_input",)
+    assert g.num_rows == 15 and set(wide) == {"gate_input"} and len(wide) == len(tr.parts)
 
 
 def test_byte_identical_rewrite(tmp_path):
     write_small(tmp_path / "a", columns=("logits",))
     write_small(tmp_path / "b", columns=("logits",))
-    for f in ["trace.json", "routings/part-00000.parquet", "routings/part-00002.parquet"]:
+    for f in ["trace.json", "routings/part-00000.parquet", "routings/part-00002.parquet", "routings/part-00002.logits.arrow"]:
         assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
 
 
@@ -119,7 +124,8 @@ def _edit_meta(path, fn):
 @pytest.mark.parametrize(
     "edit, needle",
     [
-        (lambda m: m.update(version=2), "schema version 2"),
+        (lambda m: m.update(version=3), "schema version 3; this tool reads versions 1 and 2"),
+        (lambda m: m.update(version=1), "wrong columns or types for format version 1"),
         (lambda m: m.update(format="other"), "not a moe-route-trace"),
         (lambda m: m["expert_bytes"].__setitem__(1, None), "expert_bytes for MoE layer 1"),
         (lambda m: m["expert_bytes"].__setitem__(1, 0), "expert_bytes for MoE layer 1"),
@@ -171,8 +177,7 @@ def test_reader_rejects_part_cut_in_half(tmp_path, cut):
 
 
 def _rewrite_part(path, fn):
-    t = pq.read_table(path)
-    pq.write_table(fn(t), path)
+    rewrite_part(path, fn)
 
 
 def _set_fixed(t, name, values, typ):
@@ -197,7 +202,7 @@ def _set_fixed(t, name, values, typ):
          "breaks the (batch, layer, step) row order"),
         (lambda t: t.set_column(4, t.schema.field("layer"), pa.array(np.array([0, 1, 5, 0, 1, 2], np.int16))),
          "outside 0..2"),
-        (lambda t: t.drop_columns(["weights"]), "column weights is missing"),
+        (lambda t: t.drop_columns(["weights"]), "column weight_0 is missing"),
         (lambda t: t.set_column(0, pa.field("turn", pa.int64(), nullable=False), pa.array(np.zeros(6, np.int64))),
          "column turn is int64"),
     ],

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from replay.cache import prepare_loads, replay
-from replay.cache_kernel import STAT_SPEC_FILLS, STAT_SPEC_HITS, STAT_SPEC_REFUSED
-from replay.prefetch import guesses, prefetch
+from replay.analyses.prefetching import guesses, prefetch
+from replay.core.driver import STAT_SPEC_FILLS, STAT_SPEC_HITS, STAT_SPEC_REFUSED
+from replay.core.simulate import prepare_loads, replay
 from tests.helpers import assert_one_sentence_error, run_cli
 from traces import open_trace
-from traces.reader import RoutingArrays
-from traces.units import MIB
+from traces.io.reader import RoutingArrays
+from traces.util.units import MIB
 
 
 def _loads(batches):
@@ -119,7 +119,7 @@ def test_retention_keeps_the_guess_resident():
 
 def test_plain_replay_unchanged_by_empty_whatif_arrays(synth_trace_dir):
     t = open_trace(synth_trace_dir(layers=3, experts=16, top_k=2, embd=8, tokens=30, prompt_tokens=4, routing_only=True))
-    from replay.cache import loads_of
+    from replay.core.simulate import loads_of
     lo = loads_of(t)
     a = replay(lo, "lru", 1.0, slots=True)
     b = replay(lo, "lru", 1.0, slots=True, drop=np.zeros(lo.entries.shape, np.uint8),
@@ -165,7 +165,7 @@ def test_real_qwen_closed_drop_at_recorded_budget(real_trace_dir):
         for key in ("mode", "frac", "keep_k", "phase", "io_saved_pct", "mass_lost_pct", "routings_dropped_pct",
                     "experts_dropped_pct", "hit_pct_decode", "hit_pct_cum", "hit_pct_decode_baseline"):
             assert key in r
-        assert "hit_pct" not in r  # DESIGN.md names hit rates by phase
+        assert "hit_pct" not in r  # docs/design.md names hit rates by phase
         assert r["budget_mib"] == 4000.0 and r["policy"] == "lru" and r["phase"] == "decode"
     cold = [r for r in rows if r["mode"] == "closed"]
     assert [r["frac"] for r in cold] == [0.5, 1.0] and [r["keep_k"] for r in rows if r["mode"] == "closed-k"] == [5, 4, 3, 2, 1]
@@ -187,7 +187,10 @@ def test_real_qwen_prefetch_more_hits_more_bytes_is_slower(real_trace_dir, tmp_p
     r = res.json()["rows"][0]
     assert r["hit_pct_decode"] > r["hit_pct_decode_baseline"] and r["bytes_change_pct"] > 0
     assert r["ms_per_token"] > r["ms_per_token_baseline"]
-    assert "slower" in r["verdict"] and "more bytes" in r["verdict"] and "no prefetch wins" in r["verdict"]
+    assert "slower" in r["verdict"] and "more bytes" in r["verdict"]
+    # 1.8 ms/token slower on 128 tokens is inside the paired interval (replay.analyses.paired): a tie, said as one
+    assert r["delta_ms_ci_low"] < 0 < r["delta_ms_ci_high"] and r["vs_baseline_time"] == "tie"
+    assert "tie within noise (±" in r["verdict"] and "neither wins on time" in r["verdict"]
     text = run_cli("prefetch", q, "--predictor", "static-hot", "--cost-model", model).out
     assert "decode-only" in text and "cumulative" in text and "slower under the cost model" in text
     # prev-token under LRU above one token cycle: every guess is resident, prefetch reads nothing (said out loud)
@@ -236,7 +239,7 @@ def test_real_qwen_closed_drop_two_dropped_shares(real_trace_dir):
 def test_prefetch_shows_the_best_plain_policy(real_trace_dir, tmp_path):
     """The what-if is shown next to the best plain online policy at the same budget (the max decode
     hit % of a cache sweep over the online policies, ties by name), not only its own policy."""
-    from replay.cost import BOUNDS
+    from replay.analyses.cost_model import BOUNDS
     from replay.policies import REGISTRY
 
     q = real_trace_dir("qwen")

@@ -7,8 +7,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.cache import prepare_loads, replay
-from replay.cache_kernel import (
+from replay.core.driver import (
     ACC_HITS,
     ACC_LOOKUPS,
     ACC_READ,
@@ -27,6 +26,7 @@ from replay.cache_kernel import (
     STAT_SPEC_RESIDENT,
     STAT_SPEC_UNUSED_END,
 )
+from replay.core.simulate import prepare_loads, replay
 from replay.policies import REGISTRY
 from tests.naive.whatif import naive_whatif
 from tests.test_cache_twin import UNIT, _arrays, traces
@@ -124,7 +124,7 @@ def test_prefetch_under_every_policy_matches_naive_twin(data, t, policy, retain)
 def test_closed_drop_shares_match_naive_twin(tmp_path_factory, spec, policy, frac, phase, data):
     """closed_drop's two dropped shares (routings with a drop, routed experts dropped) and its
     per-phase hit rates agree exactly with the naive twin's replay."""
-    from replay.drop import closed_drop
+    from replay.analyses.drop_cold import closed_drop
     from tests.naive.whatif import naive_closed_drop
     from tests.trace_strategies import write_trace
     from traces import open_trace
@@ -148,4 +148,4 @@ def test_closed_drop_shares_match_naive_twin(tmp_path_factory, spec, policy, fra
             lk = sum(want[f"lookups_{p}{name}"] for p in ph)
             ht = sum(want[f"hits_{p}{name}"] for p in ph)
             assert got[f"hit_pct_{key}{name}"] == (100.0 * float(ht) / float(lk) if lk else None), (key, name)
-    assert "hit_pct" not in got and "hit_pct_baseline" not in got  # DESIGN.md's phase keys only
+    assert "hit_pct" not in got and "hit_pct_baseline" not in got  # docs/design.md's phase keys only

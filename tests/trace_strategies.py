@@ -9,8 +9,8 @@ import numpy as np
 from hypothesis import strategies as st
 
 from traces import TraceWriter
-from traces.schedule import RequestRoutes, schedule
-from traces.schema import default_gating
+from traces.format.schema import default_gating
+from traces.synth.schedule import RequestRoutes, schedule
 
 _counter = itertools.count()
 
@@ -47,7 +47,7 @@ def turn_rows(plan, moe_layers, experts) -> list[tuple]:
 
 def _request_batches(draw, max_requests: int, max_tokens: int) -> list[tuple[int, list[tuple[int, int]]]]:
     """Batches [(phase, [(request, step), ...])] of several requests, laid out by the continuous
-    schedule (traces.schedule) at a drawn max_batch / prefill chunk; request ids drawn, not 0..n-1."""
+    schedule (traces.synth.schedule) at a drawn max_batch / prefill chunk; request ids drawn, not 0..n-1."""
     n = draw(st.integers(1, max_requests))
     ids = draw(st.lists(st.integers(0, 2**40), min_size=n, max_size=n, unique=True))
     reqs = []

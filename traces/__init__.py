@@ -1,12 +1,12 @@
-"""The moe-route-trace format, version 1: schema, writer, validating reader, importers, synthetic traces."""
+"""The moe-route-trace format (version 2; version 1 still read): schema, writer, validating reader, upgrade, importers, synthetic traces."""
 
-from traces.errors import TraceError, UserError
+from traces.format.errors import TraceError, UserError
 
 __all__ = ["Trace", "TraceError", "TraceWriter", "RoutingArrays", "UserError", "open_trace"]
 # Imported on first use (PEP 562): the errors are light, the reader and writer pull in Arrow and Polars,
 # which ``moe-replay --help`` must not wait for.
-_LAZY = {"Trace": "traces.reader", "RoutingArrays": "traces.reader", "open_trace": "traces.reader",
-         "TraceWriter": "traces.writer"}
+_LAZY = {"Trace": "traces.io.reader", "RoutingArrays": "traces.io.reader", "open_trace": "traces.io.reader",
+         "TraceWriter": "traces.io.writer"}
 
 
 def __getattr__(name: str) -> object:

@@ -1,6 +1,6 @@
 """``moe-replay``: a thin typer layer over the library. No analysis logic lives here.
 
-Bad input raises :class:`traces.errors.UserError`; :func:`main` prints its one sentence and exits
+Bad input raises :class:`traces.format.errors.UserError`; :func:`main` prints its one sentence and exits
 2 without a traceback (``--debug`` anywhere on the command line shows it).
 """
 
@@ -15,7 +15,7 @@ import typer
 
 from replay.cli.options import JsonOpt, TraceArg, example
 from replay.runner import _interrupted, guarded
-from traces.errors import UserError  # noqa: F401 (re-exported)
+from traces.format.errors import UserError  # noqa: F401 (re-exported)
 
 app = typer.Typer(
     add_completion=True,  # --install-completion / --show-completion (typer's, for bash, zsh, fish, PowerShell)
@@ -39,7 +39,7 @@ if hasattr(typer.core.TyperArgument, "_usage_display_name"):
 
 def _version(value: bool) -> None:
     if value:
-        from traces.version import __version__
+        from traces.format.version import __version__
 
         typer.echo(f"moe-replay {__version__}")
         raise typer.Exit()
@@ -56,6 +56,7 @@ VERB_MODULES = ("replay.cli.cache", "replay.cli.predict", "replay.cli.whatif", "
                 "replay.cli.imports", "replay.cli.exports", "replay.cli.schedule")
 VERB_MODULES += ("replay.cli.sweep",)
 VERB_MODULES += ("replay.cli.compare",)
+VERB_MODULES += ("replay.cli.upgrade",)
 
 
 def _echo(text: str) -> None:
@@ -65,7 +66,7 @@ def _echo(text: str) -> None:
 @app.command(epilog=example("moe-replay info traces/qwen"))
 def info(trace: Path = TraceArg, json_out: bool = JsonOpt) -> None:
     """Model, shape, tokens per phase, optional columns, expert sizes, token-cycle size, provenance."""
-    from replay.info import info_rows
+    from replay.analyses.info import info_rows
     from replay.present.format import json_object
     from replay.present.info import info_text
     from traces import open_trace
@@ -102,19 +103,19 @@ def synth(
                                     "(1..embd-1; faster on large traces, other routings than the default full-width model)."),
 ) -> None:
     """Generate a synthetic trace from a small residual-stream model (deterministic per seed)."""
-    from traces.synth import SynthConfig, write_synthetic
+    from traces.synth.generator import SynthConfig, write_synthetic
 
     cfg = SynthConfig(
         layers=layers, experts=experts, top_k=top_k, embd=embd, tokens=tokens, prompt_tokens=prompt_tokens,
         seed=seed, gating=gating, routing_only=routing_only, expert_bytes=expert_bytes, drift=drift,
         reuse=reuse, skew=skew, requests=requests, max_batch=max_batch, prefill_chunk=prefill_chunk, rank=rank,
     )
-    from replay.progress import progress
+    from replay.core.progress import progress
 
     with progress((tokens + prompt_tokens) * (requests or 1), "synth", unit="tok") as bar:
         write_synthetic(out_dir, cfg, force=force, on_tokens=bar.update)
     if json_out:  # info's row only when printed: it decodes the key columns (0.5 s on 100,000 x 48 rows)
-        from replay.info import info_rows
+        from replay.analyses.info import info_rows
         from replay.present.format import json_object
         from traces import open_trace
 
@@ -207,7 +208,7 @@ def _typer_error(e: Exception, debug: bool) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from traces import atomic
+    from traces.io import atomic
 
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args

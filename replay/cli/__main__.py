@@ -1,5 +1,5 @@
-"""``python -m replay.cli``: the same as the ``moe-replay`` console script (:mod:`replay.fastcli`)."""
+"""``python -m replay.cli``: the same as the ``moe-replay`` console script (:func:`replay.cli.main`)."""
 
-from replay.fastcli import main
+from replay.cli import main
 
 main()

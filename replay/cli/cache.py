@@ -1,6 +1,6 @@
 """``moe-replay cache``: the expert-cache table (policies x budgets), per layer on request, and
 ``--validate`` (LRU at the engine's budget against what the engine recorded). Thin: the numbers
-come from :mod:`replay.cache`."""
+come from :mod:`replay.core.simulate`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,20 @@ from pathlib import Path
 
 import typer
 
-from replay.cli.options import BudgetsOpt, JsonOpt, PolicyFileOpt, PredictorFileOpt, TraceArg, example, parse_budget, parse_budgets  # noqa: F401
+from replay.cli.options import (  # noqa: F401
+    BudgetsOpt,
+    ForeignCostModelOpt,
+    JsonOpt,
+    PolicyFileOpt,
+    PredictorFileOpt,
+    TraceArg,
+    check_foreign_cost_model,
+    example,
+    parse_budget,
+    parse_budgets,
+)
 from replay.policies import REGISTRY
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 POLICIES_HELP = (
     "Comma-separated: " + ", ".join(REGISTRY) + ". "
@@ -45,13 +56,14 @@ def register(app: typer.Typer) -> None:
         csv: Path | None = typer.Option(None, "--csv", help="Also write every row to this CSV file (atomically)."),
         validate: bool = typer.Option(False, "--validate", help="Replay LRU at the recorded budget and compare with the engine; "
                                       "exits 1 when the replay does not reproduce the engine (cumulative hit % more than "
-                                      "0.1 points off)."),  # replay.cache.VALIDATE_TOLERANCE_PP (tests check they agree)
+                                      "0.1 points off)."),  # replay.core.simulate.VALIDATE_TOLERANCE_PP (tests check they agree)
         budget_mib: str | None = typer.Option(None, "--budget-mib", help="Budget for --validate (default: the recorded one); "
                                               "without --validate, a single budget to replay (not with --budgets). "
                                               "MiB, or with a unit: 4000, 4000MiB, 4GiB, 1.5GiB.", show_default=False),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file: adds ms/token and tok/s."),
         flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
         compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
+        foreign_cost_model: bool = ForeignCostModelOpt,
         policy_file: list[Path] | None = PolicyFileOpt,
         predictor_file: list[Path] | None = PredictorFileOpt,
         json_out: bool = JsonOpt,
@@ -82,23 +94,24 @@ def register(app: typer.Typer) -> None:
         tables; JSON/CSV rows carry peak_resident_mib, overflow_loads and over_budget).
         --validate exits 1 when the replay does not reproduce the engine."""
         from replay import api
-        from replay.cache import VALIDATE_TOLERANCE_PP, check_policies, default_budgets_mib, loads_of, validate_ok
-        from replay.cache import validate as run_validate
-        from replay.cost import cost_model_from_options
-        from replay.frames import rows_of
-        from replay.info import NO_DECODE, require_routings
-        from replay.phases import check_phase
+        from replay.analyses.cost_model import cost_model_from_options
+        from replay.analyses.info import require_routings
+        from replay.core.frames import rows_of
+        from replay.core.notes import NO_DECODE
+        from replay.core.phases import check_phase
+        from replay.core.simulate import VALIDATE_TOLERANCE_PP, check_policies, validate_ok
+        from replay.core.simulate import validate as run_validate
         from replay.present.cache import compact_text, retain_text, sweep_text, time_text, validate_text
         from replay.present.format import json_object
-        from replay.rows import cache_summary
         from traces import open_trace
-        from traces.atomic import check_output_file, write_output_file
+        from traces.io.atomic import check_output_file, write_output_file
 
         json_out = json_out or check_format(fmt) == "json"
         check_phase(phase)
         cmodel = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
+        check_foreign_cost_model(foreign_cost_model, cost_model)
         budget_mib = parse_budget(budget_mib, "--budget-mib")
-        from replay.plugins import register_files
+        from replay.plugin_files import register_files
 
         register_files(policy_file, predictor_file)
         pols = check_policies([p for p in policies.split(",") if p.strip()])
@@ -118,16 +131,20 @@ def register(app: typer.Typer) -> None:
             raise UserError("--budgets and --budget-mib both name the budgets to replay; give one of them.")
         if csv is not None:
             check_output_file(csv, inputs=[trace, cost_model])  # before the replay, not after
-        from replay.cache_stream import check_stream_mode, choose_stream
+        from replay.core.streaming import check_stream_mode
 
         check_stream_mode(stream)
         if validate and stream == "on":
             raise UserError("--stream on: --validate compares every routed slot with the engine's record in memory; "
                             "use --stream off or auto.")
         # Rows are checked as the replay reads them (one read of the trace, not two); anything
-        # that reads them another way checks them first (traces.reader.Trace.rows_pending).
+        # that reads them another way checks them first (traces.io.reader.Trace.rows_pending).
         t = open_trace(trace, defer_rows=True)
         require_routings(t, "replay")
+        if cmodel is not None:  # before the replay: a model of another model or device is refused, or marked
+            from replay.analyses.cost_origin import apply_to
+
+            cmodel = apply_to(cmodel, t, foreign=foreign_cost_model)
         if validate:
             row = run_validate(t, budget_mib)
             if csv is not None:
@@ -142,28 +159,14 @@ def register(app: typer.Typer) -> None:
             if ok is False:
                 raise SystemExit(1)  # the report is printed; a script sees the replay did not reproduce the engine
             return
-        streamed = choose_stream(t, pols, stream, in_memory_only="--retain" if retain else None)
-        rec_budget = t.recorded.get("budget_mib")
         if blist is None and budget_mib is not None:
             blist = [budget_mib]
-        if streamed:
-            from replay.cache_stream import Sizes, stream_sweep, working_set_stream
-
-            if blist is None:  # the working set first (one more pass over the parts), then the replay
-                blist = default_budgets_mib(Sizes(t.token_cycle_bytes, working_set_stream(t)), rec_budget)
-            frame, loads, W_bytes = stream_sweep(t, pols, blist, per_layer=per_layer, seed=seed, show_progress=True)
-            if cmodel is not None:
-                frame = api.with_time(frame, cmodel, trace=t)
-        else:
-            loads = loads_of(t)
-            W_bytes = loads.working_set_bytes
-            if blist is None:
-                blist = default_budgets_mib(loads, rec_budget)
-            frame = api.cache(t, policies=pols, budgets_mib=blist, per_layer=per_layer, phase=phase, seed=seed,
-                              policy_options=popts, cost_model=cmodel, retain_predictor=predictor if retain else None,
-                              show_progress=True, loads=loads, predictor_file=predictor_file)
-        sm = cache_summary(t, rows_of(frame.filter(frame["layer"].is_null())), blist,
-                           budgets is not None or budget_mib is not None, W_bytes, bool((loads.batch_phase == 1).any()))
+        run = api.cache_run(t, policies=pols, budgets_mib=blist,
+                            per_layer=per_layer, phase=phase, seed=seed, policy_options=popts, cost_model=cmodel,
+                            retain_predictor=predictor if retain else None, show_progress=True, stream=stream,
+                            predictor_file=predictor_file, foreign_cost_model=foreign_cost_model,
+                            paired=cmodel is not None and not retain)  # with a cost model: each cell against LRU (replay.analyses.paired)
+        frame, blist, loads, sm = run.frame, run.budgets_mib, run.loads, run.summary
         T, W, chosen, collapsed, no_decode = (sm["token_cycle_mib"], sm["working_set_mib"], sm["budgets_chosen"],
                                               sm["collapsed"], sm["no_decode"])
         if csv is not None:
@@ -173,6 +176,7 @@ def register(app: typer.Typer) -> None:
                 "cache", str(trace), rows_of(frame), phase=phase, token_cycle_mib=T, working_set_mib=W,
                 budgets_below_token_cycle=sm["budgets_below_token_cycle"], budgets_chosen=chosen, note=sm["note"],
                 cost_model=(cmodel.row() if cmodel is not None else None),
+                **({"cost_model_foreign": True} if cmodel is not None and cmodel.foreign else {}),
             ))
             return
         if fmt == "compact":

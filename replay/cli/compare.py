@@ -1,4 +1,4 @@
-"""``compare``: two traces of the same prompt, routing by routing (the work is in :mod:`replay.compare`)."""
+"""``compare``: two traces of the same prompt, routing by routing (the work is in :mod:`replay.analyses.trace_compare`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def _sci(v: Any) -> Any:
 
 
 def compare_text(path_a: Path, path_b: Path, a: Any, b: Any, res: Any, show: int) -> str:
-    from replay.frames import rows_of
+    from replay.core.frames import rows_of
     from replay.present.format import text_table
 
     ov = res.overall()
@@ -85,11 +85,11 @@ def compare_cmd(
     """Per layer: how often two traces of the same prompt choose the same experts, their weight and logit
     differences, and whether each disagreement is a near-tie of the router (two engines, two quantisations,
     CPU vs GPU)."""
-    from replay.compare import compare
-    from replay.frames import rows_of
+    from replay.analyses.trace_compare import compare
+    from replay.core.frames import rows_of
     from replay.present.format import json_object
     from traces import open_trace
-    from traces.errors import UserError
+    from traces.format.errors import UserError
 
     if show < 0:
         raise UserError(f"--show {show} must be 0 or more.")

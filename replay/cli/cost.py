@@ -1,4 +1,4 @@
-"""``cost fit``: fit a time-per-token model on recorded engine metrics (see replay/cost.py)."""
+"""``cost fit``: fit a time-per-token model on recorded engine metrics (see replay/analyses/cost_model.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from replay.cli.options import BUDGET_UNITS_HELP, JsonOpt, example, parse_budget
+from replay.cli.options import BUDGET_UNITS_HELP, ForeignCostModelOpt, JsonOpt, check_foreign_cost_model, example, parse_budget
 
 cost_app = typer.Typer(no_args_is_help=True, help="Cost model: from bytes read per token to time per token.")
 
@@ -18,12 +18,12 @@ def fit(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (save it: --cost-model FILE reads it)."),
 ) -> None:
     """Fit wall_ms per decoded token against expert bytes read (and misses, if it pays)."""
-    from replay.cost import cross_trace, fit_trace
-    from replay.frames import rows_of
+    from replay.analyses.cost_model import cross_trace, fit_trace
+    from replay.core.frames import rows_of
     from replay.present.cost import _describe
     from replay.present.format import json_object, text_table
     from traces import open_trace
-    from traces.errors import UserError
+    from traces.format.errors import UserError
     from traces.importers.bigmoe import parse_metrics
 
     if metrics is not None and len(traces) != 1:
@@ -65,18 +65,20 @@ def check(
     cost_model: Path | None = typer.Option(None, "--cost-model", help="Use this model (default: fit on each trace's first half)."),
     budget_mib: str | None = typer.Option(None, "--budget-mib", help=f"Replay budget in {BUDGET_UNITS_HELP} (default: the "
                                           "recorded one).", show_default=False),
+    foreign_cost_model: bool = ForeignCostModelOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Replay LRU at the recorded budget, turn the replay's bytes into time, compare with the device
     (at another --budget-mib: the prediction only, since the device ran at the recorded one)."""
-    from replay.cost import device_check, load_cost_model
+    from replay.analyses.cost_model import device_check, load_cost_model
     from replay.present.cost import check_text
     from replay.present.format import json_object
     from traces import open_trace
 
     budget_mib = parse_budget(budget_mib, "--budget-mib")
+    check_foreign_cost_model(foreign_cost_model, cost_model)
     model = load_cost_model(cost_model) if cost_model else None
-    rows = [device_check(open_trace(p), model, budget_mib) for p in traces]
+    rows = [device_check(open_trace(p), model, budget_mib, foreign=foreign_cost_model) for p in traces]
     if json_out:
         typer.echo(json_object("cost check", str(traces[0]) if len(traces) == 1 else None, rows))
         return

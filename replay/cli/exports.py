@@ -1,4 +1,4 @@
-"""``export``: a trace in other tools' formats (traces/exports.py): libCacheSim's oracleGeneral, BigMoeOnEdge's route CSV."""
+"""``export``: a trace in other tools' formats (traces/io/exports.py): libCacheSim's oracleGeneral, BigMoeOnEdge's route CSV."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def _done(kind: str, trace: Path, out: Path, json_out: bool) -> None:
 def export_libcachesim(trace: Path = TraceArg, out: Path = OutArg, json_out: bool = JsonOpt) -> None:
     """libCacheSim's oracleGeneral binary trace: one request per unique (layer, expert) per load, obj id =
     layer x n_expert + expert, size = expert bytes, next access filled in; all phases, in replay order."""
-    from traces.exports import export
+    from traces.io.exports import export
 
     _done("libcachesim", trace, export("libcachesim", trace, out), json_out)
 
@@ -34,7 +34,7 @@ def export_libcachesim(trace: Path = TraceArg, out: Path = OutArg, json_out: boo
 @export_app.command("bigmoe", epilog=example("moe-replay export bigmoe traces/qwen route_trace.csv"))
 def export_bigmoe(trace: Path = TraceArg, out: Path = OutArg, json_out: bool = JsonOpt) -> None:
     """BigMoeOnEdge's route_trace v1 CSV, the file 'import bigmoe' reads (needs recorded residency and read bytes)."""
-    from traces.exports import export
+    from traces.io.exports import export
 
     _done("bigmoe", trace, export("bigmoe", trace, out), json_out)
 

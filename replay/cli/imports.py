@@ -58,7 +58,7 @@ ForceOpt = typer.Option(False, "--force", help="Replace OUT if it exists.")
 
 
 def _size_params() -> list[inspect.Parameter]:
-    from traces.sizes import DTYPES
+    from traces.importers._sizes import DTYPES
 
     kw = inspect.Parameter.KEYWORD_ONLY
     return [
@@ -80,7 +80,7 @@ def _option_param(opt: Any) -> inspect.Parameter:
 
 
 def _split(paths: list[Path], mod: ModuleType | None, fmt: str) -> tuple[list[Path], Path]:
-    from traces.errors import UserError
+    from traces.format.errors import UserError
 
     if len(paths) < 2:
         raise UserError(f"import {fmt}: give the source file(s) and then the trace directory to create (SRC... OUT).")
@@ -92,7 +92,7 @@ def _split(paths: list[Path], mod: ModuleType | None, fmt: str) -> tuple[list[Pa
 
 
 def _report(fmt: str, out_dir: Path, json_out: bool, chosen: str | None = None) -> None:
-    from replay.info import info_rows
+    from replay.analyses.info import info_rows
     from replay.present.format import json_object
     from traces import open_trace
 
@@ -116,8 +116,8 @@ def _report(fmt: str, out_dir: Path, json_out: bool, chosen: str | None = None) 
 
 def _run(mod: ModuleType, fmt: str, paths: list[Path], values: dict[str, Any], json_out: bool, force: bool,
          chosen: str | None = None) -> None:
-    from traces.errors import UserError
-    from traces.sizes import load_sizes
+    from traces.format.errors import UserError
+    from traces.importers._sizes import load_sizes
 
     sources, out = _split(paths, mod, fmt)
     size_keys = ("expert_bytes", "sizes_from", "dtype")

@@ -3,7 +3,7 @@
 Each verb module of this package defines ``register(app)`` and takes its shared parameters from
 here (``trace: Path = TraceArg``, ``json_out: bool = JsonOpt``, ...). Budgets, wherever a verb
 takes them, are read by :func:`parse_budget` / :func:`parse_budgets` (MiB, or with a binary unit:
-``4000``, ``4000MiB``, ``4GiB``, ``1.5GiB``), the one parser of :mod:`traces.units`.
+``4000``, ``4000MiB``, ``4GiB``, ``1.5GiB``), the one parser of :mod:`traces.util.units`.
 
 This module imports only typer: ``moe-replay --help`` must not wait for Numba or Polars.
 """
@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import typer
 
-from traces.units import parse_budget_mib, parse_budgets_mib
+from traces.util.units import parse_budget_mib, parse_budgets_mib
 
 TraceArg = typer.Argument(..., help="Trace directory (trace.json + routings/).", show_default=False, metavar="TRACE")
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of tables.")
 CostModelOpt = typer.Option(None, "--cost-model", help="A 'cost fit --json' file: adds ms/token and tok/s.")
+ForeignCostModelOpt = typer.Option(False, "--foreign-cost-model", help="Apply a --cost-model fitted on another model or "
+                                   "device (or written before models recorded their origin) anyway; every time figure "
+                                   "is then marked as foreign. Without it such a model is refused.")
 BUDGET_UNITS_HELP = "MiB (2^20 bytes), or with a unit: 4000, 4000MiB, 4GiB, 1.5GiB"
 BudgetsOpt = typer.Option(None, "--budgets", help=f"Cache budgets, comma-separated, each in {BUDGET_UNITS_HELP}. "
                           "Default: derived from the trace (see output).", show_default=False)
@@ -26,6 +29,15 @@ PolicyFileOpt = typer.Option(None, "--policy-file", help="A policy module (.py) 
                              "named as a policy (repeatable).")
 PredictorFileOpt = typer.Option(None, "--predictor-file", help="A predictor module (.py) anywhere on disk; its NAME can "
                                 "then be named as a predictor (repeatable).")
+
+
+def check_foreign_cost_model(foreign: bool, cost_model: object) -> None:
+    """--foreign-cost-model gives leave to apply a --cost-model FILE; alone (or with a manual model,
+    which fits no particular trace) it would be silently ignored, so it is refused."""
+    if foreign and cost_model is None:
+        from traces.format.errors import UserError
+
+        raise UserError("--foreign-cost-model: only meaningful with --cost-model FILE (a manual model applies to any trace).")
 
 
 def example(command_line: str) -> str:

@@ -1,6 +1,6 @@
 """``predict``: predictor accuracy per layer, as text tables or one JSON object.
 
-The command only parses options and formats what :mod:`replay.predict` returns.
+The command only parses options and formats what :mod:`replay.analyses.accuracy` returns.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import typer
 
 from replay.cli.options import JsonOpt, PredictorFileOpt, TraceArg, example
 from replay.predictors import REGISTRY as PREDICTOR_REGISTRY
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 DEFAULT = ",".join(PREDICTOR_REGISTRY)
 MAX_HORIZON = (1 << 15) - 1  # the layer column is int16; the trace's own MoE layers bound it further (evaluate)
@@ -64,16 +64,16 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOpt,
     ) -> None:
         """Predictor accuracy per layer: prev-token, stale-gate[d], ctrl, static hot lists."""
+        from replay.analyses.accuracy import check_horizon
+        from replay.analyses.info import require_routings
         from replay.api import predict_run
-        from replay.frames import rows_of
-        from replay.info import require_routings
-        from replay.phases import check_phase
-        from replay.plugins import register_files
-        from replay.predict import check_horizon
+        from replay.core.frames import rows_of
+        from replay.core.phases import check_phase
+        from replay.core.progress import progress
+        from replay.plugin_files import register_files
         from replay.predictors import parse_predictor
         from replay.present.format import json_object
         from replay.present.predict import curve_text, predict_text
-        from replay.progress import progress
         from traces import open_trace
 
         register_files(None, predictor_file)

@@ -6,7 +6,16 @@ from pathlib import Path
 
 import typer
 
-from replay.cli.options import BudgetsOpt, PolicyFileOpt, PredictorFileOpt, TraceArg, example, parse_budgets
+from replay.cli.options import (
+    BudgetsOpt,
+    ForeignCostModelOpt,
+    PolicyFileOpt,
+    PredictorFileOpt,
+    TraceArg,
+    check_foreign_cost_model,
+    example,
+    parse_budgets,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -22,6 +31,7 @@ def register(app: typer.Typer) -> None:
         cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file (default: fit on the metrics)."),
         flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
         compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
+        foreign_cost_model: bool = ForeignCostModelOpt,
         force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
         policy_file: list[Path] | None = PolicyFileOpt,
         predictor_file: list[Path] | None = PredictorFileOpt,
@@ -29,12 +39,12 @@ def register(app: typer.Typer) -> None:
                                            "(repeatable): adds quality lost against reads avoided per setting."),
     ) -> None:
         """Write a report: the verdict first (best policy, predictor, prefetch, drop-cold at the budget), then the evidence."""
+        from replay.analyses.cost_model import cost_model_from_options
+        from replay.analyses.report import SECTIONS
         from replay.api import write_report
-        from replay.cache import check_policies
-        from replay.cost import cost_model_from_options
-        from replay.plugins import register_files
-        from replay.progress import progress
-        from replay.report import SECTIONS
+        from replay.core.progress import progress
+        from replay.core.simulate import check_policies
+        from replay.plugin_files import register_files
 
         register_files(policy_file, predictor_file)
         # Validated up front, as 'cache' does: a bad value must not silently turn into a section
@@ -43,8 +53,9 @@ def register(app: typer.Typer) -> None:
         vb = parse_budgets(budget_mib, "--budget-mib") if budget_mib is not None else None
         p = check_policies([x for x in policies.split(",") if x.strip()]) if policies is not None else None
         m = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
+        check_foreign_cost_model(foreign_cost_model, cost_model)
         with progress(len(SECTIONS), "report", unit="section") as bar:
             write_report(trace, out, budgets_mib=b, budget_mib=vb, policies=p, cost_model=m, force=force,
                          predictor_file=predictor_file, progress=lambda name: (bar.set_postfix_str(name), bar.update()),
-                         inputs=[cost_model], quality=list(quality))
+                         inputs=[cost_model], quality=list(quality), foreign_cost_model=foreign_cost_model)
         typer.echo(f"wrote {out}/index.md and {out}/index.html")

@@ -1,4 +1,4 @@
-"""``schedule``: re-batch a trace with a request column by a stated schedule (traces/schedule.py)."""
+"""``schedule``: re-batch a trace with a request column by a stated schedule (traces/synth/schedule.py)."""
 
 from __future__ import annotations
 
@@ -21,12 +21,12 @@ def schedule(
 ) -> None:
     """Re-batch the requests of TRACE by a schedule into OUT_DIR: the same routings, new batches
     (how does the expert cache behave at batch 1, 8, 64? -- one command per batch size)."""
+    from replay.analyses.info import info_rows
     from replay.cli import _echo
-    from replay.info import info_rows
     from replay.present.format import json_object
     from traces import open_trace
-    from traces.errors import UserError
-    from traces.schedule import MODES, rebatch_trace
+    from traces.format.errors import UserError
+    from traces.synth.schedule import MODES, rebatch_trace
 
     if mode not in MODES:
         raise UserError(f"--schedule {mode!r} is not one of {', '.join(MODES)}.")

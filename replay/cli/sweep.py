@@ -1,6 +1,6 @@
 """``sweep`` (a TOML grid of traces x analyses x parameters into Parquet tables, resumable, on a
 local process pool or Ray) and ``sweep-report`` (compare the traces of a sweep). Thin: the work is
-in :mod:`replay.sweep`."""
+in :mod:`replay.analyses.sweeps`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from replay.cli.options import JsonOpt, example
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 
 def register(app: typer.Typer) -> None:
@@ -33,8 +33,8 @@ def register(app: typer.Typer) -> None:
         once: a rerun computes only the cells RESULTS lacks, so an interrupted sweep is finished by
         running it again. Tables: RESULTS/<kind>.parquet, rows in grid order, identical whatever the
         engine. Compare the traces with 'moe-replay sweep-report RESULTS'."""
+        from replay.analyses.sweeps import EXAMPLE, run_sweep
         from replay.present.format import json_object
-        from replay.sweep import EXAMPLE, run_sweep
 
         if example:
             typer.echo(EXAMPLE, nl=False)
@@ -73,9 +73,9 @@ def register(app: typer.Typer) -> None:
         """Compare the traces of a sweep: best within-budget online policy per budget and trace, against Belady.
 
         With a cost model in the [cache] cells, also the fastest online policy by ms per decoded token."""
-        from replay.frames import rows_of
+        from replay.analyses.sweeps import sweep_report as run
+        from replay.core.frames import rows_of
         from replay.present.format import json_object
-        from replay.sweep import sweep_report as run
 
         frame = run(results)
         if json_out:
@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
 
 
 def report_text(frame, results: Path) -> str:
-    from replay.frames import rows_of
+    from replay.core.frames import rows_of
     from replay.present.cache import OVER
     from replay.present.format import exact, fmt_q, text_table
 
@@ -96,10 +96,17 @@ def report_text(frame, results: Path) -> str:
     if "cell_cost_model" in frame.columns:
         cols.insert(1, "cell_cost_model")
         heads.insert(1, "cost model")
+    cols += ["vs_lru_call"]
+    heads += ["best vs LRU (points, 95% interval)"]
     if "fastest_online" in frame.columns:
-        cols += ["fastest_online", "fastest_ms_per_token", "fastest_tok_s"]
-        heads += ["fastest online", "ms/token", "tok/s"]
+        cols += ["fastest_online", "fastest_ms_per_token", "fastest_tok_s", "fastest_vs_lru_call"]
+        heads += ["fastest online", "ms/token", "tok/s", "fastest vs LRU (ms/token, 95% interval)"]
     rows = rows_of(frame)
+    for r in rows:  # the one call (replay.analyses.paired.decide): better / worse only when the interval excludes zero
+        r["vs_lru_call"] = _call_cell(r, "", "delta_vs_lru_pp", "delta_", r.get("tied_with_best"))
+        if "fastest_online" in frame.columns:
+            r["fastest_vs_lru_call"] = _call_cell(r, "fastest_", "fastest_delta_ms_vs_lru", "fastest_delta_ms_",
+                                                  r.get("tied_with_fastest"))
     bel_over = [r for r in rows if r.get("belady_over_budget")]
     for r in rows:
         if r.get("cell_cost_model"):
@@ -109,6 +116,12 @@ def report_text(frame, results: Path) -> str:
     lines = [f"sweep {results}: per trace and budget, the online policy (not a bound) with the highest decode hit % among "
              "the cells that stayed within budget; gap = Belady (the offline bound at that budget) minus it, in points",
              text_table(rows, cols, heads)]
+    lines.append("vs LRU: the best (fastest) minus LRU on the same tokens, with a 95% interval from a seeded paired block "
+                 "bootstrap over decoded tokens; better only when the interval excludes zero, else a tie within noise "
+                 "(docs/design.md, 'Paired comparisons')")
+    for r in rows:
+        if r.get("paired_note"):
+            lines.append(f"{r['trace']} at {exact(r['budget_mib'])} MiB: {r['paired_note']}.")
     over = [r for r in rows if r.get("over_budget_excluded")]
     if over:
         lines.append("left out as over budget (a load needed more than the budget: that hit rate needs more memory): "
@@ -118,3 +131,19 @@ def report_text(frame, results: Path) -> str:
                      "than the budget it is listed under): "
                      + ", ".join(f"{r['trace']} at {exact(r['budget_mib'])} MiB" for r in bel_over))
     return "\n".join(lines)
+
+
+def _call_cell(r: dict, prefix: str, delta: str, ci: str, tied: str | None) -> str:
+    """"+1.6 [+0.3, +2.9] better" / "tie within noise (±1.3): +0.2 [-1.1, +1.5]" (and the ties), "-" without one."""
+    from replay.analyses.paired import signed, tie_text
+
+    call = r.get(f"{prefix}vs_lru")
+    if r.get("fastest_online" if prefix else "best_online") == "lru":
+        txt = "is LRU"
+    elif call is None:
+        txt = "-"
+    else:
+        lo, hi = r[f"{ci}ci_low"], r[f"{ci}ci_high"]
+        iv = f"{signed(r[delta])} [{signed(lo)}, {signed(hi)}]"
+        txt = f"{tie_text((hi - lo) / 2, '')}: {iv}" if call == "tie" else f"{iv} {call}"
+    return txt + (f"; tied: {tied}" if tied else "")

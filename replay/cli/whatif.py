@@ -1,5 +1,5 @@
 """``drop`` and ``prefetch``: what-ifs that change what is read. Thin: the numbers come from
-:mod:`replay.drop` and :mod:`replay.prefetch`; time columns from :mod:`replay.cost`."""
+:mod:`replay.analyses.drop_cold` and :mod:`replay.analyses.prefetching`; time columns from :mod:`replay.analyses.cost_model`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,18 @@ from pathlib import Path
 
 import typer
 
-from replay.cli.options import BUDGET_UNITS_HELP, JsonOpt, PolicyFileOpt, PredictorFileOpt, TraceArg, example, parse_budget
-from traces.errors import UserError
+from replay.cli.options import (
+    BUDGET_UNITS_HELP,
+    ForeignCostModelOpt,
+    JsonOpt,
+    PolicyFileOpt,
+    PredictorFileOpt,
+    TraceArg,
+    check_foreign_cost_model,
+    example,
+    parse_budget,
+)
+from traces.format.errors import UserError
 
 
 def parse_floats(text: str, option: str) -> list[float]:
@@ -32,16 +42,17 @@ def register(app: typer.Typer) -> None:
                                               "(default: the recorded one).", show_default=False),
         policy: str = typer.Option("lru", "--policy", help="closed: cache policy of the replay."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="Add ms/token from a 'cost fit --json' file (decode only)."),
+        foreign_cost_model: bool = ForeignCostModelOpt,
         policy_file: list[Path] | None = PolicyFileOpt,
         json_out: bool = JsonOpt,
     ) -> None:
         """Drop-cold trade-off: reads avoided against router weight mass discarded, next to the top-k cut."""
-        from replay.plugins import register_files
+        from replay.plugin_files import register_files
 
         register_files(policy_file, None)
         from replay.api import drop as api_drop
-        from replay.frames import rows_of
-        from replay.phases import check_phase
+        from replay.core.frames import rows_of
+        from replay.core.phases import check_phase
         from replay.present.format import json_object
         from replay.present.whatif import _model_scope, format_closed, format_drop, format_drop_time
         from traces import open_trace
@@ -51,9 +62,12 @@ def register(app: typer.Typer) -> None:
         if mode not in ("static", "closed"):
             raise UserError(f"--mode {mode!r} is not static or closed.")
         budget_mib = parse_budget(budget_mib, "--budget-mib")
+        check_foreign_cost_model(foreign_cost_model, cost_model)
         model = _cost_model(cost_model, phase)
         tr = open_trace(trace)
-        frame = api_drop(tr, fracs=values, mode=mode, budget_mib=budget_mib, policy=policy, phase=phase, cost_model=model)
+        model = _applied(model, tr, foreign_cost_model)
+        frame = api_drop(tr, fracs=values, mode=mode, budget_mib=budget_mib, policy=policy, phase=phase, cost_model=model,
+                           foreign_cost_model=foreign_cost_model)
         notes = []
         if model is not None:
             notes.append(f"ms_per_token: {model.model} (decode tokens; {_model_scope()})")
@@ -79,25 +93,28 @@ def register(app: typer.Typer) -> None:
         drop_frac: float | None = typer.Option(None, "--drop", help="Skip guesses with predicted weight < F/k (top kept)."),
         retain: bool = typer.Option(False, "--retain", help="Also protect the guesses for the next layer(s) from eviction."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="Add ms/token from a 'cost fit --json' file."),
+        foreign_cost_model: bool = ForeignCostModelOpt,
         policy_file: list[Path] | None = PolicyFileOpt,
         predictor_file: list[Path] | None = PredictorFileOpt,
         json_out: bool = JsonOpt,
     ) -> None:
         """Speculative prefetch: a predictor's guesses read into the same cache, against no prefetch."""
-        from replay.plugins import register_files
+        from replay.plugin_files import register_files
 
         register_files(policy_file, predictor_file)
         from replay.api import prefetch as api_prefetch
-        from replay.frames import rows_of
+        from replay.core.frames import rows_of
         from replay.present.format import json_object
         from replay.present.whatif import BYTES_NOT_TIME, PREFETCH_NOTES, TIMED, format_prefetch
         from traces import open_trace
 
         budget_mib = parse_budget(budget_mib, "--budget-mib")
+        check_foreign_cost_model(foreign_cost_model, cost_model)
         model = _cost_model(cost_model, "decode")
         tr = open_trace(trace)
+        model = _applied(model, tr, foreign_cost_model)
         frame = api_prefetch(tr, predictor=predictor, budget_mib=budget_mib, policy=policy, cap=cap, guard=guard,
-                             drop_frac=drop_frac, retain=retain, cost_model=model,
+                             drop_frac=drop_frac, retain=retain, cost_model=model, foreign_cost_model=foreign_cost_model,
                                    predictor_file=predictor_file)
         if json_out:
             notes = [*PREFETCH_NOTES, BYTES_NOT_TIME if model is None else TIMED]
@@ -110,11 +127,17 @@ def register(app: typer.Typer) -> None:
 def _cost_model(path: Path | None, phase: str):
     if path is None:
         return None
-    from replay.cost import load_cost_model
+    from replay.analyses.cost_model import load_cost_model
 
     if phase != "decode":
         raise UserError(f"--cost-model: time per token is modelled for decoded tokens; use --phase decode, not {phase!r}.")
     return load_cost_model(path)
 
 
+def _applied(model, tr, foreign: bool):
+    """The model as it may be applied to ``tr`` (refused, or a copy marked foreign: replay.analyses.cost_origin)."""
+    if model is None:
+        return None
+    from replay.analyses.cost_origin import apply_to
 
+    return apply_to(model, tr, foreign=foreign)

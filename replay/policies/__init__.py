@@ -1,4 +1,4 @@
-"""Cache policies: one module per policy, each with the same hooks (see :mod:`replay.cache_kernel`).
+"""Cache policies: one module per policy, each with the same hooks (see :mod:`replay.core.driver`).
 
 A new built-in policy is one new module here plus one line in :data:`REGISTRY`. A user's policy
 module anywhere on disk is added with :func:`add_policy_file` (``policy_file=`` in the API,
@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 from replay.plugins import Registry, where
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 REGISTRY: dict[str, str] = {
     "lru": "replay.policies.lru",
@@ -47,7 +47,7 @@ CONSTANTS = ("PARTITION", "UNBOUNDED", "NEEDS_NEXT_USE")
 def validate(mod: ModuleType, name: str | None = None) -> str:
     """The policy's name (``NAME``, or the registry's key for a built-in), or one sentence naming
     the module's file and the hook or constant that is missing or wrong."""
-    from traces.jit import is_jitted
+    from traces.util.jit import is_jitted
 
     src = where(mod)
     got = getattr(mod, "NAME", name)
@@ -59,7 +59,7 @@ def validate(mod: ModuleType, name: str | None = None) -> str:
         f = getattr(mod, h, None)
         if f is None:
             raise UserError(f"{src}: policy {got!r} has no {h}() hook (every policy defines {', '.join(HOOKS)}; see "
-                            "replay/cache_kernel.py).")
+                            "replay/core/driver.py).")
         if h != "init" and not is_jitted(f):
             raise UserError(f"{src}: policy {got!r}'s {h}() is not compiled with Numba: decorate it with "
                             "@njit(inline=\"always\").")

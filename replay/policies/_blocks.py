@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.cache_state import LAST_TICK, PIN, evictable
-from traces.jit import njit
+from replay.core.state import LAST_TICK, PIN, evictable
+from traces.util.jit import njit
 
 BLOCK = 64  # keys per block, a power of two (read by init at each replay: a test may shrink it)
 KMAX = np.int64((1 << 63) - 1)  # free position, or pending entry

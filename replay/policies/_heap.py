@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.cache_state import BASE, LAST_TICK, evictable
-from traces.jit import njit
+from replay.core.state import BASE, LAST_TICK, evictable
+from traces.util.jit import njit
 
 HEAP, POS, SIZE, STASH = 0, 1, 2, 3
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.cache_state import BASE, COUNT, LAST_TICK, RES_LIST, evictable
-from traces.jit import njit
+from replay.core.state import BASE, COUNT, LAST_TICK, RES_LIST, evictable
+from traces.util.jit import njit
 
 
 def make_pick_victim(key):

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.cache_state import NEVER, NEXT_USE
+from replay.core.state import NEVER, NEXT_USE
 from replay.policies import _blocks
-from traces.jit import njit
+from traces.util.jit import njit
 
 PARTITION = "global"
 BOUND = True  # offline bound, not an online policy

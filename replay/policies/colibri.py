@@ -35,7 +35,7 @@ What is colibri's (the source, read at commit 003a0b9):
   (``.coli_usage`` of earlier sessions), half the slots by default (``PIN_GB`` unset);
   ``REPIN`` = 0 (off) by default, ``--policy balanced`` sets ``REPIN=64``.
 
-This replay's semantics (the mapping onto loads; DESIGN.md "Replay semantics"):
+This replay's semantics (the mapping onto loads; docs/design.md "Replay semantics"):
 
 - a demand access = a *lookup*: one per entry per load (a repeat inside a load is not another
   access). On decode a load is one token's routing at one layer, so this is colibri's count
@@ -79,11 +79,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.cache_state import BATCH_LOAD, PIN, RESIDENT, SPEC, evictable, preload
+from replay.core.state import BATCH_LOAD, PIN, RESIDENT, SPEC, evictable, preload
 from replay.policies import pin as _pin
-from traces.errors import UserError
-from traces.jit import njit
-from traces.units import exact
+from replay.policies._lists import make_list
+from traces.format.errors import UserError
+from traces.util.jit import njit
+from traces.util.units import exact
 
 PARTITION = "layer"
 UNBOUNDED = False
@@ -140,31 +141,29 @@ def _passes(ps):
 
 
 @njit(cache=True, inline="always")
+def _prev_at(ps, e):
+    return HDR + 2 * e
+
+
+@njit(cache=True, inline="always")
+def _next_at(ps, e):
+    return HDR + 2 * e + 1
+
+
+_push, _unlink_at = make_list(_prev_at, _next_at)
+
+
+@njit(cache=True, inline="always")
 def _unlink(ps, g, e):
-    p, q = ps[HDR + 2 * e], ps[HDR + 2 * e + 1]
     h = _ht(ps, g)
-    if p >= 0:
-        ps[HDR + 2 * p + 1] = q
-    else:
-        ps[h] = q
-    if q >= 0:
-        ps[HDR + 2 * q] = p
-    else:
-        ps[h + 1] = p
+    _unlink_at(ps, h, h + 1, e)
 
 
 @njit(cache=True, inline="always")
 def _append(ps, g, e):
     """``e`` becomes the most recent of layer ``g``'s LRU tier."""
     h = _ht(ps, g)
-    t = ps[h + 1]
-    ps[HDR + 2 * e] = t
-    ps[HDR + 2 * e + 1] = -1
-    if t >= 0:
-        ps[HDR + 2 * t + 1] = e
-    else:
-        ps[h] = e
-    ps[h + 1] = e
+    _push(ps, h, h + 1, e)
 
 
 @njit(cache=True, inline="always")

@@ -4,7 +4,7 @@ each (layer, expert)): the bound for every policy at any budget. The budget is i
 from __future__ import annotations
 
 from replay.policies._scan import no_op, no_state
-from traces.jit import njit
+from traces.util.jit import njit
 
 PARTITION = "global"
 BOUND = True  # offline bound, not an online policy

@@ -41,8 +41,8 @@ from __future__ import annotations
 import numpy as np
 
 from replay.policies.lru import init, on_admit, on_evict, on_touch, pick_victim  # noqa: F401
-from traces.errors import UserError
-from traces.jit import njit
+from traces.format.errors import UserError
+from traces.util.jit import njit
 
 PARTITION = "layer"
 UNBOUNDED = False

@@ -17,9 +17,9 @@ evictable stale one, remembering the first evictable fresh one in case there is 
 
 from __future__ import annotations
 
-from replay.cache_state import BATCH_LOAD, LAST_LOAD, evictable
+from replay.core.state import BATCH_LOAD, LAST_LOAD, evictable
 from replay.policies.lru import _append, _g, _unlink, init  # noqa: F401  (the same linked list, admission order)
-from traces.jit import njit
+from traces.util.jit import njit
 
 PARTITION = "global"
 UNBOUNDED = False

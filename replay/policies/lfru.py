@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.cache_state import FREQ
+from replay.core.state import FREQ
 from replay.policies import _heap
-from traces.jit import njit
+from traces.util.jit import njit
 
 PARTITION = "global"
 UNBOUNDED = False

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.cache_state import evictable
-from traces.jit import njit
+from replay.core.state import evictable
+from replay.policies._lists import make_list
+from traces.util.jit import njit
 
 PARTITION = "global"  # one eviction group over all layers
 UNBOUNDED = False
@@ -39,31 +40,30 @@ def _g(ps, g):
     return ps.shape[0] - 2 - 2 * g  # group pairs at the end, counted backwards (needs no n)
 
 
+# Indexes cast to unsigned once known >= 0: Numba then emits no negative-index wraparound.
+@njit(cache=True, inline="always")
+def _prev_at(ps, e):
+    return 2 * np.uint32(e) + PREV
+
+
+@njit(cache=True, inline="always")
+def _next_at(ps, e):
+    return 2 * np.uint32(e) + NEXT
+
+
+_push, _unlink_at = make_list(_prev_at, _next_at)
+
+
 @njit(cache=True, inline="always")
 def _unlink(ps, g, e):
-    p, q = ps[2 * e + PREV], ps[2 * e + NEXT]
-    # Indexes cast to unsigned once known >= 0: Numba then emits no negative-index wraparound.
-    if p >= 0:
-        ps[2 * np.uint32(p) + NEXT] = q
-    else:
-        ps[_g(ps, g) + HEAD] = q
-    if q >= 0:
-        ps[2 * np.uint32(q) + PREV] = p
-    else:
-        ps[_g(ps, g) + TAIL] = p
+    gr = _g(ps, g)
+    _unlink_at(ps, gr + HEAD, gr + TAIL, e)
 
 
 @njit(cache=True, inline="always")
 def _append(ps, g, e):
     gr = _g(ps, g)
-    t = ps[gr + TAIL]
-    ps[2 * e + PREV] = t
-    ps[2 * e + NEXT] = -1
-    if t >= 0:
-        ps[2 * np.uint32(t) + NEXT] = e
-    else:
-        ps[gr + HEAD] = e
-    ps[gr + TAIL] = e
+    _push(ps, gr + HEAD, gr + TAIL, e)
 
 
 @njit(cache=True, inline="always")

@@ -77,7 +77,7 @@ import time
 import numpy as np
 
 from replay.policies._scan import no_op, no_state
-from traces.jit import njit
+from traces.util.jit import njit
 
 PARTITION = "global"
 BOUND = True  # an offline bound, not an online policy
@@ -469,9 +469,9 @@ def phase_bound(loads, ivs, budget: int, phase: int):
 
 
 def solve(loads, policy: str, budget_mib: float, budget: int, options: dict):
-    """The bound's :class:`replay.cache.ReplayResult` at ``budget`` bytes (see the module docstring)."""
-    from replay.cache import ReplayResult
-    from replay.cache_kernel import ACC_HITS, ACC_LOOKUPS, ACC_READ, N_ACC, N_STATS, STAT_OVERFLOW, STAT_PEAK_BYTES
+    """The bound's :class:`replay.core.simulate.ReplayResult` at ``budget`` bytes (see the module docstring)."""
+    from replay.core.driver import ACC_HITS, ACC_LOOKUPS, ACC_READ, N_ACC, N_STATS, STAT_OVERFLOW, STAT_PEAK_BYTES
+    from replay.core.simulate import ReplayResult
 
     t0 = time.perf_counter()
     lo, hi, lb, forced = options["_intervals"] if "_intervals" in options else prepare_options(loads, {})["_intervals"]

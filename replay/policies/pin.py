@@ -9,7 +9,7 @@ Where the hot list comes from (options, ``policy_options={"per_layer": N, "profi
   online-legal; on a multi-turn trace later turns' prompts are not used); per MoE layer the N
   experts routed most often there, ties to the lower expert id (an expert the prompt never routed
   ranks by id after the routed ones);
-- ``profile``: another trace (a trace directory, or its :class:`replay.cache.Loads`, or counts
+- ``profile``: another trace (a trace directory, or its :class:`replay.core.simulate.Loads`, or counts
   int [MoE layers, n_expert]): its whole-run routed-slot counts per layer, all phases. It must
   have the same MoE layers and expert count.
 
@@ -32,12 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from replay.cache_state import preload
+from replay.core.state import preload
 from replay.policies import lru
 from replay.policies.lru import PREV, init, on_admit, on_evict, pick_victim  # noqa: F401
-from traces.errors import UserError
-from traces.jit import njit
-from traces.units import exact
+from traces.format.errors import UserError
+from traces.util.jit import njit
+from traces.util.units import exact
 
 PARTITION = "global"
 UNBOUNDED = False
@@ -72,7 +72,7 @@ def prepare_options(loads, options: dict) -> dict:
         return out
     L = len(loads.moe_layers)
     if isinstance(prof, (str, Path)):
-        from replay.cache import loads_of
+        from replay.core.simulate import loads_of
         from traces import open_trace
 
         name = str(prof)

@@ -12,9 +12,9 @@ import numpy as np
 from numba import njit, uint64
 
 from replay.policies._scan import make_pick_victim, no_op
-from traces.jit import resolve
+from traces.util.jit import resolve
 
-resolve()  # this module compiles with Numba itself: the lazy stand-ins (traces.jit) become dispatchers, the compile notice listens
+resolve()  # this module compiles with Numba itself: the lazy stand-ins (traces.util.jit) become dispatchers, the compile notice listens
 
 PARTITION = "global"
 UNBOUNDED = False

@@ -54,8 +54,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.cache_state import BYTES, PIN, evictable
-from traces.jit import njit
+from replay.core.state import BYTES, PIN, evictable
+from replay.policies._lists import make_list
+from traces.util.jit import njit
 
 PARTITION = "global"
 UNBOUNDED = False
@@ -104,30 +105,27 @@ def _at(ps, row, e):
 
 
 @njit(cache=True, inline="always")
+def _prev_at(ps, e):
+    return _at(ps, R_PREV, e)
+
+
+@njit(cache=True, inline="always")
+def _next_at(ps, e):
+    return _at(ps, R_NEXT, e)
+
+
+_push_at, _unlink_at = make_list(_prev_at, _next_at)
+
+
+@njit(cache=True, inline="always")
 def _push(ps, q, e):
     """Append ``e`` at queue ``q``'s newest end."""
-    t = ps[H_TAIL + q]
-    ps[_at(ps, R_PREV, e)] = t
-    ps[_at(ps, R_NEXT, e)] = -1
-    if t >= 0:
-        ps[_at(ps, R_NEXT, t)] = e
-    else:
-        ps[H_HEAD + q] = e
-    ps[H_TAIL + q] = e
+    _push_at(ps, H_HEAD + q, H_TAIL + q, e)
 
 
 @njit(cache=True, inline="always")
 def _unlink(ps, q, e):
-    p = ps[_at(ps, R_PREV, e)]
-    nx = ps[_at(ps, R_NEXT, e)]
-    if p >= 0:
-        ps[_at(ps, R_NEXT, p)] = nx
-    else:
-        ps[H_HEAD + q] = nx
-    if nx >= 0:
-        ps[_at(ps, R_PREV, nx)] = p
-    else:
-        ps[H_TAIL + q] = p
+    _unlink_at(ps, H_HEAD + q, H_TAIL + q, e)
 
 
 @njit(cache=True, inline="always")

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.cache_state import PIN, evictable
-from traces.jit import njit
+from replay.core.state import PIN, evictable
+from replay.policies._lists import make_list
+from traces.util.jit import njit
 
 PARTITION = "global"
 UNBOUNDED = False
@@ -68,6 +69,19 @@ def _at(ps, row, e):
 
 
 @njit(cache=True, inline="always")
+def _prev_at(ps, e):
+    return _at(ps, R_PREV, e)
+
+
+@njit(cache=True, inline="always")
+def _next_at(ps, e):
+    return _at(ps, R_NEXT, e)
+
+
+_push, _unlink = make_list(_prev_at, _next_at)
+
+
+@njit(cache=True, inline="always")
 def _flush(ps, load):
     """A later load has begun: the previous load's admissions join the newest end, in order."""
     if ps[H_PEND_LOAD] == load:
@@ -75,14 +89,7 @@ def _flush(ps, load):
     ps[H_PEND_LOAD] = load
     for i in range(ps[H_PEND_N]):
         e = ps[_at(ps, R_PEND, i)]
-        t = ps[H_TAIL]
-        ps[_at(ps, R_PREV, e)] = t
-        ps[_at(ps, R_NEXT, e)] = -1
-        if t >= 0:
-            ps[_at(ps, R_NEXT, t)] = e
-        else:
-            ps[H_HEAD] = e
-        ps[H_TAIL] = e
+        _push(ps, H_HEAD, H_TAIL, e)
         ps[_at(ps, R_WHERE, e)] = QUEUED
     ps[H_COUNT] += ps[H_PEND_N]
     ps[H_PEND_N] = 0
@@ -125,17 +132,9 @@ def pick_victim(ps, ent, grp, g, load):
 
 @njit(cache=True, inline="always")
 def on_evict(ps, ent, grp, g, e):
-    p = ps[_at(ps, R_PREV, e)]
-    q = ps[_at(ps, R_NEXT, e)]
-    ps[H_HAND] = q  # the entry just newer than the victim; -1 (the victim was the newest): the oldest next time
-    if p >= 0:
-        ps[_at(ps, R_NEXT, p)] = q
-    else:
-        ps[H_HEAD] = q
-    if q >= 0:
-        ps[_at(ps, R_PREV, q)] = p
-    else:
-        ps[H_TAIL] = p
+    # the entry just newer than the victim; -1 (the victim was the newest): the oldest next time
+    ps[H_HAND] = ps[_at(ps, R_NEXT, e)]
+    _unlink(ps, H_HEAD, H_TAIL, e)
     ps[_at(ps, R_WHERE, e)] = ABSENT
     ps[_at(ps, R_VIS, e)] = 0
     ps[H_COUNT] -= 1

@@ -1,15 +1,15 @@
 """Expert predictors: each names, per (token, MoE layer) routing, a ranked list of experts — or
 says it cannot ("unscored"). One small module per predictor behind the same hooks, found through
 :data:`REGISTRY` (built-ins), ``predictor_file=`` / ``--predictor-file`` (a module anywhere on
-disk) and the entry-point group ``moe_replay.predictors``; :mod:`replay.predict` scores them,
-:mod:`replay.prefetch` reads their guesses into the cache, and the report lists them.
+disk) and the entry-point group ``moe_replay.predictors``; :mod:`replay.analyses.accuracy` scores them,
+:mod:`replay.analyses.prefetching` reads their guesses into the cache, and the report lists them.
 
-A predictor module defines (DESIGN.md, "Plugins"):
+A predictor module defines (docs/design.md, "Plugins"):
 
 - ``NAME`` (str): the name users type (``stale-gate``); ``DESCRIPTION`` (str): what its figure
   measures, one line (``{d}`` is replaced by the parameter of a parametrised predictor);
 - ``predict(trace, arr, in_phase, width)`` -> int32 ``[routings, width]``: expert ids best first
-  for every row of ``arr`` (:class:`traces.reader.RoutingArrays`); ``-1`` = no guess; a row
+  for every row of ``arr`` (:class:`traces.io.reader.RoutingArrays`); ``-1`` = no guess; a row
   whose first guess is -1 (or outside ``in_phase``) is unscored, never "wrong". It may return
   ``(ranked, weights)`` with float32 predicted routing weights per rank (NaN unknown), which
   ``prefetch --drop`` uses;
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from replay.plugins import Registry, where
 from replay.predictors.base import NONE, Prediction
-from traces.errors import UserError
+from traces.format.errors import UserError
 
 if TYPE_CHECKING:  # imported where used: ``moe-replay --help`` lists the names without NumPy
     import numpy as np

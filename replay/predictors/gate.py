@@ -3,7 +3,7 @@
 - ``stale-gate[d]`` (d >= 1): MoE layer l's router matrix applied to the gate input of the MoE
   layer d places earlier in ``moe_layers`` (d=1 is the FATE mechanism: predict layer l while
   layer l-1 runs), ranked by the architecture's selection rule (activation, selection bias,
-  expert groups; :func:`traces.gating.selection_scores`). The first d MoE layers have no source
+  expert groups; :func:`traces.format.gating.selection_scores`). The first d MoE layers have no source
   and are unscored, as is a routing whose source row the trace lacks.
 - ``ctrl``: layer l's router on layer l's own gate input with the same rule. On a trace whose
   gate inputs and router matrices are consistent it reproduces every routing: 100.0%. Anything
@@ -24,7 +24,6 @@ The results do not depend on the number of threads: each pair writes only its ow
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 from collections.abc import Callable
@@ -40,14 +39,13 @@ from threadpoolctl import threadpool_limits
 
 from replay.predictors.base import NONE, Prediction, stale_gate_name
 from replay.predictors.metrics import warm_up as metrics_warm_up
-from traces.errors import UserError
-from traces.gating import activation, selection_scores, top_indices
-from traces.jit import resolve
-from traces.pages import PageFormatError, ValuePages, plan_fixed_list
-from traces.reader import Trace, fixed_list_to_numpy, read_part
-from traces.rounding import round_input
+from traces.format.errors import UserError
+from traces.format.gating import activation, selection_scores, top_indices
+from traces.io.reader import Trace, fixed_list_to_numpy
+from traces.util.jit import resolve
+from traces.util.rounding import round_input
 
-resolve()  # this module compiles with Numba itself: the lazy stand-ins (traces.jit) become dispatchers, the compile notice listens
+resolve()  # this module compiles with Numba itself: the lazy stand-ins (traces.util.jit) become dispatchers, the compile notice listens
 
 CTRL = "ctrl"
 
@@ -220,72 +218,35 @@ def _first_batches(trace: Trace) -> list[int | None]:
     return out
 
 
-_F32U = numba.types.Array(numba.types.float32, 1, "C", readonly=True, aligned=False)
+_F32 = numba.types.Array(numba.types.float32, 2, "C", readonly=True)
 _I64 = numba.types.Array(numba.types.int64, 1, "A", readonly=True)
-_GATHER_SIG = numba.types.void(_F32U, _F32U, _F32U, _F32U, _I64, _I64, _I64, numba.types.int64, _I64,
-                               numba.types.Array(numba.types.float64, 2, "C"))
+_GATHER_SIG = numba.types.void(_F32, _I64, numba.types.Array(numba.types.float64, 2, "C"))
 
 
 @numba.njit(_GATHER_SIG, cache=True, nogil=True)
-def _gather_rows(v0: np.ndarray, v1: np.ndarray, v2: np.ndarray, v3: np.ndarray, starts: np.ndarray,
-                 shift: np.ndarray, index: np.ndarray, width: int, rows: np.ndarray, out: np.ndarray) -> None:
-    """Rows ``rows`` of a fixed-size-list column whose values lie in a mapped file, page by page,
-    into ``out`` as float64.
-
-    Page p holds the column's flat values ``starts[p]:starts[p + 1]``, as float32 at element
-    ``index[p]`` of ``v<shift[p]>``, the file viewed as float32 from byte ``shift[p]`` (a page's
-    values start at any byte, so there are four such views; their loads are declared unaligned).
-    A row may straddle two pages."""
-    p = 0
+def _gather_rows(values: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """Rows ``rows`` of the float32 ``values`` ``[n, width]`` (a mapped file) into ``out`` as float64:
+    one pass, no float32 intermediate."""
     for i in range(rows.shape[0]):
-        a = rows[i] * width
-        if a < starts[p] or a >= starts[p + 1]:
-            p = np.searchsorted(starts, a, side="right") - 1
-        c = 0
-        while c < width:
-            m = min(width - c, starts[p + 1] - (a + c))
-            k = index[p] + (a + c - starts[p])
-            s = shift[p]
-            if s == 0:
-                out[i, c:c + m] = v0[k:k + m]
-            elif s == 1:
-                out[i, c:c + m] = v1[k:k + m]
-            elif s == 2:
-                out[i, c:c + m] = v2[k:k + m]
-            else:
-                out[i, c:c + m] = v3[k:k + m]
-            c += m
-            if c < width:
-                p += 1
+        out[i, :] = values[rows[i], :]
 
 
 class _MappedGate:
-    """One part file's float32 gate inputs, mapped (not copied): :meth:`take` gathers rows as
-    float64 into a reused scratch, right before the matrix product that reads them.
+    """One part's float32 gate inputs, mapped (not copied): :meth:`take` gathers rows as float64
+    into a reused scratch, right before the matrix product that reads them.
 
-    Why a map: the values are already in the page cache in the layout numpy wants. ``preadv``
-    copied them at ~1.4 GB/s here, and the float64 part buffer it filled cost ~1 s per GB of
-    first touch per call; mapped, a layer's rows (5.9 MB of float32 on the benchmark trace) are
-    read once, straight into a scratch that stays in cache for the matrix product. The map lives
-    until :meth:`close` (one part at a time). A part file truncated *while* it is mapped would
-    kill the process (SIGBUS); one truncated before is refused when it is planned or mapped.
+    Why a map: version 2 stores the gate inputs in an Arrow IPC file (``part-NNNNN.gate_input.arrow``)
+    whose values lie in the file exactly as numpy wants them; mapped, a layer's rows (5.9 MB of
+    float32 on the benchmark trace) are read once, by the worker that uses them, straight into a
+    scratch that stays in cache for the matrix product (a float64 copy of the whole part cost ~1 s
+    per GB of first touch per call). The map lives as long as ``values`` (one part at a time). A
+    file truncated *while* it is mapped would kill the process (SIGBUS); one truncated before is
+    refused when it is opened.
     """
 
-    def __init__(self, plan: ValuePages) -> None:
-        self.width, self.rows = plan.width, plan.rows
-        with open(plan.path, "rb", buffering=0) as fh:
-            # no MAP_POPULATE: mapping the whole part up front cost ~35 ms per 215 MB part on one
-            # thread; left to page faults, the workers that read the rows pay it, side by side
-            self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        size = len(self._mm)
-        if any(o + n > size for o, n in plan.spans):
-            self._mm.close()
-            raise PageFormatError("the file shrank since it was planned")
-        self._views = [np.frombuffer(self._mm, np.float32, (size - s) // 4, s) for s in range(4)]
-        counts = [n // 4 for _, n in plan.spans]
-        self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
-        self._shift = np.array([o % 4 for o, _ in plan.spans], dtype=np.int64)
-        self._index = np.array([o // 4 for o, _ in plan.spans], dtype=np.int64)
+    def __init__(self, values: np.ndarray) -> None:
+        self._values = values
+        self.rows, self.width = values.shape
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         """Rows ``rows`` (ascending is fastest) as float64 ``[len(rows), width]``: a view of this
@@ -303,15 +264,18 @@ class _MappedGate:
             if rows.min() < 0 or rows.max() >= self.rows:  # the kernel does not check bounds
                 bad = int(rows[(rows < 0) | (rows >= self.rows)][0])
                 raise IndexError(f"row {bad} outside the part's {self.rows} rows")
-            _gather_rows(*self._views, self._starts, self._shift, self._index, self.width, rows, out)
+            _gather_rows(self._values, rows, out)
         return out
 
     def close(self) -> None:
-        self._views = []
-        try:
-            self._mm.close()
-        except BufferError:  # a view still referenced (e.g. by a traceback): unmapped when collected
-            pass
+        self._values = None  # type: ignore[assignment]  # the map goes with the last reference
+
+
+def mapped_values(arr: pa.Array) -> np.ndarray:
+    """A non-null fixed_size_list array's values as a ``[rows, width]`` numpy view (no copy)."""
+    width = arr.type.list_size
+    flat = arr.values.slice(arr.offset * width, len(arr) * width)
+    return flat.to_numpy(zero_copy_only=True).reshape(-1, width)
 
 
 _LOCAL = threading.local()
@@ -348,9 +312,8 @@ def _gate_parts(trace: Trace, columns: list[str], rounding: str):
 
     The gate source's ``take(rows)`` gives the gate inputs of those rows as float64 (rounded
     first, as the engine rounds the router input, when the trace says so); the row-aligned
-    column ``gate_row`` gives each row's index in the source. Where the part's pages allow it
-    (:mod:`traces.pages`: uncompressed PLAIN float32, as this package writes them) the source is
-    the mapped file (:class:`_MappedGate`): rows are converted on demand, one layer at a time,
+    column ``gate_row`` gives each row's index in the source. In a version 2 trace with float32
+    gate inputs the source is the mapped Arrow IPC file (:class:`_MappedGate`): rows are converted on demand, one layer at a time,
     and nothing of the part is copied ahead. Otherwise (float16, rounding, another layout) Arrow
     decodes the part and numpy converts it (:class:`_InMemory`). The source is closed when the
     next part is asked for, so a consumer copies what it keeps (:func:`_chunks` does).
@@ -364,24 +327,21 @@ def _gate_parts(trace: Trace, columns: list[str], rounding: str):
         narrow.append("layer")
     fast = rounding in ("none", "unknown")
     firsts = _first_batches(trace)
-    for k, part in enumerate(trace.parts):
-        pf = pq.ParquetFile(part)
-        narrow_table = read_part(part, narrow, fast=())  # one read for all of them; a corrupt page names the file
+    for k in range(len(trace.parts)):
+        narrow_table = trace.read_part(k, narrow)  # one read for all of them; a corrupt page names the file
         out = {c: narrow_table.column(c).to_numpy() for c in narrow}
         n = out["layer"].shape[0]
         out["gate_row"] = np.arange(n)
-        plan = plan_fixed_list(part, "gate_input", pf) if fast else None
-        source = None
-        if plan is not None and plan.dtype == np.float32 and plan.rows == n:
-            try:
-                source = _MappedGate(plan)
-            except (OSError, ValueError, PageFormatError):
-                source = None  # cannot map (an empty file, a filesystem without mmap): read through Arrow
-        if source is None:
-            g = fixed_list_to_numpy(read_part(part, ["gate_input"], fast=()).column("gate_input"))
+        gin = trace.wide(k, "gate_input")
+        source: _MappedGate | _InMemory
+        if fast and trace.version >= 2 and gin.type.value_type == pa.float32():
+            source = _MappedGate(mapped_values(gin))  # version 2: the IPC file, mapped
+        else:
+            g = fixed_list_to_numpy(gin)
             if not fast:
                 g = round_input(g, rounding)  # the engine rounds the router input to the weight's dot type
             source = _InMemory(g.astype(np.float64))
+        del gin
         try:
             yield out, source, next((b for b in firsts[k + 1:] if b is not None), None)
         finally:
@@ -563,7 +523,7 @@ def _token_keys(cur: dict[str, np.ndarray]) -> np.ndarray:
 
 def applied_weights(logits: np.ndarray, ids: np.ndarray, gating: dict[str, Any]) -> np.ndarray:
     """The routing weights the experts ``ids`` [T, w] would receive if they were the selection
-    (the rule of :func:`traces.gating.select`: unbiased probs of the chosen, normalized if
+    (the rule of :func:`traces.format.gating.select`: unbiased probs of the chosen, normalized if
     ``norm_topk``, times ``scale``), float32."""
     act = gating.get("activation") or "softmax"
     if act == "softmax_weight":

@@ -1,4 +1,4 @@
-"""Scoring a ranked prediction against the routing the router chose (DESIGN.md, "Predictors and
+"""Scoring a ranked prediction against the routing the router chose (docs/design.md, "Predictors and
 accuracy").
 
 Per scored routing (k routed experts, a ranked prediction):
@@ -28,9 +28,9 @@ import numpy as np
 import polars as pl
 
 from replay.predictors.base import NONE, Prediction
-from traces.jit import resolve
+from traces.util.jit import resolve
 
-resolve()  # this module compiles with Numba itself: the lazy stand-ins (traces.jit) become dispatchers, the compile notice listens
+resolve()  # this module compiles with Numba itself: the lazy stand-ins (traces.util.jit) become dispatchers, the compile notice listens
 
 FRAME_SCHEMA = {
     "predictor": pl.String,
@@ -120,7 +120,7 @@ def _pct(num: float, den: float) -> float | None:
 
 def score(pred: Prediction, experts: np.ndarray, weights: np.ndarray, layer: np.ndarray, in_phase: np.ndarray,
           moe_layers: list[int], n_expert: int, width: int, phase: str) -> pl.DataFrame:
-    """One row per MoE layer plus an overall row (``layer`` null), DESIGN.md ``predict`` keys."""
+    """One row per MoE layer plus an overall row (``layer`` null), docs/design.md ``predict`` keys."""
     k = experts.shape[1]
     scored_rows = np.flatnonzero(in_phase & pred.scored)
     unscored_rows = np.flatnonzero(in_phase & ~pred.scored)

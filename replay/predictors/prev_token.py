@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from replay.predictors.base import NONE, Prediction
-from traces.reader import RoutingArrays
+from traces.io.reader import RoutingArrays
 
 
 def predict_prev_token(arr: RoutingArrays, in_phase: np.ndarray, width: int) -> Prediction:

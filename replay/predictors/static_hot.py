@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from replay.predictors.base import NONE, Prediction
-from traces.reader import RoutingArrays
-from traces.schema import PHASE_PREFILL
+from traces.format.schema import PHASE_PREFILL
+from traces.io.reader import RoutingArrays
 
 
 def hot_lists(arr: RoutingArrays, learn: np.ndarray, n_expert: int, width: int) -> dict[int, np.ndarray]:

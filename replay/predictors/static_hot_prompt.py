@@ -7,8 +7,8 @@ import numpy as np
 
 from replay.predictors.base import Prediction
 from replay.predictors.static_hot import predict_static_hot_prompt, with_mean_weights
-from traces.reader import RoutingArrays
-from traces.schema import PHASE_PREFILL
+from traces.format.schema import PHASE_PREFILL
+from traces.io.reader import RoutingArrays
 
 NAME = "static-hot-prompt"
 DESCRIPTION = "the layer's most-routed experts during prefill (pinnable after the prompt)"

@@ -6,6 +6,6 @@
 - :mod:`.report`: the report's sections rendered as Markdown and self-contained HTML;
 - :mod:`.plots`: the report's figures (PNG, byte-identical for the same input).
 
-The library modules beside this package (:mod:`replay.cache`, :mod:`replay.predict`, ...) never
+The library modules beside this package (:mod:`replay.core.simulate`, :mod:`replay.analyses.accuracy`, ...) never
 import it (tests/test_layering.py): the dependency runs one way, presentation -> computation.
 """

@@ -1,5 +1,5 @@
 """``cache``'s text: the hit-rate, MiB and ms/token grids, the over-budget note, retention and
-``--validate``, from :func:`replay.api.cache` / :func:`replay.cache.validate`'s rows."""
+``--validate``, from :func:`replay.api.cache` / :func:`replay.core.simulate.validate`'s rows."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import Any
 
 import polars as pl
 
-from replay.cache import VALIDATE_TOLERANCE_PP, is_over_budget, validate_ok
-from replay.info import COLLAPSE  # noqa: F401 (re-exported; kept beside NO_DECODE for cache --json's fast path)
-from replay.phases import PHASE_HIT_KEY
+from replay.core.notes import COLLAPSE  # noqa: F401 (re-exported; kept beside NO_DECODE for cache --json's fast path)
+from replay.core.phases import PHASE_HIT_KEY
+from replay.core.simulate import VALIDATE_TOLERANCE_PP, is_over_budget, validate_ok
 from replay.policies import names, policy_module
-from replay.present.cost import verdict
+from replay.present.cost import time_marks, verdict
 from replay.present.format import PRECISION, digits_for, exact, fmt, rows_of, text_table
 
 OVER = " !"  # marks an over-budget cell in the text tables
@@ -73,7 +73,7 @@ def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed,
         else:
             lines.append("belady = evict the entry whose next load is furthest: the offline bound at that budget.")
     if loads is not None:
-        from replay.cache import budget_bytes, check_policy_options
+        from replay.core.simulate import budget_bytes, check_policy_options
         from replay.policies import policy_module
 
         for p in pols:
@@ -114,16 +114,18 @@ def time_text(frame, pols, blist, cmodel) -> str:
     overall = rows_of(frame.filter(frame["layer"].is_null()))
     cell = {(r["policy"], r["budget_mib"]): r for r in overall}
     any_over = any(is_over_budget(c) for c in cell.values())
+    width = max((len(time_marks(c)) for c in cell.values()), default=0)
     rows = []
     for b in blist:
         row = {"budget": exact(b)}
         for p in pols:
             c = cell[(p, b)]
             mark = OVER if is_over_budget(c) else " " * len(OVER) if any_over else ""
-            row[p] = fmt(c["ms_per_token"], digits_for("ms_per_token")) + mark
+            row[p] = fmt(c["ms_per_token"], digits_for("ms_per_token")) + time_marks(c).ljust(width) + mark
         rows.append(row)
     bw = cmodel.bandwidth_mib_s
-    lines = [f"estimated ms per decoded token ({cmodel.kind} model: {cmodel.model}; intercept {cmodel.intercept_ms:.1f} ms, "
+    kind = f"{'FOREIGN ' if cmodel.foreign else ''}{cmodel.kind}"
+    lines = [f"estimated ms per decoded token ({kind} model: {cmodel.model}; intercept {cmodel.intercept_ms:.1f} ms, "
              f"{cmodel.ms_per_mib:.4f} ms/MiB" + (f" = {bw:.0f} MiB/s" if bw else "") + ")",
              "\n".join(line.rstrip() for line in text_table(rows, ["budget", *pols], ["budget_mib", *pols]).splitlines())]
     lines += verdict(overall)
@@ -188,6 +190,19 @@ def retain_text(frame: pl.DataFrame, policies: list[str], budgets_mib: list[floa
     for field, title in (("retain_gain_pp_decode", "decode-only"), ("retain_gain_pp_cum", "cumulative (prefill included)")):
         rows = [{"budget": exact(float(b)), **{p: cell[(p, b)][field] for p in policies}} for b in budgets_mib]
         out += [title, text_table(rows, ["budget", *policies], ["budget_mib", *policies], digits=PRECISION["pp"])]
+    if overall and "retain_vs_no_retain" in overall[0]:
+        from replay.analyses.paired import signed, tie_text
+
+        def said(r: dict) -> str:
+            lo, hi = r["retain_gain_ci_low"], r["retain_gain_ci_high"]
+            if r["retain_vs_no_retain"] is None:
+                return f"{signed(r['retain_gain_pp_decode'])} (no interval: too few decoded tokens)"
+            iv = f"{signed(r['retain_gain_pp_decode'])} [{signed(lo)}, {signed(hi)}]"
+            return f"{iv} {tie_text((hi - lo) / 2, '')}" if r["retain_vs_no_retain"] == "tie" else f"{iv} {r['retain_vs_no_retain']}"
+
+        out.append("decode-only change with its 95% interval (paired block bootstrap over decoded tokens; better or worse "
+                   "only when the interval excludes zero): "
+                   + "; ".join(f"{p} at {exact(float(b))} MiB {said(cell[(p, b)])}" for p in policies for b in budgets_mib))
     out.append("Hit % is not time: retention reads no extra bytes, so fewer misses are fewer bytes here (see the MiB table).")
     return "\n".join(out)
 

@@ -8,6 +8,23 @@ from typing import Any
 
 from replay.present.format import exact, fmt_q, text_table
 
+# Marks on a time figure (docs/design.md, "Cost model"): the cell's read volume per token lies
+# outside the fitted tokens' (extrapolated), or the model was fitted on another model or device.
+EXTRAPOLATED = "^"
+FOREIGN = "~"
+EXTRAPOLATED_LEGEND = (f"{EXTRAPOLATED} = extrapolated: the read volume per token lies outside the volumes the cost model "
+                       "was fitted on, where no token was measured")
+
+
+def foreign_legend(where: str = "") -> str:
+    return (f"{FOREIGN} = FOREIGN cost model{(' ' + where) if where else ''}: fitted on another model or device (or it records "
+            "no origin), applied with --foreign-cost-model; its times are that device's, not a measurement of this trace")
+
+
+def time_marks(r: dict[str, Any]) -> str:
+    """The marks a row's time figures carry: ^ (extrapolated), ~ (foreign model)."""
+    return (EXTRAPOLATED if r.get("extrapolated") else "") + (FOREIGN if r.get("cost_model_foreign") else "")
+
 
 def check_text(rows: list[dict], model) -> str:
     """The check table: like with like only (the error columns are blank where the replayed budget is
@@ -18,7 +35,11 @@ def check_text(rows: list[dict], model) -> str:
     if any("heldout_run_mean_err_pct" in r for r in rows):
         cols += ["heldout_run_mean_err_pct", "heldout_mape_pct"]
         heads += ["held-out run-mean error %", "held-out per-token MAPE %"]
+    if any(r.get("cost_model_foreign") for r in rows):
+        heads = [h + (f" {FOREIGN}" if c == "predicted_tok_s" else "") for c, h in zip(cols, heads)]
     lines = [text_table(rows, cols, heads)]
+    if any(r.get("cost_model_foreign") for r in rows):
+        lines.append(foreign_legend())
     compared = [r for r in rows if r["compared"]]
     if compared:
         lines.append("predicted = LRU replay at the recorded budget -> the replay's own expert bytes per decoded token -> "
@@ -83,11 +104,12 @@ def _describe(path: str, best, cands) -> str:
 def verdict(rows: list[dict[str, Any]]) -> list[str]:
     """Which online configuration wins on time, and whether that is the one that wins on hits.
 
-    Only within-budget cells compete (:func:`replay.cache.within_budget`): an over-budget cell's
+    Only within-budget cells compete (:func:`replay.core.simulate.within_budget`): an over-budget cell's
     time needs more memory than its budget, so it is named as left out, never picked. Ties go the
-    way :func:`replay.cache.pick_best` breaks them (the CLI and the report alike)."""
-    from replay.cache import pick_best, within_budget
-    from replay.cost import BOUNDS
+    way :func:`replay.core.simulate.pick_best` breaks them (the CLI and the report alike)."""
+    from replay.analyses.cost_model import BOUNDS
+    from replay.analyses.paired import decide, tied_text
+    from replay.core.simulate import pick_best, within_budget
 
     online = [r for r in rows if r.get("layer") is None and r["policy"] not in BOUNDS and r.get("ms_per_token") is not None]
     if not online:
@@ -97,13 +119,17 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
     for b in sorted({r["budget_mib"] for r in online}):
         ok, over = within_budget([r for r in online if r["budget_mib"] == b])
         left_out += over
-        r = pick_best(ok, "ms_per_token", highest=False)
-        if r is None:
+        dec = decide(ok, "ms_per_token")  # the one rule (replay.analyses.paired): pick_best, then the paired interval vs LRU
+        if dec is None:
             best.append(f"{exact(b)} MiB: none within budget")
             continue
+        r = dec["best"]
         ci = r.get("ms_per_token_ci95")
         ci_txt = f" +/- {ci:.1f}" if ci is not None and math.isfinite(ci) else ""
-        best.append(f"{exact(b)} MiB: {r['policy']} {r['ms_per_token']:.1f}{ci_txt} ms ({r['tok_s']:.2f} tok/s)")
+        mk = time_marks(r)
+        parts = ([dec["text"]] if dec["call"] is not None else []) + ([tied_text(dec).removeprefix("; ")] if dec["tied"] else [])
+        paired = f" [{'; '.join(parts)}]" if parts else ""
+        best.append(f"{exact(b)} MiB: {r['policy']} {r['ms_per_token']:.1f}{ci_txt} ms{mk} ({r['tok_s']:.2f} tok/s{mk}){paired}")
     named = ["belady", "infinite"] + sorted({r["policy"] for r in rows if r["policy"] in BOUNDS} - {"belady", "infinite"})
     out = [f"fastest online policy per budget (decode, estimated; {'/'.join(named)} are bounds, not candidates"
            + ("; over-budget cells left out" if left_out else "") + "): " + "; ".join(best)]
@@ -118,10 +144,22 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
         by_hits = pick_best(at, "hit_pct_decode", highest=True)
         if by_time is None or by_hits is None:
             continue
-        if by_time["policy"] != by_hits["policy"] and by_time["ms_per_token"] < by_hits["ms_per_token"]:
+        if by_time["policy"] != by_hits["policy"] and by_hits.get("tied_with_fastest"):  # within noise (replay.analyses.paired)
+            out.append(f"at {exact(b)} MiB, {by_hits['policy']} hits most and {by_time['policy']} is fastest, but they tie on "
+                       "time within noise")
+        elif by_time["policy"] != by_hits["policy"] and by_time["ms_per_token"] < by_hits["ms_per_token"]:
             out.append(f"at {exact(b)} MiB, {by_hits['policy']} hits most ({by_hits['hit_pct_decode']:.1f}% decode) but "
                        f"{by_time['policy']} is faster ({by_time['ms_per_token']:.1f} vs {by_hits['ms_per_token']:.1f} ms/token): "
                        "it reads fewer bytes per token (expert sizes differ by layer)")
     out.append("time estimates see bytes read (and misses, if the model has that term), not compute, thermal state or page "
-               "faults; the +/- is a 95% interval from the fit's residuals (none for a manual model), not run-to-run drift")
+               "faults; the +/- is a 95% prediction interval from the fit (residuals and coefficients: wider away from the "
+               "fitted read volumes; none for a manual model), not run-to-run drift")
+    if any(r.get("extrapolated") for r in online):
+        out.append(EXTRAPOLATED_LEGEND)
+    if any(r.get("cost_model_foreign") for r in online):
+        out.append(foreign_legend())
+    if any(r.get("vs_lru_time") is not None for r in online):
+        out.append("against LRU: the difference in ms/token on the same tokens, with a 95% interval from a seeded paired "
+                   "block bootstrap over decoded tokens (docs/design.md, 'Paired comparisons'); a policy is called faster "
+                   "only when the interval excludes zero, else a tie within noise")
     return out

@@ -8,12 +8,12 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from replay.frames import clean, rows_of  # noqa: F401 (rows_of: re-exported, the tables' row form)
-from traces.units import exact  # noqa: F401 (re-exported: a parameter printed as given)
+from replay.core.frames import clean, rows_of  # noqa: F401 (rows_of: re-exported, the tables' row form)
+from traces.util.units import exact  # noqa: F401 (re-exported: a parameter printed as given)
 
 
 def json_object(command: str, trace: str | None, rows: Iterable[dict[str, Any]], **extra: Any) -> str:
-    """The one JSON object every ``--json`` verb prints (DESIGN.md, "Machine-readable output")."""
+    """The one JSON object every ``--json`` verb prints (docs/design.md, "Machine-readable output")."""
     obj = {"command": command, "trace": trace, "rows": [clean(r) for r in rows]}
     obj.update({k: clean(v) for k, v in extra.items()})
     return json.dumps(obj, indent=1, allow_nan=False)

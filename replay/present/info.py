@@ -1,17 +1,18 @@
-"""``info``'s text: what a trace holds, from :func:`replay.info.info_rows`'s row."""
+"""``info``'s text: what a trace holds, from :func:`replay.analyses.info.info_rows`'s row."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from replay.info import NO_DECODE, prov_notes
+from replay.analyses.info import prov_notes
+from replay.core.notes import NO_DECODE
 
 if TYPE_CHECKING:
-    from traces.reader import Trace
+    from traces.io.reader import Trace
 
 
 def info_text(trace: Trace, row: dict[str, Any]) -> str:
-    from replay.cache_stream import AUTO_STREAM_MIB
+    from replay.core.streaming import AUTO_STREAM_MIB
 
     opt = [c for c in ("logits", "gate_input", "residency", "read_bytes", "dropped", "request", "token") if trace.has(c)]
     native = row["top_k_native"]
@@ -32,8 +33,6 @@ def info_text(trace: Trace, row: dict[str, Any]) -> str:
         f"T          one token cycle (sum over MoE layers of top_k x expert_bytes) = {row['token_cycle_mib']:.1f} MiB",
         f"memory     a cache replay at one budget holds about {row['cache_memory_mib_in_memory']:,.0f} MiB (the cache verb, "
         f"in memory); {row['cache_memory_mib_streamed']:,.0f} MiB streamed part by part (cache --stream on)"
-        + ("" if row["cache_memory_mib_native"] is None else
-           f"; {row['cache_memory_mib_native']:,.0f} MiB on the native path (cache --json, lru or layer, budgets given)")
         + f"; estimates, beyond the program itself; cache --stream auto (the default) streams above {AUTO_STREAM_MIB:,} MiB "
         "in memory or a quarter of the memory available when it runs",
         f"complete   {'yes' if row['complete'] else 'NO: capture was interrupted; the trace holds what was written'}",

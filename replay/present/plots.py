@@ -30,8 +30,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
 
-from traces.atomic import atomic_write_bytes  # noqa: E402
-from traces.units import exact  # noqa: E402
+from traces.io.atomic import atomic_write_bytes  # noqa: E402
+from traces.util.units import exact  # noqa: E402
 
 plt.rcParams.update({"figure.dpi": 100, "savefig.dpi": 100, "font.size": 9, "axes.grid": True, "grid.alpha": 0.3,
                      "svg.hashsalt": "moe-replay", "path.simplify": False})

@@ -1,5 +1,5 @@
 """``predict``'s text: the headline table, the per-layer table and the horizon curve, from a
-:class:`replay.predict.PredictResult`."""
+:class:`replay.analyses.accuracy.PredictResult`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import polars as pl
 
-from replay.predict import PredictResult, describe
+from replay.analyses.accuracy import PredictResult, describe
 from replay.present.format import rows_of, text_table
 
 

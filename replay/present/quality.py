@@ -144,7 +144,7 @@ def quality_section(results: list[Any], frame: pl.DataFrame, model: Any, out: Pa
         if model.kind == "manual":
             s.text.append("A manual model is an assumption, not a measurement: its times rank the settings by bytes read; "
                           "they do not predict a real engine's speed.")
-        from replay.quality_result import price
+        from replay.analyses.quality_result import price
 
         for res in results:
             plain_mib = res.obj["rows"][0]["read_mib_plain"]
@@ -161,7 +161,7 @@ def quality_section(results: list[Any], frame: pl.DataFrame, model: Any, out: Pa
     s.images.append(("quality.png", "quality lost against reads avoided"))
     s.tables.append(Table("quality", frame, "quality lost against reads avoided per setting (teacher-forced, one token per "
                           "forward)", columns=cols, digits=digits(frame), headers=HEADERS))
-    from replay.quality_result import generation_frame
+    from replay.analyses.quality_result import generation_frame
 
     gen = generation_frame(results)
     if gen is not None:

@@ -2,7 +2,7 @@
 images) as Markdown and as one self-contained HTML file. Pure: sections in, text out (the images are
 read from the report directory to embed).
 
-Rendered tables carry human headers with units (``HEADERS``; the CSVs keep the DESIGN.md keys),
+Rendered tables carry human headers with units (``HEADERS``; the CSVs keep the docs/design.md keys),
 text left-aligned and numbers right-aligned. A long table (per layer, per layer x budget) is shown
 as a compact summary; the table itself is a collapsed ``<details>`` block in the HTML and a link to
 its CSV in the Markdown. Sections the trace cannot support are not rendered as sections: they are
@@ -32,6 +32,9 @@ class Table:
     headers: dict[str, str] | None = None  # md/html header of a column, where HEADERS' name is not the right one
     collapsed: bool = False  # long: a <details> block in the HTML, a link to the CSV in the Markdown
     marks: dict[str, list[bool]] | None = None  # column -> per-row flag: the cell is printed with a trailing "!"
+    # column -> per-row text after the cell (the cost model's marks: ^ extrapolated, ~ foreign); by
+    # default (None) derived from the rows' own ``extrapolated`` / ``cost_model_foreign`` columns
+    time_marks: dict[str, list[str]] | None = None
 
 
 @dataclass
@@ -58,7 +61,7 @@ def anchor(title: str) -> str:
     return re.sub(r"[^a-z0-9 _-]", "", title.lower()).replace(" ", "-")
 
 
-# Human headers with units for the DESIGN.md keys the report's tables show; a key not here is shown
+# Human headers with units for the docs/design.md keys the report's tables show; a key not here is shown
 # as it is (a predictor's or policy's name).
 HEADERS: dict[str, str] = {
     "model": "Model", "moe_layers": "MoE layers", "n_expert": "Experts per layer", "top_k": "Top-k",
@@ -72,7 +75,9 @@ HEADERS: dict[str, str] = {
     "closed_k_mass_lost_at_equal_io_pct": "Top-k cut's mass discarded at equal reads (%)",
     "hit_pct_decode_baseline": "Hit % (decode, without)", "hit_pct_decode": "Hit % (decode)",
     "hit_pct_cum": "Hit % (all phases)", "hit_pct_decode_no_retain": "Hit % (decode, no retention)",
-    "retain_gain_pp_decode": "Gain (points, decode)",
+    "best_vs_lru": "Best vs LRU (call on the paired interval)", "tied_with_best": "Tied with the best (within noise)",
+    "retain_gain_pp_decode": "Gain (points, decode)", "retain_gain_ci_low": "Gain, 95% interval low",
+    "retain_gain_ci_high": "Gain, 95% interval high", "retain_vs_no_retain": "Call (vs no retention)",
     "terms": "Terms", "intercept_ms": "Intercept (ms/token)", "ms_per_mib": "Slope (ms/MiB)", "ms_per_miss": "ms per miss",
     "r2": "r2", "heldout_mape_pct": "Held-out per-token MAPE (%)", "heldout_run_mean_err_pct": "Held-out run-mean error (%)",
     "bandwidth_mib_s": "Bandwidth (MiB/s)", "selected": "Selected",
@@ -111,9 +116,36 @@ def md_cell(text: str) -> str:
 def _cells(t: Table) -> list[list[str]]:
     cols = t.columns or t.frame.columns
     marks = t.marks if t.marks is not None else over_budget_marks(t.frame)
+    tm = t.time_marks if t.time_marks is not None else row_time_marks(t.frame)
     out = []
     for i, r in enumerate(t.frame.select(cols).rows()):
-        out.append([cell(c, v, t.digits) + ("!" if marks.get(c) and marks[c][i] else "") for c, v in zip(cols, r)])
+        out.append([cell(c, v, t.digits) + ("!" if marks.get(c) and marks[c][i] else "") + (tm[c][i] if c in tm else "")
+                    for c, v in zip(cols, r)])
+    return out
+
+
+# Columns that hold a time figure from the cost model, and (for those with one) the column that says
+# whether that figure was extrapolated.
+TIME_COLUMNS = {"ms_per_token": "extrapolated", "tok_s": "extrapolated", "ms_per_token_ci95": "extrapolated",
+                "ms_per_token_baseline": "extrapolated_baseline", "tok_s_baseline": "extrapolated_baseline",
+                "ms_saved_per_token": None}
+
+
+def row_time_marks(frame: pl.DataFrame) -> dict[str, list[str]]:
+    """Per time column, per row: "^" where the row's figure is extrapolated beyond the fitted read
+    volumes, "~" where the model is foreign (docs/design.md, "Cost model")."""
+    from replay.present.cost import EXTRAPOLATED, FOREIGN
+
+    out: dict[str, list[str]] = {}
+    foreign = (frame["cost_model_foreign"].fill_null(False).to_list() if "cost_model_foreign" in frame.columns
+               else [False] * frame.height)
+    for c, flag in TIME_COLUMNS.items():
+        if c not in frame.columns:
+            continue
+        ext = frame[flag].fill_null(False).to_list() if flag and flag in frame.columns else [False] * frame.height
+        marks = [(EXTRAPOLATED if e else "") + (FOREIGN if f else "") for e, f in zip(ext, foreign)]
+        if any(marks):
+            out[c] = marks
     return out
 
 

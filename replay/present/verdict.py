@@ -1,4 +1,4 @@
-"""The report's verdict, answer first: its rows (built by :func:`replay.report.build_verdict` from
+"""The report's verdict, answer first: its rows (built by :func:`replay.analyses.report.build_verdict` from
 the same frames the sections show, each figure copied from a verb's row) as Markdown lines, one
 line per row (the drop-cold rows share one line), each linking to the section with the evidence.
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from replay.analyses.paired import interval_text, tie_text
 from replay.present.format import exact, fmt_q
 
 # the row kinds and the section each links to (the section's title: its anchor is made from it)
@@ -52,6 +53,7 @@ def cache_line(r: dict[str, Any]) -> str:
     elif r.get("lru_hit_pct_decode") is not None:
         txt += (f"; LRU {fmt_q(r['lru_hit_pct_decode'], 'pct')}%{_over(r, 'lru_')} hits, {fmt_q(r['lru_read_mib'], 'mib')} MiB"
                 f"{_time(r, 'lru_')}")
+    txt += _paired(r, "")
     if r.get("bound_hit_pct_decode") is not None:  # unequal expert sizes: belady is a heuristic, opt-bound the bound
         if r.get("belady_hit_pct_decode") is not None:
             txt += (f"; furthest-next-use (belady, a heuristic with these unequal expert sizes) "
@@ -68,9 +70,23 @@ def cache_line(r: dict[str, Any]) -> str:
     if r.get("fastest_policy") is not None and r["fastest_policy"] != r["policy"]:
         txt += (f"; fastest under the cost model: **{r['fastest_policy']}**, {fmt_q(r['fastest_ms_per_token'], 'ms')} ms/token, "
                 f"{fmt_q(r['fastest_tok_s'], 'tok_s')} tok/s at {fmt_q(r['fastest_hit_pct_decode'], 'pct')}% hits")
+    if r.get("fastest_policy") is not None:
+        txt += _paired(r, "fastest_", "on time under the cost model, ")
     if r.get("over_budget_left_out"):
         txt += f"; left out as over budget: {r['over_budget_left_out']}"
     return txt
+
+
+def _paired(r: dict[str, Any], prefix: str, what: str = "") -> str:
+    """The best (or fastest) against LRU with the paired interval (replay.analyses.paired.decide), and the ties."""
+    txt = r.get(f"{prefix}vs_lru_text")
+    if not txt or r.get(f"{prefix}policy") == "lru" and not r.get(f"{prefix}tied_with"):
+        return ""
+    out = "" if r.get(f"{prefix}policy") == "lru" else f"; {what}{txt}"
+    tied = r.get(f"{prefix}tied_with") or []
+    if tied:
+        out += f"; tied with {r[f'{prefix}policy']} within noise{' on time' if prefix else ''}: {', '.join(tied)}"
+    return out
 
 
 def predictor_line(r: dict[str, Any]) -> str:
@@ -84,7 +100,21 @@ def prefetch_outcome(r: dict[str, Any]) -> str:
     if not r.get("spec_fills"):
         return "it read nothing (every guess was resident or refused): no change"
     if r.get("ms_per_token") is None:
+        if r.get("vs_baseline") is not None:  # the paired interval over decoded tokens (replay.analyses.paired)
+            iv = interval_text(r["delta_hit_pp"], r["delta_hit_ci_low"], r["delta_hit_ci_high"], " points")
+            hits = ({"better": "more hits beyond noise", "worse": "fewer hits beyond noise"}.get(r["vs_baseline"])
+                    or tie_text((r["delta_hit_ci_high"] - r["delta_hit_ci_low"]) / 2, " points") + " on hits")
+            return f"{hits}, {iv}; and bytes are not time: no cost model to say which is faster"
         return ("more hits" if more_hits else "no more hits") + ", and bytes are not time: no cost model to say which is faster"
+    if r.get("vs_baseline_time") is not None:
+        iv = interval_text(r["delta_ms_per_token"], r["delta_ms_ci_low"], r["delta_ms_ci_high"], " ms/token")
+        if r["vs_baseline_time"] == "tie":
+            return (f"prefetching and no prefetch {tie_text((r['delta_ms_ci_high'] - r['delta_ms_ci_low']) / 2, ' ms/token')} "
+                    f"on time, {iv}")
+        if r["vs_baseline_time"] == "better":
+            return f"prefetching wins on time beyond noise, {iv}"
+        return ("prefetching loses on wall-clock time beyond noise" + (" even though it raises the hit rate" if more_hits else "")
+                + f", {iv}")
     saved = r["ms_per_token_baseline"] - r["ms_per_token"]
     if saved > 0:
         # below the printed precision the two times read the same: say by how little it wins
@@ -110,7 +140,12 @@ def drop_line(rows: list[dict[str, Any]]) -> str:
     r0 = rows[0]
     how = ("static, on the engine's recorded residency" if r0["mode"] == "static"
            else f"closed loop, LRU at {exact(r0['budget_mib'])} MiB")
-    parts = [f"F = {exact(r['frac'])}: {fmt_q(r['io_saved_pct'], 'pct')}% / {fmt_q(r['mass_lost_pct'], 'pct')}%" for r in rows]
+    def saved(r: dict[str, Any]) -> str:
+        iv = ("" if r.get("io_saved_ci_low") is None else
+              f" (95% interval {fmt_q(r['io_saved_ci_low'], 'pct')} to {fmt_q(r['io_saved_ci_high'], 'pct')}%)")
+        return f"{fmt_q(r['io_saved_pct'], 'pct')}%{iv}"
+
+    parts = [f"F = {exact(r['frac'])}: {saved(r)} / {fmt_q(r['mass_lost_pct'], 'pct')}%" for r in rows]
     return (f"Drop-cold ({how}; decode routings), reads avoided (% of miss bytes) / router weight mass discarded (%): "
             + "; ".join(parts) + ". Weight mass is a proxy for quality, not a measurement of it")
 

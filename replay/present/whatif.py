@@ -5,8 +5,23 @@ from __future__ import annotations
 
 import polars as pl
 
-from replay.phases import PHASE_HIT_KEY
+from replay.core.phases import PHASE_HIT_KEY
+from replay.present.cost import EXTRAPOLATED, EXTRAPOLATED_LEGEND, FOREIGN, foreign_legend
 from replay.present.format import exact, fmt_q, rows_of, text_table
+
+
+def _marks(r: dict, suffix: str = "") -> str:
+    """Marks of a row's time figures (``suffix`` "_baseline": of its no-drop/no-prefetch baseline)."""
+    return (EXTRAPOLATED if r.get("extrapolated" + suffix) else "") + (FOREIGN if r.get("cost_model_foreign") else "")
+
+
+def _legends(rows: list[dict]) -> list[str]:
+    out = []
+    if any(r.get("extrapolated") or r.get("extrapolated_baseline") for r in rows):
+        out.append(EXTRAPOLATED_LEGEND)
+    if any(r.get("cost_model_foreign") for r in rows):
+        out.append(foreign_legend())
+    return out
 
 PREFETCH_NOTES = [
     "hit % = demand hits / demand lookups (a speculative fill is not a lookup; a demand hit on a prefetched entry is a "
@@ -44,10 +59,17 @@ def format_drop_time(frame, mode: str) -> str:
 
     rows = rows_of(frame)
     base = rows[0]["ms_per_token_baseline"] if rows else None
-    out = [f"time per decoded token under the cost model (no drop: {fmt_q(base, 'ms')} ms/token); drop changes only the "
+    bm = _marks(rows[0], "_baseline") if rows else ""
+    out = [f"time per decoded token under the cost model (no drop: {fmt_q(base, 'ms')} ms/token{bm}); drop changes only the "
            "bytes it reads here, not compute; weight mass is not quality" if base is not None else "time per decoded token"]
-    out.append(text_table(rows, ["mode", "frac", "keep_k", "ms_per_token", "ms_per_token_ci95", "tok_s", "ms_saved_per_token"],
-                          ["mode", "F", "keep_k", "ms/token", "+-95%", "tok/s", "ms_saved/token"]))
+    cols = ["mode", "frac", "keep_k", "ms_per_token", "ms_per_token_ci95", "tok_s", "ms_saved_per_token"]
+    heads = ["mode", "F", "keep_k", "ms/token", "+-95%", "tok/s", "ms_saved/token"]
+    if any(_marks(r) or _marks(r, "_baseline") for r in rows):  # every time figure of the row carries them
+        rows = [{**r, "marks": _marks(r) + ("" if _marks(r, "_baseline") == _marks(r) else f" (baseline {_marks(r, '_baseline') or '-'})")}
+                for r in rows]
+        cols, heads = cols + ["marks"], heads + ["marks"]
+    out.append(text_table(rows, cols, heads))
+    out += _legends(rows)
     return "\n".join(out)
 
 
@@ -142,9 +164,11 @@ def format_prefetch(tr, r: dict, model) -> str:
                         "still cached)" if r["predictor"] == "prev-token" and r["policy"] == "lru" else ""))
     if model is not None:
         lines += ["", f"time per decoded token (cost model: {model.model}; {_model_scope()}):",
-                  f"  with prefetch {fmt_q(r['ms_per_token'], 'ms')} ms ({fmt_q(r['tok_s'], 'tok_s')} tok/s), without "
-                  f"{fmt_q(r['ms_per_token_baseline'], 'ms')} ms ({fmt_q(r['tok_s_baseline'], 'tok_s')} tok/s), "
-                  f"+-{fmt_q(r['ms_per_token_ci95'], 'ms')} ms (95%, per-token residuals only)",
+                  f"  with prefetch {fmt_q(r['ms_per_token'], 'ms')} ms{_marks(r)} ({fmt_q(r['tok_s'], 'tok_s')} tok/s{_marks(r)}), "
+                  f"without {fmt_q(r['ms_per_token_baseline'], 'ms')} ms{_marks(r, '_baseline')} "
+                  f"({fmt_q(r['tok_s_baseline'], 'tok_s')} tok/s{_marks(r, '_baseline')}), "
+                  f"+-{fmt_q(r['ms_per_token_ci95'], 'ms')} ms (95% prediction interval of the fit)",
+                  *(f"  {x}" for x in _legends([r])),
                   f"  {r['verdict']}"]
         ci = r["ms_per_token_ci95"]
         if ci is not None and abs(r["ms_per_token"] - r["ms_per_token_baseline"]) < ci:
@@ -164,10 +188,11 @@ def plain_lines(r: dict, model) -> list[str]:
     if name is None:
         return [f"best plain policy at {exact(r['budget_mib'])} MiB: none fits the budget (every online policy overflowed)"]
     timed = model is not None and r.get("best_plain_ms_per_token") is not None
+    mk = FOREIGN if getattr(model, "foreign", False) else ""
     line = (f"best plain policy at {exact(r['budget_mib'])} MiB (no prefetch, highest decode hit among online policies): "
             f"{name} {fmt_q(r['best_plain_hit_pct_decode'], 'pct')}% decode hit, "
             f"{fmt_q(r['best_plain_mib_per_token'], 'mib_per_token')} MiB/token"
-            + (f", {fmt_q(r['best_plain_ms_per_token'], 'ms')} ms/token ({fmt_q(r['best_plain_tok_s'], 'tok_s')} tok/s)"
+            + (f", {fmt_q(r['best_plain_ms_per_token'], 'ms')} ms/token{mk} ({fmt_q(r['best_plain_tok_s'], 'tok_s')} tok/s{mk})"
                if timed else ""))
     out = [line]
     beaten_hit = r["best_plain_hit_pct_decode"] >= (r["hit_pct_decode"] if r["hit_pct_decode"] is not None else -1)
@@ -185,7 +210,7 @@ def plain_lines(r: dict, model) -> list[str]:
 
 
 def with_verdict(frame: pl.DataFrame) -> pl.DataFrame:
-    """Prefetch rows timed by :func:`replay.prefetch.with_prefetch_time` + ``verdict``: which wins
+    """Prefetch rows timed by :func:`replay.analyses.prefetching.with_prefetch_time` + ``verdict``: which wins
     on time, and why, in one sentence per row."""
     return frame.with_columns(pl.Series("verdict", [verdict(r) for r in frame.to_dicts()], dtype=pl.String))
 
@@ -203,6 +228,12 @@ def verdict(r: dict) -> str:
            else f"lowers the decode hit rate by {fmt_q(-dh, 'pp')} points")
     byt = (f"reads {fmt_q(db, 'pct')}% more bytes per decoded token" if db >= 0
            else f"reads {fmt_q(-db, 'pct')}% fewer bytes per decoded token")
+    if r.get("vs_baseline_time") == "tie":  # the paired interval over decoded tokens includes zero (replay.analyses.paired)
+        from replay.analyses.paired import tie_text
+
+        return (f"prefetch {hit} and {byt} (speculative reads included): {fmt_q(abs(dms), 'ms')} ms/token "
+                f"{'slower' if dms > 0 else 'faster'} under the cost model, a "
+                f"{tie_text((r['delta_ms_ci_high'] - r['delta_ms_ci_low']) / 2, ' ms/token')}: neither wins on time")
     if dms > 0:
         return (f"prefetch {hit} but {byt} (speculative reads included): {fmt_q(dms, 'ms')} ms/token slower under the "
                 "cost model, so no prefetch wins on time")

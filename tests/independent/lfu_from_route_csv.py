@@ -4,7 +4,7 @@ twin). tests/test_cache_real.py pins figures this script printed; rerun it to re
 
     python tests/independent/lfu_from_route_csv.py ../shared/data/bigmoeonedge-2026-07-15/qwen.route.csv 1000 2000
 
-Semantics (DESIGN.md "Replay semantics"): a load is a run of rows with the same (turn, phase,
+Semantics (docs/design.md "Replay semantics"): a load is a run of rows with the same (turn, phase,
 layer) and, in decode, the same step; each unique (layer, expert) of a load is one lookup (hit if
 cached, else a miss admitted at once); after the load, evict until the cache's bytes fit the budget
 (floor(MiB x 2^20)), never an entry the load touched. lfu evicts the smallest count of loads that

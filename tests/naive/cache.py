@@ -1,4 +1,4 @@
-"""Naive twin of the cache replay, written from DESIGN.md ("Replay semantics") and the policy
+"""Naive twin of the cache replay, written from docs/design.md ("Replay semantics") and the policy
 definitions in replay/policies/*.py docstrings; dictionaries and loops, no cleverness.
 
 rows: list of (batch, phase, layer, [expert ids]) in file order (batch, layer, step).

@@ -1,7 +1,7 @@
 """Slow, obviously-correct twin of replay.compare for comparable traces of softmax routers (the
 margin in raw logits), written from the verb's contract with dicts, sets and loops.
 
-Returns the rows of ``replay.compare.compare(...).per_layer.to_dicts()``: one per MoE layer that
+Returns the rows of ``replay.analyses.trace_compare.compare(...).per_layer.to_dicts()``: one per MoE layer that
 has compared routings, in layer order, then the overall row (layer None).
 """
 

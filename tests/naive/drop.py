@@ -1,4 +1,4 @@
-"""Naive twin of static drop-cold, written from DESIGN.md and the drop issue: plain loops.
+"""Naive twin of static drop-cold, written from docs/design.md and the drop issue: plain loops.
 
 A slot is skipped when the engine recorded it as a miss (residency 0), its weight is below
 F / k, and it is not the routing's top-weighted slot (first slot among equal maxima). Bytes of an

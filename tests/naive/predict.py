@@ -1,8 +1,8 @@
-"""Slow, obviously-correct twin of replay.predict, written from DESIGN.md ("Predictors and
+"""Slow, obviously-correct twin of replay.predict, written from docs/design.md ("Predictors and
 accuracy") with dicts, sets and loops. It recomputes the router selection rule on its own (plain
-Python floats, math.exp) and never imports traces.gating or replay.
+Python floats, math.exp) and never imports traces.format.gating or replay.
 
-Returns the same rows as ``replay.predict.evaluate(...).frame.to_dicts()``: per predictor, one
+Returns the same rows as ``replay.analyses.accuracy.evaluate(...).frame.to_dicts()``: per predictor, one
 row per MoE layer in ``moe_layers`` order, then the overall row (layer None).
 """
 
@@ -59,7 +59,7 @@ def naive_evaluate(path, names: list[str], width: int | None = None, phase: str 
     gate_ok = t.has("gate_input") and t.has_router
     cols = ["turn", "batch", "phase", "step", "layer", "experts", "weights"] + (["gate_input"] if gate_ok else [])
     rows = t.routings(cols + (["request"] if t.has("request") else [])).to_dicts()
-    for r in rows:  # DESIGN.md: no request column = one request; with one, step is the position in its request
+    for r in rows:  # docs/design.md: no request column = one request; with one, step is the position in its request
         r.setdefault("request", 0)
     scored_idx = [i for i, r in enumerate(rows) if _in_phase(r["phase"], phase)]
 

@@ -1,4 +1,4 @@
-"""Naive twin of the synthetic generator's low-rank model (traces.synth_kernels), written from
+"""Naive twin of the synthetic generator's low-rank model (traces.synth.kernels), written from
 its docstrings: plain Python floats and loops, one token, one layer, one expert at a time.
 
 Same random numbers (the model's generator, drawn token by token: topic R, residual L x R, noise
@@ -15,7 +15,7 @@ CLIP = 8.0
 
 
 def naive_lowrank_routes(model, n: int) -> dict[str, np.ndarray]:
-    """The next ``n`` tokens of ``model`` (a traces.synth._LowRankModel, its state advanced as
+    """The next ``n`` tokens of ``model`` (a traces.synth.generator._LowRankModel, its state advanced as
     the kernels would): experts / weights ``[n, L, k]`` and, unless routing-only, logits and gate
     inputs, as the model's ``routes`` returns them (softmax gating)."""
     cfg = model.cfg
@@ -83,7 +83,7 @@ def naive_lowrank_routes(model, n: int) -> dict[str, np.ndarray]:
 
 
 def naive_first_bad_routing(ids, weights, n_expert: int, by_rank: bool) -> tuple[int, int]:
-    """Twin of traces.synth_kernels.first_bad_routing, from its docstring: the first row no
+    """Twin of traces.synth.kernels.first_bad_routing, from its docstring: the first row no
     reader would accept and the first of its problems (1 id range, 2 repeated id, 3 weight
     negative or not finite, 4 weights increasing), ``(0, -1)`` if none."""
     for r, (row_ids, row_w) in enumerate(zip(ids.tolist(), weights.astype(np.float64).tolist())):

@@ -1,5 +1,5 @@
 """Naive twin of the what-ifs that change reads: closed-loop drop-cold (and the closed top-k cut),
-speculative prefetch (cap, eviction guard), retention. Written from DESIGN.md ("Replay semantics",
+speculative prefetch (cap, eviction guard), retention. Written from docs/design.md ("Replay semantics",
 "Lossy and speculative what-ifs") and the what-if issue text; dictionaries and loops.
 
 rows: list of (batch, phase, layer, [expert ids]) in file order (batch, layer, step).
@@ -286,7 +286,7 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
 
 
 def naive_closed_drop(rows, weights, moe_layers, n_expert, expert_bytes, policy, budget_bytes, k, frac, phases, seed=0):
-    """Closed-loop drop-cold F on the routings whose phase is in ``phases`` (DESIGN.md, "drop" keys):
+    """Closed-loop drop-cold F on the routings whose phase is in ``phases`` (docs/design.md, "drop" keys):
     a slot is flagged when its weight < F / k and it is not the routing's top-weighted slot (the
     first of equal maxima); the replay skips a flagged slot iff its expert is not cached then.
 

@@ -11,7 +11,7 @@ found by :func:`importer_modules`: nothing else to edit):
     The engine that writes the format (provenance).
 ``TAKES_SIZES: bool``
     True when the format carries no expert sizes, so the command takes ``--expert-bytes N`` /
-    ``--sizes-from MODEL.gguf`` / ``--sizes-from config.json --dtype D`` (:mod:`traces.sizes`) and
+    ``--sizes-from MODEL.gguf`` / ``--sizes-from config.json --dtype D`` (:mod:`traces.importers._sizes`) and
     the importer refuses to write without one of them. False when the file states its sizes.
 ``MAX_SOURCES: int | None``
     How many source files one import reads (None: any number, e.g. one file per layer or rank).
@@ -23,7 +23,7 @@ found by :func:`importer_modules`: nothing else to edit):
     for a file of another format (a missing or unreadable file is simply not recognised).
 ``import_(sources: list[Path], out_dir: Path, *, sizes: ExpertSizes | None, force: bool, **options) -> Path``
     Read ``sources`` exactly as the engine writes them and write one trace at ``out_dir`` through
-    :func:`write_trace` (staged: nothing half-written), or raise :class:`~traces.errors.UserError`
+    :func:`write_trace` (staged: nothing half-written), or raise :class:`~traces.format.errors.UserError`
     with one sentence naming the file and the problem. What the importer had to infer (token order
     from file order, batches, n_expert from the largest id) goes into ``provenance.notes``, which
     the CLI prints after the import.
@@ -35,7 +35,6 @@ sizes' origin.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 from collections.abc import Iterable, Sequence
@@ -46,7 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from traces.errors import TraceError, UserError
+from traces.format.errors import TraceError, UserError
+from traces.io.digest import sha256_file
 
 
 def importer_modules() -> list[str]:
@@ -185,21 +185,13 @@ def json_objects(path: Path) -> list[tuple[str, Any]]:
     return [(f"{path}: item {i}" if isinstance(data, list) else str(path), o) for i, o in enumerate(items)]
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def provenance(fmt: str, sources: Iterable[Path], *, engine: str, engine_version: str | None = None,
                notes: Iterable[str] = (), sizes: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
     """trace.json's ``provenance`` for an import: format, each source (file name, sha256, bytes),
     the engine and its version when the file states it, the tool version, the sizes' origin and
     the notes (what was inferred and how). File names only, never absolute paths: the same files
     imported from another folder give a byte-identical trace."""
-    from traces.version import __version__ as tool_version
+    from traces.format.version import __version__ as tool_version
 
     srcs = [Path(s) for s in sources]
     files = [{"file": s.name, "sha256": sha256_file(s), "bytes": s.stat().st_size} for s in srcs]
@@ -250,9 +242,9 @@ def make_meta(*, what: str | Path, name: str, arch: str, n_layer: int, layers: l
     ``sizes``; where the sizes' model has MoE layers the log lacks, they are listed as
     ``model.moe_layers_absent`` and said in the notes (a report covers the layers the log has;
     nothing is extrapolated)."""
-    from traces.gating import KNOWN_ARCH_GATING
-    from traces.schema import default_gating
-    from traces.sizes import describe
+    from traces.format.gating import KNOWN_ARCH_GATING
+    from traces.format.schema import default_gating
+    from traces.importers._sizes import describe
 
     eb, db = sizes.for_layers(n_layer, layers, what)
     model: dict[str, Any] = {"name": name, "arch": arch, "n_layer": n_layer, "moe_layers": list(layers),
@@ -358,11 +350,11 @@ def write_trace(out_dir: Path, meta: dict[str, Any], *, batch: np.ndarray, phase
                 optional: dict[str, np.ndarray] | None = None, force: bool, inputs: Iterable[Path | None],
                 tokens_per_part: int = 4096, what: str | Path = "the import") -> Path:
     """The one write path of every importer: rows sorted into (batch, layer, step) order (stable, so
-    equal keys keep file order), written through :class:`~traces.writer.TraceWriter` into a staged
+    equal keys keep file order), written through :class:`~traces.io.writer.TraceWriter` into a staged
     directory, checked by the reader, then renamed into place (nothing half-written)."""
-    from traces.atomic import staged_dir
-    from traces.reader import open_trace
-    from traces.writer import TraceWriter
+    from traces.io.atomic import staged_dir
+    from traces.io.reader import open_trace
+    from traces.io.writer import TraceWriter
 
     optional = dict(optional or {})
     n = experts.shape[0]

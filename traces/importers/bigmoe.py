@@ -16,14 +16,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from traces.atomic import staged_dir
-from traces.errors import TraceError, UserError
-from traces.gating import KNOWN_ARCH_GATING
-from traces.importers import read_text, repeated_expert_rows, sha256_file
-from traces.reader import open_trace
-from traces.schema import MAX_BUDGET_MIB, MAX_BYTES, MAX_INT32, MAX_LAYERS, default_gating, metrics_first_problem
-from traces.version import __version__ as tool_version
-from traces.writer import TraceWriter
+from traces.format.errors import TraceError, UserError
+from traces.format.gating import KNOWN_ARCH_GATING
+from traces.format.schema import MAX_BUDGET_MIB, MAX_BYTES, MAX_INT32, MAX_LAYERS, default_gating, metrics_first_problem
+from traces.format.version import __version__ as tool_version
+from traces.importers import read_text, repeated_expert_rows
+from traces.io.atomic import staged_dir
+from traces.io.digest import sha256_file
+from traces.io.reader import open_trace
+from traces.io.writer import TraceWriter
 
 HEADER = ["turn", "phase", "step", "layer", "slot", "expert", "weight", "residency", "expert_bytes"]
 METRICS_HEADER = ["step", "steps", "wall_ms", "io_ms", "compute_ms", "read_bytes", "cache_hit_pct",

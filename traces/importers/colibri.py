@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from traces.errors import UserError
+from traces.format.errors import UserError
 from traces.importers import (
     ImportOption,
     batches_from_file_order,
@@ -37,8 +37,8 @@ from traces.importers import (
     slots_by_weight,
     write_trace,
 )
-from traces.sizes import require_sizes
-from traces.units import PHASE_DECODE, PHASE_PREFILL
+from traces.importers._sizes import require_sizes
+from traces.util.units import PHASE_DECODE, PHASE_PREFILL
 
 NAME = "colibri"
 SUMMARY = "colibri ROUTE_TRACE=<path> text: '<call> <row> <layer> <id>:<gate> ...' per MoE call and batch row"

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from traces.errors import UserError
+from traces.format.errors import UserError
 from traces.importers import (
     ImportOption,
     batches_from_file_order,
@@ -40,8 +40,8 @@ from traces.importers import (
     repeated_expert_rows,
     write_trace,
 )
-from traces.sizes import require_sizes
-from traces.units import PHASE_DECODE, PHASE_PREFILL
+from traces.importers._sizes import require_sizes
+from traces.util.units import PHASE_DECODE, PHASE_PREFILL
 
 NAME = "llamacpp-moetrace"
 SUMMARY = "llama.cpp examples/moe-trace CSV (MOE_TRACE_OUT): 'layer,expert' rows or 'phase,token,layer,rank,expert'"

@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from traces.errors import UserError
+from traces.format.errors import UserError
 from traces.importers import repeated_expert_rows
-from traces.units import PHASE_DECODE, PHASE_PREFILL
+from traces.util.units import PHASE_DECODE, PHASE_PREFILL
 
 NAME = "megatron"
 ENGINE = "Megatron-LM"
@@ -136,9 +136,9 @@ class _Sidecar:
 def import_(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool = False, prefill_steps: int = 1,
             routings_only: bool = False) -> Path:
     """Import one rank's ``router_trace_rank{r}.jsonl`` (and its sidecars beside it) into a trace."""
+    from traces.format.schema import default_gating
     from traces.importers import check_source, provenance, write_trace
-    from traces.schema import default_gating
-    from traces.sizes import require_sizes
+    from traces.importers._sizes import require_sizes
 
     sources = [check_source(Path(s)) for s in sources]
     jsonls = [p for p in sources if p.suffix.lower() == ".jsonl"]

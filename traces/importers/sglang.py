@@ -39,10 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from traces.errors import UserError
+from traces.format.errors import UserError
 from traces.importers import json_objects, repeated_expert_rows
 from traces.importers.vllm import Routes, import_routes, moe_layer_axis
-from traces.units import PHASE_DECODE, PHASE_PREFILL
+from traces.util.units import PHASE_DECODE, PHASE_PREFILL
 
 NAME = "sglang"
 ENGINE = "SGLang"
@@ -218,9 +218,9 @@ def link_requests(passes: list[dict]) -> tuple[list[np.ndarray], int, int]:
 
 
 def import_dumps(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool) -> Path:
+    from traces.format.schema import default_gating
     from traces.importers import provenance, write_trace
-    from traces.schema import default_gating
-    from traces.sizes import require_sizes
+    from traces.importers._sizes import require_sizes
 
     where = str(sources[0]) if len(sources) == 1 else f"{sources[0]} (and {len(sources) - 1} more)"
     sizes = require_sizes(sizes, where, NAME)
@@ -404,7 +404,7 @@ def response_routes(resp: dict, L: int | None, k: int | None, notes_cached: list
 def import_responses(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool, schedule: str, max_batch: int,
                      prefill_chunk: int | None, top_k: int | None) -> Path:
     where = str(sources[0]) if len(sources) == 1 else f"{sources[0]} (and {len(sources) - 1} more)"
-    from traces.sizes import require_sizes
+    from traces.importers._sizes import require_sizes
 
     sizes = require_sizes(sizes, where, NAME)
     notes: list[str] = []

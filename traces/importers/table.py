@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from traces.errors import UserError
+from traces.format.errors import UserError
 from traces.importers import (
     ImportOption,
     check_source,
@@ -44,8 +44,8 @@ from traces.importers import (
     slots_by_weight,
     write_trace,
 )
-from traces.sizes import require_sizes
-from traces.units import PHASE_DECODE, PHASE_PREFILL
+from traces.importers._sizes import require_sizes
+from traces.util.units import PHASE_DECODE, PHASE_PREFILL
 
 NAME = "table"
 SUMMARY = "any CSV / JSONL / Parquet table, one routing per row, columns named with --map"

@@ -28,7 +28,7 @@ Files read: ``.npz`` (keys ``prompt_routed_experts`` / ``routed_experts``, optio
 ``*routed_experts.npy`` (a pair with the same stem prefix is one request), ``.json`` (one
 response / RequestOutput dict, or a list of them) and ``.jsonl`` (one per line). Requests are
 numbered in file order; vLLM keeps no record of which requests shared a forward pass, so the
-batches come from a stated schedule (:mod:`traces.schedule`).
+batches come from a stated schedule (:mod:`traces.synth.schedule`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from traces.errors import UserError
+from traces.format.errors import UserError
 from traces.importers import json_objects
 
 NAME = "vllm"
@@ -442,11 +442,11 @@ def import_routes(routes: list[Routes], keep: np.ndarray, sources: list[Path], o
                   notes: list[str], engine_version: str | None, model_name: str | None) -> Path:
     """Batch per-request routings by the named schedule and write the trace (shared by the vLLM
     and SGLang-response importers)."""
+    from traces.format.schema import default_gating
     from traces.importers import provenance, write_trace
-    from traces.schedule import RequestRoutes
-    from traces.schedule import schedule as build_batches
-    from traces.schema import default_gating
-    from traces.sizes import require_sizes
+    from traces.importers._sizes import require_sizes
+    from traces.synth.schedule import RequestRoutes
+    from traces.synth.schedule import schedule as build_batches
 
     where = str(sources[0]) if len(sources) == 1 else f"{sources[0]} (and {len(sources) - 1} more)"
     sizes = require_sizes(sizes, where, fmt)
@@ -469,7 +469,7 @@ def import_routes(routes: list[Routes], keep: np.ndarray, sources: list[Path], o
     cols = build_batches(reqs, mode=schedule, max_batch=max_batch, prefill_chunk=prefill_chunk, moe_layers=layer_ids)
     batching = (f"schedule {schedule}" + (f", max_batch {max_batch}" if schedule == "continuous" else "")
                 + (f", prefill_chunk {prefill_chunk}" if prefill_chunk is not None else "")
-                + f": {engine} records no forward-pass structure; batches built by traces.schedule")
+                + f": {engine} records no forward-pass structure; batches built by traces.synth.schedule")
     notes.append(f"requests numbered 0..{len(routes) - 1} in file order; batches by {batching.split(':')[0]}")
     expert_bytes, dense_bytes = sizes.for_layers(n_layer, sorted(layer_ids), where)
     meta = {

@@ -1,0 +1,942 @@
+"""Expert-cache replay: what each policy would have hit, read and missed at each byte budget.
+
+Definitions used everywhere here (docs/design.md, "Replay semantics"):
+
+- a *load* is one (batch, layer) group; a *lookup* is one unique (layer, expert) inside a load
+  (a repeated id in the same load, e.g. two prefill tokens routing to the same expert, is not a
+  second lookup: it only promotes recency);
+- hit% = hits / lookups x 100. ``hit_pct_decode`` counts decode loads only (phase 1);
+  ``hit_pct_cum`` counts all loads, prefill included (what the engine's ``cache_hit_pct`` is);
+- ``read_mib`` = bytes the misses read, all phases, in MiB (2^20 bytes); bytes are not time;
+- budgets are bytes = floor(budget_mib x 2^20); an entry costs its layer's ``expert_bytes``;
+- ``peak_resident_mib`` = the most bytes resident at once (all layers), after any load's
+  eviction step; ``overflow_loads`` = loads after which their group still held more than its
+  budget (or, under ``layer``/``layerlfu``, its layer's share): nothing left to evict but the
+  load's own entries. A cell with ``overflow_loads > 0`` is *over budget* (``over_budget``): its hit
+  rate needs more memory than the budget it is listed under, and every table and verdict marks
+  it or leaves it out (:func:`within_budget`, :func:`pick_best`; the sentence naming such cells is
+  :func:`replay.present.cache.over_budget_note`).
+
+Library API (frames in, frames out; :mod:`replay.present.cache` formats them, :mod:`replay.cli.cache`
+only parses options):
+
+- :func:`prepare_loads` / :func:`loads_of` -> :class:`Loads` (budget-independent arrays)
+- :func:`replay` -> :class:`ReplayResult` (one policy at one budget; optional per-slot flags)
+- :func:`sweep` -> pl.DataFrame of cache rows (many cells, parallel over cores)
+- :func:`result_rows`, :func:`batch_series`, :func:`decode_token_series`
+- :func:`default_budgets_mib`, :func:`validate`
+- :func:`within_budget`, :func:`pick_best`: the one way every verb and the report choose a
+  "best"/"fastest" cell and leave over-budget ones out
+- :func:`validate_ok`: did ``--validate`` reproduce the engine (within :data:`VALIDATE_TOLERANCE_PP`)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from replay.core.driver import (
+    ACC_HITS,
+    ACC_LOOKUPS,
+    ACC_READ,
+    N_ACC,
+    N_STATS,
+    OPT_AHEAD,
+    OPT_CAP,
+    OPT_FILL,
+    OPT_GUARD,
+    OPT_RETAIN,
+    STAT_EVICTIONS,
+    STAT_OVERFLOW,
+    STAT_PEAK_BYTES,
+    make_kernel,
+    next_loads,
+    no_options,
+)
+from replay.core.state import BUDGET, MAX_SLOTS, RESIDENT, new_state
+from replay.policies import REG, is_plugin, names, policy_module
+from traces.format.errors import UserError
+from traces.io.reader import RoutingArrays, Trace, fixed_list_to_numpy
+from traces.util.units import MIB, budget_bytes  # noqa: F401 (budget_bytes: re-exported, callers import it from here)
+
+if TYPE_CHECKING:
+    import polars as pl
+
+UNBOUNDED_BYTES = np.int64(1) << np.int64(62)
+
+_KERNELS: dict[tuple, Any] = {}
+_KERNELS_LOCK = threading.Lock()
+
+
+def kernel_for(policy: str, whatif: bool = False, slots: bool = False):
+    """The compiled driver for ``policy``, ready to run: compiled, or loaded from Numba's on-disk
+    cache, once per process, by running it on a tiny input here (so a caller's timing, or a thread
+    pool's first calls, never include compilation; on a terminal the CLI's
+    :func:`replay.core.progress.compile_notice` says when this compiles). ``whatif`` = the variant with
+    the drop / prediction paths (a plain replay has them compiled out); ``slots`` = a plain
+    variant that writes per-slot residency codes (a what-if variant always can)."""
+    key = (policy, whatif, slots and not whatif)
+    with _KERNELS_LOCK:
+        if key not in _KERNELS:
+            pm = policy_module(policy)
+            try:
+                kern = make_kernel(policy, pm, whatif, slots)
+                kern(*_driver_args(_tiny_loads(), pm, MIB, 0, bool(slots), None, None, no_options())[0])
+            except Exception as e:
+                if not is_plugin(policy):
+                    raise
+                raise _plugin_error(policy, pm, e) from e
+            _KERNELS[key] = kern
+        return _KERNELS[key]
+
+
+def _plugin_error(policy: str, pm: Any, e: Exception) -> UserError:
+    """A user policy that does not compile or run in the driver: one sentence naming its file (the
+    Numba traceback only under --debug, as the cause)."""
+    import numba
+
+    from replay.plugins import where
+
+    if isinstance(e, UserError):
+        return e
+    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("\x1b")), type(e).__name__)
+    what = "does not compile with Numba" if isinstance(e, numba.core.errors.NumbaError) else "failed in the replay driver"
+    return UserError(f"{where(pm)}: policy {policy!r} {what} ({type(e).__name__}: {first[:200]}).")
+
+
+def _tiny_loads() -> Loads:
+    ra = RoutingArrays(
+        turn=np.zeros(2, np.int32), batch=np.array([0, 1], np.int32), phase=np.array([0, 1], np.int8),
+        step=np.array([0, 1], np.int32), layer=np.zeros(2, np.int16), experts=np.array([[0], [1]], np.int32),
+        weights=np.zeros((2, 1), np.float32),
+    )
+    return prepare_loads(ra, [0], 2, np.array([MIB]))
+
+
+def check_policies(policies: list[str] | tuple[str, ...], option: str = "--policies") -> list[str]:
+    """The known, distinct policy names; ``option`` is the flag the names came from (for the error)."""
+    out = []
+    for p in policies:
+        p = p.strip()
+        if not REG.known(p):
+            raise UserError(f"{option}: unknown policy {p!r} (known: {', '.join(names())}).")
+        if p not in out:
+            out.append(p)
+    if not out:
+        raise UserError(f"{option}: no policy given.")
+    return out
+
+
+def check_policy_options(policy: str, options: dict[str, Any] | None, loads: Loads) -> dict[str, Any]:
+    """``options`` for ``policy`` checked against the module's ``OPTIONS`` and resolved by its
+    ``prepare_options`` (once: a resolved dict is passed through). A policy without ``OPTIONS``
+    takes none."""
+    if options is not None and options.get("_prepared"):
+        return options
+    pm = policy_module(policy)
+    known = tuple(getattr(pm, "OPTIONS", ()))
+    options = dict(options or {})
+    for k in options:
+        if k not in known:
+            raise UserError(f"policy {policy}: unknown option {k!r} "
+                            + (f"(it takes {', '.join(known)})." if known else "(it takes no options)."))
+    if hasattr(pm, "prepare_options"):
+        options = pm.prepare_options(loads, options)
+    options["_prepared"] = True
+    return options
+
+
+@dataclass(frozen=True)
+class Loads:
+    """A trace cut into loads, ready for the kernels (independent of budget and policy).
+
+    ``entries`` [R, k] int32 = lidx * n_expert + expert; rows of load ``g`` are
+    ``load_start[g]:load_start[g+1]``; ``lidx`` indexes ``moe_layers``. Batches are renumbered
+    0..B-1 in order; ``batch_turn/step/phase`` describe them (step = first step of the batch).
+    """
+
+    entries: np.ndarray
+    load_start: np.ndarray  # int64 [G+1]
+    load_lidx: np.ndarray  # int32 [G]
+    load_phase: np.ndarray  # int8 [G]
+    load_batch: np.ndarray  # int32 [G]
+    moe_layers: tuple[int, ...]
+    n_expert: int
+    layer_expert_bytes: np.ndarray  # int64 [L] bytes of one expert of each MoE layer
+    batch_turn: np.ndarray  # int32 [B]
+    batch_step: np.ndarray  # int32 [B]
+    batch_phase: np.ndarray  # int8 [B]
+    # int32 [B]: tokens in each batch, the most rows any of its loads holds (a load holds one row
+    # per token at its layer). One per decode batch for a single request; with many requests in
+    # one batch, several: a per-token figure divides by decode_tokens, never by decode batches.
+    batch_tokens: np.ndarray | None = None
+
+    @property
+    def decode_tokens(self) -> int:
+        """Decoded tokens (all requests): the tokens of the decode batches."""
+        dec = self.batch_phase == 1
+        if self.batch_tokens is None:
+            return int(np.count_nonzero(dec))
+        return int(self.batch_tokens[dec].sum())
+
+    @property
+    def n_entries(self) -> int:
+        return len(self.moe_layers) * self.n_expert
+
+    @cached_property
+    def entry_bytes(self) -> np.ndarray:
+        return np.repeat(self.layer_expert_bytes, self.n_expert).astype(np.int64)
+
+    @cached_property
+    def next_load(self) -> np.ndarray:
+        return next_loads(self.entries, self.load_start, self.n_entries)
+
+    @property
+    def token_cycle_bytes(self) -> int:
+        """T: one token's full routing, sum over MoE layers of top_k x expert_bytes."""
+        return int(self.entries.shape[1] * self.layer_expert_bytes.sum())
+
+    @cached_property
+    def working_set_bytes(self) -> int:
+        """Bytes of every distinct (layer, expert) the trace touches: where no policy misses again."""
+        seen = np.zeros(self.n_entries, dtype=bool)
+        seen[self.entries.ravel()] = True
+        return int(self.entry_bytes[seen].sum())
+
+
+def prepare_loads(arrays: RoutingArrays, moe_layers: list[int] | tuple[int, ...], n_expert: int,
+                  expert_bytes: np.ndarray) -> Loads:
+    """Cut routing arrays (rows ordered by (batch, layer, step), or (batch, layer, request, step)
+    with many requests in one batch) into loads: one (batch, layer) group each, whatever requests
+    it holds.
+
+    ``expert_bytes`` is indexed by model layer (as ``Trace.expert_bytes``). Rows need not come
+    from a valid trace: duplicate ids inside a routing are replayed as repeats.
+    """
+    moe_layers = tuple(int(x) for x in moe_layers)
+    # Narrow dtypes throughout (int32 entries and layer indexes, comparisons instead of int64
+    # diffs): a part of a large trace is prepared with a few bytes per row of temporaries.
+    wide = len(moe_layers) * int(n_expert) > np.iinfo(np.int32).max
+    idt = np.int64 if wide else np.int32
+    lidx_of = np.full(max(moe_layers) + 1, -1, dtype=idt)
+    lidx_of[list(moe_layers)] = np.arange(len(moe_layers))
+    layer = arrays.layer
+    if layer.size and (layer.min() < 0 or layer.max() >= lidx_of.shape[0]):
+        raise UserError("routing rows name a layer that is not a MoE layer")
+    lidx = lidx_of[layer]
+    if (lidx < 0).any():
+        raise UserError("routing rows name a layer that is not a MoE layer")
+    leb = np.array([int(expert_bytes[l]) for l in moe_layers], dtype=np.int64)
+    if (leb <= 0).any():
+        # Never default a size to 0: a free layer is admitted free, never evicted, ~100% hit.
+        raise UserError("a MoE layer has no expert_bytes > 0; the replay would report a free layer as hits")
+    experts = arrays.experts
+    if experts.size and (experts.min() < 0 or experts.max() >= n_expert):
+        # The kernels index state by entry without bounds checks: an id out of range must not reach them.
+        raise UserError(f"routing rows name an expert outside 0..{n_expert - 1}")
+    entries = np.ascontiguousarray(experts.astype(idt, copy=True))
+    entries += lidx[:, None] * idt(n_expert)
+    entries = np.ascontiguousarray(entries, dtype=np.int32)
+    batch = arrays.batch
+    R = batch.shape[0]
+    bchange = np.ones(R, dtype=bool)
+    bchange[1:] = batch[1:] != batch[:-1]
+    change = bchange.copy()
+    change[1:] |= layer[1:] != layer[:-1]
+    starts = np.flatnonzero(change)
+    load_start = np.append(starts, R).astype(np.int64)
+    bfirst = np.flatnonzero(bchange)
+    if R and (batch[1:] >= batch[:-1]).all():  # batches in order (every valid trace): number them by their changes
+        binv = np.cumsum(bchange, dtype=np.int64) - 1
+        n_batches = int(binv[-1]) + 1
+    else:
+        ub, binv = np.unique(batch, return_inverse=True)
+        n_batches = len(ub)
+        bfirst = bfirst if R else np.zeros(0, dtype=np.int64)
+    load_batch = binv.reshape(-1)[starts].astype(np.int32)
+    batch_tokens = np.zeros(n_batches, dtype=np.int32)
+    if R:  # loads come in batch order: one reduceat over each batch's loads
+        first_load = np.flatnonzero(np.r_[True, np.diff(load_batch) != 0])
+        batch_tokens = np.maximum.reduceat(np.diff(load_start), first_load).astype(np.int32)
+    return Loads(
+        entries=entries, load_start=load_start, load_lidx=lidx[starts].astype(np.int32),
+        load_phase=arrays.phase[starts].astype(np.int8), load_batch=load_batch,
+        moe_layers=moe_layers, n_expert=int(n_expert), layer_expert_bytes=leb,
+        batch_turn=arrays.turn[bfirst].astype(np.int32), batch_step=arrays.step[bfirst].astype(np.int32),
+        batch_phase=arrays.phase[bfirst].astype(np.int8), batch_tokens=batch_tokens,
+    )
+
+
+# Bytes of replay state per (layer, expert) entry: the driver's int32 field rows (cache_state.N_ENT),
+# a policy's int64 rows, entry bytes and group; two replays may be alive at once (a what-if and its
+# baseline, or two cells of a sweep).
+STATE_BYTES_PER_ENTRY = 2 * 96
+
+
+def check_state_fits(trace: Trace) -> None:
+    """Refuse, before allocating anything, a trace whose (MoE layer, expert) entries the replay
+    cannot hold: more than int32 entry ids, or more state than the memory available."""
+    from traces.util.memory import check_fits
+
+    L, n = len(trace.moe_layers), trace.n_expert
+    what = f"{trace.path / 'trace.json'}: n_expert {n:,} x {L} MoE layers"
+    check_fits(L * n * STATE_BYTES_PER_ENTRY, f"{what} (one cache-state entry per (layer, expert))")
+    if L * n > np.iinfo(np.int32).max:
+        raise UserError(f"{what} = {L * n:,} (layer, expert) entries, more than the replay's int32 entry ids hold "
+                        f"({np.iinfo(np.int32).max:,}).")
+
+
+# The columns a replay reads (never weights, request, token or the recorded ones).
+LOAD_COLUMNS = ("turn", "batch", "phase", "step", "layer", "experts")
+
+
+@dataclass(frozen=True)
+class LoadPart:
+    """One part's complete loads, in trace order (:func:`iter_load_parts`). ``loads`` numbers its
+    batches 0.. locally; ``row0``/``load0``/``batch0`` are the global indexes of its first row, load
+    and (local batch 0's) batch; ``continues``: local batch 0 is the previous part's last batch."""
+
+    loads: Loads
+    row0: int
+    load0: int
+    batch0: int
+    continues: bool
+
+
+def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[LoadPart]:
+    """The trace's loads part by part (each part file, cut further into ``chunk_rows`` rows), reading
+    only :data:`LOAD_COLUMNS`. A load that straddles a cut is held back and handed out whole with
+    the next rows that finish it, as a part of its own, so every part holds complete loads; memory
+    is one part's arrays plus that load. A part's arrays are reused for the next part: use or copy
+    them before asking for the next.
+
+    A trace opened with ``defer_rows`` (:attr:`traces.io.reader.Trace.rows_pending`) has each part's
+    rows checked here as they are read, before any of its loads is handed out (the checker's
+    columns are read with it: the part is read once), so a replay reads the trace once, not twice;
+    a bad row raises the :class:`traces.format.errors.TraceError` that :func:`traces.open_trace` would."""
+    from replay.core.loads import rows_ok
+    from traces.io.reader import RowChecker
+
+    check_state_fits(trace)
+    carry: dict[str, np.ndarray] | None = None
+    row0 = load0 = n_batch = 0
+    last_batch: int | None = None
+    n_parts = len(trace.parts)
+    checker = RowChecker(trace) if trace.rows_pending else None
+    columns = list(LOAD_COLUMNS) if checker is None else list(dict.fromkeys([*LOAD_COLUMNS, *checker.columns]))
+    moe = np.zeros(trace.n_layer, dtype=np.bool_)
+    moe[trace.moe_layers] = True
+    lidx_of = np.full(max(trace.moe_layers, default=0) + 1, -1, dtype=np.int32)
+    lidx_of[trace.moe_layers] = np.arange(len(trace.moe_layers), dtype=np.int32)
+    buf = _CutBuffers(trace.top_k)
+    leb = np.array([int(trace.expert_bytes[l]) for l in trace.moe_layers], dtype=np.int64)  # once, not per chunk
+
+    def chunks():
+        for i, t in enumerate(trace.iter_tables(columns, read_ahead=True)):
+            cols = {c: _column_numpy(t.column(c)) for c in LOAD_COLUMNS if c != "experts"}
+            cols["experts"] = fixed_list_to_numpy(t.column("experts"))
+            if checker is not None:
+                last = checker.last
+                if checker.simple and rows_ok(cols["batch"], cols["layer"], cols["step"], cols["phase"], cols["experts"],
+                                              fixed_list_to_numpy(t.column("weights")), moe, trace.n_expert, checker.by_rank,
+                                              last is not None, np.array((last or (0,) * 4)[:4], np.int64)):
+                    checker.passed(t)
+                else:
+                    checker.check(trace.parts[i], t)  # the checker's own sentence, or (the gate was stricter) on
+            del t
+            n = cols["batch"].shape[0]
+            step = max(1, chunk_rows or n or 1)
+            for a in range(0, max(n, 1), step):
+                yield {c: v[a:a + step] for c, v in cols.items()}, i == n_parts - 1 and a + step >= n
+        if checker is not None:
+            trace.rows_pending = False
+
+    def pieces():
+        """(columns, complete): ``complete`` = no load runs on past the piece's last row. The load
+        held back from the previous chunk is handed out with the rows of the next chunk that finish
+        it, as a piece of its own (one load), not concatenated with the whole next chunk."""
+        nonlocal carry
+        for cols, last in chunks():
+            if carry is not None:
+                n = cols["batch"].shape[0]
+                f = _first_change(cols["batch"], cols["layer"], int(carry["batch"][-1]), int(carry["layer"][-1]))
+                if f == n and not last:  # the whole chunk continues the held-back load
+                    carry = {c: np.concatenate([carry[c], cols[c]]) for c in LOAD_COLUMNS}
+                    continue
+                head = {c: np.concatenate([carry[c], cols[c][:f]]) for c in LOAD_COLUMNS}
+                carry = None
+                yield head, True
+                if f == n:
+                    continue
+                cols = {c: v[f:] for c, v in cols.items()}
+            yield cols, last
+
+    for cols, complete in pieces():
+        n = cols["batch"].shape[0]
+        cut = n
+        if not complete and n:
+            cut = _last_run_start(cols["batch"], cols["layer"])
+            carry = {c: v[cut:].copy() for c, v in cols.items()}
+        if cut == 0:
+            continue
+        buf.leb = leb
+        lp = _cut(trace, {c: v[:cut] for c, v in cols.items()}, lidx_of, buf)
+        continues = last_batch is not None and int(cols["batch"][0]) == last_batch
+        batch0 = n_batch - 1 if continues else n_batch
+        yield LoadPart(lp, row0, load0, batch0, continues)
+        row0 += cut
+        load0 += lp.load_start.shape[0] - 1
+        n_batch = batch0 + lp.batch_turn.shape[0]
+        last_batch = int(cols["batch"][cut - 1])
+
+
+def _column_numpy(col: Any) -> np.ndarray:
+    """A scalar column as NumPy: a view of Arrow's buffer when it is one chunk without nulls
+    (ChunkedArray.to_numpy copies: ~5 ms per 196,608-row part for the five key columns)."""
+    if col.num_chunks == 1 and col.null_count == 0:
+        return col.chunk(0).to_numpy(zero_copy_only=True)
+    return col.to_numpy()
+
+
+def _last_run_start(batch: np.ndarray, layer: np.ndarray) -> int:
+    """The first row of the last run of equal (batch, layer) (0 if the whole array is one run),
+    found from the end in growing windows: the last load is short, the part is long."""
+    n = batch.shape[0]
+    w = 64
+    while True:
+        lo = max(0, n - w)
+        b, lay = batch[lo:], layer[lo:]
+        change = np.flatnonzero((b[1:] != b[:-1]) | (lay[1:] != lay[:-1]))
+        if change.size:
+            return lo + int(change[-1]) + 1
+        if lo == 0:
+            return 0
+        w *= 16
+
+
+def _first_change(batch: np.ndarray, layer: np.ndarray, b0: int, l0: int) -> int:
+    """The first row whose (batch, layer) is not (b0, l0) (len(batch) if none), in growing windows."""
+    n = batch.shape[0]
+    w = 64
+    lo = 0
+    while lo < n:
+        hi = min(n, lo + w)
+        diff = np.flatnonzero((batch[lo:hi] != b0) | (layer[lo:hi] != l0))
+        if diff.size:
+            return lo + int(diff[0])
+        lo = hi
+        w *= 16
+    return n
+
+
+class _CutBuffers:
+    """The arrays :func:`replay.core.loads.cut_loads` writes a chunk's loads into, kept from chunk
+    to chunk (grown when a chunk is longer): a part's loads are views of them, valid until the next part."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.rows = -1
+        self.leb = np.empty(0, np.int64)  # per MoE layer, bytes of one expert (set by iter_load_parts)
+
+    def ensure(self, rows: int) -> None:
+        if rows <= self.rows:
+            return
+        self.rows = rows
+        self.entries = np.empty((rows, self.k), np.int32)
+        self.load_start = np.empty(rows + 1, np.int64)
+        self.load_lidx, self.load_phase, self.load_batch = np.empty(rows, np.int32), np.empty(rows, np.int8), np.empty(rows, np.int32)
+        self.batch_turn, self.batch_step = np.empty(rows, np.int32), np.empty(rows, np.int32)
+        self.batch_phase, self.batch_tokens = np.empty(rows, np.int8), np.empty(rows, np.int32)
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    if not a.flags.writeable:
+        return a
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def _cut(trace: Trace, cols: dict[str, np.ndarray], lidx_of: np.ndarray, buf: _CutBuffers) -> Loads:
+    """One chunk's :class:`Loads`: :func:`replay.core.loads.cut_loads` (one pass, into ``buf``), or
+    :func:`prepare_loads` where that declines (rows out of order or out of range: it refuses or handles them)."""
+    from replay.core.loads import cut_loads
+
+    leb = buf.leb
+    R = cols["batch"].shape[0]
+    buf.ensure(R)
+    ro = {c: _readonly(v) for c, v in cols.items()}  # one Numba signature whether a chunk came from Arrow or a concatenation
+    status, G, B = cut_loads(ro["turn"], ro["batch"], ro["phase"], ro["step"], ro["layer"], ro["experts"], lidx_of,
+                             trace.n_expert, buf.entries, buf.load_start, buf.load_lidx, buf.load_phase, buf.load_batch,
+                             buf.batch_turn, buf.batch_step, buf.batch_phase, buf.batch_tokens)
+    if status or (leb <= 0).any():
+        ra = RoutingArrays(turn=cols["turn"], batch=cols["batch"], phase=cols["phase"], step=cols["step"], layer=cols["layer"],
+                           experts=cols["experts"], weights=np.empty((R, 0), np.float32))
+        return prepare_loads(ra, trace.moe_layers, trace.n_expert, trace.expert_bytes)
+    return Loads(entries=buf.entries[:R], load_start=buf.load_start[:G + 1], load_lidx=buf.load_lidx[:G],
+                 load_phase=buf.load_phase[:G], load_batch=buf.load_batch[:G], moe_layers=tuple(int(x) for x in trace.moe_layers),
+                 n_expert=trace.n_expert, layer_expert_bytes=leb, batch_turn=buf.batch_turn[:B], batch_step=buf.batch_step[:B],
+                 batch_phase=buf.batch_phase[:B], batch_tokens=buf.batch_tokens[:B])
+
+
+def _grow(a: np.ndarray, n: int) -> np.ndarray:
+    """``a`` resized in place to ``n`` rows (realloc: no copy of the pages already written)."""
+    a.resize((n, *a.shape[1:]), refcheck=False)
+    return a
+
+
+def loads_of(trace: Trace, chunk_rows: int | None = None) -> Loads:
+    """The whole trace's :class:`Loads`, built part by part into arrays allocated once (peak: the
+    result, about 17 bytes per load + 4 x top_k per routing row, plus one part being prepared)."""
+    check_state_fits(trace)
+    R, k = trace.n_rows, trace.top_k
+    entries = np.empty((R, k), np.int32)
+    cap = R + 1  # loads <= rows; np.empty leaves the unused tail unwritten (not resident)
+    load_start = np.empty(cap, np.int64)
+    lidx, phase, lbatch = np.empty(cap, np.int32), np.empty(cap, np.int8), np.empty(cap, np.int32)
+    bt: list[np.ndarray] = []
+    bs: list[np.ndarray] = []
+    bp: list[np.ndarray] = []
+    bk: list[np.ndarray] = []
+    n_load = n_row = 0
+    for part in iter_load_parts(trace, chunk_rows):
+        lp = part.loads
+        r, g = lp.entries.shape[0], lp.load_start.shape[0] - 1
+        entries[n_row:n_row + r] = lp.entries
+        load_start[n_load:n_load + g] = lp.load_start[:-1] + part.row0
+        lidx[n_load:n_load + g] = lp.load_lidx
+        phase[n_load:n_load + g] = lp.load_phase
+        lbatch[n_load:n_load + g] = lp.load_batch + part.batch0
+        tokens = lp.batch_tokens
+        if part.continues:  # the batch's tokens: the most rows any of its loads (never cut) holds
+            prev = next(x for x in reversed(bk) if x.size)
+            prev[-1] = max(prev[-1], tokens[0])
+        s = 1 if part.continues else 0
+        bt.append(lp.batch_turn[s:].copy())  # the part's arrays are reused for the next part
+        bs.append(lp.batch_step[s:].copy())
+        bp.append(lp.batch_phase[s:].copy())
+        bk.append(tokens[s:].copy())
+        n_load += g
+        n_row += r
+    load_start[n_load] = n_row
+    leb = np.array([int(trace.expert_bytes[l]) for l in trace.moe_layers], dtype=np.int64)
+    if (leb <= 0).any():
+        raise UserError("a MoE layer has no expert_bytes > 0; the replay would report a free layer as hits")
+
+    def cat(xs: list[np.ndarray], dt: type) -> np.ndarray:
+        return np.concatenate(xs).astype(dt, copy=False) if xs else np.zeros(0, dt)
+
+    return Loads(
+        entries=_grow(entries, n_row), load_start=_grow(load_start, n_load + 1), load_lidx=_grow(lidx, n_load),
+        load_phase=_grow(phase, n_load), load_batch=_grow(lbatch, n_load), moe_layers=tuple(int(x) for x in trace.moe_layers),
+        n_expert=trace.n_expert, layer_expert_bytes=leb, batch_turn=cat(bt, np.int32), batch_step=cat(bs, np.int32),
+        batch_phase=cat(bp, np.int8), batch_tokens=cat(bk, np.int32),
+    )
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """One policy at one budget. ``acc`` [2, L, N_ACC = 7] int64: per phase (0 prefill, 1 decode)
+    and MoE layer, the fields ``ACC_*`` of :mod:`replay.core.driver` (lookups, hits, bytes read by
+    misses, slots dropped, speculative hits, speculative fills, speculative bytes); ``bacc``
+    [B, N_ACC] the same per batch; ``slots`` [R, k]
+    uint8 residency code per routed slot (0 miss, 1 hit, 2 speculative hit; a repeat inside a load
+    carries its lookup's code, as the engine's recorded residency does) or None."""
+
+    policy: str
+    budget_mib: float
+    budget_bytes: int
+    acc: np.ndarray
+    bacc: np.ndarray
+    evictions: int
+    overflow_loads: int
+    slots: np.ndarray | None
+    seconds: float
+    stats: np.ndarray | None = None  # int64 [N_STATS] (replay.core.driver.STAT_*)
+    preload_bytes: np.ndarray | None = None  # int64 [L] bytes a policy preloaded per MoE layer before the replay (pin)
+    layer_share_bytes: np.ndarray | None = None  # int64 [L] each layer's group budget under a per-layer partition, else None
+
+    @property
+    def lookups(self) -> int:
+        return int(self.acc[:, :, ACC_LOOKUPS].sum())
+
+    @property
+    def peak_resident_bytes(self) -> int | None:
+        """Most bytes resident in all groups together, after any load's eviction step (or its
+        speculative fills); above the budget only when a load overflowed."""
+        return int(self.stats[STAT_PEAK_BYTES]) if self.stats is not None else None
+
+    @property
+    def over_budget(self) -> bool:
+        """A load left its group above its budget (or its layer's share): the hit rate needs more memory."""
+        return self.overflow_loads > 0
+
+    @property
+    def hits(self) -> int:
+        return int(self.acc[:, :, ACC_HITS].sum())
+
+    @property
+    def hit_pct_cum(self) -> float:
+        n = self.lookups
+        return 100.0 * self.hits / n if n else math.nan
+
+
+def _groups(loads: Loads, pm, budget: int, options: dict[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(group of each entry, byte budget of each group): one group (the whole budget), or one per
+    MoE layer (floor(budget_bytes / MoE layers) each, unless the module's ``group_budgets`` says)."""
+    L, n = len(loads.moe_layers), loads.n_expert
+    if pm.PARTITION == "layer":
+        group = np.repeat(np.arange(L, dtype=np.int32), n)
+        gbud = np.full(L, budget // L, dtype=np.int64)  # floor(budget_bytes / MoE layers) per layer
+    else:
+        group = np.zeros(L * n, dtype=np.int32)
+        gbud = np.array([budget], dtype=np.int64)
+    if hasattr(pm, "group_budgets"):
+        own = np.asarray(pm.group_budgets(loads, budget, options or {}), dtype=np.int64)
+        if own.shape != gbud.shape or (own < 0).any() or int(own.sum()) > budget:
+            raise ValueError(f"{pm.__name__}.group_budgets: {own.shape[0]} group budgets summing to {int(own.sum())}; "
+                             f"need {gbud.shape[0]} >= 0 within {budget} bytes")
+        gbud = own
+    if pm.UNBOUNDED:
+        gbud[:] = UNBOUNDED_BYTES
+    return group, gbud
+
+
+def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: bool = False, *,
+           drop: np.ndarray | None = None, pred: np.ndarray | None = None, ahead: int = 1, cap: int | None = None,
+           guard: bool = False, retain: bool = False, fill: bool = False,
+           policy_options: dict[str, Any] | None = None) -> ReplayResult:
+    """Replay ``loads`` through ``policy`` at ``budget_mib`` MiB (2^20 bytes).
+
+    ``policy_options``: the policy's parameters (its module's ``OPTIONS``), e.g. for ``pin``
+    ``{"per_layer": 4, "profile": "other/trace"}``; for ``layer-opt`` ``{"entries_per_layer": [...]}``.
+
+    What-ifs (:mod:`replay.core.driver`): ``drop`` [R, k] uint8 (1 drop-cold: skip if not
+    resident, 2 skip always); ``pred`` [R, w] int32 entries predicted for each routing row (-1
+    none), used by ``retain`` (protect the next ``ahead`` layers' predictions from eviction) and
+    ``fill`` (read the predictions ``ahead`` layers on speculatively, at most ``cap`` predicted
+    misses per layer, with the eviction ``guard`` if asked).
+    """
+    check_policies([policy], option="--policy")
+    budget = budget_bytes(budget_mib)
+    if loads.entries.size > MAX_SLOTS:
+        raise UserError(f"the trace holds {loads.entries.size:,} routed slots; one replay handles at most {MAX_SLOTS:,}")
+    pm = policy_module(policy)
+    if drop is not None and drop.shape != loads.entries.shape:
+        raise ValueError(f"drop flags must be [R, k] = {loads.entries.shape}, got {drop.shape}")
+    if pred is not None and (retain or fill) and pred.shape[0] != loads.entries.shape[0]:
+        raise ValueError(f"predictions must have one row per routing ({loads.entries.shape[0]}), got {pred.shape[0]}")
+    if (retain or fill) and ahead < 1:
+        raise UserError(f"predictions {ahead} layers ahead: must be >= 1.")
+    if cap is not None and cap < 0:
+        raise UserError(f"--cap {cap}: must be >= 0 predicted misses per layer.")
+    popts = check_policy_options(policy, policy_options, loads)
+    if hasattr(pm, "solve"):  # a bound computed, not replayed (opt-bound); no what-if applies to it
+        if drop is not None or retain or fill or slots:
+            raise UserError(f"policy {policy} is a computed bound: no what-if (drop, predictions) and no per-slot codes.")
+        return pm.solve(loads, policy, float(budget_mib), budget, popts)
+    kern = kernel_for(policy, whatif=drop is not None or retain or fill, slots=slots)
+    opts = no_options()
+    opts[OPT_AHEAD] = ahead
+    opts[OPT_CAP] = -1 if cap is None else cap
+    opts[OPT_GUARD] = int(guard)
+    opts[OPT_RETAIN] = int(retain)
+    opts[OPT_FILL] = int(fill)
+    args, stats, slot_out = _driver_args(loads, pm, budget, seed, slots, drop, pred if (retain or fill) else None, opts, popts)
+    ent, grp = args[7], args[8]
+    L = len(loads.moe_layers)
+    pre = np.bincount(np.repeat(np.arange(L), loads.n_expert), weights=ent[RESIDENT, :loads.n_entries] * loads.entry_bytes,
+                      minlength=L).astype(np.int64)
+    shares = grp[:, BUDGET].copy() if pm.PARTITION == "layer" and not pm.UNBOUNDED else None
+    t0 = time.perf_counter()
+    kern(*args)
+    dt = time.perf_counter() - t0
+    acc, bacc = args[10], args[11]
+    return ReplayResult(policy, float(budget_mib), budget, acc, bacc, int(stats[STAT_EVICTIONS]), int(stats[STAT_OVERFLOW]),
+                        slot_out if slots else None, dt, stats, pre, shares)
+
+
+def _driver_args(loads: Loads, pm, budget: int, seed: int, slots: bool, drop: np.ndarray | None, pred: np.ndarray | None,
+                 opts: np.ndarray, policy_options: dict[str, Any] | None = None) -> tuple[tuple, np.ndarray, np.ndarray]:
+    """The driver's arguments for one replay (fresh state, after the policy's ``setup``), its stats
+    array and its slot_out array."""
+    group, gbud = _groups(loads, pm, budget, policy_options)
+    ent, grp = new_state(loads.entry_bytes, group, gbud)
+    ps = pm.init(ent, grp, int(seed))
+    if hasattr(pm, "setup"):
+        built = pm.setup(ps, ent, grp, loads, budget, policy_options or {})
+        if built is not None:
+            ps = built  # a policy whose state depends on the trace (colibri's pass schedule) builds it here
+    L, B = len(loads.moe_layers), loads.batch_turn.shape[0]
+    acc = np.zeros((2, L, N_ACC), np.int64)
+    bacc = np.zeros((B, N_ACC), np.int64)
+    stats = np.zeros(N_STATS, np.int64)
+    R, k = loads.entries.shape
+    slot_out = np.zeros((R if slots else 0, k), np.uint8)
+    nxt = loads.next_load if pm.NEEDS_NEXT_USE else np.zeros((0, k), np.int32)
+    drop = np.zeros((0, k), np.uint8) if drop is None else np.ascontiguousarray(drop, np.uint8)
+    pred = np.zeros((0, 1), np.int32) if pred is None else np.ascontiguousarray(pred, np.int32)
+    layer_info = np.stack([group[::loads.n_expert], loads.layer_expert_bytes]).T.astype(np.int64).copy()
+    args = (loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, loads.load_batch, layer_info, nxt, ent, grp,
+            ps, acc, bacc, stats, slot_out, drop, pred, opts)
+    return args, stats, slot_out
+
+
+def warm_up(policies: list[str], whatif: bool = False, slots: bool = False) -> None:
+    """Compile (or load from cache) the kernels, so timings (and a sweep's threads) exclude compilation."""
+    for p in check_policies(policies):
+        if not hasattr(policy_module(p), "solve"):  # a computed bound (opt-bound) has no driver to compile
+            kernel_for(p, whatif, slots)
+
+
+def result_rows(loads: Loads, res: ReplayResult, per_layer: bool = False, extras: bool = False) -> list[dict[str, Any]]:
+    """Cache rows (docs/design.md keys first). ``lookups``/``hits``/``misses``/``read_mib`` are all
+    phases (cumulative); the ``_decode`` columns count decode loads only.
+
+    ``extras`` (a sweep sets it when a policy preloads entries or sets its own per-layer budgets,
+    so other tables keep their columns) adds ``preload_mib`` (bytes a policy made resident before
+    the replay, e.g. ``pin``'s pinned experts: read once up front, not in ``read_mib``; 0 for the
+    others) and ``share_mib`` (a layer's budget under a per-layer partition; on the overall row
+    the sum of the shares; None for a global cache)."""
+    from replay.core.rows import cache_row
+
+    out = []
+    layers: list[int | None] = [None] + (list(loads.moe_layers) if per_layer else [])
+    for i, layer in enumerate(layers):
+        a = res.acc if layer is None else res.acc[:, i - 1: i, :]
+        lk, ht, rd = ([int(x) for x in a[:, :, f].sum(axis=1)] for f in (ACC_LOOKUPS, ACC_HITS, ACC_READ))  # per phase
+        overall = layer is None
+        out.append(cache_row(res.policy, res.budget_mib, layer, lk, ht, rd,
+                             evictions=res.evictions if overall else None, overflow_loads=res.overflow_loads if overall else None,
+                             peak_resident_bytes=res.peak_resident_bytes if overall else None,
+                             over_budget=res.over_budget if overall else None))
+        if extras:
+            pre = res.preload_bytes
+            sh = res.layer_share_bytes
+            out[-1]["preload_mib"] = (0.0 if pre is None else float(pre.sum() if layer is None else pre[i - 1]) / MIB)
+            out[-1]["share_mib"] = None if sh is None else float(sh.sum() if layer is None else sh[i - 1]) / MIB
+    return out
+
+
+# -- over-budget cells and the one tie-break for "best" / "fastest" -----------------------------
+
+def is_over_budget(row: dict[str, Any]) -> bool:
+    """A cache row whose replay overflowed (some load left its group above its budget or share)."""
+    return bool(row.get("overflow_loads") or 0)
+
+
+def within_budget(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rows within budget, rows over budget), each in the given order."""
+    ok = [r for r in rows if not is_over_budget(r)]
+    over = [r for r in rows if is_over_budget(r)]
+    return ok, over
+
+
+def pick_best(rows: list[dict[str, Any]], value: str, highest: bool) -> dict[str, Any] | None:
+    """The row with the highest (``highest``) or lowest ``value``; a missing or NaN value ranks last;
+    ties go to the policy name first in alphabetical order. Every "best online" / "fastest" choice
+    (the ``cache`` CLI, ``replay.present.cost.verdict``, the report) goes through here, so they break ties alike.
+    Callers pass within-budget rows (:func:`within_budget`) and say which they left out."""
+    def rank(r: dict[str, Any]) -> tuple:
+        v = r.get(value)
+        missing = v is None or (isinstance(v, float) and math.isnan(v))
+        return (missing, 0.0 if missing else (-v if highest else v), str(r.get("policy")))
+
+    return min(rows, key=rank) if rows else None
+
+
+
+def batch_series(loads: Loads, res: ReplayResult) -> pl.DataFrame:
+    """Per batch (prefill batches and decoded tokens): turn, phase, step, lookups, hits, misses, read_bytes."""
+    import polars as pl
+
+    b = res.bacc
+    return pl.DataFrame({
+        "turn": loads.batch_turn, "phase": loads.batch_phase, "step": loads.batch_step,
+        "lookups": b[:, ACC_LOOKUPS], "hits": b[:, ACC_HITS], "misses": b[:, ACC_LOOKUPS] - b[:, ACC_HITS],
+        "read_bytes": b[:, ACC_READ],
+    })
+
+
+def decode_token_series(loads: Loads, res: ReplayResult) -> pl.DataFrame:
+    """Per decoded token (one decode batch = one token), in order: turn, step, lookups, hits,
+    misses, read_bytes. Bytes are what the misses read for that token, not time: the cost model
+    turns them into time. A trace whose decode batches hold several requests' tokens has no such
+    series (a batch's reads are shared by its tokens): refused, never divided up silently."""
+    if loads.batch_tokens is not None and (loads.batch_tokens[loads.batch_phase == 1] > 1).any():
+        raise UserError(f"per-token figures need one decoded token per decode batch; this trace's decode batches hold up to "
+                        f"{int(loads.batch_tokens[loads.batch_phase == 1].max())} tokens of several requests.")
+    import polars as pl
+
+    return batch_series(loads, res).filter(pl.col("phase") == 1).drop("phase")
+
+
+def default_budgets_mib(loads: Loads, recorded_mib: float | None = None, n: int = 9) -> list[float]:
+    """``n`` budgets, geometric from T/2 (below one token cycle, where global LRU collapses) to
+    the working set W (every distinct (layer, expert) the trace touches: from there on nothing
+    misses twice), each rounded to 2 significant figures; the recorded budget, if any and inside
+    that span, replaces the nearest one."""
+    lo = max(loads.token_cycle_bytes / 2 / MIB, 1.0)
+    hi = max(loads.working_set_bytes / MIB, lo * 2)
+    raw = np.geomspace(lo, hi, n)
+    out = sorted({float(f"{x:.2g}") for x in raw})
+    if recorded_mib is not None and lo <= recorded_mib <= hi * 1.5:
+        i = int(np.argmin([abs(math.log(x / recorded_mib)) for x in out]))
+        out[i] = float(recorded_mib)
+        out = sorted(set(out))
+    return out
+
+
+def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer: bool = False, seed: int = 0,
+          threads: int | None = None, show_progress: bool = True, policy_options: dict[str, dict[str, Any]] | None = None,
+          series: dict | None = None, **whatif: Any) -> pl.DataFrame:
+    """Every (policy, budget) cell, in parallel over the cores (the kernels release the GIL): one
+    row per cell as :func:`result_rows` makes it, as a frame (:func:`replay.core.rows.cache_frame`).
+
+    Rows ordered by policy (as given) then budget (as given). ``infinite`` ignores the budget, so
+    it is replayed once and its row repeated for every budget. ``whatif`` (e.g. ``pred``,
+    ``ahead``, ``retain``) is passed to every :func:`replay`. ``policy_options`` maps a policy
+    name to its options (:func:`replay`'s ``policy_options``). When a policy preloads entries or
+    sets its own per-layer budgets (``pin``, ``layer-opt``), every row gains ``preload_mib`` and
+    ``share_mib`` (:func:`result_rows`). ``series`` (a dict): filled with each cell's decode
+    batches, (policy, budget) -> :class:`replay.core.series.DecodeSeries`, for paired comparisons.
+    """
+    from replay.core.progress import progress
+    from replay.core.rows import cache_frame
+
+    policies = check_policies(policies)
+    budgets = [float(b) for b in budgets_mib]
+    for b in budgets:
+        budget_bytes(b)
+    policy_options = dict(policy_options or {})
+    for p in policy_options:
+        if p not in policies:
+            raise UserError(f"options given for policy {p}, which is not among the policies replayed.")
+    popts = {p: check_policy_options(p, policy_options.get(p), loads) for p in policies}
+    extras = any(hasattr(policy_module(p), "setup") or hasattr(policy_module(p), "group_budgets") for p in policies)
+    warm_up(policies, whatif=whatif.get("drop") is not None or bool(whatif.get("retain")) or bool(whatif.get("fill")))
+    if any(policy_module(p).NEEDS_NEXT_USE for p in policies):
+        _ = loads.next_load
+    cells = [(p, b) for p in policies for b in budgets]
+    unique = {}
+    for p, b in cells:
+        key = (p, None) if policy_module(p).UNBOUNDED else (p, b)
+        unique.setdefault(key, (p, b))
+    threads = threads or min(os.cpu_count() or 1, len(unique)) or 1
+    results: dict[tuple, ReplayResult] = {}
+    bar_ctx = progress(len(unique), "cache replay", unit="cell", enabled=show_progress)
+    with bar_ctx as bar, ThreadPoolExecutor(max_workers=threads) as pool:
+        futs = {key: pool.submit(replay, loads, p, b, seed, policy_options=popts[p], **whatif) for key, (p, b) in unique.items()}
+        for key, f in futs.items():
+            results[key] = f.result()
+            bar.update(1)
+    rows = []
+    for p, b in cells:
+        key = (p, None) if policy_module(p).UNBOUNDED else (p, b)
+        r = results[key]
+        if r.budget_mib != b:
+            r = ReplayResult(p, b, budget_bytes(b), r.acc, r.bacc, r.evictions, r.overflow_loads, None, r.seconds, r.stats,
+                             r.preload_bytes, r.layer_share_bytes)
+        rows.extend(result_rows(loads, r, per_layer, extras))
+        if series is not None:
+            from replay.core.series import series_of
+
+            series[(p, b)] = series_of(loads, r)
+    return cache_frame(rows, extras)
+
+
+def validate(trace: Trace, budget_mib: float | None = None) -> dict[str, Any]:
+    """Replay LRU at the engine's budget and compare with what the engine recorded.
+
+    Returns one row: the cache row of LRU at that budget plus ``recorded_hit_pct_cum`` (the
+    engine's cumulative hit%, prefill included), ``diff_pp`` (replay - recorded, percentage
+    points), ``token_max_abs_diff_pp`` (largest gap between the replay's and the engine's
+    cumulative hit% after each decoded token, from metrics.parquet), and the row-by-row
+    comparison with the recorded ``residency`` column: ``slots_compared``, ``slot_agree_pct``
+    (routed slots whose hit/miss matches; a repeat inside a load carries its lookup's outcome on
+    both sides, because that is how the engine records it), ``read_bytes_agree_pct`` (per slot
+    bytes read: the first visit of a missed expert reads it, repeats read 0 on both sides) and
+    ``recorded_spec_hits`` (slots the engine marked 2; prefetch is not replayed here).
+    """
+    rec = trace.recorded
+    if budget_mib is None:
+        budget_mib = rec.get("budget_mib")
+        if budget_mib is None:
+            raise UserError(f"{trace.path}: the trace records no cache budget; pass --budget-mib for --validate.")
+    check_state_fits(trace)
+    arrays = trace.arrays(recorded=True)
+    loads = prepare_loads(arrays, trace.moe_layers, trace.n_expert, trace.expert_bytes)
+    res = replay(loads, "lru", float(budget_mib), slots=True)
+    row = result_rows(loads, res)[0]
+    rec_cum = rec.get("cache_hit_pct_cum")
+    row["recorded_budget_mib"] = rec.get("budget_mib")
+    row["recorded_hit_pct_cum"] = rec_cum
+    row["diff_pp"] = row["hit_pct_cum"] - rec_cum if rec_cum is not None else None
+    row["token_max_abs_diff_pp"] = None
+    m = trace.metrics()
+    ser = batch_series(loads, res)
+    if m is not None and "cache_hit_pct" in m.columns:
+        cum_l = np.cumsum(ser["lookups"].to_numpy())
+        cum_h = np.cumsum(ser["hits"].to_numpy())
+        dec = ser["phase"].to_numpy() == 1
+        ours = 100.0 * cum_h[dec] / np.maximum(cum_l[dec], 1)
+        theirs = m["cache_hit_pct"].to_numpy()
+        if len(theirs) == len(ours):
+            # The engine prints 2 decimals per token: a gap up to 0.005 is rounding.
+            row["token_max_abs_diff_pp"] = float(np.max(np.abs(ours - theirs))) if len(ours) else None
+    row["slots_compared"] = None
+    row["slot_agree_pct"] = None
+    row["read_bytes_agree_pct"] = None
+    row["recorded_spec_hits"] = None
+    row["first_disagreement"] = None
+    if arrays.residency is not None:
+        ours = res.slots > 0
+        theirs = arrays.residency > 0
+        agree = ours == theirs
+        row["slots_compared"] = int(agree.size)
+        row["slot_agree_pct"] = 100.0 * float(agree.mean()) if agree.size else None
+        row["recorded_spec_hits"] = int((arrays.residency == 2).sum())
+        if not agree.all():
+            r, j = (int(x) for x in np.argwhere(~agree)[0])
+            row["first_disagreement"] = (f"turn {arrays.turn[r]} step {arrays.step[r]} layer {arrays.layer[r]} slot {j} "
+                                         f"expert {arrays.experts[r, j]}: replay {'hit' if ours[r, j] else 'miss'}, "
+                                         f"engine {'hit' if theirs[r, j] else 'miss'}")
+        if arrays.read_bytes is not None:
+            mine = _slot_read_bytes(loads, res.slots)
+            row["read_bytes_agree_pct"] = 100.0 * float((mine == arrays.read_bytes.astype(np.int64)).mean())
+    return row
+
+
+def _slot_read_bytes(loads: Loads, slots: np.ndarray) -> np.ndarray:
+    """Bytes read per routed slot: the first visit of a missed entry in its load reads it, the rest 0."""
+    out = np.zeros(slots.shape, np.int64)
+    eb = loads.entry_bytes
+    for g in range(loads.load_start.shape[0] - 1):
+        lo, hi = loads.load_start[g], loads.load_start[g + 1]
+        ent = loads.entries[lo:hi].ravel()
+        _, first = np.unique(ent, return_index=True)
+        flat = np.zeros(ent.shape[0], bool)
+        flat[first] = True
+        miss = slots[lo:hi].ravel() == 0
+        out[lo:hi] = (np.where(flat & miss, eb[ent], 0)).reshape(hi - lo, -1)
+    return out
+
+
+VALIDATE_TOLERANCE_PP = 0.1  # the engine prints its cumulative hit % with one decimal
+
+
+def validate_ok(row) -> bool | None:
+    """Did the replay reproduce the engine (cumulative hit % within the tolerance)? None when the
+    trace records no engine hit rate to compare with."""
+    if row.get("diff_pp") is None:
+        return None
+    return abs(row["diff_pp"]) <= VALIDATE_TOLERANCE_PP

@@ -1,0 +1,46 @@
+"""Doubly linked lists over a policy's entries, kept in its state array ``ps``: the one list code of
+``lru`` (and so ``pin``, ``layer``, ``layer-opt``, ``least-stale``), ``colibri``'s LRU tier,
+``sieve``'s queue and ``s3fifo``'s three queues.
+
+Each policy lays its links out its own way (``lru``: int32, entry-major ``2e + PREV``; ``sieve`` and
+``s3fifo``: int64 rows after a header; ``colibri``: pairs after its header), so
+:func:`make_list` takes the two index functions of that layout, ``prev_at(ps, e)`` and
+``next_at(ps, e)`` (``@njit(inline="always")``), and returns the list operations compiled for it.
+A list is named by the two slots of ``ps`` holding its head (oldest) and tail (newest) entry; -1
+is "none". Every operation is O(1).
+"""
+
+from __future__ import annotations
+
+from traces.util.jit import njit
+
+
+def make_list(prev_at, next_at):
+    """``(push, unlink)`` for links at ``prev_at(ps, e)`` / ``next_at(ps, e)``:
+    ``push(ps, head, tail, e)`` appends ``e`` at the newest end; ``unlink(ps, head, tail, e)``
+    takes ``e`` out (it must be in that list)."""
+
+    @njit(cache=True, inline="always")
+    def push(ps, head, tail, e):
+        t = ps[tail]
+        ps[prev_at(ps, e)] = t
+        ps[next_at(ps, e)] = -1
+        if t >= 0:
+            ps[next_at(ps, t)] = e
+        else:
+            ps[head] = e
+        ps[tail] = e
+
+    @njit(cache=True, inline="always")
+    def unlink(ps, head, tail, e):
+        p, q = ps[prev_at(ps, e)], ps[next_at(ps, e)]
+        if p >= 0:
+            ps[next_at(ps, p)] = q
+        else:
+            ps[head] = q
+        if q >= 0:
+            ps[prev_at(ps, q)] = p
+        else:
+            ps[tail] = p
+
+    return push, unlink

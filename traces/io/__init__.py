@@ -1,0 +1,1 @@
+"""Reading and writing traces (and other tools' formats); every write atomic."""

@@ -1,0 +1,1 @@
+"""Synthetic traces (a small residual-stream model) and the schedule that batches per-request logs."""
