@@ -127,7 +127,7 @@ def test_unequal_sizes_beat_furthest_next_use():
 def test_refuses_what_ifs():
     rows = [(0, 0, 1, 0, 0, [0]), (0, 1, 1, 1, 0, [0])]
     loads = _loads([0], 1, 1, 1, {0: UNIT}, rows)
-    from traces.errors import UserError
+    from traces.format.errors import UserError
 
     with pytest.raises(UserError, match="computed bound"):
         replay(loads, "opt-bound", 1.0, slots=True)
