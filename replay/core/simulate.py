@@ -614,6 +614,10 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     if cap is not None and cap < 0:
         raise UserError(f"--cap {cap}: must be >= 0 predicted misses per layer.")
     popts = check_policy_options(policy, policy_options, loads)
+    if hasattr(pm, "solve"):  # a bound computed, not replayed (opt-bound); no what-if applies to it
+        if drop is not None or retain or fill or slots:
+            raise UserError(f"policy {policy} is a computed bound: no what-if (drop, predictions) and no per-slot codes.")
+        return pm.solve(loads, policy, float(budget_mib), budget, popts)
     kern = kernel_for(policy, whatif=drop is not None or retain or fill, slots=slots)
     opts = no_options()
     opts[OPT_AHEAD] = ahead
@@ -664,7 +668,8 @@ def _driver_args(loads: Loads, pm, budget: int, seed: int, slots: bool, drop: np
 def warm_up(policies: list[str], whatif: bool = False, slots: bool = False) -> None:
     """Compile (or load from cache) the kernels, so timings (and a sweep's threads) exclude compilation."""
     for p in check_policies(policies):
-        kernel_for(p, whatif, slots)
+        if not hasattr(policy_module(p), "solve"):  # a computed bound (opt-bound) has no driver to compile
+            kernel_for(p, whatif, slots)
 
 
 def result_rows(loads: Loads, res: ReplayResult, per_layer: bool = False, extras: bool = False) -> list[dict[str, Any]]:
