@@ -14,6 +14,7 @@ and the reader refuse them, naming the row.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -56,7 +57,7 @@ def measure(*, turn: np.ndarray, phase: np.ndarray, step: np.ndarray, layer: np.
         lay = np.asarray(layer)
         for t in np.flatnonzero(short)[:NAMED]:
             have = set(lay[inv == t].tolist())
-            gone = _ranges([x for x in moe_layers if x not in have])
+            gone = compact_ranges([x for x in moe_layers if x not in have])
             r, tu, s = (int(x) for x in uniq[t])
             who = (f"request {r}, " if request is not None else "") + (f"turn {tu}, " if tu else "") + f"step {s}"
             named.append(f"{who}: layer{'s' if len(moe_layers) - len(have) > 1 else ''} {gone}")
@@ -65,9 +66,11 @@ def measure(*, turn: np.ndarray, phase: np.ndarray, step: np.ndarray, layer: np.
     return out
 
 
-def _ranges(xs: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"`` (sorted, distinct input)."""
-    out, i = [], 0
+def compact_ranges(xs: Iterable[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"`` (sorted, distinct)."""
+    xs = sorted(set(int(x) for x in xs))
+    out: list[str] = []
+    i = 0
     while i < len(xs):
         j = i
         while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from traces.format.completeness import compact_ranges
 from traces.format.errors import TraceError, UserError
 from traces.io.digest import sha256_file
 
@@ -274,20 +275,6 @@ def make_meta(*, what: str | Path, name: str, arch: str, n_layer: int, layers: l
     prov["sizes"] = describe(sizes)
     gating = gating or default_gating(*KNOWN_ARCH_GATING.get(arch, (None, None)))
     return {"model": model, "expert_bytes": eb, "dense_bytes": db, "gating": gating, "provenance": prov}
-
-
-def compact_ranges(xs: Iterable[int]) -> str:
-    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"``."""
-    xs = sorted(set(int(x) for x in xs))
-    out: list[str] = []
-    i = 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ", ".join(out)
 
 
 def batches_from_file_order(block_layers: np.ndarray, block_phase: np.ndarray | None = None) -> np.ndarray:
