@@ -17,6 +17,7 @@ ALL += ["capture_hf_overhead"]
 ALL += ["quality_overhead"]
 ALL += ["cache_e2e"]
 ALL += ["format_v2"]
+ALL += ["data_path"]
 
 
 def main() -> None:

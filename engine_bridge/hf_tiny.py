@@ -162,7 +162,12 @@ def write_tiny_hf_model(out: str | Path, cfg: TinyHfConfig, force: bool = False)
     from engine_bridge.hf import quiet_transformers
 
     quiet_transformers()
+    from traces.io.atomic import check_not_special
+
     out = Path(out)
+    check_not_special(out)  # a device or a FIFO is refused, --force or not
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: exists and is not a directory.")
     if out.exists() and any(out.iterdir()) and not force:
         raise UserError(f"{out}: exists and is not empty (give --force to replace its files).")
     model, tokenizer = build_tiny_model(cfg)

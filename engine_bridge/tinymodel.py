@@ -94,27 +94,22 @@ def _vocab() -> tuple[list[str], list[float], list[int]]:
 
 def write_tiny_model(out: str | os.PathLike[str], cfg: TinyModelConfig, force: bool = False) -> Path:
     """Write the GGUF to ``out`` atomically (temporary sibling, then rename); return the path."""
+    from traces.io.atomic import check_not_special, staged_file
+
     cfg.check()
     out = Path(out)
+    check_not_special(out)  # a device or a FIFO is refused even with --force
     if out.exists() and not force:
         raise UserError(f"{out}: file exists (pass --force to replace it).")
     if out.is_dir():
         raise UserError(f"{out}: is a directory.")
     if not out.resolve().parent.is_dir():
         raise UserError(f"{out}: the parent directory does not exist.")
-    if not os.access(out.resolve().parent, os.W_OK):
-        raise UserError(f"{out}: the parent directory is not writable.")
     from engine_bridge.engine import import_gguf
 
     gguf = import_gguf("make-model")
-
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
+    with staged_file(out) as tmp:  # the output guard, a temporary sibling, one checked rename
         _write(tmp, cfg, gguf)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return out
 
 

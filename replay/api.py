@@ -433,12 +433,14 @@ def write_report(trace: str | Path, out: str | Path, *, budgets_mib: Sequence[fl
     ``foreign_cost_model`` (then every time figure in the report is marked)."""
     from replay.analyses.report import write_report as _write
     from replay.core.simulate import check_policies
+    from replay.plugin_files import _paths
 
     _plugins(policy_file, predictor_file)
     pols = check_policies(list(policies), option="policies") if policies is not None else None
     path = trace.path if hasattr(trace, "path") else trace
     return _write(path, out, budgets_mib=_budgets(budgets_mib) if budgets_mib is not None else None, policies=pols,
-                  cost_model=cost_model, force=force, progress=progress, inputs=inputs,
+                  cost_model=cost_model, force=force, progress=progress,
+                  inputs=[*inputs, *_paths(policy_file), *_paths(predictor_file)],  # the plugins too: out may not hold them
                   budget_mib=_budgets(budget_mib) if budget_mib is not None else None,
                   quality=[quality] if isinstance(quality, (str, Path)) else list(quality),
                   foreign_cost_model=foreign_cost_model)

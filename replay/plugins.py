@@ -146,6 +146,9 @@ class Registry:
 
     def add_file(self, path: str | Path) -> str:
         """Register the module in file ``path`` (any directory); returns its name."""
+        from traces.io.atomic import note_input
+
+        note_input(path)  # an input of the command: no output of it may replace the plugin
         self.ensure()
         n = self.add(load(str(path), self.kind))
         if not self._modules[n].__name__.startswith("replay."):

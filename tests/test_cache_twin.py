@@ -64,8 +64,9 @@ def _arrays(rows, k):
     )
 
 
+# opt-bound is computed, not replayed: tests/test_opt_bound.py holds it to its twins
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(t=traces(), policy=st.sampled_from(sorted(REGISTRY) + [FIFO]), seed=st.integers(0, 1000))
+@given(t=traces(), policy=st.sampled_from(sorted(set(REGISTRY) - {"opt-bound"}) + [FIFO]), seed=st.integers(0, 1000))
 def test_kernel_matches_naive_twin(t, policy, seed):
     moe_layers, n_layer, n_expert, k, eb, rows, budget_units = t
     if not rows:

@@ -18,9 +18,6 @@ README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 # Every Markdown file a user is sent to from the README (links are checked in each).
 PAGES = [README, *DOCS, ROOT / "benchmarks" / "RESULTS.md", ROOT / "notebooks" / "README.md"]
-# Written on a parallel branch of the same issue (the trace format's reference); linked from here
-# already. Remove this entry once docs/format.md is merged: from then on a broken link to it fails.
-PENDING = {ROOT / "docs" / "format.md"}
 MAX_README_LINES = 380
 
 
@@ -95,8 +92,6 @@ def test_relative_links_resolve(page):
             continue  # http(s), mailto: not checked offline
         path, _, anchor = target.partition("#")
         dest = (page.parent / path).resolve() if path else page
-        if dest in PENDING:
-            continue
         if not dest.exists():
             bad.append(f"{target} (no such file)")
         elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):

@@ -193,3 +193,84 @@ def test_ids_out_of_range_missing_column_bad_map(tmp_path, gguf):
     # the default mapping is the column names themselves, and auto recognises such a table
     res = run_cli("import", "auto", src, tmp_path / "ok", "--expert-bytes", "5")
     assert res.code == 0 and res.out.startswith("format: table"), res.err
+
+
+# -- every source column accounted for (issue 30 item 1) ------------------------------------------
+
+def test_auto_reads_common_column_names_and_lists_the_rest(tmp_path):
+    """The silent misread: rows carrying token_idx, problem_id and gating_probs were imported with
+    none of them (two prompts merged into one request, weights dropped, nothing listed)."""
+    rows = []
+    rng = np.random.default_rng(7)
+    for prob in ("gsm-12", "gsm-40"):
+        for tok in range(4):
+            for lay in (0, 1):
+                ids = [int(x) for x in rng.choice(6, 2, replace=False)]
+                w = [float(np.float32(x)) for x in np.sort(rng.random(2))[::-1]]
+                rows.append({"problem_id": prob, "token_idx": tok, "layer": lay, "experts": ids, "gating_probs": w,
+                             "latency_ms": 1.5})
+    src = tmp_path / "hooks.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = run_cli("import", "auto", src, tmp_path / "t", "--expert-bytes", "64")
+    assert res.code == 0, res.err
+    assert res.out.startswith("format: table")
+    t, got = got_of(tmp_path / "t")
+    ids = {"gsm-12": 0, "gsm-40": 1}
+    assert got == {(ids[r["problem_id"]], r["token_idx"], r["layer"]): (r["experts"], r["gating_probs"], 1) for r in rows}
+    info = run_cli("info", tmp_path / "t", "--json").json()["rows"][0]
+    assert info["requests"] == 2 and info["tokens_decode"] == 8
+    notes = t.meta["provenance"]["notes"]
+    said = ("source columns read: experts -> experts, gating_probs -> weights (matched by name), layer -> layer, "
+            "token_idx -> step (matched by name), problem_id -> request (matched by name)")
+    assert notes[0].startswith(said) and said in res.out
+    assert notes[1] == "source columns not used: latency_ms" and "note: source columns not used: latency_ms" in res.out
+    prov = t.meta["provenance"]
+    assert prov["unused_columns"] == ["latency_ms"]
+    assert prov["mapping"] == {"experts": "experts", "weights": "gating_probs", "layer": "layer", "token": "token_idx",
+                               "request": "problem_id"}
+    assert sorted(prov["mapped_by_name"]) == ["request", "token", "weights"]
+
+
+def test_map_wins_and_every_unused_column_is_listed(tmp_path):
+    src = tmp_path / "r.csv"
+    src.write_text("layer,ids,topk_ids,step,position,note\n0,1 2,3 0,0,5,a\n1,2 3,0 1,0,5,b\n0,1 0,2 3,1,6,c\n1,0 2,1 3,1,6,d\n")
+    res = run_cli("import", "table", src, tmp_path / "t", "--expert-bytes", "64", "--map", "experts=ids")
+    assert res.code == 0, res.err
+    t = open_trace(tmp_path / "t")
+    a = t.arrays()
+    assert [list(map(int, e)) for e in a.experts] == [[1, 2], [2, 3], [1, 0], [0, 2]]
+    # token: 'position' comes before 'step' among the common names; the other is listed unused
+    assert [int(s) for s in a.step] == [5, 5, 6, 6]
+    assert t.meta["provenance"]["unused_columns"] == ["topk_ids", "step", "note"]
+    assert "source columns not used: topk_ids, step, note" in res.out
+
+
+def test_server_formats_account_for_every_field(tmp_path):
+    """The JSON formats name what each response / record field became and every field left unused."""
+    from tests.server_logs import random_vreqs, sglang_response, vllm_completion, write_megatron
+    from traces.importers import field_notes
+
+    assert field_notes({"a": "x"}, ["a", "b", "a"]) == ["source fields read: a -> x", "source fields not used: b"]
+    reqs = random_vreqs(np.random.default_rng(1), 2, 3, 2, 8)
+    src = tmp_path / "v.jsonl"
+    src.write_text("".join(json.dumps(vllm_completion(r, i)) + "\n" for i, r in enumerate(reqs)))
+    res = run_cli("import", "vllm", src, tmp_path / "v", "--expert-bytes", "64")
+    assert res.code == 0, res.err
+    notes = open_trace(tmp_path / "v").meta["provenance"]["notes"]
+    assert notes[0].startswith("source response fields read: prompt_routed_experts -> experts (prompt positions), "
+                               "choices[].routed_experts -> experts (generated)")
+    assert notes[1].startswith("source response fields not used: id, object, created, service_tier, usage,")
+    rng = np.random.default_rng(2)
+    rows = np.stack([np.stack([rng.choice(8, 2, replace=False) for _ in range(2)]) for _ in range(6)])
+    src = tmp_path / "s.jsonl"
+    src.write_text(json.dumps(sglang_response(4, [1, 2, 3], rows)) + "\n")
+    res = run_cli("import", "sglang", src, tmp_path / "s", "--expert-bytes", "64", "--top-k", "2")
+    assert res.code == 0, res.err
+    assert ("note: source response fields not used: text, output_ids, meta_info.id, meta_info.finish_reason, "
+            "meta_info.e2e_latency") in res.out
+    steps = [{0: rng.integers(0, 8, (2, 1)), 1: rng.integers(0, 8, (2, 1))}]
+    jl = write_megatron(tmp_path / "mg", steps)
+    res = run_cli("import", "megatron", jl, tmp_path / "m", "--expert-bytes", "64")
+    assert res.code == 0, res.err
+    assert "note: source record fields not used: stage" in res.out
+    assert "top_indices -> experts, layer -> layer" in res.out

@@ -46,7 +46,7 @@ STAND_IN = """
 import json
 import numba
 from numba.core.dispatcher import Dispatcher
-from traces import jit
+from traces.util import jit
 
 assert not jit.is_resolved()  # a fresh interpreter: Numba imported, but no stand-in resolved yet
 

@@ -1,7 +1,8 @@
-"""The load kernels and the LRU driver as the streamed replay runs them, part by part
-(replay/core/loads.py, replay/core/driver.py): rows_ok lets valid parts through and stops a bad
-row in any block; cut_loads gives prepare_loads' arrays; the Numba driver for lru and layer, whole
-or in parts with carried clocks, agrees with the naive twin (tests/naive/cache.py).
+"""The load kernel and the LRU driver as the streamed replay runs them, part by part
+(replay/core/loads.py, replay/core/driver.py): cut_loads' row gate lets valid parts through and
+stops a bad row in any block; its cut gives prepare_loads' arrays, in one call or continued over
+several; the Numba driver for lru and layer, whole or in parts with carried clocks, agrees with
+the naive twin (tests/naive/cache.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ UNIT = 1 << 16  # entry sizes and budgets in 1/16 MiB, so budget_mib is exact in
 FAST = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-# -- rows_ok ------------------------------------------------------------------------------------------
+# -- the row gate (cut_loads with check on) ------------------------------------------------------------
 
 # "none" last: hypothesis draws a sampled_from's first element most often
 CORRUPT = ("layer_range", "layer_negative", "layer_not_moe", "phase", "batch_back", "step_repeat", "step_back",
@@ -119,28 +120,39 @@ def row_parts(draw):
                 n_expert=n_expert, by_rank=by_rank, has_last=has_last, last=last, kind=kind, valid=valid)
 
 
-def _rows_ok_args(p):
+def _gate(batch, layer, step, phase, experts, weights, moe, n_expert, by_rank, has_last, last):
+    """cut_loads with its row gate on, into fresh buffers: True when it lets the rows through."""
+    from replay.core.loads import AT_BATCH, AT_HAS_LAST, CUT_OK, CUT_ROWS, cut_loads, new_at
+
+    R, k = experts.shape
+    lidx_of = np.full(moe.shape[0], -1, np.int32)
+    lidx_of[np.flatnonzero(moe)] = np.arange(int(moe.sum()), dtype=np.int32)
+    at = new_at()
+    at[AT_HAS_LAST] = int(has_last)
+    at[AT_BATCH:AT_BATCH + 4] = last
+    status = int(cut_loads(np.zeros(R, np.int32), batch, phase, step, layer, experts, weights, lidx_of, n_expert, True, moe,
+                           by_rank, at, *_cut_buffers(R, k, np.random.default_rng(R))))
+    assert status in (CUT_OK, CUT_ROWS)  # with the gate on, a row the cut would decline is the gate's
+    return status == CUT_OK
+
+
+def _gate_args(p):
     return (p["batch"], p["layer"], p["step"], p["phase"], p["experts"], p["weights"], p["moe"], p["n_expert"],
             p["by_rank"], p["has_last"], p["last"])
 
 
-
 @settings(max_examples=300, **FAST)
 @given(p=row_parts())
-def test_rows_ok_lets_valid_rows_through(p):
-    from replay.core.loads import rows_ok
-
-    got = rows_ok(*_rows_ok_args(p))
+def test_gate_lets_valid_rows_through(p):
+    got = _gate(*_gate_args(p))
     if p["valid"] and not p["has_last"]:
         assert got, p  # valid rows pass (the gate is not stricter than the checker on these)
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 8])
-def test_rows_ok_across_blocks(k):
+def test_gate_across_blocks(k):
     """Long parts: a valid one passes, and one bad row anywhere (a row whose predecessor is
     the one before it in the part) fails."""
-    from replay.core.loads import rows_ok
-
     rng = np.random.default_rng(k)
     n_layer, n_expert, tokens = 3, 16, 3500  # 10,500 rows
     R = n_layer * tokens
@@ -152,7 +164,7 @@ def test_rows_ok_across_blocks(k):
     weights = -np.sort(-rng.random((R, k), dtype=np.float32), axis=1)
     moe = np.ones(n_layer, np.bool_)
     args = [batch, layer, step, phase, experts, weights, moe, n_expert, True, False, np.zeros(4, np.int64)]
-    assert rows_ok(*args)
+    assert _gate(*args)
     for r in (4096, 4097, 8191, 8192, R - 1):
         for what in ("step", "expert", "weight"):
             bad = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
@@ -163,7 +175,7 @@ def test_rows_ok_across_blocks(k):
                 bad[4][r, k - 1] = n_expert
             else:
                 bad[5][r, 0] = -1.0
-            assert not rows_ok(*bad), (r, what)
+            assert not _gate(*bad), (r, what)
 
 
 # -- cut_loads ------------------------------------------------------------------------------------------
@@ -213,18 +225,35 @@ def test_cut_loads_gives_prepare_loads_arrays(seed, R, k, sorted_batches, bad_la
     if readonly:  # columns straight from Arrow are read-only
         for v in cols.values():
             v.flags.writeable = False
-    ins = (cols["turn"], cols["batch"], cols["phase"], cols["step"], cols["layer"], cols["experts"], lidx_of, n_expert)
+    from replay.core.loads import AT_BATCHES, AT_LOADS, AT_ROWS, new_at
+
+    no_check = (np.zeros((R, k), np.float32), lidx_of, n_expert, False, np.ones(5, np.bool_), False)
+    ins = (cols["turn"], cols["batch"], cols["phase"], cols["step"], cols["layer"], cols["experts"])
     b_c = _cut_buffers(R, k, np.random.default_rng(seed + 1))
-    status, G, B = (int(x) for x in cut_loads(*ins, *b_c))
+    at = new_at()
+    status = int(cut_loads(*ins, *no_check, at, *b_c))
+    G, B = int(at[AT_LOADS]), int(at[AT_BATCHES])
     if status == 0:
+        assert int(at[AT_ROWS]) == R
         ra = RoutingArrays(weights=np.zeros((R, k), np.float32), **cols)
         ref = prepare_loads(ra, moe_layers, n_expert, np.array([0, 5, 0, 7, 9], np.int64))
         assert np.array_equal(b_c[0][:R], ref.entries) and np.array_equal(b_c[1][:G + 1], ref.load_start)
         assert np.array_equal(b_c[2][:G], ref.load_lidx) and np.array_equal(b_c[4][:G], ref.load_batch)
-        assert np.array_equal(b_c[8][:B], ref.batch_tokens)
+        assert np.array_equal(b_c[3][:G], ref.load_phase)
+        assert np.array_equal(b_c[5][:B], ref.batch_turn) and np.array_equal(b_c[6][:B], ref.batch_step)
+        assert np.array_equal(b_c[7][:B], ref.batch_phase) and np.array_equal(b_c[8][:B], ref.batch_tokens)
+        # The same rows in two calls (cut anywhere, through a load or a batch): the same arrays.
+        cut = int(np.random.default_rng(seed + 2).integers(0, R + 1))
+        b2 = _cut_buffers(R, k, np.random.default_rng(seed + 3))
+        at2 = new_at()
+        for a, b in ((0, cut), (cut, R)):
+            assert int(cut_loads(*(v[a:b] for v in ins), *no_check[:0], np.zeros((b - a, k), np.float32), *no_check[1:], at2,
+                                 *b2)) == 0
+        assert at2.tolist()[:3] == at.tolist()[:3]
+        for got, want, n in zip(b2, b_c, (R, G + 1, G, G, G, B, B, B, B), strict=True):
+            assert np.array_equal(got[:n], want[:n])
     elif sorted_batches and bad_layer and bad_expert:
         pytest.fail(f"valid rows declined with status {status}")
-
 
 
 # -- replay_lru ------------------------------------------------------------------------------------------

@@ -50,6 +50,6 @@ def test_dead_code_is_gone():
     from replay.policies import lfru
 
     assert not hasattr(lfru, "score")
-    assert "saved_bytes(" not in (ROOT / "replay" / "drop.py").read_text().replace("saved_bytes_and_misses(", "")
+    assert "saved_bytes(" not in (ROOT / "replay" / "analyses" / "drop_cold.py").read_text().replace("saved_bytes_and_misses(", "")
     assert "n_expert" not in (ROOT / "replay" / "predictors" / "metrics.py").read_text().split("def row_scores(")[1].split(")")[0]
     assert "ModuleNotFoundError" not in Path(cli.__file__).read_text()

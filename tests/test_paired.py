@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+import replay
 from replay import api
 from replay.analyses.paired import DecodeSeries, block_tokens, call, decide, diff_hit_pp, diff_per_token, series_of, t975
 from tests.helpers import run_cli
@@ -144,8 +145,8 @@ def test_sweep_report_win_and_tie(traces, tmp_path):
     grid = tmp_path / "g.toml"
     grid.write_text(f'traces = ["{traces["win"]}", "{traces["null"]}"]\n[cache]\npolicies = {json.dumps(POLICIES)}\n'
                     f"budgets_mib = [{BUDGET}]\n")
-    api.sweep(grid, tmp_path / "out", workers=1)
-    rep = api.sweep_report(tmp_path / "out")
+    replay.sweep(grid, tmp_path / "out", workers=1)
+    rep = replay.sweep_report(tmp_path / "out")
     calls = dict(zip(rep["trace"].to_list(), rep["vs_lru"].to_list()))
     assert calls == {str(traces["win"]): "better", str(traces["null"]): "tie"}
     for r in rep.to_dicts():
@@ -259,8 +260,8 @@ def test_qwen_s3fifo_against_lru_is_called_alike_everywhere(real_trace_dir, tmp_
     assert (decide(rows, "ms_per_token")["call"]) == row["fastest_vs_lru"]
     grid = tmp_path / "g.toml"
     grid.write_text(f'traces = ["{d}"]\n[cache]\npolicies = {json.dumps(pols)}\nbudgets_mib = [{budget}]\n')
-    api.sweep(grid, tmp_path / "sw", workers=1)
-    rep = api.sweep_report(tmp_path / "sw").row(0, named=True)
+    replay.sweep(grid, tmp_path / "sw", workers=1)
+    rep = replay.sweep_report(tmp_path / "sw").row(0, named=True)
     assert (rep["best_online"], rep["vs_lru"]) == (row["policy"], row["vs_lru"])
     assert (rep["delta_ci_low"], rep["delta_ci_high"]) == pytest.approx((row["delta_ci_low"], row["delta_ci_high"]))
 

@@ -235,7 +235,7 @@ def test_lazy_registry_keeps_names_order_and_refuses_a_clash(monkeypatch, tmp_pa
     assert pol.names() == (*pol.REGISTRY, "fifo")  # built-ins in registry order, then entry points, as before
     from replay.analyses.cost_model import BOUNDS
 
-    assert set(BOUNDS) == {"belady", "infinite", "layer-opt"}
+    assert set(BOUNDS) == {"belady", "infinite", "layer-opt", "opt-bound"}
     # an entry point claiming a built-in's name is refused even when only that built-in is asked for
     clash = tmp_path / "lru_clash.py"
     clash.write_text(FIFO.read_text().replace('NAME = "fifo"', 'NAME = "lru"'))

@@ -71,6 +71,10 @@ def _check_against_verbs(trace, report, cost):
         assert r["belady_hit_pct_decode"] == cells["belady"]["hit_pct_decode"]
         assert r["belady_over_budget"] == bool(cells["belady"]["overflow_loads"])
         assert r["gap_to_belady_pp"] == cells["belady"]["hit_pct_decode"] - best["hit_pct_decode"]
+        if r.get("bound_hit_pct_decode") is not None:  # unequal expert sizes: the gap against the true bound
+            ub = _ok(run_cli("cache", trace, "--policies", "opt-bound", "--budgets", exact(r["budget_mib"]), "--json")).json()["rows"][0]
+            assert r["bound_hit_pct_decode"] == ub["hit_pct_decode"] >= best["hit_pct_decode"]
+            assert r["gap_to_bound_pp"] == ub["hit_pct_decode"] - best["hit_pct_decode"]
         assert (r["fastest_policy"], r["fastest_ms_per_token"], r["fastest_tok_s"]) == (
             fastest["policy"], fastest["ms_per_token"], fastest["tok_s"])
         left = sorted(c["policy"] for c in online if c["overflow_loads"])  # named in alphabetical order
@@ -121,8 +125,14 @@ def _check_printed(report, rows):
         if r["kind"] == "cache":
             want = [f"**{exact(r['budget_mib'])} MiB**", f"**{r['policy']}**: {fmt_q(r['hit_pct_decode'], 'pct')}% hits",
                     f"{fmt_q(r['read_mib'], 'mib')} MiB read (all phases)", f"{fmt_q(r['ms_per_token'], 'ms')} ms/token",
-                    f"{fmt_q(r['tok_s'], 'tok_s')} tok/s", f"Belady bound {fmt_q(r['belady_hit_pct_decode'], 'pct')}%",
-                    "(#expert-cache)"]
+                    f"{fmt_q(r['tok_s'], 'tok_s')} tok/s", "(#expert-cache)"]
+            if r.get("bound_hit_pct_decode") is None:
+                want.append(f"Belady bound {fmt_q(r['belady_hit_pct_decode'], 'pct')}%")
+            else:  # unequal expert sizes (Qwen): furthest-next-use is a heuristic, opt-bound the bound
+                want += [f"furthest-next-use (belady, a heuristic with these unequal expert sizes) "
+                         f"{fmt_q(r['belady_hit_pct_decode'], 'pct')}%",
+                         f"the upper bound (opt-bound) {fmt_q(r['bound_hit_pct_decode'], 'pct')}% hits "
+                         f"({fmt_q(r['gap_to_bound_pp'], 'pp')} points above the best)"]
             if r["policy"] != "lru":
                 want += [f"LRU {fmt_q(r['lru_hit_pct_decode'], 'pct')}%", f"{fmt_q(r['lru_ms_per_token'], 'ms')} ms/token"]
         elif r["kind"] == "predictor":

@@ -394,9 +394,11 @@ def load_cost_model(path: str | Path) -> CostModel:
     """Read a ``cost fit --json`` output (the row marked ``selected``) or a bare model object.
     The file is read with bounds (traces.util.bounded_json: nesting depth, integer size), and every
     field is checked before the model is built."""
+    from traces.io.atomic import note_input
     from traces.util.bounded_json import read_bounded
 
     p = Path(path)
+    note_input(p)  # an input of the command: no output of it may replace it
     if not p.is_file():
         # repr: a blank or odd path is visible in the sentence ("--cost-model ' '", not "--cost-model  ")
         raise UserError(f"--cost-model {str(path)!r}: no such cost-model file.")

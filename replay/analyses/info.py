@@ -40,7 +40,7 @@ def batch_sizes(trace: Trace) -> dict[str, Any]:
 def info_rows(trace: Trace) -> list[dict[str, Any]]:
     """One flat row describing the trace. Token counts are distinct (request, turn, step) per
     phase; ``requests`` is the number of requests (1 for a trace without a request column)."""
-    from traces.importers import compact_ranges  # here, not at import: cache imports this module (~8 ms)
+    from traces.format.completeness import compact_ranges
 
     m = trace.model
     counts = trace.token_counts()
@@ -53,6 +53,11 @@ def info_rows(trace: Trace) -> list[dict[str, Any]]:
         n_requests = 1 if trace.n_rows else 0
     prov = trace.meta.get("provenance", {})
     eb = [int(trace.expert_bytes[l]) for l in trace.moe_layers]
+    from traces.format.completeness import of_trace
+
+    # Measured from the rows, not taken from trace.json: a log that lost some (token, layer)
+    # routings is not complete, whatever its writer said (docs/design.md, "Completeness").
+    gaps = of_trace(trace)
     row: dict[str, Any] = {
         "model": m["name"],
         "arch": m["arch"],
@@ -65,7 +70,7 @@ def info_rows(trace: Trace) -> list[dict[str, Any]]:
         **counts,
         "turns": int(per_turn["turn"].n_unique()) if per_turn.height else 0,
         "rows": trace.n_rows,
-        "complete": trace.complete,
+        "complete": trace.complete and gaps["routings_missing"] == 0,
         "has_logits": trace.has("logits"),
         "has_gate_input": trace.has("gate_input"),
         "has_router": trace.has_router,
@@ -97,7 +102,30 @@ def info_rows(trace: Trace) -> list[dict[str, Any]]:
     mem = stream_memory_bytes(trace)
     row["cache_memory_mib_in_memory"] = mem["in_memory"] / MIB
     row["cache_memory_mib_streamed"] = mem["streamed"] / MIB
+    row["capture_complete"] = trace.complete
+    row.update(gaps)
+    # Engine warm-up rows (a profiling or dummy pass) still in the trace: docs/design.md, "Warm-up rows".
+    runs = warmup_runs(trace)
+    row["warmup_tokens"] = sum(r["tokens"] for r in runs)
+    from traces.format.warmup import describe
+
+    row["warmup_at"] = describe(runs, label="trace rows") if runs else None
     return [row]
+
+
+def warmup_runs(trace: Trace) -> list[dict[str, Any]]:
+    """:func:`traces.format.warmup.find_runs` over a trace's rows (rows numbered in trace order)."""
+    from traces.format.warmup import find_runs
+    from traces.io.reader import fixed_list_to_numpy
+
+    cols = ["turn", "step", "layer", "experts", "weights"] + (["request"] if trace.has("request") else [])
+    t = trace.table(cols)
+    runs, _ = find_runs(turn=t.column("turn").to_numpy(), step=t.column("step").to_numpy(),
+                        layer=t.column("layer").to_numpy(), experts=fixed_list_to_numpy(t.column("experts")),
+                        weights=fixed_list_to_numpy(t.column("weights")),
+                        request=t.column("request").to_numpy() if trace.has("request") else None,
+                        moe_layers=len(trace.moe_layers))
+    return runs
 
 
 def prov_notes(trace: Trace) -> list[str]:

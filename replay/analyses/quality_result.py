@@ -138,7 +138,10 @@ def generation_frame(results: list[QualityResult]) -> pl.DataFrame | None:
 
 def load_quality(path: str | Path, option: str = "--quality") -> QualityResult:
     """Read and validate a quality result (directory or quality.json); one sentence on any problem."""
+    from traces.io.atomic import note_input
+
     p = Path(path)
+    note_input(p)  # an input of the command: no output of it may replace it
     if p.is_dir():
         p = p / "quality.json"
         if not p.is_file():

@@ -398,8 +398,16 @@ def section_cache(ctx: ReportContext) -> Section:
     overall = frame.filter(pl.col("layer").is_null())
     T = loads.token_cycle_bytes / (1 << 20)
     s = Section("Expert cache")
+    from replay.policies.opt_bound import sizes_differ
+
+    unequal = sizes_differ(loads.layer_expert_bytes)
+    ceiling = ("Belady (offline optimum at that budget) and infinite (compulsory misses only) are the ceiling. "
+               if not unequal else
+               "Infinite (compulsory misses only) is the ceiling at any budget; Belady (furthest next use) is, with these "
+               "unequal expert sizes, a heuristic, not a bound: the verdict measures the gap against opt-bound, the upper "
+               "bound on hits. ")
     s.text.append(f"Decode-only hit % per policy and byte budget (a lookup = one unique (layer, expert) per load). "
-                  f"Belady (offline optimum at that budget) and infinite (compulsory misses only) are the ceiling. "
+                  f"{ceiling}"
                   f"T = {T:.1f} MiB is one token cycle (sum over MoE layers of top_k x expert_bytes): below it global "
                   "LRU collapses, because each token's sweep over the layers evicts exactly what the next token needs.")
     ranked = [p for p in policies if p not in BOUNDS]
@@ -412,7 +420,9 @@ def section_cache(ctx: ReportContext) -> Section:
     for col, png, title, ylabel, ylim, caption in (
             ("hit_pct_decode", "cache_curves.png", "Expert-cache hit rate vs budget (decode loads)", "decode-only hit rate (%)",
              (0, 102), "Pick the highest curve at the memory you can give the cache; the distance to the Belady curve is "
-                       "what a better online policy could still win there."),
+                       + ("about " if unequal else "") + "what a better online policy could still win there"
+                       + (" (Belady is a heuristic with these unequal expert sizes; the verdict gives the upper bound)."
+                          if unequal else ".")),
             *((("tok_s", "cache_tok_s.png", "Decode speed vs budget under the cost model", "decode speed (tok/s, cost model)",
                 None, "Pick the highest curve at your budget: the tokens per second each policy buys under the cost model "
                       "(bytes read turned into time; a manual model ranks, it does not measure)."),) if model is not None else ())):
@@ -470,9 +480,11 @@ def section_cache(ctx: ReportContext) -> Section:
                       "survives eviction, as in the reference replay behind the published curves); lfu-incache and "
                       "layerlfu-incache restart it at admission.")
     s.tables.append(Table("cache_gap", pl.DataFrame(gap_rows), f"best within-budget online policy of those swept "
-                          f"({', '.join(online)}) against the bound, per budget (decode); its call against LRU (better only "
+                          f"({', '.join(online)}) against "
+                          + ("Belady (a heuristic with these unequal expert sizes: the verdict's gap is against opt-bound)"
+                             if unequal else "the bound") + ", per budget (decode); its call against LRU (better only "
                           "when the paired 95% interval excludes zero, else tie) and the policies tied with it within noise; "
-                          "! = the Belady bound itself "
+                          "! = " + ("Belady" if unequal else "the Belady bound") + " itself "
                           "overflowed the budget (every registered policy at the verdict's budget: the next table)",
                           columns=["budget_mib", "below_T", "best_online", "best_online_hit_pct_decode", "best_vs_lru",
                                    "tied_with_best", "belady_hit_pct_decode", "gap_to_belady_pp", "infinite_hit_pct_decode",
@@ -539,8 +551,11 @@ def _at_verdict_budgets(ctx: ReportContext, loads: Any, policies: list[str], mod
     online = online_policies(ctx.policies)
     if not ctx.verdict_budgets:
         return [], online
+    from replay.policies.opt_bound import sizes_differ
+
+    bounds = ["belady", "opt-bound"] if sizes_differ(loads.layer_expert_bytes) else ["belady"]
     series: dict = {}
-    frame = sweep(loads, [*online, "belady"], ctx.verdict_budgets, show_progress=False, series=series)
+    frame = sweep(loads, [*online, *bounds], ctx.verdict_budgets, show_progress=False, series=series)
     if model is not None:
         frame = with_time(frame, model, ctx.trace.token_counts()["tokens_decode"])
     rows = frame.filter(pl.col("layer").is_null()).to_dicts()
@@ -738,6 +753,11 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
         row["belady_peak_resident_mib"] = bel["peak_resident_mib"] if bel else None
         row["gap_to_belady_pp"] = (None if best is None or bel is None or None in (best["hit_pct_decode"], bel["hit_pct_decode"])
                                    else bel["hit_pct_decode"] - best["hit_pct_decode"])
+        ub = at.get("opt-bound")  # only with unequal expert sizes, where belady is a heuristic
+        if ub is not None:
+            row["bound_hit_pct_decode"] = ub["hit_pct_decode"]
+            row["gap_to_bound_pp"] = (None if best is None or None in (best["hit_pct_decode"], ub["hit_pct_decode"])
+                                      else ub["hit_pct_decode"] - best["hit_pct_decode"])
         row.update({f"fastest_{k}": (fastest or {}).get(k) for k in ("policy", "ms_per_token", "tok_s", "hit_pct_decode")})
         for prefix, d in (("", dec), ("fastest_", dec_t)):  # the paired interval against LRU, and the ties
             row.update({f"{prefix}vs_lru": (d or {}).get("call"),

@@ -119,7 +119,9 @@ KINDS: dict[str, Kind] = {
     "retention": Kind("retention", "retain", {"policies": "policy", "budgets_mib": "budget_mib"},
                       {"predictors": "predictor"}, dict(_COMMON_REFUSED)),
 }
-_FILE_KEYS = ("cost_model", "policy_file", "predictor_file")  # values are paths: their bytes enter the cell key
+_FILE_KEYS = ("cost_model", "policy_file", "predictor_file")
+#: ``--workers`` is refused beyond this many local workers per core (a typo, not a pool).
+MAX_WORKERS_PER_CORE = 4  # values are paths: their bytes enter the cell key
 
 
 def _api_keywords(kind: Kind) -> dict[str, Any]:
@@ -597,10 +599,25 @@ def results_lock(out: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def grid_inputs(grid: Grid) -> list[str]:
+    """Every path a sweep of ``grid`` reads: the grid, its traces, and the files its cells name
+    (cost models, policy and predictor files); RESULTS may be none of them nor hold one."""
+    files: list[str] = [str(grid.file), *(ab for _, ab in grid.traces)]
+    for sets in grid.kinds.values():
+        for params in sets:
+            for k in _FILE_KEYS:
+                v = params.get(k)
+                for f in (v if isinstance(v, list) else [v]):
+                    if f is not None and str(f) not in files:
+                        files.append(str(f))
+    return files
+
+
 def _check_results_dir(out: Path, inputs: Sequence[str]) -> None:
-    from traces.io.atomic import check_not_input
+    from traces.io.atomic import check_not_input, check_not_special
 
     check_not_input(out, inputs)
+    check_not_special(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a directory.")
     if out.is_dir() and any(out.iterdir()) and not (out / "sweep.json").exists() and not (out / "chunks").is_dir():
@@ -772,6 +789,13 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
         raise UserError(f"--engine {engine!r} is not local or ray.")
     if workers is not None and (isinstance(workers, bool) or workers < 1):
         raise UserError(f"--workers {workers}: give at least 1 worker.")
+    cores = os.cpu_count() or 1
+    if workers is not None and workers > MAX_WORKERS_PER_CORE * cores:
+        # Each worker is a process holding its traces; beyond the cores they only queue for CPU
+        # (docs/sweeps.md: two workers on 2 CPUs were already slower than one).
+        raise UserError(f"--workers {workers}: this machine has {cores} core{'s' if cores != 1 else ''}; more than "
+                        f"{MAX_WORKERS_PER_CORE} workers per core only add processes and memory "
+                        f"(give 1..{MAX_WORKERS_PER_CORE * cores}).")
     if address is not None and engine != "ray":
         raise UserError("--address: only meaningful with --engine ray.")
     if workers is not None and engine != "local":
@@ -780,7 +804,7 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
         _import_ray()
     out = Path(out)
     grid = read_grid(grid_file)
-    _check_results_dir(out, [str(grid.file), *(ab for _, ab in grid.traces)])
+    _check_results_dir(out, grid_inputs(grid))
     cells = cells_of(grid)
     if engine == "ray":
         ray_connect(address)  # before anything is written: a cluster that cannot be reached writes nothing

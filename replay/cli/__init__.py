@@ -213,11 +213,10 @@ def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
-    atomic.written.clear()
-    atomic.abandoned.clear()
     _register_modules()
     _register_plugins()
-    code = _run(args, debug)
+    with atomic.command_scope():  # what it writes, the inputs its readers note (no output may touch them)
+        code = _run(args, debug)
     if code:
         sys.exit(code)
 

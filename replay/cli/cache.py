@@ -28,12 +28,14 @@ POLICIES_HELP = (
     "lfu evicts the entry touched by the fewest loads since the start of the run (the count survives eviction, as in "
     "the reference replay behind the published curves); lfu-incache counts only since the entry's last admission; "
     "ties go to the least recently used. layer / layerlfu[-incache] split the budget equally over the MoE layers. "
-    "lfru = frequency << 8 | recency byte, with lfu-incache's count. belady and infinite are bounds. "
+    "lfru = frequency << 8 | recency byte, with lfu-incache's count. belady and infinite are bounds (belady only when all "
+    "experts have one size: with unequal sizes furthest-next-use is a heuristic). opt-bound = an upper bound on hits with "
+    "any sizes (the LP relaxation of the offline optimum, solved as a min-cost flow; seconds to minutes on long traces). "
     "s3fifo = S3-FIFO (SOSP 2023) as libCacheSim runs it: small FIFO of 10% of the bytes, main FIFO with a 2-bit "
     "frequency, ghost of keys evicted from the small queue. sieve = SIEVE (NSDI 2024): one FIFO, a visited bit, a hand "
     "that clears bits and evicts the first unvisited entry. least-stale = an interpretation of SpecMD's least-stale "
     "(no official code): entries not touched in the current token pass (batch) go first, oldest admission first. "
-    "None of s3fifo, sieve, least-stale, pin, layer-opt, colibri is in the default list. "
+    "None of s3fifo, sieve, least-stale, pin, layer-opt, colibri, opt-bound is in the default list. "
     "pin (the N most-routed experts of each layer in the prompt, or in --pin-profile's trace, "
     "resident from the start and never evicted, LRU for the rest; see --pin-per-layer); layer-opt (per-layer LRU shares "
     "chosen from each layer's miss curve over the whole trace: an offline bound over per-layer LRU partitions, "
@@ -68,7 +70,8 @@ def register(app: typer.Typer) -> None:
         fmt: str = typer.Option("table", "--format", help="table (the grids) | compact (one line per policy and budget, "
                                 "as libCacheSim prints) | json (as --json)."),
         retain: bool = typer.Option(False, "--retain", help="Protect the --predictor's guesses for the next layer(s) from eviction."),
-        predictor: str = typer.Option("prev-token", "--predictor", help="With --retain: prev-token | stale-gate[d] | static-hot."),
+        predictor: str | None = typer.Option(None, "--predictor", help="With --retain: prev-token (the default) | "
+                                             "stale-gate[d] | static-hot.", show_default=False),
         pin_per_layer: int | None = typer.Option(None, "--pin-per-layer", help="pin: experts pinned per MoE layer "
                                                  "(default: as many as fit in half the budget, the same in every layer)."),
         pin_profile: Path | None = typer.Option(None, "--pin-profile", help="pin: take the hot list from this trace's whole-run "
@@ -104,7 +107,12 @@ def register(app: typer.Typer) -> None:
         from traces import open_trace
         from traces.io.atomic import check_output_file, write_output_file
 
+        if json_out and check_format(fmt) not in ("table", "json"):  # table is the default: --json alone
+            raise UserError(f"--json and --format {fmt} ask for two outputs; give one of them (--format json is --json).")
         json_out = json_out or check_format(fmt) == "json"
+        if predictor is not None and not retain:  # it would be silently ignored
+            raise UserError(f"--predictor {predictor}: only meaningful with --retain (cache replays no predictor otherwise).")
+        predictor = predictor or "prev-token"
         check_phase(phase)
         cmodel = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
         check_foreign_cost_model(foreign_cost_model, cost_model)
@@ -127,8 +135,10 @@ def register(app: typer.Typer) -> None:
         blist = parse_budgets(budgets) if budgets is not None else None
         if blist is not None and budget_mib is not None and not validate:
             raise UserError("--budgets and --budget-mib both name the budgets to replay; give one of them.")
+        # Every path this command reads: --csv may be none of them, nor lie inside one.
+        inputs = [trace, cost_model, pin_profile, *(policy_file or []), *(predictor_file or [])]
         if csv is not None:
-            check_output_file(csv, inputs=[trace, cost_model])  # before the replay, not after
+            check_output_file(csv, inputs=inputs)  # before the replay, not after
         from replay.core.streaming import check_stream_mode
 
         check_stream_mode(stream)
@@ -147,7 +157,7 @@ def register(app: typer.Typer) -> None:
             row = run_validate(t, budget_mib)
             if csv is not None:
                 import polars as pl
-                write_output_file(csv, pl.DataFrame([row]).write_csv(), inputs=[trace, cost_model])
+                write_output_file(csv, pl.DataFrame([row]).write_csv(), inputs=inputs)
             ok = validate_ok(row)
             if json_out:
                 typer.echo(json_object("cache", str(trace), [row], validate=True, tolerance_pp=VALIDATE_TOLERANCE_PP,
@@ -168,7 +178,7 @@ def register(app: typer.Typer) -> None:
         T, W, chosen, collapsed, no_decode = (sm["token_cycle_mib"], sm["working_set_mib"], sm["budgets_chosen"],
                                               sm["collapsed"], sm["no_decode"])
         if csv is not None:
-            write_output_file(csv, frame.write_csv(), inputs=[trace, cost_model])
+            write_output_file(csv, frame.write_csv(), inputs=inputs)
         if json_out:
             typer.echo(json_object(
                 "cache", str(trace), rows_of(frame), phase=phase, token_cycle_mib=T, working_set_mib=W,

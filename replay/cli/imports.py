@@ -118,8 +118,13 @@ def _run(mod: ModuleType, fmt: str, paths: list[Path], values: dict[str, Any], j
          chosen: str | None = None) -> None:
     from traces.format.errors import UserError
     from traces.importers._sizes import load_sizes
+    from traces.io.atomic import check_not_input, check_not_special
 
     sources, out = _split(paths, mod, fmt)
+    # Before anything is read: OUT may not be, hold or lie inside a file the import reads (the
+    # sources, --sizes-from, a --metrics file), with or without --force.
+    check_not_input(out, [*sources, values.get("sizes_from"), *(values.get(o.name) for o in mod.OPTIONS if o.type is Path)])
+    check_not_special(out)
     size_keys = ("expert_bytes", "sizes_from", "dtype")
     sizes = None
     if mod.TAKES_SIZES:

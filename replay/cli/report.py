@@ -45,7 +45,12 @@ def register(app: typer.Typer) -> None:
         from replay.core.progress import progress
         from replay.core.simulate import check_policies
         from replay.plugin_files import register_files
+        from traces.io.atomic import check_not_input, check_not_special
 
+        # First: OUT may not be, hold or lie inside anything the report reads (--force or not).
+        inputs = [cost_model, *(policy_file or []), *(predictor_file or []), *quality]
+        check_not_input(out, [trace, *inputs])
+        check_not_special(out)
         register_files(policy_file, predictor_file)
         # Validated up front, as 'cache' does: a bad value must not silently turn into a section
         # marked unavailable (every section's UserError is caught and shown as "not available").
@@ -57,5 +62,5 @@ def register(app: typer.Typer) -> None:
         with progress(len(SECTIONS), "report", unit="section") as bar:
             write_report(trace, out, budgets_mib=b, budget_mib=vb, policies=p, cost_model=m, force=force,
                          predictor_file=predictor_file, progress=lambda name: (bar.set_postfix_str(name), bar.update()),
-                         inputs=[cost_model], quality=list(quality), foreign_cost_model=foreign_cost_model)
+                         inputs=inputs, quality=list(quality), foreign_cost_model=foreign_cost_model)
         typer.echo(f"wrote {out}/index.md and {out}/index.html")

@@ -399,8 +399,10 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
         # Eviction: once, after the load, in the load's group, until the group fits. The group's
         # bytes and count live in registers through the step (no hook reads them).
         used0 = grp[g, USED]
-        used = used0 + n_read
         budget = grp[g, BUDGET]
+        if n_read == 0 and used0 <= budget and not fill:
+            continue  # nothing read and the group fits: no eviction, nothing to write back (the hit path)
+        used = used0 + n_read
         n_gone = 0
         while used > budget:
             vi = pick_victim(ps, ent, grp, g, load)

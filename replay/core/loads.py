@@ -1,17 +1,22 @@
-"""Numba passes over one part's routing columns, as read from the file: check the row invariants
-and cut the rows into loads, each in one pass with no temporaries (:func:`replay.core.simulate.iter_load_parts`).
+"""One Numba pass over one part's routing columns, as read from the file: check the row
+invariants and cut the rows into loads, fused (:func:`replay.core.simulate.iter_load_parts`,
+:func:`replay.core.simulate.loads_of`): each column is read once, and the loads are written straight into
+the arrays the replay reads (the whole trace's, for ``loads_of``), with no temporaries.
 
-- :func:`rows_ok` is a gate, not a judge: True means every invariant of
-  :class:`traces.io.reader.RowChecker` holds for a trace without request, token or recorded columns
-  (the checker's ``simple`` case); on False the caller runs the checker itself, which names the
-  first bad row in its own words. So the sentence a user reads never comes from here, and a row
-  this pass lets through is one the checker lets through (``tests/test_cache_stream.py`` corrupts
-  parts and compares).
-- :func:`cut_loads` is :func:`replay.core.simulate.prepare_loads` for rows whose batches come in order
-  (every valid trace); on anything else (a layer that is not a MoE layer, an expert id out of
-  range, batches out of order) it returns a nonzero status and the caller falls back to
-  ``prepare_loads``, which refuses or handles it. ``tests/test_cache_stream.py`` checks that both
-  give the same arrays.
+- The row check is a gate, not a judge: with ``check`` set, :data:`CUT_ROWS` means some row breaks an
+  invariant of :class:`traces.io.reader.RowChecker` for a trace without request, token or recorded
+  columns (the checker's ``simple`` case); the caller then runs the checker itself, which names the
+  first bad row in its own words (or, where the gate is stricter, finds nothing, and the caller
+  cuts again without the gate). The per-layer step order from batch to batch is not carried by the
+  gate: :meth:`~traces.io.reader.RowChecker.passed` checks it after a part passes. So the sentence
+  a user reads never comes from here, and a row this pass lets through is one the checker lets
+  through (``tests/test_cache_stream.py`` corrupts parts and compares; ``tests/test_kernel_parts.py`` draws corruptions).
+- The cut is :func:`replay.core.simulate.prepare_loads` for rows whose batches come in order (every valid
+  trace), continued across calls: the load (and batch) the previous call ended with goes on
+  while the rows keep its (batch, layer). On anything else (a layer that is not a MoE layer, an
+  expert id out of range, batches out of order) it returns a nonzero status and the caller falls
+  back to ``prepare_loads``, which refuses or handles it. ``tests/test_kernel_parts.py`` checks that
+  both give the same arrays.
 """
 
 from __future__ import annotations
@@ -20,92 +25,116 @@ import numpy as np
 
 from traces.util.jit import njit
 
-CUT_OK, CUT_LAYER, CUT_EXPERT, CUT_UNSORTED = 0, 1, 2, 3
+CUT_OK, CUT_LAYER, CUT_EXPERT, CUT_UNSORTED, CUT_ROWS = 0, 1, 2, 3, 4
+# at[]: where a call starts and, after a call that returned CUT_OK, where the next one starts:
+# rows, loads and batches already in the output arrays (a call writes after them; with loads > 0
+# the last load and batch may go on), and the key (batch, layer, step, phase) of the row before
+# this call's first (read by the check only when AT_HAS_LAST, by the cut only when AT_LOADS > 0).
+AT_ROWS, AT_LOADS, AT_BATCHES, AT_HAS_LAST, AT_BATCH, AT_LAYER, AT_STEP, AT_PHASE = range(8)
+N_AT = 8
+
+
+def new_at() -> np.ndarray:
+    """``at`` for a first call: nothing written yet, no row before."""
+    return np.zeros(N_AT, np.int64)
 
 
 @njit(cache=True, nogil=True)
-def rows_ok(batch, layer, step, phase, experts, weights, moe, n_expert, by_rank, has_last, last):
-    """Whether the part's rows satisfy the row invariants, ``last`` = (batch, layer, step, phase)
-    of the previous part's last row when ``has_last``."""
+def cut_loads(turn, batch, phase, step, layer, experts, weights, lidx_of, n_expert, check, moe, by_rank, at, entries,
+              load_start, load_lidx, load_phase, load_batch, batch_turn, batch_step, batch_phase, batch_tokens):
+    """Check (when ``check``) and cut the rows, writing :func:`replay.core.simulate.prepare_loads`'s arrays
+    into the given ones after what ``at`` says they already hold (each with room for one load and
+    one batch per row more, ``load_start`` one more still). Returns the status; on :data:`CUT_OK`
+    ``at`` is advanced (``load_start[at[AT_LOADS]]`` = rows so far closes the last load), on any
+    other status ``at`` is left as it was (the caller may call again from the same place).
+
+    ``weights`` [R, k] is read only when ``check``; ``moe`` [n_layer] bool: the check's MoE layers;
+    ``lidx_of`` [max MoE layer + 1]: each layer's MoE index, -1 for a dense one (the same layers as
+    ``moe``: with the gate on, the cut does not test again what the gate tested)."""
     R, k = experts.shape
+    n_lay = lidx_of.shape[0]
     n_layer = moe.shape[0]
-    pb, pl, ps, pp = last[0], last[1], last[2], last[3]
+    r0 = at[AT_ROWS]
+    G = at[AT_LOADS]
+    B = at[AT_BATCHES]
+    has_last = at[AT_HAS_LAST] != 0
+    pb, pl, ps, pp = at[AT_BATCH], at[AT_LAYER], at[AT_STEP], at[AT_PHASE]
+    # The open load's first row and its batch's token count live in registers, written back once
+    # per batch (not read back from the arrays at every load: one load per row at top-1 decode).
+    cur_start = load_start[G - 1] if G > 0 else r0
+    cur_b = load_batch[G - 1] if G > 0 else 0
+    tokens = batch_tokens[cur_b] if G > 0 else 0
     for r in range(R):
         b, lay, s, p = np.int64(batch[r]), np.int64(layer[r]), np.int64(step[r]), np.int64(phase[r])
-        if lay < 0 or lay >= n_layer or not moe[lay]:
-            return False
-        if p != 0 and p != 1:
-            return False
-        if r > 0 or has_last:
-            if b < pb:
-                return False
-            if b == pb:
-                if lay < pl or (lay == pl and s <= ps) or p != pp:
-                    return False
-        pb, pl, ps, pp = b, lay, s, p
-        n_nan = 0
-        for j in range(k):
-            e = experts[r, j]
-            if e < 0 or e >= n_expert:
-                return False
-            for i in range(j):
-                if experts[r, i] == e:
-                    return False
-            w = weights[r, j]
-            if np.isnan(w):
-                n_nan += 1
-            elif np.isinf(w) or w < 0:
-                return False
-            if by_rank and j > 0 and w > weights[r, j - 1]:
-                return False
-        if n_nan != 0 and n_nan != k:
-            return False
-    return True
-
-
-@njit(cache=True, nogil=True)
-def cut_loads(turn, batch, phase, step, layer, experts, lidx_of, n_expert, entries, load_start, load_lidx, load_phase,
-              load_batch, batch_turn, batch_step, batch_phase, batch_tokens):
-    """Write :func:`replay.core.simulate.prepare_loads`'s arrays into the given ones (each with room for
-    one load and one batch per row, ``load_start`` one more; reused from part to part, so their
-    pages are touched once per run, not once per part). Returns (status, loads, batches)."""
-    R, k = experts.shape
-    G = 0
-    B = 0
-    n_lay = lidx_of.shape[0]
-    for r in range(R):
-        lay = np.int64(layer[r])
-        if lay < 0 or lay >= n_lay or lidx_of[lay] < 0:
-            return 1, 0, 0
+        if check:
+            if lay < 0 or lay >= n_layer or not moe[lay] or (p != 0 and p != 1):
+                return CUT_ROWS
+            if has_last:
+                if b < pb:
+                    return CUT_ROWS
+                if b == pb and (lay < pl or (lay == pl and s <= ps) or p != pp):
+                    return CUT_ROWS
+            n_nan = 0
+            for j in range(k):
+                e = experts[r, j]
+                if e < 0 or e >= n_expert:
+                    return CUT_ROWS
+                for i in range(j):
+                    if experts[r, i] == e:
+                        return CUT_ROWS
+                w = weights[r, j]
+                if not (w >= 0 and w < np.inf):  # one test on the common path: NaN, negative or infinite
+                    if not np.isnan(w):
+                        return CUT_ROWS
+                    n_nan += 1
+                if by_rank and j > 0 and w > weights[r, j - 1]:
+                    return CUT_ROWS
+            if n_nan != 0 and n_nan != k:
+                return CUT_ROWS
+        elif lay < 0 or lay >= n_lay or lidx_of[lay] < 0:  # the gate found these already
+            return CUT_LAYER
         li = np.int64(lidx_of[lay])
-        new_batch = r == 0 or batch[r] != batch[r - 1]
-        if r > 0 and batch[r] < batch[r - 1]:
-            return 3, 0, 0
+        go_on = G > 0 and (r > 0 or has_last)  # a load and a batch before this row, in these arrays
+        if go_on and b < pb:
+            return CUT_UNSORTED
+        new_batch = not go_on or b != pb
+        new_load = new_batch or lay != pl
+        if new_load and G > 0:
+            rows = r0 + r - cur_start
+            if rows > tokens:
+                tokens = rows
         if new_batch:
-            batch_turn[B] = turn[r]
-            batch_step[B] = step[r]
-            batch_phase[B] = phase[r]
-            batch_tokens[B] = 0
-            B += 1
-        if new_batch or layer[r] != layer[r - 1]:
             if G > 0:
-                rows = r - load_start[G - 1]
-                if rows > batch_tokens[load_batch[G - 1]]:
-                    batch_tokens[load_batch[G - 1]] = rows
-            load_start[G] = r
+                batch_tokens[cur_b] = tokens
+            batch_turn[B] = turn[r]
+            batch_step[B] = s
+            batch_phase[B] = p
+            cur_b = B
+            tokens = 0
+            B += 1
+        if new_load:
+            cur_start = r0 + r
+            load_start[G] = cur_start
             load_lidx[G] = li
-            load_phase[G] = phase[r]
-            load_batch[G] = B - 1
+            load_phase[G] = p
+            load_batch[G] = cur_b
             G += 1
         for j in range(k):
             e = np.int64(experts[r, j])
-            if e < 0 or e >= n_expert:
-                return 2, 0, 0
-            entries[r, j] = np.int32(li * n_expert + e)
+            if not check and (e < 0 or e >= n_expert):
+                return CUT_EXPERT
+            entries[r0 + r, j] = np.int32(li * n_expert + e)
+        pb, pl, ps, pp = b, lay, s, p
+        has_last = True
     if G > 0:
-        rows = R - load_start[G - 1]
-        if rows > batch_tokens[load_batch[G - 1]]:
-            batch_tokens[load_batch[G - 1]] = rows
-    load_start[G] = R
-    return 0, G, B
-
+        rows = r0 + R - cur_start
+        if rows > tokens:
+            tokens = rows
+        batch_tokens[cur_b] = tokens
+    load_start[G] = r0 + R
+    at[AT_ROWS] = r0 + R
+    at[AT_LOADS] = G
+    at[AT_BATCHES] = B
+    at[AT_HAS_LAST] = 1 if has_last else 0
+    at[AT_BATCH], at[AT_LAYER], at[AT_STEP], at[AT_PHASE] = pb, pl, ps, pp
+    return CUT_OK

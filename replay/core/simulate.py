@@ -408,90 +408,112 @@ class LoadPart:
 
 
 def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[LoadPart]:
-    """The trace's loads part by part (each part file, cut further into ``chunk_rows`` rows), reading
-    only :data:`LOAD_COLUMNS`. A load that straddles a cut is held back and handed out whole with
-    the next rows that finish it, as a part of its own, so every part holds complete loads; memory
-    is one part's arrays plus that load. A part's arrays are reused for the next part: use or copy
+    """The trace's loads part by part (each part file's complete loads, handed out in pieces of at
+    most ``chunk_rows`` rows where given; a load longer than that is a piece of its own), reading
+    only :data:`LOAD_COLUMNS`. The load a part ends with may go on in the next part: it is held
+    back and handed out with the next part's loads, so every piece holds complete loads; memory is
+    one part's arrays plus that load. A piece's arrays are reused for the next part: use or copy
     them before asking for the next.
 
     A trace opened with ``defer_rows`` (:attr:`traces.io.reader.Trace.rows_pending`) has each part's
-    rows checked here as they are read, before any of its loads is handed out (the checker's
+    rows checked here as they are read, in the same pass that cuts them
+    (:func:`replay.core.loads.cut_loads`), before any of its loads is handed out (the checker's
     columns are read with it: the part is read once), so a replay reads the trace once, not twice;
     a bad row raises the :class:`traces.format.errors.TraceError` that :func:`traces.open_trace` would."""
-    from replay.core.loads import rows_ok
-    from traces.io.reader import RowChecker
+    from replay.core.loads import AT_BATCHES, AT_LOADS, AT_ROWS, new_at
 
     check_state_fits(trace)
-    carry: dict[str, np.ndarray] | None = None
-    row0 = load0 = n_batch = 0
-    last_batch: int | None = None
-    n_parts = len(trace.parts)
+    buf = _CutBuffers(trace.top_k)
+    at = new_at()
+    row0 = load0 = gbatch0 = 0  # global indexes of the buffers' row 0, load 0 and batch 0
+    prev_gbatch: int | None = None  # global batch of the last load handed out
+    for last_part in _cut_parts(trace, buf, at, stream=True):
+        G = int(at[AT_LOADS])
+        done = G if last_part else G - 1  # complete loads: all but the last, which may go on
+        ls = buf.load_start
+        ga = 0
+        while ga < done:
+            gb = done
+            if chunk_rows:
+                gb = max(ga + 1, min(done, int(np.searchsorted(ls[:done + 1], ls[ga] + chunk_rows, side="right")) - 1))
+            lp, b_first = _slice_loads(trace, buf, ga, gb)
+            gfirst = gbatch0 + b_first
+            yield LoadPart(lp, row0 + int(ls[ga]), load0 + ga, gfirst, prev_gbatch is not None and gfirst == prev_gbatch)
+            prev_gbatch = gbatch0 + int(buf.load_batch[gb - 1])
+            ga = gb
+        if not last_part and done > 0:  # the held-back load becomes load 0 (and its batch batch 0)
+            s, n = int(ls[done]), int(at[AT_ROWS]) - int(ls[done])
+            buf.entries[:n] = buf.entries[s:s + n].copy()
+            b = int(buf.load_batch[done])
+            buf.load_start[0] = 0
+            buf.load_lidx[0], buf.load_phase[0], buf.load_batch[0] = buf.load_lidx[done], buf.load_phase[done], 0
+            buf.batch_turn[0], buf.batch_step[0] = buf.batch_turn[b], buf.batch_step[b]
+            buf.batch_phase[0], buf.batch_tokens[0] = buf.batch_phase[b], buf.batch_tokens[b]
+            row0, load0, gbatch0 = row0 + s, load0 + done, gbatch0 + b
+            at[AT_ROWS], at[AT_LOADS], at[AT_BATCHES] = n, 1, 1
+
+
+def _cut_parts(trace: Trace, buf: _CutBuffers, at: np.ndarray, stream: bool) -> Iterator[bool]:
+    """Read every part (the next on one background thread), check its rows where the trace's are
+    pending, and cut them into ``buf`` after what ``at`` says it holds, in one pass
+    (:func:`replay.core.loads.cut_loads`); yields after each part whether it was the last.
+    ``stream``: ``buf`` holds a part (grown to fit each, keeping what it holds), not the whole trace."""
+    from replay.core.loads import AT_ROWS, CUT_OK, CUT_ROWS, CUT_UNSORTED, cut_loads
+    from traces.io.reader import RowChecker
+
     checker = RowChecker(trace) if trace.rows_pending else None
-    columns = list(LOAD_COLUMNS) if checker is None else list(dict.fromkeys([*LOAD_COLUMNS, *checker.columns]))
+    gate = checker is not None and checker.simple
+    columns = list(LOAD_COLUMNS) + (["weights"] if gate else []) if checker is None or gate else \
+        list(dict.fromkeys([*LOAD_COLUMNS, *checker.columns]))
     moe = np.zeros(trace.n_layer, dtype=np.bool_)
     moe[trace.moe_layers] = True
     lidx_of = np.full(max(trace.moe_layers, default=0) + 1, -1, dtype=np.int32)
     lidx_of[trace.moe_layers] = np.arange(len(trace.moe_layers), dtype=np.int32)
-    buf = _CutBuffers(trace.top_k)
-    leb = np.array([int(trace.expert_bytes[l]) for l in trace.moe_layers], dtype=np.int64)  # once, not per chunk
+    no_weights = _readonly(np.zeros((0, trace.top_k), np.float32))
+    n_parts = len(trace.parts)
+    n_expert, by_rank = int(trace.n_expert), bool(checker.by_rank) if checker is not None else False
+    for i, t in enumerate(trace.iter_tables(columns, read_ahead=True)):
+        # Read-only views of Arrow's buffers (one Numba signature whatever made them).
+        c = {x: _readonly(_column_numpy(t.column(x))) for x in LOAD_COLUMNS if x != "experts"}
+        c["experts"] = _readonly(fixed_list_to_numpy(t.column("experts")))
+        w = _readonly(fixed_list_to_numpy(t.column("weights"))) if gate else no_weights
+        if stream:
+            buf.ensure(int(at[AT_ROWS]) + t.num_rows, at)
+        if checker is not None and not gate:
+            checker.check(trace.parts[i], t)
 
-    def chunks():
-        for i, t in enumerate(trace.iter_tables(columns, read_ahead=True)):
-            cols = {c: _column_numpy(t.column(c)) for c in LOAD_COLUMNS if c != "experts"}
-            cols["experts"] = fixed_list_to_numpy(t.column("experts"))
-            if checker is not None:
-                last = checker.last
-                if checker.simple and rows_ok(cols["batch"], cols["layer"], cols["step"], cols["phase"], cols["experts"],
-                                              fixed_list_to_numpy(t.column("weights")), moe, trace.n_expert, checker.by_rank,
-                                              last is not None, np.array((last or (0,) * 4)[:4], np.int64)):
-                    checker.passed(t)
-                else:
-                    checker.check(trace.parts[i], t)  # the checker's own sentence, or (the gate was stricter) on
-            del t
-            n = cols["batch"].shape[0]
-            step = max(1, chunk_rows or n or 1)
-            for a in range(0, max(n, 1), step):
-                yield {c: v[a:a + step] for c, v in cols.items()}, i == n_parts - 1 and a + step >= n
-        if checker is not None:
-            trace.rows_pending = False
+        cols = (c["turn"], c["batch"], c["phase"], c["step"], c["layer"], c["experts"], w, lidx_of, n_expert)
+        outs = (at, buf.entries, buf.load_start, buf.load_lidx, buf.load_phase, buf.load_batch, buf.batch_turn,
+                buf.batch_step, buf.batch_phase, buf.batch_tokens)
+        status = int(cut_loads(*cols, gate, moe, by_rank, *outs))
+        if status == CUT_ROWS:
+            checker.check(trace.parts[i], t)  # type: ignore[union-attr]  # its own sentence, or (the gate was stricter) on
+            status = int(cut_loads(*cols, False, moe, by_rank, *outs))
+        elif gate:
+            checker.passed(trace.parts[i], t)  # type: ignore[union-attr]
+        if status != CUT_OK:
+            # Only rows never checked (a trace opened with check_rows=False) get here: prepare_loads
+            # refuses a layer or an expert out of range in its own words.
+            prepare_loads(RoutingArrays(turn=c["turn"], batch=c["batch"], phase=c["phase"], step=c["step"], layer=c["layer"],
+                                        experts=c["experts"], weights=np.empty((t.num_rows, 0), np.float32)),
+                          trace.moe_layers, trace.n_expert, trace.expert_bytes)
+            what = "rows go back to an earlier batch" if status == CUT_UNSORTED else f"rows the replay cannot cut (status {status})"
+            raise UserError(f"{trace.parts[i]}: {what}; a replay needs rows in (batch, layer, step) order.")
+        del t, c, w, cols
+        if i == 0:
+            _layer_bytes(trace)
+        yield i == n_parts - 1
+    if checker is not None:
+        trace.rows_pending = False
 
-    def pieces():
-        """(columns, complete): ``complete`` = no load runs on past the piece's last row. The load
-        held back from the previous chunk is handed out with the rows of the next chunk that finish
-        it, as a piece of its own (one load), not concatenated with the whole next chunk."""
-        nonlocal carry
-        for cols, last in chunks():
-            if carry is not None:
-                n = cols["batch"].shape[0]
-                f = _first_change(cols["batch"], cols["layer"], int(carry["batch"][-1]), int(carry["layer"][-1]))
-                if f == n and not last:  # the whole chunk continues the held-back load
-                    carry = {c: np.concatenate([carry[c], cols[c]]) for c in LOAD_COLUMNS}
-                    continue
-                head = {c: np.concatenate([carry[c], cols[c][:f]]) for c in LOAD_COLUMNS}
-                carry = None
-                yield head, True
-                if f == n:
-                    continue
-                cols = {c: v[f:] for c, v in cols.items()}
-            yield cols, last
 
-    for cols, complete in pieces():
-        n = cols["batch"].shape[0]
-        cut = n
-        if not complete and n:
-            cut = _last_run_start(cols["batch"], cols["layer"])
-            carry = {c: v[cut:].copy() for c, v in cols.items()}
-        if cut == 0:
-            continue
-        buf.leb = leb
-        lp = _cut(trace, {c: v[:cut] for c, v in cols.items()}, lidx_of, buf)
-        continues = last_batch is not None and int(cols["batch"][0]) == last_batch
-        batch0 = n_batch - 1 if continues else n_batch
-        yield LoadPart(lp, row0, load0, batch0, continues)
-        row0 += cut
-        load0 += lp.load_start.shape[0] - 1
-        n_batch = batch0 + lp.batch_turn.shape[0]
-        last_batch = int(cols["batch"][cut - 1])
+def _layer_bytes(trace: Trace) -> np.ndarray:
+    """Bytes of one expert of each MoE layer; never 0 (a free layer would be admitted free, never
+    evicted: ~100% hits)."""
+    leb = np.array([int(trace.expert_bytes[l]) for l in trace.moe_layers], dtype=np.int64)
+    if (leb <= 0).any():
+        raise UserError("a MoE layer has no expert_bytes > 0; the replay would report a free layer as hits")
+    return leb
 
 
 def _column_numpy(col: Any) -> np.ndarray:
@@ -502,55 +524,39 @@ def _column_numpy(col: Any) -> np.ndarray:
     return col.to_numpy()
 
 
-def _last_run_start(batch: np.ndarray, layer: np.ndarray) -> int:
-    """The first row of the last run of equal (batch, layer) (0 if the whole array is one run),
-    found from the end in growing windows: the last load is short, the part is long."""
-    n = batch.shape[0]
-    w = 64
-    while True:
-        lo = max(0, n - w)
-        b, lay = batch[lo:], layer[lo:]
-        change = np.flatnonzero((b[1:] != b[:-1]) | (lay[1:] != lay[:-1]))
-        if change.size:
-            return lo + int(change[-1]) + 1
-        if lo == 0:
-            return 0
-        w *= 16
-
-
-def _first_change(batch: np.ndarray, layer: np.ndarray, b0: int, l0: int) -> int:
-    """The first row whose (batch, layer) is not (b0, l0) (len(batch) if none), in growing windows."""
-    n = batch.shape[0]
-    w = 64
-    lo = 0
-    while lo < n:
-        hi = min(n, lo + w)
-        diff = np.flatnonzero((batch[lo:hi] != b0) | (layer[lo:hi] != l0))
-        if diff.size:
-            return lo + int(diff[0])
-        lo = hi
-        w *= 16
-    return n
+_CUT_FIELDS = (("entries", np.int32, 1), ("load_start", np.int64, 1), ("load_lidx", np.int32, 0), ("load_phase", np.int8, 0),
+               ("load_batch", np.int32, 0), ("batch_turn", np.int32, 0), ("batch_step", np.int32, 0),
+               ("batch_phase", np.int8, 0), ("batch_tokens", np.int32, 0))
 
 
 class _CutBuffers:
-    """The arrays :func:`replay.core.loads.cut_loads` writes a chunk's loads into, kept from chunk
-    to chunk (grown when a chunk is longer): a part's loads are views of them, valid until the next part."""
+    """The arrays :func:`replay.core.loads.cut_loads` writes loads into: room for ``rows`` rows
+    and as many loads and batches (``load_start`` one more). :func:`loads_of` sizes them once for
+    the whole trace; :func:`iter_load_parts` reuses them from part to part (grown when a part is
+    longer: new arrays, so a piece handed out before stays valid until the next is asked for)."""
 
-    def __init__(self, k: int) -> None:
+    def __init__(self, k: int, rows: int = 0) -> None:
         self.k = k
         self.rows = -1
-        self.leb = np.empty(0, np.int64)  # per MoE layer, bytes of one expert (set by iter_load_parts)
+        self.ensure(rows)
 
-    def ensure(self, rows: int) -> None:
+    def ensure(self, rows: int, at: np.ndarray | None = None) -> None:
+        """Room for ``rows``, keeping what ``at`` says the arrays hold."""
+        from replay.core.loads import AT_BATCHES, AT_LOADS, AT_ROWS
+
         if rows <= self.rows:
             return
+        keep = {"entries": 0, "load_start": 0, "load": 0, "batch": 0} if at is None else \
+            {"entries": int(at[AT_ROWS]), "load_start": int(at[AT_LOADS]) + 1, "load": int(at[AT_LOADS]),
+             "batch": int(at[AT_BATCHES])}
+        for name, dt, extra in _CUT_FIELDS:
+            shape = (rows, self.k) if name == "entries" else (rows + extra,)
+            new = np.empty(shape, dt)
+            n = keep[name] if name in keep else keep[name.split("_")[0]]
+            if n and self.rows >= 0:
+                new[:n] = getattr(self, name)[:n]
+            setattr(self, name, new)
         self.rows = rows
-        self.entries = np.empty((rows, self.k), np.int32)
-        self.load_start = np.empty(rows + 1, np.int64)
-        self.load_lidx, self.load_phase, self.load_batch = np.empty(rows, np.int32), np.empty(rows, np.int8), np.empty(rows, np.int32)
-        self.batch_turn, self.batch_step = np.empty(rows, np.int32), np.empty(rows, np.int32)
-        self.batch_phase, self.batch_tokens = np.empty(rows, np.int8), np.empty(rows, np.int32)
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -561,26 +567,20 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return v
 
 
-def _cut(trace: Trace, cols: dict[str, np.ndarray], lidx_of: np.ndarray, buf: _CutBuffers) -> Loads:
-    """One chunk's :class:`Loads`: :func:`replay.core.loads.cut_loads` (one pass, into ``buf``), or
-    :func:`prepare_loads` where that declines (rows out of order or out of range: it refuses or handles them)."""
-    from replay.core.loads import cut_loads
-
-    leb = buf.leb
-    R = cols["batch"].shape[0]
-    buf.ensure(R)
-    ro = {c: _readonly(v) for c, v in cols.items()}  # one Numba signature whether a chunk came from Arrow or a concatenation
-    status, G, B = cut_loads(ro["turn"], ro["batch"], ro["phase"], ro["step"], ro["layer"], ro["experts"], lidx_of,
-                             trace.n_expert, buf.entries, buf.load_start, buf.load_lidx, buf.load_phase, buf.load_batch,
-                             buf.batch_turn, buf.batch_step, buf.batch_phase, buf.batch_tokens)
-    if status or (leb <= 0).any():
-        ra = RoutingArrays(turn=cols["turn"], batch=cols["batch"], phase=cols["phase"], step=cols["step"], layer=cols["layer"],
-                           experts=cols["experts"], weights=np.empty((R, 0), np.float32))
-        return prepare_loads(ra, trace.moe_layers, trace.n_expert, trace.expert_bytes)
-    return Loads(entries=buf.entries[:R], load_start=buf.load_start[:G + 1], load_lidx=buf.load_lidx[:G],
-                 load_phase=buf.load_phase[:G], load_batch=buf.load_batch[:G], moe_layers=tuple(int(x) for x in trace.moe_layers),
-                 n_expert=trace.n_expert, layer_expert_bytes=leb, batch_turn=buf.batch_turn[:B], batch_step=buf.batch_step[:B],
-                 batch_phase=buf.batch_phase[:B], batch_tokens=buf.batch_tokens[:B])
+def _slice_loads(trace: Trace, buf: _CutBuffers, ga: int, gb: int) -> tuple[Loads, int]:
+    """Loads ``ga:gb`` of ``buf`` as a :class:`Loads` of their own (views, renumbered from 0 where
+    they do not start at 0), and the buffer's number of their first batch."""
+    ls = buf.load_start[ga:gb + 1]
+    r_a, r_b = int(ls[0]), int(ls[-1])
+    b_a, b_b = int(buf.load_batch[ga]), int(buf.load_batch[gb - 1]) + 1
+    lb = buf.load_batch[ga:gb]
+    loads = Loads(entries=buf.entries[r_a:r_b], load_start=ls - r_a if r_a else ls, load_lidx=buf.load_lidx[ga:gb],
+                  load_phase=buf.load_phase[ga:gb], load_batch=lb - np.int32(b_a) if b_a else lb,
+                  moe_layers=tuple(int(x) for x in trace.moe_layers), n_expert=trace.n_expert,
+                  layer_expert_bytes=_layer_bytes(trace), batch_turn=buf.batch_turn[b_a:b_b],
+                  batch_step=buf.batch_step[b_a:b_b], batch_phase=buf.batch_phase[b_a:b_b],
+                  batch_tokens=buf.batch_tokens[b_a:b_b])
+    return loads, b_a
 
 
 def _grow(a: np.ndarray, n: int) -> np.ndarray:
@@ -590,51 +590,25 @@ def _grow(a: np.ndarray, n: int) -> np.ndarray:
 
 
 def loads_of(trace: Trace, chunk_rows: int | None = None) -> Loads:
-    """The whole trace's :class:`Loads`, built part by part into arrays allocated once (peak: the
-    result, about 17 bytes per load + 4 x top_k per routing row, plus one part being prepared)."""
+    """The whole trace's :class:`Loads`: each part read, checked (where pending) and cut in one pass
+    straight into arrays allocated once for the whole trace (a load or batch that runs on across
+    parts just goes on; peak: the result, about 17 bytes per load + 4 x top_k per routing row, plus
+    one part's columns). ``chunk_rows`` is accepted for :func:`iter_load_parts`' callers and changes nothing."""
+    from replay.core.loads import AT_BATCHES, AT_LOADS, AT_ROWS, new_at
+
     check_state_fits(trace)
-    R, k = trace.n_rows, trace.top_k
-    entries = np.empty((R, k), np.int32)
-    cap = R + 1  # loads <= rows; np.empty leaves the unused tail unwritten (not resident)
-    load_start = np.empty(cap, np.int64)
-    lidx, phase, lbatch = np.empty(cap, np.int32), np.empty(cap, np.int8), np.empty(cap, np.int32)
-    bt: list[np.ndarray] = []
-    bs: list[np.ndarray] = []
-    bp: list[np.ndarray] = []
-    bk: list[np.ndarray] = []
-    n_load = n_row = 0
-    for part in iter_load_parts(trace, chunk_rows):
-        lp = part.loads
-        r, g = lp.entries.shape[0], lp.load_start.shape[0] - 1
-        entries[n_row:n_row + r] = lp.entries
-        load_start[n_load:n_load + g] = lp.load_start[:-1] + part.row0
-        lidx[n_load:n_load + g] = lp.load_lidx
-        phase[n_load:n_load + g] = lp.load_phase
-        lbatch[n_load:n_load + g] = lp.load_batch + part.batch0
-        tokens = lp.batch_tokens
-        if part.continues:  # the batch's tokens: the most rows any of its loads (never cut) holds
-            prev = next(x for x in reversed(bk) if x.size)
-            prev[-1] = max(prev[-1], tokens[0])
-        s = 1 if part.continues else 0
-        bt.append(lp.batch_turn[s:].copy())  # the part's arrays are reused for the next part
-        bs.append(lp.batch_step[s:].copy())
-        bp.append(lp.batch_phase[s:].copy())
-        bk.append(tokens[s:].copy())
-        n_load += g
-        n_row += r
-    load_start[n_load] = n_row
-    leb = np.array([int(trace.expert_bytes[l]) for l in trace.moe_layers], dtype=np.int64)
-    if (leb <= 0).any():
-        raise UserError("a MoE layer has no expert_bytes > 0; the replay would report a free layer as hits")
-
-    def cat(xs: list[np.ndarray], dt: type) -> np.ndarray:
-        return np.concatenate(xs).astype(dt, copy=False) if xs else np.zeros(0, dt)
-
+    buf = _CutBuffers(trace.top_k, trace.n_rows)
+    at = new_at()
+    for _ in _cut_parts(trace, buf, at, stream=False):
+        pass
+    R, G, B = int(at[AT_ROWS]), int(at[AT_LOADS]), int(at[AT_BATCHES])
+    if R == 0:
+        buf.load_start[0] = 0
     return Loads(
-        entries=_grow(entries, n_row), load_start=_grow(load_start, n_load + 1), load_lidx=_grow(lidx, n_load),
-        load_phase=_grow(phase, n_load), load_batch=_grow(lbatch, n_load), moe_layers=tuple(int(x) for x in trace.moe_layers),
-        n_expert=trace.n_expert, layer_expert_bytes=leb, batch_turn=cat(bt, np.int32), batch_step=cat(bs, np.int32),
-        batch_phase=cat(bp, np.int8), batch_tokens=cat(bk, np.int32),
+        entries=_grow(buf.entries, R), load_start=_grow(buf.load_start, G + 1), load_lidx=_grow(buf.load_lidx, G),
+        load_phase=_grow(buf.load_phase, G), load_batch=_grow(buf.load_batch, G), moe_layers=tuple(int(x) for x in trace.moe_layers),
+        n_expert=trace.n_expert, layer_expert_bytes=_layer_bytes(trace), batch_turn=_grow(buf.batch_turn, B),
+        batch_step=_grow(buf.batch_step, B), batch_phase=_grow(buf.batch_phase, B), batch_tokens=_grow(buf.batch_tokens, B),
     )
 
 
@@ -735,6 +709,10 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     if cap is not None and cap < 0:
         raise UserError(f"--cap {cap}: must be >= 0 predicted misses per layer.")
     popts = check_policy_options(policy, policy_options, loads)
+    if hasattr(pm, "solve"):  # a bound computed, not replayed (opt-bound); no what-if applies to it
+        if drop is not None or retain or fill or slots:
+            raise UserError(f"policy {policy} is a computed bound: no what-if (drop, predictions) and no per-slot codes.")
+        return pm.solve(loads, policy, float(budget_mib), budget, popts)
     kern = kernel_for(policy, whatif=drop is not None or retain or fill, slots=slots)
     opts = no_options()
     opts[OPT_AHEAD] = ahead
@@ -790,7 +768,8 @@ def _driver_args(loads: Loads, pm, budget: int, seed: int, slots: bool, drop: np
 def warm_up(policies: list[str], whatif: bool = False, slots: bool = False) -> None:
     """Compile (or load from cache) the kernels, so timings (and a sweep's threads) exclude compilation."""
     for p in check_policies(policies):
-        kernel_for(p, whatif, slots)
+        if not hasattr(policy_module(p), "solve"):  # a computed bound (opt-bound) has no driver to compile
+            kernel_for(p, whatif, slots)
 
 
 def result_rows(loads: Loads, res: ReplayResult, per_layer: bool = False, extras: bool = False) -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ REGISTRY: dict[str, str] = {
     "pin": "replay.policies.pin",
     "layer-opt": "replay.policies.layer_opt",
     "colibri": "replay.policies.colibri",
+    "opt-bound": "replay.policies.opt_bound",
 }
 
 DEFAULT_POLICIES = ("lru", "lfu", "layer", "lfru", "belady", "infinite")
@@ -97,5 +98,5 @@ def is_plugin(name: str) -> bool:
 
 def bound_policies() -> tuple[str, ...]:
     """The registry's offline bounds (a module constant ``BOUND = True``: it sees the whole trace),
-    which no "best online" verdict may pick: ``belady``, ``infinite``, ``layer-opt``."""
+    which no "best online" verdict may pick: ``belady``, ``infinite``, ``layer-opt``, ``opt-bound``."""
     return tuple(p for p in names() if getattr(policy_module(p), "BOUND", False))

@@ -1,7 +1,8 @@
 """``belady``: evict the entry whose next load is furthest away (an entry no later load touches is
 infinitely far); ties (e.g. several never-again entries) to the least recently used. This is the
 offline optimum *for these replay semantics* at that budget with equal-size entries; with unequal
-per-layer sizes it is the classic furthest-in-future rule, a strong bound but not a proven optimum.
+per-layer sizes it is the classic furthest-in-future rule, a heuristic and not a bound (another
+replay can hit more: tests/test_opt_bound.py has one); ``opt-bound`` is the upper bound then.
 
 Victim search: the key blocks of :mod:`replay.policies._blocks` (a vectorised minimum over the
 packed (next use, last visit) keys of the resident entries, in blocks with a per-block minimum).

@@ -65,7 +65,13 @@ def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed,
     if "infinite" in pols:
         lines.append("infinite = no eviction: only compulsory misses, the bound for any policy at any budget.")
     if "belady" in pols:
-        lines.append("belady = evict the entry whose next load is furthest: the offline bound at that budget.")
+        from replay.policies.opt_bound import sizes_differ
+
+        if sizes_differ([t.expert_bytes[l] for l in t.moe_layers]):
+            lines.append("belady = evict the entry whose next load is furthest: with these unequal expert sizes a heuristic, "
+                         "not a bound (opt-bound is one).")
+        else:
+            lines.append("belady = evict the entry whose next load is furthest: the offline bound at that budget.")
     if loads is not None:
         from replay.core.simulate import budget_bytes, check_policy_options
         from replay.policies import policy_module

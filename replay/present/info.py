@@ -35,7 +35,7 @@ def info_text(trace: Trace, row: dict[str, Any]) -> str:
         f"in memory); {row['cache_memory_mib_streamed']:,.0f} MiB streamed part by part (cache --stream on)"
         + f"; estimates, beyond the program itself; cache --stream auto (the default) streams above {AUTO_STREAM_MIB:,} MiB "
         "in memory or a quarter of the memory available when it runs",
-        f"complete   {'yes' if row['complete'] else 'NO: capture was interrupted; the trace holds what was written'}",
+        f"complete   {_complete_text(row)}",
         f"source     {row['engine'] or 'unknown engine'}" + (f", {row['source']}" if row["source"] else ""),
     ]
     if row["rows"] == 0:
@@ -45,6 +45,10 @@ def info_text(trace: Trace, row: dict[str, Any]) -> str:
     if row["moe_layers_absent"]:
         lines.append(f"absent     MoE layers {row['moe_layers_absent']} of the model are not in the log; "
                      "every figure covers only the layers the trace has")
+    if row.get("warmup_tokens"):
+        lines.append(f"warm-up    {row['warmup_tokens']:,} token(s) look like an engine's warm-up (profiling or dummy) "
+                     f"pass: {row['warmup_at']}; they are replayed as routing (re-import with --drop-warmup to "
+                     "leave them out)")
     for n in prov_notes(trace):
         lines.append(f"import     {n}")
     if row["recorded_budget_mib"] is not None:
@@ -54,6 +58,19 @@ def info_text(trace: Trace, row: dict[str, Any]) -> str:
                else "no recorded hit rate")
         )
     return "\n".join(lines)
+
+
+def _complete_text(row: dict[str, Any]) -> str:
+    """'yes', or why not: the capture was interrupted, or routings are missing (both when both)."""
+    from traces.format.completeness import sentence
+
+    if row["complete"]:
+        return "yes"
+    why = [] if row.get("capture_complete", True) else ["capture was interrupted; the trace holds what was written"]
+    missing = sentence(row, row["moe_layers"])
+    if missing:
+        why.append(missing)
+    return "NO: " + "; ".join(why)
 
 
 def _batches_text(row: dict[str, Any]) -> str:

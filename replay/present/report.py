@@ -87,6 +87,7 @@ HEADERS: dict[str, str] = {
     "best_online_hit_pct_decode": "Best online hit % (decode)", "belady_hit_pct_decode": "Belady hit % (decode)",
     "infinite_hit_pct_decode": "Infinite hit % (decode)", "belady_over_budget": "Belady over budget",
     "over_budget_excluded": "Left out (over budget)", "gap_to_belady_pp": "Gap to Belady (points)",
+    "bound_hit_pct_decode": "opt-bound hit % (decode)", "gap_to_bound_pp": "Gap to opt-bound (points)",
     "policy": "Policy", "read_mib": "Read (MiB, all phases)", "peak_resident_mib": "Peak resident (MiB)",
     "overflow_loads": "Overflowing loads", "over_budget": "Over budget", "ms_per_token": "ms/token (decode)",
     "tok_s": "tok/s (decode)", "lookups": "Lookups", "hits": "Hits",

@@ -54,7 +54,15 @@ def cache_line(r: dict[str, Any]) -> str:
         txt += (f"; LRU {fmt_q(r['lru_hit_pct_decode'], 'pct')}%{_over(r, 'lru_')} hits, {fmt_q(r['lru_read_mib'], 'mib')} MiB"
                 f"{_time(r, 'lru_')}")
     txt += _paired(r, "")
-    if r.get("belady_hit_pct_decode") is not None:
+    if r.get("bound_hit_pct_decode") is not None:  # unequal expert sizes: belady is a heuristic, opt-bound the bound
+        if r.get("belady_hit_pct_decode") is not None:
+            txt += (f"; furthest-next-use (belady, a heuristic with these unequal expert sizes) "
+                    f"{fmt_q(r['belady_hit_pct_decode'], 'pct')}%{_over(r, 'belady_')} hits")
+        txt += f"; the upper bound (opt-bound) {fmt_q(r['bound_hit_pct_decode'], 'pct')}% hits"
+        gap = r.get("gap_to_bound_pp")
+        if gap is not None:
+            txt += f" ({fmt_q(abs(gap), 'pp')} points {'above' if gap >= 0 else 'below'} the best)"
+    elif r.get("belady_hit_pct_decode") is not None:
         txt += f"; the Belady bound {fmt_q(r['belady_hit_pct_decode'], 'pct')}%{_over(r, 'belady_')} hits"
         gap = r.get("gap_to_belady_pp")
         if gap is not None:

@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,9 +102,13 @@ def mask(text: str) -> str:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    exe = Path(sys.executable).with_name("moe-replay")
-    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "NO_COLOR": "1", "COLUMNS": "120"})
+    """``moe-replay ARGS`` run in this process (tests.helpers.run_cli: the console script's own
+    ``main``), as a CompletedProcess. In-process: each case would otherwise pay a fresh interpreter,
+    Numba's import and its cached kernels' load (about a second), sixty times over."""
+    from tests.helpers import run_cli
+
+    r = run_cli(*args)
+    return subprocess.CompletedProcess(["moe-replay", *args], r.code, r.out, r.err)
 
 
 def build_traces(work: Path) -> dict[str, str]:

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from traces.format.completeness import compact_ranges
 from traces.format.errors import TraceError, UserError
 from traces.io.digest import sha256_file
 from traces.util.bounded_json import BoundsError, parse_bounded
@@ -212,6 +213,17 @@ def provenance(fmt: str, sources: Iterable[Path], *, engine: str, engine_version
     return prov
 
 
+def field_notes(read: dict[str, str], seen: Iterable[str], what: str = "fields") -> list[str]:
+    """Two notes accounting for every source field (issue 30): which became which trace column or
+    provenance entry (``read``: source field -> what it became; only those the log has are named)
+    and every field the log has that the import did not use."""
+    seen = list(dict.fromkeys(seen))
+    got = [f"{src} -> {dst}" for src, dst in read.items() if src in seen]
+    unused = [f for f in seen if f not in read]
+    return [f"source {what} read: {', '.join(got) if got else 'none'}",
+            f"source {what} not used: {', '.join(unused)}" if unused else f"every source {what[:-1]} was used"]
+
+
 def infer_shape(what: Path | str, layers: np.ndarray, experts: np.ndarray, sizes: Any, *, n_layer: int | None = None,
                 n_expert: int | None = None, notes: list[str]) -> tuple[int, int]:
     """(n_layer, n_expert) of an imported log: from the log when it says, else from the model the sizes
@@ -268,20 +280,6 @@ def make_meta(*, what: str | Path, name: str, arch: str, n_layer: int, layers: l
     prov["sizes"] = describe(sizes)
     gating = gating or default_gating(*KNOWN_ARCH_GATING.get(arch, (None, None)))
     return {"model": model, "expert_bytes": eb, "dense_bytes": db, "gating": gating, "provenance": prov}
-
-
-def compact_ranges(xs: Iterable[int]) -> str:
-    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"``."""
-    xs = sorted(set(int(x) for x in xs))
-    out: list[str] = []
-    i = 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ", ".join(out)
 
 
 def batches_from_file_order(block_layers: np.ndarray, block_phase: np.ndarray | None = None) -> np.ndarray:
@@ -353,7 +351,8 @@ def meta_from_sizes(*, what: str | Path, stem: str, sizes: Any, n_layer: int, n_
 def write_trace(out_dir: Path, meta: dict[str, Any], *, batch: np.ndarray, phase: np.ndarray, step: np.ndarray,
                 layer: np.ndarray, experts: np.ndarray, weights: np.ndarray, turn: np.ndarray | None = None,
                 optional: dict[str, np.ndarray] | None = None, force: bool, inputs: Iterable[Path | None],
-                tokens_per_part: int = 4096, what: str | Path = "the import") -> Path:
+                tokens_per_part: int = 4096, what: str | Path = "the import", drop_warmup: bool = False,
+                row_name: Any = None) -> Path:
     """The one write path of every importer: rows sorted into (batch, layer, step) order (stable, so
     equal keys keep file order), written through :class:`~traces.io.writer.TraceWriter` into a staged
     directory, checked by the reader, then renamed into place (nothing half-written)."""
@@ -366,6 +365,44 @@ def write_trace(out_dir: Path, meta: dict[str, Any], *, batch: np.ndarray, phase
     if n == 0:
         raise UserError(f"{what}: holds no routings; nothing to import.")
     turn = np.zeros(n, dtype=np.int64) if turn is None else turn
+    keys = (step, optional["request"], layer, batch) if "request" in optional else (step, layer, batch)
+    # Engine warm-up rows (a profiling or dummy pass: the same experts at every layer, exactly
+    # uniform weights): found and said; dropped only when asked (docs/design.md, "Warm-up rows").
+    from traces.format.warmup import describe, find_runs
+
+    rank = np.empty(n, np.int64)
+    rank[np.lexsort(keys)] = np.arange(n)
+    runs, warm = find_runs(turn=turn, step=step, layer=layer, experts=experts, weights=weights, order=rank,
+                           request=optional.get("request"), moe_layers=len(meta["model"]["moe_layers"]))
+    if runs:
+        prov = meta.setdefault("provenance", {})
+        said = describe(runs, rows_of=row_name, label="rows" if row_name else "rows (0-based, in the log's order)")
+        prov["warmup"] = {"tokens": sum(r["tokens"] for r in runs), "at": said, "dropped": bool(drop_warmup)}
+        if drop_warmup:
+            keep = ~warm
+            if not keep.any():
+                raise UserError(f"{what}: every routing looks like an engine warm-up pass ({said}); nothing is left "
+                                "to import without --drop-warmup.")
+            prov.setdefault("notes", []).append(f"engine warm-up rows dropped (--drop-warmup): {said}")
+            turn, batch, phase, step, layer = turn[keep], batch[keep], phase[keep], step[keep], layer[keep]
+            experts, weights = experts[keep], weights[keep]
+            optional = {c: v[keep] for c, v in optional.items()}
+            n = int(keep.sum())
+        else:
+            prov.setdefault("notes", []).append(
+                f"rows that look like an engine warm-up (profiling or dummy) pass, kept and replayed as routing: "
+                f"{said} (--drop-warmup leaves them out)")
+    # Completeness measured, not assumed: tokens routed at fewer MoE layers than the trace holds are
+    # counted and named in the provenance (and info says the trace is not complete).
+    from traces.format.completeness import measure, sentence
+
+    gaps = measure(turn=turn, phase=phase, step=step, layer=layer, moe_layers=list(meta["model"]["moe_layers"]),
+                   request=optional.get("request"))
+    said = sentence(gaps, len(meta["model"]["moe_layers"]))
+    if said:
+        prov = meta.setdefault("provenance", {})
+        prov.setdefault("notes", []).append(said)
+        prov["routings_missing"] = {k: gaps[k] for k in ("routings_missing", "tokens_missing_layers", "routings_missing_at")}
     # The format's row order: (batch, layer, step), with a request column (batch, layer, request, step).
     keys = (step, optional["request"], layer, batch) if "request" in optional else (step, layer, batch)
     order = np.lexsort(keys)

@@ -110,7 +110,10 @@ def load_sizes(expert_bytes: int | None = None, sizes_from: str | Path | None = 
         if dtype is not None:
             raise UserError("--dtype needs --sizes-from config.json (the dtype the config's weights are stored in).")
         return None
+    from traces.io.atomic import note_input
+
     p = Path(sizes_from)
+    note_input(p)  # an input of the import: OUT may not replace or hold it
     if not p.exists():
         raise UserError(f"--sizes-from {p}: no such file.")
     if p.is_dir():

@@ -102,16 +102,26 @@ def read_records(path: Path) -> list[tuple[int, dict]]:
 
 def _indices(rec: dict, path: Path, n: int) -> np.ndarray:
     T, k = rec["num_tokens"], rec["topk"]
+    # Read the JSON numbers as they are, never cast: np.asarray(..., dtype=int64) would store an id of
+    # 1.5 as expert 1 (and true as 1), a routing the engine never made.
     try:
-        arr = np.asarray(rec["top_indices"], dtype=np.int64)
+        arr = np.asarray(rec["top_indices"])
     except (ValueError, TypeError, OverflowError):
         raise UserError(f"{path}: line {n}: top_indices is not a [num_tokens][topk] list of integers.") from None
     if T == 0 and arr.size == 0:
         return np.zeros((0, k), np.int64)
     if arr.shape != (T, k):
         raise UserError(f"{path}: line {n}: top_indices has shape {list(arr.shape)}, but num_tokens={T} and topk={k}.")
+    # numpy reads [1, true] as integers and [1, 1.5] as floats: look at the JSON values themselves.
+    bad = next((v for row in rec["top_indices"] for v in row if type(v) is not int), None)
+    if bad is not None or arr.dtype.kind not in "iu":
+        raise UserError(f"{path}: line {n}: top_indices holds {bad!r}, not an integer expert id.")
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and int(arr.max()) > np.iinfo(np.int64).max:
+        raise UserError(f"{path}: line {n}: top_indices holds {int(arr.max())}, beyond any expert id.")
+    arr = arr.astype(np.int64)
     if (arr < 0).any():
-        raise UserError(f"{path}: line {n}: top_indices holds a negative expert id.")
+        t, s = (int(x) for x in np.argwhere(arr < 0)[0])
+        raise UserError(f"{path}: line {n}: top_indices[{t}][{s}] is {int(arr[t, s])}, a negative expert id.")
     if (arr > MAX_INT32).any():
         raise UserError(f"{path}: line {n}: top_indices holds expert id {int(arr.max())}, beyond int32.")
     return arr
@@ -170,6 +180,7 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool = Fal
     file_rank = int(m.group(1)) if m else None
     records = read_records(jsonl)
     notes: list[str] = []
+    seen_fields = [k for _, r in records for k in r]
     mtp = [r for _, r in records if r.get("block") == "mtp" or r.get("mtp_idx") is not None]
     if mtp:
         notes.append(f"{len(mtp)} record(s) of multi-token-prediction heads (mtp_idx) left out: they route the draft "
@@ -202,6 +213,15 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool = Fal
         wanted[col] = _Sidecar(jsonl.parent / f"{stem}_rank{side}.bin", jsonl, flag)
     if routings_only and any(SIDECARS[c][1] in r for c in SIDECARS for _, r in records):
         notes.append("sidecars not read (--routings-only): no gate_input or logits")
+    from traces.importers import field_notes
+
+    read = {"top_indices": "experts", "layer": "layer", "step": "batch (split where a layer repeats)",
+            "num_tokens": "tokens per record", "topk": "top_k", "rank": "provenance rank",
+            "block": "MTP records left out", "mtp_idx": "MTP records left out"}
+    for col, (_, off, nb, shp, _) in SIDECARS.items():
+        if col in wanted:
+            read.update({off: col, nb: col, shp: col})
+    notes[:0] = field_notes(read, seen_fields, "record fields")
     try:
         return _build(jsonl, records, wanted, sources, out_dir, sizes=sizes, force=force, k=k, rank=rank,
                       prefill_steps=prefill_steps, notes=notes, provenance=provenance, write_trace=write_trace,
@@ -233,7 +253,7 @@ def _build(jsonl: Path, records: list[tuple[int, dict]], sidecars: dict[str, Any
         batch_of.append(b)
     prefill_step_set = set(step_ids[:prefill_steps])
     tokens_of_batch: dict[int, int] = {}
-    cols: dict[str, list[np.ndarray]] = {c: [] for c in ("batch", "phase", "step", "layer", "experts", *sidecars)}
+    cols: dict[str, list[np.ndarray]] = {c: [] for c in ("batch", "phase", "step", "layer", "experts", "line", *sidecars)}
     first_token = 0
     cur = -1
     for (n, r), bb in zip(records, batch_of):
@@ -253,6 +273,7 @@ def _build(jsonl: Path, records: list[tuple[int, dict]], sidecars: dict[str, Any
         cols["step"].append(np.arange(first_token, first_token + T, dtype=np.int64))
         cols["layer"].append(np.full(T, r["layer"], np.int64))
         cols["experts"].append(ex)
+        cols["line"].append(np.full(T, n, np.int64))
         for col, side in sidecars.items():
             _, off, nb, shp, _ = SIDECARS[col]
             cols[col].append(side.read(r.get(off), r.get(nb), r.get(shp), T, f"{jsonl}: line {n}"))
@@ -269,7 +290,9 @@ def _build(jsonl: Path, records: list[tuple[int, dict]], sidecars: dict[str, Any
     if sizes.n_layer is None:
         notes.append(f"the log does not state the layer count: n_layer = largest layer index + 1 = {n_layer}")
     if int(layers.max()) >= n_layer:
-        raise UserError(f"{where}: routes layer {int(layers.max())}, but the model has {n_layer} layers (0..{n_layer - 1}).")
+        i = int(np.argmax(layers >= n_layer))
+        raise UserError(f"{where}: line {int(cat['line'][i])}: routes layer {int(layers[i])}, but the model has {n_layer} "
+                        f"layers (0..{n_layer - 1}).")
     n_expert = sizes.n_expert
     if "logits" in cat:
         width = cat["logits"].shape[1]
@@ -281,10 +304,13 @@ def _build(jsonl: Path, records: list[tuple[int, dict]], sidecars: dict[str, Any
         notes.append(f"the log does not state the expert count: n_expert = largest expert id + 1 = {n_expert} "
                      "(add --sizes-from MODEL to take it from the model)")
     if int(ex.max()) >= n_expert:
-        raise UserError(f"{where}: routes expert {int(ex.max())}, but the model has {n_expert} experts (ids 0..{n_expert - 1}).")
+        i = int(np.flatnonzero((ex >= n_expert).any(axis=1))[0])
+        raise UserError(f"{where}: line {int(cat['line'][i])}: top_indices routes expert {int(ex[i].max())}, but the "
+                        f"model has {n_expert} experts (ids 0..{n_expert - 1}).")
     dup = repeated_expert_rows(ex)
     if dup.size:
-        raise UserError(f"{where}: layer {int(layers[dup[0]])} of forward pass {int(cat['batch'][dup[0]])}: a token "
+        raise UserError(f"{where}: line {int(cat['line'][dup[0]])}: layer {int(layers[dup[0]])} of forward pass "
+                        f"{int(cat['batch'][dup[0]])}: a token "
                         "selects the same expert twice.")
     n_embd = sizes.n_embd
     if "gate_input" in cat:

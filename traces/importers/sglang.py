@@ -135,6 +135,10 @@ def dump_passes(path: Path, recs: list[dict], p2l: np.ndarray) -> list[dict]:
         last_id = fid
         ids = _ints(rec["input_ids"], f"{where}: input_ids")
         pos = _ints(rec["positions"], f"{where}: positions")
+        for name, vals in (("input_ids", ids), ("positions", pos)):
+            neg = next((j for j, v in enumerate(vals) if v < 0), None)
+            if neg is not None:
+                raise UserError(f"{where}: {name}[{neg}] is {vals[neg]}, negative.")
         T = len(ids)
         if len(pos) != T:
             raise UserError(f"{where}: has {T} input_ids but {len(pos)} positions.")
@@ -238,6 +242,10 @@ def import_dumps(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool)
         for p in dump_passes(path, recs, p2l):
             # Physical slot -> logical expert with this dump's own map.
             topk = p["topk"]
+            if (topk < -1).any():
+                lay, tok, slot = (int(x) for x in np.argwhere(topk < -1)[0])
+                raise UserError(f"{p['where']}: topk_ids_of_layer[{lay}][{tok}][{slot}] is {int(topk[lay, tok, slot])}; "
+                                "a physical expert slot is >= 0, or -1 for none.")
             valid = topk >= 0
             if (topk[valid] >= p2l.shape[1]).any():
                 raise UserError(f"{p['where']}: names physical expert slot {int(topk[valid].max())}, but the map has "
@@ -358,7 +366,8 @@ def read_responses(path: Path) -> list[dict]:
         for key in ("prompt_tokens", "completion_tokens"):
             if not isinstance(mi.get(key), int) or isinstance(mi.get(key), bool) or mi[key] < 0:
                 raise UserError(f"{where}: meta_info.{key} is missing or not a token count.")
-        out.append({"where": where, "meta": mi, "output_ids": o.get("output_ids")})
+        out.append({"where": where, "meta": mi, "output_ids": o.get("output_ids"),
+                    "fields": [k for k in o if k != "meta_info"] + [f"meta_info.{k}" for k in mi]})
     if not out:
         raise UserError(f"{path}: holds no responses.")
     return out
@@ -395,9 +404,16 @@ def response_routes(resp: dict, L: int | None, k: int | None, notes_cached: list
         raise UserError(f"{where}: meta_info.routed_experts holds a negative expert id.")
     routed = np.ones(rows, bool)
     cached = mi.get("cached_tokens")
-    if isinstance(cached, int) and not isinstance(cached, bool) and cached > 0:
-        routed[:min(cached, P)] = False
-        notes_cached.append(min(cached, P))
+    # A count the engine cannot have written is refused, never clipped: -3 is not "none cached", and a
+    # count beyond the prompt would drop the whole prompt as cached.
+    if cached is not None and (not isinstance(cached, int) or isinstance(cached, bool) or cached < 0):
+        raise UserError(f"{where}: meta_info.cached_tokens {cached!r} is not a token count (an integer >= 0).")
+    if cached is not None and cached > P:
+        raise UserError(f"{where}: meta_info.cached_tokens {cached} is more than the {P} prompt tokens "
+                        "(only prompt positions come from the radix cache).")
+    if cached:
+        routed[:cached] = False
+        notes_cached.append(cached)
     return Routes(where=where, prompt_len=min(P, rows), experts=arr, routed=routed, token_ids=None), lk // k_here, k_here
 
 
@@ -411,13 +427,20 @@ def import_responses(sources: list[Path], out_dir: Path, *, sizes: Any, force: b
     cached: list[int] = []
     routes: list[Routes] = []
     shape = None
+    fields: list[str] = []
     for path in sources:
         for resp in read_responses(path):
+            fields += resp["fields"]
             r, L, k = response_routes(resp, sizes.n_layer, top_k, cached)
             if shape is not None and (L, k) != shape:
                 raise UserError(f"{r.where}: routes {L} layers x top-{k}, the first response {shape[0]} x top-{shape[1]}.")
             shape = (L, k)
             routes.append(r)
+    from traces.importers import field_notes
+
+    notes[:0] = field_notes({"meta_info.routed_experts": "experts", "meta_info.prompt_tokens": "prompt length",
+                             "meta_info.completion_tokens": "positions", "meta_info.cached_tokens": "positions absent "
+                             "(radix cache)"}, fields, "response fields")
     if cached:
         notes.append(f"{sum(cached)} prompt position(s) in {len(cached)} response(s) came from the radix cache "
                      "(meta_info.cached_tokens): not routed in this run, absent")

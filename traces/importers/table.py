@@ -58,9 +58,31 @@ OPTIONS = (
                  "token_id)."),
     ImportOption("where", "--where", str, "Keep only records whose fields equal these values, e.g. type=route."),
     ImportOption("engine", "--engine", str, "The engine that wrote the log (provenance)."),
+    ImportOption("drop_warmup", "--drop-warmup", bool, "Leave out rows that look like an engine's warm-up (profiling "
+                 "or dummy) pass: runs of tokens routed alike at every layer or with exactly uniform weights "
+                 "(default: keep them and say so).", False),
 )
 
 KEYS = ("experts", "weights", "layer", "token", "request", "batch", "phase", "token_id")
+# The names engines and analysis scripts commonly give each key's column, in order of preference.
+# A key that --map does not name reads the column of its own name, else the first of these the
+# table has (said in the notes: which column, and that the name chose it). Names that another
+# format's sniffer claims (Megatron's top_indices, vLLM's routed_experts) are left out.
+SYNONYMS: dict[str, tuple[str, ...]] = {
+    "experts": ("expert_ids", "topk_ids", "topk_idx", "topk_indices", "topk_experts", "selected_experts",
+                "expert_indices", "ids"),
+    "weights": ("topk_weights", "routing_weights", "expert_weights", "gating_probs", "gate_probs", "gating",
+                "topk_probs", "router_probs", "probs", "topk_scores", "scores"),
+    "layer": ("layer_id", "layer_idx", "layer_index", "moe_layer"),
+    "token": ("token_idx", "token_index", "token_pos", "position", "pos", "position_id", "step"),
+    "request": ("request_id", "req_id", "req", "prompt_id", "problem_id", "sample_id", "seq_id", "sequence_id",
+                "prompt", "problem"),
+    "batch": ("batch_id", "batch_idx", "forward_pass_id", "forward_pass"),
+    "phase": ("stage_name",),
+    "token_id": ("input_id", "tok_id", "vocab_id"),
+}
+TRACE_COLUMN = {"experts": "experts", "weights": "weights", "layer": "layer", "token": "step", "request": "request",
+                "batch": "batch", "phase": "phase", "token_id": "token"}
 SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
 _SPLIT = re.compile(r"[\s,;|]+")
 
@@ -81,7 +103,7 @@ def _columns_of(path: Path) -> set[str] | None:
                 obj = parse_bounded(ln)
             except (ValueError, BoundsError):
                 return None
-            if isinstance(obj, dict) and "experts" in obj:
+            if isinstance(obj, dict) and _names(obj, "experts"):
                 return set(obj)
         return None
     if kind == "parquet":
@@ -99,11 +121,37 @@ def sniff(paths: list[Path]) -> bool:
     a number in its name)."""
     for p in paths:
         cols = _columns_of(p)
-        if not cols or "experts" not in cols:
+        if not cols or not _names(cols, "experts"):
             return False
-        if "layer" not in cols and not re.search(r"\d+", p.stem):
+        if not _names(cols, "layer") and not re.search(r"\d+", p.stem):
             return False
     return bool(paths)
+
+
+def _names(cols: Any, key: str) -> list[str]:
+    """The columns among ``cols`` that could be ``key``'s: its own name, then its common names."""
+    return [c for c in (key, *SYNONYMS.get(key, ())) if c in cols]
+
+
+def resolve_columns(mapping: dict[str, str], cols: Any, skip: Any = ()) -> tuple[dict[str, str], list[str]]:
+    """Which source column each key reads: the --map column, else the key's own name, else the first
+    of its common names the table has (a column is read by one key only; ``skip``: columns taken by
+    --where). Returns (key -> column, the keys whose column a common name chose)."""
+    taken = set(mapping.values()) | set(skip)
+    out: dict[str, str] = {}
+    auto: list[str] = []
+    for k in KEYS:
+        if k in mapping:
+            out[k] = mapping[k]
+            continue
+        for i, c in enumerate(_names(cols, k)):
+            if c not in taken:
+                out[k] = c
+                taken.add(c)
+                if i > 0 or c != k:
+                    auto.append(k)
+                break
+    return out, auto
 
 
 def _csv_rows(lines: list[str]) -> list[list[str]]:
@@ -230,6 +278,8 @@ def _list(v: Any, path: Path, where: int, what: str, cast: type) -> list:
             v = [x for x in _SPLIT.split(s) if x]
     if not isinstance(v, (list, tuple)):
         raise UserError(f"{path}: row {where}: {what} {v!r} is not a list.")
+    if cast is float and any(isinstance(x, bool) for x in v):
+        raise UserError(f"{path}: row {where}: {what} {v!r} holds true/false, not numbers.")
     try:
         return [cast(x) if cast is float else _int(x, path, where, what) for x in v]
     except (TypeError, ValueError):
@@ -246,7 +296,7 @@ def _phase(v: Any, path: Path, where: int) -> int:
 
 
 def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: bool = False, map: str | None = None,  # noqa: A002
-            where: str | None = None, engine: str | None = None) -> Path:
+            where: str | None = None, engine: str | None = None, drop_warmup: bool = False) -> Path:
     srcs = [check_source(Path(s)) for s in sources]
     sizes = require_sizes(sizes, srcs[0], NAME)
     mapping = parse_map(map)
@@ -258,6 +308,9 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
     cols: dict[str, list] = {k: [] for k in ("experts", "weights", "layer", "token", "request", "batch", "phase",
                                              "token_id", "file", "row")}
     have: dict[str, bool] = {}
+    col: dict[str, str] | None = None  # key -> source column, resolved on the first record kept
+    auto: list[str] = []
+    seen_cols: dict[str, None] = {}  # every column of every record kept, in order of first appearance
     for fi, path in enumerate(srcs):
         recs = _records(path)
         layer_from_name = None
@@ -269,7 +322,11 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
                     if version is None and isinstance(rec.get(vk), (str, int, float)):
                         version = str(rec[vk])
                 continue
-            col = {k: mapping.get(k, k) for k in KEYS}
+            if col is None:
+                col, auto = resolve_columns(mapping, rec, cond)
+                for k in KEYS:
+                    col.setdefault(k, k)
+            seen_cols.update(dict.fromkeys(str(c) for c in rec))
             present = {k: col[k] in rec for k in KEYS}
             hint = "; add --where to keep only the routing records" if not cond else ""
             for k in KEYS:
@@ -335,6 +392,8 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
     def refuse_at(i: int, what_: str) -> None:
         raise UserError(f"{srcs[fileno[i]]}: row {rowno[i]}: {what_}.")
 
+    if (layer < 0).any():
+        refuse_at(int(np.argmax(layer < 0)), f"layer {int(layer[np.argmax(layer < 0)])} is negative")
     if (experts < 0).any():
         i = int(np.flatnonzero((experts < 0).any(axis=1))[0])
         refuse_at(i, f"expert id {int(experts[i].min())} is negative")
@@ -398,7 +457,15 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
         if (tid < 0).any():
             refuse_at(int(np.argmax(tid < 0)), "token_id is negative")
         optional["token"] = tid
-    extra: dict[str, Any] = {"mapping": {kk: mapping.get(kk, kk) for kk in KEYS if have.get(kk, kk == "experts")}}
+    assert col is not None
+    used = {kk: col[kk] for kk in KEYS if have.get(kk, kk == "experts")}
+    unused = [c for c in seen_cols if c not in set(used.values()) and c not in cond]
+    said = ", ".join(f"{c} -> {TRACE_COLUMN[kk]}" + (" (matched by name)" if kk in auto else "") for kk, c in used.items())
+    notes.insert(0, f"source columns read: {said}" + ("; chosen by name where --map did not say (--map KEY=COLUMN "
+                                                      "to choose another)" if any(kk in auto for kk in used) else ""))
+    notes.insert(1, f"source columns not used: {', '.join(unused)}" if unused else "every source column was used")
+    extra: dict[str, Any] = {"mapping": used, "mapped_by_name": [kk for kk in used if kk in auto],
+                             "unused_columns": unused}
     if cond:
         extra["where"] = cond
         extra["skipped_records"] = {"count": skipped, "keys": sorted(skipped_keys)}
@@ -406,7 +473,9 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
     meta = meta_from_sizes(what=what, stem=srcs[0].stem, sizes=sizes, n_layer=n_layer, n_expert=n_expert, layer=layer,
                            top_k=k, prov=prov)
     return write_trace(out_dir, meta, batch=batch, phase=phase, step=step, layer=layer, experts=experts,
-                       weights=weights.astype(np.float32), optional=optional, force=force, inputs=srcs, what=what)
+                       weights=weights.astype(np.float32), optional=optional, force=force, inputs=srcs, what=what,
+                       drop_warmup=drop_warmup,
+                       row_name=lambda i: f"{srcs[fileno[i]].name}:{rowno[i]}" if len(srcs) > 1 else str(rowno[i]))
 
 
 def _is_int_str(s: str) -> bool:

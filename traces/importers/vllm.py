@@ -167,8 +167,30 @@ def request_from_obj(obj: Any, where: str) -> RawRequest:
                       request_id=str(rid) if rid is not None else None)
 
 
-def read_json(path: Path) -> tuple[list[RawRequest], set[str], str | None]:
-    """Requests of a .json (object or list) or .jsonl file; the model names and engine version seen."""
+# What each response field becomes (issue 30: every source column accounted for); choice fields as
+# "choices[].X" (or "outputs[].X" for a RequestOutput dump).
+JSON_READ = {"prompt_routed_experts": "experts (prompt positions)", "choices[].routed_experts": "experts (generated)",
+             "outputs[].routed_experts": "experts (generated)", "routed_experts": "experts",
+             "prompt_token_ids": "token (prompt)", "choices[].token_ids": "token (generated)",
+             "outputs[].token_ids": "token (generated)", "choices[].output_token_ids": "token (generated)",
+             "model": "model name", "system_fingerprint": "engine version", "choices": "completions",
+             "outputs": "completions"}
+
+
+def json_fields(o: Any) -> list[str]:
+    """The field names of one response: top-level keys and each choice's keys as "choices[].X"."""
+    if not isinstance(o, dict):
+        return []
+    out = list(o)
+    for box in ("choices", "outputs"):
+        if isinstance(o.get(box), list):
+            out += [f"{box}[].{k}" for ch in o[box] if isinstance(ch, dict) for k in ch]
+    return out
+
+
+def read_json(path: Path, fields: list[str] | None = None) -> tuple[list[RawRequest], set[str], str | None]:
+    """Requests of a .json (object or list) or .jsonl file; the model names and engine version seen
+    (``fields``: every field name seen is appended)."""
     objs = json_objects(path)
     if not objs:
         raise UserError(f"{path}: holds no request outputs.")
@@ -176,6 +198,8 @@ def read_json(path: Path) -> tuple[list[RawRequest], set[str], str | None]:
     version = None
     reqs = []
     for where, o in objs:
+        if fields is not None:
+            fields += json_fields(o)
         reqs.append(request_from_obj(o, where))
         if isinstance(o, dict):
             if isinstance(o.get("model"), str):
@@ -253,13 +277,14 @@ def read_sources(paths: list[Path]) -> tuple[list[RawRequest], dict[str, Any]]:
     reqs: list[RawRequest] = []
     models: set[str] = set()
     version = None
+    fields: list[str] = []
     npys = [p for p in paths if p.suffix.lower() == ".npy"]
     for p in paths:
         suf = p.suffix.lower()
         if suf == ".npz":
             reqs.append(read_npz(p))
         elif suf in (".json", ".jsonl"):
-            r, m, v = read_json(p)
+            r, m, v = read_json(p, fields)
             reqs += r
             models |= m
             version = version or v
@@ -268,7 +293,7 @@ def read_sources(paths: list[Path]) -> tuple[list[RawRequest], dict[str, Any]]:
                 reqs += read_npy_group(npys)
         else:
             raise UserError(f"{p}: is not a .npy, .npz, .json or .jsonl file; vLLM's routed experts come as one of these.")
-    return reqs, {"models": sorted(models), "engine_version": version}
+    return reqs, {"models": sorted(models), "engine_version": version, "fields": fields}
 
 
 # -- checking and shaping -----------------------------------------------------------------------
@@ -284,8 +309,21 @@ class Routes:
     token_ids: np.ndarray | None
 
 
-def unrouted_rows(arr: np.ndarray, where: str) -> np.ndarray:
-    """bool [positions]: True where the engine routed the position (any other negative is refused)."""
+def unrouted_rows(arr: np.ndarray, where: str, prompt_len: int | None = None) -> np.ndarray:
+    """bool [positions]: True where the engine routed the position. Only -1 on a whole position marks
+    one the engine did not route (its prefix cache); any other negative id is refused with the
+    position and field named, never taken for a cached position (-5 is no routing vLLM writes)."""
+    other = arr < -1
+    if other.any():
+        pos, lay, slot = (int(x) for x in np.argwhere(other)[0])
+        if prompt_len is None:
+            field_ = f"position {pos}"
+        elif pos < prompt_len:
+            field_ = f"prompt_routed_experts position {pos}"
+        else:
+            field_ = f"routed_experts position {pos - prompt_len} (sequence position {pos})"
+        raise UserError(f"{where}: {field_}, layer {lay}, slot {slot}: expert id {int(arr[pos, lay, slot])} is negative "
+                        "(only -1 on a whole position marks a prefix-cached token).")
     neg = arr < 0
     whole = neg.reshape(arr.shape[0], -1).all(axis=1) if arr.size else np.zeros(arr.shape[0], bool)
     if arr.size and arr.shape[1] * arr.shape[2] == 0:
@@ -350,7 +388,7 @@ def shape_requests(raw: list[RawRequest], notes: list[str]) -> list[Routes]:
                     raise UserError(f"{r.where}: completion {j} has {gen_rows} routed positions but only "
                                     f"{len(otoks)} generated tokens.")
                 token_ids = np.asarray(list(ptoks) + list(otoks[:gen_rows]), dtype=np.int64)
-            routed = unrouted_rows(full, r.where)
+            routed = unrouted_rows(full, r.where, P if r.prompt is not None else None)
             cached_rows += int((~routed).sum())
             if j > 0:
                 # n > 1: vLLM computes a shared prompt once; the other completions reuse it.
@@ -542,6 +580,10 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool = Fal
     where = str(sources[0]) if len(sources) == 1 else f"{sources[0]} (and {len(sources) - 1} more)"
     raw, info = read_sources(sources)
     notes: list[str] = []
+    if info["fields"]:
+        from traces.importers import field_notes
+
+        notes += field_notes(JSON_READ, info["fields"], "response fields")
     routes = shape_requests(raw, notes)
     keep = moe_layer_axis(routes, where, notes)
     models = info["models"]

@@ -4,11 +4,20 @@ The guarantees every writing command inherits from here (README "Guarantees"):
 
 - A destination is replaced in one rename (a directory by ``renameat2(RENAME_EXCHANGE)`` where the
   file system has it): it holds the old content or the new, never a mix and never nothing.
-- A destination that is, contains or lies inside an input of the command is refused, with or
-  without ``--force`` (paths resolved, symlinks followed).
-- Two writers to one destination: the check "does it exist?" is repeated at the rename under a lock
-  on the parent directory, so the second refuses (unless ``--force``) instead of silently replacing
-  the first.
+- The one output guard (:func:`check_not_input`, called by :func:`check_output_file`,
+  :func:`check_output_dir`, :func:`write_output_bytes` and :func:`staged_dir`, before anything is
+  written and again at the rename): a destination that is, contains or lies inside any path the
+  command reads is refused, with or without ``--force`` (paths resolved, symlinks followed). The
+  paths are those the caller passes plus those the readers noted while the command ran
+  (:func:`note_input`: traces, plugin files, cost models, sizes, quality results, grids), so an
+  input a caller forgot to list, or one read only during the work, is still protected.
+- A destination that exists and is not a regular file or a directory (a device, a FIFO, a socket,
+  or a symbolic link to one) is refused: replacing ``/dev/null`` or a pipe a reader waits on with a
+  regular file is never what was meant.
+- Two writers to one destination: the check "is it as it was?" is repeated at the rename under a
+  lock on the parent directory, so the second refuses (a directory: unless ``--force``; a single
+  file: always, since it was changed by someone else since this command looked) instead of
+  silently replacing the first.
 - On any exception (including an interrupt) the staging directory is removed; one left by a killed
   process (its PID is no longer alive) is removed by the next write to the same destination.
 - An OS error while writing names the destination and the OS's reason (a :class:`UserError`).
@@ -27,6 +36,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -38,7 +48,43 @@ from traces.format.errors import UserError
 written: list[Path] = []
 abandoned: list[Path] = []
 
+#: The paths the running command reads, noted by the readers while ``main()`` runs one command
+#: (:func:`command_scope`); None outside a command, so library calls note nothing and a notebook
+#: may rewrite a trace it opened earlier.
+_noted: list[Path] | None = None
+#: Each single-file output's state when this command first checked it (:func:`_identity`, None if
+#: absent): at the rename it must still be so, or another writer got there first.
+_claims: dict[Path, tuple[int, ...] | None] = {}
+
 _RENAME_NOREPLACE, _RENAME_EXCHANGE, _AT_FDCWD = 1, 2, -100
+
+
+@contextlib.contextmanager
+def command_scope() -> Iterator[None]:
+    """One command's bookkeeping: what it wrote or abandoned, the inputs its readers note, the
+    single-file outputs it claimed. Inputs are noted only inside this scope."""
+    global _noted
+    written.clear()
+    abandoned.clear()
+    _claims.clear()
+    _noted = []
+    try:
+        yield
+    finally:
+        _noted = None
+        _claims.clear()
+
+
+def note_input(*paths: str | os.PathLike[str] | None) -> None:
+    """Record paths the running command reads (a reader calls this as it opens one), so that no
+    output of the same command may replace, delete or write into them. A no-op outside a command."""
+    if _noted is None:
+        return
+    for p in paths:
+        if p is not None:
+            a = Path(os.path.abspath(p))
+            if a not in _noted:
+                _noted.append(a)
 
 
 def _renameat2(src: Path, dst: Path, flags: int) -> bool:
@@ -92,10 +138,12 @@ def sweep_stale(dest: Path) -> None:
 
 
 def check_not_input(dest: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str] | None] = ()) -> None:
-    """Refuse a destination that is, contains or lies inside an input: replacing it (or writing
-    into it) would change or delete what the command reads. Paths are resolved, symlinks followed."""
+    """The one output guard: refuse a destination that is, contains or lies inside an input --
+    replacing it (or writing into it) would change or delete what the command reads. The inputs are
+    ``inputs`` and every path noted by a reader during this command (:func:`note_input`). Paths are
+    resolved, symlinks followed."""
     d = Path(dest).resolve()
-    for inp in inputs:
+    for inp in [*inputs, *(_noted or ())]:
         if inp is None:
             continue
         i = Path(inp).resolve()
@@ -104,6 +152,40 @@ def check_not_input(dest: str | os.PathLike[str], inputs: Iterable[str | os.Path
             how = "is" if same else ("lies inside" if i in d.parents else "contains")
             raise UserError(f"{dest}: the destination {how} the input {inp}; choose another destination "
                             "(--force never replaces or writes into an input).")
+
+
+_SPECIAL = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+            (stat.S_ISSOCK, "a socket"))
+
+
+def check_not_special(dest: str | os.PathLike[str]) -> None:
+    """Refuse a destination that exists and is neither a regular file nor a directory (a device, a
+    FIFO, a socket, or a symbolic link to one): an atomic write would replace it with a regular file
+    (as root, ``--csv /dev/null`` would replace /dev/null). A dangling symbolic link is replaced as
+    a link, like a regular file."""
+    out = Path(dest)
+    try:
+        st = os.stat(out)  # follows symbolic links: a link to a device is refused like the device
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise UserError(f"{out}: cannot examine it ({e.strerror}); choose another destination.") from None
+    if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return
+    kind = next((name for test, name in _SPECIAL if test(st.st_mode)), "a special file")
+    via = " through a symbolic link" if out.is_symlink() else ""
+    raise UserError(f"{out}: is {kind}{via}, not a regular file or directory; moe-replay writes only regular files "
+                    "and directories, choose another destination.")
+
+
+def _identity(p: Path) -> tuple[int, ...] | None:
+    """What is at ``p`` now (the name itself, a link not followed): None if nothing; a rename
+    always brings a new inode, so any commit by another writer changes it."""
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_mtime_ns, st.st_size)
 
 
 def _probe_writable(where: Path, what: Path) -> None:
@@ -116,16 +198,21 @@ def _probe_writable(where: Path, what: Path) -> None:
 
 
 def check_output_file(path: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str] | None] = ()) -> Path:
-    """Refuse an output file (``--csv FILE``) that cannot be written or is an input. Called before
-    any work so a bad option costs nothing."""
+    """Refuse an output file (``--csv FILE``, an export) that cannot be written, is an input, or is
+    not a regular file (:func:`check_not_special`). Called before any work so a bad option costs
+    nothing; the destination's state is remembered, so a concurrent writer is detected at the write."""
     out = Path(path)
     check_not_input(out, inputs)
+    check_not_special(out)
     if out.is_dir():
         raise UserError(f"{out}: is a directory, not a file.")
-    parent = _absolute(out).parent
-    if not parent.is_dir():
-        raise UserError(f"{out}: the folder {parent} does not exist.")
-    _probe_writable(parent, out)
+    dest = _absolute(out)
+    if not dest.parent.is_dir():
+        raise UserError(f"{out}: the folder {dest.parent} does not exist.")
+    _probe_writable(dest.parent, out)
+    # The first check of this command claims the destination as it is now; the write refuses if
+    # another writer changed it in between (:func:`write_output_bytes`).
+    _claims.setdefault(dest, _identity(dest))
     return out
 
 
@@ -135,6 +222,7 @@ def check_output_dir(out_dir: str | os.PathLike[str], force: bool,
     or lies inside an input, or that cannot be created. Called before any work."""
     out = Path(out_dir)
     check_not_input(out, inputs)
+    check_not_special(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: output path exists and is not a directory.")
     if out.is_dir() and any(out.iterdir()) and not force:
@@ -168,17 +256,56 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def write_output_file(path: str | os.PathLike[str], text: str,
-                      inputs: Iterable[str | os.PathLike[str] | None] = ()) -> None:
-    """Write a user-named output file (``--csv``) atomically; refuse an input; an OS error becomes
-    one sentence naming the file."""
+@contextlib.contextmanager
+def staged_file(path: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str] | None] = ()) -> Iterator[Path]:
+    """Yield a hidden temporary sibling of the user-named output file ``path`` (``--csv``, an
+    export, a GGUF) to write; on success it replaces ``path`` in one rename, on any exception it is
+    removed. Refused before the block if ``path`` is an input or a special file
+    (:func:`check_output_file`), and at the rename (under the parent directory's lock) if it has
+    become one or if another writer changed ``path`` since this command first checked it. An OS
+    error writing it becomes one sentence naming ``path``."""
+    inputs = list(inputs)
     out = check_output_file(path, inputs)
-    sweep_stale(_absolute(out))
+    dest = _absolute(out)
+    claimed = _claims.get(dest)
+    sweep_stale(dest)
+    tmp = dest.parent / f".{dest.name}.tmp-{os.getpid()}"
     try:
-        atomic_write_text(out, text)
+        yield tmp
+        with _signals_blocked(), _dir_lock(dest.parent):
+            check_not_input(out, inputs)  # again: with the inputs the readers noted during the work
+            check_not_special(out)
+            if _identity(dest) != claimed:
+                raise UserError(f"{out}: another writer {'created' if claimed is None else 'changed'} it while this "
+                                "command ran; nothing was written (its content is the other writer's).")
+            os.replace(tmp, dest)
+            written.append(out)
     except OSError as e:
-        raise UserError(f"{out}: cannot write it ({e.strerror}); it was left unchanged.") from None
-    written.append(out)
+        where = None if e.filename is None else _absolute(os.fsdecode(e.filename))
+        if where is None or where in (tmp, dest, dest.parent):
+            raise UserError(f"{out}: cannot write it ({e.strerror}); it was left unchanged.") from None
+        raise
+    finally:
+        _claims.pop(dest, None)
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def write_output_bytes(path: str | os.PathLike[str], data: bytes,
+                       inputs: Iterable[str | os.PathLike[str] | None] = ()) -> Path:
+    """Write ``data`` to the user-named output file ``path`` through :func:`staged_file` (the guard,
+    the temporary sibling, the checked rename); returns ``path``."""
+    with staged_file(path, inputs) as tmp, open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return Path(path)
+
+
+def write_output_file(path: str | os.PathLike[str], text: str,
+                      inputs: Iterable[str | os.PathLike[str] | None] = ()) -> Path:
+    """:func:`write_output_bytes` of ``text`` in UTF-8."""
+    return write_output_bytes(path, text.encode("utf-8"), inputs)
 
 
 @contextlib.contextmanager
@@ -272,6 +399,8 @@ def staged_dir(out_dir: str | os.PathLike[str], force: bool = False,
     try:
         yield stage
         with _signals_blocked(), _dir_lock(dest.parent):
+            check_not_input(out, inputs)  # again: with the inputs the readers noted during the work
+            check_not_special(out)
             _commit(stage, dest, out, force)
             abandoned.remove(out)
             written.append(out)

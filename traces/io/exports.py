@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from traces.format.errors import UserError
-from traces.io.atomic import atomic_write_bytes, check_output_file, sweep_stale, written
+from traces.io.atomic import check_output_file, write_output_bytes
 from traces.io.reader import Trace, open_trace
 
 #: One oracleGeneral record: uint32 clock_time, uint64 obj_id, uint32 obj_size, int64 next_access_vtime.
@@ -115,13 +115,10 @@ def export(kind: str, trace_dir: str | Path, out: str | Path) -> Path:
     if kind not in EXPORTS:
         raise UserError(f"unknown export format {kind!r}; known: {', '.join(EXPORTS)}.")
     trace_dir, out = Path(trace_dir), Path(out)
-    out_path = check_output_file(out, inputs=[trace_dir])
+    check_output_file(out, inputs=[trace_dir])  # before any work: an input, a device, a FIFO are refused
     trace = open_trace(trace_dir)
+    if trace.n_rows == 0:  # an empty file with exit 0 would pass for an export of a trace
+        why = " (trace.json says the capture did not complete)" if not trace.complete else ""
+        raise UserError(f"{trace.path}: holds no routings{why}, so there is nothing to export.")
     data = oracle_general_records(trace).tobytes() if kind == "libcachesim" else bigmoe_csv(trace).encode("utf-8")
-    sweep_stale(out_path.absolute())
-    try:
-        atomic_write_bytes(out_path, data)
-    except OSError as e:
-        raise UserError(f"{out}: cannot write it ({e.strerror}); it was left unchanged.") from None
-    written.append(out_path)
-    return out_path
+    return write_output_bytes(out, data, inputs=[trace_dir])

@@ -45,6 +45,7 @@ from traces.format.schema import (
     wide_file,
     wide_schemas,
 )
+from traces.io.atomic import note_input
 from traces.util.bounded_json import BoundsError, parse_bounded
 
 if TYPE_CHECKING:
@@ -410,6 +411,7 @@ def open_trace(path: str | Path, check_rows: bool = True, defer_rows: bool = Fal
     unchecked row either way, and a bad one is refused with the same sentence.
     ``check_rows=False``: never check them (for traces this package has just written)."""
     root = Path(path)
+    note_input(root)  # an input of the command: no output of it may replace or write into it
     if not root.exists():
         raise _fail(root, "no such trace directory")
     if not root.is_dir():
@@ -516,8 +518,14 @@ class RowChecker:
         """No request, token or recorded column: the invariants are those of the narrow columns only."""
         return not self.has_req and not self.trace.has("token") and not self.recorded
 
-    def passed(self, t: pa.Table) -> None:
-        """Advance past a part another check found valid (only for :attr:`simple` traces)."""
+    def passed(self, part: Path, t: pa.Table) -> None:
+        """Advance past a part another check (the row gate fused into :func:`replay.core.loads.cut_loads`) found valid, only for
+        :attr:`simple` traces; the per-layer step order, which that check does not carry from batch to
+        batch, is checked here."""
+        try:
+            _check_requests(t, self.offset, self.req_last, False)
+        except ValueError as e:
+            raise _fail(part, str(e)) from None
         n = t.num_rows
         if n:
             cols = [t.column(c)[n - 1].as_py() for c in ("batch", "layer", "step", "phase")]
@@ -580,6 +588,10 @@ class RowChecker:
         if same_batch_phase_change.any():
             i = int(np.argmax(same_batch_phase_change))
             raise ValueError(f"batch {b[i + 1]} mixes prefill and decode rows")
+        if not has_req:
+            # The step rules hold without a request column too (the trace is then one request): a
+            # negative step or a token routed twice at a layer would count tokens wrong.
+            _check_requests(t, offset, self.req_last, False)
         self.last = (int(b[-1]), int(lay[-1]), int(s[-1]), int(ph[-1]), int(req[-1]))
         ex = fixed_list_to_numpy(t.column("experts"))
         bad = np.flatnonzero(((ex < 0) | (ex >= n_expert)).any(axis=1))
@@ -608,16 +620,17 @@ class RowChecker:
         self.offset += n
 
 
-def _check_requests(t: pa.Table, offset: int, req_last: dict[tuple[int, int], tuple[int, int]]) -> None:
-    """With a request column, ``step`` is the position inside its request: >= 0, and a request's
-    tokens come in order (at each layer its steps strictly increase from batch to batch, inside
-    one turn or across later turns). ``req_last`` carries
-    each (request, layer)'s last (step, turn) from part to part."""
+def _check_requests(t: pa.Table, offset: int, req_last: dict[tuple[int, int], tuple[int, int]],
+                    has_req: bool = True) -> None:
+    """``step`` is the position inside its request (without a request column, the trace is one
+    request): >= 0, and a request's tokens come in order (at each layer its steps strictly increase
+    from batch to batch, inside one turn or across later turns). ``req_last`` carries each
+    (request, layer)'s last (step, turn) from part to part."""
     s = t.column("step").to_numpy().astype(np.int64)
     bad = np.flatnonzero(s < 0)
     if bad.size:
         raise ValueError(f"row {offset + bad[0]} has step {s[bad[0]]}; step is the position inside its request, >= 0")
-    req = t.column("request").to_numpy().astype(np.int64)
+    req = t.column("request").to_numpy().astype(np.int64) if has_req else np.zeros(s.size, np.int64)
     lay = t.column("layer").to_numpy().astype(np.int64)
     turn = t.column("turn").to_numpy().astype(np.int64)
     # Rows grouped by (request, layer), file order kept inside a group (file order = batch order).
@@ -629,20 +642,24 @@ def _check_requests(t: pa.Table, offset: int, req_last: dict[tuple[int, int], tu
     bad_in = back[1:] & ~((st[1:] > st[:-1]) & (tu[1:] >= tu[:-1]) | later_turn)
     if bad_in.any():
         i = int(order[1:][np.argmax(bad_in)])
-        raise ValueError(f"row {offset + i} (request {req[i]}, layer {lay[i]}) has step {s[i]}, not after that "
-                         "request's previous token at this layer: step must be the position inside its request, "
-                         "and a request's tokens must come in order")
+        raise ValueError(_out_of_order(offset + i, req[i], lay[i], s[i], has_req))
     for j in np.flatnonzero(first):
         key = (int(r[j]), int(l_[j]))
         prev = req_last.get(key)
         if prev is not None and not (int(tu[j]) > prev[1] or (int(tu[j]) == prev[1] and int(st[j]) > prev[0])):
             i = int(order[j])
-            raise ValueError(f"row {offset + i} (request {req[i]}, layer {lay[i]}) has step {s[i]}, not after that "
-                             "request's previous token at this layer: step must be the position inside its request, "
-                             "and a request's tokens must come in order")
+            raise ValueError(_out_of_order(offset + i, req[i], lay[i], s[i], has_req))
     last_of = np.r_[first[1:], True]
     for j in np.flatnonzero(last_of):
         req_last[(int(r[j]), int(l_[j]))] = (int(st[j]), int(tu[j]))
+
+
+def _out_of_order(row: int, req: int, layer: int, step: int, has_req: bool) -> str:
+    if has_req:
+        return (f"row {row} (request {req}, layer {layer}) has step {step}, not after that request's previous token "
+                "at this layer: step must be the position inside its request, and a request's tokens must come in order")
+    return (f"row {row} (layer {layer}) has step {step}, not after the previous token at this layer: in a trace "
+            "without a request column step is the token's position, and each token routes once per layer, in order")
 
 
 def _check_weights(w: np.ndarray, layer: np.ndarray, offset: int, by_rank: bool) -> None:

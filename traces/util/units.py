@@ -40,6 +40,8 @@ def check_budget_mib(value: object, what: str = "budget") -> float:
         raise _budget_error(what, f"{exact(v)!r} is not a positive number of MiB")
     if v > MAX_BUDGET_MIB:
         raise _budget_error(what, f"{exact(v)} MiB is beyond any trace (a budget is at most 2^40 MiB, 1 EiB)")
+    if v * MIB < 1:  # floors to 0 bytes: the budget 0, which is refused, under another spelling
+        raise _budget_error(what, f"{exact(v)} MiB is less than one byte (a budget holds at least 1 byte)")
     return v
 
 

@@ -1,0 +1,133 @@
+"""``opt-bound`` (replay/policies/opt_bound.py) against its naive twins (tests/naive/bound.py) and
+against every replay it bounds.
+
+- On small traces, each phase's dual value D equals the exact rational LP optimum (the method's
+  slack is float rounding only), the flow's primal value P too, and the exhaustive integer
+  optimum over the class P of replays is never above it.
+- On the shared twin traces (any sizes, budgets from one unit to past the working set), the
+  bound's hits, per phase, are never below any replay in the class P: every global policy, and
+  every within-budget cell of the per-layer ones; never above ``infinite``'s.
+- With one expert size everywhere, the bound equals ``belady`` (furthest-next-use is then optimal).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replay.core.simulate import ACC_HITS, prepare_loads, replay
+from replay.policies import REGISTRY, opt_bound, policy_module
+from tests.naive.bound import naive_lp, naive_opt
+from tests.test_cache_twin import UNIT, _arrays, traces
+
+# Policies whose every replay is in the class P (global, start empty, demand reads only).
+GLOBAL = [p for p in REGISTRY if p not in ("opt-bound", "infinite", "pin", "colibri")
+          and policy_module(p).PARTITION == "global"]
+PARTITIONED = [p for p in REGISTRY if policy_module(p).PARTITION == "layer" and p != "colibri"]  # colibri preloads
+
+
+def _loads(moe_layers, n_layer, n_expert, k, eb, rows):
+    expert_bytes = np.zeros(n_layer, np.int64)
+    for l, b in eb.items():
+        expert_bytes[l] = b
+    return prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
+
+
+@st.composite
+def tiny_traces(draw):
+    """1-2 MoE layers of 1-4 experts, top-1..2, up to 3 prefill and 5 decode tokens per turn,
+    sizes 1-3 units, budgets 1-8 units: small enough for the exact simplex and the exhaustive search."""
+    n_moe = draw(st.integers(1, 2))
+    moe_layers = list(range(n_moe))
+    n_expert = draw(st.integers(1, 4))
+    k = draw(st.integers(1, min(2, n_expert)))
+    eb = {l: draw(st.integers(1, 3)) * UNIT for l in moe_layers}
+    rows = []
+    batch = step = 0
+    for turn in range(draw(st.integers(1, 2))):
+        n_prefill, n_decode = draw(st.integers(0, 3)), draw(st.integers(0, 5))
+        batches = ([(0, list(range(step, step + n_prefill)))] if n_prefill else [])
+        batches += [(1, [step + n_prefill + i]) for i in range(n_decode)]
+        step += n_prefill + n_decode
+        for phase, steps in batches:
+            for layer in moe_layers:
+                for s in steps:
+                    ids = draw(st.lists(st.integers(0, n_expert - 1), min_size=k, max_size=k))
+                    rows.append((turn, batch, phase, s, layer, ids))
+            batch += 1
+    return moe_layers, n_moe, n_expert, k, eb, rows, draw(st.integers(1, 8))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(t=tiny_traces())
+def test_dual_equals_exact_lp_and_bounds_the_integer_optimum(t):
+    moe_layers, n_layer, n_expert, k, eb, rows, budget_units = t
+    if not rows:
+        return
+    loads = _loads(moe_layers, n_layer, n_expert, k, eb, rows)
+    budget = budget_units * UNIT
+    ivs = opt_bound.prepare_options(loads, {})["_intervals"]
+    naive_rows = [(r[1], r[2], r[4], r[5]) for r in rows]
+    res = replay(loads, "opt-bound", budget_units / 16)
+    for ph in (0, 1):
+        _, _, _, P, D = opt_bound.phase_bound(loads, ivs, budget, ph)
+        lp = naive_lp(naive_rows, eb, budget, ph)
+        # the documented slack: float rounding only, below SLACK_HITS
+        assert abs(D - float(lp)) <= opt_bound.SLACK_HITS / 10
+        assert abs(P - float(lp)) <= opt_bound.SLACK_HITS / 10
+        opt = naive_opt(naive_rows, eb, budget, ph)
+        assert opt <= lp
+        assert int(res.acc[ph, :, ACC_HITS].sum()) == math.floor(lp)
+
+
+def _phase_hits(res):
+    return [int(res.acc[ph, :, ACC_HITS].sum()) for ph in (0, 1)]
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(t=traces(), seed=st.integers(0, 1000))
+def test_never_below_a_replay_it_bounds(t, seed):
+    moe_layers, n_layer, n_expert, k, eb, rows, budget_units = t
+    if not rows:
+        return
+    loads = _loads(moe_layers, n_layer, n_expert, k, eb, rows)
+    mib = budget_units / 16
+    bound = _phase_hits(replay(loads, "opt-bound", mib))
+    for p in GLOBAL + PARTITIONED:
+        res = replay(loads, p, mib, seed=seed)
+        if p in PARTITIONED and res.over_budget:
+            continue  # one layer's share overflowed while the others hold theirs: outside the class
+        got = _phase_hits(res)
+        assert got[0] <= bound[0] and got[1] <= bound[1], (p, got, bound)
+    inf = _phase_hits(replay(loads, "infinite", mib))
+    assert bound[0] <= inf[0] and bound[1] <= inf[1]
+    if len(set(eb.values())) == 1:
+        assert _phase_hits(replay(loads, "belady", mib)) == bound
+
+
+def test_unequal_sizes_beat_furthest_next_use():
+    """Furthest-next-use is no bound when sizes differ. Layer 0's entries take 2 units, layer 1's
+    1 unit, the budget 3 units; decode loads L0:1, L1:1, L0:2, L0:1, L1:1. After the third load
+    (2 units forced) one unit is left: furthest-next-use first evicts L1:1 (used last), then still
+    has to evict L0:1, and hits nothing; keeping L1:1 hits once, and the bound says so."""
+    seq = [(0, [1]), (1, [1]), (0, [2]), (0, [1]), (1, [1])]
+    rows = [(0, b, 1, b, layer, ids) for b, (layer, ids) in enumerate(seq)]
+    eb = {0: 2 * UNIT, 1: UNIT}
+    loads = _loads([0, 1], 2, 3, 1, eb, rows)
+    naive_rows = [(r[1], r[2], r[4], r[5]) for r in rows]
+    assert naive_opt(naive_rows, eb, 3 * UNIT, 1) == 1
+    assert _phase_hits(replay(loads, "belady", 3 / 16))[1] == 0
+    assert _phase_hits(replay(loads, "opt-bound", 3 / 16))[1] == 1
+
+
+def test_refuses_what_ifs():
+    rows = [(0, 0, 1, 0, 0, [0]), (0, 1, 1, 1, 0, [0])]
+    loads = _loads([0], 1, 1, 1, {0: UNIT}, rows)
+    from traces.format.errors import UserError
+
+    with pytest.raises(UserError, match="computed bound"):
+        replay(loads, "opt-bound", 1.0, slots=True)
