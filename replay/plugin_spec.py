@@ -51,6 +51,8 @@ POLICY: dict[str, Name] = {
     "setup": Name("function", False, "setup(ps, ent, grp, loads, budget_bytes, options): fill the state before the replay (preloads)"),
     "group_budgets": Name("function", False, "group_budgets(...): per-group byte budgets for a layer-partitioned policy"),
     "describe": Name("function", False, "describe(loads, budgets_bytes, options) -> str: one line the cache text prints"),
+    "solve": Name("function", False, "solve(loads, policy, budget_mib, budget_bytes, options) -> ReplayResult: a bound computed "
+                  "instead of replayed (opt-bound); the driver never runs it and no what-if applies"),
 }
 
 PREDICTOR: dict[str, Name] = {

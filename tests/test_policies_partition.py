@@ -221,7 +221,7 @@ def test_layer_opt_is_a_bound_never_the_best_online():
     from replay.analyses.cost_model import BOUNDS
     from replay.present.cost import verdict
 
-    assert set(bound_policies()) == {"belady", "infinite", "layer-opt"} and set(BOUNDS) == set(bound_policies())
+    assert set(bound_policies()) == {"belady", "infinite", "layer-opt", "opt-bound"} and set(BOUNDS) == set(bound_policies())
     assert "pin" not in BOUNDS
     rows = [{"policy": p, "budget_mib": 8.0, "layer": None, "ms_per_token": ms, "tok_s": 1000 / ms, "hit_pct_decode": h,
              "overflow_loads": 0} for p, ms, h in (("lru", 20.0, 50.0), ("layer-opt", 10.0, 70.0), ("belady", 9.0, 80.0))]
