@@ -35,9 +35,15 @@ NEEDS_FREQ = False
 NEEDS_LAST_LOAD = False
 
 
+def state_shape(ent: np.ndarray, grp: np.ndarray) -> tuple[int, ...]:
+    # what init returns; the driver refuses another shape before the replay (a short state would
+    # let the hooks write past its end)
+    return (2 * ent.shape[1] + 2,)
+
+
 def init(ent: np.ndarray, grp: np.ndarray, seed: int) -> np.ndarray:
     # one global group: 2 links per entry, then head, tail; -1 = none
-    return np.full(2 * ent.shape[1] + 2, -1, np.int32)
+    return np.full(state_shape(ent, grp), -1, np.int32)
 
 
 @njit(inline="always")

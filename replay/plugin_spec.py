@@ -41,6 +41,8 @@ POLICY: dict[str, Name] = {
     "BOUND": Name("bool", False, "True: an offline bound that sees the whole trace; never picked as the best online policy"),
     "OPTIONS": Name("tuple", False, "the keyword options the policy takes (policy_options={name: {...}}, --<name>-<option>)"),
     "init": Name("function", True, "init(ent, grp, seed) -> ps: the policy's own state array (plain Python)"),
+    "state_shape": Name("function", False, "state_shape(ent, grp) -> tuple: the shape init (and setup) must return; a state of "
+                        "another shape is refused before the replay (a hook indexing past a short state would crash)"),
     "on_admit": Name("hook", True, "on_admit(ps, ent, grp, g, e): entry e entered group g"),
     "on_touch": Name("hook", True, "on_touch(ps, ent, grp, g, e): a hit on resident entry e"),
     "pick_victim": Name("hook", True, "pick_victim(ps, ent, grp, g, load) -> e: an evictable entry of group g, or -1"),

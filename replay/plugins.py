@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+from replay.plugin_spec import SPECS
 from replay.plugin_spec import check as check_contract
 from traces.format.errors import UserError
 
@@ -53,7 +54,40 @@ def load_file(path: str | Path, kind: str) -> ModuleType:
     except Exception as e:  # a plugin's own bug: one sentence naming the file
         del sys.modules[name]
         raise UserError(f"{p}: importing the {kind} module failed: {type(e).__name__}: {e}.") from e
+    except (SystemExit, KeyboardInterrupt) as e:  # a plugin never ends the process nor sets its exit status
+        del sys.modules[name]
+        raise UserError(f"{p}: importing the {kind} module {_exit_words(e)}; a plugin may not end the process.") from None
     return mod
+
+
+def _exit_words(e: BaseException) -> str:
+    if isinstance(e, SystemExit):
+        return f"called sys.exit({e.code!r})"
+    return "raised KeyboardInterrupt"
+
+
+def guard_exits(mod: ModuleType, kind: str) -> None:
+    """Wrap every plain-Python function of the ``kind`` contract that ``mod`` defines so that a
+    ``SystemExit`` or ``KeyboardInterrupt`` it raises becomes one sentence naming the file and the
+    function: a plugin calling ``sys.exit(0)`` would otherwise end the run with exit 0 and no output,
+    ``sys.exit(5)`` with the tool's exit status 5. (A real Ctrl-C or SIGTERM under the CLI arrives
+    as :class:`replay.runner.Interrupted`, which passes through.) Compiled hooks cannot raise either."""
+    import functools
+
+    for name, s in SPECS[kind].items():
+        fn = getattr(mod, name, None)
+        if s.kind != "function" or not callable(fn) or getattr(fn, "_exits_guarded", False):
+            continue
+
+        def wrapped(*args, _fn=fn, _name=name, **kwargs):
+            try:
+                return _fn(*args, **kwargs)
+            except (SystemExit, KeyboardInterrupt) as e:
+                raise UserError(f"{where(mod)}: the {kind}'s {_name} {_exit_words(e)}; a plugin may not end the process.") from None
+
+        functools.update_wrapper(wrapped, fn)
+        wrapped._exits_guarded = True
+        setattr(mod, name, wrapped)
 
 
 def load(spec: str, kind: str) -> ModuleType:
@@ -95,6 +129,8 @@ class Registry:
         old = self._modules.get(n)
         if old is not None and old is not mod:
             raise UserError(f"{where(mod)}: {self.kind} name {n!r} is already taken by {where(old)}.")
+        if not mod.__name__.startswith("replay."):
+            guard_exits(mod, self.kind)
         self._modules[n] = mod
         return n
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 
 from traces.format.errors import UserError
-from traces.util.signals import on_signals
+from traces.util.signals import on_signals, stop_requested
 
 
 class Interrupted(BaseException):
@@ -28,6 +28,7 @@ class Interrupted(BaseException):
         self.signum = int(signum)
 
 def _raise_interrupted(signum: int, frame: object) -> None:
+    stop_requested.set()  # threads waiting on a plugin's kernel stop waiting (traces.util.signals)
     raise Interrupted(signum)
 
 def _interrupted(signum: int) -> int:
@@ -77,6 +78,7 @@ def guarded(call: Callable[[], int], debug: bool, quiet: bool = False,
     traceback). ``usage_error`` turns a front end's own exceptions into a code (None: not one of them)."""
     from replay.core.progress import compile_notice
 
+    stop_requested.clear()
     try:
         # The first run after installation compiles the kernels (about a minute): say so on a
         # terminal (never with --json, never in a pipe); later runs load them and print nothing.

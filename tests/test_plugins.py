@@ -3,7 +3,12 @@ library through the same registry as the built-ins; a broken plugin is one sente
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -239,3 +244,126 @@ def test_lazy_registry_keeps_names_order_and_refuses_a_clash(monkeypatch, tmp_pa
     monkeypatch.setattr(plugins, "entry_points", lambda group: [("clash", str(clash))])
     with pytest.raises(Exception, match="already taken"):
         pol.REG.known("lru")
+
+
+# -- a plugin never crashes the process (issue 29 item 3) -------------------------------------
+# Each case runs in a child process: before the driver checked what a hook returns, these ended
+# in SIGSEGV (exit -11), which would take the test runner down with them.
+
+def _spawn(*args: object, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "replay.cli", *map(str, args)], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out, err
+
+
+def _one_sentence(code: int, err: str, *needles: str) -> None:
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2, (code, err)
+    assert len(lines) == 1 and lines[0].startswith("moe-replay: error: "), err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+def _fifo_variant(tmp_path: Path, name: str, *edits: tuple[str, str]) -> Path:
+    src = FIFO_SRC.replace('NAME = "fifo"', f'NAME = "{name}"')
+    for old, new in edits:
+        assert old in src, old
+        src = src.replace(old, new)
+    p = tmp_path / f"{name.replace('-', '_')}.py"
+    p.write_text(src)
+    return p
+
+
+_VICTIM = "    e = ps[ps.shape[0] - 2]\n    while e >= 0 and not evictable(ent, e, load):\n        e = ps[2 * e + 1]\n    return e\n"
+
+
+@pytest.mark.parametrize("ret, needle", [
+    ("return 1_000_000", "which is no entry"),
+    ("return ent.shape[1] - 1", "not resident"),  # a padding column: in range of the arrays, never an entry
+])
+def test_a_victim_that_is_no_resident_entry_is_one_sentence_not_a_segfault(tmp_path, synth_trace_dir, ret, needle):
+    t = synth_trace_dir(**SMALL)
+    value = "1000000" if "1_000" in ret else ""
+    p = _fifo_variant(tmp_path, f"badvictim{len(ret)}", (_VICTIM, f"    {ret}\n"))
+    code, _, err = _finish(_spawn("cache", t, "--policy-file", p, "--policies", p.stem.replace("_", "-"), "--budgets", "1"))
+    _one_sentence(code, err, str(p), "pick_victim returned " + value, needle)
+    # under report: the sections that replay it are left out with the same sentence (a report
+    # names what it could not show), and no .partial staging directory is left behind
+    out = tmp_path / "rep"
+    code, _, err = _finish(_spawn("report", t, "-o", out, "--policy-file", p, "--policies", f"lru,{p.stem}",
+                                    "--budgets", "1", "--budget-mib", "1"))
+    assert code == 0, err
+    assert f"{p}: policy '{p.stem}': pick_victim returned" in (out / "index.md").read_text()
+    assert [q.name for q in tmp_path.iterdir() if q.name.startswith(".rep")] == []
+
+
+def test_a_state_shorter_than_declared_is_refused_before_the_replay(tmp_path, synth_trace_dir):
+    t = synth_trace_dir(**SMALL)
+    p = _fifo_variant(tmp_path, "shortstate", ("return np.full(state_shape(ent, grp), -1, np.int32)",
+                                               "return np.full(3, -1, np.int32)"))
+    code, _, err = _finish(_spawn("cache", t, "--policy-file", p, "--policies", "shortstate", "--budgets", "1"))
+    _one_sentence(code, err, str(p), "init returned a state of shape (3,)", "state_shape declares")
+    p = _fifo_variant(tmp_path, "liststate", ("return np.full(state_shape(ent, grp), -1, np.int32)", "return [0, 1]"))
+    code, _, err = _finish(_spawn("cache", t, "--policy-file", p, "--policies", "liststate", "--budgets", "1"))
+    _one_sentence(code, err, str(p), "init returned list")
+
+
+@pytest.mark.parametrize("where_, body, verb", [
+    ("policy init", "sys.exit(5)", "policy"),
+    ("policy import", "sys.exit(5)", "import"),
+    ("predictor predict", "sys.exit(0)", "predictor"),
+    ("predictor predict", "raise KeyboardInterrupt", "predictor"),
+])
+def test_sys_exit_or_keyboardinterrupt_in_a_plugin_is_a_refusal_naming_it(tmp_path, synth_trace_dir, where_, body, verb):
+    t = synth_trace_dir(**SMALL)
+    if verb == "predictor":
+        p = _write(tmp_path, f"quitter{len(body)}.py", f"""
+            import sys
+            NAME = "quitter{len(body)}"
+            DESCRIPTION = "ends the process"
+            def predict(trace, arr, in_phase, width):
+                {body}
+            """)
+        r = run_cli("predict", t, "--predictor-file", p, "--predictors", f"quitter{len(body)}")
+    elif verb == "import":
+        p = _write(tmp_path, "quit_on_import.py", f"import sys\n{body}\n")
+        r = run_cli("cache", t, "--policy-file", p, "--budgets", "1")
+    else:
+        p = _fifo_variant(tmp_path, "quitpolicy", ("    # one global group", f"    import sys\n    {body}\n    # one global group"))
+        r = run_cli("cache", t, "--policy-file", p, "--policies", "quitpolicy", "--budgets", "1")
+    assert_one_sentence_error(r, str(p), "sys.exit" if "exit" in body else "KeyboardInterrupt")
+    assert r.code == 2 and r.out == ""
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_plugin_looping_forever_in_compiled_code_can_be_interrupted(tmp_path, synth_trace_dir, sig, code):
+    t = synth_trace_dir(**SMALL)
+    marker = tmp_path / "replaying"
+    # pick_victim spins forever once the replay is past the tiny warm-up input; setup (plain Python,
+    # run just before the real replay) says when that replay starts
+    p = _fifo_variant(tmp_path, "spinner", (_VICTIM, "    while load >= 50:\n        ps[0] += 1\n" + _VICTIM),
+                      ("def init(", "def setup(ps, ent, grp, loads, budget_bytes, options):\n"
+                                    "    import os, pathlib\n"
+                                    "    if loads.load_start.shape[0] > 100:\n"
+                                    "        pathlib.Path(os.environ['SPIN_MARKER']).touch()\n\n\ndef init("))
+    proc = _spawn("cache", t, "--policy-file", p, "--policies", "spinner", "--budgets", "1", env={"SPIN_MARKER": str(marker)})
+    deadline = time.monotonic() + 300
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert marker.exists(), _finish(proc, 1)
+    time.sleep(1.0)  # inside the compiled loop by now
+    assert proc.poll() is None
+    proc.send_signal(sig)
+    rc, _, err = _finish(proc, 30)
+    assert rc == code, (rc, err)
+    assert f"interrupted by {sig.name}" in err

@@ -529,3 +529,124 @@ def test_corrupt_gate_input_file_named(tmp_path, small_synth):
         res = run_cli(verb[0], tr, *verb[1:])
         assert res.code == 2, res.err
         assert_one_sentence_error(res, "part-00000.gate_input.arrow")
+
+
+# -- metrics that are not this run's (issue 29 item 6) -----------------------------------------
+# cache --validate, cost fit and cost check apply one identity check (replay.core.run_identity):
+# before it, --validate exited 0 on another run's metrics (a 6.65-point per-token gap), on the
+# run's own metrics shuffled, and dropped its per-token line when rows were missing.
+
+def _copy_with_metrics(src, dst, change):
+    shutil.copytree(src, dst)
+    t = pq.read_table(dst / "metrics.parquet")
+    pq.write_table(change(t, pa), dst / "metrics.parquet")
+    return dst
+
+
+def _shuffled(t, pa):
+    return t.take(pa.array(np.random.default_rng(0).permutation(t.num_rows)))
+
+
+@pytest.mark.parametrize("case, change, needle", [
+    ("shuffled", _shuffled, "not in decode order"),
+    ("short", lambda t, pa: t.slice(0, t.num_rows - 5), "123 per-token rows but the trace has 128"),
+])
+def test_validate_and_cost_refuse_metrics_that_are_not_this_runs(real_trace_dir, tmp_path, case, change, needle):
+    t = _copy_with_metrics(real_trace_dir("qwen"), tmp_path / case, change)
+    for verb in (["cache", t, "--validate"], ["cost", "fit", t], ["cost", "check", t]):
+        r = run_cli(*verb)
+        assert_one_sentence_error(r, str(t), needle, "not the metrics of this run")
+        assert r.code == 2
+
+
+def test_validate_refuses_another_runs_metrics(real_trace_dir, tmp_path):
+    gemma = pq.read_table(real_trace_dir("gemma") / "metrics.parquet")  # 128 rows too: only its totals tell
+    t = _copy_with_metrics(real_trace_dir("qwen"), tmp_path / "foreign", lambda t, pa: gemma)
+    for verb in (["cache", t, "--validate"], ["cost", "fit", t], ["cost", "check", t]):
+        assert_one_sentence_error(run_cli(*verb), str(t), "76.78% but the run's summary says 74.9%", "not the metrics of this run")
+
+
+def test_a_recorded_read_larger_than_the_expert_is_refused(real_trace_dir, tmp_path):
+    t = tmp_path / "bigread"
+    shutil.copytree(real_trace_dir("qwen"), t)
+
+    def grow(tab):
+        i = tab.column_names.index("read_bytes")
+        rb = tab.column(i).combine_chunks()
+        flat = rb.values.to_numpy().copy()
+        flat[0] = (4 << 30) - 1  # ~4 GiB for one slot of a ~3 MiB expert
+        new = pa.FixedSizeListArray.from_arrays(pa.array(flat, rb.type.value_type), rb.type.list_size)
+        return tab.set_column(i, tab.field(i), new)
+
+    rewrite_part(sorted((t / "routings").glob("*.parquet"))[0], grow)
+    for verb in (["cache", t, "--validate"], ["cost", "fit", t]):
+        assert_one_sentence_error(run_cli(*verb), str(t), "records read_bytes 4294967295", "bytes of one expert")
+
+
+# -- every reader bounds what it parses (issue 29 item 4) -------------------------------------
+# Before: RecursionError / OverflowError / "internal error: invalid trace metadata", exit 3.
+
+DEEP = "[" * 100_000 + "]" * 100_000
+HUGE = "1" + "0" * 30  # 10^30: past int64
+
+
+def _no_bug(res, *needles):
+    assert_one_sentence_error(res, *needles)
+    assert res.code == 2 and "internal error" not in res.err
+
+
+def test_trace_json_nested_or_huge_is_one_sentence(synth_trace_dir, tmp_path):
+    src = synth_trace_dir(layers=2, experts=4, top_k=1, embd=8, tokens=8, prompt_tokens=2)
+    deep = tmp_path / "deep"
+    shutil.copytree(src, deep)
+    (deep / "trace.json").write_text(DEEP)
+    _no_bug(run_cli("info", deep), "trace.json", "nests more than")
+    huge = tmp_path / "huge"
+    shutil.copytree(src, huge)
+    meta = json.loads((huge / "trace.json").read_text())
+    (huge / "trace.json").write_text(json.dumps(meta).replace('"n_expert": 4', f'"n_expert": {HUGE}'))
+    _no_bug(run_cli("info", huge), "trace.json", "model.n_expert holds an integer of 31 digits")
+
+
+def test_vllm_log_nested_or_huge_is_one_sentence(tmp_path):
+    log = tmp_path / "v.json"
+    log.write_text(DEEP)
+    _no_bug(run_cli("import", "vllm", log, tmp_path / "o", "--expert-bytes", "1000"), str(log), "nests more than")
+    log = tmp_path / "v.jsonl"
+    log.write_text('{"request_id": "a", "routed_experts": [[[HUGE]]]}\n'.replace("HUGE", HUGE))
+    _no_bug(run_cli("import", "vllm", log, tmp_path / "o", "--expert-bytes", "1000"), str(log), "line 1", "31 digits")
+    assert not (tmp_path / "o").exists()
+
+
+def test_moetrace_and_table_huge_integers_are_one_sentence(tmp_path):
+    mt = tmp_path / "moe-trace.csv"
+    mt.write_text(f"phase,token,layer,rank,expert\nprefill,0,0,0,{HUGE}\n")
+    _no_bug(run_cli("import", "llamacpp-moetrace", mt, tmp_path / "o", "--expert-bytes", "64"), str(mt), "line 2",
+            "beyond int32")
+    tb = tmp_path / "r.csv"
+    tb.write_text(f"layer,experts\n0,3 1\n{HUGE},1 2\n")
+    _no_bug(run_cli("import", "table", tb, tmp_path / "o", "--expert-bytes", "64"), str(tb), "row", "beyond any")
+    tj = tmp_path / "r.jsonl"
+    tj.write_text('{"layer": 0, "experts": [1, 2]}\n{"layer": HUGE, "experts": [1, 2]}\n'.replace("HUGE", HUGE))
+    _no_bug(run_cli("import", "table", tj, tmp_path / "o", "--expert-bytes", "64"), str(tj), "line 2", "31 digits")
+    assert not (tmp_path / "o").exists()
+
+
+def test_limits_are_checked_where_the_input_is_read(tmp_path):
+    jl = tmp_path / "router_trace_rank0.jsonl"
+    jl.write_text(json.dumps({"step": 0, "layer": 10**6, "num_tokens": 1, "topk": 1, "top_indices": [[0]]}) + "\n")
+    _no_bug(run_cli("import", "megatron", jl, tmp_path / "o", "--expert-bytes", "1000"), str(jl), "line 1",
+            "layer 1000000 is beyond")
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"hidden_size": 1 << 40, "num_hidden_layers": 2, "num_experts": 8,
+                               "moe_intermediate_size": 64, "num_experts_per_tok": 2}))
+    _no_bug(run_cli("import", "megatron", jl, tmp_path / "o", "--sizes-from", cfg, "--dtype", "bf16"), str(cfg),
+            "hidden_size 1099511627776 is beyond")
+    cfg.write_text(json.dumps({"hidden_size": 1 << 20, "num_hidden_layers": 2, "num_experts": 8,
+                               "moe_intermediate_size": 1 << 20, "num_experts_per_tok": 2}))
+    _no_bug(run_cli("import", "megatron", jl, tmp_path / "o", "--sizes-from", cfg, "--dtype", "bf16"), str(cfg),
+            "beyond the 1 TiB a trace allows")
+    cfg.write_text(DEEP)
+    _no_bug(run_cli("import", "megatron", jl, tmp_path / "o", "--sizes-from", cfg, "--dtype", "bf16"), str(cfg),
+            "nests more than")
+    assert not (tmp_path / "o").exists()

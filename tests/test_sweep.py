@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -377,3 +378,32 @@ def test_sweep_report_text_marks_an_over_budget_belady_and_prints_budgets_exactl
     rows = [line for line in text.splitlines() if line.lstrip().startswith("t ")]
     assert rows[0].split()[4:6] == ["55.7", "!"] and "!" not in rows[1]
     assert "Belady over budget" in text and "t at 12.25 MiB" in text
+
+
+def test_a_corrupt_chunk_is_named_set_aside_and_recomputed(world, tmp_path):
+    """issue 29 item 4: a chunk that does not read back (garbage, a cell whose rows do not decode)
+    was fatal (exit 3) on resume; now it is named, set aside and its cells computed again, and the
+    tables come out byte-identical. An unreadable table refuses sweep-report in one sentence."""
+    out = tmp_path / "res"
+    shutil.copytree(world / "local", out)
+    chunks = sorted((out / "chunks").glob("*.parquet"))
+    assert len(chunks) == 1  # compacted when the sweep ended
+    want = {k: (world / "local" / f"{k}.parquet").read_bytes() for k in KIND_NAMES}
+    chunks[0].write_bytes(b"PAR1 this is not a parquet file PAR1")
+    res = run_cli("sweep", world / "grid.toml", "-o", out, "--workers", "1", "--json")
+    assert res.code == 0, res.err
+    assert f"{chunks[0]}: is not a readable Parquet file" in res.err and "computed again" in res.err
+    assert res.json()["computed"] == res.json()["cells"]
+    assert {k: (out / f"{k}.parquet").read_bytes() for k in KIND_NAMES} == want
+    assert (out / "chunks" / (chunks[0].name + ".corrupt")).exists()
+    # a chunk whose Parquet is sound but one cell's rows are garbage
+    good = sorted((out / "chunks").glob("*.parquet"))[-1]
+    t = pl.read_parquet(good)
+    t = t.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(pl.lit(b"garbage")).otherwise(pl.col("rows")).alias("rows"))
+    t.write_parquet(good)
+    res = run_cli("sweep", world / "grid.toml", "-o", out, "--workers", "1", "--json")
+    assert res.code == 0, res.err
+    assert "whose rows do not decode" in res.err
+    assert {k: (out / f"{k}.parquet").read_bytes() for k in KIND_NAMES} == want
+    (out / "cache.parquet").write_bytes(b"garbage")
+    assert_one_sentence_error(run_cli("sweep-report", out), str(out / "cache.parquet"), "not a readable Parquet table")

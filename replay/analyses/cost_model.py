@@ -26,6 +26,7 @@ import numpy as np
 import polars as pl
 
 from replay.analyses.cost_sense import MAX_FLASH_MIB_S, MAX_MS, check_coefficients, check_times, extrapolated, interval_half_ms
+from replay.core.run_identity import check_metrics_of_run, decode_token_index
 from replay.policies import bound_policies
 from traces.format.errors import UserError
 from traces.io.reader import Trace
@@ -149,14 +150,10 @@ def recorded_token_features(trace: Trace, metrics: pl.DataFrame | None = None) -
     m = metrics if metrics is not None else trace.metrics()
     if m is None:
         raise UserError(f"{trace.path}: has no recorded per-token metrics (import with --metrics, or pass --metrics FILE).")
-    a = trace.arrays()
-    dec = a.phase == 1
-    keys = np.stack([a.request_or_zero[dec], a.turn[dec], a.step[dec]], axis=1).astype(np.int64)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
+    a = trace.arrays(recorded=True)
+    check_metrics_of_run(trace, m, a)  # token count, order, the run's own totals: the same check as cache --validate
+    dec, inv, uniq = decode_token_index(a)
     n_tok = uniq.shape[0]
-    if m.height != n_tok:
-        raise UserError(f"{trace.path}: the metrics hold {m.height} per-token rows but the trace has {n_tok} decode tokens.")
     if a.read_bytes is not None:
         rb = np.bincount(inv, weights=a.read_bytes[dec].sum(axis=1).astype(np.float64), minlength=n_tok)
         bytes_source = "trace read_bytes (expert reads)"
@@ -174,15 +171,6 @@ def recorded_token_features(trace: Trace, metrics: pl.DataFrame | None = None) -
     if not np.all(np.isfinite(wall)) or (wall <= 0).any() or (wall > MAX_MS).any():
         i = int(np.argmax(~np.isfinite(wall) | (wall <= 0) | (wall > MAX_MS)))
         raise UserError(f"{trace.path}: recorded wall_ms of decode token {i + 1} is {wall[i]:g}, not a time in (0, 1 day].")
-    if a.read_bytes is not None and "read_bytes" in m.columns:
-        # All bytes the engine read for a token include the expert bytes the trace says it read:
-        # fewer means the metrics are another run's.
-        total = m["read_bytes"].to_numpy().astype(np.float64)
-        short = np.flatnonzero(total < rb)
-        if short.size:
-            i = int(short[0])
-            raise UserError(f"{trace.path}: the metrics say decode token {i + 1} read {total[i]:.0f} bytes in all, fewer "
-                            f"than the {rb[i]:.0f} bytes of expert reads the trace records; not the metrics of this run.")
     return pl.DataFrame({
         "token": np.arange(n_tok), "turn": uniq[:, 1], "step": uniq[:, 2], "wall_ms": wall,
         "read_bytes": rb, "misses": misses,

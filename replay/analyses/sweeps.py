@@ -488,9 +488,26 @@ class Store:
         self.dir = out / "chunks"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.next = 1 + max((int(p.stem) for p in self.dir.glob("*.parquet") if p.stem.isdigit()), default=0)
+        self.corrupt: list[str] = []  # chunks set aside because they did not read back (see _verified)
+        self._ok: set[Path] = set()
 
     def _chunks(self) -> list[Path]:
-        return sorted(p for p in self.dir.glob("*.parquet") if p.stem.isdigit())
+        """The chunks that read back whole; one that does not (a disk error, an edit, garbage
+        written in its place) is renamed ``NNNNNN.parquet.corrupt``, named in ``corrupt`` and its
+        cells count as not done, so the sweep computes them again instead of failing."""
+        return [p for p in sorted(p for p in self.dir.glob("*.parquet") if p.stem.isdigit()) if self._verified(p)]
+
+    def _verified(self, p: Path) -> bool:
+        if p in self._ok:
+            return True
+        problem = chunk_problem(p)
+        if problem is None:
+            self._ok.add(p)
+            return True
+        aside = p.with_name(p.name + ".corrupt")
+        p.replace(aside)
+        self.corrupt.append(f"{p}: {problem}; set aside as {aside.name}, its cells computed again")
+        return False
 
     def done(self) -> dict[str, tuple[Path, list[str]]]:
         """cell key -> (its chunk, notes); a later chunk (a ``force`` rerun) wins over an earlier one."""
@@ -540,6 +557,28 @@ class Store:
                 if key in wanted and wanted[key][0] == chunk:
                     out[key] = pl.read_ipc(io.BytesIO(blob))
         return out
+
+
+_CHUNK_SCHEMA = {"key": pl.String, "kind": pl.String, "notes": pl.List(pl.String), "rows": pl.Binary}
+
+
+def chunk_problem(p: Path) -> str | None:
+    """Why the chunk ``p`` cannot be used (not Parquet, other columns, a cell's rows that do not
+    decode), or None: every byte of it is read back before any of it is trusted."""
+    try:
+        t = pl.read_parquet(p)
+    except Exception as e:  # noqa: BLE001 - polars raises several kinds for a damaged file; each means "corrupt"
+        return f"is not a readable Parquet file ({type(e).__name__})"
+    if dict(t.schema) != _CHUNK_SCHEMA:
+        return f"has columns {', '.join(f'{k} {v}' for k, v in t.schema.items())}, not a sweep chunk's"
+    for key, blob in zip(t["key"], t["rows"], strict=True):
+        if key is None or blob is None:
+            return "holds a cell with no key or no rows"
+        try:
+            pl.read_ipc(io.BytesIO(blob))
+        except Exception as e:  # noqa: BLE001 - as above
+            return f"holds cell {key[:12]} whose rows do not decode ({type(e).__name__})"
+    return None
 
 
 @contextlib.contextmanager
@@ -819,7 +858,9 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
                    "reused": sum(1 for c in cells if c.key not in seen),
                    # cells whose trace has the same content as an earlier path of the grid: computed once
                    "same_content": len(cells) - len({c.key for c in cells}), "seconds": seconds,
-                   "cells_per_s": computed / seconds if computed and seconds > 0 else None, "kinds": kinds}
+                   "cells_per_s": computed / seconds if computed and seconds > 0 else None, "kinds": kinds,
+                   # chunks that did not read back, named (set aside, their cells computed again)
+                   **({"corrupt_chunks": list(store.corrupt)} if store.corrupt else {})}
         # sweep.json is this run's record (times vary): the tables are the deterministic output
         atomic_write_text(out / "sweep.json", json.dumps(summary, indent=1) + "\n")
     return summary
@@ -901,7 +942,11 @@ def sweep_report(results: str | Path) -> pl.DataFrame:
         raise UserError(f"{res}: is not a sweep results directory (no sweep.json; see 'moe-replay sweep').")
     if not table.exists():
         raise UserError(f"{res}: holds no cache table (the grid had no [cache] table).")
-    frame = pl.read_parquet(table)
+    try:
+        frame = pl.read_parquet(table)
+    except Exception as e:  # noqa: BLE001 - polars raises several kinds for a damaged file
+        raise UserError(f"{table}: is not a readable Parquet table ({type(e).__name__}); rerun the same sweep to rebuild "
+                        "it from its cell store.") from None
     if frame.height == 0:
         return pl.DataFrame()
     overall = frame.filter(pl.col("layer").is_null())

@@ -4,6 +4,7 @@ in :mod:`replay.analyses.sweeps`."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -44,6 +45,8 @@ def register(app: typer.Typer) -> None:
         if out is None:
             raise UserError("-o/--out: give the results directory.")
         summary = run_sweep(grid, out, engine=engine, workers=workers, address=address, force=force, show_progress=True)
+        for line in summary.get("corrupt_chunks", []):
+            print(f"moe-replay: warning: {line}", file=sys.stderr)
         if json_out:
             extra = {k: v for k, v in summary.items() if k not in ("kinds", "format", "version")}
             typer.echo(json_object("sweep", None, summary["kinds"], results=str(out), **extra))

@@ -137,7 +137,14 @@ STAT_EVICTIONS, STAT_OVERFLOW, STAT_SPEC_HITS, STAT_TICKS = 0, 1, 2, 3
 STAT_SPEC_EVICTED_UNUSED, STAT_SPEC_REFUSED, STAT_SPEC_NO_ROOM, STAT_SPEC_CAPPED = 4, 5, 6, 7
 STAT_SPEC_RESIDENT, STAT_SPEC_FILLS, STAT_SPEC_UNUSED_END = 8, 9, 10
 STAT_PEAK_BYTES = 11  # most bytes resident in all groups together, after an eviction step or a load's fills
-N_STATS = 12
+# A hook's answer the driver refused (0 none): the replay stopped at once, and the Python side turns
+# the code, the value and the load into one sentence naming the plugin (replay.core.simulate.driver_error).
+# Checked where it is cheap: once per victim, never per routed slot. Without it, a victim index past
+# the state arrays is an unchecked store into memory (SIGSEGV, or worse, silently wrong figures).
+STAT_ERR, STAT_ERR_VALUE, STAT_ERR_LOAD = 12, 13, 14
+ERR_VICTIM_RANGE = 1  # pick_victim returned an index that is no entry
+ERR_VICTIM_NOT_RESIDENT = 2  # pick_victim returned an entry that is not resident
+N_STATS = 15
 # opts[]: layers ahead the predictions are for; cap on predicted misses per layer (-1 none);
 # eviction guard on speculative fills; retention; speculative fills
 OPT_AHEAD, OPT_CAP, OPT_GUARD, OPT_RETAIN, OPT_FILL = 0, 1, 2, 3, 4
@@ -196,6 +203,20 @@ def _forget(ent, grp, g, e, keep_list, whatif):
     ent[RES_POS, e] = -1
 
 
+@njit(cache=True, inline="always")
+def _victim_error(ent, g, v, n_ent):
+    """0 if ``v`` (>= 0, from ``pick_victim`` for group ``g``) is an entry and resident, else the
+    ERR_VICTIM_* code: two compares per eviction (the RESIDENT field is the one the eviction writes
+    next, so it costs no extra cache line), none per routed slot. A victim of another group is not
+    checked: it cannot write outside the arrays, and the check stays at the two compares every
+    eviction pays."""
+    if v >= n_ent:
+        return ERR_VICTIM_RANGE
+    if ent[RESIDENT, v] != 1:
+        return ERR_VICTIM_NOT_RESIDENT
+    return 0
+
+
 # Hook placeholders: make_kernel rebinds these names to one policy's @njit hooks and constants.
 KEEP_RES_LIST = True  # maintain the resident list (only scanning policies read it)
 KEEP_TICK = True  # maintain ent[LAST_TICK] (policies whose order or tie-break reads it)
@@ -248,6 +269,7 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
     retain = has_pred and opts[OPT_RETAIN] != 0
     fill = has_pred and opts[OPT_FILL] != 0
     n_load = load_start.shape[0] - 1
+    n_ent = ent.shape[1]
     tick = opts[OPT_TICK0]
     load0 = opts[OPT_LOAD0]
     n_evict = 0
@@ -387,6 +409,10 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
             if vi < 0:
                 stats[STAT_OVERFLOW] += 1  # everything left was touched by this load
                 break
+            err = _victim_error(ent, g, vi, n_ent)
+            if err != 0:
+                stats[STAT_ERR], stats[STAT_ERR_VALUE], stats[STAT_ERR_LOAD] = err, vi, load
+                return
             v = np.uint32(vi)
             if WHATIF and ent[SPEC, v] == 1:
                 stats[STAT_SPEC_EVICTED_UNUSED] += 1
@@ -433,6 +459,10 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
                         stats[STAT_SPEC_NO_ROOM] += 1  # a speculation never overflows the budget
                         ok = False
                         break
+                    err = _victim_error(ent, ge, v, n_ent)
+                    if err != 0:
+                        stats[STAT_ERR], stats[STAT_ERR_VALUE], stats[STAT_ERR_LOAD] = err, v, load
+                        return
                     if guard and ent[HEAT, v] >= 2:
                         sv = _guard_score(ent, v, load)
                         if not (sv + sv // 4 + 4 * 256 <= _guard_score(ent, e, load)):

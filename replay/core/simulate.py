@@ -48,6 +48,8 @@ from replay.core.driver import (
     ACC_HITS,
     ACC_LOOKUPS,
     ACC_READ,
+    ERR_VICTIM_NOT_RESIDENT,
+    ERR_VICTIM_RANGE,
     N_ACC,
     N_STATS,
     OPT_AHEAD,
@@ -55,6 +57,9 @@ from replay.core.driver import (
     OPT_FILL,
     OPT_GUARD,
     OPT_RETAIN,
+    STAT_ERR,
+    STAT_ERR_LOAD,
+    STAT_ERR_VALUE,
     STAT_EVICTIONS,
     STAT_OVERFLOW,
     STAT_PEAK_BYTES,
@@ -90,7 +95,10 @@ def kernel_for(policy: str, whatif: bool = False, slots: bool = False):
             pm = policy_module(policy)
             try:
                 kern = make_kernel(policy, pm, whatif, slots)
-                kern(*_driver_args(_tiny_loads(), pm, MIB, 0, bool(slots), None, None, no_options())[0])
+                tiny = _tiny_loads()
+                args, stats, _ = _driver_args(tiny, pm, MIB, 0, bool(slots), None, None, no_options(), policy=policy)
+                run_kernel(kern, args, is_plugin(policy))
+                driver_error(stats, policy, pm, tiny.n_entries)
             except Exception as e:
                 if not is_plugin(policy):
                     raise
@@ -111,6 +119,93 @@ def _plugin_error(policy: str, pm: Any, e: Exception) -> UserError:
     first = next((ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("\x1b")), type(e).__name__)
     what = "does not compile with Numba" if isinstance(e, numba.core.errors.NumbaError) else "failed in the replay driver"
     return UserError(f"{where(pm)}: policy {policy!r} {what} ({type(e).__name__}: {first[:200]}).")
+
+
+def run_kernel(kern: Any, args: tuple, interruptible: bool) -> None:
+    """``kern(*args)``; with ``interruptible`` (a plugin policy's kernel) on a daemon thread that the
+    caller waits for, so SIGINT / SIGTERM still reach their handlers while a plugin's compiled hook
+    loops forever (a signal handler only runs in the main thread, between bytecodes, which a
+    kernel running there never reaches; the kernels release the GIL). A waiting thread other than
+    the main one gives up when the CLI's handler has set ``stop_requested`` (a pool's shutdown
+    would otherwise join it forever); the abandoned kernel spins on until the process exits with
+    the interrupt's status. Built-ins run in the calling thread (no thread per cell in sweeps)."""
+    if not interruptible:
+        kern(*args)
+        return
+    from traces.util.signals import Abandoned, stop_requested
+
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            kern(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller below
+            failed.append(e)
+
+    t = threading.Thread(target=work, name="moe-replay plugin kernel", daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.05)  # in the main thread a signal's handler runs here and its exception ends the wait
+        if stop_requested.is_set() and t.is_alive():
+            raise Abandoned("a plugin's kernel was left running: the command was interrupted")
+    if failed:
+        raise failed[0]
+
+
+def wait_result(future: Any) -> Any:
+    """``future.result()``, waiting in short slices: a signal delivered to another thread of the
+    process (any thread may receive it) only sets a flag the main thread checks between bytecodes,
+    which a wait without a timeout never reaches; a plugin's kernel that never returns would keep
+    SIGINT from being handled."""
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    while True:
+        try:
+            return future.result(timeout=0.1)
+        except FutureTimeout:
+            continue
+
+
+_VICTIM_PROBLEMS = {
+    ERR_VICTIM_RANGE: "which is no entry (entries are 0..{n})",
+    ERR_VICTIM_NOT_RESIDENT: "an entry that is not resident",
+}
+
+
+def driver_error(stats: np.ndarray, policy: str, pm: Any, n_entries: int) -> None:
+    """Raise, in one sentence naming the policy's file, the hook and the value, what the driver
+    refused from a hook (``stats[STAT_ERR]``, :mod:`replay.core.driver`); nothing if it refused nothing."""
+    code = int(stats[STAT_ERR])
+    if code == 0:
+        return
+    from replay.plugins import where
+
+    problem = _VICTIM_PROBLEMS.get(code, f"refused with code {code}").format(n=n_entries - 1)
+    raise UserError(f"{where(pm)}: policy {policy!r}: pick_victim returned {int(stats[STAT_ERR_VALUE])} at load "
+                    f"{int(stats[STAT_ERR_LOAD])}, {problem}; it must return a resident, evictable entry of the group "
+                    "it is asked about, or -1.")
+
+
+def check_state(ps: Any, policy: str, pm: Any, ent: np.ndarray, grp: np.ndarray, hook: str) -> None:
+    """Refuse, in one sentence naming the policy's file and ``hook`` (init or setup), a state that is
+    no numeric array or that differs from the shape the module declares (``state_shape(ent, grp)``,
+    replay/plugin_spec.py): a hook indexing past a short state writes outside it (a crash, or
+    silently wrong figures), so the shape is checked once, before the replay, never per access."""
+    from replay.plugins import where
+
+    if not isinstance(ps, np.ndarray) or ps.dtype.kind not in "iuf" or ps.ndim == 0:
+        what = f"a {ps.dtype} array of shape {ps.shape}" if isinstance(ps, np.ndarray) else type(ps).__name__
+        raise UserError(f"{where(pm)}: policy {policy!r}: {hook} returned {what}; the state must be a numeric numpy array.")
+    if not hasattr(pm, "state_shape"):
+        return
+    want = pm.state_shape(ent, grp)
+    try:
+        want = tuple(int(x) for x in (want if isinstance(want, (tuple, list)) else (want,)))
+    except (TypeError, ValueError):
+        raise UserError(f"{where(pm)}: policy {policy!r}: state_shape returned {want!r}, not a tuple of sizes.") from None
+    if tuple(ps.shape) != want:
+        raise UserError(f"{where(pm)}: policy {policy!r}: {hook} returned a state of shape {tuple(ps.shape)}; "
+                        f"its state_shape declares {want}.")
 
 
 def _tiny_loads() -> Loads:
@@ -625,31 +720,36 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     opts[OPT_GUARD] = int(guard)
     opts[OPT_RETAIN] = int(retain)
     opts[OPT_FILL] = int(fill)
-    args, stats, slot_out = _driver_args(loads, pm, budget, seed, slots, drop, pred if (retain or fill) else None, opts, popts)
+    args, stats, slot_out = _driver_args(loads, pm, budget, seed, slots, drop, pred if (retain or fill) else None, opts, popts,
+                                         policy=policy)
     ent, grp = args[7], args[8]
     L = len(loads.moe_layers)
     pre = np.bincount(np.repeat(np.arange(L), loads.n_expert), weights=ent[RESIDENT, :loads.n_entries] * loads.entry_bytes,
                       minlength=L).astype(np.int64)
     shares = grp[:, BUDGET].copy() if pm.PARTITION == "layer" and not pm.UNBOUNDED else None
     t0 = time.perf_counter()
-    kern(*args)
+    run_kernel(kern, args, is_plugin(policy))
     dt = time.perf_counter() - t0
+    driver_error(stats, policy, pm, loads.n_entries)
     acc, bacc = args[10], args[11]
     return ReplayResult(policy, float(budget_mib), budget, acc, bacc, int(stats[STAT_EVICTIONS]), int(stats[STAT_OVERFLOW]),
                         slot_out if slots else None, dt, stats, pre, shares)
 
 
 def _driver_args(loads: Loads, pm, budget: int, seed: int, slots: bool, drop: np.ndarray | None, pred: np.ndarray | None,
-                 opts: np.ndarray, policy_options: dict[str, Any] | None = None) -> tuple[tuple, np.ndarray, np.ndarray]:
+                 opts: np.ndarray, policy_options: dict[str, Any] | None = None, *,
+                 policy: str = "") -> tuple[tuple, np.ndarray, np.ndarray]:
     """The driver's arguments for one replay (fresh state, after the policy's ``setup``), its stats
     array and its slot_out array."""
     group, gbud = _groups(loads, pm, budget, policy_options)
     ent, grp = new_state(loads.entry_bytes, group, gbud)
     ps = pm.init(ent, grp, int(seed))
+    check_state(ps, policy, pm, ent, grp, "init")
     if hasattr(pm, "setup"):
         built = pm.setup(ps, ent, grp, loads, budget, policy_options or {})
         if built is not None:
             ps = built  # a policy whose state depends on the trace (colibri's pass schedule) builds it here
+            check_state(ps, policy, pm, ent, grp, "setup")
     L, B = len(loads.moe_layers), loads.batch_turn.shape[0]
     acc = np.zeros((2, L, N_ACC), np.int64)
     bacc = np.zeros((B, N_ACC), np.int64)
@@ -811,7 +911,7 @@ def sweep(loads: Loads, policies: list[str], budgets_mib: list[float], per_layer
     with bar_ctx as bar, ThreadPoolExecutor(max_workers=threads) as pool:
         futs = {key: pool.submit(replay, loads, p, b, seed, policy_options=popts[p], **whatif) for key, (p, b) in unique.items()}
         for key, f in futs.items():
-            results[key] = f.result()
+            results[key] = wait_result(f)
             bar.update(1)
     rows = []
     for p, b in cells:
@@ -857,6 +957,12 @@ def validate(trace: Trace, budget_mib: float | None = None) -> dict[str, Any]:
     row["diff_pp"] = row["hit_pct_cum"] - rec_cum if rec_cum is not None else None
     row["token_max_abs_diff_pp"] = None
     m = trace.metrics()
+    if m is not None:
+        # Another run's metrics, or these out of order, would pass or fail the per-token comparison
+        # by chance (and fewer rows than tokens would drop it in silence): the same check as cost fit.
+        from replay.core.run_identity import check_metrics_of_run
+
+        check_metrics_of_run(trace, m, arrays)
     ser = batch_series(loads, res)
     if m is not None and "cache_hit_pct" in m.columns:
         cum_l = np.cumsum(ser["lookups"].to_numpy())

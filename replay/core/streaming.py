@@ -58,12 +58,16 @@ from replay.core.simulate import (
     _groups,
     budget_bytes,
     check_policies,
+    check_state,
     check_state_fits,
+    driver_error,
     iter_load_parts,
     kernel_for,
+    run_kernel,
+    wait_result,
 )
 from replay.core.state import BUDGET, MAX_SLOTS, N_ENT, NEVER, USED, new_state, row_length
-from replay.policies import policy_module
+from replay.policies import is_plugin, policy_module
 from traces.format.errors import UserError
 from traces.io.reader import Trace
 
@@ -142,8 +146,10 @@ def replay_stream(trace: Trace, cells: list[tuple[str, float]], seed: int = 0, c
         group, gbud = _groups(shell, pm, budget)
         ent, grp = new_state(shell.entry_bytes, group, gbud)
         ps = pm.init(ent, grp, int(seed))
+        check_state(ps, policy, pm, ent, grp, "init")
         states.append({
             "policy": policy, "budget_mib": float(budget_mib), "budget": budget, "pm": pm, "kern": kernel_for(policy),
+            "plugin": is_plugin(policy),
             "ent": ent, "grp": grp, "ps": ps, "acc": np.zeros((2, L, N_ACC), np.int64), "bacc": [], "tick": 0,
             "evictions": 0, "overflow": 0, "peak": int(grp[:, USED].sum()), "seconds": 0.0,
             "layer_info": np.stack([group[::shell.n_expert], shell.layer_expert_bytes]).T.astype(np.int64).copy(),
@@ -177,10 +183,12 @@ def replay_stream(trace: Trace, cells: list[tuple[str, float]], seed: int = 0, c
                 opts[OPT_LOAD0] = part.load0
                 opts[OPT_BATCH0] = 0 if part.continues else -1
                 t0 = time.perf_counter()
-                st["kern"](lp.entries, lp.load_start, lp.load_lidx, lp.load_phase, lp.load_batch, st["layer_info"],
-                           nxt if st["pm"].NEEDS_NEXT_USE else empty_next, st["ent"], st["grp"], st["ps"], st["acc"], bacc,
-                           stats, slot_out, drop, pred, opts)
+                run_kernel(st["kern"], (lp.entries, lp.load_start, lp.load_lidx, lp.load_phase, lp.load_batch,
+                                        st["layer_info"], nxt if st["pm"].NEEDS_NEXT_USE else empty_next, st["ent"],
+                                        st["grp"], st["ps"], st["acc"], bacc, stats, slot_out, drop, pred, opts),
+                           st["plugin"])
                 st["seconds"] += time.perf_counter() - t0
+                driver_error(stats, st["policy"], st["pm"], shell.n_entries)
                 st["tick"] = int(stats[STAT_TICKS])
                 st["evictions"] += int(stats[STAT_EVICTIONS])
                 st["overflow"] += int(stats[STAT_OVERFLOW])
@@ -194,7 +202,7 @@ def replay_stream(trace: Trace, cells: list[tuple[str, float]], seed: int = 0, c
                     run(st)
             else:
                 for f in [pool.submit(run, st) for st in states]:
-                    f.result()
+                    wait_result(f)
             bar.update(lp.entries.shape[0])
             del nxt
     out = []

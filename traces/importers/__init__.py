@@ -48,6 +48,7 @@ import numpy as np
 from traces.format.completeness import compact_ranges
 from traces.format.errors import TraceError, UserError
 from traces.io.digest import sha256_file
+from traces.util.bounded_json import BoundsError, parse_bounded
 
 
 def importer_modules() -> list[str]:
@@ -174,14 +175,18 @@ def json_objects(path: Path) -> list[tuple[str, Any]]:
             if not line.strip():
                 continue
             try:
-                objs.append((f"{path}: line {n}", json.loads(line)))
+                objs.append((f"{path}: line {n}", parse_bounded(line)))
             except json.JSONDecodeError as e:
                 raise UserError(f"{path}: line {n}: is not valid JSON ({e.msg}; a truncated file?).") from None
+            except BoundsError as e:
+                raise UserError(f"{path}: line {n}: {e}.") from None
         return objs
     try:
-        data = json.loads(text)
+        data = parse_bounded(text)  # nesting and integers bounded before they reach the importer
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: is not valid JSON ({e.msg} at line {e.lineno}; a truncated file?).") from None
+    except BoundsError as e:
+        raise UserError(f"{path}: {e}.") from None
     items = data if isinstance(data, list) else [data]
     return [(f"{path}: item {i}" if isinstance(data, list) else str(path), o) for i, o in enumerate(items)]
 

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from traces.format.errors import UserError
-from traces.format.schema import MAX_BYTES
+from traces.format.schema import MAX_BYTES, MAX_INT32, MAX_LAYERS
+from traces.util.bounded_json import BoundsError, parse_bounded
 
 #: Storage types for ``--dtype``: (elements per block, bytes per block). GGUF block types as
 #: ggml stores them (a row must be a whole number of blocks); fp8/int8 count one byte per weight
@@ -285,9 +286,11 @@ def sizes_from_config(path: Path, dtype: str | None) -> ExpertSizes:
     if dt not in DTYPES:
         raise UserError(f"--dtype {dtype}: unknown storage type; known: {', '.join(DTYPES)}.")
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8-sig"))
+        cfg = parse_bounded(path.read_text(encoding="utf-8-sig"), "config.json")
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise UserError(f"--sizes-from {path}: is neither a GGUF nor a JSON config.json.") from None
+    except BoundsError as e:
+        raise UserError(f"--sizes-from {path}: {e}.") from None
     if not isinstance(cfg, dict):
         raise UserError(f"--sizes-from {path}: is not a JSON object (a Hugging Face config.json).")
     if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers keep the language model here
@@ -302,6 +305,12 @@ def sizes_from_config(path: Path, dtype: str | None) -> ExpertSizes:
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise UserError(f"--sizes-from {path}: the config has no positive integer {name}; "
                             "not a Mixture-of-Experts config this tool can size.")
+    # The trace's own limits (docs/design.md, "Trace format"), checked here where the file is read
+    # and the field can be named, not later by the trace writer as an internal error.
+    for name, v, top in (("hidden_size", h, MAX_INT32), ("num_hidden_layers", n_layer, MAX_LAYERS),
+                         ("the expert count", n_expert, MAX_INT32), ("the expert intermediate size", inter, MAX_INT32)):
+        if v > top:
+            raise UserError(f"--sizes-from {path}: {name} {v} is beyond any model this tool can replay (at most {top}).")
     if n_expert <= 1:
         raise UserError(f"--sizes-from {path}: the config has {n_expert} expert(s); not a Mixture-of-Experts model.")
     flags = moe_layer_flags(cfg, n_layer)
@@ -334,6 +343,11 @@ def sizes_from_config(path: Path, dtype: str | None) -> ExpertSizes:
             dense_bytes.append(None if attn is None or dense_mlp is None else attn + norms + dense_mlp)
     if not any(flags):
         raise UserError(f"--sizes-from {path}: the config's layer pattern leaves no MoE layer.")
+    for what, sizes in (("one expert", expert_bytes), ("a layer's dense weights", dense_bytes)):
+        big = max((b for b in sizes if b is not None), default=0)
+        if big > MAX_BYTES:
+            raise UserError(f"--sizes-from {path}: its shapes give {what} {big:,} bytes at --dtype {dt}, beyond the "
+                            f"{MAX_BYTES >> 40} TiB a trace allows; check hidden_size and the intermediate sizes.")
     notes = []
     if dt in ("fp8", "int8"):
         notes.append(f"--dtype {dt}: one byte per weight; per-block scale tensors are not counted")

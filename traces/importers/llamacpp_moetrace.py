@@ -76,9 +76,12 @@ def _ints(fields: list[str], path: Path, lineno: int, names: tuple[str, ...]) ->
     out = []
     for f, name in zip(fields, names):
         try:
-            out.append(int(f))
+            v = int(f)
         except ValueError:
             raise UserError(f"{path}: line {lineno}: {name} {f!r} is not an integer.") from None
+        if not -(1 << 31) <= v < (1 << 31):  # every field is an int32 of the trace: bounded here, not by an OverflowError
+            raise UserError(f"{path}: line {lineno}: {name} {f} is beyond int32 (at most {(1 << 31) - 1}).")
+        out.append(v)
     return out
 
 

@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 
 from traces.format.errors import UserError
-from traces.format.meta import MAX_LAYERS
+from traces.format.schema import MAX_INT32, MAX_LAYERS
 from traces.importers import repeated_expert_rows
+from traces.util.bounded_json import BoundsError, parse_bounded
 from traces.util.units import PHASE_DECODE, PHASE_PREFILL
 
 NAME = "megatron"
@@ -62,6 +63,10 @@ def bf16_to_f32(raw: bytes) -> np.ndarray:
     return u.view(np.float32)
 
 
+# Largest value of each integer field of a record: layer indices are int16, steps and counts int32.
+_LIMITS = {"step": MAX_INT32, "layer": MAX_LAYERS - 1, "num_tokens": MAX_INT32, "topk": MAX_INT32}
+
+
 def read_records(path: Path) -> list[tuple[int, dict]]:
     """(line number, record) of every line, checked for the fields an index record has."""
     try:
@@ -73,9 +78,11 @@ def read_records(path: Path) -> list[tuple[int, dict]]:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = parse_bounded(line)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}: line {n}: is not valid JSON ({e.msg}; a truncated file?).") from None
+        except BoundsError as e:
+            raise UserError(f"{path}: line {n}: {e}.") from None
         if not isinstance(rec, dict):
             raise UserError(f"{path}: line {n}: is not a JSON object.")
         for key in ("step", "layer", "num_tokens", "topk", "top_indices"):
@@ -85,8 +92,8 @@ def read_records(path: Path) -> list[tuple[int, dict]]:
             v = rec[key]
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise UserError(f"{path}: line {n}: {key} {v!r} is not a non-negative integer.")
-        if rec["layer"] >= MAX_LAYERS:
-            raise UserError(f"{path}: line {n}: layer {rec['layer']} is beyond the {MAX_LAYERS} layers a trace holds.")
+            if v > _LIMITS[key]:  # the trace's limits, named here rather than by the trace writer
+                raise UserError(f"{path}: line {n}: {key} {v} is beyond what a trace holds (at most {_LIMITS[key]}).")
         out.append((n, rec))
     if not out:
         raise UserError(f"{path}: holds no records.")
@@ -115,6 +122,8 @@ def _indices(rec: dict, path: Path, n: int) -> np.ndarray:
     if (arr < 0).any():
         t, s = (int(x) for x in np.argwhere(arr < 0)[0])
         raise UserError(f"{path}: line {n}: top_indices[{t}][{s}] is {int(arr[t, s])}, a negative expert id.")
+    if (arr > MAX_INT32).any():
+        raise UserError(f"{path}: line {n}: top_indices holds expert id {int(arr.max())}, beyond int32.")
     return arr
 
 

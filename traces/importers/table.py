@@ -25,7 +25,6 @@ model, the model's other MoE layers are listed as absent (``model.moe_layers_abs
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from traces.importers import (
     write_trace,
 )
 from traces.importers._sizes import require_sizes
+from traces.util.bounded_json import BoundsError, parse_bounded
 from traces.util.units import PHASE_DECODE, PHASE_PREFILL
 
 NAME = "table"
@@ -100,8 +100,8 @@ def _columns_of(path: Path) -> set[str] | None:
     if kind == "jsonl":
         for ln in head_lines(path, 8192):
             try:
-                obj = json.loads(ln)
-            except ValueError:
+                obj = parse_bounded(ln)
+            except (ValueError, BoundsError):
                 return None
             if isinstance(obj, dict) and _names(obj, "experts"):
                 return set(obj)
@@ -219,9 +219,11 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
             if not ln.strip():
                 continue
             try:
-                obj = json.loads(ln)
+                obj = parse_bounded(ln)
             except ValueError:
                 raise UserError(f"{path}: line {i + 1}: is not a JSON object (a truncated or corrupt line).") from None
+            except BoundsError as e:
+                raise UserError(f"{path}: line {i + 1}: {e}.") from None
             if not isinstance(obj, dict):
                 raise UserError(f"{path}: line {i + 1}: is JSON but not an object.")
             out.append((i + 1, obj))
@@ -240,17 +242,26 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
+_INT64 = 1 << 63
+
+
 def _int(v: Any, path: Path, where: int, what: str) -> int:
+    """An integer field, within int64 (the columns are gathered as int64 arrays, then checked
+    against their own narrower ranges): beyond it, one sentence here, not an OverflowError there."""
     if isinstance(v, bool):
         raise UserError(f"{path}: row {where}: {what} {v!r} is not an integer.")
     if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    try:
-        return int(str(v).strip())
-    except ValueError:
-        raise UserError(f"{path}: row {where}: {what} {v!r} is not an integer.") from None
+        out = v
+    elif isinstance(v, float) and v.is_integer():
+        out = int(v)
+    else:
+        try:
+            out = int(str(v).strip())
+        except ValueError:
+            raise UserError(f"{path}: row {where}: {what} {v!r} is not an integer.") from None
+    if not -_INT64 <= out < _INT64:
+        raise UserError(f"{path}: row {where}: {what} {str(v)[:40]} is beyond any count or id (at most 2^63-1).")
+    return out
 
 
 def _list(v: Any, path: Path, where: int, what: str, cast: type) -> list:
@@ -258,9 +269,11 @@ def _list(v: Any, path: Path, where: int, what: str, cast: type) -> list:
         s = v.strip()
         if s.startswith("["):
             try:
-                v = json.loads(s)
+                v = parse_bounded(s)
             except ValueError:
                 raise UserError(f"{path}: row {where}: {what} {v!r} is not a list.") from None
+            except BoundsError as e:
+                raise UserError(f"{path}: row {where}: {what}: {e}.") from None
         else:
             v = [x for x in _SPLIT.split(s) if x]
     if not isinstance(v, (list, tuple)):
@@ -342,7 +355,7 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
                     if not nums:
                         raise UserError(f"{path}: has no layer column {col['layer']!r} and no number in its file name; "
                                         "name the column with --map layer=COLUMN.")
-                    layer_from_name = int(nums[-1])
+                    layer_from_name = _int(nums[-1], path, 0, "layer (from the file name)")
                 cols["layer"].append(layer_from_name)
             for k in ("token", "batch", "token_id"):
                 if present[k]:

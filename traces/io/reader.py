@@ -46,6 +46,7 @@ from traces.format.schema import (
     wide_schemas,
 )
 from traces.io.atomic import note_input
+from traces.util.bounded_json import BoundsError, parse_bounded
 
 if TYPE_CHECKING:
     import polars as pl
@@ -419,9 +420,11 @@ def open_trace(path: str | Path, check_rows: bool = True, defer_rows: bool = Fal
     if not meta_path.is_file():
         raise _fail(root, "is not a trace: trace.json is missing")
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        meta = parse_bounded(meta_path.read_text(encoding="utf-8"), "trace.json")  # nesting and integers bounded
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise _fail(meta_path, f"is not valid JSON ({e.__class__.__name__}: {e})") from None
+    except BoundsError as e:
+        raise _fail(meta_path, str(e)) from None
     problems = validate_meta(meta, TRACE_JSON)
     if problems:
         raise _fail(meta_path, problems[0])

@@ -60,6 +60,28 @@ def _find_huge(obj: Any, where: str) -> tuple[str, _HugeInt] | None:
     return None
 
 
+class BoundsError(Exception):
+    """A bound passed while parsing (:func:`parse_bounded`); the message names the field, not the
+    file: the caller, which knows the file and line, says it."""
+
+
+def parse_bounded(text: str, what: str = "JSON value") -> Any:
+    """``json.loads`` with the bounds above: :class:`BoundsError` for nesting deeper than MAX_DEPTH
+    (checked before parsing) or an integer longer than MAX_INT_DIGITS (named by its field);
+    ``json.JSONDecodeError`` (a ValueError) for text that is not JSON, as ``json.loads`` raises it.
+    For readers that keep their own sentences for the file and line (trace.json, JSON lines)."""
+    deepest = _depth(text)
+    if deepest > MAX_DEPTH:
+        raise BoundsError(f"nests more than {MAX_DEPTH} levels deep; not a {what} this tool reads")
+    obj = json.loads(text, parse_int=_parse_int)
+    hit = _find_huge(obj, "")
+    if hit is not None:
+        field, digits = hit
+        raise BoundsError(f"{field or 'the value'} holds an integer of {len(digits.lstrip('-'))} digits, beyond any "
+                          f"count or size (at most {MAX_INT_DIGITS} digits, 2^63-1)")
+    return obj
+
+
 def loads_bounded(text: str, where: str, *, what: str = "JSON", hint: str = "") -> Any:
     """Parse ``text`` (read from ``where``, a file name for messages) with the bounds above; a
     :class:`UserError` naming ``where`` (and the field) when a bound is passed or it is not JSON

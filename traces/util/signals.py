@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+# Set by the CLI's SIGINT/SIGTERM handler (replay.runner): a thread that waits on work a signal
+# cannot stop (a plugin's compiled kernel on its own thread, replay.core.simulate.run_kernel) gives
+# up waiting when it is set, so the main thread's unwinding (a thread pool's shutdown joins its
+# workers) is not held up by a kernel that never returns. Cleared when a command starts.
+stop_requested = threading.Event()
+
+
+class Abandoned(BaseException):
+    """A wait given up because a stop was requested (the main thread says what was interrupted)."""
 
 
 @contextlib.contextmanager
