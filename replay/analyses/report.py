@@ -504,7 +504,8 @@ def section_cache(ctx: ReportContext) -> Section:
                           f"({ctx.verdict_where}), best decode hit first; ! = over budget",
                           columns=["budget_mib", "policy", "hit_pct_decode", "read_mib", "peak_resident_mib"]
                           + (["ms_per_token", "tok_s"] if model is not None else []),
-                          marks={"hit_pct_decode": [is_over_budget(r) for r in ctx.shared["cache_rows"]]}))
+                          marks={"hit_pct_decode": [is_over_budget(r) for r in ctx.shared["cache_rows"]]},
+                          collapsed=len(ctx.shared["cache_rows"]) > 8))  # the verdict states its best, LRU and ties
     s.tables.append(_by_budget(overall, policies, budgets, "hit_pct_decode", "cache_hit_pct_decode_by_budget",
                                "decode hit % per policy (rows) and budget (columns); ! = over budget: the cache overflowed, "
                                "that hit rate needs more memory than the budget (peak in the full table)"))
@@ -580,8 +581,10 @@ def _by_budget(overall: pl.DataFrame, policies: list[str], budgets: list[float],
             tm[exact(b)].append(time_marks(r) if value in ("ms_per_token", "tok_s") else "")
         rows.append(row)
     frame = pl.DataFrame(rows, schema={"policy": pl.String, **{exact(b): pl.Float64 for b in budgets}})
+    # The curves and tok/s figures show these numbers: with many policies (every registered online one,
+    # the report's default) the table is collapsed, its numbers a click (HTML) or a CSV (Markdown) away.
     return Table(name, frame, caption, headers={exact(b): f"{exact(b)} MiB" for b in budgets}, marks=marks,
-                 digits={exact(b): digits_for(value) for b in budgets}, time_marks=tm)
+                 digits={exact(b): digits_for(value) for b in budgets}, time_marks=tm, collapsed=len(policies) > 8)
 
 
 def section_prefetch(ctx: ReportContext) -> Section:
