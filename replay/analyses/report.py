@@ -540,6 +540,9 @@ def section_cache(ctx: ReportContext) -> Section:
     return s
 
 
+OPT_BOUND_MAX_LOADS = 20_000  # Qwen's phone run: 6,192 loads, 7-30 s; a 3,000-token 16-layer trace (48,500): minutes
+
+
 def _at_verdict_budgets(ctx: ReportContext, loads: Any, policies: list[str], model: Any) -> tuple[list[dict], list[str]]:
     """The cells the verdict picks from: every online policy in the registry (the ones given with
     ``--policies``, when given) and the Belady bound, at the verdict's budgets, sorted by budget, then
@@ -554,7 +557,13 @@ def _at_verdict_budgets(ctx: ReportContext, loads: Any, policies: list[str], mod
         return [], online
     from replay.policies.opt_bound import sizes_differ
 
-    bounds = ["belady", "opt-bound"] if sizes_differ(loads.layer_expert_bytes) else ["belady"]
+    # opt-bound's exact LP (min-cost flow) grows faster than the loads: past OPT_BOUND_MAX_LOADS the report
+    # does not compute it and says so (cache --policies opt-bound still does, at its own cost).
+    n_loads = int(loads.load_lidx.shape[0])
+    exact = sizes_differ(loads.layer_expert_bytes) and n_loads <= OPT_BOUND_MAX_LOADS
+    if sizes_differ(loads.layer_expert_bytes) and not exact:
+        ctx.shared["bound_not_computed_loads"] = n_loads
+    bounds = ["belady", "opt-bound"] if exact else ["belady"]
     series: dict = {}
     frame = sweep(loads, [*online, *bounds], ctx.verdict_budgets, show_progress=False, series=series)
     if model is not None:
@@ -757,6 +766,8 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
         row["gap_to_belady_pp"] = (None if best is None or bel is None or None in (best["hit_pct_decode"], bel["hit_pct_decode"])
                                    else bel["hit_pct_decode"] - best["hit_pct_decode"])
         ub = at.get("opt-bound")  # only with unequal expert sizes, where belady is a heuristic
+        if ctx.shared.get("bound_not_computed_loads") is not None:
+            row["bound_not_computed_loads"] = ctx.shared["bound_not_computed_loads"]
         if ub is not None:
             row["bound_hit_pct_decode"] = ub["hit_pct_decode"]
             row["gap_to_bound_pp"] = (None if best is None or None in (best["hit_pct_decode"], ub["hit_pct_decode"])

@@ -62,6 +62,10 @@ def cache_line(r: dict[str, Any]) -> str:
         gap = r.get("gap_to_bound_pp")
         if gap is not None:
             txt += f" ({fmt_q(abs(gap), 'pp')} points {'above' if gap >= 0 else 'below'} the best)"
+    elif r.get("bound_not_computed_loads") is not None and r.get("belady_hit_pct_decode") is not None:
+        txt += (f"; furthest-next-use (belady, a heuristic with these unequal expert sizes, not a bound) "
+                f"{fmt_q(r['belady_hit_pct_decode'], 'pct')}%{_over(r, 'belady_')} hits; the exact upper bound (opt-bound) "
+                f"is not computed in the report on {r['bound_not_computed_loads']:,} loads (`cache --policies opt-bound` does)")
     elif r.get("belady_hit_pct_decode") is not None:
         txt += f"; the Belady bound {fmt_q(r['belady_hit_pct_decode'], 'pct')}%{_over(r, 'belady_')} hits"
         gap = r.get("gap_to_belady_pp")
