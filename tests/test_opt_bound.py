@@ -131,3 +131,15 @@ def test_refuses_what_ifs():
 
     with pytest.raises(UserError, match="computed bound"):
         replay(loads, "opt-bound", 1.0, slots=True)
+
+
+def test_report_past_the_load_limit_says_the_bound_was_not_computed(synth_trace_dir, tmp_path, monkeypatch):
+    import replay
+    from replay.analyses import report as report_mod
+
+    t = synth_trace_dir(layers=4, experts=16, top_k=2, embd=8, tokens=40, prompt_tokens=4, routing_only=True)
+    monkeypatch.setattr(report_mod, "OPT_BOUND_MAX_LOADS", 10)  # the trace has 4 x 41 loads
+    replay.write_report(t, tmp_path / "r", force=True)
+    text = (tmp_path / "r" / "index.md").read_text()
+    assert "a heuristic with these unequal expert sizes, not a bound" in text
+    assert "is not computed in the report on 164 loads" in text and "the upper bound (opt-bound)" not in text
