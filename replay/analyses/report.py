@@ -501,7 +501,11 @@ def section_cache(ctx: ReportContext) -> Section:
     ctx.shared["cache_rows"], ctx.shared["cache_compared"] = _at_verdict_budgets(ctx, loads, policies, model)
     s.tables.append(Table("cache_at_budget", pl.DataFrame(ctx.shared["cache_rows"]),
                           f"every {'' if ctx.policies else 'registered '}online policy at the verdict's budget "
-                          f"({ctx.verdict_where}), best decode hit first; ! = over budget",
+                          f"({ctx.verdict_where}), best decode hit first; ! = over budget"
+                          # opt-bound's hit % is the bound; its MiB and times follow one optimal fractional
+                          # solution of the LP and bound nothing (replay.policies.opt_bound)
+                          + ("; opt-bound: only its hit % is a bound (its MiB and times follow one solution of the LP)"
+                             if any(r["policy"] == "opt-bound" for r in ctx.shared["cache_rows"]) else ""),
                           columns=["budget_mib", "policy", "hit_pct_decode", "read_mib", "peak_resident_mib"]
                           + (["ms_per_token", "tok_s"] if model is not None else []),
                           marks={"hit_pct_decode": [is_over_budget(r) for r in ctx.shared["cache_rows"]]},
