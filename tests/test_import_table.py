@@ -130,7 +130,7 @@ def test_one_layer_per_file_some_layers_only(tmp_path, gguf):
     assert t.moe_layers == [1, 3] and t.model["moe_layers_absent"] == [0, 2]
     got = {(int(a.step[i]), int(a.layer[i])): [int(x) for x in a.experts[i]] for i in range(a.n_rows)}
     assert got == {(r["token_idx"], r["layer"]): r["topk_ids"] for r in rows}
-    assert "file order is token order" in res.out and "the one number in the file name" in res.out
+    assert "file order is token order" in res.out and "the number after 'layer' in the file name" in res.out
     assert "layers 0, 2 are absent" in res.out
     info = run_cli("info", tmp_path / "t")
     assert "absent     MoE layers 0, 2" in info.out

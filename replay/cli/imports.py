@@ -135,8 +135,35 @@ def _run(mod: ModuleType, fmt: str, paths: list[Path], values: dict[str, Any], j
             raise UserError(f"import {mod.NAME}: the {mod.NAME} format states its own expert sizes; drop "
                             f"--{given[0].replace('_', '-')}.")
     opts = {o.name: values[o.name] for o in mod.OPTIONS if o.name in values}
-    mod.import_(sources, out, sizes=sizes, force=force, **opts)
+    try:
+        mod.import_(sources, out, sizes=sizes, force=force, **opts)
+    except UserError as e:
+        hint = _table_hint(mod, sources)
+        if hint is None or type(e) is not UserError:
+            raise
+        raise UserError(f"{str(e).rstrip('.')}; {hint}.") from None
     _report(fmt, out, json_out, chosen)
+
+
+def _table_hint(mod: ModuleType, sources: list[Path]) -> str | None:
+    """A dedicated importer refused a file that reads as a table of routings (a patched engine's
+    or a hook script's per-row dump): the generic importer, with the columns it would read."""
+    from traces.importers import table
+
+    if mod.NAME == table.NAME:
+        return None
+    found: dict[str, str] = {}
+    for p in sources:
+        cols = table.columns_of(Path(p))
+        if not cols:
+            return None
+        got, _ = table.resolve_columns({}, cols)
+        if "experts" not in got:
+            return None
+        found.update({k: c for k, c in got.items() if k not in found})
+    said = ", ".join(f"{c} as {k}" for k, c in found.items())
+    return (f"it reads as a table of routings (one row per token and layer): try 'moe-replay import table SRC... OUT' "
+            f"(it would read {said}; --map KEY=COLUMN to choose others)")
 
 
 def _make_command(mod: ModuleType):

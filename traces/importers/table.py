@@ -6,8 +6,9 @@ when the file has one. Keys:
 - ``experts`` (required): the selected expert ids in router rank order -- a list (JSONL,
   Parquet) or a string (CSV): ``[3, 7]``, ``3 7``, ``3;7`` or ``3|7``;
 - ``weights``: the applied routing weights, same shape (absent: NaN, the engine exposed none);
-- ``layer``: the MoE layer index. Absent, each file is one layer, named by the last number in its
-  file name (``router_layer_07.jsonl`` -> 7), said in the notes;
+- ``layer``: the MoE layer index. Absent, each file is one layer: the first group of
+  ``--layer-from-path REGEX`` in its path, else the number after "layer" in its file name
+  (``router_layer_07.jsonl`` -> 7; any other number is refused, not guessed), said in the notes;
 - ``token``: the token's position in its request. Absent, file order is token order: the n-th
   row of a (request, layer) is its n-th token, said in the notes;
 - ``request``: the request id (integers, or strings numbered in order of first appearance);
@@ -36,6 +37,7 @@ from traces.importers import (
     DROP_WARMUP,
     ImportOption,
     check_source,
+    head_bytes,
     head_lines,
     infer_shape,
     meta_from_sizes,
@@ -104,7 +106,7 @@ def _kind(path: Path) -> str | None:
     return SUFFIXES.get(path.suffix.lower())
 
 
-def _columns_of(path: Path) -> set[str] | None:
+def columns_of(path: Path) -> set[str] | None:
     """The column names a sniffer sees (first CSV line, first JSONL object, Parquet schema)."""
     kind = _kind(path)
     if kind == "csv":
@@ -133,7 +135,7 @@ def sniff(paths: list[Path]) -> bool:
     """Recognised without a --map only: every file has an ``experts`` column (and a layer column, or
     a number in its name)."""
     for p in paths:
-        cols = _columns_of(p)
+        cols = columns_of(p)
         if not cols or not _names(cols, "experts"):
             return False
         if not _names(cols, "layer") and not re.search(r"\d+", p.stem):
@@ -342,7 +344,8 @@ def _check_options(mapping: dict[str, str], phase: str | None, prompt_tokens: st
         if on:
             if key in mapping:
                 raise UserError(f"--map {key}={mapping[key]} and {flag} both say the {key}; give one.")
-            off.add(key)
+            if key != "phase":  # a phase column the log has is refused beside --phase, not ignored
+                off.add(key)
     pt: int | str | None = None
     if prompt_tokens is not None:
         s = str(prompt_tokens).strip()
@@ -372,15 +375,16 @@ def _path_value(path: Path, regex: str, key: str, flag: str) -> str:
 
 
 def _layer_from_name(path: Path) -> int:
-    """The layer of a file without a layer column: the one number in its file name. Several numbers
-    (``run3_layer12_gpu0.csv``) are refused: taking the last would read layer 0 (a silent misread)."""
-    nums = re.findall(r"\d+", path.stem)
-    if len(nums) != 1:
-        said = "no number" if not nums else f"several numbers ({', '.join(nums)})"
-        raise UserError(f"{path}: has no layer column and {said} in its file name; name the layer column with --map "
-                        "layer=COLUMN, or say where its path holds the layer with --layer-from-path REGEX (e.g. "
-                        "'layer_(\\d+)').")
-    return _int(nums[0], path, 0, "layer (from the file name)")
+    """The layer of a file without a layer column: the number after "layer" in its file name
+    (``router_layer_07.jsonl`` -> 7). Any other number is refused, not guessed: the last number of
+    ``scores_rank0.csv`` or ``run3_layer12_gpu0.csv`` would read layer 0 (a silent misread)."""
+    found = re.findall(r"layer[_\-.]?(\d+)", path.stem, flags=re.I)
+    if len(found) != 1:
+        nums = re.findall(r"\d+", path.stem)
+        said = f"no number after 'layer' in its file name{' (it holds ' + ', '.join(nums) + ')' if nums else ''}"
+        raise UserError(f"{path}: has no layer column and {said}; name the layer column with --map layer=COLUMN, or "
+                        "say where its path holds the layer with --layer-from-path REGEX (e.g. 'layer_(\\d+)').")
+    return _int(found[0], path, 0, "layer (from the file name)")
 
 
 # -- one parser per shape: rows (CSV / JSONL / Parquet), arrays (NPY / NPZ), wide columns --------
@@ -398,6 +402,9 @@ def _array_records(path: Path, mapping: dict[str, str]) -> tuple[list[tuple[int,
 
     check_source(path)
     hint = "(ids [tokens, layers, k] or [tokens, k], written by numpy.save / numpy.savez)"
+    magic = head_bytes(path, 6)
+    if magic[:6] != b"\x93NUMPY" and magic[:2] != b"PK":
+        raise UserError(f"{path}: is not a .npy / .npz array file {hint}: no NUMPY or zip header.")
     try:
         data = np.load(path, allow_pickle=False)
         arrays = {k: data[k] for k in data.files} if isinstance(data, np.lib.npyio.NpzFile) else {"array": data}
@@ -551,7 +558,8 @@ def _meta_of(rec: dict[str, Any]) -> dict[str, str]:
             out["engine_version"], out["version_key"] = text(rec[vk]), vk  # type: ignore[assignment]
     if "engine_version" not in out:
         vkeys = [k for k in rec if isinstance(k, str) and k.endswith("_version") and text(rec[k])]
-        vkeys.sort(key=lambda k: (k[:-len("_version")].lower() not in KNOWN_ENGINES, vkeys.index(k)))
+        vkeys = [k for _, k in sorted(enumerate(vkeys), key=lambda ik: (ik[1][:-len("_version")].lower()
+                                                                         not in KNOWN_ENGINES, ik[0]))]
         if vkeys:
             out["engine_version"], out["version_key"] = text(rec[vkeys[0]]), vkeys[0]  # type: ignore[assignment]
             out.setdefault("engine", vkeys[0][:-len("_version")])
@@ -670,8 +678,8 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
                         layer_said.append(f"{path.name}: layer {file_layer} (--layer-from-path)")
                     else:
                         file_layer = _layer_from_name(path)
-                        infer(f"{path.name}: no layer column: its rows are layer {file_layer} (the one number in the "
-                              "file name; --layer-from-path REGEX to read it elsewhere)")
+                        infer(f"{path.name}: no layer column: its rows are layer {file_layer} (the number after "
+                              "'layer' in the file name; --layer-from-path REGEX to read it elsewhere)")
                 cols["layer"].append(file_layer)
             for k in ("token", "batch", "token_id"):
                 if present[k]:
@@ -704,7 +712,9 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
     what = srcs[0] if len(srcs) == 1 else f"{srcs[0]} (and {len(srcs) - 1} more)"
     if n == 0:
         raise UserError(f"{what}: holds no routing records" + (f" matching --where {where}" if cond else "")
-                        + ("" if cond else "; a log that mixes record types needs --where KEY=VALUE") + ".")
+                        + ("" if cond else " (no record has an experts column: name it with --map experts=COLUMN, or "
+                           "experts=expert_* for one column per expert; a log that mixes record types needs --where "
+                           "KEY=VALUE)") + ".")
     assert col is not None
     ks = {len(e) for e in cols["experts"]}
     if len(ks) != 1 or 0 in ks:
