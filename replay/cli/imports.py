@@ -208,10 +208,13 @@ def _auto(
     expert_bytes: int | None = typer.Option(None, "--expert-bytes", help="Bytes of one expert, the same in every layer."),
     sizes_from: Path | None = typer.Option(None, "--sizes-from", help="Expert sizes from a .gguf or a config.json."),
     dtype: str | None = typer.Option(None, "--dtype", help="Storage type of the experts for --sizes-from config.json."),
+    drop_warmup: bool = typer.Option(False, "--drop-warmup", help="Leave out rows that look like an engine's warm-up "
+                                     "(profiling or dummy) pass (default: keep them and say so)."),
     force: bool = ForceOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Recognise the format of SRC..., say which it is, and import it (format options need 'import FORMAT')."""
+    from traces.format.errors import UserError
     from traces.importers import choose_format, get
 
     sources, _ = _split(paths, None, "auto")
@@ -219,6 +222,11 @@ def _auto(
     mod = get(fmt)
     values = {"expert_bytes": expert_bytes, "sizes_from": sizes_from, "dtype": dtype}
     values.update({o.name: (False if o.type is bool else o.default) for o in mod.OPTIONS})
+    if drop_warmup:
+        if "drop_warmup" not in values:
+            raise UserError(f"import auto: the {fmt} format is written by the engine itself with no warm-up pass; "
+                            "drop --drop-warmup.")
+        values["drop_warmup"] = True
     _run(mod, "auto", paths, values, json_out, force, chosen=fmt)
 
 
