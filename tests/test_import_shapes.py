@@ -125,6 +125,12 @@ def test_vllm_dump_with_a_metadata_line_and_a_prompt_pass(tmp_path):
     assert prov["source_meta"]["model"] == "Qwen/Qwen3-30B-A3B" and prov["source_meta"]["keys"] == list(meta)
     assert "routes.jsonl line 1: metadata, not routing" in res.out
     check_figures(tmp_path / "t", rows)
+    # the silent misread of the code before: the same log without its metadata line imported as
+    # "0 prefill + 16 decode"
+    bare = write_jsonl(tmp_path / "bare.jsonl", [json.loads(ln) for ln in src.read_text().splitlines()[1:]])
+    res = run_cli("import", "auto", bare, tmp_path / "b", "--expert-bytes", EB)
+    imported(res, tmp_path / "b", ["batch 0 holds positions 0..5", *SHAPE_NOTES], ["latency_us"])
+    assert check_figures(tmp_path / "b", rows)["tokens_prefill"] == 6
 
 
 # -- 2. a forward hook's position within each pass: the counter restarts --------------------------
@@ -292,6 +298,15 @@ def test_two_files_numbering_requests_from_zero(tmp_path):
     imported(res, tmp_path / "t", ["request 0 routes layer 0 in both a.jsonl and b.jsonl with the same positions",
                                    "requests one after another", *SHAPE_NOTES], [])
     assert check_figures(tmp_path / "t", rows)["requests"] == 4
+    # without a token column the code before read file b's request 0 as more tokens of file a's
+    # request 0 (2 requests, silently); the ids are the files' own
+    files = [write_jsonl(tmp_path / f"n{f.name}", [{k: v for k, v in json.loads(ln).items() if k != "token_idx"}
+                                                  for ln in f.read_text().splitlines()]) for f in files]
+    res = run_cli("import", "table", *files, tmp_path / "n", "--expert-bytes", EB)
+    imported(res, tmp_path / "n", ["request 0 routes layer 0 in both na.jsonl and nb.jsonl with no token column",
+                                   "no token column: file order is token order", "requests one after another",
+                                   *SHAPE_NOTES], [])
+    assert check_figures(tmp_path / "n", rows)["requests"] == 4
 
 
 # -- ambiguous cases refused in one sentence naming the option that settles them ----------------
@@ -356,3 +371,15 @@ def test_meta_path_types_are_kept_as_given(tmp_path):
                                              for r in rows])
     assert run_cli("import", "table", src, tmp_path / "t", "--expert-bytes", EB).code == 0
     assert open_trace(tmp_path / "t").meta["provenance"]["source_file"] == Path(src).name
+
+
+def test_wide_slot_ids_are_not_read_as_weights(tmp_path):
+    """expert_0, expert_1 holding ids (one column per slot, no weights) read as one column per
+    expert would route experts 0 and 1 with weights 5 and 3: refused, naming the slot form."""
+    src = tmp_path / "slots_layer0.csv"
+    src.write_text("expert_0,expert_1\n5,3\n2,7\n")
+    res = run_cli("import", "table", src, tmp_path / "t", "--expert-bytes", EB, "--map", "experts=expert_*")
+    assert_one_sentence_error(res, "integers above 1", "weights=weight_*")
+    # a dedicated importer given such a table names the generic one and the wide mapping
+    res = run_cli("import", "llamacpp-moetrace", src, tmp_path / "t", "--expert-bytes", EB, "--top-k", "2")
+    assert_one_sentence_error(res, "import table", "--map experts=expert_*")

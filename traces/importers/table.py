@@ -491,6 +491,10 @@ class _Wide:
             v, n = next((v, n) for v, n in vals if v < 0)
             raise UserError(f"{path}: row {rowno}: expert column {n} holds {v} (negative: raw logits?); one column per "
                             "expert holds the applied weight, 0 where the expert was not routed.")
+        if all(v.is_integer() for v, _ in vals) and max(v for v, _ in vals) > 1:
+            raise UserError(f"{path}: row {rowno}: the columns {self.epat} hold integers above 1 (expert ids, one column "
+                            f"per slot?), not one weight per expert; for slots name their weights too: --map "
+                            f"'experts={self.epat},weights=weight_*'.")
         nz = [(v, n) for v, n in vals if v != 0]
         if self.top_k is not None:
             if len(nz) < self.top_k:
@@ -921,8 +925,7 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
         extra["where"] = cond
         extra["skipped_records"] = {"count": skipped, "keys": sorted(skipped_keys)}
         version = version or skipped_meta.get("engine_version")
-        if skipped_meta.get("version_key", "version") not in ("version", "engine_version"):
-            engine = engine or skipped_meta.get("engine")
+        engine = engine or skipped_meta.get("engine")
     prov = provenance(NAME, srcs, engine=engine or ENGINE, engine_version=version, notes=notes, **extra)
     meta = meta_from_sizes(what=what, stem=srcs[0].stem, sizes=sizes, n_layer=n_layer, n_expert=n_expert, layer=layer,
                            top_k=k, prov=prov)
