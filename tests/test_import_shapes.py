@@ -383,3 +383,32 @@ def test_wide_slot_ids_are_not_read_as_weights(tmp_path):
     # a dedicated importer given such a table names the generic one and the wide mapping
     res = run_cli("import", "llamacpp-moetrace", src, tmp_path / "t", "--expert-bytes", EB, "--top-k", "2")
     assert_one_sentence_error(res, "import table", "--map experts=expert_*")
+
+
+# -- 8. one file per forward pass; the request in the path; the prompt length in a column ----------
+
+def test_one_file_per_pass_request_from_path_prompt_column(tmp_path):
+    rows = truth([(5, 4), (3, 3)], seed=8)
+    files = []
+    for r in rows:
+        p = tmp_path / f"req_{r['request'] + 10}" / f"pass_{r['batch']:03d}.jsonl"
+        if p not in files:
+            files.append(p)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "a") as fh:
+            fh.write(json.dumps({"token_idx": r["pos"], "layer": r["layer"], "topk_ids": r["experts"],
+                                 "topk_weights": r["weights"], "prompt_len": [5, 3][r["request"]]}) + "\n")
+    base = ["import", "table", *files]
+    res = run_cli(*base, tmp_path / "t", "--expert-bytes", EB, "--batch-per-file", "--request-from-path", r"req_(\d+)/")
+    imported(res, tmp_path / "t", ["request 10: batch 0 holds positions 0..4", *SHAPE_NOTES], ["prompt_len"])
+    assert "--batch-per-file: each of the 9 file(s) is one forward pass" in res.out
+    check_figures(tmp_path / "t", rows)
+    res = run_cli(*base, tmp_path / "u", "--expert-bytes", EB, "--request-from-path", r"req_(\d+)/",
+                  "--prompt-tokens", "prompt_len")
+    imported(res, tmp_path / "u", ["requests one after another", *SHAPE_NOTES], [])
+    assert "prompt_len -> prompt length (--prompt-tokens)" in res.out
+    check_figures(tmp_path / "u", rows)
+    bad = tmp_path / "req_10" / "pass_000.jsonl"
+    bad.write_text(bad.read_text().replace('"prompt_len": 5', '"prompt_len": 4', 1))
+    assert_one_sentence_error(run_cli(*base, tmp_path / "v", "--expert-bytes", EB, "--request-from-path",
+                                      r"req_(\d+)/", "--prompt-tokens", "prompt_len"), "changes within request 10")
