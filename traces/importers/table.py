@@ -223,7 +223,8 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
         try:
             rows = pq.read_table(path).to_pylist()
         except (pa.ArrowException, OSError, ValueError) as e:
-            raise UserError(f"{path}: is not a readable Parquet file ({str(e)[:120]}).") from None
+            raise UserError(f"{path}: is not a readable Parquet file ({str(e)[:120]}); 'import table' reads it as "
+                            "Parquet by its suffix ('import --list' names the other formats).") from None
         return [(i + 1, r) for i, r in enumerate(rows)]
     try:
         text = path.read_text(encoding="utf-8-sig")
@@ -245,7 +246,8 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
             except BoundsError as e:
                 raise UserError(f"{path}: line {i + 1}: {e}.") from None
             if not isinstance(obj, dict):
-                raise UserError(f"{path}: line {i + 1}: is JSON but not an object.")
+                raise UserError(f"{path}: line {i + 1}: is JSON but not an object (one routing record per line; a "
+                                "server's responses are read by 'import vllm' or 'import sglang').")
             out.append((i + 1, obj))
         return out
     rows = _csv_rows(lines)
