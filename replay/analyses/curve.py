@@ -1,0 +1,515 @@
+"""The whole hit-rate curve in one pass: global LRU (``lru``) and per-layer LRU partitions
+(``layer``, each layer's own curve, and ``layer-opt``'s allocation) at every budget where the
+curve changes, exactly equal to replaying the driver at each budget (docs/design.md, "curve").
+
+Why one pass is exact with the engine's load semantics (:mod:`replay.core.driver`): recency is the
+visit order (token-major inside a load, repeats included); a load's entries are looked up against
+what was resident at the load's start, admitted at once, and eviction runs once after the load,
+removing the least recent entries the load did not touch until the group fits. By induction the
+cache after every load holds the longest most-recent prefix of the recency stack whose bytes fit
+the budget, or, when the load itself is larger than the budget (an overflow), exactly the load's
+own entries: the prefix of length max(u, J), u = the load's unique entries (they are the u most
+recent), J = the longest prefix that fits. (If the prefix of length J + 1 fitted after load t, its
+older part was a fitting prefix after load t - 1 too, longer than what was resident then.) So a
+lookup of entry e at load t hits iff
+
+- e was looked up in load t - 1 (it is among the u most recent: resident at every budget), or
+- D(e) <= budget, D = the bytes of the distinct entries visited since e's last visit, e included,
+  measured at the start of load t (the other lookups of load t do not count: they are not yet
+  visited when the load is looked up against the cache).
+
+D is measured with a Fenwick tree over visit positions (each entry at the position of its last
+visit, weighing its layer's ``expert_bytes``; positions compacted when they run out, so the tree
+holds at most 2 x entries and stays in cache). A histogram of D is the whole curve; a load
+overflows at budget B iff its unique entries' bytes exceed B.
+
+``layer`` (the budget split equally, floor(budget_bytes / MoE layers) per layer): each layer's
+share holds C = floor(share / expert_bytes) entries, and per layer the same argument gives the
+stack distances :func:`replay.policies.layer_opt.miss_curves_by_phase` already counts (a hit iff
+the rank at the load's start <= max(C, u of the layer's previous load)); a load of layer l
+overflows iff its unique entries exceed C_l. ``layer-opt``'s shares come from
+:func:`replay.policies.layer_opt.partition` (the same code the policy runs), fed the same curves.
+
+Not computed here: furthest-next-use (``belady``). With loads that read together and never
+evict each other, and entries whose sizes differ by layer, it is not a stack algorithm (a larger
+cache's contents need not include a smaller one's), so no one-pass curve is exact; the frame says
+so (:data:`NOT_STACK`) and ``cache --policies belady`` replays it per budget.
+
+Sampling (``sample_rate`` / ``sample_size``, SHARDS: Waldspurger et al., FAST 2015): a seeded
+hash of each (layer, expert) entry picks the entries whose lookups are measured (all or none of an
+entry's lookups); distances are taken among sampled entries only and scaled by 1 / rate, so a
+sampled row at budget B estimates the exact row at B from the sampled lookups' hit ratio. The
+membership of the previous load (the always-hit case) and overflow are exact (they are cheap).
+With a fixed sample size the entries with the smallest hashes are taken (the universe of entries
+is known: layers x experts), so the rate is exactly size / entries. Sampled rows are estimates:
+``sampled`` is True on them, and benchmarks/RESULTS.md states the error measured against the
+exact curve.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from traces.format.errors import UserError
+from traces.util.jit import njit
+from traces.util.units import MIB
+
+NEVER = np.iinfo(np.int64).max  # a first visit: missed at every budget
+ALWAYS = -1  # looked up in the previous load: resident at every budget
+NOT_STACK = ("belady: no exact one-pass curve (with loads and per-layer expert sizes furthest-next-use is not a stack "
+             "algorithm: a larger cache need not hold what a smaller one holds); replay it per budget with cache")
+# A dense histogram of byte distances in units of the layers' gcd when it has at most this many
+# bins; beyond, the distances are sorted (np.unique): both exact.
+DENSE_BINS = 1 << 21
+SAMPLE_MOD = 1 << 24  # the spatial hash's range: an entry is sampled when hash mod this < rate x this
+
+
+@njit(cache=True, inline="always")
+def _bit_add(bit, p, v):
+    i = p + 1
+    n = bit.shape[0] - 1
+    while i <= n:
+        bit[i] += v
+        i += i & (-i)
+
+
+@njit(cache=True, inline="always")
+def _bit_prefix(bit, p):
+    """Sum of positions 0..p (0 when p < 0)."""
+    s = np.int64(0)
+    i = p + 1
+    while i > 0:
+        s += bit[i]
+        i -= i & (-i)
+    return s
+
+
+@njit(cache=True, nogil=True)
+def _lru_pass(entries, load_start, load_lidx, load_phase, layer_bytes, n_expert, keep):
+    """One pass over the loads for global LRU. Returns (dist int64 [n], phase int8 [n], lidx int32
+    [n], load_u int64 [G]) for the n measured lookups (every lookup, or with ``keep`` [entries] bool
+    non-empty only those of kept entries): dist = the byte stack distance D at the load's start
+    among measured entries (:data:`ALWAYS` if looked up in the previous non-empty load,
+    :data:`NEVER` if never visited before); load_u = each load's unique entries (all entries)."""
+    R, k = entries.shape
+    G = load_start.shape[0] - 1
+    E = layer_bytes.shape[0] * n_expert
+    sampled = keep.shape[0] > 0
+    S = 2 * E + 2
+    bit = np.zeros(S + 1, np.int64)
+    pos = np.full(E, -1, np.int64)
+    owner = np.full(S, -1, np.int64)
+    mark = np.full(E, -1, np.int64)
+    top = 0
+    total = np.int64(0)
+    dist = np.empty(R * k, np.int64)
+    lph = np.empty(R * k, np.int8)
+    lli = np.empty(R * k, np.int32)
+    load_u = np.zeros(G, np.int64)
+    n = 0
+    prev = -1
+    for load in range(G):
+        lo, hi = load_start[load], load_start[load + 1]
+        if hi == lo:
+            continue  # the driver skips an empty load too (no eviction step)
+        lid = load_lidx[load]
+        w = layer_bytes[lid]
+        ph = load_phase[load]
+        u = 0
+        for r in range(lo, hi):  # distances at the load's start: positions not yet updated
+            for j in range(k):
+                e = entries[r, j]
+                m = mark[e]
+                if m == load:
+                    continue
+                mark[e] = load
+                u += 1
+                if sampled and not keep[e]:
+                    continue
+                if m == prev and m >= 0:
+                    d = np.int64(ALWAYS)
+                elif pos[e] < 0:
+                    d = np.int64(NEVER)
+                else:
+                    d = total - _bit_prefix(bit, pos[e] - 1)
+                dist[n] = d
+                lph[n] = ph
+                lli[n] = lid
+                n += 1
+        load_u[load] = u
+        for r in range(lo, hi):  # then every visit moves its entry to the top, in visit order
+            for j in range(k):
+                e = entries[r, j]
+                if sampled and not keep[e]:
+                    continue
+                if top == S:  # out of positions: compact the live ones to 0..m-1, rebuild the tree
+                    m2 = 0
+                    for p in range(S):
+                        x = owner[p]
+                        if x >= 0:
+                            owner[p] = -1
+                            owner[m2] = x
+                            pos[x] = m2
+                            m2 += 1
+                    bit[:] = 0
+                    for p in range(m2):
+                        bit[p + 1] = layer_bytes[owner[p] // n_expert]
+                    for i in range(1, S + 1):
+                        jj = i + (i & (-i))
+                        if jj <= S:
+                            bit[jj] += bit[i]
+                    top = m2
+                if pos[e] >= 0:
+                    _bit_add(bit, pos[e], -w)
+                    owner[pos[e]] = -1
+                else:
+                    total += w
+                pos[e] = top
+                owner[top] = e
+                _bit_add(bit, top, w)
+                top += 1
+        prev = load
+    return dist[:n].copy(), lph[:n].copy(), lli[:n].copy(), load_u
+
+
+@njit(cache=True, nogil=True)
+def _hash_entries(n_entries, seed):
+    """A seeded 64-bit mix (splitmix64) of each entry id, reduced mod :data:`SAMPLE_MOD`."""
+    out = np.empty(n_entries, np.int64)
+    for e in range(n_entries):
+        z = np.uint64(e) + np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+        out[e] = np.int64(z % np.uint64(SAMPLE_MOD))
+    return out
+
+
+def sample_entries(n_entries: int, *, rate: float | None = None, size: int | None = None, seed: int = 0) -> tuple[np.ndarray, float]:
+    """(keep bool [entries], rate): SHARDS' spatial sample of the (layer, expert) entries. ``rate``
+    in (0, 1]: an entry is kept when its seeded hash < rate x range; ``size``: the ``size`` entries
+    with the smallest hashes (ties by id), rate = size / entries exactly."""
+    h = _hash_entries(n_entries, int(seed))
+    if size is not None:
+        size = min(int(size), n_entries)
+        keep = np.zeros(n_entries, bool)
+        keep[np.lexsort((np.arange(n_entries), h))[:size]] = True
+        return keep, size / n_entries
+    assert rate is not None
+    keep = h < int(round(rate * SAMPLE_MOD))
+    return keep, float(rate)
+
+
+@dataclass
+class Curve:
+    """Everything :func:`curve` computed: ``frame`` (cache rows of ``lru``, ``layer`` and
+    ``layer-opt`` at the budgets, plus ``requested``, ``sampled``), ``per_layer`` (each layer's own
+    LRU curve at 0..n_expert entries), ``answer`` (:func:`budget_answer` of the headline policy),
+    the trace's T and W in bytes, and notes."""
+
+    frame: Any
+    per_layer: Any
+    answer: dict[str, Any]
+    token_cycle_bytes: int
+    working_set_bytes: int
+    sample_rate: float | None
+    notes: list[str] = field(default_factory=list)
+
+
+class _LruCurve:
+    """Global LRU's curve from one pass: evaluate at any budgets (bytes)."""
+
+    def __init__(self, loads, keep: np.ndarray, rate: float) -> None:
+        L = len(loads.moe_layers)
+        w = loads.layer_expert_bytes.astype(np.int64)
+        dist, lph, lli, load_u = _lru_pass(loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, w,
+                                           loads.n_expert, keep)
+        self.rate = rate
+        lb = w[lli]
+        # exact per-phase lookups and bytes of the measured lookups; the always-hit and cold parts
+        self.lookups = np.bincount(lph, minlength=2).astype(np.int64)
+        always = dist == ALWAYS
+        cold = dist == NEVER
+        self.always = np.bincount(lph[always], minlength=2).astype(np.int64)
+        self.cold_bytes = np.array([int(lb[cold & (lph == p)].sum()) for p in (0, 1)], np.int64)
+        fin = ~(always | cold)
+        d, ph, b = dist[fin], lph[fin].astype(np.int64), lb[fin]
+        if rate < 1.0:  # SHARDS: a distance among sampled entries estimates distance / rate
+            d = np.ceil(d / rate).astype(np.int64)
+        self.keys, self.cnt, self.rd = _histogram(d, ph, b, w)
+        self.cum_cnt = np.concatenate([np.zeros((2, 1), np.int64), np.cumsum(self.cnt, axis=1)], axis=1)
+        self.cum_rd = np.concatenate([np.zeros((2, 1), np.int64), np.cumsum(self.rd, axis=1)], axis=1)
+        nonempty = np.diff(loads.load_start) > 0
+        self.load_bytes = np.sort((load_u * w[loads.load_lidx])[nonempty])
+        self.load_u, self.L = load_u, L
+        ph_load = loads.load_phase.astype(np.int64)
+        self.all_lookups = np.array([int(load_u[ph_load == p].sum()) for p in (0, 1)], np.int64)  # exact, sampled or not
+
+    def changes(self) -> np.ndarray:
+        """Every budget (bytes) where hits, bytes read or overflow can change."""
+        return np.unique(np.concatenate([self.keys, self.load_bytes]))
+
+    def at(self, budgets: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-phase lookups/hits/read bytes and overflowed loads at each budget (estimates when sampled:
+        the sampled lookups' counts, which :func:`_rows` scales)."""
+        i = np.searchsorted(self.keys, budgets, side="right")
+        hits = self.always[:, None] + self.cum_cnt[:, i]
+        read = self.cold_bytes[:, None] + (self.cum_rd[:, -1:] - self.cum_rd[:, i])
+        over = self.load_bytes.shape[0] - np.searchsorted(self.load_bytes, budgets, side="right")
+        return {"lookups": np.repeat(self.lookups[:, None], len(budgets), axis=1), "hits": hits, "read": read,
+                "overflow": over.astype(np.int64)}
+
+
+def _histogram(d: np.ndarray, ph: np.ndarray, b: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(distinct distances ascending, lookups [2, K], bytes [2, K]) of the lookups with finite distance."""
+    if d.shape[0] == 0:
+        return np.zeros(0, np.int64), np.zeros((2, 0), np.int64), np.zeros((2, 0), np.int64)
+    g = int(np.gcd.reduce(w[w > 0])) if (w > 0).any() else 1
+    top = int(d.max()) // g + 1
+    if top <= DENSE_BINS and (d % g == 0).all():
+        key = d // g
+        cnt = np.stack([np.bincount(key[ph == p], minlength=top) for p in (0, 1)])
+        rd = np.stack([np.bincount(key[ph == p], weights=b[ph == p], minlength=top) for p in (0, 1)])
+        used = cnt.sum(axis=0) > 0
+        keys = np.flatnonzero(used).astype(np.int64) * g
+        return keys, cnt[:, used].astype(np.int64), np.rint(rd[:, used]).astype(np.int64)
+    keys, inv = np.unique(d, return_inverse=True)
+    K = keys.shape[0]
+    cnt = np.stack([np.bincount(inv[ph == p], minlength=K) for p in (0, 1)])
+    rd = np.stack([np.bincount(inv[ph == p], weights=b[ph == p], minlength=K) for p in (0, 1)])
+    return keys.astype(np.int64), cnt.astype(np.int64), np.rint(rd).astype(np.int64)
+
+
+class _LayerCurves:
+    """Per-layer LRU curves (stack distances per layer, layer_opt's pass), evaluated at shares."""
+
+    def __init__(self, loads, load_u: np.ndarray) -> None:
+        from replay.policies.layer_opt import miss_curves_by_phase
+
+        L, n = len(loads.moe_layers), loads.n_expert
+        self.L, self.n = L, n
+        self.w = loads.layer_expert_bytes.astype(np.int64)
+        self.misses, self.umax = miss_curves_by_phase(loads)  # [2, L, n + 1]
+        # lookups per (phase, layer): the unique entries of each load
+        nonempty = np.diff(loads.load_start) > 0
+        lid = loads.load_lidx.astype(np.int64)
+        ph = loads.load_phase.astype(np.int64)
+        self.lookups = np.zeros((2, L), np.int64)
+        np.add.at(self.lookups, (ph[nonempty], lid[nonempty]), load_u[nonempty])
+        # loads of layer l with more than C unique entries, C = 0..n: overflow of a C-entry share
+        cnt = np.zeros((L, n + 2), np.int64)
+        np.add.at(cnt, (lid[nonempty], np.minimum(load_u[nonempty], n + 1)), 1)
+        self.over = np.cumsum(cnt[:, ::-1], axis=1)[:, ::-1][:, 1:]  # over[l, C] = loads with u > C; shape [L, n + 1]
+
+    def at_shares(self, c: np.ndarray) -> dict[str, np.ndarray]:
+        """c int64 [L, m] entries per layer at m budgets -> per-phase totals [2, m] and per-layer [2, L, m]."""
+        li = np.arange(self.L)[:, None]
+        miss = self.misses[:, li, c]  # [2, L, m]
+        look = np.repeat(self.lookups[:, :, None], c.shape[1], axis=2)
+        read = miss * self.w[None, :, None]
+        over = self.over[li, c]  # [L, m]
+        return {"lookups_l": look, "hits_l": look - miss, "read_l": read, "overflow_l": over,
+                "lookups": look.sum(axis=1), "hits": (look - miss).sum(axis=1), "read": read.sum(axis=1),
+                "overflow": over.sum(axis=0)}
+
+    def uniform(self, budgets: np.ndarray) -> np.ndarray:
+        """``layer``'s entries per layer [L, m]: floor(floor(budget / L) / expert_bytes), at most n."""
+        share = budgets // self.L
+        return np.minimum(self.n, share[None, :] // np.maximum(self.w[:, None], 1)).astype(np.int64)
+
+    def changes(self) -> np.ndarray:
+        """Budgets (bytes) where some layer's uniform share gains an entry: L x c x expert_bytes."""
+        c = np.arange(1, self.n + 1, dtype=np.int64)
+        return np.unique((self.L * c[None, :] * self.w[:, None]).ravel())
+
+
+def _rows(policy: str, budgets: np.ndarray, t: dict[str, np.ndarray], requested: set[int], sampled: bool,
+          scale: np.ndarray | None = None) -> list[dict[str, Any]]:
+    from replay.core.rows import cache_row
+
+    rows = []
+    for i, b in enumerate(budgets.tolist()):
+        lk = [int(t["lookups"][p, i]) for p in (0, 1)]
+        ht = [int(t["hits"][p, i]) for p in (0, 1)]
+        rd = [int(t["read"][p, i]) for p in (0, 1)]
+        if scale is not None:  # sampled: the exact lookup counts, hits and bytes scaled from the sample
+            ht = [int(round(h * s)) for h, s in zip(ht, scale)]
+            rd = [int(round(r * s)) for r, s in zip(rd, scale)]
+            lk = [int(round(x * s)) for x, s in zip(lk, scale)]
+        ov = int(t["overflow"][i])
+        row = cache_row(policy, float(b) / MIB, None, lk, ht, rd, evictions=None, overflow_loads=ov,
+                        peak_resident_bytes=None, over_budget=ov > 0)
+        row["requested"] = b in requested
+        row["sampled"] = sampled
+        rows.append(row)
+    return rows
+
+
+def _changed(t: dict[str, np.ndarray], budgets: np.ndarray, requested: set[int]) -> np.ndarray:
+    """Keep the budgets where the figures differ from the previous budget's, and every requested one."""
+    sig = np.concatenate([t["hits"], t["read"], t["overflow"][None, :]], axis=0)
+    keep = np.ones(budgets.shape[0], bool)
+    keep[1:] = (sig[:, 1:] != sig[:, :-1]).any(axis=0)
+    keep |= np.isin(budgets, np.fromiter(requested, np.int64, len(requested)))
+    return keep
+
+
+def compute_curve(loads, *, policies: tuple[str, ...] = ("lru", "layer"), budgets_bytes: list[int] = (),
+                  sample_rate: float | None = None, sample_size: int | None = None, seed: int = 0,
+                  tolerances_pp: tuple[float, ...] = (1.0, 5.0)) -> Curve:
+    """The curve of each policy in ``policies`` (``lru``, ``layer``, ``layer-opt``) at every budget
+    where it changes (``lru``, ``layer``; from the smallest distance to the working set) and at
+    ``budgets_bytes`` (``layer-opt``: those only, its allocation solved per budget). Sampling
+    (``sample_rate`` or ``sample_size``, ``lru`` only) makes ``lru``'s rows estimates."""
+    import polars as pl
+
+    from replay.core.rows import cache_frame
+
+    bad = [p for p in policies if p not in ("lru", "layer", "layer-opt")]
+    if bad:
+        raise UserError(f"curve: no one-pass curve for policy {bad[0]!r} (curves: lru, layer, layer-opt)"
+                        + ("; " + NOT_STACK if bad[0] == "belady" else "."))
+    if "layer-opt" in policies and not budgets_bytes:
+        raise UserError("curve: layer-opt's allocation is solved per budget: give budgets_mib.")
+    if sample_rate is not None and sample_size is not None:
+        raise UserError("curve: give sample_rate or sample_size, not both.")
+    if sample_rate is not None and not 0 < sample_rate <= 1:
+        raise UserError(f"curve: sample_rate {sample_rate} is not in (0, 1].")
+    if sample_size is not None and sample_size < 1:
+        raise UserError(f"curve: sample_size {sample_size} is not a positive number of entries.")
+    E = loads.n_entries
+    rate = 1.0
+    keep = np.zeros(0, bool)
+    sampled = (sample_rate is not None or sample_size is not None) and "lru" in policies
+    if sampled:
+        keep, rate = sample_entries(E, rate=sample_rate, size=sample_size, seed=seed)
+        if not keep.any():
+            raise UserError(f"curve: the sample holds no entry of the trace's {E:,} (raise the sample rate or size).")
+    req = sorted({int(b) for b in budgets_bytes})
+    requested = set(req)
+    req_arr = np.array(req, np.int64)
+    if "lru" not in policies:  # the pass only for each load's unique entries: no entry measured
+        keep, rate = np.zeros(E, bool), 1.0
+    lru = _LruCurve(loads, keep, rate)
+    W = int(loads.working_set_bytes)
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    load_u = lru.load_u  # exact whatever the sample: every entry counts in a load's unique entries
+    if "lru" in policies:
+        bud = np.unique(np.concatenate([lru.changes(), req_arr]))
+        bud = bud[(bud > 0) & ((bud <= W) | np.isin(bud, req_arr))]
+        t = lru.at(bud)
+        scale = None
+        if sampled:
+            total = lru.all_lookups
+            scale = [float(total[p] / t["lookups"][p, 0]) if t["lookups"][p, 0] else 0.0 for p in (0, 1)]
+            notes.append(f"lru: SHARDS sample of {int(keep.sum()):,} of {E:,} (layer, expert) entries (rate {rate:.4g}, "
+                         f"seed {seed}): hit rates and MiB read are estimates (benchmarks/RESULTS.md states the error "
+                         "measured against the exact curve); overflow marks are exact.")
+        k = _changed(t, bud, requested)
+        t = {key: v[..., k] for key, v in t.items()}
+        rows += _rows("lru", bud[k], t, requested, sampled, scale)
+    if "layer" in policies or "layer-opt" in policies:
+        lc = _LayerCurves(loads, load_u)
+    per_layer = None
+    if "layer" in policies:
+        bud = np.unique(np.concatenate([lc.changes(), req_arr]))
+        bud = bud[bud > 0]
+        t = lc.at_shares(lc.uniform(bud))
+        k = _changed(t, bud, requested)
+        t = {key: v[..., k] for key, v in t.items()}
+        rows += _rows("layer", bud[k], t, requested, False)
+        per_layer = _per_layer_frame(loads, lc)
+    if "layer-opt" in policies:
+        from replay.policies.layer_opt import partition
+
+        opts = {"_curves": (lc.misses.sum(axis=0), lc.umax)}
+        c = np.stack([partition(loads, int(b), opts) for b in req], axis=1)
+        t = lc.at_shares(c)
+        rows += _rows("layer-opt", req_arr, t, requested, False)
+    frame = cache_frame(rows)
+    if frame.height == 0:
+        frame = pl.DataFrame()
+    head = next((p for p in ("lru", "layer", "layer-opt") if p in policies), "lru")
+    answer = budget_answer(frame.filter(pl.col("policy") == head) if frame.height else frame, loads.token_cycle_bytes, W,
+                           tolerances_pp=tolerances_pp, policy=head)
+    return Curve(frame, per_layer, answer, int(loads.token_cycle_bytes), W, rate if sampled else None, notes)
+
+
+def _per_layer_frame(loads, lc: _LayerCurves):
+    """Each MoE layer's own LRU curve: one row per (layer, entries 0..n_expert)."""
+    import polars as pl
+
+    L, n = lc.L, lc.n
+    c = np.arange(n + 1, dtype=np.int64)
+    t = lc.at_shares(np.repeat(c[None, :], L, axis=0))
+    out = []
+    for i, layer in enumerate(loads.moe_layers):
+        for ci in range(n + 1):
+            lk = [int(t["lookups_l"][p, i, ci]) for p in (0, 1)]
+            ht = [int(t["hits_l"][p, i, ci]) for p in (0, 1)]
+            rd = int(t["read_l"][0, i, ci] + t["read_l"][1, i, ci])
+            out.append({"layer": int(layer), "entries": ci, "share_mib": float(ci * int(lc.w[i])) / MIB,
+                        "hit_pct_decode": _pct(ht[1], lk[1]), "hit_pct_cum": _pct(sum(ht), sum(lk)),
+                        "read_mib": float(rd) / MIB, "overflow_loads": int(t["overflow_l"][i, ci])})
+    return pl.DataFrame(out)
+
+
+def _pct(h: int, n: int) -> float:
+    return 100.0 * h / n if n else math.nan
+
+
+def budget_answer(frame, token_cycle_bytes: int, working_set_bytes: int, *, tolerances_pp: tuple[float, ...] = (1.0, 5.0),
+                  policy: str = "lru") -> dict[str, Any]:
+    """The budget answer from one policy's curve rows: the plateau (the hit % at the working set W,
+    where only first visits miss), the knee at each tolerance (the smallest within-budget budget whose
+    hit % is within that many points of the plateau), the hit % just below one token's working set T
+    (the cliff: below T a token's own layers evict each other) and at T, and what each doubling of
+    the budget buys from T up to W. Hit % is decode-only when the trace decodes, else cumulative
+    (``metric`` says which)."""
+    out: dict[str, Any] = {"policy": policy, "t_mib": token_cycle_bytes / MIB, "w_mib": working_set_bytes / MIB}
+    if frame.height == 0:
+        return {**out, "metric": None, "plateau_pct": None, "knees": [], "doublings": []}
+    rows = sorted(frame.to_dicts(), key=lambda r: r["budget_mib"])
+    metric = "hit_pct_decode" if any(r["lookups_decode"] for r in rows) else "hit_pct_cum"
+    ok = [r for r in rows if not r["over_budget"]]
+
+    def at(b_mib: float) -> dict | None:
+        """The curve's row in force at ``b_mib``: the last change point at or below it."""
+        best = None
+        for r in rows:
+            if r["budget_mib"] <= b_mib:
+                best = r
+        return best
+
+    plateau = max((r[metric] for r in rows), default=math.nan)
+    out["metric"] = metric
+    out["plateau_pct"] = plateau
+    knees = []
+    for tol in tolerances_pp:
+        hit = next((r for r in ok if r[metric] >= plateau - tol), None)
+        knees.append({"tolerance_pp": tol, "budget_mib": hit["budget_mib"] if hit else None,
+                      "hit_pct": hit[metric] if hit else None})
+    out["knees"] = knees
+    t_mib = token_cycle_bytes / MIB
+    below = at(math.nextafter(t_mib, 0))
+    at_t = at(t_mib)
+    out["below_t_pct"] = below[metric] if below else 0.0
+    out["at_t_pct"] = at_t[metric] if at_t else 0.0
+    doublings = []
+    b = t_mib
+    prev = out["at_t_pct"]
+    w_mib = working_set_bytes / MIB
+    while b < w_mib and t_mib > 0:
+        nb = min(2 * b, w_mib)
+        r = at(nb)
+        now = r[metric] if r else 0.0
+        doublings.append({"from_mib": b, "to_mib": nb, "hit_pct": now, "gain_pp": now - prev,
+                          "over_budget": bool(r["over_budget"]) if r else False})
+        prev, b = now, nb
+    out["doublings"] = doublings
+    return out

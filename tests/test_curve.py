@@ -1,0 +1,182 @@
+"""The one-pass curve (replay.analyses.curve) against its twin, per-budget replays of the driver
+(tests/naive/curve.py): hits per phase, bytes read and overflow marks exact at every budget where
+the curve changes, between them and at requested budgets; each layer's own curve against per-layer
+replays; layer-opt's rows against layer-opt replays; on random traces and the three real ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from replay.analyses.curve import compute_curve, sample_entries
+from replay.core.simulate import prepare_loads
+from tests.naive.curve import naive_curve, naive_layer_curve
+from tests.test_cache_twin import UNIT, _arrays, traces
+from traces.format.errors import UserError
+from traces.util.units import MIB
+
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _loads(t):
+    moe_layers, n_layer, n_expert, k, eb, rows, _ = t
+    expert_bytes = np.zeros(n_layer, np.int64)
+    for l, b in eb.items():
+        expert_bytes[l] = b
+    return prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
+
+
+def _budget(r) -> int:
+    b = int(round(r["budget_mib"] * MIB))
+    assert b / MIB == r["budget_mib"]  # the row's MiB is the budget in bytes exactly
+    return b
+
+
+def assert_rows_equal_replays(frame, loads, policy: str, extra: list[int] = ()) -> int:
+    """Every row of ``policy`` equals a replay at its budget; a budget between two rows (or below
+    the first) equals the row in force there. Returns the rows checked."""
+    rows = sorted((r for r in frame.to_dicts() if r["policy"] == policy), key=_budget)
+    budgets = [_budget(r) for r in rows]
+    # between change points the curve is flat: probe one byte below each point (and 1 byte)
+    probes = sorted({max(1, b - 1) for b in budgets} | {1} | set(extra))
+    want = naive_curve(loads, policy, budgets + probes)
+    for r, b in zip(rows, budgets):
+        w = want[b]
+        got = {"lookups": [r["lookups"] - r["lookups_decode"], r["lookups_decode"]],
+               "hits": [r["hits"] - r["hits_decode"], r["hits_decode"]],
+               "read": r["read_mib"] * MIB, "overflow": r["overflow_loads"], "over_budget": r["over_budget"]}
+        assert got == {"lookups": w["lookups"], "hits": w["hits"], "read": float(sum(w["read"])),
+                       "overflow": w["overflow"], "over_budget": w["over_budget"]}, (policy, b)
+        assert r["read_mib_decode"] * MIB == w["read"][1]
+    for p in probes:
+        in_force = [r for r, b in zip(rows, budgets) if b <= p]
+        w = want[p]
+        if in_force:
+            r = in_force[-1]
+            assert [r["hits"] - r["hits_decode"], r["hits_decode"]] == w["hits"], (policy, p)
+            assert r["overflow_loads"] == w["overflow"]
+        elif rows:  # below the first change point: no more hits than there
+            assert sum(w["hits"]) <= rows[0]["hits"]
+    return len(rows)
+
+
+@SETTINGS
+@given(t=traces(), extra=st.lists(st.integers(1, 200), max_size=3))
+def test_curve_equals_per_budget_replays(t, extra):
+    """lru and layer: at every change point, one byte below each and at requested budgets, the
+    curve's hits (both phases), bytes read (both phases), overflowed loads and over-budget mark
+    equal a replay of the driver at that budget."""
+    moe_layers, _, n_expert, _, eb, rows, budget_units = t
+    if not rows:
+        return
+    loads = _loads(t)
+    req = [budget_units * UNIT] + [x * UNIT // 4 for x in extra]
+    c = compute_curve(loads, policies=("lru", "layer", "layer-opt"), budgets_bytes=req)
+    for pol in ("lru", "layer"):
+        assert assert_rows_equal_replays(c.frame, loads, pol, extra=req) > 0
+        got = {_budget(r) for r in c.frame.to_dicts() if r["policy"] == pol and r["requested"]}
+        assert got == set(req)
+    # layer-opt at the requested budgets: its shares are layer-opt's and its figures a replay's
+    lo = sorted((r for r in c.frame.to_dicts() if r["policy"] == "layer-opt"), key=_budget)
+    want = naive_curve(loads, "layer-opt", [_budget(r) for r in lo])
+    for r in lo:
+        w = want[_budget(r)]
+        assert [r["hits"] - r["hits_decode"], r["hits_decode"]] == w["hits"]
+        assert r["read_mib"] * MIB == sum(w["read"])
+        assert r["overflow_loads"] == w["overflow"]
+
+
+@SETTINGS
+@given(t=traces())
+def test_each_layers_curve_equals_its_replays(t):
+    moe_layers, _, n_expert, _, eb, rows, _ = t
+    if not rows:
+        return
+    loads = _loads(t)
+    c = compute_curve(loads, policies=("layer",))
+    pl_rows = c.per_layer.to_dicts()
+    assert len(pl_rows) == len(moe_layers) * (n_expert + 1)
+    for r in pl_rows:
+        i = moe_layers.index(r["layer"])
+        w = naive_layer_curve(loads, i, r["entries"])
+        assert r["read_mib"] * MIB == w["read"]
+        lk, ht = w["lookups"], w["hits"]
+        want_cum = 100.0 * sum(ht) / sum(lk) if sum(lk) else None
+        got_cum = r["hit_pct_cum"] if r["hit_pct_cum"] == r["hit_pct_cum"] else None
+        assert got_cum == want_cum
+
+
+def test_curve_row_budgets_cover_one_entry_to_the_working_set(synth_trace_dir):
+    from replay.core.simulate import loads_of
+    from traces import open_trace
+
+    loads = loads_of(open_trace(synth_trace_dir(layers=3, experts=8, top_k=2, tokens=40, prompt_tokens=5, seed=3)))
+    c = compute_curve(loads, policies=("lru",))
+    b = sorted(c.frame["budget_mib"].to_list())
+    assert b[-1] * MIB <= loads.working_set_bytes
+    assert c.frame["hit_pct_cum"].to_list() == sorted(c.frame["hit_pct_cum"].to_list())  # LRU: more budget, no fewer hits
+    a = c.answer
+    assert a["plateau_pct"] == max(c.frame["hit_pct_decode"].to_list())
+    for k in a["knees"]:
+        assert k["hit_pct"] >= a["plateau_pct"] - k["tolerance_pp"]
+        smaller = [r for r in c.frame.to_dicts() if r["budget_mib"] < k["budget_mib"] and not r["over_budget"]]
+        assert all(r["hit_pct_decode"] < a["plateau_pct"] - k["tolerance_pp"] for r in smaller)
+
+
+def test_refusals():
+    from replay.core.simulate import Loads
+
+    loads = Loads(entries=np.zeros((1, 1), np.int32), load_start=np.array([0, 1]), load_lidx=np.zeros(1, np.int32),
+                  load_phase=np.ones(1, np.int8), load_batch=np.zeros(1, np.int32), moe_layers=(0,), n_expert=1,
+                  layer_expert_bytes=np.array([MIB]), batch_turn=np.zeros(1, np.int32), batch_step=np.zeros(1, np.int32),
+                  batch_phase=np.ones(1, np.int8))
+    with pytest.raises(UserError, match="belady: no exact one-pass curve"):
+        compute_curve(loads, policies=("belady",))
+    with pytest.raises(UserError, match="give budgets_mib"):
+        compute_curve(loads, policies=("layer-opt",))
+    with pytest.raises(UserError, match="not in"):
+        compute_curve(loads, sample_rate=1.5)
+
+
+def test_sample_is_seeded_and_sized():
+    a, ra = sample_entries(6144, size=61, seed=4)
+    b, rb = sample_entries(6144, size=61, seed=4)
+    c, _ = sample_entries(6144, size=61, seed=5)
+    assert a.sum() == 61 and ra == 61 / 6144 and (a == b).all() and not (a == c).all()
+    d, rd = sample_entries(6144, rate=0.1, seed=4)
+    assert rd == 0.1 and 400 < d.sum() < 830
+
+
+def test_full_sample_is_the_exact_curve(synth_trace_dir):
+    from replay.core.simulate import loads_of
+    from traces import open_trace
+
+    loads = loads_of(open_trace(synth_trace_dir(layers=3, experts=8, top_k=2, tokens=40, prompt_tokens=5, seed=3)))
+    exact = compute_curve(loads, policies=("lru",)).frame
+    full = compute_curve(loads, policies=("lru",), sample_rate=1.0).frame
+    cols = ["budget_mib", "hits", "hits_decode", "read_mib", "overflow_loads"]
+    assert full.select(cols).equals(exact.select(cols))
+    assert full["sampled"].all()
+
+
+@pytest.mark.parametrize("name", ["qwen", "gemma", "gptoss"])
+def test_real_trace_curve_equals_replays(real_trace_dir, name):
+    """On each real trace: lru and layer at ~12 of their change points (spread over the curve), at
+    the recorded budget and one byte below each point, equal the driver's replays exactly."""
+    from replay.core.simulate import loads_of
+    from traces import open_trace
+
+    t = open_trace(real_trace_dir(name))
+    loads = loads_of(t)
+    rec = t.recorded.get("budget_mib")
+    req = [int(rec * MIB)] if rec else []
+    c = compute_curve(loads, policies=("lru", "layer"), budgets_bytes=req)
+    for pol in ("lru", "layer"):
+        f = c.frame.filter(c.frame["policy"] == pol)
+        idx = np.unique(np.linspace(0, f.height - 1, 12).astype(int))
+        sub = f[idx.tolist()]
+        if req:
+            sub = sub.vstack(f.filter(f["requested"]))
+        assert assert_rows_equal_replays(sub, loads, pol) >= 3
