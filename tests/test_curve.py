@@ -34,10 +34,12 @@ def _budget(r) -> int:
     return b
 
 
-def assert_rows_equal_replays(frame, loads, policy: str, extra: list[int] = ()) -> int:
-    """Every row of ``policy`` equals a replay at its budget; a budget between two rows (or below
-    the first) equals the row in force there. Returns the rows checked."""
-    rows = sorted((r for r in frame.to_dicts() if r["policy"] == policy), key=_budget)
+def assert_rows_equal_replays(frame, loads, policy: str, extra: list[int] = (), pick: list[int] | None = None) -> int:
+    """Every row of ``policy`` (or the rows at indexes ``pick``) equals a replay at its budget; a
+    budget between two rows (or below the first) equals the row in force there. Returns the rows checked."""
+    all_rows = sorted((r for r in frame.to_dicts() if r["policy"] == policy), key=_budget)
+    all_budgets = [_budget(r) for r in all_rows]
+    rows = all_rows if pick is None else [all_rows[i] for i in pick]
     budgets = [_budget(r) for r in rows]
     # between change points the curve is flat: probe one byte below each point (and 1 byte)
     probes = sorted({max(1, b - 1) for b in budgets} | {1} | set(extra))
@@ -51,14 +53,14 @@ def assert_rows_equal_replays(frame, loads, policy: str, extra: list[int] = ()) 
                        "overflow": w["overflow"], "over_budget": w["over_budget"]}, (policy, b)
         assert r["read_mib_decode"] * MIB == w["read"][1]
     for p in probes:
-        in_force = [r for r, b in zip(rows, budgets) if b <= p]
+        in_force = [r for r, b in zip(all_rows, all_budgets) if b <= p]
         w = want[p]
         if in_force:
             r = in_force[-1]
             assert [r["hits"] - r["hits_decode"], r["hits_decode"]] == w["hits"], (policy, p)
             assert r["overflow_loads"] == w["overflow"]
-        elif rows:  # below the first change point: no more hits than there
-            assert sum(w["hits"]) <= rows[0]["hits"]
+        elif all_rows:  # below the first change point: no more hits than there
+            assert sum(w["hits"]) <= all_rows[0]["hits"]
     return len(rows)
 
 
@@ -132,12 +134,13 @@ def test_refusals():
                   load_phase=np.ones(1, np.int8), load_batch=np.zeros(1, np.int32), moe_layers=(0,), n_expert=1,
                   layer_expert_bytes=np.array([MIB]), batch_turn=np.zeros(1, np.int32), batch_step=np.zeros(1, np.int32),
                   batch_phase=np.ones(1, np.int8))
-    with pytest.raises(UserError, match="belady: no exact one-pass curve"):
+    with pytest.raises(UserError, match="belady has no exact one-pass curve"):
         compute_curve(loads, policies=("belady",))
-    with pytest.raises(UserError, match="give budgets_mib"):
+    with pytest.raises(UserError, match="give --budgets"):
         compute_curve(loads, policies=("layer-opt",))
     with pytest.raises(UserError, match="not in"):
         compute_curve(loads, sample_rate=1.5)
+
 
 
 def test_sample_is_seeded_and_sized():
@@ -174,9 +177,55 @@ def test_real_trace_curve_equals_replays(real_trace_dir, name):
     req = [int(rec * MIB)] if rec else []
     c = compute_curve(loads, policies=("lru", "layer"), budgets_bytes=req)
     for pol in ("lru", "layer"):
-        f = c.frame.filter(c.frame["policy"] == pol)
-        idx = np.unique(np.linspace(0, f.height - 1, 12).astype(int))
-        sub = f[idx.tolist()]
-        if req:
-            sub = sub.vstack(f.filter(f["requested"]))
-        assert assert_rows_equal_replays(sub, loads, pol) >= 3
+        f = c.frame.filter(c.frame["policy"] == pol).sort("budget_mib")
+        idx = set(np.unique(np.linspace(0, f.height - 1, 12).astype(int)).tolist())
+        idx |= {i for i, r in enumerate(f["requested"].to_list()) if r}
+        assert assert_rows_equal_replays(f, loads, pol, pick=sorted(idx)) >= 3
+
+
+def _small_trace(synth_trace_dir):
+    return synth_trace_dir(layers=3, experts=8, top_k=2, tokens=40, prompt_tokens=5, seed=3)
+
+
+def test_cli_json_out_and_api_agree(synth_trace_dir, tmp_path):
+    """curve --json rows are replay.curve()'s; -o writes Parquet or CSV of the same rows; the budget
+    answer rides in the JSON; bad input is one sentence and exit 2, with nothing written."""
+    import json
+
+    import polars as pl
+
+    import replay
+    from tests.helpers import assert_one_sentence_error, run_cli
+
+    d = _small_trace(synth_trace_dir)
+    res = run_cli("curve", d, "--budgets", "3,5", "--json", "-o", tmp_path / "c.parquet")
+    assert res.code == 0, res.err
+    obj = json.loads(res.out)
+    api = replay.curve(d, budgets_mib=[3, 5])
+    assert [r["hits"] for r in obj["rows"]] == api["hits"].to_list()
+    assert pl.read_parquet(tmp_path / "c.parquet")["budget_mib"].to_list() == api["budget_mib"].to_list()
+    assert {r["budget_mib"] for r in obj["rows"] if r["requested"]} == {3.0, 5.0}
+    assert obj["budget_answer"]["knees"] and obj["per_layer"]
+    res = run_cli("curve", d, "--csv", tmp_path / "c.csv")
+    assert res.code == 0 and "budget answer" in res.out and "knee" in res.out
+    assert pl.read_csv(tmp_path / "c.csv")["budget_mib"].to_list() == replay.curve(d)["budget_mib"].to_list()
+    for args, needle in ((("--policies", "belady"), "belady has no exact one-pass curve"),
+                         (("--sample-rate", "2"), "--sample-rate 2.0 is not in"),
+                         (("--tolerance", "x"), "--tolerance"),
+                         (("--policies", "layer-opt"), "give --budgets")):
+        res = run_cli("curve", d, *args, "-o", tmp_path / "bad.csv")
+        assert res.code == 2
+        assert_one_sentence_error(res, needle)
+        assert not (tmp_path / "bad.csv").exists()
+    with pytest.raises(UserError, match="^curve: layer-opt's allocation is solved per budget: give budgets_mib"):
+        replay.curve(d, policies=["layer-opt"])  # the library names the keyword, not the flag
+
+
+def test_with_cost_model_rows_carry_time(synth_trace_dir):
+    import replay
+
+    d = _small_trace(synth_trace_dir)
+    f = replay.curve(d, cost_model=replay.manual_cost_model(flash_mib_s=1000.0, compute_ms=10.0))
+    assert "ms_per_token" in f.columns and f["ms_per_token"].is_not_null().all()
+    ms = f.filter(f["policy"] == "lru")["ms_per_token"].to_list()
+    assert ms == sorted(ms, reverse=True)  # more budget, fewer bytes read, no more time

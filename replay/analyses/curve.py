@@ -60,7 +60,7 @@ from traces.util.units import MIB
 
 NEVER = np.iinfo(np.int64).max  # a first visit: missed at every budget
 ALWAYS = -1  # looked up in the previous load: resident at every budget
-NOT_STACK = ("belady: no exact one-pass curve (with loads and per-layer expert sizes furthest-next-use is not a stack "
+NOT_STACK = ("belady has no exact one-pass curve (with loads and per-layer expert sizes furthest-next-use is not a stack "
              "algorithm: a larger cache need not hold what a smaller one holds); replay it per budget with cache")
 # A dense histogram of byte distances in units of the layers' gcd when it has at most this many
 # bins; beyond, the distances are sorted (np.unique): both exact.
@@ -371,16 +371,16 @@ def compute_curve(loads, *, policies: tuple[str, ...] = ("lru", "layer"), budget
 
     bad = [p for p in policies if p not in ("lru", "layer", "layer-opt")]
     if bad:
-        raise UserError(f"curve: no one-pass curve for policy {bad[0]!r} (curves: lru, layer, layer-opt)"
-                        + ("; " + NOT_STACK if bad[0] == "belady" else "."))
+        raise UserError(f"curve: {NOT_STACK}." if bad[0] == "belady"
+                        else f"curve: no one-pass curve for policy {bad[0]!r} (curves: lru, layer, layer-opt).")
     if "layer-opt" in policies and not budgets_bytes:
-        raise UserError("curve: layer-opt's allocation is solved per budget: give budgets_mib.")
+        raise UserError("curve: layer-opt's allocation is solved per budget: give --budgets.")
     if sample_rate is not None and sample_size is not None:
-        raise UserError("curve: give sample_rate or sample_size, not both.")
+        raise UserError("curve: give --sample-rate or --sample-size, not both.")
     if sample_rate is not None and not 0 < sample_rate <= 1:
-        raise UserError(f"curve: sample_rate {sample_rate} is not in (0, 1].")
+        raise UserError(f"curve: --sample-rate {sample_rate} is not in (0, 1].")
     if sample_size is not None and sample_size < 1:
-        raise UserError(f"curve: sample_size {sample_size} is not a positive number of entries.")
+        raise UserError(f"curve: --sample-size {sample_size} is not a positive number of entries.")
     E = loads.n_entries
     rate = 1.0
     keep = np.zeros(0, bool)
