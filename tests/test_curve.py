@@ -229,3 +229,21 @@ def test_with_cost_model_rows_carry_time(synth_trace_dir):
     assert "ms_per_token" in f.columns and f["ms_per_token"].is_not_null().all()
     ms = f.filter(f["policy"] == "lru")["ms_per_token"].to_list()
     assert ms == sorted(ms, reverse=True)  # more budget, fewer bytes read, no more time
+
+
+def test_sweep_curve_kind_cells_are_the_api_rows(synth_trace_dir, tmp_path):
+    """A [curve] table: one cell per policy, each the policy's whole curve (replay.curve's rows)."""
+    import polars as pl
+
+    import replay
+
+    d = _small_trace(synth_trace_dir)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'traces = ["{d}"]\n[curve]\npolicies = ["lru", "layer"]\nbudgets_mib = [3]\n')
+    replay.sweep(grid, tmp_path / "out", workers=1)
+    f = pl.read_parquet(tmp_path / "out" / "curve.parquet")
+    for pol in ("lru", "layer"):
+        want = replay.curve(d, policies=[pol], budgets_mib=[3])
+        got = f.filter(pl.col("policy") == pol)
+        assert got["hits"].to_list() == want["hits"].to_list()
+        assert got["budget_mib"].to_list() == want["budget_mib"].to_list()
