@@ -127,6 +127,19 @@ def test_curve_row_budgets_cover_one_entry_to_the_working_set(synth_trace_dir):
         assert all(r["hit_pct_decode"] < a["plateau_pct"] - k["tolerance_pp"] for r in smaller)
 
 
+def test_listed_distances_equal_the_dense_histogram(synth_trace_dir, monkeypatch):
+    """Past DENSE_BINS bins the distances are listed and sorted instead: the same curve."""
+    from replay.analyses import curve as mod
+    from replay.core.simulate import loads_of
+    from traces import open_trace
+
+    loads = loads_of(open_trace(synth_trace_dir(layers=3, experts=8, top_k=2, tokens=40, prompt_tokens=5, seed=3)))
+    dense = compute_curve(loads, policies=("lru",), budgets_bytes=[MIB]).frame
+    monkeypatch.setattr(mod, "DENSE_BINS", 0)
+    listed = compute_curve(loads, policies=("lru",), budgets_bytes=[MIB]).frame
+    assert listed.equals(dense)
+
+
 def test_refusals():
     from replay.core.simulate import Loads
 

@@ -18,9 +18,10 @@ lookup of entry e at load t hits iff
   measured at the start of load t (the other lookups of load t do not count: they are not yet
   visited when the load is looked up against the cache).
 
-D is measured with a Fenwick tree over visit positions (each entry at the position of its last
-visit, weighing its layer's ``expert_bytes``; positions compacted when they run out, so the tree
-holds at most 2 x entries and stays in cache). A histogram of D is the whole curve; a load
+D is measured over visit positions (each entry at the position of its last visit, weighing its
+layer's ``expert_bytes``): the bytes of whole blocks of 64 positions after its block, then those of
+its own block's later positions (contiguous sums the compiler vectorises; positions are compacted
+when they run out, so the arrays hold about 2 x entries and stay in cache). A histogram of D is the whole curve; a load
 overflows at budget B iff its unique entries' bytes exceed B.
 
 ``layer`` (the budget split equally, floor(budget_bytes / MoE layers) per layer): each layer's
@@ -58,57 +59,51 @@ from traces.format.errors import UserError
 from traces.util.jit import njit
 from traces.util.units import MIB
 
-NEVER = np.iinfo(np.int64).max  # a first visit: missed at every budget
-ALWAYS = -1  # looked up in the previous load: resident at every budget
 NOT_STACK = ("belady has no exact one-pass curve (with loads and per-layer expert sizes furthest-next-use is not a stack "
              "algorithm: a larger cache need not hold what a smaller one holds); replay it per budget with cache")
 # A dense histogram of byte distances in units of the layers' gcd when it has at most this many
-# bins; beyond, the distances are sorted (np.unique): both exact.
+# bins; beyond, the distances are listed and sorted (np.unique): both exact.
 DENSE_BINS = 1 << 21
 SAMPLE_MOD = 1 << 24  # the spatial hash's range: an entry is sampled when hash mod this < rate x this
 
 
-@njit(cache=True, inline="always")
-def _bit_add(bit, p, v):
-    i = p + 1
-    n = bit.shape[0] - 1
-    while i <= n:
-        bit[i] += v
-        i += i & (-i)
-
-
-@njit(cache=True, inline="always")
-def _bit_prefix(bit, p):
-    """Sum of positions 0..p (0 when p < 0)."""
-    s = np.int64(0)
-    i = p + 1
-    while i > 0:
-        s += bit[i]
-        i -= i & (-i)
-    return s
+BLOCK = 64  # visit positions per block: a distance sums whole blocks' bytes, then one block's positions
 
 
 @njit(cache=True, nogil=True)
-def _lru_pass(entries, load_start, load_lidx, load_phase, layer_bytes, n_expert, keep):
-    """One pass over the loads for global LRU. Returns (dist int64 [n], phase int8 [n], lidx int32
-    [n], load_u int64 [G]) for the n measured lookups (every lookup, or with ``keep`` [entries] bool
-    non-empty only those of kept entries): dist = the byte stack distance D at the load's start
-    among measured entries (:data:`ALWAYS` if looked up in the previous non-empty load,
-    :data:`NEVER` if never visited before); load_u = each load's unique entries (all entries)."""
+def _lru_pass(entries, load_start, load_lidx, load_phase, layer_bytes, n_expert, keep, unit, nbins):
+    """One pass over the loads for global LRU. Returns (cnt int64 [2, nbins], rd int64 [2, nbins],
+    dist int64 [n], phase int8 [n], lidx int32 [n], always int64 [2], cold_bytes int64 [2], lookups
+    int64 [2], load_u int64 [G]).
+
+    Measured lookups: every lookup, or with ``keep`` [entries] bool non-empty only those of kept
+    entries. Per phase: ``lookups`` measured, ``always`` of them looked up in the previous non-empty
+    load (resident at every budget), ``cold_bytes`` the bytes of first visits (missed at every
+    budget). Every other measured lookup has a byte stack distance D (at the load's start, among
+    measured entries): with ``nbins`` > 0 counted in cnt/rd[phase, D // unit] (lookups, bytes of
+    the entry), else listed in dist/phase/lidx. load_u = each load's unique entries (all entries)."""
     R, k = entries.shape
     G = load_start.shape[0] - 1
     E = layer_bytes.shape[0] * n_expert
     sampled = keep.shape[0] > 0
-    S = 2 * E + 2
-    bit = np.zeros(S + 1, np.int64)
-    pos = np.full(E, -1, np.int64)
+    dense = nbins > 0
+    nb = (2 * E + BLOCK) // BLOCK + 1
+    S = nb * BLOCK  # positions: at least 2 x entries, so a compaction frees at least E of them
+    wpos = np.zeros(S, np.int64)  # bytes of the entry whose last visit is at each position, 0 if none
+    bsum = np.zeros(nb, np.int64)  # bytes per block of positions
     owner = np.full(S, -1, np.int64)
+    pos = np.full(E, -1, np.int64)
     mark = np.full(E, -1, np.int64)
     top = 0
-    total = np.int64(0)
-    dist = np.empty(R * k, np.int64)
-    lph = np.empty(R * k, np.int8)
-    lli = np.empty(R * k, np.int32)
+    cnt = np.zeros((2, max(nbins, 0)), np.int64)
+    rd = np.zeros((2, max(nbins, 0)), np.int64)
+    m_out = 0 if dense else R * k
+    dist = np.empty(m_out, np.int64)
+    lph = np.empty(m_out, np.int8)
+    lli = np.empty(m_out, np.int32)
+    always = np.zeros(2, np.int64)
+    cold = np.zeros(2, np.int64)
+    looks = np.zeros(2, np.int64)
     load_u = np.zeros(G, np.int64)
     n = 0
     prev = -1
@@ -130,50 +125,64 @@ def _lru_pass(entries, load_start, load_lidx, load_phase, layer_bytes, n_expert,
                 u += 1
                 if sampled and not keep[e]:
                     continue
+                looks[ph] += 1
                 if m == prev and m >= 0:
-                    d = np.int64(ALWAYS)
-                elif pos[e] < 0:
-                    d = np.int64(NEVER)
+                    always[ph] += 1
+                    continue
+                p = pos[e]
+                if p < 0:
+                    cold[ph] += w
+                    continue
+                # D = bytes at positions >= p: the rest of p's block, then every later block
+                # (unsigned indexes: no negative-index wraparound code in the two sums)
+                d = np.int64(0)
+                b0 = p // BLOCK
+                for i in range(np.uint64(p), np.uint64((b0 + 1) * BLOCK)):
+                    d += wpos[i]
+                for b in range(np.uint64(b0 + 1), np.uint64((top - 1) // BLOCK + 1)):
+                    d += bsum[b]
+                if dense:
+                    cnt[ph, d // unit] += 1
+                    rd[ph, d // unit] += w
                 else:
-                    d = total - _bit_prefix(bit, pos[e] - 1)
-                dist[n] = d
-                lph[n] = ph
-                lli[n] = lid
-                n += 1
+                    dist[n] = d
+                    lph[n] = ph
+                    lli[n] = lid
+                    n += 1
         load_u[load] = u
         for r in range(lo, hi):  # then every visit moves its entry to the top, in visit order
             for j in range(k):
                 e = entries[r, j]
                 if sampled and not keep[e]:
                     continue
-                if top == S:  # out of positions: compact the live ones to 0..m-1, rebuild the tree
+                if top == S:  # out of positions: compact the live ones to 0..m-1
                     m2 = 0
-                    for p in range(S):
-                        x = owner[p]
+                    for q in range(S):
+                        x = owner[q]
                         if x >= 0:
-                            owner[p] = -1
+                            owner[q] = -1
                             owner[m2] = x
                             pos[x] = m2
                             m2 += 1
-                    bit[:] = 0
-                    for p in range(m2):
-                        bit[p + 1] = layer_bytes[owner[p] // n_expert]
-                    for i in range(1, S + 1):
-                        jj = i + (i & (-i))
-                        if jj <= S:
-                            bit[jj] += bit[i]
+                    wpos[:] = 0
+                    bsum[:] = 0
+                    for q in range(m2):
+                        wq = layer_bytes[owner[q] // n_expert]
+                        wpos[q] = wq
+                        bsum[q // BLOCK] += wq
                     top = m2
-                if pos[e] >= 0:
-                    _bit_add(bit, pos[e], -w)
-                    owner[pos[e]] = -1
-                else:
-                    total += w
+                p = pos[e]
+                if p >= 0:
+                    wpos[p] = 0
+                    bsum[p // BLOCK] -= w
+                    owner[p] = -1
                 pos[e] = top
                 owner[top] = e
-                _bit_add(bit, top, w)
+                wpos[top] = w
+                bsum[top // BLOCK] += w
                 top += 1
         prev = load
-    return dist[:n].copy(), lph[:n].copy(), lli[:n].copy(), load_u
+    return cnt, rd, dist[:n].copy(), lph[:n].copy(), lli[:n].copy(), always, cold, looks, load_u
 
 
 @njit(cache=True, nogil=True)
@@ -226,32 +235,43 @@ class _LruCurve:
     def __init__(self, loads, keep: np.ndarray, rate: float) -> None:
         L = len(loads.moe_layers)
         w = loads.layer_expert_bytes.astype(np.int64)
-        dist, lph, lli, load_u = _lru_pass(loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, w,
-                                           loads.n_expert, keep)
+        # A dense histogram of D in units of the layers' gcd when the bins are few (D <= the bytes
+        # of every entry), else the distances listed and sorted: both exact.
+        unit = int(np.gcd.reduce(w[w > 0])) if (w > 0).any() else 1
+        nbins = int(w.sum()) * loads.n_expert // unit + 1
+        if nbins > DENSE_BINS:
+            nbins = 0
+        cnt, rd, dist, lph, lli, always, cold, looks, load_u = _lru_pass(
+            loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, w, loads.n_expert, keep, unit, nbins)
         self.rate = rate
-        lb = w[lli]
-        # exact per-phase lookups and bytes of the measured lookups; the always-hit and cold parts
-        self.lookups = np.bincount(lph, minlength=2).astype(np.int64)
-        always = dist == ALWAYS
-        cold = dist == NEVER
-        self.always = np.bincount(lph[always], minlength=2).astype(np.int64)
-        self.cold_bytes = np.array([int(lb[cold & (lph == p)].sum()) for p in (0, 1)], np.int64)
-        fin = ~(always | cold)
-        d, ph, b = dist[fin], lph[fin].astype(np.int64), lb[fin]
+        self.lookups, self.always, self.cold_bytes = looks, always, cold
+        if nbins:
+            used = (cnt[0] + cnt[1]) > 0
+            keys, cnt, rd = np.flatnonzero(used).astype(np.int64) * unit, cnt[:, used], rd[:, used]
+        else:
+            keys, cnt, rd = _histogram(dist, lph.astype(np.int64), w[lli])
         if rate < 1.0:  # SHARDS: a distance among sampled entries estimates distance / rate
-            d = np.ceil(d / rate).astype(np.int64)
-        self.keys, self.cnt, self.rd = _histogram(d, ph, b, w)
+            keys = np.ceil(keys / rate).astype(np.int64)
+        self.keys, self.cnt, self.rd = keys, cnt, rd
         self.cum_cnt = np.concatenate([np.zeros((2, 1), np.int64), np.cumsum(self.cnt, axis=1)], axis=1)
         self.cum_rd = np.concatenate([np.zeros((2, 1), np.int64), np.cumsum(self.rd, axis=1)], axis=1)
+        # loads per (layer, unique entries): a load's bytes are u x its layer's expert_bytes
+        n1 = loads.n_expert + 1
         nonempty = np.diff(loads.load_start) > 0
-        self.load_bytes = np.sort((load_u * w[loads.load_lidx])[nonempty])
+        per = np.bincount(loads.load_lidx.astype(np.int64)[nonempty] * n1 + load_u[nonempty], minlength=L * n1)
+        lb = (np.arange(n1, dtype=np.int64)[None, :] * w[:, None]).ravel()
+        order = np.argsort(lb, kind="stable")
+        self.load_bytes_sorted, cum = lb[order], np.cumsum(per[order])
+        self.loads_up_to = cum  # loads whose bytes are <= load_bytes_sorted[i]
+        self.n_loads = int(per.sum())
+        self.load_keys = np.unique(lb[per > 0])
         self.load_u, self.L = load_u, L
         ph_load = loads.load_phase.astype(np.int64)
-        self.all_lookups = np.array([int(load_u[ph_load == p].sum()) for p in (0, 1)], np.int64)  # exact, sampled or not
+        self.all_lookups = np.bincount(ph_load, weights=load_u, minlength=2).astype(np.int64)  # exact, sampled or not
 
     def changes(self) -> np.ndarray:
         """Every budget (bytes) where hits, bytes read or overflow can change."""
-        return np.unique(np.concatenate([self.keys, self.load_bytes]))
+        return np.unique(np.concatenate([self.keys, self.load_keys]))
 
     def at(self, budgets: np.ndarray) -> dict[str, np.ndarray]:
         """Per-phase lookups/hits/read bytes and overflowed loads at each budget (estimates when sampled:
@@ -259,24 +279,14 @@ class _LruCurve:
         i = np.searchsorted(self.keys, budgets, side="right")
         hits = self.always[:, None] + self.cum_cnt[:, i]
         read = self.cold_bytes[:, None] + (self.cum_rd[:, -1:] - self.cum_rd[:, i])
-        over = self.load_bytes.shape[0] - np.searchsorted(self.load_bytes, budgets, side="right")
+        j = np.searchsorted(self.load_bytes_sorted, budgets, side="right")  # loads with bytes <= budget: the first j bins
+        over = self.n_loads - np.where(j > 0, self.loads_up_to[np.maximum(j - 1, 0)], 0)
         return {"lookups": np.repeat(self.lookups[:, None], len(budgets), axis=1), "hits": hits, "read": read,
                 "overflow": over.astype(np.int64)}
 
 
-def _histogram(d: np.ndarray, ph: np.ndarray, b: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(distinct distances ascending, lookups [2, K], bytes [2, K]) of the lookups with finite distance."""
-    if d.shape[0] == 0:
-        return np.zeros(0, np.int64), np.zeros((2, 0), np.int64), np.zeros((2, 0), np.int64)
-    g = int(np.gcd.reduce(w[w > 0])) if (w > 0).any() else 1
-    top = int(d.max()) // g + 1
-    if top <= DENSE_BINS and (d % g == 0).all():
-        key = d // g
-        cnt = np.stack([np.bincount(key[ph == p], minlength=top) for p in (0, 1)])
-        rd = np.stack([np.bincount(key[ph == p], weights=b[ph == p], minlength=top) for p in (0, 1)])
-        used = cnt.sum(axis=0) > 0
-        keys = np.flatnonzero(used).astype(np.int64) * g
-        return keys, cnt[:, used].astype(np.int64), np.rint(rd[:, used]).astype(np.int64)
+def _histogram(d: np.ndarray, ph: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(distinct distances ascending, lookups [2, K], bytes [2, K]) of listed lookups."""
     keys, inv = np.unique(d, return_inverse=True)
     K = keys.shape[0]
     cnt = np.stack([np.bincount(inv[ph == p], minlength=K) for p in (0, 1)])
@@ -294,15 +304,14 @@ class _LayerCurves:
         self.L, self.n = L, n
         self.w = loads.layer_expert_bytes.astype(np.int64)
         self.misses, self.umax = miss_curves_by_phase(loads)  # [2, L, n + 1]
-        # lookups per (phase, layer): the unique entries of each load
+        # lookups per (phase, layer): the unique entries of each load (bincount: np.add.at is slow)
         nonempty = np.diff(loads.load_start) > 0
-        lid = loads.load_lidx.astype(np.int64)
-        ph = loads.load_phase.astype(np.int64)
-        self.lookups = np.zeros((2, L), np.int64)
-        np.add.at(self.lookups, (ph[nonempty], lid[nonempty]), load_u[nonempty])
+        lid = loads.load_lidx.astype(np.int64)[nonempty]
+        ph = loads.load_phase.astype(np.int64)[nonempty]
+        u = load_u[nonempty]
+        self.lookups = np.bincount(ph * L + lid, weights=u, minlength=2 * L).astype(np.int64).reshape(2, L)
         # loads of layer l with more than C unique entries, C = 0..n: overflow of a C-entry share
-        cnt = np.zeros((L, n + 2), np.int64)
-        np.add.at(cnt, (lid[nonempty], np.minimum(load_u[nonempty], n + 1)), 1)
+        cnt = np.bincount(lid * (n + 2) + np.minimum(u, n + 1), minlength=L * (n + 2)).reshape(L, n + 2)
         self.over = np.cumsum(cnt[:, ::-1], axis=1)[:, ::-1][:, 1:]  # over[l, C] = loads with u > C; shape [L, n + 1]
 
     def at_shares(self, c: np.ndarray) -> dict[str, np.ndarray]:
@@ -328,25 +337,34 @@ class _LayerCurves:
 
 
 def _rows(policy: str, budgets: np.ndarray, t: dict[str, np.ndarray], requested: set[int], sampled: bool,
-          scale: np.ndarray | None = None) -> list[dict[str, Any]]:
-    from replay.core.rows import cache_row
+          scale: list[float] | None = None):
+    """The curve's rows as a frame with the cache rows' columns (:func:`replay.core.rows.cache_row`,
+    built column-wise: a curve has thousands of rows)."""
+    import polars as pl
 
-    rows = []
-    for i, b in enumerate(budgets.tolist()):
-        lk = [int(t["lookups"][p, i]) for p in (0, 1)]
-        ht = [int(t["hits"][p, i]) for p in (0, 1)]
-        rd = [int(t["read"][p, i]) for p in (0, 1)]
-        if scale is not None:  # sampled: the exact lookup counts, hits and bytes scaled from the sample
-            ht = [int(round(h * s)) for h, s in zip(ht, scale)]
-            rd = [int(round(r * s)) for r, s in zip(rd, scale)]
-            lk = [int(round(x * s)) for x, s in zip(lk, scale)]
-        ov = int(t["overflow"][i])
-        row = cache_row(policy, float(b) / MIB, None, lk, ht, rd, evictions=None, overflow_loads=ov,
-                        peak_resident_bytes=None, over_budget=ov > 0)
-        row["requested"] = b in requested
-        row["sampled"] = sampled
-        rows.append(row)
-    return rows
+    lk, ht, rd = (t[f].astype(np.int64) for f in ("lookups", "hits", "read"))
+    if scale is not None:  # sampled: the exact lookup counts; hits and bytes scaled from the sample
+        sc = np.asarray(scale, np.float64)[:, None]
+        lk, ht, rd = (np.rint(x * sc).astype(np.int64) for x in (lk, ht, rd))
+    ov = t["overflow"].astype(np.int64)
+    m = budgets.shape[0]
+
+    def pct(h: np.ndarray, n: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(n > 0, 100.0 * h.astype(np.float64) / np.maximum(n, 1), np.nan)
+
+    none_i = pl.Series([None] * m, dtype=pl.Int64)
+    return pl.DataFrame({
+        "policy": [policy] * m, "budget_mib": budgets.astype(np.float64) / MIB, "layer": none_i,
+        "lookups": lk.sum(axis=0), "hits": ht.sum(axis=0),
+        "hit_pct_decode": pct(ht[1], lk[1]), "hit_pct_cum": pct(ht.sum(axis=0), lk.sum(axis=0)),
+        "hit_pct_prefill": pct(ht[0], lk[0]),
+        "read_mib": rd.sum(axis=0).astype(np.float64) / MIB, "misses": lk.sum(axis=0) - ht.sum(axis=0),
+        "lookups_decode": lk[1], "hits_decode": ht[1], "read_mib_decode": rd[1].astype(np.float64) / MIB,
+        "evictions": none_i, "overflow_loads": ov, "peak_resident_mib": pl.Series([None] * m, dtype=pl.Float64),
+        "over_budget": ov > 0, "requested": np.isin(budgets, np.fromiter(requested, np.int64, len(requested))),
+        "sampled": np.full(m, sampled),
+    })
 
 
 def _changed(t: dict[str, np.ndarray], budgets: np.ndarray, requested: set[int]) -> np.ndarray:
@@ -366,8 +384,6 @@ def compute_curve(loads, *, policies: tuple[str, ...] = ("lru", "layer"), budget
     ``budgets_bytes`` (``layer-opt``: those only, its allocation solved per budget). Sampling
     (``sample_rate`` or ``sample_size``, ``lru`` only) makes ``lru``'s rows estimates."""
     import polars as pl
-
-    from replay.core.rows import cache_frame
 
     bad = [p for p in policies if p not in ("lru", "layer", "layer-opt")]
     if bad:
@@ -396,7 +412,7 @@ def compute_curve(loads, *, policies: tuple[str, ...] = ("lru", "layer"), budget
         keep, rate = np.zeros(E, bool), 1.0
     lru = _LruCurve(loads, keep, rate)
     W = int(loads.working_set_bytes)
-    rows: list[dict[str, Any]] = []
+    rows: list[Any] = []
     notes: list[str] = []
     load_u = lru.load_u  # exact whatever the sample: every entry counts in a load's unique entries
     if "lru" in policies:
@@ -412,7 +428,7 @@ def compute_curve(loads, *, policies: tuple[str, ...] = ("lru", "layer"), budget
                          "measured against the exact curve); overflow marks are exact.")
         k = _changed(t, bud, requested)
         t = {key: v[..., k] for key, v in t.items()}
-        rows += _rows("lru", bud[k], t, requested, sampled, scale)
+        rows.append(_rows("lru", bud[k], t, requested, sampled, scale))
     if "layer" in policies or "layer-opt" in policies:
         lc = _LayerCurves(loads, load_u)
     per_layer = None
@@ -422,7 +438,7 @@ def compute_curve(loads, *, policies: tuple[str, ...] = ("lru", "layer"), budget
         t = lc.at_shares(lc.uniform(bud))
         k = _changed(t, bud, requested)
         t = {key: v[..., k] for key, v in t.items()}
-        rows += _rows("layer", bud[k], t, requested, False)
+        rows.append(_rows("layer", bud[k], t, requested, False))
         per_layer = _per_layer_frame(loads, lc)
     if "layer-opt" in policies:
         from replay.policies.layer_opt import partition
@@ -430,10 +446,8 @@ def compute_curve(loads, *, policies: tuple[str, ...] = ("lru", "layer"), budget
         opts = {"_curves": (lc.misses.sum(axis=0), lc.umax)}
         c = np.stack([partition(loads, int(b), opts) for b in req], axis=1)
         t = lc.at_shares(c)
-        rows += _rows("layer-opt", req_arr, t, requested, False)
-    frame = cache_frame(rows)
-    if frame.height == 0:
-        frame = pl.DataFrame()
+        rows.append(_rows("layer-opt", req_arr, t, requested, False))
+    frame = pl.concat(rows) if rows else pl.DataFrame()
     head = next((p for p in ("lru", "layer", "layer-opt") if p in policies), "lru")
     answer = budget_answer(frame.filter(pl.col("policy") == head) if frame.height else frame, loads.token_cycle_bytes, W,
                            tolerances_pp=tolerances_pp, policy=head)
@@ -470,46 +484,40 @@ def budget_answer(frame, token_cycle_bytes: int, working_set_bytes: int, *, tole
     hit % is within that many points of the plateau), the hit % just below one token's working set T
     (the cliff: below T a token's own layers evict each other) and at T, and what each doubling of
     the budget buys from T up to W. Hit % is decode-only when the trace decodes, else cumulative
-    (``metric`` says which)."""
+    (``metric`` says which). A budget reads the row in force there (the last change point at or below it)."""
     out: dict[str, Any] = {"policy": policy, "t_mib": token_cycle_bytes / MIB, "w_mib": working_set_bytes / MIB}
     if frame.height == 0:
-        return {**out, "metric": None, "plateau_pct": None, "knees": [], "doublings": []}
-    rows = sorted(frame.to_dicts(), key=lambda r: r["budget_mib"])
-    metric = "hit_pct_decode" if any(r["lookups_decode"] for r in rows) else "hit_pct_cum"
-    ok = [r for r in rows if not r["over_budget"]]
+        return {**out, "metric": None, "plateau_pct": None, "knees": [], "below_t_pct": None, "at_t_pct": None,
+                "doublings": []}
+    f = frame.sort("budget_mib")
+    metric = "hit_pct_decode" if int(f["lookups_decode"].max()) > 0 else "hit_pct_cum"
+    b = f["budget_mib"].to_numpy()
+    h = f[metric].to_numpy()
+    over = f["over_budget"].to_numpy()
 
-    def at(b_mib: float) -> dict | None:
-        """The curve's row in force at ``b_mib``: the last change point at or below it."""
-        best = None
-        for r in rows:
-            if r["budget_mib"] <= b_mib:
-                best = r
-        return best
+    def at(b_mib: float) -> tuple[float, bool]:
+        i = int(np.searchsorted(b, b_mib, side="right")) - 1
+        return (0.0, False) if i < 0 else (float(h[i]), bool(over[i]))
 
-    plateau = max((r[metric] for r in rows), default=math.nan)
+    plateau = float(np.nanmax(h))
     out["metric"] = metric
     out["plateau_pct"] = plateau
     knees = []
     for tol in tolerances_pp:
-        hit = next((r for r in ok if r[metric] >= plateau - tol), None)
-        knees.append({"tolerance_pp": tol, "budget_mib": hit["budget_mib"] if hit else None,
-                      "hit_pct": hit[metric] if hit else None})
+        ok = np.flatnonzero(~over & (h >= plateau - tol))
+        i = int(ok[0]) if ok.shape[0] else None
+        knees.append({"tolerance_pp": tol, "budget_mib": None if i is None else float(b[i]),
+                      "hit_pct": None if i is None else float(h[i])})
     out["knees"] = knees
-    t_mib = token_cycle_bytes / MIB
-    below = at(math.nextafter(t_mib, 0))
-    at_t = at(t_mib)
-    out["below_t_pct"] = below[metric] if below else 0.0
-    out["at_t_pct"] = at_t[metric] if at_t else 0.0
+    t_mib, w_mib = token_cycle_bytes / MIB, working_set_bytes / MIB
+    out["below_t_pct"] = at(math.nextafter(t_mib, 0))[0]
+    out["at_t_pct"] = at(t_mib)[0]
     doublings = []
-    b = t_mib
-    prev = out["at_t_pct"]
-    w_mib = working_set_bytes / MIB
-    while b < w_mib and t_mib > 0:
-        nb = min(2 * b, w_mib)
-        r = at(nb)
-        now = r[metric] if r else 0.0
-        doublings.append({"from_mib": b, "to_mib": nb, "hit_pct": now, "gain_pp": now - prev,
-                          "over_budget": bool(r["over_budget"]) if r else False})
-        prev, b = now, nb
+    lo, prev = t_mib, out["at_t_pct"]
+    while t_mib > 0 and lo < w_mib:
+        hi = min(2 * lo, w_mib)
+        now, ob = at(hi)
+        doublings.append({"from_mib": lo, "to_mib": hi, "hit_pct": now, "gain_pp": now - prev, "over_budget": ob})
+        prev, lo = now, hi
     out["doublings"] = doublings
     return out
