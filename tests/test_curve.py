@@ -127,6 +127,32 @@ def test_curve_row_budgets_cover_one_entry_to_the_working_set(synth_trace_dir):
         assert all(r["hit_pct_decode"] < a["plateau_pct"] - k["tolerance_pp"] for r in smaller)
 
 
+@st.composite
+def single_lookup_loads(draw):
+    """Loads of one entry each (top-1, one token per batch) of one expert size: where belady is a stack algorithm."""
+    from replay.core.simulate import Loads
+
+    L, n = draw(st.integers(1, 3)), draw(st.integers(1, 6))
+    G = draw(st.integers(1, 60))
+    seq = draw(st.lists(st.integers(0, L * n - 1), min_size=G, max_size=G))
+    ph = draw(st.lists(st.integers(0, 1), min_size=G, max_size=G))
+    e = np.array(seq, np.int32).reshape(G, 1)
+    return Loads(entries=e, load_start=np.arange(G + 1, dtype=np.int64), load_lidx=(e[:, 0] // n).astype(np.int32),
+                 load_phase=np.array(ph, np.int8), load_batch=np.arange(G, dtype=np.int32), moe_layers=tuple(range(L)),
+                 n_expert=n, layer_expert_bytes=np.full(L, UNIT, np.int64), batch_turn=np.zeros(G, np.int32),
+                 batch_step=np.arange(G, dtype=np.int32), batch_phase=np.array(ph, np.int8))
+
+
+@SETTINGS
+@given(loads=single_lookup_loads(), extra=st.lists(st.integers(1, 40), max_size=2))
+def test_belady_curve_equals_replays_where_it_is_a_stack_algorithm(loads, extra):
+    """One lookup per load, one expert size: furthest-next-use's curve (Mattson's OPT stack) equals
+    belady replays at every change point, a byte below each and at requested budgets."""
+    req = [x * UNIT // 4 for x in extra]
+    c = compute_curve(loads, policies=("belady",), budgets_bytes=req)
+    assert assert_rows_equal_replays(c.frame, loads, "belady", extra=req) > 0
+
+
 def test_listed_distances_equal_the_dense_histogram(synth_trace_dir, monkeypatch):
     """Past DENSE_BINS bins the distances are listed and sorted instead: the same curve."""
     from replay.analyses import curve as mod
@@ -147,8 +173,12 @@ def test_refusals():
                   load_phase=np.ones(1, np.int8), load_batch=np.zeros(1, np.int32), moe_layers=(0,), n_expert=1,
                   layer_expert_bytes=np.array([MIB]), batch_turn=np.zeros(1, np.int32), batch_step=np.zeros(1, np.int32),
                   batch_phase=np.ones(1, np.int8))
-    with pytest.raises(UserError, match="belady has no exact one-pass curve"):
-        compute_curve(loads, policies=("belady",))
+    two = Loads(entries=np.array([[0], [1]], np.int32), load_start=np.array([0, 2]), load_lidx=np.zeros(1, np.int32),
+                load_phase=np.ones(1, np.int8), load_batch=np.zeros(1, np.int32), moe_layers=(0,), n_expert=2,
+                layer_expert_bytes=np.array([MIB]), batch_turn=np.zeros(1, np.int32), batch_step=np.zeros(1, np.int32),
+                batch_phase=np.ones(1, np.int8))
+    with pytest.raises(UserError, match=r"belady has no exact one-pass curve for this trace \(loads of up to 2 entries\)"):
+        compute_curve(two, policies=("belady",))
     with pytest.raises(UserError, match="give --budgets"):
         compute_curve(loads, policies=("layer-opt",))
     with pytest.raises(UserError, match="not in"):

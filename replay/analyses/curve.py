@@ -31,10 +31,12 @@ the rank at the load's start <= max(C, u of the layer's previous load)); a load 
 overflows iff its unique entries exceed C_l. ``layer-opt``'s shares come from
 :func:`replay.policies.layer_opt.partition` (the same code the policy runs), fed the same curves.
 
-Not computed here: furthest-next-use (``belady``). With loads that read together and never
-evict each other, and entries whose sizes differ by layer, it is not a stack algorithm (a larger
-cache's contents need not include a smaller one's), so no one-pass curve is exact; the frame says
-so (:data:`NOT_STACK`) and ``cache --policies belady`` replays it per budget.
+Furthest-next-use (``belady``) only where it is a stack algorithm: one lookup per load (top-1,
+one token per batch) and one expert size; there the C-entry cache after each load is the top C of
+Mattson's OPT stack (:func:`_opt_pass`), so one pass gives every budget. With loads that read
+several entries together, or sizes that differ by layer, a larger cache's contents need not include
+a smaller one's, so no one-pass curve is exact: the curve refuses ``belady`` there and says why
+(``cache --policies belady`` replays it per budget).
 
 Sampling (``sample_rate`` / ``sample_size``, SHARDS: Waldspurger et al., FAST 2015): a seeded
 hash of each (layer, expert) entry picks the entries whose lookups are measured (all or none of an
@@ -59,8 +61,6 @@ from traces.format.errors import UserError
 from traces.util.jit import njit
 from traces.util.units import MIB
 
-NOT_STACK = ("belady has no exact one-pass curve (with loads and per-layer expert sizes furthest-next-use is not a stack "
-             "algorithm: a larger cache need not hold what a smaller one holds); replay it per budget with cache")
 # A dense histogram of byte distances in units of the layers' gcd when it has at most this many
 # bins; beyond, the distances are listed and sorted (np.unique): both exact.
 DENSE_BINS = 1 << 21
@@ -183,6 +183,87 @@ def _lru_pass(entries, load_start, load_lidx, load_phase, layer_bytes, n_expert,
                 top += 1
         prev = load
     return cnt, rd, dist[:n].copy(), lph[:n].copy(), lli[:n].copy(), always, cold, looks, load_u
+
+
+@njit(cache=True, nogil=True)
+def _opt_pass(entries, load_start, next_load, n_entries):
+    """Furthest-next-use stack distances (Mattson's OPT stack) for loads of one entry each: d int64
+    [G], the smallest number of entries whose ``belady`` cache holds the load's entry at its start
+    (0: first visit, never held). The stack is kept so that its top C entries are the C-entry
+    cache: the visited entry goes to the top, and down to its old place each position keeps the
+    entry whose next use is sooner, the other carried on down."""
+    G = load_start.shape[0] - 1
+    stack = np.empty(n_entries, np.int64)
+    nxt = np.zeros(n_entries, np.int64)
+    dist = np.zeros(G, np.int64)
+    depth = 0
+    for g in range(G):
+        lo = load_start[g]
+        if load_start[g + 1] == lo:
+            continue
+        x = entries[lo, 0]
+        nxt[x] = next_load[lo, 0]
+        if depth > 0 and stack[0] == x:
+            dist[g] = 1
+            continue
+        if depth == 0:
+            stack[0] = x
+            depth = 1
+            continue
+        y = stack[0]
+        stack[0] = x
+        i = 1
+        while i < depth and stack[i] != x:
+            z = stack[i]
+            if nxt[z] > nxt[y]:
+                stack[i] = y
+                y = z
+            i += 1
+        if i < depth:
+            dist[g] = i + 1
+            stack[i] = y
+        else:
+            stack[depth] = y
+            depth += 1
+    return dist
+
+
+class _OptCurve:
+    """``belady``'s curve where it is a stack algorithm: one entry per load, one expert size."""
+
+    def __init__(self, loads) -> None:
+        w = loads.layer_expert_bytes.astype(np.int64)
+        nonempty = np.diff(loads.load_start) > 0
+        u = _lru_pass(loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, w, loads.n_expert,
+                      np.zeros(loads.n_entries, bool), 1, 0)[-1]
+        if (u[nonempty] > 1).any() or np.unique(w).shape[0] != 1 or int(w[0]) <= 0:
+            why = (f"loads of up to {int(u.max())} entries" if (u[nonempty] > 1).any()
+                   else "expert sizes that differ by layer")
+            raise UserError(f"curve: belady has no exact one-pass curve for this trace ({why}): furthest-next-use is a "
+                            "stack algorithm only with one lookup per load and one expert size (otherwise a larger cache "
+                            "need not hold what a smaller one holds); replay it per budget with cache.")
+        self.w = int(w[0])
+        d = _opt_pass(loads.entries, loads.load_start, loads.next_load, loads.n_entries)[nonempty]
+        ph = loads.load_phase.astype(np.int64)[nonempty]
+        self.lookups = np.bincount(ph, minlength=2).astype(np.int64)
+        self.always = np.bincount(ph[d == 1], minlength=2).astype(np.int64)  # the previous load's entry: held at any budget
+        self.cold = np.bincount(ph[d == 0], minlength=2).astype(np.int64)
+        n = loads.n_entries
+        self.cnt = np.stack([np.bincount(d[(ph == p) & (d >= 2)], minlength=n + 1) for p in (0, 1)]).astype(np.int64)
+        self.cum = np.cumsum(self.cnt, axis=1)
+        self.n_loads = int(nonempty.sum())
+        self.n = n
+
+    def changes(self) -> np.ndarray:
+        used = np.flatnonzero((self.cnt[0] + self.cnt[1]) > 0)
+        return np.unique(np.concatenate([[1], used])).astype(np.int64) * self.w  # 1 entry: overflow ends
+
+    def at(self, budgets: np.ndarray) -> dict[str, np.ndarray]:
+        c = np.minimum(budgets // self.w, self.n)
+        hits = self.always[:, None] + self.cum[:, c]
+        miss = self.lookups[:, None] - hits
+        return {"lookups": np.repeat(self.lookups[:, None], len(budgets), axis=1), "hits": hits, "read": miss * self.w,
+                "overflow": np.where(budgets < self.w, self.n_loads, 0).astype(np.int64)}
 
 
 @njit(cache=True, nogil=True)
@@ -385,10 +466,9 @@ def compute_curve(loads, *, policies: tuple[str, ...] = ("lru", "layer"), budget
     (``sample_rate`` or ``sample_size``, ``lru`` only) makes ``lru``'s rows estimates."""
     import polars as pl
 
-    bad = [p for p in policies if p not in ("lru", "layer", "layer-opt")]
+    bad = [p for p in policies if p not in ("lru", "layer", "layer-opt", "belady")]
     if bad:
-        raise UserError(f"curve: {NOT_STACK}." if bad[0] == "belady"
-                        else f"curve: no one-pass curve for policy {bad[0]!r} (curves: lru, layer, layer-opt).")
+        raise UserError(f"curve: no one-pass curve for policy {bad[0]!r} (curves: lru, layer, layer-opt, belady).")
     if "layer-opt" in policies and not budgets_bytes:
         raise UserError("curve: layer-opt's allocation is solved per budget: give --budgets.")
     if sample_rate is not None and sample_size is not None:
@@ -440,6 +520,14 @@ def compute_curve(loads, *, policies: tuple[str, ...] = ("lru", "layer"), budget
         t = {key: v[..., k] for key, v in t.items()}
         rows.append(_rows("layer", bud[k], t, requested, False))
         per_layer = _per_layer_frame(loads, lc)
+    if "belady" in policies:
+        oc = _OptCurve(loads)
+        bud = np.unique(np.concatenate([oc.changes(), req_arr]))
+        bud = bud[bud > 0]
+        t = oc.at(bud)
+        k = _changed(t, bud, requested)
+        t = {key: v[..., k] for key, v in t.items()}
+        rows.append(_rows("belady", bud[k], t, requested, False))
     if "layer-opt" in policies:
         from replay.policies.layer_opt import partition
 
@@ -448,7 +536,7 @@ def compute_curve(loads, *, policies: tuple[str, ...] = ("lru", "layer"), budget
         t = lc.at_shares(c)
         rows.append(_rows("layer-opt", req_arr, t, requested, False))
     frame = pl.concat(rows) if rows else pl.DataFrame()
-    head = next((p for p in ("lru", "layer", "layer-opt") if p in policies), "lru")
+    head = next((p for p in ("lru", "layer", "layer-opt", "belady") if p in policies), "lru")
     answer = budget_answer(frame.filter(pl.col("policy") == head) if frame.height else frame, loads.token_cycle_bytes, W,
                            tolerances_pp=tolerances_pp, policy=head)
     return Curve(frame, per_layer, answer, int(loads.token_cycle_bytes), W, rate if sampled else None, notes)
