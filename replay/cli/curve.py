@@ -14,8 +14,9 @@ from traces.format.errors import UserError
 def curve_cmd(
     trace: Path = TraceArg,
     policies: str = typer.Option("lru,layer", "--policies", help="Comma-separated: lru (global LRU), layer (the budget split "
-                                 "equally over the MoE layers), layer-opt (the best per-layer split; at --budgets only). "
-                                 "belady has no one-pass curve (use cache)."),
+                                 "equally over the MoE layers), layer-opt (the best per-layer split; at --budgets only), "
+                                 "belady (furthest next use; only on traces with one lookup per load and one expert size, "
+                                 "where it is a stack algorithm)."),
     budgets: str | None = typer.Option(None, "--budgets", help=f"Budgets to add to the curve, comma-separated, each in "
                                        f"{BUDGET_UNITS_HELP}.", show_default=False),
     out: Path | None = typer.Option(None, "-o", "--out", "--csv", help="Write every row to this file, atomically: "
