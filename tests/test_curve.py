@@ -290,3 +290,28 @@ def test_sweep_curve_kind_cells_are_the_api_rows(synth_trace_dir, tmp_path):
         got = f.filter(pl.col("policy") == pol)
         assert got["hits"].to_list() == want["hits"].to_list()
         assert got["budget_mib"].to_list() == want["budget_mib"].to_list()
+
+
+def test_report_shows_the_curve_and_the_verdict_names_the_knee(synth_trace_dir, tmp_path):
+    """The report's cache section leads with LRU's exact curve (cache_lru_curve.png), the budget
+    answer's table holds the curve's knee, and the verdict's first cache line names it."""
+    import json
+
+    import polars as pl
+
+    import replay
+
+    d = synth_trace_dir(layers=3, experts=8, top_k=2, tokens=60, prompt_tokens=5, seed=3)
+    out = replay.write_report(d, tmp_path / "rep", force=True, policies=["lru", "lfu"])
+    ans = replay.curve_run(d, policies=["lru"]).answer
+    knee = next(k for k in ans["knees"] if k["budget_mib"] is not None)
+    assert (out / "cache_lru_curve.png").is_file()
+    t = pl.read_csv(out / "tables" / "cache_budget_answer.csv")
+    assert any(abs(x - knee["budget_mib"]) < 1e-5 for x in t["at_mib"].to_list())  # the CSV holds 6 decimals
+    rows = [r for r in json.loads((out / "verdict.json").read_text())["rows"] if r["kind"] == "cache"]
+    assert rows[0]["curve_knee_mib"] == knee["budget_mib"] and rows[0]["curve_plateau_pct"] == ans["plateau_pct"]
+    assert all("curve_knee_mib" not in r for r in rows[1:])
+    md = (out / "index.md").read_text()
+    verdict = md.split("## Verdict\n\n")[1].split("\n\n")[0]
+    assert f"LRU's exact curve bends at **{knee['budget_mib']:.1f} MiB**" in verdict
+    assert md.index("cache_lru_curve.png") < md.index("cache_curves.png")  # the section's main figure
