@@ -4,6 +4,7 @@ must clean up or stop between steps (the CLI's verbs raise, the capture loop set
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -47,3 +48,25 @@ def ignore_interrupts() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     except ValueError:  # not the main thread
         pass
+
+
+def exit_with_parent(conn: Any) -> None:
+    """End this process (a pool worker) as soon as its parent dies, however it dies (SIGKILL too).
+
+    ``conn`` is the read end of a pipe whose write end only the parent holds (a
+    ``multiprocessing`` Connection passed to the worker at its start). A daemon thread blocks
+    reading it; the kernel closes the write end when the parent exits, the read returns end of
+    file and the worker exits at once. Chosen over ``prctl(PR_SET_PDEATHSIG)``: a forkserver's
+    workers are children of the forkserver, not of the sweep, and the forkserver itself lives as
+    long as any worker does (each holds its liveness pipe), so a parent-death signal would never
+    fire; the pipe names the process that matters, needs no polling and works on every POSIX
+    system. A worker stuck in compiled code that holds the GIL exits when that code returns."""
+    def watch() -> None:
+        try:
+            while True:
+                conn.recv_bytes()  # the parent never sends: this returns only at end of file
+        except (EOFError, OSError):
+            pass
+        os._exit(1)
+
+    threading.Thread(target=watch, name="moe-replay parent watch", daemon=True).start()
