@@ -6,10 +6,11 @@ Exit codes: 0 done, 1 a check ran and failed, 2 bad input or an OS error, 3 a bu
 by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP).
 
 The ``moe-replay`` process handles these signals from its first import of :mod:`replay.cli` to its
-last bytecode (:func:`exit_on_signals`): while a command runs, :func:`guarded`'s handler unwinds it
-(staging removed); before it starts (Python still importing) and after it ends (an output written,
-the interpreter exiting) the process ends at once with the same one-line message and 128 + N,
-never by the signal's default action (no message, no status of ours).
+exit (:func:`exit_on_signals`): while a command runs, :func:`guarded`'s handler unwinds it
+(staging removed); before it starts (Python still importing) and as it ends (its output written)
+the process ends at once with the same one-line message and 128 + N; once :func:`replay.cli.main`
+has its status, signals are ignored (:func:`hold_signals`) and the process exits with that status.
+Never the signal's default action (no message, no status of ours).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 from collections.abc import Callable
 
 from traces.format.errors import UserError
-from traces.util.signals import STOP_SIGNALS, on_signals, stop_requested
+from traces.util.signals import STOP_SIGNALS, hold, install, on_signals, stop_requested
 
 #: The signals a command turns into its own message and 128 + N: Ctrl-C, kill, a closed terminal.
 CLI_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
@@ -82,9 +83,14 @@ def _exit_now(signum: int, frame: object) -> None:
 def exit_on_signals() -> None:
     """Install :func:`_exit_now` for :data:`CLI_SIGNALS`: the first thing the command does, before
     its imports (``guarded`` installs its own over it for the command and puts it back after)."""
-    for s in CLI_SIGNALS:
-        with contextlib.suppress(ValueError, OSError):  # not the main thread
-            signal.signal(s, _exit_now)
+    install(_exit_now, CLI_SIGNALS)
+
+
+def hold_signals() -> None:
+    """The command is over (its output written, its status decided): from here on a signal is
+    ignored and the process exits with the command's own status. Python's finalization, which follows,
+    puts the default actions back, and a signal then would kill the process with no message."""
+    hold(CLI_SIGNALS)
 
 
 #: OS errors that say something about the machine (disk, permissions, limits), not about the code.

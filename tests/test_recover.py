@@ -186,14 +186,33 @@ def test_the_handler_is_not_installed_in_a_library_user(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "True", r
 
 
-def test_sigterm_right_after_the_csv_is_written_ends_with_its_message(world, tmp_path):
+@pytest.mark.parametrize("when", ["after main", "at exit"])
+def test_sigterm_right_after_the_csv_is_written_leaves_the_commands_status(world, tmp_path, when):
+    """Once the command has its status (its --csv written), a signal is ignored and the process
+    exits with that status: at exit Python put the default action back, which killed it (-15)."""
     csv = tmp_path / "x.csv"
-    r = _python("import os, signal, sys, time\n"
+    kill = "os.kill(os.getpid(), signal.SIGTERM)"
+    r = _python("import atexit, os, signal, sys, time\n"
                 f"sys.argv = ['/usr/bin/moe-replay', 'cache', {str(world / 't1')!r}, '--budgets', '1', '--csv', {str(csv)!r}]\n"
                 "import replay.cli\n"
-                "replay.cli.main()\n"
-                "os.kill(os.getpid(), signal.SIGTERM)\n"
-                "time.sleep(30)\n")
-    assert r.returncode == 143, r
-    assert r.stderr.strip().splitlines()[-1] == f"moe-replay: interrupted by SIGTERM after writing {csv}; nothing else was written"
-    assert csv.read_text().startswith("policy")
+                + (f"atexit.register(lambda: {kill})\n" if when == "at exit" else "")
+                + "replay.cli.main()\n"
+                + (f"{kill}\ntime.sleep(0.2)\n" if when == "after main" else ""))
+    assert r.returncode == 0, r
+    assert "Traceback" not in r.stderr and csv.read_text().startswith("policy"), r
+
+
+def test_a_sweep_stopped_by_a_full_disk_in_a_process_says_one_line(world, tmp_path):
+    """A real process whose writes fail past 1 KiB (RLIMIT_FSIZE: EFBIG, Python ignores SIGXFSZ):
+    the first chunk cannot be written. One line, exit 2; it was followed by the resource tracker's
+    "leaked semaphore objects" warning (tqdm's lock in the terminated worker)."""
+    import resource
+
+    out = tmp_path / "R"
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    r = subprocess.run([sys.executable, "-m", "replay.cli", "sweep", str(world / "grid.toml"), "-o", str(out), "--workers",
+                        "1"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024)))
+    time.sleep(1)  # the resource tracker writes its warning as it exits, after the sweep
+    assert r.returncode == 2, r
+    assert r.stderr.strip() == f"moe-replay: error: {out / 'chunks' / '000001.parquet'}: file too large.", r.stderr

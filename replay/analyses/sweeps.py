@@ -475,6 +475,16 @@ def _worker_init(parent: Any = None) -> None:
     from traces.util.signals import exit_with_parent, ignore_interrupts
 
     ignore_interrupts()  # Ctrl-C is the driver's to handle: it stops the pool
+    # tqdm's first bar (even a disabled one) creates a multiprocessing lock, a named semaphore the
+    # resource tracker counts; a worker the driver terminates never unregisters it, and the tracker
+    # then printed "leaked semaphore objects" after the command's one-line error. A thread lock
+    # does for a worker that draws no bar.
+    with contextlib.suppress(ImportError):
+        import threading
+
+        from tqdm import tqdm
+
+        tqdm.set_lock(threading.RLock())
     if parent is not None:  # the sweep killed (SIGKILL too): this worker ends with it
         exit_with_parent(parent)
 

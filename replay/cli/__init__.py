@@ -8,7 +8,7 @@ from __future__ import annotations
 
 # First, before the imports that take most of a second: a signal from here on ends the command
 # with its own message and 128 + N, never the default action (replay.runner.exit_on_signals).
-from replay.runner import _interrupted, exit_on_signals, guarded, is_command_process
+from replay.runner import _interrupted, exit_on_signals, guarded, hold_signals, is_command_process
 
 if is_command_process():
     exit_on_signals()
@@ -223,6 +223,8 @@ def main(argv: list[str] | None = None) -> None:
     _register_plugins()
     with atomic.command_scope():  # what it writes, the inputs its readers note (no output may touch them)
         code = _run(args, debug)
+    if is_command_process():  # done: the interpreter's finalization is not interrupted (replay.runner)
+        hold_signals()
     if code:
         sys.exit(code)
 

@@ -41,6 +41,24 @@ def on_signals(handler: Callable[[int, Any], Any], signals: tuple[int, ...] = ST
             signal.signal(s, h)
 
 
+def install(handler: Callable[[int, Any], Any], signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+    """``signals`` call ``handler(signum, frame)`` from now on (not restored: the ``moe-replay``
+    process's own handler from its first import to its end, replay.runner.exit_on_signals). A no-op
+    outside the main thread."""
+    for s in signals:
+        with contextlib.suppress(ValueError, OSError):  # not the main thread
+            signal.signal(s, handler)
+
+
+def hold(signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+    """Ignore ``signals`` from now on, process-wide (a signal sent to the process may be delivered
+    to any of its threads, so a per-thread mask would not do). For the end of a command: Python's
+    finalization puts the default action back for every signal that has a Python handler (not for
+    an ignored one), so a signal then would kill the process with no message and no status of the
+    tool's."""
+    install(signal.SIG_IGN, signals)
+
+
 def ignore_interrupts() -> None:
     """SIGINT ignored from now on in this process (a pool worker's initializer: Ctrl-C is the
     driver's to handle; it stops the pool). A no-op outside the main thread."""
