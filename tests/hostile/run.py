@@ -40,6 +40,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -63,7 +64,28 @@ CRASH_SIGNALS = {signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, s
 USER_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 FAMILIES = {  # family -> weight (share of the runs)
     "fuzz-options": 22, "fuzz-multi": 10, "corrupt-trace": 18, "plugin": 10, "signal": 12, "sigkill": 8,
-    "full-disk": 8, "race": 5, "special-dest": 4, "input-dest": 3,
+    "full-disk": 8, "race": 5, "special-dest": 4, "input-dest": 3, "import-garbage": 8,
+}
+IMPORTERS = ("bigmoe", "colibri", "llamacpp-moetrace", "megatron", "sglang", "table", "vllm", "auto")
+# file name -> content drawn for the importers: garbage, and near misses of each format
+GARBAGE = {
+    "random.bin": lambda rng: bytes(rng.randrange(256) for _ in range(rng.randrange(1, 4000))),
+    "empty.csv": lambda rng: b"",
+    "nested.json": lambda rng: b"[" * 100000 + b"]" * 100000,
+    "nested.jsonl": lambda rng: b'{"a":' * 50000 + b"1" + b"}" * 50000 + b"\n",
+    "huge.jsonl": lambda rng: json.dumps({"prompt_routed_experts": [[[10**40, 1]]], "routed_experts": [[[2**64, -5]]],
+                                          "meta_info": {"cached_tokens": -3}}).encode() + b"\n",
+    "moetrace.csv": lambda rng: "\n".join(f"{rng.choice(['0', '1', '-1', '1.5', '99999999999999999999', 'x'])},"
+                                          f"{rng.choice(['0', '3', '-5', '2.5', '1e9', ''])}" for _ in range(20)).encode(),
+    "route.csv": lambda rng: ("# route_trace v1\n" + "\n".join(f"{rng.randint(-2, 3)},{rng.randint(-2, 3)},"
+                                                                 f"{rng.choice(['0|1', '1.5', '-3', '99999999999'])}"
+                                                                 for _ in range(10))).encode(),
+    "colibri.txt": lambda rng: "\n".join(f"{rng.randint(-1, 2)} {rng.randint(-1, 2)} {rng.randint(-1, 2)} "
+                                         f"{rng.choice(['3:0.5', '-1:0.2', '1.5:1', 'x:y', '99999999999:1'])}"
+                                         for _ in range(10)).encode(),
+    "router_trace_rank0.jsonl": lambda rng: b"\n".join(json.dumps({"layer": rng.choice([0, 10**6, -1]), "iteration": 0,
+                                                                   "top_indices": [[rng.choice([1, 1.5, -2, 10**30])]]}
+                                                                  ).encode() for _ in range(5)),
 }
 
 
@@ -415,7 +437,8 @@ def draw(family: str, rng: random.Random, w: World, work: Path) -> Case:
         argv = rng.choice([["cache", t, "--budgets", "1", "--csv", dest], ["export", "libcachesim", t, dest],
                            ["export", "bigmoe", t, dest], ["report", t, "-o", dest, "--force"],
                            ["synth", dest, "--tokens", "4", "--force"], ["sweep", str(w.grid), "-o", dest],
-                           ["upgrade", t, dest], ["schedule", str(w.rtrace), dest, "--max-batch", "2"],
+                           ["upgrade", t, dest],
+                           ["schedule", str(w.rtrace), dest, "--schedule", "continuous", "--max-batch", "2"],
                            ["import", "llamacpp-moetrace", str(w.moetrace), dest, "--top-k", "2", "--prompt-tokens", "2",
                             "--expert-bytes", "1000", "--force"]])
         return Case(family, argv, ro, specials=[dest], note=f"{argv[0]} onto {Path(dest).name}")
@@ -440,6 +463,14 @@ def draw(family: str, rng: random.Random, w: World, work: Path) -> Case:
             ["report", str(tcopy), "-o", str(tcopy), "--force"],
         ]
         return Case(family, rng.choice(choices), [*ro, str(d), str(tcopy)], note="input as destination")
+    if family == "import-garbage":
+        name = rng.choice(sorted(GARBAGE))
+        src = work / name
+        src.write_bytes(GARBAGE[name](rng))
+        fmt = rng.choice(IMPORTERS)
+        extra = rng.choice([["--expert-bytes", "1000"], ["--sizes-from", str(w.config)], [],
+                            ["--expert-bytes", "1000", "--top-k", "2", "--prompt-tokens", "2"]])
+        return Case(family, ["import", fmt, str(src), str(work / "imp"), *extra], [*ro, str(src)], note=f"{fmt} {name}")
     raise AssertionError(family)
 
 
@@ -454,7 +485,8 @@ def _long_verbs(w: World, work: Path) -> list[list[str]]:
         ["import", "llamacpp-moetrace", str(w.moetrace), str(work / "imp"), "--top-k", "2", "--prompt-tokens", "2",
          "--expert-bytes", "1000"],
         ["export", "libcachesim", b, str(work / "x.bin")], ["upgrade", b, str(work / "v2")],
-        ["schedule", str(w.rtrace), str(work / "sched"), "--max-batch", "2"], ["compare", b, b],
+        ["schedule", str(w.rtrace), str(work / "sched"), "--schedule", "continuous", "--max-batch", "2"],
+        ["compare", b, b],
         ["cache", b, "--retain", "--predictor", "prev-token", "--budgets", "8"], ["sweep-report", str(w.sweep_results)],
         ["cost", "check", b, "--cost-model", str(w.cost), "--budget-mib", "8"],
     ]
@@ -468,7 +500,7 @@ def _writers(w: World, work: Path, rng: random.Random) -> list[list[str]]:
         ["synth", str(work / "syn"), "--tokens", "40", "--layers", "4"],
         ["export", "libcachesim", t, str(work / "x.bin")],
         ["upgrade", t, str(work / "v2")],
-        ["schedule", str(w.rtrace), str(work / "sched"), "--max-batch", "2"],
+        ["schedule", str(w.rtrace), str(work / "sched"), "--schedule", "continuous", "--max-batch", "2"],
         ["import", "llamacpp-moetrace", str(w.moetrace), str(work / "imp"), "--top-k", "2", "--prompt-tokens", "2",
          "--expert-bytes", "1000"],
         ["sweep", str(w.grid), "-o", str(work / "R"), "--workers", "1"],
@@ -499,12 +531,24 @@ def _start(argv: list[str], case: Case, work: Path, tag: str) -> subprocess.Pope
         if case.fsize is not None:
             resource.setrlimit(resource.RLIMIT_FSIZE, (case.fsize, case.fsize))
 
-    return subprocess.Popen([sys.executable, "-m", "replay.cli", *argv], cwd=work, env=_env(case.env),
-                            stdin=subprocess.DEVNULL, stdout=open(work / f"{tag}.out", "wb"),
-                            stderr=open(work / f"{tag}.err", "wb"), start_new_session=True, preexec_fn=limits)
+    # stdout and stderr are pipes, drained by threads: a file would fall under RLIMIT_FSIZE too (the
+    # tool's one line could not be written), and a pipe shows who still holds it
+    p = subprocess.Popen([sys.executable, "-m", "replay.cli", *argv], cwd=work, env=_env(case.env),
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         start_new_session=True, preexec_fn=limits)
+    p.drained = {}  # type: ignore[attr-defined]
+    p.drains = []  # type: ignore[attr-defined]
+    for name, stream in (("out", p.stdout), ("err", p.stderr)):
+        def drain(name: str = name, stream=stream) -> None:
+            p.drained[name] = stream.read()  # type: ignore[attr-defined]
+
+        th = threading.Thread(target=drain, daemon=True)
+        th.start()
+        p.drains.append(th)  # type: ignore[attr-defined]
+    return p
 
 
-def classify(rc: int | None, err: str, sent: int | None) -> str:
+def classify(rc: int | None, err: str, sent: int | None, out: str = "") -> str:
     if rc is None:
         return "hung (killed after the time limit)"
     if rc < 0:
@@ -522,10 +566,12 @@ def classify(rc: int | None, err: str, sent: int | None) -> str:
         return "interrupted: own message" if "moe-replay: interrupted by" in err else "interrupted: no message"
     if rc == 0:
         return "exit 0"
-    if rc in (1, 2):
-        lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("moe-replay: warning:")]
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith("moe-replay: warning:")]
+    if rc == 2:
         one = len(lines) == 1 and lines[0].startswith("moe-replay: error: ")
-        return f"exit {rc}: one sentence" if one or rc == 1 else f"exit {rc}: not one sentence"
+        return "exit 2: one sentence" if one else "exit 2: not one sentence"
+    if rc == 1:  # a check ran and failed: it says so (its table on stdout, or a line on stderr)
+        return "exit 1: a check failed" if out.strip() or lines else "exit 1: not one sentence (nothing said)"
     return f"exit {rc}"
 
 
@@ -568,8 +614,12 @@ def run_case(i: int, case: Case, base: Path) -> dict:
             leftover.append(Path(f"/proc/{q}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:120])
         with contextlib.suppress(ProcessLookupError):
             os.kill(q, signal.SIGKILL)
-    errs = [(work / f"{tag}.err").read_text(errors="replace") for tag, _ in started]
-    outcomes = [classify(rc, e, sent if j == 0 else None) for j, (rc, e) in enumerate(zip(rcs, errs))]
+    for _, p in started:
+        for th in p.drains:  # type: ignore[attr-defined]
+            th.join(10)
+    errs = [p.drained.get("err", b"").decode(errors="replace") for _, p in started]  # type: ignore[attr-defined]
+    outs = [p.drained.get("out", b"").decode(errors="replace") for _, p in started]  # type: ignore[attr-defined]
+    outcomes = [classify(rc, e, sent if j == 0 else None, o) for j, (rc, e, o) in enumerate(zip(rcs, errs, outs))]
     changed = [p for p in case.inputs if digest(p) != before[p]]
     replaced = [p for p in case.specials if not special_intact(p)]
     rec = {"run": i, "family": case.family, "note": case.note, "argv": case.argv, "twin": case.twin,
