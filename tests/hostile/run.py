@@ -12,6 +12,10 @@ full disk, concurrent writers, special files and inputs as destinations), record
   to /dev/null): still what it was afterwards (never is /dev/null itself a destination);
 - the processes of the run's session still alive after it ended (after SIGKILL of the verb too).
 
+A signal sent before the process catches SIGTERM (read from /proc/PID/status as it is sent: the
+interpreter still starting, before the first line of the tool's code) is counted apart: no Python
+program can handle a signal then; from that line on, every signal must end in the tool's message.
+
 Not part of ``make test`` (a few hundred processes, ~15 minutes on two shared cores); seeded, so the
 same --seed draws the same cases (timings, and so some outcomes of the signal cases, vary)::
 
@@ -548,9 +552,25 @@ def _start(argv: list[str], case: Case, work: Path, tag: str) -> subprocess.Pope
     return p
 
 
-def classify(rc: int | None, err: str, sent: int | None, out: str = "") -> str:
+def _handles_sigterm(pid: int) -> bool:
+    """The process catches SIGTERM: the tool's handler is in place (it installs SIGINT, SIGTERM
+    and SIGHUP at once, as the first thing replay.cli does; Python itself catches only SIGINT)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool((int(line.split()[1], 16) >> (signal.SIGTERM - 1)) & 1)
+    except OSError:
+        pass
+    return False
+
+
+def classify(rc: int | None, err: str, sent: int | None, out: str = "", early: bool = False) -> str:
     if rc is None:
         return "hung (killed after the time limit)"
+    if early and sent in USER_SIGNALS and (rc == -sent or "KeyboardInterrupt" in err):
+        # sent while the interpreter was still starting, before the first line of the tool's code
+        # could install a handler (site, the editable install's finder: ~70-180 ms here)
+        return "signal before the tool's first line (interpreter start): default action"
     if rc < 0:
         s = -rc
         if s in CRASH_SIGNALS:
@@ -585,11 +605,12 @@ def run_case(i: int, case: Case, base: Path) -> dict:
     t0 = time.monotonic()
     procs = [("a", case.argv)] + ([("b", case.twin)] if case.twin else [])
     started = [(tag, _start(argv, case, work, tag)) for tag, argv in procs]
-    sent = None
+    sent, early = None, False
     if case.send is not None:
         sig, delay = case.send
         time.sleep(delay)
         if started[0][1].poll() is None:
+            early = not _handles_sigterm(started[0][1].pid)
             os.kill(started[0][1].pid, sig)  # the verb's process only (kill PID), never its group
             sent = sig
     rcs = []
@@ -619,13 +640,15 @@ def run_case(i: int, case: Case, base: Path) -> dict:
             th.join(10)
     errs = [p.drained.get("err", b"").decode(errors="replace") for _, p in started]  # type: ignore[attr-defined]
     outs = [p.drained.get("out", b"").decode(errors="replace") for _, p in started]  # type: ignore[attr-defined]
-    outcomes = [classify(rc, e, sent if j == 0 else None, o) for j, (rc, e, o) in enumerate(zip(rcs, errs, outs))]
+    outcomes = [classify(rc, e, sent if j == 0 else None, o, early and j == 0)
+                for j, (rc, e, o) in enumerate(zip(rcs, errs, outs))]
     changed = [p for p in case.inputs if digest(p) != before[p]]
     replaced = [p for p in case.specials if not special_intact(p)]
     rec = {"run": i, "family": case.family, "note": case.note, "argv": case.argv, "twin": case.twin,
            "send": [signal.Signals(case.send[0]).name, round(case.send[1], 2)] if case.send else None,
-           "fsize": case.fsize, "rc": rcs, "outcome": outcomes, "inputs_changed": changed, "specials_replaced": replaced,
-           "leftover": leftover, "seconds": round(seconds, 2), "stderr": [e[-600:] for e in errs]}
+           "sent_before_handler": early, "fsize": case.fsize, "rc": rcs, "outcome": outcomes,
+           "inputs_changed": changed, "specials_replaced": replaced, "leftover": leftover,
+           "seconds": round(seconds, 2), "stderr": [e[-600:] for e in errs]}
     shutil.rmtree(work, ignore_errors=True)
     return rec
 
@@ -640,8 +663,8 @@ def summary(records: list[dict]) -> str:
         "exit 3 (a bug)": sum(o.startswith("exit 3") for r in records for o in r["outcome"]),
         "crash (SIGSEGV, SIGABRT, ...)": sum(o.startswith("crash") for r in records for o in r["outcome"]),
         "traceback": sum(o == "traceback" for r in records for o in r["outcome"]),
-        "signal's default action (no message)": sum(o.startswith("default action") or o == "interrupted: no message"
-                                                    for r in records for o in r["outcome"]),
+        "signal's default action once the tool's code runs (no message)": sum(
+            o.startswith("default action") or o == "interrupted: no message" for r in records for o in r["outcome"]),
         "hung past the time limit": sum(o.startswith("hung") for r in records for o in r["outcome"]),
         "refusal not one sentence": sum(o.endswith("not one sentence") for r in records for o in r["outcome"]),
         "inputs changed": sum(len(r["inputs_changed"]) for r in records),
