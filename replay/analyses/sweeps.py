@@ -35,6 +35,7 @@ import itertools
 import json
 import math
 import os
+import re
 import time
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
@@ -482,10 +483,22 @@ def _show(v: Any) -> str:
     return exact(v) if isinstance(v, float) else str(v)
 
 
-def _worker_init() -> None:
-    from traces.util.signals import ignore_interrupts
+def _worker_init(parent: Any = None) -> None:
+    from traces.util.signals import exit_with_parent, ignore_interrupts
 
     ignore_interrupts()  # Ctrl-C is the driver's to handle: it stops the pool
+    # tqdm's first bar (even a disabled one) creates a multiprocessing lock, a named semaphore the
+    # resource tracker counts; a worker the driver terminates never unregisters it, and the tracker
+    # then printed "leaked semaphore objects" after the command's one-line error. A thread lock
+    # does for a worker that draws no bar.
+    with contextlib.suppress(ImportError):
+        import threading
+
+        from tqdm import tqdm
+
+        tqdm.set_lock(threading.RLock())
+    if parent is not None:  # the sweep killed (SIGKILL too): this worker ends with it
+        exit_with_parent(parent)
 
 
 # --- the cell store --------------------------------------------------------------------------
@@ -625,6 +638,34 @@ def grid_inputs(grid: Grid) -> list[str]:
     return files
 
 
+_LEFTOVER = re.compile(r"\.lock|\..+\.tmp-\d+")
+
+
+def _own_leftover(name: str) -> bool:
+    """What a sweep that stopped before its first result leaves (a full disk as it wrote sweep.json,
+    a kill): the lock file and a temporary file of an atomic write. A directory holding only these is
+    a sweep's own, resumable by the same command, not someone else's folder."""
+    return _LEFTOVER.fullmatch(name) is not None
+
+
+def _holds_complete(out: Path, grid: Grid, cells: list[Cell]) -> bool:
+    """RESULTS already holds the complete tables of this very grid (sweep.json says complete,
+    grid.toml is this grid's text and each table holds exactly the cells of this grid, trace
+    contents included): a rerun (``force`` too) leaves that record as it is until it has rebuilt
+    every table, so a rerun that fails (a full disk, a kill) never downgrades it."""
+    try:
+        record = json.loads((out / "sweep.json").read_text(encoding="utf-8"))
+        if record.get("complete") is not True or (out / "grid.toml").read_text(encoding="utf-8") != grid.text:
+            return False
+        for kind in grid.kinds:
+            keys = set(pl.read_parquet(out / f"{kind}.parquet", columns=["cell_key"])["cell_key"].to_list())
+            if keys != {c.key for c in cells if c.kind == kind}:
+                return False
+        return True
+    except Exception:  # noqa: BLE001 - anything unreadable (a damaged table, an odd record) is not a complete result
+        return False
+
+
 def _check_results_dir(out: Path, inputs: Sequence[str]) -> None:
     from traces.io.atomic import check_not_input, check_not_special
 
@@ -632,7 +673,8 @@ def _check_results_dir(out: Path, inputs: Sequence[str]) -> None:
     check_not_special(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a directory.")
-    if out.is_dir() and any(out.iterdir()) and not (out / "sweep.json").exists() and not (out / "chunks").is_dir():
+    if out.is_dir() and any(not _own_leftover(e.name) for e in out.iterdir()) and not (out / "sweep.json").exists() \
+            and not (out / "chunks").is_dir():
         raise UserError(f"{out}: exists, is not empty and holds no sweep results; choose another -o.")
     parent = Path(os.path.abspath(out)).parent
     if not parent.is_dir():
@@ -708,7 +750,12 @@ def _run_local(batches: list[list[Cell]], workers: int, on_done: Callable[[list]
 
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
     by_key = {c.key: c for b in batches for c in b}
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init)
+    # A pipe only this process writes to: each worker exits when it closes, i.e. when this process
+    # dies, even by SIGKILL (traces.util.signals.exit_with_parent). Without it the workers lived on,
+    # and with them the forkserver and the resource tracker, holding this process's stdout, so
+    # `sweep ... | tee` never returned.
+    watch_r, watch_w = ctx.Pipe(duplex=False)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(watch_r,))
     ok = False
     try:
         pending = {pool.submit(run_batch, _payload(b)) for b in batches}
@@ -723,6 +770,8 @@ def _run_local(batches: list[list[Cell]], workers: int, on_done: Callable[[list]
                 with contextlib.suppress(Exception):
                     p.terminate()
         pool.shutdown(wait=ok, cancel_futures=True)
+        watch_w.close()
+        watch_r.close()
 
 
 RAY_MISSING = "--engine ray needs Ray: install the cluster extra (pip install 'moe-replay[cluster]')."
@@ -824,9 +873,13 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
     out.mkdir(exist_ok=True)
     with results_lock(out):
         # until the sweep ends, sweep.json says it is unfinished (a killed sweep leaves it so; the
-        # tables, if any, are those of an earlier run): rerun the same grid to finish it
-        atomic_write_text(out / "sweep.json", json.dumps({"format": FORMAT, "version": 1, "tool_version": __version__,
-                                                          "grid": str(grid.file), "complete": False}, indent=1) + "\n")
+        # tables, if any, are those of an earlier run): rerun the same grid to finish it. Not when
+        # RESULTS already holds this grid's complete tables (a --force rerun): those stay the
+        # record, and stay true, until this run has rebuilt them (new chunks only add to the store,
+        # the newest wins), so a rerun stopped by a full disk or a kill downgrades nothing.
+        if not _holds_complete(out, grid, cells):
+            atomic_write_text(out / "sweep.json", json.dumps({"format": FORMAT, "version": 1, "tool_version": __version__,
+                                                              "grid": str(grid.file), "complete": False}, indent=1) + "\n")
         store = Store(out)
         done = store.done()
         todo, seen = [], set()

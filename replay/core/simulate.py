@@ -94,10 +94,10 @@ def kernel_for(policy: str, whatif: bool = False, slots: bool = False):
         if key not in _KERNELS:
             pm = policy_module(policy)
             try:
-                kern = make_kernel(policy, pm, whatif, slots)
+                kern = make_kernel(policy, pm, whatif, slots, checked=is_plugin(policy))
                 tiny = _tiny_loads()
                 args, stats, _ = _driver_args(tiny, pm, MIB, 0, bool(slots), None, None, no_options(), policy=policy)
-                run_kernel(kern, args, is_plugin(policy))
+                run_kernel(kern, args, is_plugin(policy), policy=policy)
                 driver_error(stats, policy, pm, tiny.n_entries)
             except Exception as e:
                 if not is_plugin(policy):
@@ -121,14 +121,16 @@ def _plugin_error(policy: str, pm: Any, e: Exception) -> UserError:
     return UserError(f"{where(pm)}: policy {policy!r} {what} ({type(e).__name__}: {first[:200]}).")
 
 
-def run_kernel(kern: Any, args: tuple, interruptible: bool) -> None:
+def run_kernel(kern: Any, args: tuple, interruptible: bool, policy: str | None = None) -> None:
     """``kern(*args)``; with ``interruptible`` (a plugin policy's kernel) on a daemon thread that the
     caller waits for, so SIGINT / SIGTERM still reach their handlers while a plugin's compiled hook
     loops forever (a signal handler only runs in the main thread, between bytecodes, which a
     kernel running there never reaches; the kernels release the GIL). A waiting thread other than
     the main one gives up when the CLI's handler has set ``stop_requested`` (a pool's shutdown
     would otherwise join it forever); the abandoned kernel spins on until the process exits with
-    the interrupt's status. Built-ins run in the calling thread (no thread per cell in sweeps)."""
+    the interrupt's status. Built-ins run in the calling thread (no thread per cell in sweeps).
+    ``policy``: the plugin whose kernel this is; an IndexError from its bounds-checked kernel
+    (:func:`replay.core.driver.make_kernel`) becomes one sentence naming its file and its state."""
     if not interruptible:
         kern(*args)
         return
@@ -149,7 +151,22 @@ def run_kernel(kern: Any, args: tuple, interruptible: bool) -> None:
         if stop_requested.is_set() and t.is_alive():
             raise Abandoned("a plugin's kernel was left running: the command was interrupted")
     if failed:
+        if policy is not None and isinstance(failed[0], IndexError):
+            raise _index_error(policy, args[9], failed[0]) from failed[0]
         raise failed[0]
+
+
+def _index_error(policy: str, ps: Any, e: IndexError) -> UserError:
+    """A plugin's hook indexed outside an array (caught by the bounds-checked kernel): one sentence
+    naming the file, the state's shape and the way to have a wrong state refused up front."""
+    from replay.plugins import where
+
+    pm = policy_module(policy)
+    shape = tuple(ps.shape) if isinstance(ps, np.ndarray) else None
+    hint = ("its state_shape" if hasattr(pm, "state_shape") else
+            "declare state_shape(ent, grp) so that a state of the wrong shape is refused before the replay")
+    return UserError(f"{where(pm)}: policy {policy!r}: a hook indexed outside an array ({e}); the state init returned has "
+                     f"shape {shape}: check its size against what the hooks index ({hint}).")
 
 
 def wait_result(future: Any) -> Any:
@@ -728,7 +745,7 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
                       minlength=L).astype(np.int64)
     shares = grp[:, BUDGET].copy() if pm.PARTITION == "layer" and not pm.UNBOUNDED else None
     t0 = time.perf_counter()
-    run_kernel(kern, args, is_plugin(policy))
+    run_kernel(kern, args, is_plugin(policy), policy=policy)
     dt = time.perf_counter() - t0
     driver_error(stats, policy, pm, loads.n_entries)
     acc, bacc = args[10], args[11]
