@@ -26,7 +26,9 @@ Per decoded token (a decode batch; one token in a single-request trace), per MoE
   demand and speculative: CPU-side management that does not overlap) after its last layer.
 
 Read lanes carry over from token to token: a read still in flight at a token's end delays the
-next token's reads. Prefill is not timed (its loads still consume or discard pending guesses).
+next token's reads. Prefill is not timed: its loads still consume or discard pending guesses, and
+a guess read in prefill (none from the built-in predictors, whose guesses are for decode) takes
+no lane time and counts as arrived at time 0, when the decode timeline starts.
 
 Speculative bytes are *useful* (the guess was demanded while still cached: a speculative hit of the
 replay), *late* (useful but arrived after the layer that used it started: part of the useful
@@ -141,12 +143,15 @@ def timeline_kernel(entries, load_start, load_lidx, load_batch, batch_phase, slo
         compute = 0.0
         if timed:
             ti += 1
-            if has_fills and issue_ahead == 0:
-                for t in range(li, hi):
-                    nb = layer_bytes[load_lidx[t]]
-                    for rp in range(load_start[t], load_start[t + 1]):
-                        for jp in range(w):
-                            if fills[rp, jp] == FILL_READ:
+        if has_fills and issue_ahead == 0:
+            for t in range(li, hi):
+                nb = layer_bytes[load_lidx[t]]
+                for rp in range(load_start[t], load_start[t + 1]):
+                    for jp in range(w):
+                        if fills[rp, jp] == FILL_READ:
+                            pending[pred[rp, jp]] = nf
+                            f_bytes[nf] = nb
+                            if timed:
                                 ln = 0
                                 for x in range(1, lanes):
                                     if free[x] < free[ln]:
@@ -155,12 +160,9 @@ def timeline_kernel(entries, load_start, load_lidx, load_batch, batch_phase, slo
                                 d = lat + nb * per_byte
                                 free[ln] = st + d
                                 io += d
-                                e = pred[rp, jp]
-                                pending[e] = nf
-                                f_bytes[nf] = nb
                                 f_arrive[nf] = st + d
-                                nf += 1
                                 spec_b += nb
+                            nf += 1
         for t in range(li, hi):
             lid = load_lidx[t]
             nb = layer_bytes[lid]
@@ -201,26 +203,27 @@ def timeline_kernel(entries, load_start, load_lidx, load_batch, batch_phase, slo
                         dem_b += nb
                         if st + d > need:
                             need = st + d
-            if timed and has_fills and issue_ahead > 0:
+            if has_fills and issue_ahead > 0:
                 u = t + issue_ahead
                 if u < hi and load_lidx[u] == lid + issue_ahead:
                     ub = layer_bytes[load_lidx[u]]
                     for rp in range(load_start[u], load_start[u + 1]):
                         for jp in range(w):
                             if fills[rp, jp] == FILL_READ:
-                                ln = 0
-                                for x in range(1, lanes):
-                                    if free[x] < free[ln]:
-                                        ln = x
-                                st = free[ln] if free[ln] > start else start
-                                d = lat + ub * per_byte
-                                free[ln] = st + d
-                                io += d
                                 pending[pred[rp, jp]] = nf
                                 f_bytes[nf] = ub
-                                f_arrive[nf] = st + d
+                                if timed:
+                                    ln = 0
+                                    for x in range(1, lanes):
+                                        if free[x] < free[ln]:
+                                            ln = x
+                                    st = free[ln] if free[ln] > start else start
+                                    d = lat + ub * per_byte
+                                    free[ln] = st + d
+                                    io += d
+                                    f_arrive[nf] = st + d
+                                    spec_b += ub
                                 nf += 1
-                                spec_b += ub
             if not timed:
                 continue
             ready = need
