@@ -23,6 +23,7 @@ def profiles(draw):
     return Profile(lanes=draw(st.integers(1, 4)), lane_mib_s=draw(st.sampled_from([0.5, 3.0, 100.0, 1000.0])),
                    read_latency_ms=draw(st.sampled_from([0.0, 0.05, 1.0])),
                    compute_ms_per_layer=draw(st.sampled_from([0.0, 0.3, 2.5])), overlap=draw(st.booleans()),
+                   expert_share=draw(st.sampled_from([0.0, 0.4, 1.0])),
                    token_overhead_ms=draw(st.sampled_from([0.0, 1.5])), serial_ms_per_mib=draw(st.sampled_from([0.0, 0.7])))
 
 

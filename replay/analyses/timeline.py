@@ -8,20 +8,25 @@ is made and how many guesses are wrong. This module times one replay (docs/desig
 Per decoded token (a decode batch; one token in a single-request trace), per MoE layer in order:
 
 - the layer starts when the previous layer's compute ends (the token's first layer: when the
-  previous token ended); its demand reads (the misses the cache replay produced, one read per
-  missed expert, a repeat inside the load read once) are issued then, each on the read lane that
-  frees first (lowest lane on a tie), starting when that lane is free: a read takes
+  previous token ended). Its compute, ``compute_ms_per_layer``, is two parts: the work before the
+  router (attention, the router itself: a share ``1 - expert_share``), after which the layer's
+  experts are known, and the expert work (``expert_share``), which can run while the layer's own
+  reads arrive (the resident experts first);
+- when the router has run the layer's demand reads are issued (the misses the cache replay
+  produced, one read per missed expert, a repeat inside the load read once), each on the read lane
+  that frees first (lowest lane on a tie), starting when that lane is free: a read takes
   ``read_latency_ms + MiB x 1000 / lane_mib_s``;
 - speculative reads (the fills the prefetch replay made: driver ``FILL_READ``) are issued when
   their predictor could issue them: at the token's start for a predictor that needs nothing of the
   token (``prev-token``, the static lists: module constant ``ISSUE = "token"``, the default), or
-  at the start of layer l - d for a guess for layer l made from layer l - d's gate input
+  when layer l - d's router has run for a guess for layer l made from layer l - d's gate input
   (``stale-gate[d]``: ``ISSUE = "layer"``), after that layer's own demand reads; they queue on the
   same lanes;
-- the layer waits (stall) for its demand reads and for the speculative reads it uses (a guess that
-  arrives after the layer needs it is *late*: the layer stalls for the rest of its transfer, less
-  than a miss would cost); then computes for ``compute_ms_per_layer``. With ``overlap`` off the
-  layer also waits until every lane is idle, and no read runs while it computes (serial);
+- with ``overlap`` on, the layer ends at the later of (router time + expert work) and the arrival
+  of its last demand read or used guess; the difference is its stall. A guess that arrives after
+  the router has run is *late*: the layer waits only for the rest of its transfer, less than a miss
+  would cost. With ``overlap`` off (serial) a layer's compute starts only when every lane is idle,
+  no read runs while it computes, and its expert work starts when its reads are all in;
 - the token ends ``token_overhead_ms + serial_ms_per_mib x MiB`` (every byte the token issued,
   demand and speculative: CPU-side management that does not overlap) after its last layer.
 
@@ -31,9 +36,9 @@ a guess read in prefill (none from the built-in predictors, whose guesses are fo
 no lane time and counts as arrived at time 0, when the decode timeline starts.
 
 Speculative bytes are *useful* (the guess was demanded while still cached: a speculative hit of the
-replay), *late* (useful but arrived after the layer that used it started: part of the useful
-bytes) or *wasted* (evicted unused, or unused at the end). Lead time of a useful guess: the time
-from its arrival to the start of the layer that used it (negative when late).
+replay), *late* (useful but arrived after the router of the layer that used it had run: part of the
+useful bytes) or *wasted* (evicted unused, or unused at the end). Lead time of a useful guess: the
+time from its arrival to that router time (negative when late).
 
 What the model does not see: compute that varies by token (thermal state, page faults), reads
 other than experts', the order an engine really issues reads in, bandwidth that falls with queue
@@ -68,6 +73,7 @@ class Profile:
     read_latency_ms: float
     compute_ms_per_layer: float
     overlap: bool = True
+    expert_share: float = 0.0
     token_overhead_ms: float = 0.0
     serial_ms_per_mib: float = 0.0
     name: str = "profile"
@@ -76,15 +82,17 @@ class Profile:
     def row(self) -> dict:
         return {"profile": self.name, "profile_source": self.source, "lanes": self.lanes, "lane_mib_s": self.lane_mib_s,
                 "read_latency_ms": self.read_latency_ms, "compute_ms_per_layer": self.compute_ms_per_layer,
-                "overlap": self.overlap, "token_overhead_ms": self.token_overhead_ms,
+                "overlap": self.overlap, "expert_share": self.expert_share, "token_overhead_ms": self.token_overhead_ms,
                 "serial_ms_per_mib": self.serial_ms_per_mib}
 
 
 def kernel_params(p: Profile) -> np.ndarray:
     """The kernel's float parameters, computed once (the naive twin uses the same numbers):
-    [latency ms, ms per byte on a lane, compute ms per layer, token overhead ms, serial ms per byte]."""
+    [latency ms, ms per byte on a lane, compute ms per layer, token overhead ms, serial ms per byte,
+    compute before the router, expert compute] (ms)."""
     return np.array([p.read_latency_ms, (1000.0 / p.lane_mib_s) / MIB, p.compute_ms_per_layer, p.token_overhead_ms,
-                     p.serial_ms_per_mib / MIB], np.float64)
+                     p.serial_ms_per_mib / MIB, p.compute_ms_per_layer * (1.0 - p.expert_share),
+                     p.compute_ms_per_layer * p.expert_share], np.float64)
 
 
 @njit(cache=True, nogil=True)
@@ -101,6 +109,8 @@ def timeline_kernel(entries, load_start, load_lidx, load_batch, batch_phase, slo
     comp = par[2]
     overhead = par[3]
     serial_per_byte = par[4]
+    pre = par[5]
+    post = par[6]
     n_load = load_start.shape[0] - 1
     n_batch = batch_phase.shape[0]
     k = entries.shape[1]
@@ -167,7 +177,19 @@ def timeline_kernel(entries, load_start, load_lidx, load_batch, batch_phase, slo
             lid = load_lidx[t]
             nb = layer_bytes[lid]
             start = now
-            need = start
+            s2 = start
+            a = start
+            if timed:
+                if not overlap:  # serial: the layer's compute starts on idle lanes, and no read runs while it computes
+                    for x in range(lanes):
+                        if free[x] > s2:
+                            s2 = free[x]
+                a = s2 + pre  # the router has run: the layer's experts are known and asked for
+                if not overlap:
+                    for x in range(lanes):
+                        if free[x] < a:
+                            free[x] = a
+            need = a
             for r in range(load_start[t], load_start[t + 1]):
                 for j in range(k):
                     e = entries[r, j]
@@ -181,8 +203,8 @@ def timeline_kernel(entries, load_start, load_lidx, load_batch, batch_phase, slo
                         if not timed:
                             f_status[f] = F_UNTIMED
                             continue
-                        f_lead[f] = start - f_arrive[f]
-                        if f_arrive[f] > start:
+                        f_lead[f] = a - f_arrive[f]
+                        if f_arrive[f] > a:
                             f_status[f] = F_LATE
                             if f_arrive[f] > need:
                                 need = f_arrive[f]
@@ -196,7 +218,7 @@ def timeline_kernel(entries, load_start, load_lidx, load_batch, batch_phase, slo
                         for x in range(1, lanes):
                             if free[x] < free[ln]:
                                 ln = x
-                        st = free[ln] if free[ln] > start else start
+                        st = free[ln] if free[ln] > a else a
                         d = lat + nb * per_byte
                         free[ln] = st + d
                         io += d
@@ -217,7 +239,7 @@ def timeline_kernel(entries, load_start, load_lidx, load_batch, batch_phase, slo
                                     for x in range(1, lanes):
                                         if free[x] < free[ln]:
                                             ln = x
-                                    st = free[ln] if free[ln] > start else start
+                                    st = free[ln] if free[ln] > a else a
                                     d = lat + ub * per_byte
                                     free[ln] = st + d
                                     io += d
@@ -226,18 +248,22 @@ def timeline_kernel(entries, load_start, load_lidx, load_batch, batch_phase, slo
                                 nf += 1
             if not timed:
                 continue
-            ready = need
-            if not overlap:
+            if overlap:
+                x0 = a + post  # the expert work runs while the layer's reads arrive; it ends no earlier than they do
+                end = x0 if x0 >= need else need
+                stall += end - x0
+            else:
+                ready = need
                 for x in range(lanes):
                     if free[x] > ready:
                         ready = free[x]
-            stall += ready - start
-            now = ready + comp
-            compute += comp
-            if not overlap:
+                stall += (s2 - start) + (ready - a)
+                end = ready + post
                 for x in range(lanes):
-                    if free[x] < now:
-                        free[x] = now
+                    if free[x] < end:
+                        free[x] = end
+            now = end
+            compute += comp
         if timed:
             now = now + (overhead + (dem_b + spec_b) * serial_per_byte)
             if not overlap:

@@ -5,7 +5,8 @@ lane keeps the list of its reads; every layer boundary is an event with its time
 Inputs: ``loads``, in replay order, each a dict ``batch``, ``phase`` (0 prefill, 1 decode),
 ``pos`` (MoE layer position), ``rows``: per routing row a list of (entry, residency code) and a
 list of (predicted entry, fill code); ``layer_bytes`` per position; ``par`` the five kernel
-parameters (latency ms, ms per byte, compute ms per layer, token overhead ms, serial ms per byte),
+parameters (latency ms, ms per byte, compute ms per layer, token overhead ms, serial ms per byte,
+compute before the router, expert compute),
 taken as numbers so that both sides do the same arithmetic.
 """
 
@@ -26,7 +27,7 @@ class Lane:
 
 
 def naive_timeline(loads, layer_bytes, par, issue_ahead, n_lanes, overlap):
-    lat, per_byte, comp, overhead, serial_per_byte = par
+    lat, per_byte, comp, overhead, serial_per_byte, pre, post = par
     lanes = [Lane() for _ in range(n_lanes)]
     floor = [0.0] * n_lanes  # with overlap off, a lane may not start a read before this (compute ran)
     events = []  # (time, what): layer starts, layer ends, token ends; for reading, not needed to compute
@@ -79,7 +80,15 @@ def naive_timeline(loads, layer_bytes, par, issue_ahead, n_lanes, overlap):
         for idx, ld in enumerate(batch):
             start = now
             events.append((start, "layer start"))
-            waits = [start]
+            s2 = a = start
+            if timed:
+                if not overlap:  # serial: wait for every lane to be idle
+                    s2 = max([start] + [max(ln.free_at, floor[i]) for i, ln in enumerate(lanes)])
+                a = s2 + pre  # the router has run
+                events.append((a, "router"))
+                if not overlap:
+                    floor[:] = [max(fl, a) for fl in floor]
+            waits = [a]
             done = set()
             for slots, _preds in ld["rows"]:
                 for e, code in slots:
@@ -91,32 +100,35 @@ def naive_timeline(loads, layer_bytes, par, issue_ahead, n_lanes, overlap):
                         if not timed:
                             fills[f]["status"] = "untimed"
                             continue
-                        fills[f]["lead"] = start - fills[f]["arrive"]
-                        if fills[f]["arrive"] > start:
+                        fills[f]["lead"] = a - fills[f]["arrive"]
+                        if fills[f]["arrive"] > a:
                             fills[f]["status"] = "late"
                             waits.append(fills[f]["arrive"])
                         else:
                             fills[f]["status"] = "useful"
                         continue
                     if code == 0 and timed:
-                        rd = issue(start, layer_bytes[ld["pos"]], "demand", e)
+                        rd = issue(a, layer_bytes[ld["pos"]], "demand", e)
                         tok["io"] += rd["dur"]
                         tok["dem"] += layer_bytes[ld["pos"]]
                         waits.append(rd["arrive"])
             if issue_ahead > 0 and idx + issue_ahead < len(batch) and \
                     batch[idx + issue_ahead]["pos"] == ld["pos"] + issue_ahead:
-                spec_reads(batch[idx + issue_ahead], start)
+                spec_reads(batch[idx + issue_ahead], a)
             if not timed:
                 continue
-            ready = max(waits)
-            if not overlap:
-                ready = max([ready] + [max(ln.free_at, floor[i]) for i, ln in enumerate(lanes)])
-            tok["stall"] += ready - start
-            now = ready + comp
+            if overlap:
+                x0 = a + post
+                end = max(x0, max(waits))
+                tok["stall"] += end - x0
+            else:
+                ready = max([max(waits)] + [max(ln.free_at, floor[i]) for i, ln in enumerate(lanes)])
+                tok["stall"] += (s2 - start) + (ready - a)
+                end = ready + post
+                floor[:] = [max(fl, end) for fl in floor]
+            now = end
             tok["compute"] += comp
             events.append((now, "layer end"))
-            if not overlap:
-                floor[:] = [max(fl, now) for fl in floor]
         if timed:
             now = now + (overhead + (tok["dem"] + tok["spec"]) * serial_per_byte)
             if not overlap:
