@@ -334,23 +334,47 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
 def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: float | None = None, policy: str = "lru",
              cap: int | None = None, guard: bool = False, drop_frac: float | None = None, retain: bool = False,
              cost_model: Any = None, policy_file: Any = None, predictor_file: Any = None,
-             foreign_cost_model: bool = False) -> pl.DataFrame:
+             foreign_cost_model: bool = False, time_model: str | None = None, device_profile: Any = None) -> pl.DataFrame:
     """One row: speculative prefetch of ``predictor``'s guesses into the same cache at
     ``budget_mib`` (default: the recorded budget) against no prefetch and against the best plain
     online policy at that budget (``best_plain_*``). With ``cost_model``: ``ms_per_token``,
-    ``tok_s`` and a ``verdict`` (``foreign_cost_model`` as in :func:`cache`)."""
+    ``tok_s`` and a ``verdict`` (``foreign_cost_model`` as in :func:`cache`).
+
+    ``time_model``: ``"linear"`` (``cost_model``, else one fitted on the trace's metrics),
+    ``"fitted"`` (the timeline, parameters fitted on the trace's metrics) or ``"profile"`` (the
+    timeline on ``device_profile``: a JSON file, a preset name, or a
+    :class:`replay.analyses.timeline.Profile`). On the timeline the row carries ``useful_mib``,
+    ``late_mib``, ``wasted_mib``, ``useful_lead_ms_mean``, ``lane_busy_pct``, ``stall_ms_per_token``,
+    ``ms_per_token`` (each with ``_baseline``), ``delta_ms_per_token`` with its paired interval,
+    ``vs_baseline_time`` and a ``verdict`` that says why (docs/design.md, "Timeline")."""
+    import polars as pl
+
     from replay.analyses.prefetching import best_plain, with_best_plain, with_prefetch_time
     from replay.analyses.prefetching import prefetch as _prefetch
+    from replay.analyses.timeline_whatif import timeline_profile
 
     _plugins(policy_file, predictor_file)
     t = _trace(trace)
+    profile, scores = timeline_profile(t, time_model, device_profile)
+    if profile is not None and cost_model is not None:
+        raise UserError("cost_model and a timeline time model are alternatives; give one.")
+    if time_model == "linear" and cost_model is None:
+        cost_model = fit_cost_model(t)
     cost_model = _applied(cost_model, t, foreign_cost_model)
     frame = _prefetch(t, predictor, budget_mib=_budget(budget_mib), policy=policy, cap=cap, guard=guard, drop_frac=drop_frac,
-                      retain=retain, model=cost_model)
+                      retain=retain, model=cost_model, profile=profile)
     if cost_model is not None:
         from replay.present.whatif import with_verdict
 
-        frame = with_verdict(with_prefetch_time(frame, cost_model))
+        frame = with_verdict(with_prefetch_time(frame, cost_model)).with_columns(pl.lit("linear").alias("time_model"))
+    if profile is not None:
+        from replay.present.whatif import with_timeline_verdict
+
+        frame = with_timeline_verdict(frame)
+        if scores is not None:
+            frame = frame.with_columns(
+                pl.lit(scores["timeline_wall_ms"]["mape_pct"]).alias("time_model_heldout_mape_pct"),
+                pl.lit(scores["timeline_wall_ms"]["mean_err_ms"]).alias("time_model_heldout_mean_err_ms"))
     return with_best_plain(frame, best_plain(t, frame["budget_mib"][0], cost_model))
 
 
