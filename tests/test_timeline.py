@@ -77,3 +77,81 @@ def test_timeline_matches_event_by_event_twin(data, t, prof, policy, ahead, fill
     assert got.fill_bytes.tolist() == [f["bytes"] for f in want["fills"]]
     assert all(_same(a, f["lead"]) for a, f in zip(got.fill_lead_ms.tolist(), want["fills"], strict=True))
     assert got.read_ms_total == want["read_ms_total"]
+
+
+# -- the done-when cases: prefetch wins, loses, or gains less with late guesses, on numbers ----------
+
+MiB = 1 << 20
+LATE_PLUGIN = '''"""prev-token's guesses, readable only once the layer before has routed (a test plugin)."""
+from replay.predictors.prev_token import predict  # noqa: F401
+
+NAME = "prev-token-late"
+DESCRIPTION = "prev-token, issued when the layer before routes"
+ISSUE = "layer"
+'''
+
+
+def _synthetic(tmp_path, alternate: bool, tokens: int = 40):
+    """4 MoE layers x 16 experts of 1 MiB, top-2, one prefill token then ``tokens`` decoded; every
+    token routes experts 2l, 2l+1 at layer l (``alternate``: the second one is 2l+1 or 2l+8 by the
+    token's parity, so prev-token's second guess is always wrong). At 4 MiB (half a token's 8 MiB)
+    LRU misses every routing; prev-token's fills turn layers 1-3 into hits."""
+    from tests.trace_strategies import write_trace
+    from traces import open_trace
+
+    rows = []
+    for b in range(tokens + 1):
+        for layer in range(4):
+            second = 2 * layer + (8 if alternate and b % 2 else 1)
+            rows.append({"turn": 0, "batch": b, "phase": 0 if b == 0 else 1, "step": b, "layer": layer,
+                         "experts": [2 * layer, second], "weights": [0.6, 0.4], "residency": [0, 0],
+                         "read_bytes": [MiB, MiB]})
+    spec = {"n_layer": 4, "n_expert": 16, "k": 2, "sizes": [MiB] * 4, "rows": rows}
+    return open_trace(write_trace(spec, tmp_path))
+
+
+def _prefetch(tr, profile, predictor="prev-token", **kw):
+    from replay.api import prefetch
+
+    return prefetch(tr, predictor=predictor, budget_mib=4, time_model="profile", device_profile=profile, **kw).row(0, named=True)
+
+
+def test_idle_lanes_and_a_good_predictor_win_on_time(tmp_path):
+    # reads of 1 ms on 8 lanes, 5 ms of compute per layer before the router: the lanes idle during compute
+    prof = Profile(lanes=8, lane_mib_s=1000.0, read_latency_ms=0.0, compute_ms_per_layer=5.0)
+    r = _prefetch(_synthetic(tmp_path, alternate=False), prof)
+    assert r["ms_per_token_baseline"] == 24.0  # 4 layers x (5 ms compute + 1 ms stall for its two misses)
+    assert r["ms_per_token"] < 22.0  # layers 1-3 find their guesses arrived (the first token's layer 0 also waits)
+    assert r["delta_ms_ci_high"] < 0 and r["vs_baseline_time"] == "better"
+    # every guess used: 3 layers x 2 experts x 39 tokens (the first decoded token has no decoded token before it)
+    assert r["wasted_mib"] == 0 and r["late_mib"] == 0 and r["useful_mib"] == 6 * 39
+    assert r["useful_lead_ms_mean"] > 0 and r["lane_busy_pct_baseline"] < 50
+    assert r["verdict"].startswith("prefetch wins on time") and "idle during compute" in r["verdict"]
+
+
+def test_saturated_lanes_make_prefetch_lose(tmp_path):
+    # one lane reading 100 MiB/s (10 ms an expert) against 1 ms of compute: reads bind; half the guesses are wrong
+    prof = Profile(lanes=1, lane_mib_s=100.0, read_latency_ms=0.0, compute_ms_per_layer=1.0)
+    r = _prefetch(_synthetic(tmp_path, alternate=True), prof)
+    assert r["wasted_mib"] > 0 and r["useful_mib"] > 0
+    assert r["lane_busy_pct"] >= 80.0
+    assert r["ms_per_token"] > r["ms_per_token_baseline"]
+    assert r["delta_ms_ci_low"] > 0 and r["vs_baseline_time"] == "worse"
+    assert r["verdict"].startswith("prefetch loses on time") and "(saturated)" in r["verdict"]
+
+
+def test_late_guesses_show_late_bytes_and_a_smaller_gain(tmp_path):
+    # reads of 4 ms on 8 lanes, 1 ms of compute per layer: a guess read when the layer before routes
+    # arrives 3 ms after its own layer's router asked for it at layer 2 of each token
+    prof = Profile(lanes=8, lane_mib_s=250.0, read_latency_ms=0.0, compute_ms_per_layer=1.0)
+    tr = _synthetic(tmp_path, alternate=False)
+    plugin = tmp_path / "late.py"
+    plugin.write_text(LATE_PLUGIN)
+    early = _prefetch(tr, prof)
+    late = _prefetch(tr, prof, predictor="prev-token-late", predictor_file=plugin)
+    assert early["late_mib"] == 0 and late["late_mib"] > 0
+    assert late["useful_mib"] == early["useful_mib"]  # the same guesses, read later
+    assert early["delta_ms_per_token"] < late["delta_ms_per_token"] < 0  # still a gain, a smaller one
+    assert late["vs_baseline_time"] == "better"
+    assert late["stall_ms_per_token"] > early["stall_ms_per_token"]
+    assert "late" in late["verdict"] and late["useful_lead_ms_mean"] < early["useful_lead_ms_mean"]
