@@ -389,6 +389,20 @@ def fit_cost_model(trace: TraceLike):
 
 
 @_api
+def timeline_fit(trace: TraceLike, *, metrics: Any = None) -> dict[str, Any]:
+    """Fit the timeline's device parameters (read lanes, per-lane MiB/s, per-read latency, compute per
+    layer and its expert share, overlap, serial costs) on a trace's recorded per-token metrics, held
+    out by alternating 8-token blocks (replay.analyses.timeline_fit). Returns a dict: ``profile`` (the
+    fitted parameters), held-out ``timeline_wall_ms`` / ``timeline_io_ms`` / ``timeline_stall_ms``
+    and ``linear_wall_ms`` (``mean_err_ms``, ``mape_pct``, ``corr``), the held-out run's recorded and
+    predicted tok/s and whether each model reproduces it within its held-out error, ``better``.
+    ``metrics``: a Polars frame of the engine's metrics for a trace imported without them."""
+    from replay.analyses.timeline_fit import fit_profile
+
+    return fit_profile(_trace(trace), metrics=metrics)[1]
+
+
+@_api
 def cost_fit(trace: TraceLike) -> pl.DataFrame:
     """Every candidate cost model fitted on ``trace``, one row each (``selected`` marks the chosen)."""
     from replay.analyses.cost_model import fit_trace

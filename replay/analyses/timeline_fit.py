@@ -114,12 +114,13 @@ def load_profile(spec: str | Path) -> Profile:
 
 # -- the fit -----------------------------------------------------------------------------------
 
-def recorded_series(trace) -> dict[str, np.ndarray]:
-    """Per decoded token, the engine's recorded metrics (ms)."""
+def recorded_series(trace, metrics=None) -> dict[str, np.ndarray]:
+    """Per decoded token, the engine's recorded metrics (ms); ``metrics``: a frame given instead of
+    the trace's own (as ``cost fit --metrics``)."""
     from replay.analyses.cost_model import recorded_token_features
 
-    feats = recorded_token_features(trace)  # checks the metrics belong to this run
-    m = trace.metrics()
+    feats = recorded_token_features(trace, metrics)  # checks the metrics belong to this run
+    m = metrics if metrics is not None else trace.metrics()
     out = {"wall_ms": feats["wall_ms"].to_numpy().astype(np.float64)}
     for c in ("io_ms", "compute_ms", "stall_ms", "mgmt_ms"):
         if c in m.columns:
@@ -154,10 +155,10 @@ def _baseline(trace):
     return loads, replay(loads, "lru", float(budget), slots=True)
 
 
-def fit_profile(trace, block: int = BLOCK) -> tuple[Profile, dict[str, Any]]:
+def fit_profile(trace, block: int = BLOCK, metrics=None) -> tuple[Profile, dict[str, Any]]:
     """Fit the timeline's parameters on ``trace``'s recorded metrics (module docstring). Returns the
     profile and its held-out scores (:func:`heldout`)."""
-    rec = recorded_series(trace)
+    rec = recorded_series(trace, metrics)
     loads, res = _baseline(trace)
     dec = loads.batch_phase == 1
     reads = (res.bacc[dec, 0] - res.bacc[dec, 1]).astype(np.float64)
