@@ -155,3 +155,61 @@ def test_late_guesses_show_late_bytes_and_a_smaller_gain(tmp_path):
     assert late["vs_baseline_time"] == "better"
     assert late["stall_ms_per_token"] > early["stall_ms_per_token"]
     assert "late" in late["verdict"] and late["useful_lead_ms_mean"] < early["useful_lead_ms_mean"]
+
+
+# -- profiles, the CLI, and the real traces ----------------------------------------------------------
+
+def test_device_profile_files_and_presets_are_checked(tmp_path):
+    import json
+
+    from replay.analyses.timeline_fit import PRESETS, load_profile
+    from tests.helpers import assert_one_sentence_error, run_cli
+
+    p = load_profile("phone-ufs4")
+    assert p.name == "preset:phone-ufs4" and p.source == "preset" and p.lanes == PRESETS["phone-ufs4"]["lanes"]
+    good = {"lanes": 2, "lane_mib_s": 500, "read_latency_ms": 0.1, "compute_ms_per_layer": 1.5}
+    f = tmp_path / "dev.json"
+    f.write_text(json.dumps(good))
+    before = f.read_bytes()
+    q = load_profile(f)
+    assert (q.lanes, q.lane_mib_s, q.overlap, q.expert_share, q.source) == (2, 500.0, True, 0.0, "file")
+    assert f.read_bytes() == before
+    tr = _synthetic(tmp_path / "t", alternate=False).path
+    for bad, needle in (({**good, "lanes": 0}, "lanes 0"), ({**good, "lanes": 1.5}, "lanes 1.5"),
+                        ({**good, "lane_mib_s": -1}, "lane_mib_s -1"), ({**good, "overlap": "yes"}, "overlap 'yes'"),
+                        ({**good, "expert_share": 2}, "expert_share 2"), ({**good, "lanse": 2}, "unknown device-profile key"),
+                        ({"lanes": 2}, "has no lane_mib_s"), ([1, 2], "a JSON object")):
+        f.write_text(json.dumps(bad))
+        res = run_cli("prefetch", tr, "--budget-mib", "4", "--time-model", "profile", "--device-profile", f)
+        assert_one_sentence_error(res, str(f), needle)
+        assert res.code == 2
+    res = run_cli("prefetch", tr, "--budget-mib", "4", "--device-profile", "phone-ufs4")
+    assert_one_sentence_error(res, "--device-profile is read only with --time-model profile")
+    res = run_cli("prefetch", tr, "--budget-mib", "4", "--time-model", "profile", "--device-profile", tmp_path / "nope.json")
+    assert_one_sentence_error(res, "no such file, and not a preset")
+    res = run_cli("prefetch", tr, "--budget-mib", "4", "--time-model", "fitted")
+    assert_one_sentence_error(res, "no recorded per-token metrics")
+
+
+def test_prefetch_time_model_profile_prints_the_timeline(tmp_path):
+    from tests.helpers import run_cli
+
+    tr = _synthetic(tmp_path, alternate=False).path
+    res = run_cli("prefetch", tr, "--budget-mib", "4", "--time-model", "profile", "--device-profile", "gpu-pcie4")
+    assert res.code == 0, res.err
+    assert "time per decoded token on the timeline (profile preset:gpu-pcie4" in res.out
+    assert "speculative bytes: useful 234.0 MiB (late 0.0 MiB), wasted 0.0 MiB" in res.out
+    assert "is a preset: an assumption about a class of device, not a measurement" in res.out
+
+
+def test_timeline_fit_on_the_real_traces(real_trace_dir):
+    """The fitted timeline reproduces each phone run's held-out tok/s within its held-out error
+    (qwen, gemma; gpt-oss too, whose interval is wide), and its io_ms tracks the recorded one."""
+    from replay.api import timeline_fit
+
+    for name in ("qwen", "gemma", "gptoss"):
+        r = timeline_fit(real_trace_dir(name))
+        assert r["timeline_reproduces_tok_s"], name
+        assert r["timeline_io_ms"]["corr"] > 0.99 and r["timeline_io_ms"]["mape_pct"] < 10, name
+        assert r["tokens_heldout"] == r["tokens_fit"]
+        assert r["better"] in ("timeline", "linear", "tie")

@@ -300,12 +300,13 @@ def signed_ms(v: float) -> str:
 
 def timeline_lines(r: dict) -> list[str]:
     """The timeline's block of the prefetch text."""
-    prof = (f"{r['time_profile']}: {r['time_lanes']} lanes x {fmt_q(r['time_lane_mib_s'], 'mib')} MiB/s, "
+    name = "" if r["time_model"] == "fitted" else f"{r['time_profile']}: "
+    prof = (f"{name}{r['time_lanes']} lanes x {fmt_q(r['time_lane_mib_s'], 'mib')} MiB/s, "
             f"{fmt_q(r['time_read_latency_ms'], 'ms_per_miss')} ms per read, compute "
             f"{fmt_q(r['time_compute_ms_per_layer'], 'ms_per_miss')} "
             f"ms per layer (expert share {fmt_q(r['time_expert_share'], 'pp')}), overlap {'on' if r['time_overlap'] else 'off'}, "
             f"token overhead {fmt_q(r['time_token_overhead_ms'], 'ms')} ms + {fmt_q(r['time_serial_ms_per_mib'], 'ms_per_mib')} ms/MiB")
-    which = "profile fitted on this run's metrics" if r["time_model"] == "fitted" else "profile"
+    which = "profile fitted on this run's metrics:" if r["time_model"] == "fitted" else "profile"
     lines = ["", f"time per decoded token on the timeline ({which} {prof}; speculative reads issued "
                  f"{r['spec_issue']}):",
              f"  with prefetch {fmt_q(r['ms_per_token'], 'ms')} ms ({fmt_q(r['tok_s'], 'tok_s')} tok/s), without "
