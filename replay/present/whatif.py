@@ -180,7 +180,7 @@ def format_prefetch(tr, r: dict, model) -> str:
         lines += timeline_lines(r)
     lines += ["", *plain_lines(r, model)]
     timed = model is not None or r.get("time_model") in ("fitted", "profile")
-    lines += ["", ("Prefetch" if timed else "Bytes are not time (see --cost-model or --time-model); prefetch")
+    lines += ["", ("Prefetch" if timed else "Bytes are not time (see --cost-model); prefetch")
               + " does not change the routing, so no quality is at stake; a speculative read competes with demand reads "
               "for the same flash bandwidth."]
     return "\n".join(lines)
