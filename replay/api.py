@@ -166,11 +166,13 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
               budgets_mib: Sequence[float] | None = None, per_layer: bool = False, phase: str = "decode", seed: int = 0,
               policy_options: dict[str, dict[str, Any]] | None = None, policy_file: Any = None, cost_model: Any = None,
               retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
-              loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False, paired: bool = False) -> CacheRun:
+              loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False, paired: bool = False,
+              time_model: str | None = None, device_profile: Any = None) -> CacheRun:
     """:func:`cache` with everything the command prints beside the rows: a :class:`CacheRun`. The
     one flow of a cache replay: the ``cache`` verb, :func:`cache` and sweeps all run it. A
     ``cost_model`` fitted on another model or device is refused before the replay unless
-    ``foreign_cost_model`` (replay.analyses.cost_origin)."""
+    ``foreign_cost_model`` (replay.analyses.cost_origin). ``time_model`` / ``device_profile`` as in
+    :func:`prefetch` (the timeline replays each cell in memory)."""
     from replay.analyses.info import require_routings
     from replay.core.phases import check_phase
     from replay.core.simulate import check_policies, default_budgets_mib, loads_of, sweep
@@ -184,6 +186,19 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
         raise UserError(f"--seed: {seed} is not in 0..2^63-1.")
     t = _trace(trace)
     require_routings(t, "replay")
+    from replay.analyses.timeline_whatif import timeline_profile
+
+    profile, _ = timeline_profile(t, time_model, device_profile)
+    if profile is not None:
+        if cost_model is not None:
+            raise UserError("cost_model and a timeline time model are alternatives; give one.")
+        if retain_predictor is not None:
+            raise UserError("--time-model fitted|profile times plain replays; not with --retain.")
+        if stream == "on":
+            raise UserError("--stream on: the timeline times each cell's per-slot codes in memory; use --stream off or auto.")
+        stream = "off"
+    if time_model == "linear" and cost_model is None:
+        cost_model = fit_cost_model(t)
     cost_model = _applied(cost_model, t, foreign_cost_model)
     blist = _budgets(budgets_mib) if budgets_mib is not None else None
     rec_budget = t.recorded.get("budget_mib")
@@ -220,6 +235,11 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
         from replay.analyses.paired import with_paired, with_requests
 
         frame = with_paired(frame, with_requests(series, t), cost_model)
+    if profile is not None:
+        from replay.analyses.paired import request_units
+        from replay.analyses.timeline_whatif import cache_columns
+
+        frame = cache_columns(loads, frame, profile, seed=seed, policy_options=policy_options, requests=request_units(t))
     return CacheRun(t, frame, blist, budgets_mib is not None, loads, working_set, streamed)
 
 
@@ -228,7 +248,8 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
           budgets_mib: Sequence[float] | None = None, per_layer: bool = False, phase: str = "decode", seed: int = 0,
           policy_options: dict[str, dict[str, Any]] | None = None, policy_file: Any = None, cost_model: Any = None,
           retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
-          loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False, paired: bool = False) -> pl.DataFrame:
+          loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False, paired: bool = False,
+          time_model: str | None = None, device_profile: Any = None) -> pl.DataFrame:
     """Replay every (policy, budget) cell: one row per cell (``layer`` null) and, with
     ``per_layer``, one per MoE layer. Keys: ``policy``, ``budget_mib``, ``layer``,
     ``hit_pct_decode``, ``hit_pct_cum``, ``read_mib``, ``peak_resident_mib``, ``overflow_loads``,
@@ -253,11 +274,16 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     when the interval excludes zero) and ``tied_with_best`` (the best within-budget online policy,
     or tied with it within noise); with ``cost_model`` the same for ms per decoded token
     (``delta_ms_vs_lru``, ``delta_ms_ci_low``, ``delta_ms_ci_high``, ``vs_lru_time``,
-    ``tied_with_fastest``). :mod:`replay.analyses.paired` (docs/design.md, "Paired comparisons")."""
+    ``tied_with_fastest``). :mod:`replay.analyses.paired` (docs/design.md, "Paired comparisons").
+    ``time_model`` ``"fitted"`` / ``"profile"`` (with ``device_profile``): every overall row timed on
+    the timeline (replay.analyses.timeline_whatif.cache_columns: ``ms_per_token``, ``tok_s``,
+    ``stall_ms_per_token``, ``lane_busy_pct``, and against LRU ``delta_ms_vs_lru`` with its paired
+    interval and ``vs_lru_time``); ``"linear"``: ``cost_model``, else one fitted on the trace."""
     return cache_run(trace, policies=policies, budgets_mib=budgets_mib, per_layer=per_layer, phase=phase, seed=seed,
                      policy_options=policy_options, policy_file=policy_file, cost_model=cost_model,
                      retain_predictor=retain_predictor, predictor_file=predictor_file, show_progress=show_progress,
-                     loads=loads, stream=stream, foreign_cost_model=foreign_cost_model, paired=paired).frame
+                     loads=loads, stream=stream, foreign_cost_model=foreign_cost_model, paired=paired,
+                     time_model=time_model, device_profile=device_profile).frame
 
 
 @_api

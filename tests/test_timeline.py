@@ -213,3 +213,22 @@ def test_timeline_fit_on_the_real_traces(real_trace_dir):
         assert r["timeline_io_ms"]["corr"] > 0.99 and r["timeline_io_ms"]["mape_pct"] < 10, name
         assert r["tokens_heldout"] == r["tokens_fit"]
         assert r["better"] in ("timeline", "linear", "tie")
+
+
+def test_cache_time_model_profile_times_every_cell(tmp_path):
+    from replay.api import cache
+    from replay.core.simulate import loads_of, replay
+
+    tr = _synthetic(tmp_path, alternate=True)
+    prof = Profile(lanes=2, lane_mib_s=400.0, read_latency_ms=0.05, compute_ms_per_layer=1.0, expert_share=0.5)
+    f = cache(tr, policies=["lru", "lfu", "belady"], budgets_mib=[4, 8], time_model="profile", device_profile=prof)
+    rows = [r for r in f.to_dicts() if r["layer"] is None]
+    assert all(r["ms_per_token"] is not None and r["time_model"] == "profile" for r in rows)
+    loads = loads_of(tr)
+    want = time_replay(loads, replay(loads, "lru", 4.0, slots=True), prof).summary()["ms_per_token"]
+    lru4 = next(r for r in rows if r["policy"] == "lru" and r["budget_mib"] == 4)
+    assert lru4["ms_per_token"] == want and lru4["delta_ms_vs_lru"] is None
+    lru8 = next(r for r in rows if r["policy"] == "lru" and r["budget_mib"] == 8)
+    bel8 = next(r for r in rows if r["policy"] == "belady" and r["budget_mib"] == 8)
+    assert bel8["hit_pct_decode"] > lru8["hit_pct_decode"]
+    assert bel8["ms_per_token"] < lru8["ms_per_token"] and bel8["vs_lru_time"] == "better"

@@ -77,3 +77,50 @@ def timeline_columns(loads: Any, base: Any, res: Any, pred: np.ndarray, predicto
         "vs_baseline_time": call(d, higher_is_better=False),
     })
     return row
+
+
+def cache_columns(loads: Any, frame: Any, profile: Profile, *, seed: int = 0, policy_options: dict | None = None,
+                  requests: np.ndarray | None = None) -> Any:
+    """Cache rows + the timeline's ``ms_per_token``, ``tok_s``, ``stall_ms_per_token``,
+    ``lane_busy_pct`` for every overall row (``layer`` None) of a replayed cell, and against LRU at
+    the same budget (when LRU is among the rows) ``delta_ms_vs_lru`` with its paired interval
+    (``delta_ms_ci_low`` / ``_high``) and ``vs_lru_time`` (better = faster; tie unless the interval
+    excludes 0); ``time_model`` and the profile (``time_*``). A computed bound (opt-bound) has no
+    per-slot codes to time: None. Each cell is replayed again with per-slot codes."""
+    import polars as pl
+
+    from replay.analyses.paired import call, diff_ms
+    from replay.core.simulate import replay
+    from replay.policies import policy_module
+
+    rows = frame.to_dicts()
+    timed: dict[tuple[str, float], Timeline] = {}
+    for r in rows:
+        key = (r["policy"], float(r["budget_mib"]))
+        if r.get("layer") is not None or key in timed or hasattr(policy_module(r["policy"]), "solve"):
+            continue
+        opts = (policy_options or {}).get(r["policy"])
+        res = replay(loads, r["policy"], key[1], seed=seed, slots=True, policy_options=opts)
+        timed[key] = time_replay(loads, res, profile)
+    cols: dict[str, list] = {c: [] for c in ("ms_per_token", "tok_s", "stall_ms_per_token", "lane_busy_pct",
+                                              "delta_ms_vs_lru", "delta_ms_ci_low", "delta_ms_ci_high", "vs_lru_time")}
+    for r in rows:
+        tl = timed.get((r["policy"], float(r["budget_mib"]))) if r.get("layer") is None else None
+        s = tl.summary() if tl is not None else {}
+        for c in ("ms_per_token", "tok_s", "stall_ms_per_token", "lane_busy_pct"):
+            cols[c].append(s.get(c))
+        lru = timed.get(("lru", float(r["budget_mib"])))
+        if tl is None or lru is None or r["policy"] == "lru":
+            for c in ("delta_ms_vs_lru", "delta_ms_ci_low", "delta_ms_ci_high", "vs_lru_time"):
+                cols[c].append(None)
+            continue
+        units = requests if requests is not None and requests.shape[0] == tl.tok.shape[0] else None
+        d = diff_ms(tl.ms_per_batch, lru.ms_per_batch, tl.tokens, requests=units)
+        cols["delta_ms_vs_lru"].append(d.delta)
+        cols["delta_ms_ci_low"].append(d.low)
+        cols["delta_ms_ci_high"].append(d.high)
+        cols["vs_lru_time"].append(call(d, higher_is_better=False))
+    out = frame.with_columns(*(pl.Series(c, v, dtype=pl.String if c == "vs_lru_time" else pl.Float64) for c, v in cols.items()))
+    prof = {f"time_{k}": v for k, v in profile.row().items()}
+    return out.with_columns(pl.lit("fitted" if profile.source == "fitted" else "profile").alias("time_model"),
+                            *(pl.lit(v).alias(k) for k, v in prof.items()))
