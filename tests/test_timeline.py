@@ -232,3 +232,33 @@ def test_cache_time_model_profile_times_every_cell(tmp_path):
     bel8 = next(r for r in rows if r["policy"] == "belady" and r["budget_mib"] == 8)
     assert bel8["hit_pct_decode"] > lru8["hit_pct_decode"]
     assert bel8["ms_per_token"] < lru8["ms_per_token"] and bel8["vs_lru_time"] == "better"
+
+
+def test_sweep_grid_has_a_device_profile_axis(tmp_path):
+    import json
+
+    from replay.analyses.sweeps import cells_of, compute_cell, grid_inputs, read_grid
+
+    tr = _synthetic(tmp_path / "t", alternate=False)
+    f = tmp_path / "dev.json"
+    f.write_text(json.dumps({"lanes": 1, "lane_mib_s": 100, "read_latency_ms": 0, "compute_ms_per_layer": 1}))
+    g = tmp_path / "grid.toml"
+    g.write_text(f'traces = ["{tr.path}"]\n[prefetch]\npredictors = ["prev-token"]\nbudgets_mib = [4]\n'
+                 f'time_model = "profile"\ndevice_profiles = ["gpu-pcie4", "dev.json"]\n')
+    grid = read_grid(g)
+    cells = cells_of(grid)
+    assert [c.params["device_profile"] for c in cells] == ["gpu-pcie4", str(f.resolve())]
+    assert str(f.resolve()) in grid_inputs(grid) and "gpu-pcie4" not in grid_inputs(grid)
+    rows = [compute_cell("prefetch", c.path, c.params)[0].row(0, named=True) for c in cells]
+    assert rows[0]["time_profile"] == "preset:gpu-pcie4" and rows[1]["time_profile"] == "dev.json"
+    assert rows[1]["ms_per_token_baseline"] > rows[0]["ms_per_token_baseline"]  # one slow lane against PCIe
+    before = cells[1].key
+    f.write_text(json.dumps({"lanes": 2, "lane_mib_s": 100, "read_latency_ms": 0, "compute_ms_per_layer": 1}))
+    assert cells_of(read_grid(g))[1].key != before  # the profile's bytes are in the cell key
+    g.write_text(f'traces = ["{tr.path}"]\n[prefetch]\ntime_models = ["quick"]\n')
+    import pytest
+
+    from traces.format.errors import UserError
+
+    with pytest.raises(UserError, match="'quick' is not one of linear, fitted, profile"):
+        read_grid(g)
