@@ -489,12 +489,15 @@ def write_report(trace: str | Path, out: str | Path, *, budgets_mib: Sequence[fl
                  policies: Sequence[str] | None = None, cost_model: Any = None, force: bool = False,
                  policy_file: Any = None, predictor_file: Any = None, progress: Callable[[str], None] | None = None,
                  inputs: Sequence[Any] = (), budget_mib: float | Sequence[float] | None = None,
-                 quality: str | Path | Sequence[str | Path] = (), foreign_cost_model: bool = False) -> Path:
+                 quality: str | Path | Sequence[str | Path] = (), foreign_cost_model: bool = False,
+                 time_model: str | None = None, device_profile: Any = None) -> Path:
     """Write the whole report of ``trace`` (index.md, index.html, verdict.json, PNGs, tables/*.csv) into
     ``out``; returns ``out``. ``budget_mib``: the budget(s) its verdict answers for (default: the recorded one).
     ``quality``: one or more ``moe-replay quality`` results (directories or their quality.json) for the
     Quality section. ``cost_model`` fitted on another model or device: refused unless
-    ``foreign_cost_model`` (then every time figure in the report is marked)."""
+    ``foreign_cost_model`` (then every time figure in the report is marked). ``time_model``
+    ``"fitted"`` / ``"profile"`` (``device_profile``: a JSON file or preset): prefetch timed on the
+    timeline, with why it wins or loses in the verdict (docs/design.md, "Timeline")."""
     from replay.analyses.report import write_report as _write
     from replay.core.simulate import check_policies
     from replay.plugin_files import _paths
@@ -507,7 +510,7 @@ def write_report(trace: str | Path, out: str | Path, *, budgets_mib: Sequence[fl
                   inputs=[*inputs, *_paths(policy_file), *_paths(predictor_file)],  # the plugins too: out may not hold them
                   budget_mib=_budgets(budget_mib) if budget_mib is not None else None,
                   quality=[quality] if isinstance(quality, (str, Path)) else list(quality),
-                  foreign_cost_model=foreign_cost_model)
+                  foreign_cost_model=foreign_cost_model, time_model=time_model, device_profile=device_profile)
 
 
 def policy_names() -> list[str]:

@@ -262,3 +262,38 @@ def test_sweep_grid_has_a_device_profile_axis(tmp_path):
 
     with pytest.raises(UserError, match="'quick' is not one of linear, fitted, profile"):
         read_grid(g)
+
+
+def test_report_verdict_says_why_prefetch_won_lost_or_was_late(tmp_path):
+    """report --time-model profile: the verdict's prefetch line and the prefetch section say, on the
+    timeline's numbers, that prefetch wins with idle lanes, loses on a saturated lane, and that guesses
+    read one layer ahead arrive late."""
+    import json
+
+    from replay.api import write_report
+
+    idle = Profile(lanes=8, lane_mib_s=1000.0, read_latency_ms=0.0, compute_ms_per_layer=5.0)
+    saturated = Profile(lanes=1, lane_mib_s=100.0, read_latency_ms=0.0, compute_ms_per_layer=1.0)
+    late_prof = Profile(lanes=8, lane_mib_s=250.0, read_latency_ms=0.0, compute_ms_per_layer=1.0)
+    plugin = tmp_path / "late.py"
+    plugin.write_text(LATE_PLUGIN + "REPORT_PREFETCH = True\n")
+    out = {}
+    for name, alt, prof in (("idle", False, idle), ("saturated", True, saturated), ("late", False, late_prof)):
+        tr = _synthetic(tmp_path / name, alternate=alt)
+        d = write_report(tr.path, tmp_path / f"r-{name}", budget_mib=4, policies=["lru"], time_model="profile",
+                         device_profile=prof, predictor_file=plugin if name == "late" else None)
+        rows = json.loads((d / "verdict.json").read_text())["rows"]
+        out[name] = (next(r for r in rows if r["kind"] == "prefetch"), (d / "index.md").read_text())
+    r, md = out["idle"]
+    assert r["vs_baseline_time"] == "better" and r["delta_ms_ci_high"] < 0 and r["time_model"] == "profile"
+    assert "prefetching wins on time beyond noise" in md and "on the timeline, because the read lanes were busy" in md
+    assert "(idle during compute)" in md and "timeline.png" in md
+    r, md = out["saturated"]
+    # the verdict shows the configuration that helps most: on a saturated lane none wins (the best ties)
+    line = next(x for x in md.splitlines() if x.startswith("- Prefetch with"))
+    assert r["vs_baseline_time"] in ("worse", "tie") and r["lane_busy_pct"] >= 80
+    assert "wins" not in line and "(saturated)" in line and "% wasted" in line
+    assert "prev-token (lru): prefetch loses on time on the timeline: +28.3 ms/token" in md
+    r, md = out["late"]
+    assert "prev-token-late (lru): prefetch wins on time on the timeline" in md
+    assert "(33.3% of those late)" in md  # the guesses for each token's layer 2 of 1-3
