@@ -294,7 +294,7 @@ def _timeline_cost(ctx: ReportContext, s: Section) -> None:
         np.arange(1, n + 1), tok[:, T_COMPUTE], tok[:, T_STALL], other, tok[:, T_IO] / p.lanes,
         ctx.out / "timeline.png", f"The first {n} decoded tokens on the timeline (LRU at {plots.budget_label(float(budget))})",
         caption="Per decoded token: compute, stall (waiting for reads) and the rest (overhead, serial costs) stacked; the line "
-                "is read time per lane: above compute + stall, the lanes were busy while the model computed (overlap)."))
+                "is the token's read time divided by the lanes: where it stands above the stall, reads overlapped compute."))
 
 
 _INTERVAL_NOTE = ("Time figures carry a 95% prediction interval from the fit (its residuals and its coefficients' own "
