@@ -401,7 +401,15 @@ def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: flo
             frame = frame.with_columns(
                 pl.lit(scores["timeline_wall_ms"]["mape_pct"]).alias("time_model_heldout_mape_pct"),
                 pl.lit(scores["timeline_wall_ms"]["mean_err_ms"]).alias("time_model_heldout_mean_err_ms"))
-    return with_best_plain(frame, best_plain(t, frame["budget_mib"][0], cost_model))
+    plain = best_plain(t, frame["budget_mib"][0], cost_model)
+    if profile is not None and plain is not None:  # the best plain policy timed on the same timeline
+        from replay.analyses.timeline import time_replay
+        from replay.core.simulate import loads_of, replay
+
+        loads = loads_of(t)
+        summ = time_replay(loads, replay(loads, plain["policy"], float(frame["budget_mib"][0]), slots=True), profile).summary()
+        plain = {**plain, "ms_per_token": summ["ms_per_token"], "tok_s": summ["tok_s"]}
+    return with_best_plain(frame, plain)
 
 
 @_api

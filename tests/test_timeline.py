@@ -127,6 +127,7 @@ def test_idle_lanes_and_a_good_predictor_win_on_time(tmp_path):
     assert r["wasted_mib"] == 0 and r["late_mib"] == 0 and r["useful_mib"] == 6 * 39
     assert r["useful_lead_ms_mean"] > 0 and r["lane_busy_pct_baseline"] < 50
     assert r["verdict"].startswith("prefetch wins on time") and "idle during compute" in r["verdict"]
+    assert r["best_plain_ms_per_token"] > 0 and r["best_plain_tok_s"] > 0  # the best plain policy, timed alike
 
 
 def test_saturated_lanes_make_prefetch_lose(tmp_path):

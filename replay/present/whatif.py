@@ -192,7 +192,9 @@ def plain_lines(r: dict, model) -> list[str]:
     name = r.get("best_plain_policy")
     if name is None:
         return [f"best plain policy at {exact(r['budget_mib'])} MiB: none fits the budget (every online policy overflowed)"]
-    timed = model is not None and r.get("best_plain_ms_per_token") is not None
+    on_timeline = r.get("time_model") in ("fitted", "profile")
+    timed = (model is not None or on_timeline) and r.get("best_plain_ms_per_token") is not None
+    how = "on the timeline" if on_timeline else "under the cost model"
     mk = FOREIGN if getattr(model, "foreign", False) else ""
     line = (f"best plain policy at {exact(r['budget_mib'])} MiB (no prefetch, highest decode hit among online policies): "
             f"{name} {fmt_q(r['best_plain_hit_pct_decode'], 'pct')}% decode hit, "
@@ -203,10 +205,10 @@ def plain_lines(r: dict, model) -> list[str]:
     beaten_hit = r["best_plain_hit_pct_decode"] >= (r["hit_pct_decode"] if r["hit_pct_decode"] is not None else -1)
     if timed:
         if r["best_plain_ms_per_token"] <= r["ms_per_token"]:
-            out.append(f"  plain {name} without prefetch is at least as fast as this prefetch under the cost model: "
+            out.append(f"  plain {name} without prefetch is at least as fast as this prefetch {how}: "
                        "the what-if is no win at this budget")
         else:
-            out.append(f"  this prefetch is faster than plain {name} under the cost model by "
+            out.append(f"  this prefetch is faster than plain {name} {how} by "
                        f"{fmt_q(r['best_plain_ms_per_token'] - r['ms_per_token'], 'ms')} ms/token")
     elif beaten_hit:
         out.append(f"  plain {name} without prefetch hits at least as often as this prefetch: its hit gain over "
