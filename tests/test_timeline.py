@@ -277,7 +277,8 @@ def test_report_verdict_says_why_prefetch_won_lost_or_was_late(tmp_path):
     saturated = Profile(lanes=1, lane_mib_s=100.0, read_latency_ms=0.0, compute_ms_per_layer=1.0)
     late_prof = Profile(lanes=8, lane_mib_s=250.0, read_latency_ms=0.0, compute_ms_per_layer=1.0)
     plugin = tmp_path / "late.py"
-    plugin.write_text(LATE_PLUGIN + "REPORT_PREFETCH = True\n")
+    # its own name: a plugin name is registered once per process (test_late_guesses... took prev-token-late)
+    plugin.write_text(LATE_PLUGIN.replace('"prev-token-late"', '"prev-token-late-report"') + "REPORT_PREFETCH = True\n")
     out = {}
     for name, alt, prof in (("idle", False, idle), ("saturated", True, saturated), ("late", False, late_prof)):
         tr = _synthetic(tmp_path / name, alternate=alt)
@@ -296,5 +297,5 @@ def test_report_verdict_says_why_prefetch_won_lost_or_was_late(tmp_path):
     assert "wins" not in line and "(saturated)" in line and "% wasted" in line
     assert "prev-token (lru): prefetch loses on time on the timeline: +28.3 ms/token" in md
     r, md = out["late"]
-    assert "prev-token-late (lru): prefetch wins on time on the timeline" in md
+    assert "prev-token-late-report (lru): prefetch wins on time on the timeline" in md
     assert "(33.3% of those late)" in md  # the guesses for each token's layer 2 of 1-3
