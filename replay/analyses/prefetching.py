@@ -142,7 +142,8 @@ def _totals(loads: Loads, res: ReplayResult) -> dict[str, float]:
 
 
 def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, policy: str = "lru", cap: int | None = None,
-             guard: bool = False, drop_frac: float | None = None, retain: bool = False, model=None) -> pl.DataFrame:
+             guard: bool = False, drop_frac: float | None = None, retain: bool = False, model=None,
+             profile=None) -> pl.DataFrame:
     """One row: the prefetch replay against the no-prefetch replay at the same budget and policy.
 
     Keys: ``predictor``, ``ahead``, ``policy``, ``budget_mib``, ``cap``, ``guard``, ``drop``,
@@ -154,7 +155,10 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
     ``bytes_change_pct``; ``tokens_decode``, ``read_mib_decode``, ``misses_decode`` (+ baseline);
     the paired comparison with the baseline over decoded tokens (:func:`replay.analyses.paired.whatif_columns`:
     ``delta_hit_pp``, ``delta_mib_per_token`` with their 95% intervals and ``vs_baseline``; with
-    ``model`` also ``delta_ms_per_token`` and ``vs_baseline_time``)."""
+    ``model`` also ``delta_ms_per_token`` and ``vs_baseline_time``). With ``profile`` (a
+    :class:`replay.analyses.timeline.Profile`; not with ``model``) both replays are timed on the timeline
+    instead: :func:`replay.analyses.timeline_whatif.timeline_columns` (useful / late / wasted speculative
+    bytes, ms per token with and without, the paired change and its interval)."""
     if policy not in PREFETCH_POLICIES:
         check_policies([policy], option="--policy")
         raise UserError(f"--policy {policy}: prefetch replays {' or '.join(PREFETCH_POLICIES)} only.")
@@ -176,9 +180,10 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
                         "routings; use 'cache' for the prefill's hit rates.")
     g = guesses(trace, predictor, drop_frac, arr)
     loads = prepare_loads(arr, trace.moe_layers, trace.n_expert, trace.expert_bytes)
-    base = replay(loads, policy, float(budget_mib))
+    timed = profile is not None
+    base = replay(loads, policy, float(budget_mib), slots=timed)
     res = replay(loads, policy, float(budget_mib), pred=g.entries, ahead=g.ahead, cap=cap, guard=guard, retain=retain,
-                 fill=True)
+                 fill=True, slots=timed, fills=timed)
     b, t = _totals(loads, base), _totals(loads, res)
     st = res.stats
     fills = int(st[STAT_SPEC_FILLS])
@@ -208,6 +213,10 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
     from replay.analyses.paired import request_units, whatif_columns
 
     row.update(whatif_columns(loads, base, res, model, requests=request_units(trace)))
+    if timed:
+        from replay.analyses.timeline_whatif import timeline_columns
+
+        row.update(timeline_columns(loads, base, res, g.entries, predictor, g.ahead, profile, requests=request_units(trace)))
     return pl.DataFrame([row], infer_schema_length=None)
 
 

@@ -39,6 +39,8 @@ class ReportContext:
     cost_model: Any = None
     progress: Callable[[str], None] | None = None
     shared: dict[str, Any] = field(default_factory=dict)
+    # report --time-model fitted|profile: the timeline's profile (replay.analyses.timeline), else None (linear)
+    profile: Any = None
 
 
 # -- sections ----------------------------------------------------------------------------------
@@ -217,8 +219,15 @@ def section_cost(ctx: ReportContext) -> Section:
         if m.kind != "manual":
             s.notes.append(_INTERVAL_NOTE)
         ctx.shared["cost_model"] = m
+        if ctx.profile is not None:
+            _timeline_cost(ctx, s)
         return s
     if not ctx.trace.has_metrics:
+        if ctx.profile is not None:  # no linear model to fit, but the timeline was given a profile
+            s.text.append("The trace has no recorded per-token metrics: no linear cost model is fitted, and the cache "
+                          "tables show bytes, not time.")
+            _timeline_cost(ctx, s)
+            return s
         s.unavailable = ("the trace has no recorded per-token engine metrics to fit a cost model on; pass "
                          "--cost-model FILE (from 'cost fit' or a manual model) to get time estimates")
         return s
@@ -242,12 +251,50 @@ def section_cost(ctx: ReportContext) -> Section:
                   "of this run, so comparing them with this run's own recorded speed is in-sample.")
     s.notes += [f"Note: {n}." for n in best.notes]
     s.notes.append(_INTERVAL_NOTE)
+    if ctx.profile is not None:
+        _timeline_cost(ctx, s)
     s.tables.append(Table("cost_fit", frame, "candidate models (the selected one is used for time estimates)",
                           columns=["terms", "intercept_ms", "ms_per_mib", "ms_per_miss", "r2", "heldout_mape_pct",
                                    "heldout_run_mean_err_pct", "bandwidth_mib_s", "selected"],
                           headers={"heldout_mape_pct": "held-out per-token MAPE %",
                                    "heldout_run_mean_err_pct": "held-out run-mean error %"}))
     return s
+
+
+def _timeline_cost(ctx: ReportContext, s: Section) -> None:
+    """report --time-model fitted|profile: the timeline's parameters (with its held-out errors beside
+    the linear model's when fitted) and a per-token plot of a few tokens (LRU at the verdict's budget)."""
+    from replay.analyses.timeline import T_COMPUTE, T_IO, T_STALL, T_WALL, time_replay
+    from replay.core.simulate import loads_of, replay
+    from replay.present import plots
+
+    p, scores = ctx.profile, ctx.shared.get("timeline_scores")
+    s.text.append(f"Prefetch times come from the timeline ({'fitted on this run' if p.source == 'fitted' else p.name}): "
+                  f"{p.lanes} read lanes x {fmt_q(p.lane_mib_s, 'mib_s')} MiB/s, {fmt_q(p.read_latency_ms, 'ms_per_miss')} ms "
+                  f"per read, compute {fmt_q(p.compute_ms_per_layer, 'ms_per_miss')} ms per MoE layer (expert share "
+                  f"{fmt_q(p.expert_share, 'pp')}), overlap {'on' if p.overlap else 'off'}: reads overlap compute, so a "
+                  "speculative read can win or lose time (docs/design.md, Timeline).")
+    if p.source == "preset":
+        s.text.append(f"{p.name} is a preset: an assumption about a class of device, not a measurement.")
+    if scores is not None:
+        t, lin = scores["timeline_wall_ms"], scores["linear_wall_ms"]
+        s.text.append(f"Held out on alternating 8-token blocks: timeline wall_ms mean error {fmt_q(t['mean_err_ms'], 'ms')} ms, "
+                      f"MAPE {fmt_q(t['mape_pct'], 'pct')}%, correlation {fmt_q(t['corr'], 'r2')}; the linear model on the same "
+                      f"tokens {fmt_q(lin['mean_err_ms'], 'ms')} ms, {fmt_q(lin['mape_pct'], 'pct')}%, "
+                      f"{fmt_q(lin['corr'], 'r2')} ({scores['better']} better per token).")
+    budget = ctx.verdict_budgets[0]
+    loads = loads_of(ctx.trace)
+    tl = time_replay(loads, replay(loads, "lru", float(budget), slots=True), p)
+    n = min(12, tl.tok.shape[0])
+    if n == 0:
+        return
+    tok = tl.tok[:n]
+    other = tok[:, T_WALL] - tok[:, T_COMPUTE] - tok[:, T_STALL]
+    s.images.append(plots.token_timeline(
+        np.arange(1, n + 1), tok[:, T_COMPUTE], tok[:, T_STALL], other, tok[:, T_IO] / p.lanes,
+        ctx.out / "timeline.png", f"The first {n} decoded tokens on the timeline (LRU at {plots.budget_label(float(budget))})",
+        caption="Per decoded token: compute, stall (waiting for reads) and the rest (overhead, serial costs) stacked; the line "
+                "is the token's read time divided by the lanes: where it stands above the stall, reads overlapped compute."))
 
 
 _INTERVAL_NOTE = ("Time figures carry a 95% prediction interval from the fit (its residuals and its coefficients' own "
@@ -676,7 +723,8 @@ def section_prefetch(ctx: ReportContext) -> Section:
     for budget in budgets:
         for pred in predictors:
             for policy, guard in (("lru", False), ("lfru", True)):
-                rows.append(prefetch(tr, pred, budget, policy=policy, guard=guard, model=model))
+                rows.append(prefetch(tr, pred, budget, policy=policy, guard=guard,
+                                     model=model if ctx.profile is None else None, profile=ctx.profile))
     frame = pl.concat(rows, how="diagonal_relaxed")
     cols = (["budget_mib"] if len(budgets) > 1 else []) + [
         "predictor", "policy", "guard", "hit_pct_decode_baseline", "hit_pct_decode", "useful_pct",
@@ -687,7 +735,15 @@ def section_prefetch(ctx: ReportContext) -> Section:
                   "layer are read speculatively into the same cache (no cap, no drop). Demand hit % is decode-only; "
                   "bytes per decoded token include the speculative reads. A speculative read competes with demand "
                   "reads for the same flash bandwidth: more hits can still mean more time.")
-    if model is not None:
+    if ctx.profile is not None:  # report --time-model fitted|profile: the timeline's times and why
+        from replay.present.whatif import with_timeline_verdict
+
+        frame = with_timeline_verdict(frame)
+        cols += ["ms_per_token_baseline", "ms_per_token", "useful_mib", "late_mib", "wasted_mib", "lane_busy_pct"]
+        s.notes.append(" ".join(f"{r['predictor']} ({r['policy']}{' + guard' if r['guard'] else ''}"
+                               + (f", {exact(r['budget_mib'])} MiB" if len(budgets) > 1 else "") + f"): {r['verdict']}."
+                               for r in frame.to_dicts()))
+    elif model is not None:
         from replay.present.whatif import with_verdict
 
         frame = with_verdict(with_prefetch_time(frame, model))
@@ -857,6 +913,7 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
             # the configuration that helps most among those that read something speculatively (a row that read
             # nothing says nothing about prefetching): most ms/token saved (with a cost model), else most decode hit
             # points gained; the first of equals, in the order the section shows
+            timed = timed or ctx.profile is not None
             gain = ((lambda r: r["ms_per_token_baseline"] - r["ms_per_token"]) if timed
                     else (lambda r: (r["hit_pct_decode"] or 0.0) - (r["hit_pct_decode_baseline"] or 0.0)))
             r = max([r for r in cand if r.get("spec_fills")] or cand, key=gain)
@@ -864,7 +921,11 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
                 "budget_mib", "predictor", "policy", "guard", "hit_pct_decode_baseline", "hit_pct_decode",
                 "total_mib_per_token_baseline", "total_mib_per_token", "ms_per_token_baseline", "ms_per_token", "tok_s_baseline",
                 "tok_s", "spec_fills", "delta_hit_pp", "delta_hit_ci_low", "delta_hit_ci_high", "vs_baseline",
-                "delta_ms_per_token", "delta_ms_ci_low", "delta_ms_ci_high", "vs_baseline_time")}})
+                "delta_ms_per_token", "delta_ms_ci_low", "delta_ms_ci_high", "vs_baseline_time")},
+                         **({k: r.get(k) for k in (
+                             "time_model", "spec_mib_timed", "useful_mib", "late_mib", "wasted_mib", "lane_busy_pct",
+                             "lane_busy_pct_baseline", "stall_ms_per_token", "stall_ms_per_token_baseline")}
+                            if ctx.profile is not None else {})})
     if "drop" in ctx.shared:
         mode, budget, drops = ctx.shared["drop"]
         rows += [{"kind": "drop", "mode": mode, "budget_mib": budget, "policy": "lru" if mode == "closed" else None,
@@ -910,7 +971,7 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
                  policies: list[str] | None = None, cost_model: Any = None, force: bool = False,
                  progress: Callable[[str], None] | None = None, inputs: Sequence[str | Path | None] = (),
                  budget_mib: Sequence[float] | None = None, quality: Sequence[str | Path] = (),
-                 foreign_cost_model: bool = False) -> Path:
+                 foreign_cost_model: bool = False, time_model: str | None = None, device_profile: Any = None) -> Path:
     """Build every section and write index.md, index.html, verdict.json, PNGs and tables/*.csv into ``out_dir``.
 
     ``budgets_mib``: the cache sweep's budgets; ``budget_mib``: the budgets the verdict answers for
@@ -918,7 +979,10 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
     ``inputs``: files read besides the trace (a cost model); ``out_dir`` may not be, hold or lie in one.
     ``quality``: results of ``moe-replay quality`` (directories or their quality.json) for the Quality section.
     ``cost_model`` fitted on another model or device: refused unless ``foreign_cost_model``, then
-    every time figure is marked (replay.analyses.cost_origin)."""
+    every time figure is marked (replay.analyses.cost_origin). ``time_model`` ``"fitted"`` /
+    ``"profile"`` (with ``device_profile``): the prefetch what-ifs and the verdict's prefetch line are
+    timed on the timeline (replay.analyses.timeline), the Cost model section shows it and a per-token
+    plot; the cache tables keep the linear model."""
     from replay.analyses.quality_result import load_all
     from replay.core.simulate import check_state_fits
 
@@ -928,6 +992,11 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
         from replay.analyses.cost_origin import apply_to
 
         cost_model = apply_to(cost_model, trace, foreign=foreign_cost_model)
+    from replay.analyses.timeline_whatif import check_time_model, timeline_profile
+
+    check_time_model(time_model, device_profile)
+    profile, scores = timeline_profile(trace, time_model if time_model != "linear" else None,
+                                       device_profile)  # before anything is written: a bad profile is refused
     name = Path(trace_dir).resolve().name  # `report .` is named after the directory, not ""
     # Read before anything is written: a section's UserError would only mark it unavailable.
     results = load_all(list(quality), trace, name)
@@ -937,6 +1006,8 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
         vb, where = verdict_budgets(trace, budget_mib)
         ctx = ReportContext(trace, name, stage, budgets_mib, policies, vb, where, cost_model, progress)
         ctx.shared["quality"] = results
+        ctx.profile = profile
+        ctx.shared["timeline_scores"] = scores
         sections = []
         for build in SECTIONS:
             if progress:

@@ -107,10 +107,12 @@ class Kind:
     refused: dict[str, str]  # API keywords a grid may not set -> why
 
 
+# The timeline's axes (replay.analyses.timeline_whatif): device profiles (files or preset names) and time models.
+_TIME_AXES = {"device_profiles": "device_profile", "time_models": "time_model"}
 _COMMON_REFUSED = {"trace": "the traces are the grid's top-level 'traces' list", "loads": "internal",
                    "show_progress": "the sweep has its own progress bar", "progress": "the sweep has its own progress bar"}
 KINDS: dict[str, Kind] = {
-    "cache": Kind("cache", "cache", {"policies": "policy", "budgets_mib": "budget_mib"}, {},
+    "cache": Kind("cache", "cache", {"policies": "policy", "budgets_mib": "budget_mib"}, _TIME_AXES,
                   {**_COMMON_REFUSED, "retain_predictor": "use a [retention] table"}),
     "predict": Kind("predict", "predict_run", {"predictors": "predictor"}, {},
                     {**_COMMON_REFUSED, "max_horizon": "list the horizons instead (predictors = ['stale-gate'], "
@@ -118,7 +120,8 @@ KINDS: dict[str, Kind] = {
     "drop": Kind("drop", "drop", {}, {"modes": "mode", "policies": "policy", "budgets_mib": "budget_mib",
                                       "phases": "phase", "cost_models": "cost_model"}, dict(_COMMON_REFUSED)),
     "prefetch": Kind("prefetch", "prefetch", {}, {"predictors": "predictor", "policies": "policy", "budgets_mib": "budget_mib",
-                                                  "caps": "cap", "drop_fracs": "drop_frac", "cost_models": "cost_model"},
+                                                  "caps": "cap", "drop_fracs": "drop_frac", "cost_models": "cost_model",
+                                                  **_TIME_AXES},
                      dict(_COMMON_REFUSED)),
     "retention": Kind("retention", "retain", {"policies": "policy", "budgets_mib": "budget_mib"},
                       {"predictors": "predictor"}, dict(_COMMON_REFUSED)),
@@ -186,6 +189,16 @@ def _check_value(kind: str, key: str, v: Any, default: Any, where: str, base: Pa
         if v not in ("static", "closed"):
             raise UserError(f"{where}: {v!r} is not static or closed.")
         return v
+    if key == "time_model":
+        from replay.analyses.timeline_whatif import TIME_MODELS
+
+        if v not in TIME_MODELS:
+            raise UserError(f"{where}: {v!r} is not one of {', '.join(TIME_MODELS)}.")
+        return v
+    if key == "device_profile":  # a preset's name, else a profile file (its bytes enter the cell key)
+        from replay.analyses.timeline_fit import PRESETS
+
+        return v if isinstance(v, str) and v in PRESETS else _check_value(kind, "cost_model", v, None, where, base)
     if key in ("policy_file", "predictor_file"):  # a list registers every file: one value, not crossed
         files = v if isinstance(v, list) else [v]
         return [_check_value(kind, "cost_model", f, None, where, base) for f in files]
@@ -384,6 +397,8 @@ def cell_key(trace_id: str, kind: str, params: dict[str, Any], version: str) -> 
     """sha256 of (trace content id, kind, parameters, tool version); a file a parameter names
     enters by its content (a cost model refitted into the same path is a new cell)."""
     def content(k: str, v: Any) -> Any:
+        if k == "device_profile" and v is not None and _is_profile_file(v):
+            return sha256_file(v)
         if k not in _FILE_KEYS or v is None:
             return v
         return [sha256_file(f) for f in v] if isinstance(v, list) else sha256_file(v)
@@ -392,6 +407,13 @@ def cell_key(trace_id: str, kind: str, params: dict[str, Any], version: str) -> 
     blob = json.dumps({"trace": trace_id, "kind": kind, "params": canon, "version": version}, sort_keys=True,
                       separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _is_profile_file(v: Any) -> bool:
+    """A ``device_profile`` value that names a file, not a preset."""
+    from replay.analyses.timeline_fit import PRESETS
+
+    return not (isinstance(v, str) and v in PRESETS)
 
 
 def cells_of(grid: Grid) -> list[Cell]:
@@ -630,6 +652,9 @@ def grid_inputs(grid: Grid) -> list[str]:
     files: list[str] = [str(grid.file), *(ab for _, ab in grid.traces)]
     for sets in grid.kinds.values():
         for params in sets:
+            v = params.get("device_profile")
+            if v is not None and _is_profile_file(v) and str(v) not in files:
+                files.append(str(v))
             for k in _FILE_KEYS:
                 v = params.get(k)
                 for f in (v if isinstance(v, list) else [v]):

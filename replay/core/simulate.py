@@ -650,6 +650,7 @@ class ReplayResult:
     stats: np.ndarray | None = None  # int64 [N_STATS] (replay.core.driver.STAT_*)
     preload_bytes: np.ndarray | None = None  # int64 [L] bytes a policy preloaded per MoE layer before the replay (pin)
     layer_share_bytes: np.ndarray | None = None  # int64 [L] each layer's group budget under a per-layer partition, else None
+    fills: np.ndarray | None = None  # int8 [R, w] what the speculative step did with each prediction (driver FILL_*), if asked
 
     @property
     def lookups(self) -> int:
@@ -700,7 +701,7 @@ def _groups(loads: Loads, pm, budget: int, options: dict[str, Any] | None = None
 def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: bool = False, *,
            drop: np.ndarray | None = None, pred: np.ndarray | None = None, ahead: int = 1, cap: int | None = None,
            guard: bool = False, retain: bool = False, fill: bool = False,
-           policy_options: dict[str, Any] | None = None) -> ReplayResult:
+           policy_options: dict[str, Any] | None = None, fills: bool = False) -> ReplayResult:
     """Replay ``loads`` through ``policy`` at ``budget_mib`` MiB (2^20 bytes).
 
     ``policy_options``: the policy's parameters (its module's ``OPTIONS``), e.g. for ``pin``
@@ -710,7 +711,8 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     resident, 2 skip always); ``pred`` [R, w] int32 entries predicted for each routing row (-1
     none), used by ``retain`` (protect the next ``ahead`` layers' predictions from eviction) and
     ``fill`` (read the predictions ``ahead`` layers on speculatively, at most ``cap`` predicted
-    misses per layer, with the eviction ``guard`` if asked).
+    misses per layer, with the eviction ``guard`` if asked). ``fills``: record what the speculative
+    step did with each prediction (``ReplayResult.fills`` [R, w] int8, the driver's FILL_* codes).
     """
     check_policies([policy], option="--policy")
     budget = budget_bytes(budget_mib)
@@ -738,7 +740,7 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     opts[OPT_RETAIN] = int(retain)
     opts[OPT_FILL] = int(fill)
     args, stats, slot_out = _driver_args(loads, pm, budget, seed, slots, drop, pred if (retain or fill) else None, opts, popts,
-                                         policy=policy)
+                                         policy=policy, fills=fills and fill)
     ent, grp = args[7], args[8]
     L = len(loads.moe_layers)
     pre = np.bincount(np.repeat(np.arange(L), loads.n_expert), weights=ent[RESIDENT, :loads.n_entries] * loads.entry_bytes,
@@ -750,12 +752,12 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     driver_error(stats, policy, pm, loads.n_entries)
     acc, bacc = args[10], args[11]
     return ReplayResult(policy, float(budget_mib), budget, acc, bacc, int(stats[STAT_EVICTIONS]), int(stats[STAT_OVERFLOW]),
-                        slot_out if slots else None, dt, stats, pre, shares)
+                        slot_out if slots else None, dt, stats, pre, shares, args[-1] if fills and fill else None)
 
 
 def _driver_args(loads: Loads, pm, budget: int, seed: int, slots: bool, drop: np.ndarray | None, pred: np.ndarray | None,
                  opts: np.ndarray, policy_options: dict[str, Any] | None = None, *,
-                 policy: str = "") -> tuple[tuple, np.ndarray, np.ndarray]:
+                 policy: str = "", fills: bool = False) -> tuple[tuple, np.ndarray, np.ndarray]:
     """The driver's arguments for one replay (fresh state, after the policy's ``setup``), its stats
     array and its slot_out array."""
     group, gbud = _groups(loads, pm, budget, policy_options)
@@ -778,7 +780,7 @@ def _driver_args(loads: Loads, pm, budget: int, seed: int, slots: bool, drop: np
     pred = np.zeros((0, 1), np.int32) if pred is None else np.ascontiguousarray(pred, np.int32)
     layer_info = np.stack([group[::loads.n_expert], loads.layer_expert_bytes]).T.astype(np.int64).copy()
     args = (loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, loads.load_batch, layer_info, nxt, ent, grp,
-            ps, acc, bacc, stats, slot_out, drop, pred, opts)
+            ps, acc, bacc, stats, slot_out, drop, pred, opts, np.zeros((pred.shape[0] if fills else 0, pred.shape[1]), np.int8))
     return args, stats, slot_out
 
 

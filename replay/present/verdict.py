@@ -150,7 +150,12 @@ def prefetch_line(r: dict[str, Any]) -> str:
     if r.get("ms_per_token") is not None:
         txt += (f", {fmt_q(r['ms_per_token_baseline'], 'ms')} → {fmt_q(r['ms_per_token'], 'ms')} ms/token "
                 f"({fmt_q(r['tok_s_baseline'], 'tok_s')} → {fmt_q(r['tok_s'], 'tok_s')} tok/s)")
-    return txt + f": **{prefetch_outcome(r)}**"
+    txt += f": **{prefetch_outcome(r)}**"
+    if r.get("time_model") in ("fitted", "profile") and r.get("spec_fills"):  # the timeline says why (report --time-model)
+        from replay.present.whatif import timeline_why
+
+        txt += f" on the timeline, because {timeline_why(r)}"
+    return txt
 
 
 def drop_line(rows: list[dict[str, Any]]) -> str:
