@@ -23,7 +23,8 @@ FAST = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # "none" last: hypothesis draws a sampled_from's first element most often
 CORRUPT = ("layer_range", "layer_negative", "layer_not_moe", "phase", "batch_back", "step_repeat", "step_back",
            "phase_mix", "expert_range", "expert_negative", "expert_dup", "weight_neg", "weight_neg_zero", "weight_inf",
-           "weight_ninf", "weight_partial_nan", "weight_all_nan", "weight_rank", "weight_tiny", "none")
+           "weight_ninf", "weight_partial_nan", "weight_all_nan", "weight_rank", "weight_tiny", "step_negative",
+           "step_layer_back", "none")
 
 
 @st.composite
@@ -104,6 +105,12 @@ def row_parts(draw):
             weights[r, :] = np.linspace(0.1, 0.5, k)
         elif kind == "weight_tiny":
             weights[r, j] = np.float32(1e-45)  # a subnormal: valid, and must stay valid in C (no flush to zero)
+        elif kind == "step_negative":
+            steps[r] = -1
+        elif kind == "step_layer_back":  # the step of an earlier batch's row at the same layer: not a later token
+            same = np.flatnonzero((layer[:r] == layer[r]) & (batch[:r] != batch[r]))
+            if same.size:
+                steps[r] = steps[same[-1]]
     has_last = draw(st.booleans())
     if has_last and R:
         lr = draw(st.sampled_from(["before", "same", "after"]))
@@ -122,7 +129,7 @@ def row_parts(draw):
 
 def _gate(batch, layer, step, phase, experts, weights, moe, n_expert, by_rank, has_last, last):
     """cut_loads with its row gate on, into fresh buffers: True when it lets the rows through."""
-    from replay.core.loads import AT_BATCH, AT_HAS_LAST, CUT_OK, CUT_ROWS, cut_loads, new_at
+    from replay.core.loads import AT_BATCH, AT_HAS_LAST, CUT_OK, CUT_ROWS, cut_loads, new_at, new_lay_last
 
     R, k = experts.shape
     lidx_of = np.full(moe.shape[0], -1, np.int32)
@@ -131,7 +138,7 @@ def _gate(batch, layer, step, phase, experts, weights, moe, n_expert, by_rank, h
     at[AT_HAS_LAST] = int(has_last)
     at[AT_BATCH:AT_BATCH + 4] = last
     status = int(cut_loads(np.zeros(R, np.int32), batch, phase, step, layer, experts, weights, lidx_of, n_expert, True, moe,
-                           by_rank, at, *_cut_buffers(R, k, np.random.default_rng(R))))
+                           by_rank, new_lay_last(moe.shape[0]), at, *_cut_buffers(R, k, np.random.default_rng(R))))
     assert status in (CUT_OK, CUT_ROWS)  # with the gate on, a row the cut would decline is the gate's
     return status == CUT_OK
 
@@ -176,6 +183,37 @@ def test_gate_across_blocks(k):
             else:
                 bad[5][r, 0] = -1.0
             assert not _gate(*bad), (r, what)
+
+
+@pytest.mark.parametrize("steps, turns, ok", [
+    ([0, 1, 2, 3], [0, 0, 0, 0], True),
+    ([0, 2, 5, 9], [0, 0, 1, 1], True),
+    ([0, 3, 1, 4], [0, 0, 1, 1], True),  # a later turn may start again lower
+    ([0, 1, 1, 2], [0, 0, 0, 0], False),  # the same token twice at a layer
+    ([0, 2, 1, 3], [0, 0, 0, 0], False),  # a token before the layer's previous one
+    ([0, 2, 1, 3], [0, 1, 0, 1], False),  # a turn back
+    ([0, 1, -1, 3], [0, 0, 0, 0], False),  # a negative step
+])
+@pytest.mark.parametrize("split", [0, 1, 2, 3, 4, 6, 8])
+def test_gate_holds_the_step_rules_across_calls(steps, turns, ok, split):
+    """One request, two MoE layers, one token per batch: the gate refuses a token that is not after
+    its layer's previous one (RowChecker's step rules), also when the two are in different calls
+    (``lay_last`` carries each layer's last step and turn)."""
+    from replay.core.loads import CUT_OK, CUT_ROWS, cut_loads, new_at, new_lay_last
+
+    n_tok, k = len(steps), 1
+    R = 2 * n_tok
+    cols = (np.repeat(np.array(turns, np.int32), 2), np.repeat(np.arange(n_tok, dtype=np.int32), 2), np.ones(R, np.int8),
+            np.repeat(np.array(steps, np.int32), 2), np.tile(np.arange(2, dtype=np.int16), n_tok), np.zeros((R, k), np.int32),
+            np.ones((R, k), np.float32))
+    lidx_of = np.arange(2, dtype=np.int32)
+    at, lay_last, bufs = new_at(), new_lay_last(2), _cut_buffers(R, k, np.random.default_rng(0))
+    got = CUT_OK
+    for a, b in ((0, split), (split, R)):
+        got = int(cut_loads(*(c[a:b] for c in cols), lidx_of, 4, True, np.ones(2, np.bool_), True, lay_last, at, *bufs))
+        if got != CUT_OK:
+            break
+    assert got == (CUT_OK if ok else CUT_ROWS)
 
 
 # -- cut_loads ------------------------------------------------------------------------------------------
@@ -227,7 +265,7 @@ def test_cut_loads_gives_prepare_loads_arrays(seed, R, k, sorted_batches, bad_la
             v.flags.writeable = False
     from replay.core.loads import AT_BATCHES, AT_LOADS, AT_ROWS, new_at
 
-    no_check = (np.zeros((R, k), np.float32), lidx_of, n_expert, False, np.ones(5, np.bool_), False)
+    no_check = (np.zeros((R, k), np.float32), lidx_of, n_expert, False, np.ones(5, np.bool_), False, np.zeros((0, 2), np.int64))
     ins = (cols["turn"], cols["batch"], cols["phase"], cols["step"], cols["layer"], cols["experts"])
     b_c = _cut_buffers(R, k, np.random.default_rng(seed + 1))
     at = new_at()

@@ -7,8 +7,11 @@ the arrays the replay reads (the whole trace's, for ``loads_of``), with no tempo
   invariant of :class:`traces.io.reader.RowChecker` for a trace without request, token or recorded
   columns (the checker's ``simple`` case); the caller then runs the checker itself, which names the
   first bad row in its own words (or, where the gate is stricter, finds nothing, and the caller
-  cuts again without the gate). The per-layer step order from batch to batch is not carried by the
-  gate: :meth:`~traces.io.reader.RowChecker.passed` checks it after a part passes. So the sentence
+  cuts again without the gate). The step rules of such a trace (one request: ``step`` >= 0, and at
+  each layer a token after the layer's previous one, from batch to batch and part to part) are
+  gated too, in ``lay_last`` [n_layer, 2] (each layer's last step and turn, step -1 for none yet),
+  which the caller carries from call to call (a call that does not return :data:`CUT_OK` may have
+  written part of it: the caller keeps a copy). So the sentence
   a user reads never comes from here, and a row this pass lets through is one the checker lets
   through (``tests/test_cache_stream.py`` corrupts parts and compares; ``tests/test_kernel_parts.py`` draws corruptions).
 - The cut is :func:`replay.core.simulate.prepare_loads` for rows whose batches come in order (every valid
@@ -39,8 +42,13 @@ def new_at() -> np.ndarray:
     return np.zeros(N_AT, np.int64)
 
 
+def new_lay_last(n_layer: int) -> np.ndarray:
+    """``lay_last`` for a first call: no layer has a step yet."""
+    return np.full((n_layer, 2), -1, np.int64)
+
+
 @njit(cache=True, nogil=True)
-def cut_loads(turn, batch, phase, step, layer, experts, weights, lidx_of, n_expert, check, moe, by_rank, at, entries,
+def cut_loads(turn, batch, phase, step, layer, experts, weights, lidx_of, n_expert, check, moe, by_rank, lay_last, at, entries,
               load_start, load_lidx, load_phase, load_batch, batch_turn, batch_step, batch_phase, batch_tokens):
     """Check (when ``check``) and cut the rows, writing :func:`replay.core.simulate.prepare_loads`'s arrays
     into the given ones after what ``at`` says they already hold (each with room for one load and
@@ -48,7 +56,8 @@ def cut_loads(turn, batch, phase, step, layer, experts, weights, lidx_of, n_expe
     ``at`` is advanced (``load_start[at[AT_LOADS]]`` = rows so far closes the last load), on any
     other status ``at`` is left as it was (the caller may call again from the same place).
 
-    ``weights`` [R, k] is read only when ``check``; ``moe`` [n_layer] bool: the check's MoE layers;
+    ``weights`` [R, k] and ``lay_last`` [n_layer, 2] int64 are read only when ``check``; ``moe``
+    [n_layer] bool: the check's MoE layers;
     ``lidx_of`` [max MoE layer + 1]: each layer's MoE index, -1 for a dense one (the same layers as
     ``moe``: with the gate on, the cut does not test again what the gate tested)."""
     R, k = experts.shape
@@ -67,8 +76,18 @@ def cut_loads(turn, batch, phase, step, layer, experts, weights, lidx_of, n_expe
     for r in range(R):
         b, lay, s, p = np.int64(batch[r]), np.int64(layer[r]), np.int64(step[r]), np.int64(phase[r])
         if check:
-            if lay < 0 or lay >= n_layer or not moe[lay] or (p != 0 and p != 1):
+            if lay < 0 or lay >= n_layer or not moe[lay] or (p != 0 and p != 1) or s < 0:
                 return CUT_ROWS
+            # The step rules (RowChecker's, for one request): at each layer, a token after the
+            # layer's previous one (a later step in the same turn, or a later turn).
+            tu = np.int64(turn[r])
+            last_s = lay_last[lay, 0]
+            if last_s >= 0:
+                last_t = lay_last[lay, 1]
+                if not (tu > last_t or (tu == last_t and s > last_s)):
+                    return CUT_ROWS
+            lay_last[lay, 0] = s
+            lay_last[lay, 1] = tu
             if has_last:
                 if b < pb:
                     return CUT_ROWS

@@ -458,7 +458,7 @@ def _cut_parts(trace: Trace, buf: _CutBuffers, at: np.ndarray, stream: bool) -> 
     pending, and cut them into ``buf`` after what ``at`` says it holds, in one pass
     (:func:`replay.core.loads.cut_loads`); yields after each part whether it was the last.
     ``stream``: ``buf`` holds a part (grown to fit each, keeping what it holds), not the whole trace."""
-    from replay.core.loads import AT_ROWS, CUT_OK, CUT_ROWS, CUT_UNSORTED, cut_loads
+    from replay.core.loads import AT_ROWS, CUT_OK, CUT_ROWS, CUT_UNSORTED, cut_loads, new_lay_last
     from traces.io.reader import RowChecker
 
     checker = RowChecker(trace) if trace.rows_pending else None
@@ -470,6 +470,7 @@ def _cut_parts(trace: Trace, buf: _CutBuffers, at: np.ndarray, stream: bool) -> 
     lidx_of = np.full(max(trace.moe_layers, default=0) + 1, -1, dtype=np.int32)
     lidx_of[trace.moe_layers] = np.arange(len(trace.moe_layers), dtype=np.int32)
     no_weights = _readonly(np.zeros((0, trace.top_k), np.float32))
+    lay_last = new_lay_last(trace.n_layer)  # the gate's step state (one request), carried from part to part
     n_parts = len(trace.parts)
     n_expert, by_rank = int(trace.n_expert), bool(checker.by_rank) if checker is not None else False
     for i, t in enumerate(trace.iter_tables(columns, read_ahead=True)):
@@ -485,10 +486,18 @@ def _cut_parts(trace: Trace, buf: _CutBuffers, at: np.ndarray, stream: bool) -> 
         cols = (c["turn"], c["batch"], c["phase"], c["step"], c["layer"], c["experts"], w, lidx_of, n_expert)
         outs = (at, buf.entries, buf.load_start, buf.load_lidx, buf.load_phase, buf.load_batch, buf.batch_turn,
                 buf.batch_step, buf.batch_phase, buf.batch_tokens)
-        status = int(cut_loads(*cols, gate, moe, by_rank, *outs))
+        lay_before = lay_last.copy() if gate else lay_last
+        status = int(cut_loads(*cols, gate, moe, by_rank, lay_last, *outs))
         if status == CUT_ROWS:
-            checker.check(trace.parts[i], t)  # type: ignore[union-attr]  # its own sentence, or (the gate was stricter) on
-            status = int(cut_loads(*cols, False, moe, by_rank, *outs))
+            # The checker's own sentence, from the step state before this part; or (the gate was
+            # stricter) on, the step state the checker carried past it.
+            checker.req_last = {(0, int(l)): (int(lay_before[l, 0]), int(lay_before[l, 1]))  # type: ignore[union-attr]
+                                for l in np.flatnonzero(lay_before[:, 0] >= 0)}
+            checker.check(trace.parts[i], t)  # type: ignore[union-attr]
+            lay_last = new_lay_last(trace.n_layer)
+            for (_, l), (s, tu) in checker.req_last.items():  # type: ignore[union-attr]
+                lay_last[l] = s, tu
+            status = int(cut_loads(*cols, False, moe, by_rank, lay_last, *outs))
         elif gate:
             checker.passed(trace.parts[i], t)  # type: ignore[union-attr]
         if status != CUT_OK:
