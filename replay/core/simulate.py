@@ -531,8 +531,8 @@ def _cut_parts(trace: Trace, buf: _CutBuffers, at: np.ndarray, stream: bool) -> 
         elif gate:
             checker.passed(trace.parts[i], t)  # type: ignore[union-attr]
         if status != CUT_OK:
-            # Only rows never checked (a trace opened with check_rows=False) get here: prepare_loads
-            # refuses a layer or an expert out of range in its own words.
+            # Only rows never checked (a trace opened with check_rows=False) get here: a layer or an
+            # expert out of range is refused in prepare_loads' words, anything else in this part's.
             _routing_checked(RoutingArrays(turn=c["turn"], batch=c["batch"], phase=c["phase"], step=c["step"], layer=c["layer"],
                                            experts=c["experts"], weights=np.empty((t.num_rows, 0), np.float32)),
                              trace.moe_layers, trace.n_expert, trace.expert_bytes)
