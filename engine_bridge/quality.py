@@ -129,8 +129,8 @@ class KernelStep:
         pm = policy_module(policy)
         L = int(entry_bytes.shape[0])
         z32, z8 = np.zeros(0, np.int32), np.zeros(0, np.int8)
-        shell = Loads(entries=np.zeros((0, 1), np.int32), load_start=np.zeros(1, np.int64), load_lidx=z32, load_phase=z8,
-                      load_batch=z32, moe_layers=tuple(range(L)), n_expert=n_expert,
+        shell = Loads(entries=np.zeros((0, 1), np.int32), load_start=np.zeros(1, np.int64), load_lidx=np.zeros(0, np.int16),
+                      batch_start=np.zeros(1, np.int64), moe_layers=tuple(range(L)), n_expert=n_expert,
                       layer_expert_bytes=np.asarray(entry_bytes, np.int64), batch_turn=z32, batch_step=z32, batch_phase=z8)
         group, gbud = _groups(shell, pm, int(budget))
         self.ent, self.grp = new_state(shell.entry_bytes, group, gbud)
@@ -142,7 +142,8 @@ class KernelStep:
         self.stats = np.zeros(N_STATS, np.int64)
         self.opts = no_options()
         self.bacc = np.zeros((1, N_ACC), np.int64)
-        self.lidx_a, self.phase_a, self.batch_a = np.zeros(1, np.int32), np.zeros(1, np.int8), np.zeros(1, np.int32)
+        # one load, one batch (batch loads 0:1), phase 0, per kernel call
+        self.lidx_a, self.bstart_a, self.phase_a = np.zeros(1, np.int16), np.array([0, 1], np.int64), np.zeros(1, np.int8)
         self.next_load, self.pred = np.zeros((0, 1), np.int32), np.zeros((0, 1), np.int32)
         self.starts: dict[int, np.ndarray] = {}
         self.load = -1
@@ -168,7 +169,7 @@ class KernelStep:
         o[OPT_BATCH0] = 0 if lidx > self.last_lidx else -1  # same token: the batch continues
         self.last_lidx = lidx
         st[:] = 0
-        self.kern(entries, start, self.lidx_a, self.phase_a, self.batch_a, self.layer_info,
+        self.kern(entries, start, self.lidx_a, self.bstart_a, self.phase_a, self.layer_info,
                   self.next_load, self.ent, self.grp, self.ps, self.acc, self.bacc, st, slots,
                   np.ascontiguousarray(flags, np.uint8), self.pred, o)
         self.tick = int(st[STAT_TICKS])

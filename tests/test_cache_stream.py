@@ -144,7 +144,8 @@ def test_sweep_stream_frame_equals_sweep(traces):
 
 def prepare_loads_reference(a, moe_layers, n_expert):
     """The previous prepare_loads (int64 throughout, batches numbered by np.unique): the twin of
-    the narrow one, for the fields it computes."""
+    the narrow one, for the fields it computes (per load and per batch: each load's batch and
+    phase are the Loads' derived ones, its batches' starts found here by search)."""
     lidx_of = np.full(max(moe_layers) + 1, -1, dtype=np.int64)
     lidx_of[list(moe_layers)] = np.arange(len(moe_layers))
     layer = a.layer.astype(np.int64)
@@ -158,23 +159,40 @@ def prepare_loads_reference(a, moe_layers, n_expert):
     starts = np.flatnonzero(change)
     _, binv = np.unique(batch, return_inverse=True)
     bfirst = np.flatnonzero(np.r_[True, np.diff(batch) != 0]) if R else np.zeros(0, np.int64)
-    return {"entries": entries, "load_start": np.append(starts, R).astype(np.int64), "load_lidx": lidx[starts].astype(np.int32),
-            "load_batch": binv.reshape(-1)[starts].astype(np.int32), "load_phase": a.phase[starts].astype(np.int8),
+    load_batch = binv.reshape(-1)[starts].astype(np.int32)
+    n_batch = int(load_batch.max()) + 1 if R else 0
+    return {"entries": entries, "load_start": np.append(starts, R).astype(np.int64), "load_lidx": lidx[starts].astype(np.int16),
+            "load_batch": load_batch, "load_phase": a.phase[starts].astype(np.int8),
+            "batch_start": np.searchsorted(load_batch, np.arange(n_batch + 1)).astype(np.int64),
             "batch_turn": a.turn[bfirst].astype(np.int32), "batch_step": a.step[bfirst].astype(np.int32)}
 
 
-def test_prepare_loads_equals_reference_in_and_out_of_order():
+def test_prepare_loads_equals_reference_and_refuses_what_it_cannot_hold():
+    """Rows in batch order, one phase per batch: the reference's arrays. Batches out of order, or a
+    batch of both phases (no valid trace has them): refused in words."""
     from traces.io.reader import RoutingArrays
 
     rng = np.random.default_rng(7)
-    for i in range(200):
+    for i in range(300):
         R, k = int(rng.integers(0, 40)), int(rng.integers(1, 4))
         batch = rng.integers(0, 6, R).astype(np.int32)
-        if i % 2:
+        if i % 3:
             batch = np.sort(batch)
-        a = RoutingArrays(turn=rng.integers(0, 3, R).astype(np.int32), batch=batch, phase=rng.integers(0, 2, R).astype(np.int8),
+        phase = rng.integers(0, 2, 6).astype(np.int8)[batch]
+        if i % 5 == 0 and R:
+            phase[rng.integers(0, R)] ^= 1
+        a = RoutingArrays(turn=rng.integers(0, 3, R).astype(np.int32), batch=batch, phase=phase,
                           step=rng.integers(0, 50, R).astype(np.int32), layer=rng.choice([1, 3, 4], R).astype(np.int16),
                           experts=rng.integers(0, 7, (R, k)).astype(np.int32), weights=np.zeros((R, k), np.float32))
+        same = np.r_[False, batch[1:] == batch[:-1]] if R else np.zeros(0, bool)
+        if R and (batch[1:] < batch[:-1]).any():
+            with pytest.raises(UserError, match="go back to an earlier batch"):
+                prepare_loads(a, [1, 3, 4], 7, np.array([0, 5, 0, 7, 9], np.int64))
+            continue
+        if R and (same[1:] & (phase[1:] != phase[:-1])).any():
+            with pytest.raises(UserError, match="mixes prefill and decode"):
+                prepare_loads(a, [1, 3, 4], 7, np.array([0, 5, 0, 7, 9], np.int64))
+            continue
         got = prepare_loads(a, [1, 3, 4], 7, np.array([0, 5, 0, 7, 9], np.int64))
         for name, want in prepare_loads_reference(a, [1, 3, 4], 7).items():
             have = getattr(got, name)

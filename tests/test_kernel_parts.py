@@ -23,7 +23,8 @@ FAST = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # "none" last: hypothesis draws a sampled_from's first element most often
 CORRUPT = ("layer_range", "layer_negative", "layer_not_moe", "phase", "batch_back", "step_repeat", "step_back",
            "phase_mix", "expert_range", "expert_negative", "expert_dup", "weight_neg", "weight_neg_zero", "weight_inf",
-           "weight_ninf", "weight_partial_nan", "weight_all_nan", "weight_rank", "weight_tiny", "none")
+           "weight_ninf", "weight_partial_nan", "weight_all_nan", "weight_rank", "weight_tiny", "step_negative",
+           "step_layer_back", "none")
 
 
 @st.composite
@@ -104,6 +105,12 @@ def row_parts(draw):
             weights[r, :] = np.linspace(0.1, 0.5, k)
         elif kind == "weight_tiny":
             weights[r, j] = np.float32(1e-45)  # a subnormal: valid, and must stay valid in C (no flush to zero)
+        elif kind == "step_negative":
+            steps[r] = -1
+        elif kind == "step_layer_back":  # the step of an earlier batch's row at the same layer: not a later token
+            same = np.flatnonzero((layer[:r] == layer[r]) & (batch[:r] != batch[r]))
+            if same.size:
+                steps[r] = steps[same[-1]]
     has_last = draw(st.booleans())
     if has_last and R:
         lr = draw(st.sampled_from(["before", "same", "after"]))
@@ -122,7 +129,7 @@ def row_parts(draw):
 
 def _gate(batch, layer, step, phase, experts, weights, moe, n_expert, by_rank, has_last, last):
     """cut_loads with its row gate on, into fresh buffers: True when it lets the rows through."""
-    from replay.core.loads import AT_BATCH, AT_HAS_LAST, CUT_OK, CUT_ROWS, cut_loads, new_at
+    from replay.core.loads import AT_BATCH, AT_HAS_LAST, CUT_OK, CUT_ROWS, cut_loads, new_at, new_lay_last
 
     R, k = experts.shape
     lidx_of = np.full(moe.shape[0], -1, np.int32)
@@ -131,7 +138,7 @@ def _gate(batch, layer, step, phase, experts, weights, moe, n_expert, by_rank, h
     at[AT_HAS_LAST] = int(has_last)
     at[AT_BATCH:AT_BATCH + 4] = last
     status = int(cut_loads(np.zeros(R, np.int32), batch, phase, step, layer, experts, weights, lidx_of, n_expert, True, moe,
-                           by_rank, at, *_cut_buffers(R, k, np.random.default_rng(R))))
+                           by_rank, new_lay_last(moe.shape[0]), at, *_cut_buffers(R, k, np.random.default_rng(R))))
     assert status in (CUT_OK, CUT_ROWS)  # with the gate on, a row the cut would decline is the gate's
     return status == CUT_OK
 
@@ -178,6 +185,37 @@ def test_gate_across_blocks(k):
             assert not _gate(*bad), (r, what)
 
 
+@pytest.mark.parametrize("steps, turns, ok", [
+    ([0, 1, 2, 3], [0, 0, 0, 0], True),
+    ([0, 2, 5, 9], [0, 0, 1, 1], True),
+    ([0, 3, 1, 4], [0, 0, 1, 1], True),  # a later turn may start again lower
+    ([0, 1, 1, 2], [0, 0, 0, 0], False),  # the same token twice at a layer
+    ([0, 2, 1, 3], [0, 0, 0, 0], False),  # a token before the layer's previous one
+    ([0, 2, 1, 3], [0, 1, 0, 1], False),  # a turn back
+    ([0, 1, -1, 3], [0, 0, 0, 0], False),  # a negative step
+])
+@pytest.mark.parametrize("split", [0, 1, 2, 3, 4, 6, 8])
+def test_gate_holds_the_step_rules_across_calls(steps, turns, ok, split):
+    """One request, two MoE layers, one token per batch: the gate refuses a token that is not after
+    its layer's previous one (RowChecker's step rules), also when the two are in different calls
+    (``lay_last`` carries each layer's last step and turn)."""
+    from replay.core.loads import CUT_OK, CUT_ROWS, cut_loads, new_at, new_lay_last
+
+    n_tok, k = len(steps), 1
+    R = 2 * n_tok
+    cols = (np.repeat(np.array(turns, np.int32), 2), np.repeat(np.arange(n_tok, dtype=np.int32), 2), np.ones(R, np.int8),
+            np.repeat(np.array(steps, np.int32), 2), np.tile(np.arange(2, dtype=np.int16), n_tok), np.zeros((R, k), np.int32),
+            np.ones((R, k), np.float32))
+    lidx_of = np.arange(2, dtype=np.int32)
+    at, lay_last, bufs = new_at(), new_lay_last(2), _cut_buffers(R, k, np.random.default_rng(0))
+    got = CUT_OK
+    for a, b in ((0, split), (split, R)):
+        got = int(cut_loads(*(c[a:b] for c in cols), lidx_of, 4, True, np.ones(2, np.bool_), True, lay_last, at, *bufs))
+        if got != CUT_OK:
+            break
+    assert got == (CUT_OK if ok else CUT_ROWS)
+
+
 # -- cut_loads ------------------------------------------------------------------------------------------
 
 
@@ -190,16 +228,16 @@ def _cut_buffers(R, k, rng):
     def junk(shape, dt):
         return rng.integers(-99, 99, shape).astype(dt)
 
-    return [junk((cap, k), np.int32), junk(cap + 1, np.int64), junk(cap, np.int32), junk(cap, np.int8), junk(cap, np.int32),
+    return [junk((cap, k), np.int32), junk(cap + 1, np.int64), junk(cap, np.int16), junk(cap + 1, np.int64),
             junk(cap, np.int32), junk(cap, np.int32), junk(cap, np.int8), junk(cap, np.int32)]
 
 
 @settings(max_examples=300, **FAST)
 @given(seed=st.integers(0, 2**32 - 1), R=st.integers(0, 30), k=st.integers(1, 3), sorted_batches=st.integers(0, 3),
-       bad_layer=st.integers(0, 4), bad_expert=st.integers(0, 4), readonly=st.booleans())
-def test_cut_loads_gives_prepare_loads_arrays(seed, R, k, sorted_batches, bad_layer, bad_expert, readonly):
-    """On rows in order, prepare_loads' arrays; anything else declined with a nonzero status (the caller
-    then runs prepare_loads, which refuses or handles it)."""
+       bad_layer=st.integers(0, 4), bad_expert=st.integers(0, 4), bad_phase=st.integers(0, 4), readonly=st.booleans())
+def test_cut_loads_gives_prepare_loads_arrays(seed, R, k, sorted_batches, bad_layer, bad_expert, bad_phase, readonly):
+    """On rows in order, one phase per batch, prepare_loads' arrays; anything else declined with a
+    nonzero status (the caller then refuses it in words)."""
     from replay.core.loads import cut_loads
     from replay.core.simulate import prepare_loads
     from traces.io.reader import RoutingArrays
@@ -220,14 +258,20 @@ def test_cut_loads_gives_prepare_loads_arrays(seed, R, k, sorted_batches, bad_la
         layer[rng.integers(0, R)] = rng.choice([0, 2, 5, -1, 300])
     if R and bad_expert == 0:
         experts[rng.integers(0, R), rng.integers(0, k)] = rng.choice([-1, n_expert, 1 << 30])
-    cols = dict(turn=rng.integers(0, 3, R).astype(np.int32), batch=batch, phase=rng.integers(0, 2, R).astype(np.int8),
+    phase = rng.integers(0, 2, 6).astype(np.int8)[batch]  # one phase per batch
+    mixed = False
+    if R and bad_phase == 0:
+        r = int(rng.integers(0, R))
+        phase[r] = 1 - phase[r]
+        mixed = bool((r > 0 and batch[r - 1] == batch[r]) or (r + 1 < R and batch[r + 1] == batch[r]))
+    cols = dict(turn=rng.integers(0, 3, R).astype(np.int32), batch=batch, phase=phase,
                 step=rng.integers(0, 50, R).astype(np.int32), layer=layer, experts=experts)
     if readonly:  # columns straight from Arrow are read-only
         for v in cols.values():
             v.flags.writeable = False
     from replay.core.loads import AT_BATCHES, AT_LOADS, AT_ROWS, new_at
 
-    no_check = (np.zeros((R, k), np.float32), lidx_of, n_expert, False, np.ones(5, np.bool_), False)
+    no_check = (np.zeros((R, k), np.float32), lidx_of, n_expert, False, np.ones(5, np.bool_), False, np.zeros((0, 2), np.int64))
     ins = (cols["turn"], cols["batch"], cols["phase"], cols["step"], cols["layer"], cols["experts"])
     b_c = _cut_buffers(R, k, np.random.default_rng(seed + 1))
     at = new_at()
@@ -237,11 +281,11 @@ def test_cut_loads_gives_prepare_loads_arrays(seed, R, k, sorted_batches, bad_la
         assert int(at[AT_ROWS]) == R
         ra = RoutingArrays(weights=np.zeros((R, k), np.float32), **cols)
         ref = prepare_loads(ra, moe_layers, n_expert, np.array([0, 5, 0, 7, 9], np.int64))
+        assert not mixed  # a batch of both phases is declined
         assert np.array_equal(b_c[0][:R], ref.entries) and np.array_equal(b_c[1][:G + 1], ref.load_start)
-        assert np.array_equal(b_c[2][:G], ref.load_lidx) and np.array_equal(b_c[4][:G], ref.load_batch)
-        assert np.array_equal(b_c[3][:G], ref.load_phase)
-        assert np.array_equal(b_c[5][:B], ref.batch_turn) and np.array_equal(b_c[6][:B], ref.batch_step)
-        assert np.array_equal(b_c[7][:B], ref.batch_phase) and np.array_equal(b_c[8][:B], ref.batch_tokens)
+        assert np.array_equal(b_c[2][:G], ref.load_lidx) and np.array_equal(b_c[3][:B + 1], ref.batch_start)
+        assert np.array_equal(b_c[4][:B], ref.batch_turn) and np.array_equal(b_c[5][:B], ref.batch_step)
+        assert np.array_equal(b_c[6][:B], ref.batch_phase) and np.array_equal(b_c[7][:B], ref.batch_tokens)
         # The same rows in two calls (cut anywhere, through a load or a batch): the same arrays.
         cut = int(np.random.default_rng(seed + 2).integers(0, R + 1))
         b2 = _cut_buffers(R, k, np.random.default_rng(seed + 3))
@@ -250,9 +294,9 @@ def test_cut_loads_gives_prepare_loads_arrays(seed, R, k, sorted_batches, bad_la
             assert int(cut_loads(*(v[a:b] for v in ins), *no_check[:0], np.zeros((b - a, k), np.float32), *no_check[1:], at2,
                                  *b2)) == 0
         assert at2.tolist()[:3] == at.tolist()[:3]
-        for got, want, n in zip(b2, b_c, (R, G + 1, G, G, G, B, B, B, B), strict=True):
+        for got, want, n in zip(b2, b_c, (R, G + 1, G, B + 1, B, B, B, B), strict=True):
             assert np.array_equal(got[:n], want[:n])
-    elif sorted_batches and bad_layer and bad_expert:
+    elif sorted_batches and bad_layer and bad_expert and not mixed:
         pytest.fail(f"valid rows declined with status {status}")
 
 
@@ -318,13 +362,14 @@ def _cuts(loads, n_cuts, rng):
 
 
 def _part(loads, a, b):
-    """Loads a..b of the trace as one part's arrays (rows renumbered from 0, batches from its first)."""
+    """Loads a..b of the trace as one part's arrays (rows renumbered from 0, batches from its first;
+    a batch the cut goes through starts or ends at the part's edge)."""
     r0, r1 = int(loads.load_start[a]), int(loads.load_start[b])
     batch0 = int(loads.load_batch[a]) if b > a else 0
-    lb = (loads.load_batch[a:b] - batch0).astype(np.int32)
-    n_batch = int(lb[-1]) + 1 if b > a else 0
+    n_batch = int(loads.load_batch[b - 1]) + 1 - batch0 if b > a else 0
+    starts = (np.clip(loads.batch_start[batch0:batch0 + n_batch + 1], a, b) - a).astype(np.int64)
     return (np.ascontiguousarray(loads.entries[r0:r1]), (loads.load_start[a:b + 1] - r0).astype(np.int64),
-            loads.load_lidx[a:b].copy(), loads.load_phase[a:b].copy(), lb), batch0, n_batch
+            loads.load_lidx[a:b].copy(), starts, loads.batch_phase[batch0:batch0 + n_batch].copy()), batch0, n_batch
 
 
 _NUMBA: dict[str, object] = {}

@@ -56,8 +56,8 @@ def test_stepped_lru_equals_the_replay_kernel(case):
     entries = np.concatenate([lidx * n + ids for lidx, ids, _ in loads]).astype(np.int32)
     G = len(loads)
     lo = Loads(entries=entries, load_start=np.cumsum([0] + [ids.shape[0] for _, ids, _ in loads]).astype(np.int64),
-               load_lidx=np.array([lidx for lidx, _, _ in loads], np.int32), load_phase=np.ones(G, np.int8),
-               load_batch=np.arange(G, dtype=np.int32), moe_layers=tuple(range(L)), n_expert=n, layer_expert_bytes=leb,
+               load_lidx=np.array([lidx for lidx, _, _ in loads], np.int16),
+               batch_start=np.arange(G + 1, dtype=np.int64), moe_layers=tuple(range(L)), n_expert=n, layer_expert_bytes=leb,
                batch_turn=np.zeros(G, np.int32), batch_step=np.arange(G, dtype=np.int32), batch_phase=np.ones(G, np.int8))
     res = replay(lo, "lru", budget / MIB, slots=True, drop=np.concatenate([f for _, _, f in loads]))
     assert np.array_equal(skipped, res.slots == 3)
@@ -72,10 +72,11 @@ def _one_call(L, n, leb, loads):
     previous load's starts a new batch (one token per forward, layers in order)."""
     lidx = np.array([lidx for lidx, _, _ in loads], np.int32)
     batch = np.cumsum(np.r_[True, lidx[1:] <= lidx[:-1]]).astype(np.int32) - 1
-    G, B = len(loads), int(batch[-1]) + 1
+    B = int(batch[-1]) + 1
     entries = np.concatenate([lidx * n + ids for lidx, ids, _ in loads]).astype(np.int32)
     lo = Loads(entries=entries, load_start=np.cumsum([0] + [ids.shape[0] for _, ids, _ in loads]).astype(np.int64),
-               load_lidx=lidx, load_phase=np.zeros(G, np.int8), load_batch=batch, moe_layers=tuple(range(L)), n_expert=n,
+               load_lidx=lidx.astype(np.int16), batch_start=np.searchsorted(batch, np.arange(B + 1)).astype(np.int64),
+               moe_layers=tuple(range(L)), n_expert=n,
                layer_expert_bytes=leb, batch_turn=np.zeros(B, np.int32),
                batch_step=np.arange(B, dtype=np.int32), batch_phase=np.zeros(B, np.int8))
     return lo

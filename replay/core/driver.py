@@ -247,9 +247,13 @@ def on_evict(ps, ent, grp, g, e):  # pragma: no cover
     raise NotImplementedError
 
 
-def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, next_load, ent, grp, ps, acc, bacc, stats,
+def _driver(entries, load_start, load_lidx, batch_start, batch_phase, layer_info, next_load, ent, grp, ps, acc, bacc, stats,
             slot_out, drop, pred, opts, fill_out):
     """Replay every load; fill acc [2, L, N_ACC], bacc [B, N_ACC], stats, and slot_out [R, k] if it has rows.
+
+    The loads of batch ``b`` are ``batch_start[b]:batch_start[b+1]``, all of phase
+    ``batch_phase[b]`` (:class:`replay.core.simulate.Loads`): the driver walks batches, then their
+    loads, and reads per load only its rows' bounds and its layer.
 
     ``layer_info`` int64 [L, 2]: per MoE layer index, its eviction group and the bytes of one of
     its entries (the same as ``ent[GROUP]`` / ``ent[BYTES]`` of its entries, read from a table that
@@ -274,257 +278,247 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
     retain = has_pred and opts[OPT_RETAIN] != 0
     fill = has_pred and opts[OPT_FILL] != 0
     want_fills = fill and fill_out.shape[0] > 0
-    n_load = load_start.shape[0] - 1
     n_ent = ent.shape[1]
     tick = opts[OPT_TICK0]
     load0 = opts[OPT_LOAD0]
     n_evict = 0
-    cur_b = -1  # the batch whose totals b_look/b_hit/b_read accumulate
-    b_look = 0
-    b_hit = 0
-    b_read = np.int64(0)
     resident = np.int64(0)  # bytes resident in all groups together (entries a policy preloaded included)
     for g0 in range(grp.shape[0]):
         resident += grp[g0, USED]
     peak = resident
     batch_now = opts[OPT_BATCH0]  # KEEP_BATCH: the batch whose first load grp[:, BATCH_LOAD] holds
-    for li in range(n_load):  # li indexes this call's load arrays; load (the clock) counts from load0
-        load = li + load0
-        lo = load_start[li]
-        hi = load_start[li + 1]
-        if hi == lo:
-            continue
-        # Every entry of a load is of the load's layer: one eviction group, one entry size.
-        lid = load_lidx[li]
-        g = layer_info[lid, 0]
-        nbytes = layer_info[lid, 1]
-        if KEEP_BATCH:
-            if load_batch[li] != batch_now:  # once per batch: a batch's loads are consecutive
-                batch_now = load_batch[li]
-                for gg in range(grp.shape[0]):
-                    grp[gg, BATCH_LOAD] = load
-        # Per-load counters live in registers and are added to acc/bacc/grp once per load (a
-        # read-modify-write of memory per slot costs a store-forwarding chain per slot).
-        n_look = 0
-        n_hit = 0
-        n_skip = 0
-        n_spec_hit = 0
-        for ri in range(lo, hi):
-            r = np.uint64(ri)  # unsigned indexes: no wraparound code (r is only an index below)
-            for jj in range(k):
-                j = np.uint64(jj)
-                e = np.uint32(entries[r, j])  # unsigned: no negative-index wraparound code per access
-                if has_drop:
-                    dm = drop[r, j]
-                    # A dropped slot is neither looked up, nor read, nor admitted: it leaves no trace
-                    # in the cache (not even recency), so the cache later holds other things.
-                    if dm != 0 and (dm == 2 or ent[RESIDENT, e] == 0):
-                        n_skip += 1
+    for b in range(batch_start.shape[0] - 1):
+        ph = batch_phase[b]
+        b_end = batch_start[b + 1]
+        # The batch's totals live in registers and are added to bacc once, after its last load.
+        b_look = 0
+        b_hit = 0
+        b_read = np.int64(0)
+        for li in range(batch_start[b], b_end):  # li indexes this call's load arrays; load (the clock) counts from load0
+            load = li + load0
+            lo = load_start[li]
+            hi = load_start[li + 1]
+            if hi == lo:
+                continue
+            # Every entry of a load is of the load's layer: one eviction group, one entry size.
+            lid = load_lidx[li]
+            g = layer_info[lid, 0]
+            nbytes = layer_info[lid, 1]
+            if KEEP_BATCH:
+                if b != batch_now:  # once per batch, at its first load with rows
+                    batch_now = b
+                    for gg in range(grp.shape[0]):
+                        grp[gg, BATCH_LOAD] = load
+            # Per-load counters live in registers and are added to acc/bacc/grp once per load (a
+            # read-modify-write of memory per slot costs a store-forwarding chain per slot).
+            n_look = 0
+            n_hit = 0
+            n_skip = 0
+            n_spec_hit = 0
+            for ri in range(lo, hi):
+                r = np.uint64(ri)  # unsigned indexes: no wraparound code (r is only an index below)
+                for jj in range(k):
+                    j = np.uint64(jj)
+                    e = np.uint32(entries[r, j])  # unsigned: no negative-index wraparound code per access
+                    if has_drop:
+                        dm = drop[r, j]
+                        # A dropped slot is neither looked up, nor read, nor admitted: it leaves no trace
+                        # in the cache (not even recency), so the cache later holds other things.
+                        if dm != 0 and (dm == 2 or ent[RESIDENT, e] == 0):
+                            n_skip += 1
+                            if want_slots:
+                                slot_out[r, j] = 3
+                            continue
+                    tick += 1
+                    if KEEP_TICK:
+                        ent[LAST_TICK, e] = tick
+                    if ent[PIN, e] == load:
+                        # A repeat inside this load: already looked up, only promoted.
+                        on_touch(ps, ent, grp, g, e)
                         if want_slots:
-                            slot_out[r, j] = 3
+                            slot_out[r, j] = ent[OUTCOME, e]
                         continue
-                tick += 1
-                if KEEP_TICK:
-                    ent[LAST_TICK, e] = tick
-                if ent[PIN, e] == load:
-                    # A repeat inside this load: already looked up, only promoted.
-                    on_touch(ps, ent, grp, g, e)
+                    n_look += 1
+                    if WHATIF:
+                        ent[HEAT, e] += 1  # lifetime demand heat (the eviction guard's); never reset
+                    ent[PIN, e] = load
+                    if WHATIF or KEEP_LAST_LOAD:
+                        ent[LAST_LOAD, e] = load
+                    if has_next:
+                        ent[NEXT_USE, e] = next_load[r, j]
+                    if ent[RESIDENT, e] == 1:
+                        code = 1
+                        if WHATIF and ent[SPEC, e] == 1:  # prefetched and now demanded: a useful speculation
+                            code = 2
+                            ent[SPEC, e] = 0
+                            n_spec_hit += 1
+                        n_hit += 1
+                        if KEEP_FREQ:
+                            ent[FREQ, e] += 1
+                        on_touch(ps, ent, grp, g, e)
+                    else:
+                        code = 0
+                        ent[RESIDENT, e] = 1
+                        if KEEP_FREQ:
+                            if FREQ_RUN:
+                                ent[FREQ, e] += 1  # the whole run's count: history survives eviction
+                            else:
+                                ent[FREQ, e] = 1  # the admitting load is its first
+                        if KEEP_RES_LIST:
+                            grp[g, COUNT] += 1
+                            _list_add(ent, grp, g, e)
+                        on_admit(ps, ent, grp, g, e)
                     if want_slots:
-                        slot_out[r, j] = ent[OUTCOME, e]
-                    continue
-                n_look += 1
-                if WHATIF:
-                    ent[HEAT, e] += 1  # lifetime demand heat (the eviction guard's); never reset
-                ent[PIN, e] = load
-                if WHATIF or KEEP_LAST_LOAD:
-                    ent[LAST_LOAD, e] = load
-                if has_next:
-                    ent[NEXT_USE, e] = next_load[r, j]
-                if ent[RESIDENT, e] == 1:
-                    code = 1
-                    if WHATIF and ent[SPEC, e] == 1:  # prefetched and now demanded: a useful speculation
-                        code = 2
-                        ent[SPEC, e] = 0
-                        n_spec_hit += 1
-                    n_hit += 1
-                    if KEEP_FREQ:
-                        ent[FREQ, e] += 1
-                    on_touch(ps, ent, grp, g, e)
-                else:
-                    code = 0
-                    ent[RESIDENT, e] = 1
-                    if KEEP_FREQ:
-                        if FREQ_RUN:
-                            ent[FREQ, e] += 1  # the whole run's count: history survives eviction
-                        else:
-                            ent[FREQ, e] = 1  # the admitting load is its first
-                    if KEEP_RES_LIST:
-                        grp[g, COUNT] += 1
-                        _list_add(ent, grp, g, e)
-                    on_admit(ps, ent, grp, g, e)
-                if want_slots:
-                    ent[OUTCOME, e] = code
-                    slot_out[r, j] = code
-        n_miss = n_look - n_hit
-        n_read = n_miss * nbytes
-        ph = load_phase[li]
-        b = load_batch[li]
-        acc[ph, lid, ACC_LOOKUPS] += n_look
-        acc[ph, lid, ACC_HITS] += n_hit
-        acc[ph, lid, ACC_READ] += n_read
-        if b != cur_b:  # a batch's loads are consecutive: its totals are flushed once
-            if cur_b >= 0:
-                bacc[cur_b, ACC_LOOKUPS] += b_look
-                bacc[cur_b, ACC_HITS] += b_hit
-                bacc[cur_b, ACC_READ] += b_read
-            cur_b = b
-            b_look = 0
-            b_hit = 0
-            b_read = 0
-        b_look += n_look
-        b_hit += n_hit
-        b_read += n_read
-        if WHATIF:  # a plain replay never drops nor fills: these stay 0 without being written
-            acc[ph, lid, ACC_SKIPPED] += n_skip
-            acc[ph, lid, ACC_SPEC_HITS] += n_spec_hit
-            bacc[b, ACC_SKIPPED] += n_skip
-            bacc[b, ACC_SPEC_HITS] += n_spec_hit
-            stats[STAT_SPEC_HITS] += n_spec_hit
-        if retain:
-            # Retention: what the predictor names for the next `ahead` layers of this batch is not
-            # evictable after this load (nor by this step's speculative fills).
-            for m in range(1, ahead + 1):
-                t = li + m
-                if t >= n_load or load_batch[t] != b or load_lidx[t] != lid + m:
-                    break
-                for rp in range(load_start[t], load_start[t + 1]):
-                    for jp in range(w):
-                        ep = pred[rp, jp]
-                        if ep >= 0:
-                            ent[PIN, ep] = load
-        # Eviction: once, after the load, in the load's group, until the group fits. The group's
-        # bytes and count live in registers through the step (no hook reads them).
-        used0 = grp[g, USED]
-        budget = grp[g, BUDGET]
-        if n_read == 0 and used0 <= budget and not fill:
-            continue  # nothing read and the group fits: no eviction, nothing to write back (the hit path)
-        used = used0 + n_read
-        n_gone = 0
-        while used > budget:
-            vi = pick_victim(ps, ent, grp, g, load)
-            if vi < 0:
-                stats[STAT_OVERFLOW] += 1  # everything left was touched by this load
-                break
-            err = _victim_error(ent, g, vi, n_ent)
-            if err != 0:
-                stats[STAT_ERR], stats[STAT_ERR_VALUE], stats[STAT_ERR_LOAD] = err, vi, load
-                return
-            v = np.uint32(vi)
-            if WHATIF and ent[SPEC, v] == 1:
-                stats[STAT_SPEC_EVICTED_UNUSED] += 1
-            on_evict(ps, ent, grp, g, v)
-            _forget(ent, grp, g, v, KEEP_RES_LIST, WHATIF)
-            used -= ent[BYTES, v]
-            n_gone += 1
-        grp[g, USED] = used
-        resident += used - used0
-        if resident > peak:
-            peak = resident
-        if not KEEP_RES_LIST:
-            grp[g, COUNT] += n_miss - n_gone
-        n_evict += n_gone
-        if not fill:
-            continue
-        # Speculative fills: the predictions for the load `ahead` layers on, in this batch, read now
-        # into the same cache (token-major, rank order, each entry once).
-        t = li + ahead
-        if t >= n_load or load_batch[t] != b or load_lidx[t] != lid + ahead:
-            continue
-        attempts = 0
-        n_fill = 0
-        n_fill_bytes = 0
-        for rp in range(load_start[t], load_start[t + 1]):
-            for jp in range(w):
-                e = pred[rp, jp]
-                if e < 0 or ent[PRED_MARK, e] == load:
-                    continue
-                ent[PRED_MARK, e] = load
-                if ent[RESIDENT, e] == 1:
-                    stats[STAT_SPEC_RESIDENT] += 1  # already resident: no read, does not use the cap
-                    if want_fills:
-                        fill_out[rp, jp] = FILL_RESIDENT
-                    continue
-                if cap >= 0 and attempts >= cap:
-                    stats[STAT_SPEC_CAPPED] += 1
-                    if want_fills:
-                        fill_out[rp, jp] = FILL_CAPPED
-                    continue
-                attempts += 1
-                ge = ent[GROUP, e]
-                need = ent[BYTES, e]
-                ok = True
-                while grp[ge, USED] + need > grp[ge, BUDGET]:
-                    v = pick_victim(ps, ent, grp, ge, load)
-                    if v < 0:
-                        stats[STAT_SPEC_NO_ROOM] += 1  # a speculation never overflows the budget
-                        if want_fills:
-                            fill_out[rp, jp] = FILL_REFUSED
-                        ok = False
+                        ent[OUTCOME, e] = code
+                        slot_out[r, j] = code
+            n_miss = n_look - n_hit
+            n_read = n_miss * nbytes
+            acc[ph, lid, ACC_LOOKUPS] += n_look
+            acc[ph, lid, ACC_HITS] += n_hit
+            acc[ph, lid, ACC_READ] += n_read
+            b_look += n_look
+            b_hit += n_hit
+            b_read += n_read
+            if WHATIF:  # a plain replay never drops nor fills: these stay 0 without being written
+                acc[ph, lid, ACC_SKIPPED] += n_skip
+                acc[ph, lid, ACC_SPEC_HITS] += n_spec_hit
+                bacc[b, ACC_SKIPPED] += n_skip
+                bacc[b, ACC_SPEC_HITS] += n_spec_hit
+                stats[STAT_SPEC_HITS] += n_spec_hit
+            if retain:
+                # Retention: what the predictor names for the next `ahead` layers of this batch is not
+                # evictable after this load (nor by this step's speculative fills).
+                for m in range(1, ahead + 1):
+                    t = li + m
+                    if t >= b_end or load_lidx[t] != lid + m:  # past the batch, or not the next layer
                         break
-                    err = _victim_error(ent, ge, v, n_ent)
-                    if err != 0:
-                        stats[STAT_ERR], stats[STAT_ERR_VALUE], stats[STAT_ERR_LOAD] = err, v, load
-                        return
-                    if guard and ent[HEAT, v] >= 2:
-                        sv = _guard_score(ent, v, load)
-                        if not (sv + sv // 4 + 4 * 256 <= _guard_score(ent, e, load)):
-                            stats[STAT_SPEC_REFUSED] += 1
+                    for rp in range(load_start[t], load_start[t + 1]):
+                        for jp in range(w):
+                            ep = pred[rp, jp]
+                            if ep >= 0:
+                                ent[PIN, ep] = load
+            # Eviction: once, after the load, in the load's group, until the group fits. The group's
+            # bytes and count live in registers through the step (no hook reads them).
+            used0 = grp[g, USED]
+            budget = grp[g, BUDGET]
+            if n_read == 0 and used0 <= budget and not fill:
+                continue  # nothing read and the group fits: no eviction, nothing to write back (the hit path)
+            used = used0 + n_read
+            n_gone = 0
+            while used > budget:
+                vi = pick_victim(ps, ent, grp, g, load)
+                if vi < 0:
+                    stats[STAT_OVERFLOW] += 1  # everything left was touched by this load
+                    break
+                err = _victim_error(ent, g, vi, n_ent)
+                if err != 0:
+                    stats[STAT_ERR], stats[STAT_ERR_VALUE], stats[STAT_ERR_LOAD] = err, vi, load
+                    return
+                v = np.uint32(vi)
+                if WHATIF and ent[SPEC, v] == 1:
+                    stats[STAT_SPEC_EVICTED_UNUSED] += 1
+                on_evict(ps, ent, grp, g, v)
+                _forget(ent, grp, g, v, KEEP_RES_LIST, WHATIF)
+                used -= ent[BYTES, v]
+                n_gone += 1
+            grp[g, USED] = used
+            resident += used - used0
+            if resident > peak:
+                peak = resident
+            if not KEEP_RES_LIST:
+                grp[g, COUNT] += n_miss - n_gone
+            n_evict += n_gone
+            if not fill:
+                continue
+            # Speculative fills: the predictions for the load `ahead` layers on, in this batch, read now
+            # into the same cache (token-major, rank order, each entry once).
+            t = li + ahead
+            if t >= b_end or load_lidx[t] != lid + ahead:
+                continue
+            attempts = 0
+            n_fill = 0
+            n_fill_bytes = 0
+            for rp in range(load_start[t], load_start[t + 1]):
+                for jp in range(w):
+                    e = pred[rp, jp]
+                    if e < 0 or ent[PRED_MARK, e] == load:
+                        continue
+                    ent[PRED_MARK, e] = load
+                    if ent[RESIDENT, e] == 1:
+                        stats[STAT_SPEC_RESIDENT] += 1  # already resident: no read, does not use the cap
+                        if want_fills:
+                            fill_out[rp, jp] = FILL_RESIDENT
+                        continue
+                    if cap >= 0 and attempts >= cap:
+                        stats[STAT_SPEC_CAPPED] += 1
+                        if want_fills:
+                            fill_out[rp, jp] = FILL_CAPPED
+                        continue
+                    attempts += 1
+                    ge = ent[GROUP, e]
+                    need = ent[BYTES, e]
+                    ok = True
+                    while grp[ge, USED] + need > grp[ge, BUDGET]:
+                        v = pick_victim(ps, ent, grp, ge, load)
+                        if v < 0:
+                            stats[STAT_SPEC_NO_ROOM] += 1  # a speculation never overflows the budget
                             if want_fills:
                                 fill_out[rp, jp] = FILL_REFUSED
                             ok = False
                             break
-                    if ent[SPEC, v] == 1:
-                        stats[STAT_SPEC_EVICTED_UNUSED] += 1
-                    on_evict(ps, ent, grp, ge, v)
-                    _forget(ent, grp, ge, v, KEEP_RES_LIST, WHATIF)
-                    grp[ge, USED] -= ent[BYTES, v]
-                    resident -= ent[BYTES, v]
-                    if not KEEP_RES_LIST:
-                        grp[ge, COUNT] -= 1
-                    n_evict += 1
-                if not ok:
-                    continue
-                tick += 1
-                if KEEP_TICK:
-                    ent[LAST_TICK, e] = tick
-                ent[LAST_LOAD, e] = load  # most recent (LFRU's recency byte too); not a demand lookup
-                ent[PIN, e] = load  # this step's later fills cannot evict it
-                ent[RESIDENT, e] = 1
-                if not FREQ_RUN:
-                    ent[FREQ, e] = 0  # no demand access yet: a speculative fill never raises frequency or heat
-                ent[SPEC, e] = 1
-                grp[ge, USED] += need
-                resident += need
-                grp[ge, COUNT] += 1
-                if KEEP_RES_LIST:
-                    _list_add(ent, grp, ge, e)
-                on_admit(ps, ent, grp, ge, e)
-                n_fill += 1
-                n_fill_bytes += need
-                if want_fills:
-                    fill_out[rp, jp] = FILL_READ
-        tl = load_lidx[t]
-        acc[ph, tl, ACC_SPEC_FILLS] += n_fill
-        acc[ph, tl, ACC_SPEC_READ] += n_fill_bytes
-        bacc[b, ACC_SPEC_FILLS] += n_fill
-        bacc[b, ACC_SPEC_READ] += n_fill_bytes
-        stats[STAT_SPEC_FILLS] += n_fill
-        if resident > peak:
-            peak = resident
-    if cur_b >= 0:
-        bacc[cur_b, ACC_LOOKUPS] += b_look
-        bacc[cur_b, ACC_HITS] += b_hit
-        bacc[cur_b, ACC_READ] += b_read
+                        err = _victim_error(ent, ge, v, n_ent)
+                        if err != 0:
+                            stats[STAT_ERR], stats[STAT_ERR_VALUE], stats[STAT_ERR_LOAD] = err, v, load
+                            return
+                        if guard and ent[HEAT, v] >= 2:
+                            sv = _guard_score(ent, v, load)
+                            if not (sv + sv // 4 + 4 * 256 <= _guard_score(ent, e, load)):
+                                stats[STAT_SPEC_REFUSED] += 1
+                                if want_fills:
+                                    fill_out[rp, jp] = FILL_REFUSED
+                                ok = False
+                                break
+                        if ent[SPEC, v] == 1:
+                            stats[STAT_SPEC_EVICTED_UNUSED] += 1
+                        on_evict(ps, ent, grp, ge, v)
+                        _forget(ent, grp, ge, v, KEEP_RES_LIST, WHATIF)
+                        grp[ge, USED] -= ent[BYTES, v]
+                        resident -= ent[BYTES, v]
+                        if not KEEP_RES_LIST:
+                            grp[ge, COUNT] -= 1
+                        n_evict += 1
+                    if not ok:
+                        continue
+                    tick += 1
+                    if KEEP_TICK:
+                        ent[LAST_TICK, e] = tick
+                    ent[LAST_LOAD, e] = load  # most recent (LFRU's recency byte too); not a demand lookup
+                    ent[PIN, e] = load  # this step's later fills cannot evict it
+                    ent[RESIDENT, e] = 1
+                    if not FREQ_RUN:
+                        ent[FREQ, e] = 0  # no demand access yet: a speculative fill never raises frequency or heat
+                    ent[SPEC, e] = 1
+                    grp[ge, USED] += need
+                    resident += need
+                    grp[ge, COUNT] += 1
+                    if KEEP_RES_LIST:
+                        _list_add(ent, grp, ge, e)
+                    on_admit(ps, ent, grp, ge, e)
+                    n_fill += 1
+                    n_fill_bytes += need
+                    if want_fills:
+                        fill_out[rp, jp] = FILL_READ
+            tl = load_lidx[t]
+            acc[ph, tl, ACC_SPEC_FILLS] += n_fill
+            acc[ph, tl, ACC_SPEC_READ] += n_fill_bytes
+            bacc[b, ACC_SPEC_FILLS] += n_fill
+            bacc[b, ACC_SPEC_READ] += n_fill_bytes
+            stats[STAT_SPEC_FILLS] += n_fill
+            if resident > peak:
+                peak = resident
+        bacc[b, ACC_LOOKUPS] += b_look
+        bacc[b, ACC_HITS] += b_hit
+        bacc[b, ACC_READ] += b_read
     stats[STAT_TICKS] = tick
     stats[STAT_PEAK_BYTES] = peak
     stats[STAT_EVICTIONS] += n_evict
@@ -534,7 +528,7 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
                 stats[STAT_SPEC_UNUSED_END] += 1
 
 
-def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = True, checked: bool = False):
+def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = True):
     """Compile the driver for one policy module, its hooks inlined.
 
     The driver's code object is rebound to globals holding this policy's hooks (no closure: a
@@ -546,10 +540,6 @@ def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = Tr
     ``drop`` and ``pred``, and with ``slots=False`` also ``slot_out`` (the per-slot codes are
     compiled out; a what-if kernel keeps the run-time choice). Branches and live arrays that a
     variant does not need cost registers in the slot loop: measured 15-20% on the LRU benchmark.
-    ``checked`` (a user's plugin policy): every array index in the kernel, the inlined hooks' too,
-    is bounds-checked (Numba's ``boundscheck``), so a hook indexing past a state ``init`` made too
-    short raises IndexError instead of writing outside the array (a crash, or silently wrong
-    figures); the built-ins, tested against their naive twins, run unchecked.
     """
     resolve()  # Numba itself, and every helper the driver and hooks read as a dispatcher (traces.util.jit)
     g = dict(_driver.__globals__)
@@ -560,14 +550,14 @@ def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = Tr
              KEEP_LAST_LOAD=bool(getattr(pm, "NEEDS_LAST_LOAD", True)), WHATIF=bool(whatif),
              SLOTS=bool(slots or whatif), NEXT_USE_COL=bool(pm.NEEDS_NEXT_USE),
              KEEP_BATCH=bool(getattr(pm, "NEEDS_BATCH", False)))
-    variant = ("_whatif" if whatif else ("_slots" if slots else "")) + ("_checked" if checked else "")
+    variant = "_whatif" if whatif else ("_slots" if slots else "")
     qual = f"replay_kernel_{re.sub(r'[^A-Za-z0-9_]', '_', name)}{variant}_{_source_hash(pm)}"
     f = FunctionType(_driver.__code__, g, qual, _driver.__defaults__, None)
     f.__qualname__ = qual
     f.__doc__ = _driver.__doc__
     import numba
 
-    return numba.njit(cache=True, nogil=True, _nrt=False, boundscheck=bool(checked))(f)
+    return numba.njit(cache=True, nogil=True, _nrt=False)(f)
 
 
 def freq_since(pm: ModuleType) -> str:

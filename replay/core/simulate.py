@@ -272,15 +272,19 @@ class Loads:
     """A trace cut into loads, ready for the kernels (independent of budget and policy).
 
     ``entries`` [R, k] int32 = lidx * n_expert + expert; rows of load ``g`` are
-    ``load_start[g]:load_start[g+1]``; ``lidx`` indexes ``moe_layers``. Batches are renumbered
-    0..B-1 in order; ``batch_turn/step/phase`` describe them (step = first step of the batch).
+    ``load_start[g]:load_start[g+1]``; ``load_lidx`` indexes ``moe_layers``. Batches are
+    renumbered 0..B-1 in order, and a batch's loads are consecutive: loads of batch ``b`` are
+    ``batch_start[b]:batch_start[b+1]``; ``batch_turn/step/phase`` describe them (step = first
+    step of the batch; a load's phase is its batch's). Per load the arrays hold only what the
+    replay reads at every load (10 bytes: at top-1 decode every routing is a load); a load's
+    batch and phase are derived on demand (:attr:`load_batch`, :attr:`load_phase`) for the
+    analyses that want them per load.
     """
 
     entries: np.ndarray
     load_start: np.ndarray  # int64 [G+1]
-    load_lidx: np.ndarray  # int32 [G]
-    load_phase: np.ndarray  # int8 [G]
-    load_batch: np.ndarray  # int32 [G]
+    load_lidx: np.ndarray  # int16 [G] (MoE layers < 2^15: the format's layer column is int16)
+    batch_start: np.ndarray  # int64 [B+1]
     moe_layers: tuple[int, ...]
     n_expert: int
     layer_expert_bytes: np.ndarray  # int64 [L] bytes of one expert of each MoE layer
@@ -291,6 +295,16 @@ class Loads:
     # per token at its layer). One per decode batch for a single request; with many requests in
     # one batch, several: a per-token figure divides by decode_tokens, never by decode batches.
     batch_tokens: np.ndarray | None = None
+
+    @cached_property
+    def load_batch(self) -> np.ndarray:
+        """int32 [G]: each load's batch (derived from ``batch_start``; not read by the replay)."""
+        return np.repeat(np.arange(self.batch_start.shape[0] - 1, dtype=np.int32), np.diff(self.batch_start))
+
+    @cached_property
+    def load_phase(self) -> np.ndarray:
+        """int8 [G]: each load's phase, its batch's (derived; not read by the replay)."""
+        return np.repeat(self.batch_phase, np.diff(self.batch_start)).astype(np.int8, copy=False)
 
     @property
     def decode_tokens(self) -> int:
@@ -332,9 +346,49 @@ def prepare_loads(arrays: RoutingArrays, moe_layers: list[int] | tuple[int, ...]
     it holds.
 
     ``expert_bytes`` is indexed by model layer (as ``Trace.expert_bytes``). Rows need not come
-    from a valid trace: duplicate ids inside a routing are replayed as repeats.
+    from a valid trace: duplicate ids inside a routing are replayed as repeats. Batches must come
+    in order, each of one phase (every valid trace's do; a :class:`Loads` holds a batch's loads
+    consecutively and a load's phase is its batch's): anything else is refused.
     """
+    moe_layers, lidx, leb = _routing_checked(arrays, moe_layers, n_expert, expert_bytes)
+    experts, layer, batch = arrays.experts, arrays.layer, arrays.batch
+    wide = len(moe_layers) * int(n_expert) > np.iinfo(np.int32).max
+    idt = np.int64 if wide else np.int32
+    entries = np.ascontiguousarray(experts.astype(idt, copy=True))
+    entries += lidx[:, None] * idt(n_expert)
+    entries = np.ascontiguousarray(entries, dtype=np.int32)
+    R = batch.shape[0]
+    if R and (batch[1:] < batch[:-1]).any():
+        raise UserError("routing rows go back to an earlier batch; a replay needs rows in (batch, layer, step) order")
+    bchange = np.ones(R, dtype=bool)
+    bchange[1:] = batch[1:] != batch[:-1]
+    if R and (~bchange[1:] & (arrays.phase[1:] != arrays.phase[:-1])).any():
+        raise UserError("a batch mixes prefill and decode rows; a replay needs one phase per batch")
+    change = bchange.copy()
+    change[1:] |= layer[1:] != layer[:-1]
+    starts = np.flatnonzero(change)
+    load_start = np.append(starts, R).astype(np.int64)
+    bfirst = np.flatnonzero(bchange)
+    batch_start = np.append(np.flatnonzero(bchange[starts]), starts.shape[0]).astype(np.int64)
+    batch_tokens = np.zeros(bfirst.shape[0], dtype=np.int32)
+    if R:  # loads come in batch order: one reduceat over each batch's loads
+        batch_tokens = np.maximum.reduceat(np.diff(load_start), batch_start[:-1]).astype(np.int32)
+    return Loads(
+        entries=entries, load_start=load_start, load_lidx=lidx[starts].astype(np.int16), batch_start=batch_start,
+        moe_layers=moe_layers, n_expert=int(n_expert), layer_expert_bytes=leb,
+        batch_turn=arrays.turn[bfirst].astype(np.int32), batch_step=arrays.step[bfirst].astype(np.int32),
+        batch_phase=arrays.phase[bfirst].astype(np.int8), batch_tokens=batch_tokens,
+    )
+
+
+def _routing_checked(arrays: RoutingArrays, moe_layers: list[int] | tuple[int, ...], n_expert: int,
+                     expert_bytes: np.ndarray) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
+    """What the kernels cannot check per slot, refused in words: a layer that is not a MoE layer,
+    a MoE layer without expert bytes, an expert id out of range. Returns the MoE layers, each
+    row's MoE layer index and each MoE layer's expert bytes."""
     moe_layers = tuple(int(x) for x in moe_layers)
+    if len(moe_layers) > MAX_MOE_LAYERS:
+        raise UserError(f"{len(moe_layers):,} MoE layers; a replay holds at most {MAX_MOE_LAYERS:,} (int16 layer indexes)")
     # Narrow dtypes throughout (int32 entries and layer indexes, comparisons instead of int64
     # diffs): a part of a large trace is prepared with a few bytes per row of temporaries.
     wide = len(moe_layers) * int(n_expert) > np.iinfo(np.int32).max
@@ -355,38 +409,11 @@ def prepare_loads(arrays: RoutingArrays, moe_layers: list[int] | tuple[int, ...]
     if experts.size and (experts.min() < 0 or experts.max() >= n_expert):
         # The kernels index state by entry without bounds checks: an id out of range must not reach them.
         raise UserError(f"routing rows name an expert outside 0..{n_expert - 1}")
-    entries = np.ascontiguousarray(experts.astype(idt, copy=True))
-    entries += lidx[:, None] * idt(n_expert)
-    entries = np.ascontiguousarray(entries, dtype=np.int32)
-    batch = arrays.batch
-    R = batch.shape[0]
-    bchange = np.ones(R, dtype=bool)
-    bchange[1:] = batch[1:] != batch[:-1]
-    change = bchange.copy()
-    change[1:] |= layer[1:] != layer[:-1]
-    starts = np.flatnonzero(change)
-    load_start = np.append(starts, R).astype(np.int64)
-    bfirst = np.flatnonzero(bchange)
-    if R and (batch[1:] >= batch[:-1]).all():  # batches in order (every valid trace): number them by their changes
-        binv = np.cumsum(bchange, dtype=np.int64) - 1
-        n_batches = int(binv[-1]) + 1
-    else:
-        ub, binv = np.unique(batch, return_inverse=True)
-        n_batches = len(ub)
-        bfirst = bfirst if R else np.zeros(0, dtype=np.int64)
-    load_batch = binv.reshape(-1)[starts].astype(np.int32)
-    batch_tokens = np.zeros(n_batches, dtype=np.int32)
-    if R:  # loads come in batch order: one reduceat over each batch's loads
-        first_load = np.flatnonzero(np.r_[True, np.diff(load_batch) != 0])
-        batch_tokens = np.maximum.reduceat(np.diff(load_start), first_load).astype(np.int32)
-    return Loads(
-        entries=entries, load_start=load_start, load_lidx=lidx[starts].astype(np.int32),
-        load_phase=arrays.phase[starts].astype(np.int8), load_batch=load_batch,
-        moe_layers=moe_layers, n_expert=int(n_expert), layer_expert_bytes=leb,
-        batch_turn=arrays.turn[bfirst].astype(np.int32), batch_step=arrays.step[bfirst].astype(np.int32),
-        batch_phase=arrays.phase[bfirst].astype(np.int8), batch_tokens=batch_tokens,
-    )
+    return moe_layers, lidx, leb
 
+
+# Loads.load_lidx is int16 (0..MAX_MOE_LAYERS - 1; the format's layer column is int16 too).
+MAX_MOE_LAYERS = int(np.iinfo(np.int16).max) + 1
 
 # Bytes of replay state per (layer, expert) entry: the driver's int32 field rows (cache_state.N_ENT),
 # a policy's int64 rows, entry bytes and group; two replays may be alive at once (a what-if and its
@@ -405,6 +432,8 @@ def check_state_fits(trace: Trace) -> None:
     if L * n > np.iinfo(np.int32).max:
         raise UserError(f"{what} = {L * n:,} (layer, expert) entries, more than the replay's int32 entry ids hold "
                         f"({np.iinfo(np.int32).max:,}).")
+    if L > MAX_MOE_LAYERS:
+        raise UserError(f"{what}: more MoE layers than the replay's int16 layer indexes hold ({MAX_MOE_LAYERS:,}).")
 
 
 # The columns a replay reads (never weights, request, token or the recorded ones).
@@ -453,17 +482,18 @@ def iter_load_parts(trace: Trace, chunk_rows: int | None = None) -> Iterator[Loa
             gb = done
             if chunk_rows:
                 gb = max(ga + 1, min(done, int(np.searchsorted(ls[:done + 1], ls[ga] + chunk_rows, side="right")) - 1))
-            lp, b_first = _slice_loads(trace, buf, ga, gb)
+            lp, b_first, b_last = _slice_loads(trace, buf, ga, gb, int(at[AT_BATCHES]))
             gfirst = gbatch0 + b_first
             yield LoadPart(lp, row0 + int(ls[ga]), load0 + ga, gfirst, prev_gbatch is not None and gfirst == prev_gbatch)
-            prev_gbatch = gbatch0 + int(buf.load_batch[gb - 1])
+            prev_gbatch = gbatch0 + b_last
             ga = gb
         if not last_part and done > 0:  # the held-back load becomes load 0 (and its batch batch 0)
             s, n = int(ls[done]), int(at[AT_ROWS]) - int(ls[done])
             buf.entries[:n] = buf.entries[s:s + n].copy()
-            b = int(buf.load_batch[done])
+            b = int(at[AT_BATCHES]) - 1  # the last load's batch is the last batch
             buf.load_start[0] = 0
-            buf.load_lidx[0], buf.load_phase[0], buf.load_batch[0] = buf.load_lidx[done], buf.load_phase[done], 0
+            buf.load_lidx[0] = buf.load_lidx[done]
+            buf.batch_start[0] = 0
             buf.batch_turn[0], buf.batch_step[0] = buf.batch_turn[b], buf.batch_step[b]
             buf.batch_phase[0], buf.batch_tokens[0] = buf.batch_phase[b], buf.batch_tokens[b]
             row0, load0, gbatch0 = row0 + s, load0 + done, gbatch0 + b
@@ -475,7 +505,7 @@ def _cut_parts(trace: Trace, buf: _CutBuffers, at: np.ndarray, stream: bool) -> 
     pending, and cut them into ``buf`` after what ``at`` says it holds, in one pass
     (:func:`replay.core.loads.cut_loads`); yields after each part whether it was the last.
     ``stream``: ``buf`` holds a part (grown to fit each, keeping what it holds), not the whole trace."""
-    from replay.core.loads import AT_ROWS, CUT_OK, CUT_ROWS, CUT_UNSORTED, cut_loads
+    from replay.core.loads import AT_ROWS, CUT_OK, CUT_PHASE, CUT_ROWS, CUT_UNSORTED, cut_loads, new_lay_last
     from traces.io.reader import RowChecker
 
     checker = RowChecker(trace) if trace.rows_pending else None
@@ -487,6 +517,7 @@ def _cut_parts(trace: Trace, buf: _CutBuffers, at: np.ndarray, stream: bool) -> 
     lidx_of = np.full(max(trace.moe_layers, default=0) + 1, -1, dtype=np.int32)
     lidx_of[trace.moe_layers] = np.arange(len(trace.moe_layers), dtype=np.int32)
     no_weights = _readonly(np.zeros((0, trace.top_k), np.float32))
+    lay_last = new_lay_last(trace.n_layer)  # the gate's step state (one request), carried from part to part
     n_parts = len(trace.parts)
     n_expert, by_rank = int(trace.n_expert), bool(checker.by_rank) if checker is not None else False
     for i, t in enumerate(trace.iter_tables(columns, read_ahead=True)):
@@ -500,22 +531,31 @@ def _cut_parts(trace: Trace, buf: _CutBuffers, at: np.ndarray, stream: bool) -> 
             checker.check(trace.parts[i], t)
 
         cols = (c["turn"], c["batch"], c["phase"], c["step"], c["layer"], c["experts"], w, lidx_of, n_expert)
-        outs = (at, buf.entries, buf.load_start, buf.load_lidx, buf.load_phase, buf.load_batch, buf.batch_turn,
-                buf.batch_step, buf.batch_phase, buf.batch_tokens)
-        status = int(cut_loads(*cols, gate, moe, by_rank, *outs))
+        outs = (at, buf.entries, buf.load_start, buf.load_lidx, buf.batch_start, buf.batch_turn, buf.batch_step,
+                buf.batch_phase, buf.batch_tokens)
+        lay_before = lay_last.copy() if gate else lay_last
+        status = int(cut_loads(*cols, gate, moe, by_rank, lay_last, *outs))
         if status == CUT_ROWS:
-            checker.check(trace.parts[i], t)  # type: ignore[union-attr]  # its own sentence, or (the gate was stricter) on
-            status = int(cut_loads(*cols, False, moe, by_rank, *outs))
+            # The checker's own sentence, from the step state before this part; or (the gate was
+            # stricter) on, the step state the checker carried past it.
+            checker.req_last = {(0, int(l)): (int(lay_before[l, 0]), int(lay_before[l, 1]))  # type: ignore[union-attr]
+                                for l in np.flatnonzero(lay_before[:, 0] >= 0)}
+            checker.check(trace.parts[i], t)  # type: ignore[union-attr]
+            lay_last = new_lay_last(trace.n_layer)
+            for (_, l), (s, tu) in checker.req_last.items():  # type: ignore[union-attr]
+                lay_last[l] = s, tu
+            status = int(cut_loads(*cols, False, moe, by_rank, lay_last, *outs))
         elif gate:
             checker.passed(trace.parts[i], t)  # type: ignore[union-attr]
         if status != CUT_OK:
-            # Only rows never checked (a trace opened with check_rows=False) get here: prepare_loads
-            # refuses a layer or an expert out of range in its own words.
-            prepare_loads(RoutingArrays(turn=c["turn"], batch=c["batch"], phase=c["phase"], step=c["step"], layer=c["layer"],
-                                        experts=c["experts"], weights=np.empty((t.num_rows, 0), np.float32)),
-                          trace.moe_layers, trace.n_expert, trace.expert_bytes)
-            what = "rows go back to an earlier batch" if status == CUT_UNSORTED else f"rows the replay cannot cut (status {status})"
-            raise UserError(f"{trace.parts[i]}: {what}; a replay needs rows in (batch, layer, step) order.")
+            # Only rows never checked (a trace opened with check_rows=False) get here: a layer or an
+            # expert out of range is refused in prepare_loads' words, anything else in this part's.
+            _routing_checked(RoutingArrays(turn=c["turn"], batch=c["batch"], phase=c["phase"], step=c["step"], layer=c["layer"],
+                                           experts=c["experts"], weights=np.empty((t.num_rows, 0), np.float32)),
+                             trace.moe_layers, trace.n_expert, trace.expert_bytes)
+            what = {CUT_UNSORTED: "rows go back to an earlier batch", CUT_PHASE: "a batch mixes prefill and decode rows"}.get(
+                status, f"rows the replay cannot cut (status {status})")
+            raise UserError(f"{trace.parts[i]}: {what}; a replay needs rows in (batch, layer, step) order, one phase per batch.")
         del t, c, w, cols
         if i == 0:
             _layer_bytes(trace)
@@ -541,14 +581,14 @@ def _column_numpy(col: Any) -> np.ndarray:
     return col.to_numpy()
 
 
-_CUT_FIELDS = (("entries", np.int32, 1), ("load_start", np.int64, 1), ("load_lidx", np.int32, 0), ("load_phase", np.int8, 0),
-               ("load_batch", np.int32, 0), ("batch_turn", np.int32, 0), ("batch_step", np.int32, 0),
-               ("batch_phase", np.int8, 0), ("batch_tokens", np.int32, 0))
+_CUT_FIELDS = (("entries", np.int32, 1), ("load_start", np.int64, 1), ("load_lidx", np.int16, 0), ("batch_start", np.int64, 1),
+               ("batch_turn", np.int32, 0), ("batch_step", np.int32, 0), ("batch_phase", np.int8, 0),
+               ("batch_tokens", np.int32, 0))
 
 
 class _CutBuffers:
     """The arrays :func:`replay.core.loads.cut_loads` writes loads into: room for ``rows`` rows
-    and as many loads and batches (``load_start`` one more). :func:`loads_of` sizes them once for
+    and as many loads and batches (``load_start`` and ``batch_start`` one more). :func:`loads_of` sizes them once for
     the whole trace; :func:`iter_load_parts` reuses them from part to part (grown when a part is
     longer: new arrays, so a piece handed out before stays valid until the next is asked for)."""
 
@@ -563,9 +603,9 @@ class _CutBuffers:
 
         if rows <= self.rows:
             return
-        keep = {"entries": 0, "load_start": 0, "load": 0, "batch": 0} if at is None else \
+        keep = {"entries": 0, "load_start": 0, "load": 0, "batch_start": 0, "batch": 0} if at is None else \
             {"entries": int(at[AT_ROWS]), "load_start": int(at[AT_LOADS]) + 1, "load": int(at[AT_LOADS]),
-             "batch": int(at[AT_BATCHES])}
+             "batch_start": int(at[AT_BATCHES]) + 1, "batch": int(at[AT_BATCHES])}
         for name, dt, extra in _CUT_FIELDS:
             shape = (rows, self.k) if name == "entries" else (rows + extra,)
             new = np.empty(shape, dt)
@@ -584,20 +624,23 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return v
 
 
-def _slice_loads(trace: Trace, buf: _CutBuffers, ga: int, gb: int) -> tuple[Loads, int]:
-    """Loads ``ga:gb`` of ``buf`` as a :class:`Loads` of their own (views, renumbered from 0 where
-    they do not start at 0), and the buffer's number of their first batch."""
+def _slice_loads(trace: Trace, buf: _CutBuffers, ga: int, gb: int, n_batch: int) -> tuple[Loads, int, int]:
+    """Loads ``ga:gb`` of ``buf`` (which holds ``n_batch`` batches) as a :class:`Loads` of their
+    own (views, renumbered from 0 where they do not start at 0), and the buffer's numbers of their
+    first and last batch."""
     ls = buf.load_start[ga:gb + 1]
     r_a, r_b = int(ls[0]), int(ls[-1])
-    b_a, b_b = int(buf.load_batch[ga]), int(buf.load_batch[gb - 1]) + 1
-    lb = buf.load_batch[ga:gb]
+    bs = buf.batch_start[:n_batch + 1]
+    b_a = int(np.searchsorted(bs, ga, side="right")) - 1  # the batch of load ga
+    b_b = int(np.searchsorted(bs, gb - 1, side="right"))  # one past the batch of load gb - 1
+    # A batch cut by the slice starts at its first load here and ends at its last.
+    starts = np.clip(bs[b_a:b_b + 1], ga, gb) - ga
     loads = Loads(entries=buf.entries[r_a:r_b], load_start=ls - r_a if r_a else ls, load_lidx=buf.load_lidx[ga:gb],
-                  load_phase=buf.load_phase[ga:gb], load_batch=lb - np.int32(b_a) if b_a else lb,
-                  moe_layers=tuple(int(x) for x in trace.moe_layers), n_expert=trace.n_expert,
+                  batch_start=starts, moe_layers=tuple(int(x) for x in trace.moe_layers), n_expert=trace.n_expert,
                   layer_expert_bytes=_layer_bytes(trace), batch_turn=buf.batch_turn[b_a:b_b],
                   batch_step=buf.batch_step[b_a:b_b], batch_phase=buf.batch_phase[b_a:b_b],
                   batch_tokens=buf.batch_tokens[b_a:b_b])
-    return loads, b_a
+    return loads, b_a, b_b - 1
 
 
 def _grow(a: np.ndarray, n: int) -> np.ndarray:
@@ -609,7 +652,7 @@ def _grow(a: np.ndarray, n: int) -> np.ndarray:
 def loads_of(trace: Trace, chunk_rows: int | None = None) -> Loads:
     """The whole trace's :class:`Loads`: each part read, checked (where pending) and cut in one pass
     straight into arrays allocated once for the whole trace (a load or batch that runs on across
-    parts just goes on; peak: the result, about 17 bytes per load + 4 x top_k per routing row, plus
+    parts just goes on; peak: the result, 10 bytes per load + 4 x top_k per routing row + 21 per batch, plus
     one part's columns). ``chunk_rows`` is accepted for :func:`iter_load_parts`' callers and changes nothing."""
     from replay.core.loads import AT_BATCHES, AT_LOADS, AT_ROWS, new_at
 
@@ -621,9 +664,11 @@ def loads_of(trace: Trace, chunk_rows: int | None = None) -> Loads:
     R, G, B = int(at[AT_ROWS]), int(at[AT_LOADS]), int(at[AT_BATCHES])
     if R == 0:
         buf.load_start[0] = 0
+    if B == 0:
+        buf.batch_start[0] = 0
     return Loads(
         entries=_grow(buf.entries, R), load_start=_grow(buf.load_start, G + 1), load_lidx=_grow(buf.load_lidx, G),
-        load_phase=_grow(buf.load_phase, G), load_batch=_grow(buf.load_batch, G), moe_layers=tuple(int(x) for x in trace.moe_layers),
+        batch_start=_grow(buf.batch_start, B + 1), moe_layers=tuple(int(x) for x in trace.moe_layers),
         n_expert=trace.n_expert, layer_expert_bytes=_layer_bytes(trace), batch_turn=_grow(buf.batch_turn, B),
         batch_step=_grow(buf.batch_step, B), batch_phase=_grow(buf.batch_phase, B), batch_tokens=_grow(buf.batch_tokens, B),
     )
@@ -779,7 +824,7 @@ def _driver_args(loads: Loads, pm, budget: int, seed: int, slots: bool, drop: np
     drop = np.zeros((0, k), np.uint8) if drop is None else np.ascontiguousarray(drop, np.uint8)
     pred = np.zeros((0, 1), np.int32) if pred is None else np.ascontiguousarray(pred, np.int32)
     layer_info = np.stack([group[::loads.n_expert], loads.layer_expert_bytes]).T.astype(np.int64).copy()
-    args = (loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, loads.load_batch, layer_info, nxt, ent, grp,
+    args = (loads.entries, loads.load_start, loads.load_lidx, loads.batch_start, loads.batch_phase, layer_info, nxt, ent, grp,
             ps, acc, bacc, stats, slot_out, drop, pred, opts, np.zeros((pred.shape[0] if fills else 0, pred.shape[1]), np.int8))
     return args, stats, slot_out
 

@@ -96,8 +96,8 @@ def _shell(trace: Trace) -> Loads:
     if (leb <= 0).any():
         raise UserError("a MoE layer has no expert_bytes > 0; the replay would report a free layer as hits")
     z32, z8 = np.zeros(0, np.int32), np.zeros(0, np.int8)
-    return Loads(entries=np.zeros((0, k), np.int32), load_start=np.zeros(1, np.int64), load_lidx=z32, load_phase=z8,
-                 load_batch=z32, moe_layers=tuple(int(x) for x in trace.moe_layers), n_expert=trace.n_expert,
+    return Loads(entries=np.zeros((0, k), np.int32), load_start=np.zeros(1, np.int64), load_lidx=np.zeros(0, np.int16),
+                 batch_start=np.zeros(1, np.int64), moe_layers=tuple(int(x) for x in trace.moe_layers), n_expert=trace.n_expert,
                  layer_expert_bytes=leb, batch_turn=z32, batch_step=z32, batch_phase=z8, batch_tokens=z32)
 
 
@@ -183,7 +183,7 @@ def replay_stream(trace: Trace, cells: list[tuple[str, float]], seed: int = 0, c
                 opts[OPT_LOAD0] = part.load0
                 opts[OPT_BATCH0] = 0 if part.continues else -1
                 t0 = time.perf_counter()
-                run_kernel(st["kern"], (lp.entries, lp.load_start, lp.load_lidx, lp.load_phase, lp.load_batch,
+                run_kernel(st["kern"], (lp.entries, lp.load_start, lp.load_lidx, lp.batch_start, lp.batch_phase,
                                         st["layer_info"], nxt if st["pm"].NEEDS_NEXT_USE else empty_next, st["ent"],
                                         st["grp"], st["ps"], st["acc"], bacc, stats, slot_out, drop, pred, opts,
                                         np.zeros((0, 1), np.int8)),
@@ -218,8 +218,8 @@ def replay_stream(trace: Trace, cells: list[tuple[str, float]], seed: int = 0, c
     def cat(xs: list[np.ndarray], dt: type) -> np.ndarray:
         return np.concatenate(xs).astype(dt, copy=False) if xs else np.zeros(0, dt)
 
-    loads = Loads(entries=shell.entries, load_start=shell.load_start, load_lidx=shell.load_lidx, load_phase=shell.load_phase,
-                  load_batch=shell.load_batch, moe_layers=shell.moe_layers, n_expert=shell.n_expert,
+    loads = Loads(entries=shell.entries, load_start=shell.load_start, load_lidx=shell.load_lidx,
+                  batch_start=shell.batch_start, moe_layers=shell.moe_layers, n_expert=shell.n_expert,
                   layer_expert_bytes=shell.layer_expert_bytes, batch_turn=cat(batches["turn"], np.int32),
                   batch_step=cat(batches["step"], np.int32), batch_phase=cat(batches["phase"], np.int8),
                   batch_tokens=cat(batches["tokens"], np.int32))
@@ -247,7 +247,10 @@ def stream_memory_bytes(trace: Trace, n_cells: int = 1) -> dict[str, int]:
     L, n = len(trace.moe_layers), trace.n_expert
     part = max(trace.part_rows, default=0) * (PART_BYTES_PER_ROW + PART_BYTES_PER_SLOT * k)
     state = n_cells * (N_ENT * 4 * row_length(L * n) + 2 * 8 * L * n)
-    loads = R * (4 * k + 17)  # entries int32 [R, k]; per load (<= one per row) int64 start + int32 layer + int8 phase + int32 batch
+    # entries int32 [R, k]; per load (<= one per row) int64 start + int16 layer (10 B), per batch an int64
+    # start (8 B, batches below): 17 B per row kept from the wider layout before (so `info`'s figure
+    # stays put), which covers 10 + 8 / L for L >= 2 MoE layers (for one layer, 1 B per row short)
+    loads = R * (4 * k + 17)
     batches = R // max(L, 1) + 1  # at most one batch per token routed at every MoE layer
     # per-batch totals: per part, then joined at the end (twice, for a moment); 13 B of batch keys
     per_batch = 2 * n_cells * batches * BATCH_BYTES + batches * 13

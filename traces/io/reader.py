@@ -520,12 +520,9 @@ class RowChecker:
 
     def passed(self, part: Path, t: pa.Table) -> None:
         """Advance past a part another check (the row gate fused into :func:`replay.core.loads.cut_loads`) found valid, only for
-        :attr:`simple` traces; the per-layer step order, which that check does not carry from batch to
-        batch, is checked here."""
-        try:
-            _check_requests(t, self.offset, self.req_last, False)
-        except ValueError as e:
-            raise _fail(part, str(e)) from None
+        :attr:`simple` traces. That gate carries the step rules (each layer's last step and turn)
+        itself: :attr:`req_last` is not kept here, and a caller that runs :meth:`check` after the
+        gate sets it from the gate's state first."""
         n = t.num_rows
         if n:
             cols = [t.column(c)[n - 1].as_py() for c in ("batch", "layer", "step", "phase")]
