@@ -528,7 +528,7 @@ def _driver(entries, load_start, load_lidx, batch_start, batch_phase, layer_info
                 stats[STAT_SPEC_UNUSED_END] += 1
 
 
-def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = True):
+def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = True, checked: bool = False):
     """Compile the driver for one policy module, its hooks inlined.
 
     The driver's code object is rebound to globals holding this policy's hooks (no closure: a
@@ -540,6 +540,10 @@ def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = Tr
     ``drop`` and ``pred``, and with ``slots=False`` also ``slot_out`` (the per-slot codes are
     compiled out; a what-if kernel keeps the run-time choice). Branches and live arrays that a
     variant does not need cost registers in the slot loop: measured 15-20% on the LRU benchmark.
+    ``checked`` (a user's plugin policy): every array index in the kernel, the inlined hooks' too,
+    is bounds-checked (Numba's ``boundscheck``), so a hook indexing past a state ``init`` made too
+    short raises IndexError instead of writing outside the array (a crash, or silently wrong
+    figures); the built-ins, tested against their naive twins, run unchecked.
     """
     resolve()  # Numba itself, and every helper the driver and hooks read as a dispatcher (traces.util.jit)
     g = dict(_driver.__globals__)
@@ -550,14 +554,14 @@ def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = Tr
              KEEP_LAST_LOAD=bool(getattr(pm, "NEEDS_LAST_LOAD", True)), WHATIF=bool(whatif),
              SLOTS=bool(slots or whatif), NEXT_USE_COL=bool(pm.NEEDS_NEXT_USE),
              KEEP_BATCH=bool(getattr(pm, "NEEDS_BATCH", False)))
-    variant = "_whatif" if whatif else ("_slots" if slots else "")
+    variant = ("_whatif" if whatif else ("_slots" if slots else "")) + ("_checked" if checked else "")
     qual = f"replay_kernel_{re.sub(r'[^A-Za-z0-9_]', '_', name)}{variant}_{_source_hash(pm)}"
     f = FunctionType(_driver.__code__, g, qual, _driver.__defaults__, None)
     f.__qualname__ = qual
     f.__doc__ = _driver.__doc__
     import numba
 
-    return numba.njit(cache=True, nogil=True, _nrt=False)(f)
+    return numba.njit(cache=True, nogil=True, _nrt=False, boundscheck=bool(checked))(f)
 
 
 def freq_since(pm: ModuleType) -> str:
