@@ -28,7 +28,8 @@ cap_t = the most bytes whole entries can fill in max(0, C - bytes(U_t)) (compute
 MoE layers have one or two expert sizes, as every trace here has; with more, that room itself, a
 looser but still valid cap), and a replay's hits are sum x_i plus the always-hits (first lookups
 miss). Relaxing x_i to [0, 1] gives a linear program whose optimum is >= the best replay in P
-(with one size it is integral: the optimum itself, which ``belady`` reaches); its constraint matrix is an
+(with one size it is integral: the optimum itself; ``belady`` reaches it when every lookup is of
+one phase, see below); its constraint matrix is an
 interval matrix, so it is a min-cost flow (FOO): nodes 0..G (G loads), for each load t an idle arc
 t -> t+1 (capacity C, cost 0) and a forced arc t -> t+1 (capacity C - cap_t, cost -M per byte),
 for each interval an arc a+1 -> b (capacity size_i, cost -w_i / size_i per byte), and C bytes sent
@@ -54,7 +55,10 @@ Objectives and figures. Hits are bounded per phase, each by its own LP (weight w
 intervals that end in a lookup of that phase, 0 on the others, which are left out of the graph):
 ``hits_decode`` and the prefill hits are each a bound; ``hits`` (all phases) is their sum, a bound
 too (a replay's prefill and decode hits are each at most theirs), possibly looser than one LP over
-all phases would be.
+all phases would be. So with one expert size ``belady`` (which maximizes hits over all phases) equals
+the bound in every phase only when the lookups are all of one phase: with both it may give up a
+prefill hit for a decode hit or the other way round, and each phase's bound counts the best of
+each (tests/test_opt_bound.py has such a trace).
 The per-layer and per-batch split and the bytes read follow the flow's solution (lookups are
 exact; each phase's hits apportioned to layers by largest remainder): ``read_mib`` = the misses so
 split times their layer's size is NOT a lower bound on bytes read (a replay may trade hits of a
