@@ -128,7 +128,18 @@ def test_policy_plugin_that_does_not_compile_names_its_file(tmp_path, synth_trac
     src = FIFO_SRC.replace('NAME = "fifo"', 'NAME = "fifo-typo"').replace("pass  # a hit", "ps[e] = undefined_name  # a hit")
     p = _write(tmp_path, "typo_policy.py", src)
     r = run_cli("cache", t, "--policy-file", p, "--policies", "fifo-typo", "--budgets", "1")
-    assert_one_sentence_error(r, str(p), "does not compile with Numba")
+    line = 1 + src.splitlines().index(next(ln for ln in src.splitlines() if "undefined_name" in ln))
+    # the underlying error at its line, in one sentence: not Numba's "Failed in nopython mode pipeline"
+    assert_one_sentence_error(r, f"{p}, line {line}: ", "does not compile with Numba: NameError: name 'undefined_name' is "
+                              "not defined.")
+    assert "nopython" not in r.err and "During:" not in r.err
+    # a typing error: the operation Numba could not type, at its line
+    src = FIFO_SRC.replace('NAME = "fifo"', 'NAME = "fifo-str"').replace("pass  # a hit", "ps[e] = 'a string'  # a hit")
+    p = _write(tmp_path, "str_policy.py", src)
+    r = run_cli("cache", t, "--policy-file", p, "--policies", "fifo-str", "--budgets", "1")
+    assert_one_sentence_error(r, f"{p}, line {line}: ", "does not compile with Numba: No implementation of function",
+                              "setitem(")
+    assert "nopython" not in r.err
 
 
 def test_missing_or_failing_plugin_file(tmp_path, synth_trace_dir):
