@@ -194,7 +194,7 @@ def retain_text(frame: pl.DataFrame, policies: list[str], budgets_mib: list[floa
            "tables above are WITH retention; change against the same replay without it, in points"]
     for field, title in (("retain_gain_pp_decode", "decode-only"), ("retain_gain_pp_cum", "cumulative (prefill included)")):
         rows = [{"budget": exact(float(b)), **{p: cell[(p, b)][field] for p in policies}} for b in budgets_mib]
-        out += [title, text_table(rows, ["budget", *policies], ["budget_mib", *policies], digits=PRECISION["pp"])]
+        out += [title, text_table(rows, ["budget", *policies], [header_for("budget_mib"), *policies], digits=PRECISION["pp"])]
     if overall and "retain_vs_no_retain" in overall[0]:
         from replay.analyses.paired import signed, tie_text
 

@@ -80,6 +80,11 @@ def _pct_or_dash(v) -> str:
     return "-" if v is None else f"{'+' if v >= 0 else ''}{fmt_q(v, 'pct')}%"
 
 
+def signed_pct(v) -> str:
+    """A signed difference in percent, printed with its sign and unit: "+2.0%", "-3.2%" ("-": none)."""
+    return _pct_or_dash(v)
+
+
 def _describe(path: str, best, cands) -> str:
 
     bw = best.bandwidth_mib_s

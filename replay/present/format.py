@@ -138,8 +138,9 @@ def cell(column: str, v: Any, digits: int | dict[str, int] | None = None) -> str
 def text_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], headers: Sequence[str] | None = None,
                digits: int | dict[str, int] | None = None) -> str:
     """A plain, right-aligned table an engine author can paste into an issue. Cells are formatted
-    by ``cell`` (parameters exactly, figures at their quantity's precision unless ``digits`` says)."""
-    headers = list(headers or columns)
+    by ``cell`` (parameters exactly, figures at their quantity's precision unless ``digits`` says).
+    ``headers`` default: each column's human header (``HEADERS``), never the key."""
+    headers = list(headers or [header_for(c) for c in columns])
     cells = [[cell(c, r.get(c), digits) for c in columns] for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in cells)) if cells else len(h) for i, h in enumerate(headers)]
     line = "  ".join(h.rjust(w) for h, w in zip(headers, widths))
