@@ -134,6 +134,7 @@ def _check_budget_row(trace, b, cost):
     """The budget answer's figures are the cache verb's at the chosen and the largest tested budget, each
     the best within-budget online policy there on the measure (ms/token under the cost model)."""
     assert b["measure"] == "ms_per_token"  # a cost model is present: the budget is judged on time
+    assert [x["budget_mib"] for x in b["by_budget"]][-1] == b["largest_mib"]
     assert b["budget_mib"] <= b["largest_mib"] and b["budgets_tested"] >= 2
     cells = _ok(run_cli("cache", trace, "--policies", ",".join(_compared(trace)), "--budgets",
                         f"{exact(b['budget_mib'])},{exact(b['largest_mib'])}", "--cost-model", cost, "--json")).json()["rows"]
@@ -328,6 +329,9 @@ def test_which_budget_is_the_smallest_within_noise_of_the_largest_and_each_doubl
     assert [(d["from_mib"], d["to_mib"], d["call"]) for d in r["doublings"]] == [
         (100.0, 200.0, "better"), (200.0, 400.0, "better"), (400.0, 800.0, "tie")]
     assert abs(r["doublings"][0]["delta"] - 30.0) < 1.5 and r["doublings"][0]["ci_low"] > 0
+    # the section's evidence: every tested budget against the largest
+    assert [(x["budget_mib"], x["call"]) for x in r["by_budget"]] == [(100.0, "worse"), (200.0, "worse"), (400.0, "tie"),
+                                                                        (800.0, None)]
     line = budget_line(r)
     assert line.startswith("Budget: **400 MiB**, the smallest of 4 tested within noise of the largest (800 MiB) on decode hit %")
     assert "100 → 200 MiB +" in line and "400 → 800 MiB +0.0 points [+0.0, +0.0] (tie)" in line

@@ -49,7 +49,9 @@ def which_budget(cells: list[dict[str, Any]], series: dict[tuple[str, float], De
     ``ci_high`` (chosen minus largest: decode hit points, or ms per decoded token) and
     ``vs_largest`` (better | worse | tie), and ``doublings`` (one dict per step: ``from_mib``,
     ``to_mib``, ``delta`` / ``ci_low`` / ``ci_high``, the larger budget's best minus the smaller's,
-    and ``call``). None with fewer than two budgets where some online policy stays within budget."""
+    and ``call``), and ``by_budget`` (every tested budget's best against the largest's: ``budget_mib``,
+    ``policy``, ``value``, ``delta``, ``ci_low``, ``ci_high``, ``call``: the section's evidence). None
+    with fewer than two budgets where some online policy stays within budget."""
     timed = model is not None
     value = "ms_per_token" if timed else "hit_pct_decode"
     overall = [r for r in cells if r.get("layer") is None]
@@ -82,8 +84,12 @@ def which_budget(cells: list[dict[str, Any]], series: dict[tuple[str, float], De
         steps.append({"from_mib": lo, "to_mib": hi, "delta": _f(s.delta), "ci_low": _f(s.low), "ci_high": _f(s.high),
                       "call": call(s, higher_is_better=not timed)})
     dec = best[chosen]
+    by_budget = [{"budget_mib": b, "policy": best[b]["policy"], "value": best[b]["best"][value],
+                  "delta": _f(vs_top[b].delta) if b in vs_top else 0.0, "ci_low": _f(vs_top[b].low) if b in vs_top else None,
+                  "ci_high": _f(vs_top[b].high) if b in vs_top else None, "call": calls.get(b)} for b in budgets]
     return {"kind": "budget", "budget_mib": chosen, "largest_mib": top, "budgets_tested": len(budgets), "measure": value,
             "policy": dec["policy"], "policy_text": dec["text"], "tied_with": dec["tied"],
             "largest_policy": best[top]["policy"], "value": dec["best"][value], "largest_value": best[top]["best"][value],
             "delta": None if d is None else _f(d.delta), "ci_low": None if d is None else _f(d.low),
-            "ci_high": None if d is None else _f(d.high), "vs_largest": calls.get(chosen), "doublings": steps}
+            "ci_high": None if d is None else _f(d.high), "vs_largest": calls.get(chosen), "doublings": steps,
+            "by_budget": by_budget}

@@ -526,6 +526,23 @@ def section_cache(ctx: ReportContext) -> Section:
                                    "tied_with_best", "belady_hit_pct_decode", "gap_to_belady_pp", "infinite_hit_pct_decode",
                                    "over_budget_excluded"],
                           marks={"belady_hit_pct_decode": [bool(r["belady_over_budget"]) for r in gap_rows]}))
+    ans = ctx.shared["budget_answer"]
+    if ans is not None:  # the evidence of the verdict's budget line: every tested budget's best against the largest's
+        timed = ans["measure"] == "ms_per_token"
+        unit = "ms/token" if timed else "points"
+        s.tables.append(Table(
+            "budget_choice", pl.DataFrame(ans["by_budget"]),
+            f"which budget: each tested budget's best within-budget online policy against the best at the largest "
+            f"({exact(ans['largest_mib'])} MiB), on {'ms/token under the cost model' if timed else 'decode hit %'}; the "
+            f"difference in {unit} with its paired 95% interval and the call (the verdict names the smallest budget "
+            "that, with every one above it, is within noise)",
+            columns=["budget_mib", "policy", "value", "delta", "ci_low", "ci_high", "call"],
+            headers={"value": "ms/token (decode)" if timed else "Hit % (decode)",
+                     "delta": f"Difference vs the largest ({unit})", "ci_low": "95% interval low",
+                     "ci_high": "95% interval high", "call": "Call (vs the largest)"},
+            digits={"value": digits_for("ms_per_token" if timed else "hit_pct_decode"),
+                    **{c: digits_for("ms_per_token" if timed else "delta_pp") for c in ("delta", "ci_low", "ci_high")}},
+            collapsed=True))
     cols = ["policy", "budget_mib", "hit_pct_decode", "hit_pct_cum", "read_mib", "peak_resident_mib", "overflow_loads",
             "over_budget"]
     if model is not None:
