@@ -532,10 +532,8 @@ def section_cache(ctx: ReportContext) -> Section:
         unit = "ms/token" if timed else "points"
         s.tables.append(Table(
             "budget_choice", pl.DataFrame(ans["by_budget"]),
-            f"which budget: each tested budget's best within-budget online policy against the best at the largest "
-            f"({exact(ans['largest_mib'])} MiB), on {'ms/token under the cost model' if timed else 'decode hit %'}; the "
-            f"difference in {unit} with its paired 95% interval and the call (the verdict names the smallest budget "
-            "that, with every one above it, is within noise)",
+            f"which budget: each budget's best against the largest's ({exact(ans['largest_mib'])} MiB), "
+            f"{'ms/token' if timed else 'decode hit %'}: difference ({unit}), paired 95% interval, call",
             columns=["budget_mib", "policy", "value", "delta", "ci_low", "ci_high", "call"],
             headers={"value": "ms/token (decode)" if timed else "Hit % (decode)",
                      "delta": f"Difference vs the largest ({unit})", "ci_low": "95% interval low",
