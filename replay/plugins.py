@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +27,40 @@ from traces.format.errors import UserError
 def where(mod: ModuleType) -> str:
     """The file a module came from (or its dotted name), for messages."""
     return getattr(mod, "__file__", None) or mod.__name__
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_HEADER = re.compile(r"^(Failed in \w+ mode pipeline|During:|Internal error at|There are \d+ candidate|Enable logging)")
+_NAME = re.compile(r"(?:NameError: name|Untyped global name) '([^']+)'")
+
+
+def numba_error(e: BaseException, path: str) -> tuple[int | None, str]:
+    """What a Numba compile error says, for a plugin at ``path``, reduced to (line, what): the
+    underlying error (NameError, a typing failure with its signature), not Numba's "Failed in
+    nopython mode pipeline" header; the line from the location Numba names in ``path``, else (a
+    name that is not defined: Numba gives no location) the first line of ``path`` that uses it."""
+    lines = [ln.strip() for ln in _ANSI.sub("", str(e)).splitlines()]
+    body = [ln for ln in lines if ln and not _HEADER.match(ln)]
+    what = body[0] if body else type(e).__name__
+    if what.endswith(":"):  # "No implementation of function ... found for signature:" then ">>> setitem(...)"
+        nxt = next((ln for ln in body[1:] if ln.startswith(">>>")), None)
+        what = what + " " + nxt.removeprefix(">>>").strip() if nxt else what.rstrip(":")
+    name = Path(path).name
+    line = None
+    for m in re.finditer(r'File "([^"]+)", line (\d+)|typing of .* at (\S+) \((\d+)\)', "\n".join(lines)):
+        f, n = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+        if Path(f).name == name:
+            line = int(n)
+            break
+    m = _NAME.search(what)
+    if line is None and m is not None and Path(path).is_file():
+        word = re.compile(rf"(?<![\w.]){re.escape(m.group(1))}(?!\w)")
+        for i, src in enumerate(Path(path).read_text(errors="replace").splitlines(), 1):
+            if word.search(src.split("#")[0]):
+                line = i
+                break
+    what = what if len(what) <= 240 else what[:237] + "..."
+    return line, what.rstrip(".")
 
 
 def load_file(path: str | Path, kind: str) -> ModuleType:

@@ -117,19 +117,20 @@ def _bug(e: Exception, debug: bool) -> int:
     return 3
 
 
-def guarded(call: Callable[[], int], debug: bool, quiet: bool = False,
+def guarded(call: Callable[[], int], debug: bool,
             usage_error: Callable[[Exception, bool], int | None] | None = None) -> int:
     """Run ``call`` (which returns an exit code) with SIGINT/SIGTERM turned into :class:`Interrupted`
-    and, unless ``quiet`` (``--json``), the compile notice on a terminal; return its exit code, or
+    and the compile notice on stderr whenever kernels compile (``--json`` included: the notice is
+    never in a command's output); return its exit code, or
     the code of what it raised, said in one sentence on stderr (``debug``: re-raised for the
     traceback). ``usage_error`` turns a front end's own exceptions into a code (None: not one of them)."""
     from replay.core.progress import compile_notice
 
     stop_requested.clear()
     try:
-        # The first run after installation compiles the kernels (about a minute): say so on a
-        # terminal (never with --json, never in a pipe); later runs load them and print nothing.
-        with on_signals(_raise_interrupted, CLI_SIGNALS), contextlib.nullcontext() if quiet else compile_notice():
+        # The first run after installation compiles the kernels (minutes under load): say so on stderr,
+        # terminal or not (under make, piped, --json: a silent run looks hung); later runs load them and print nothing.
+        with on_signals(_raise_interrupted, CLI_SIGNALS), compile_notice():
             return call()
     except UserError as e:
         if debug:

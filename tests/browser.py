@@ -1,8 +1,8 @@
 """Headless Chromium on a report's index.html: screenshots and layout measurements.
 
 The shipped report has no script. To measure, a copy of the page gets one small script that writes
-the layout figures (page width and height, the widest table's right edge, where the verdict and the
-table of contents end) into the DOM, and Chromium's ``--dump-dom`` prints it back.
+the layout figures (page width and height, the widest table's right edge, where the verdict, each of
+its lines and the table of contents end, each heatmap's natural and shown size) into the DOM, and Chromium's ``--dump-dom`` prints it back.
 
 ``python -m tests.browser REPORT_DIR OUT_DIR`` writes the screenshots for people (``make screenshots``).
 """
@@ -30,8 +30,19 @@ window.addEventListener('load', function () {
     right = Math.max(right, b.right, b.left + t.scrollWidth);
   });
   var v = box('section.verdict'), n = box('nav'), h = box('h2');
+  var items = [];
+  document.querySelectorAll('section.verdict li').forEach(function (li) {
+    items.push({text: li.textContent.slice(0, 40), bottom: li.getBoundingClientRect().bottom});
+  });
+  var heatmaps = [];
+  document.querySelectorAll('figure.heatmap img').forEach(function (img) {
+    var b = img.getBoundingClientRect();
+    heatmaps.push({alt: img.alt, natural_width: img.naturalWidth, natural_height: img.naturalHeight,
+                   width: b.width, height: b.height});
+  });
   var m = {scroll_width: d.scrollWidth, scroll_height: d.scrollHeight, table_right: right,
-           verdict_bottom: v && v.bottom, nav_bottom: n && n.bottom, first_h2_top: h && h.top};
+           verdict_bottom: v && v.bottom, nav_bottom: n && n.bottom, first_h2_top: h && h.top,
+           verdict_items: items, heatmaps: heatmaps};
   var p = document.createElement('pre');
   p.id = 'moe-measure';
   p.textContent = JSON.stringify(m);

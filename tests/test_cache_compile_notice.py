@@ -1,4 +1,5 @@
-"""First run: the CLI says, on a terminal only, when it is compiling kernels (not when it loads them)."""
+"""First run: the CLI says, in one line on stderr, when it is compiling kernels (not when it loads
+them), on a terminal or not: a first run under make, its output piped, compiles for minutes too."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ class _Tty(io.StringIO):
         return True
 
 
-def test_notice_on_a_terminal_only_when_compiling():
+def test_notice_only_when_compiling_terminal_or_not():
     tty = _Tty()
     with compile_notice(tty):
         f = numba.njit(lambda x: x + 1)  # a new function: a real compile
@@ -33,10 +34,10 @@ def test_notice_on_a_terminal_only_when_compiling():
     with compile_notice(again):
         f(2)  # already compiled: nothing to say
     assert again.getvalue() == ""
-    pipe = io.StringIO()  # not a terminal
+    pipe = io.StringIO()  # not a terminal (make, a pipe, a file): the same one line
     with compile_notice(pipe):
         numba.njit(lambda x: x + 3)(1)
-    assert pipe.getvalue() == ""
+    assert pipe.getvalue() == COMPILE_NOTICE + "\n"
     after = _Tty()
     h = numba.njit(lambda x: x + 4)
     with compile_notice(after):
@@ -67,7 +68,8 @@ def _cli_on_pty(args: list[str], env: dict) -> str:
 
 def test_cli_notice_with_a_fresh_kernel_cache(synth_trace_dir, tmp_path):
     """A fresh NUMBA_CACHE_DIR forces a compile: the notice shows on a terminal; the next run
-    loads the kernels from that cache and prints none; a pipe never gets it."""
+    loads the kernels from that cache and prints none; piped, with a fresh cache, the notice is one
+    line on stderr (none on stdout), --json too."""
     trace = synth_trace_dir(layers=2, experts=4, top_k=1, embd=8, tokens=6, prompt_tokens=2, routing_only=True,
                             expert_bytes=1 << 20)
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"), COLUMNS="200")
@@ -75,8 +77,10 @@ def test_cli_notice_with_a_fresh_kernel_cache(synth_trace_dir, tmp_path):
     assert COMPILE_NOTICE in _cli_on_pty(args, env)
     assert COMPILE_NOTICE not in _cli_on_pty(args, env)
     env2 = dict(env, NUMBA_CACHE_DIR=str(tmp_path / "numba2"))
-    p = subprocess.run([sys.executable, "-m", "replay.cli", *args], cwd=ROOT, env=env2, capture_output=True, text=True)
-    assert p.returncode == 0 and COMPILE_NOTICE not in p.stderr + p.stdout
+    p = subprocess.run([sys.executable, "-m", "replay.cli", *args, "--json"], cwd=ROOT, env=env2, capture_output=True,
+                       text=True)
+    assert p.returncode == 0 and COMPILE_NOTICE not in p.stdout
+    assert [ln for ln in p.stderr.splitlines() if ln.strip()] == [COMPILE_NOTICE], p.stderr
 
 
 def test_progress_is_tqdms_disabled_bar_off_a_terminal(monkeypatch):

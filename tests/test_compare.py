@@ -232,7 +232,7 @@ def test_different_tokens_refused_unless_aligned(tmp_path):
     assert_one_sentence_error(res, "token ids differ from turn 0 step 5", "--align step")
     out = compare(open_trace(pa), open_trace(pb), align="step")
     assert out.positions == 5 and out.overall()["routings"] == 5 * 2
-    assert out.overall()["set_agree_pct"] == 100.0 and out.left_out == {"A": 4, "B": 4}
+    assert out.overall()["set_agree_pct"] == 100.0 and out.left_out == {"a": 4, "b": 4}
     assert any("token ids differ" in n for n in out.notes)
 
 
@@ -242,7 +242,7 @@ def test_missing_positions_refused_unless_aligned(tmp_path):
     res = run_cli("compare", pa, pb)
     assert_one_sentence_error(res, "A holds 6 token positions, B 4", "B lacks turn 0 step 4 and 1 more")
     out = compare(open_trace(pa), open_trace(pb), align="step")
-    assert out.positions == 4 and out.overall()["set_agree_pct"] == 100.0 and out.left_out == {"A": 4, "B": 0}
+    assert out.positions == 4 and out.overall()["set_agree_pct"] == 100.0 and out.left_out == {"a": 4, "b": 0}
 
 
 def test_without_tokens_it_says_so(tmp_path):

@@ -88,7 +88,7 @@ def test_text_prints_parameters_exactly_and_labels_both_dropped_shares(real_trac
     assert res.code == 0, res.err
     lines = res.out.splitlines()
     assert any(ln.split()[:1] == ["0.125"] for ln in lines) and any(ln.split()[:1] == ["0.75"] for ln in lines)
-    assert "routings with a drop %" in res.out and "experts dropped % (engine's 'routings dropped')" in res.out
+    assert "Routings with a drop (%)" in res.out and "Experts dropped (%, engine's 'routings dropped')" in res.out
     rows = run_cli("drop", real_trace_dir("qwen"), "--fracs", "0.125,0.75", "--json").json()["rows"]
     for r in rows:
         assert 0 <= r["experts_dropped_pct"] <= r["routings_dropped_pct"] <= 100

@@ -68,6 +68,41 @@ def test_verdict_and_contents_on_the_first_screen_and_nothing_wider_than_the_win
     assert _last_ink_row(first) > 0 and abs(_last_ink_row(whole) - m["scroll_height"]) < 60
 
 
+@pytest.mark.parametrize("name", ["qwen", "synth"])
+def test_the_first_screen_holds_the_budget_policy_prefetch_and_drop_cold_answers(reports, name, tmp_path):
+    m = browser.measure(reports[name] / "index.html", tmp_path / "work")
+    items = m["verdict_items"]
+    for start in ("Budget: ", "Policy at ", "Prefetch with ", "Drop-cold "):
+        first = next((i for i in items if i["text"].startswith(start)), None)
+        assert first is not None, (start, [i["text"] for i in items])
+        assert first["bottom"] <= browser.HEIGHT, (start, first, m)
+    # in that order: the budget, then the policy at it, then prefetch, then drop-cold
+    order = [next(k for k, i in enumerate(items) if i["text"].startswith(s)) for s in ("Budget: ", "Policy at ", "Prefetch with ",
+                                                                                        "Drop-cold ")]
+    assert order == sorted(order)
+
+
+def test_heatmap_tick_labels_are_readable_at_1400_px(reports, tmp_path):
+    """A heatmap's tick labels as the page shows them: the font size (points) at the figure's dpi, times
+    the scale at which the HTML draws the PNG (shown width / natural width): at least 9 px. (The
+    per-layer heatmaps of 48-layer Qwen were shrunk into a 420 px box: ~5.7 px labels.)"""
+    from matplotlib import rcParams
+    from matplotlib.font_manager import FontProperties
+
+    import replay.present.plots  # noqa: F401 (sets the figures' rcParams)
+
+    dpi = float(rcParams["savefig.dpi"])
+    pt = min(FontProperties(size=rcParams[k]).get_size_in_points() for k in ("xtick.labelsize", "ytick.labelsize"))
+    m = browser.measure(reports["qwen"] / "index.html", tmp_path / "work")
+    alts = sorted(h["alt"] for h in m["heatmaps"])
+    assert alts == ["Expert popularity per layer (decode)", "lru: decode hit rate per layer and budget"], alts
+    for h in m["heatmaps"]:
+        scale = h["width"] / h["natural_width"]
+        assert abs(h["height"] / h["natural_height"] - scale) < 0.01  # drawn without distortion
+        px = pt / 72.0 * dpi * scale
+        assert px >= 9.0, (h, px)
+
+
 def test_qwen_page_is_under_a_third_of_its_old_height(reports, tmp_path):
     m = browser.measure(reports["qwen"] / "index.html", tmp_path / "work")
     assert m["scroll_height"] < QWEN_HEIGHT_BEFORE_PX / 3, m

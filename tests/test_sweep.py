@@ -300,7 +300,7 @@ def test_sweep_report_compares_traces(world):
         if online.height:  # the cells had a cost model: the fastest online policy within budget
             assert r["fastest_ms_per_token"] == online["ms_per_token"].min()
     res = run_cli("sweep-report", world / "local")
-    assert res.code == 0 and "best online" in res.out
+    assert res.code == 0 and "Best online policy" in res.out
     assert_one_sentence_error(run_cli("sweep-report", world / "traces"), "not a sweep results directory")
 
 

@@ -149,7 +149,7 @@ def section_drop(ctx: ReportContext) -> Section:
         s.tables.append(Table("drop_static", frame, "static: on the run as recorded (the engine's own hits and misses)",
                               columns=["mode", "frac", "keep_k", "io_saved_pct", "mass_lost_pct", "routings_dropped_pct",
                                        "experts_dropped_pct", "static_k_mass_lost_at_equal_io_pct"], headers=DROP_HEADERS))
-        ctx.shared["drop"] = ("static", None, cold.to_dicts())
+        ctx.shared["drop"] = ("static", None, _drop_timed(ctx, cold, "static"))
     else:
         s.text.append("Static mode needs the engine's recorded residency, which this trace does not have; the closed-loop "
                       "replay below stands in for it.")
@@ -161,7 +161,7 @@ def section_drop(ctx: ReportContext) -> Section:
         series[f"drop-cold, closed loop (LRU {exact(b)} MiB)"] = (cold["io_saved_pct"].to_numpy(), cold["mass_lost_pct"].to_numpy())
         series[f"top-k cut, closed loop (LRU {exact(b)} MiB)"] = (cut["io_saved_pct"].to_numpy(), cut["mass_lost_pct"].to_numpy())
         if "drop" not in ctx.shared:
-            ctx.shared["drop"] = ("closed", b, cold.to_dicts())
+            ctx.shared["drop"] = ("closed", b, _drop_timed(ctx, cold, "closed"))
     at_txt = ", ".join(exact(b) for b in budgets)
     s.text.append(f"Closed loop: LRU at {at_txt} MiB ({where}) replayed with dropping in the loop (a skipped expert is "
                   "neither read nor admitted, so the cache holds other things later); reads avoided are against the "
@@ -190,6 +190,17 @@ def section_drop(ctx: ReportContext) -> Section:
         caption="Each point is one drop threshold F (labelled): the lower a curve at a given x, the less router weight "
                 "it discards for the same reads avoided."))
     return s
+
+
+def _drop_timed(ctx: ReportContext, cold: pl.DataFrame, mode: str) -> list[dict[str, Any]]:
+    """The verdict's drop-cold rows; with a cost model, with the time each saves per decoded token
+    (``drop --cost-model``'s columns: ms_per_token, ms_per_token_baseline, ms_saved_per_token)."""
+    model = ctx.shared.get("cost_model")
+    if model is None:
+        return cold.to_dicts()
+    from replay.analyses.drop_cold import drop_time_columns
+
+    return drop_time_columns(cold, model, mode).to_dicts()
 
 
 def section_cost(ctx: ReportContext) -> Section:
@@ -303,6 +314,18 @@ _INTERVAL_NOTE = ("Time figures carry a 95% prediction interval from the fit (it
                   "token was measured.")
 
 
+def _model_kind_text(model: Any, ctx: ReportContext) -> str:
+    """What the cost model's times are, said of the model this report uses and no other kind: a
+    manual model ranks by bytes; a fitted one estimates (in-sample on its own run, foreign elsewhere)."""
+    if model.kind == "manual":
+        return "bytes read turned into time by a manual model, an assumption: it ranks, it does not measure"
+    if getattr(model, "foreign", False):
+        return "bytes read turned into time by a model fitted on another model or device: that device's times, marked ~"
+    if ctx.cost_model is None:
+        return "bytes read turned into time by the model fitted on this run's recorded tokens: estimates, in-sample here"
+    return "bytes read turned into time by the given fitted model: estimates, with the prediction interval in the tables"
+
+
 def _signed_pct(v: float | None) -> str:
     return "-" if v is None else f"{'+' if v >= 0 else ''}{fmt_q(v, 'pct')}%"
 
@@ -317,11 +340,15 @@ def section_predictors(ctx: ReportContext) -> Section:
     horizons = [1, 2]
     res = evaluate(tr, report_predictors(), horizons=horizons)
     overall = res.overall()
+    # name only the predictors this report evaluates (a caveat about one that is not here misleads)
+    unscored = ["first decoded token of a turn" + (" of each request" if tr.has("request") else "")]
+    if any(p.startswith("stale-gate") for p in res.predictors):
+        unscored.append("the first d MoE layers for stale-gate[d]")
+    if "static-hot-prompt" in res.predictors:
+        unscored.append("no prompt for static-hot-prompt")
     s.text.append(f"Slot accuracy = |top-{tr.top_k} named ∩ routed| / {tr.top_k}; whole = the routed set named exactly; "
-                  "over scored decode routings only. Unscored routings (first decoded token of a turn"
-                  + (" of each request" if tr.has("request") else "") + ", the first d MoE "
-                  "layers for stale-gate[d], no prompt for static-hot-prompt) are counted apart, never as wrong; "
-                  "a layer with nothing scored shows '-'.")
+                  f"over scored decode routings only. Unscored routings ({', '.join(unscored)}) are counted apart, "
+                  "never as wrong; a layer with nothing scored shows '-'.")
     s.text += res.warnings + res.notes
     s.missing += [(f"{u['predictor']} predictor", u["reason"]) for u in res.unavailable]
     head = overall.with_columns(pl.col("predictor").map_elements(describe, return_dtype=pl.String).alias("measures"))
@@ -398,13 +425,18 @@ def _accuracy_plot(ctx: ReportContext, res: Any, by_horizon: dict) -> tuple[str,
         ys = [acc[w].filter(pl.col("predictor") == p)["recall_pct"].to_list() for w in widths]
         by_width[p] = (np.array(widths, dtype=float), np.array([y[0] if y and y[0] is not None else np.nan for y in ys]))
     right_styles = {n: {"linestyle": ("-", "--", ":")[i % 3], "marker": ("^", "v", "D")[i % 3]} for i, n in enumerate(by_horizon)}
+    stale = any(p.startswith("stale-gate") for p in names)
+    # the caption speaks of stale-gate, and of its horizon panel, only when they are drawn
+    why = next((u["reason"].rstrip(".") for u in res.unavailable if u["predictor"].startswith("stale-gate")), None)
+    caption = (f"Read how many experts a predictor must name (w = {tr.top_k} is the top-k) to cover a share of the routing"
+               + (", and how fast stale-gate's coverage falls as it guesses more layers ahead." if by_horizon else
+                  "." + ("" if stale or why is None else f" No stale-gate here: {why}.")))
     return plots.panels(
         by_width, by_horizon, ctx.out / "predict_accuracy.png", "Predictor accuracy against width and horizon (decode)",
         "experts named per layer (width w, count)", "horizon d (MoE layers ahead)",
-        "routed experts among those named (recall, %)", left_title="against width (stale-gate at d = 1)",
-        right_title="stale-gate against horizon, per width", right_styles=right_styles, ylim=(0, 102),
-        caption=f"Read how many experts a predictor must name (w = {tr.top_k} is the top-k) to cover a share of the "
-                "routing, and how fast stale-gate's coverage falls as it guesses more layers ahead.")
+        "routed experts among those named (recall, %)",
+        left_title="against width" + (" (stale-gate at d = 1)" if stale else ""),
+        right_title="stale-gate against horizon, per width", right_styles=right_styles, ylim=(0, 102), caption=caption)
 
 
 def best_predictor(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -473,7 +505,7 @@ def section_cache(ctx: ReportContext) -> Section:
                           if unequal else ".")),
             *((("tok_s", "cache_tok_s.png", "Decode speed vs budget under the cost model", "decode speed (tok/s, cost model)",
                 None, "Pick the highest curve at your budget: the tokens per second each policy buys under the cost model "
-                      "(bytes read turned into time; a manual model ranks, it does not measure)."),) if model is not None else ())):
+                      f"({_model_kind_text(model, ctx)})."),) if model is not None else ())):
         series = {p: (f["budget_mib"].to_numpy(), f[col].to_numpy())
                   for p in policies for f in [overall.filter(pl.col("policy") == p).sort("budget_mib")]}
         ob = overall.filter(pl.col("over_budget")).sort("budget_mib")
@@ -487,7 +519,11 @@ def section_cache(ctx: ReportContext) -> Section:
     cells = overall.to_dicts()
     from replay.analyses.paired import annotate, decide, with_requests
 
-    annotate(cells, with_requests(token_series, tr), model)  # every cell against LRU and the best, with the paired interval
+    paired_series = with_requests(token_series, tr)
+    annotate(cells, paired_series, model)  # every cell against LRU and the best, with the paired interval
+    from replay.analyses.budget_choice import which_budget
+
+    ctx.shared["budget_answer"] = which_budget(cells, paired_series, model)  # the verdict's first question
     over = [r for r in cells if is_over_budget(r)]
     gap_rows = []
     for b in budgets:
@@ -538,6 +574,21 @@ def section_cache(ctx: ReportContext) -> Section:
                                    "tied_with_best", "belady_hit_pct_decode", "gap_to_belady_pp", "infinite_hit_pct_decode",
                                    "over_budget_excluded"],
                           marks={"belady_hit_pct_decode": [bool(r["belady_over_budget"]) for r in gap_rows]}))
+    ans = ctx.shared["budget_answer"]
+    if ans is not None:  # the evidence of the verdict's budget line: every tested budget's best against the largest's
+        timed = ans["measure"] == "ms_per_token"
+        unit = "ms/token" if timed else "points"
+        s.tables.append(Table(
+            "budget_choice", pl.DataFrame(ans["by_budget"]),
+            f"which budget: each budget's best against the largest's ({exact(ans['largest_mib'])} MiB), "
+            f"{'ms/token' if timed else 'decode hit %'}: difference ({unit}), paired 95% interval, call",
+            columns=["budget_mib", "policy", "value", "delta", "ci_low", "ci_high", "call"],
+            headers={"value": "ms/token (decode)" if timed else "Hit % (decode)",
+                     "delta": f"Difference vs the largest ({unit})", "ci_low": "95% interval low",
+                     "ci_high": "95% interval high", "call": "Call (vs the largest)"},
+            digits={"value": digits_for("ms_per_token" if timed else "hit_pct_decode"),
+                    **{c: digits_for("ms_per_token" if timed else "delta_pp") for c in ("delta", "ci_low", "ci_high")}},
+            collapsed=True))
     cols = ["policy", "budget_mib", "hit_pct_decode", "hit_pct_cum", "read_mib", "peak_resident_mib", "overflow_loads",
             "over_budget"]
     if model is not None:
@@ -772,6 +823,7 @@ def section_prefetch(ctx: ReportContext) -> Section:
     loads = loads_of(tr)
     budgets = sorted({float(f"{f * tr.token_cycle_bytes / (1 << 20):.2g}") for f in (0.5, 1.5, 3.0)} | set(budgets))
     ret = retain_sweep(tr, loads, ["lru", "lfru"], budgets, "prev-token").filter(pl.col("layer").is_null())
+    ctx.shared["retention_rows"] = ret.filter(pl.col("budget_mib").is_in(ctx.verdict_budgets)).to_dicts()
     s.tables.append(Table("retention", ret, "retention of prev-token's guesses (zero extra bytes): decode hit % with and "
                           "without, change in points with its 95% interval (paired block bootstrap over decoded tokens) "
                           "and the call: better or worse only when the interval excludes zero, else tie",
@@ -849,6 +901,8 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
     from replay.core.simulate import is_over_budget, within_budget
 
     rows: list[dict[str, Any]] = []
+    if ctx.shared.get("budget_answer") is not None:  # which budget? (replay.analyses.budget_choice)
+        rows.append(dict(ctx.shared["budget_answer"]))
     cells = ctx.shared.get("cache_rows") or []
     compared = ctx.shared.get("cache_compared") or []
     model = ctx.shared.get("cost_model")
@@ -890,21 +944,22 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
         row["over_budget_left_out"] = ", ".join(f"{r['policy']} (peak {fmt_q(r['peak_resident_mib'], 'mib')} MiB)"
                                                 for r in over) or None
         ans = ctx.shared.get("curve_answer")
-        if ans and ans.get("metric") and not any(x["kind"] == "cache" for x in rows):  # the knee, once: on the first budget
-            knee = next((k for k in ans["knees"] if k["budget_mib"] is not None), None)
-            row.update({"curve_plateau_pct": ans["plateau_pct"], "curve_knee_mib": knee and knee["budget_mib"],
+        if ans and ans.get("metric") and not any(x["kind"] == "cache" for x in rows):  # the knee, once: on the budget answer
+            knee = next((k for k in ans["knees"] if k["budget_mib"] is not None), None)  # (or the first budget's line)
+            (rows[0] if rows and rows[0].get("kind") == "budget" else row).update({"curve_plateau_pct": ans["plateau_pct"], "curve_knee_mib": knee and knee["budget_mib"],
                         "curve_knee_tolerance_pp": knee and knee["tolerance_pp"],
                         "curve_knee_hit_pct": knee and knee["hit_pct"]})
         rows.append(row)
+    tail: list[dict[str, Any]] = []  # the predictor and the cost model: after the four answers (budget, policy, prefetch, drop)
     if model is not None and rows:
         given = ctx.cost_model is not None
         source = ("a manual model given on the command line (an assumption, not a measurement)" if model.kind == "manual"
                   else ("given with --cost-model, FOREIGN: fitted on another model or device" if model.foreign
                         else "given with --cost-model") if given else "fitted on this run's recorded metrics (so in-sample here)")
-        rows.append({"kind": "cost", "source": source, "model": model.model})
+        tail.append({"kind": "cost", "source": source, "model": model.model})
     pred = ctx.shared.get("predictor")
     if pred is not None:
-        rows.append({"kind": "predictor", **{k: pred[k] for k in ("predictor", "slot_acc_pct", "whole_acc_pct", "scored")}})
+        tail.insert(0, {"kind": "predictor", **{k: pred[k] for k in ("predictor", "slot_acc_pct", "whole_acc_pct", "scored")}})
         timed = model is not None
         for b in ctx.verdict_budgets:
             cand = [r for r in ctx.shared.get("prefetch_rows", []) if r["predictor"] == pred["predictor"] and r["budget_mib"] == b]
@@ -926,11 +981,18 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
                              "time_model", "spec_mib_timed", "useful_mib", "late_mib", "wasted_mib", "lane_busy_pct",
                              "lane_busy_pct_baseline", "stall_ms_per_token", "stall_ms_per_token_baseline")}
                             if ctx.profile is not None else {})})
+    for r in ctx.shared.get("retention_rows") or []:  # retention of prev-token's guesses: zero extra bytes
+        rows.append({"kind": "retention", **{k: r.get(k) for k in (
+            "budget_mib", "policy", "retain_predictor", "hit_pct_decode_no_retain", "hit_pct_decode", "retain_gain_pp_decode",
+            "retain_gain_ci_low", "retain_gain_ci_high", "retain_vs_no_retain")}})
     if "drop" in ctx.shared:
         mode, budget, drops = ctx.shared["drop"]
+        time_cols = ["ms_per_token_baseline", "ms_per_token", "ms_saved_per_token"] if model is not None else []
         rows += [{"kind": "drop", "mode": mode, "budget_mib": budget, "policy": "lru" if mode == "closed" else None,
                   "frac": r["frac"], "io_saved_pct": r["io_saved_pct"], "mass_lost_pct": r["mass_lost_pct"],
-                  "io_saved_ci_low": r.get("io_saved_ci_low"), "io_saved_ci_high": r.get("io_saved_ci_high")} for r in drops]
+                  "io_saved_ci_low": r.get("io_saved_ci_low"), "io_saved_ci_high": r.get("io_saved_ci_high"),
+                  **{k: r.get(k) for k in time_cols}} for r in drops]
+    rows += tail
     for res in ctx.shared.get("quality") or []:  # drop-cold measured in the model (report --quality): quality.json's rows
         rows += [{"kind": "quality", "quality": res.name, "engine": res.obj["engine"], "policy": res.obj["policy"],
                   "budget_mib": res.obj["budget_mib"], "random_weights": res.random_weights, "setting": r["setting"],
@@ -943,7 +1005,8 @@ def _mark_foreign(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Verdict rows with a time figure (or the cost row) carry ``cost_model_foreign`` under a
     foreign cost model (replay.analyses.cost_origin)."""
     return [{**r, "cost_model_foreign": True}
-            if r["kind"] == "cost" or any(v is not None for k, v in r.items() if "ms_per_token" in k or "tok_s" in k) else r
+            if r["kind"] == "cost" or r.get("measure") == "ms_per_token"
+            or any(v is not None for k, v in r.items() if "ms_per_token" in k or "tok_s" in k or k.startswith("ms_")) else r
             for r in rows]
 
 

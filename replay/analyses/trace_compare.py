@@ -60,7 +60,7 @@ class CompareResult:
     margin_source: str  # "A", "B", "A and B (the larger margin)" or "none"
     positions: int  # token positions compared
     tokens_checked: bool  # both traces recorded token ids and they agree on every compared position
-    left_out: dict[str, int] = field(default_factory=dict)  # routings of A / B not compared (align="step")
+    left_out: dict[str, int] = field(default_factory=dict)  # routings of A ("a") / B ("b") not compared (align="step")
     notes: list[str] = field(default_factory=list)
 
     def overall(self) -> dict[str, Any]:
@@ -319,7 +319,8 @@ def compare(a: Trace, b: Trace, *, tol: float = DEFAULT_TOL, align: str = "none"
                "experts_a": pl.List(pl.Int64), "experts_b": pl.List(pl.Int64), "margin": pl.Float64, "explained": pl.Boolean})
     unit = "logit" if units <= {"logit"} else ("selection score" if units == {"selection score"} else "logit / selection score")
     source = {0: "none", 1: sources[0] if sources else "none", 2: "A and B (the larger margin)"}[len(sources)]
-    left_out = {"A": int(da["step"].size - pairs.height), "B": int(db["step"].size - pairs.height)} if phase == "all" else {}
+    # snake_case keys in --json (docs/design.md): "a" / "b", the traces A and B
+    left_out = {"a": int(da["step"].size - pairs.height), "b": int(db["step"].size - pairs.height)} if phase == "all" else {}
     return CompareResult(per_layer=per_layer, disagreements=disagreements, tol=float(tol), align=align, phase=phase,
                          margin_unit=unit, margin_source=source, positions=int(pairs.select(POS).unique().height),
                          tokens_checked=tokens_checked, left_out=left_out, notes=notes)

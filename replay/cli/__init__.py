@@ -188,7 +188,7 @@ def _run_command(args: list[str], debug: bool) -> int:
             return _interrupted(signal.SIGINT) if rv == 130 else rv
         return 0
 
-    return guarded(call, debug, quiet="--json" in args, usage_error=_typer_error)
+    return guarded(call, debug, usage_error=_typer_error)
 
 
 def _typer_error(e: Exception, debug: bool) -> int | None:

@@ -211,7 +211,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(retain_text(frame, pols, blist))
         if cmodel is not None:
             typer.echo("")
-            typer.echo(time_text(frame, pols, blist, cmodel))
+            typer.echo(time_text(frame, pols, blist, cmodel, T))
         if timeline:
             from replay.present.cache import timeline_text
 

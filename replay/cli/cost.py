@@ -53,10 +53,14 @@ def fit(
     typer.echo("\n\n".join(texts))
     if cross is not None and cross.height:
         typer.echo("\nacross traces (a model fitted on one run, tested on another run's decoded tokens):")
-        typer.echo(text_table(rows_of(cross), ["fit_on", "tested_on", "mape_pct", "mean_ms_recorded", "mean_ms_predicted",
-                                               "mean_err_pct"],
-                              ["fit_on", "tested_on", "per-token MAPE %", "mean ms recorded", "mean ms predicted",
-                               "run-mean ms error %"]))
+        from replay.present.cost import signed_pct
+
+        # a signed error printed with its sign and unit (+2.0%), as cost check prints it
+        rows_x = [{**r, "mean_err_pct": signed_pct(r.get("mean_err_pct"))} for r in rows_of(cross)]
+        typer.echo(text_table(rows_x, ["fit_on", "tested_on", "mape_pct", "mean_ms_recorded", "mean_ms_predicted",
+                                       "mean_err_pct"],
+                              ["fitted on", "tested on", "per-token MAPE %", "mean ms recorded", "mean ms predicted",
+                               "run-mean ms error"]))
 
 
 @cost_app.command("check", epilog=example("moe-replay cost check traces/qwen --cost-model qwen-cost.json"))

@@ -90,20 +90,21 @@ def register(app: typer.Typer) -> None:
 def report_text(frame, results: Path) -> str:
     from replay.core.frames import rows_of
     from replay.present.cache import OVER
-    from replay.present.format import exact, fmt_q, text_table
+    from replay.present.format import exact, fmt_q, header_for, text_table
 
     if frame.height == 0:
         return f"{results}: the cache table has no rows."
     cols = ["trace", "budget_mib", "best_online", "best_online_hit_pct_decode", "belady_hit_pct_decode", "gap_to_belady_pp"]
-    heads = ["trace", "budget_MiB", "best online", "hit_%_decode", "belady_%_decode", "gap_pp"]
+    heads = [header_for(c) for c in cols]  # the report's headers for the same quantities (replay.present.format.HEADERS)
     if "cell_cost_model" in frame.columns:
         cols.insert(1, "cell_cost_model")
-        heads.insert(1, "cost model")
+        heads.insert(1, "Cost model")
     cols += ["vs_lru_call"]
-    heads += ["best vs LRU (points, 95% interval)"]
+    heads += ["Best vs LRU (points, 95% interval)"]
     if "fastest_online" in frame.columns:
         cols += ["fastest_online", "fastest_ms_per_token", "fastest_tok_s", "fastest_vs_lru_call"]
-        heads += ["fastest online", "ms/token", "tok/s", "fastest vs LRU (ms/token, 95% interval)"]
+        heads += ["Fastest online policy", header_for("ms_per_token"), header_for("tok_s"),
+                  "Fastest vs LRU (ms/token, 95% interval)"]
     rows = rows_of(frame)
     for r in rows:  # the one call (replay.analyses.paired.decide): better / worse only when the interval excludes zero
         r["vs_lru_call"] = _call_cell(r, "", "delta_vs_lru_pp", "delta_", r.get("tied_with_best"))

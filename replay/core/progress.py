@@ -1,5 +1,5 @@
-"""Terminal feedback while a command works: progress bars and the first-run compile notice (on
-stderr, only on a terminal; never part of a command's output)."""
+"""Feedback while a command works: progress bars (on a terminal only) and the first-run compile
+notice (one line on stderr, terminal or not; never part of a command's output)."""
 
 from __future__ import annotations
 
@@ -27,15 +27,12 @@ COMPILE_NOTICE = "compiling replay kernels (once per installation; later runs lo
 def compile_notice(stream: TextIO | None = None) -> Iterator[None]:
     """While active, the first time Numba actually *compiles* a function (its ``numba:compile``
     event, which fires only on a cache miss: a kernel loaded from Numba's on-disk cache raises no
-    event), print :data:`COMPILE_NOTICE` once to ``stream`` (default stderr), and only when that
-    stream is a terminal: nothing in pipes, files or notebooks. The CLI wraps every command in it
-    (``--json`` commands excepted), so every kernel getter (the cache drivers of
+    event), print :data:`COMPILE_NOTICE` once to ``stream`` (default stderr), terminal or not: a
+    first run under ``make`` or a script, its output piped, compiles for minutes too, and says why
+    (it is one line on stderr, never in a command's output or its ``--json``). The CLI wraps every
+    command in it, so every kernel getter (the cache drivers of
     :func:`replay.core.simulate.kernel_for`, the predictor and scoring kernels) is covered in one place."""
     stream = sys.stderr if stream is None else stream
-    isatty = getattr(stream, "isatty", None)
-    if not (isatty and isatty()):
-        yield
-        return
     from traces.util.jit import on_resolve, remove_on_resolve
 
     class _Notice:

@@ -112,13 +112,16 @@ def _plugin_error(policy: str, pm: Any, e: Exception) -> UserError:
     Numba traceback only under --debug, as the cause)."""
     import numba
 
-    from replay.plugins import where
+    from replay.plugins import numba_error, where
 
     if isinstance(e, UserError):
         return e
+    if isinstance(e, numba.core.errors.NumbaError):  # the underlying error, at its line, not Numba's pipeline header
+        line, what = numba_error(e, where(pm))
+        at = f"{where(pm)}" + (f", line {line}" if line is not None else "")
+        return UserError(f"{at}: policy {policy!r} does not compile with Numba: {what}.")
     first = next((ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("\x1b")), type(e).__name__)
-    what = "does not compile with Numba" if isinstance(e, numba.core.errors.NumbaError) else "failed in the replay driver"
-    return UserError(f"{where(pm)}: policy {policy!r} {what} ({type(e).__name__}: {first[:200]}).")
+    return UserError(f"{where(pm)}: policy {policy!r} failed in the replay driver ({type(e).__name__}: {first[:200]}).")
 
 
 def run_kernel(kern: Any, args: tuple, interruptible: bool, policy: str | None = None) -> None:

@@ -12,9 +12,11 @@ from replay.core.phases import PHASE_HIT_KEY
 from replay.core.simulate import VALIDATE_TOLERANCE_PP, is_over_budget, validate_ok
 from replay.policies import names, policy_module
 from replay.present.cost import time_marks, verdict
-from replay.present.format import PRECISION, digits_for, exact, fmt, rows_of, text_table
+from replay.present.format import PRECISION, digits_for, exact, fmt, header_for, rows_of, text_table
 
 OVER = " !"  # marks an over-budget cell in the text tables
+BELOW_T = " *"  # marks a budget below one token cycle T, in every grid that shows budgets
+BELOW_T_LEGEND = "* budget below one token cycle T = {T:.1f} MiB."
 
 
 def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed, loads=None, popts=None) -> str:
@@ -28,17 +30,17 @@ def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed,
     def grid(field: str) -> str:
         rows = []
         for b in blist:
-            row = {"budget": exact(b) + (" *" if b < T else "")}
+            row = {"budget": exact(b) + (BELOW_T if b < T else "")}
             for p in pols:
                 c = cell[(p, b)]
                 row[p] = fmt(c[field], digits_for(field)) + (OVER if is_over_budget(c) else " " * len(OVER) if any_over else "")
             rows.append(row)
-        return "\n".join(line.rstrip() for line in text_table(rows, ["budget", *pols], ["budget_mib", *pols]).splitlines())
+        return "\n".join(line.rstrip() for line in text_table(rows, ["budget", *pols], [header_for("budget_mib"), *pols]).splitlines())
 
     counts = t.token_counts()
     lines = [
         f"trace    {t.path} ({t.model.get('name')}, {len(t.moe_layers)} MoE layers x {t.n_expert} experts, top-{t.top_k}; "
-        f"{counts['tokens_prefill']} prefill + {counts['tokens_decode']} decode tokens)",
+        f"{counts['tokens_prefill']:,} prefill + {counts['tokens_decode']:,} decode tokens)",
         f"T        one token cycle = {T:.1f} MiB (sum over MoE layers of top_k x expert_bytes); "
         f"working set W = {W:.1f} MiB (every (layer, expert) the trace touches)",
         f"budgets  {chosen}",
@@ -55,7 +57,7 @@ def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed,
         lines += [title, grid(field), ""]
     lines += ["MiB read by misses, all phases (bytes, not time)", grid("read_mib"), ""]
     if any(b < T for b in blist):
-        lines.append(f"* budget below one token cycle T = {T:.1f} MiB.")
+        lines.append(BELOW_T_LEGEND.format(T=T))
     if collapsed:
         vals = ", ".join(f"{r['hit_pct_decode']:.1f}% at {exact(r['budget_mib'])} MiB" for r in collapsed)
         lines.append(f"  Here {COLLAPSE} (LRU decode-only hit: {vals}).")
@@ -108,8 +110,9 @@ def sweep_text(t, frame, pols, blist, T, W, chosen, phase, per_layer, collapsed,
     return "\n".join(lines)
 
 
-def time_text(frame, pols, blist, cmodel) -> str:
-    """The ms/token grid and which configuration wins on time (not just on hits)."""
+def time_text(frame, pols, blist, cmodel, T: float | None = None) -> str:
+    """The ms/token grid and which configuration wins on time (not just on hits); a budget below one
+    token cycle ``T`` (MiB) marked * as in the hit-rate grids."""
 
     overall = rows_of(frame.filter(frame["layer"].is_null()))
     cell = {(r["policy"], r["budget_mib"]): r for r in overall}
@@ -117,7 +120,7 @@ def time_text(frame, pols, blist, cmodel) -> str:
     width = max((len(time_marks(c)) for c in cell.values()), default=0)
     rows = []
     for b in blist:
-        row = {"budget": exact(b)}
+        row = {"budget": exact(b) + (BELOW_T if T is not None and b < T else "")}
         for p in pols:
             c = cell[(p, b)]
             mark = OVER if is_over_budget(c) else " " * len(OVER) if any_over else ""
@@ -127,7 +130,9 @@ def time_text(frame, pols, blist, cmodel) -> str:
     kind = f"{'FOREIGN ' if cmodel.foreign else ''}{cmodel.kind}"
     lines = [f"estimated ms per decoded token ({kind} model: {cmodel.model}; intercept {cmodel.intercept_ms:.1f} ms, "
              f"{cmodel.ms_per_mib:.4f} ms/MiB" + (f" = {bw:.0f} MiB/s" if bw else "") + ")",
-             "\n".join(line.rstrip() for line in text_table(rows, ["budget", *pols], ["budget_mib", *pols]).splitlines())]
+             "\n".join(line.rstrip() for line in text_table(rows, ["budget", *pols], [header_for("budget_mib"), *pols]).splitlines())]
+    if T is not None and any(b < T for b in blist):
+        lines.append(BELOW_T_LEGEND.format(T=T))
     lines += verdict(overall)
     return "\n".join(lines)
 
@@ -189,7 +194,7 @@ def retain_text(frame: pl.DataFrame, policies: list[str], budgets_mib: list[floa
            "tables above are WITH retention; change against the same replay without it, in points"]
     for field, title in (("retain_gain_pp_decode", "decode-only"), ("retain_gain_pp_cum", "cumulative (prefill included)")):
         rows = [{"budget": exact(float(b)), **{p: cell[(p, b)][field] for p in policies}} for b in budgets_mib]
-        out += [title, text_table(rows, ["budget", *policies], ["budget_mib", *policies], digits=PRECISION["pp"])]
+        out += [title, text_table(rows, ["budget", *policies], [header_for("budget_mib"), *policies], digits=PRECISION["pp"])]
     if overall and "retain_vs_no_retain" in overall[0]:
         from replay.analyses.paired import signed, tie_text
 

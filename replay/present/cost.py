@@ -31,10 +31,13 @@ def check_text(rows: list[dict], model) -> str:
     not the one the device ran at), with each error named by what it is."""
 
     cols = ["model", "budget_mib", "recorded_tok_s", "predicted_tok_s", "tok_s_err_pct", "token_mape_pct"]
-    heads = ["model", "budget_mib", "recorded tok/s", "predicted tok/s", "run-mean error %", "per-token MAPE %"]
+    heads = ["model", "budget (MiB)", "recorded tok/s", "predicted tok/s", "run-mean error", "per-token MAPE"]
     if any("heldout_run_mean_err_pct" in r for r in rows):
         cols += ["heldout_run_mean_err_pct", "heldout_mape_pct"]
-        heads += ["held-out run-mean error %", "held-out per-token MAPE %"]
+        heads += ["held-out run-mean error", "held-out per-token MAPE"]
+    # a signed difference printed with its sign and unit (+2.0%, as the docs show it); a MAPE with its unit
+    rows = [{**r, **{c: (_pct_or_dash(r.get(c)) if c.endswith("err_pct") else _mape_or_dash(r.get(c)))
+                     for c in cols if c.endswith("_pct")}} for r in rows]
     if any(r.get("cost_model_foreign") for r in rows):
         heads = [h + (f" {FOREIGN}" if c == "predicted_tok_s" else "") for c, h in zip(cols, heads)]
     lines = [text_table(rows, cols, heads)]
@@ -75,6 +78,11 @@ def _mape_or_dash(v) -> str:
 def _pct_or_dash(v) -> str:
 
     return "-" if v is None else f"{'+' if v >= 0 else ''}{fmt_q(v, 'pct')}%"
+
+
+def signed_pct(v) -> str:
+    """A signed difference in percent, printed with its sign and unit: "+2.0%", "-3.2%" ("-": none)."""
+    return _pct_or_dash(v)
 
 
 def _describe(path: str, best, cands) -> str:

@@ -34,6 +34,52 @@ PRECISION: dict[str, int] = {
 PARAMETERS = frozenset({"frac", "keep_k", "budget_mib", "recorded_budget_mib", "cap", "drop", "horizon", "seed", "ahead"})
 
 
+# Human headers with units for the docs/design.md keys: the report's tables and every verb's text tables
+# use these, so one quantity has one header everywhere (a key not here is shown as it is: a name).
+HEADERS: dict[str, str] = {
+    "model": "Model", "moe_layers": "MoE layers", "n_expert": "Experts per layer", "top_k": "Top-k",
+    "tokens_prefill": "Prefill tokens", "tokens_decode": "Decode tokens", "token_cycle_mib": "Token cycle T (MiB)",
+    "complete": "Complete", "layer": "MoE layer", "routings": "Routings", "hottest_expert_pct": "Hottest expert (% of routings)",
+    "experts_never_routed": "Experts never routed",
+    "mode": "Mode", "frac": "F", "keep_k": "Keep k (top-k cut)", "io_saved_pct": "Reads avoided (% of miss bytes)",
+    "mass_lost_pct": "Weight mass discarded (%)", "routings_dropped_pct": "Routings with a drop (%)",
+    "experts_dropped_pct": "Experts dropped (%, engine's 'routings dropped')", "io_saved_mib": "Saved (MiB)",
+    "survivors_mean": "Experts left (mean)", "hit_pct_prefill": "Hit % (prefill)", "trace": "Trace",
+    "ms_per_token_ci95": "± 95% (ms/token)", "ms_saved_per_token": "Saved (ms/token, decode)",
+    "static_k_mass_lost_at_equal_io_pct": "Top-k cut's mass discarded at equal reads (%)",
+    "closed_k_mass_lost_at_equal_io_pct": "Top-k cut's mass discarded at equal reads (%)",
+    "hit_pct_decode_baseline": "Hit % (decode, without)", "hit_pct_decode": "Hit % (decode)",
+    "hit_pct_cum": "Hit % (all phases)", "hit_pct_decode_no_retain": "Hit % (decode, no retention)",
+    "best_vs_lru": "Best vs LRU (call on the paired interval)", "tied_with_best": "Tied with the best (within noise)",
+    "retain_gain_pp_decode": "Gain (points, decode)", "retain_gain_ci_low": "Gain, 95% interval low",
+    "retain_gain_ci_high": "Gain, 95% interval high", "retain_vs_no_retain": "Call (vs no retention)",
+    "terms": "Terms", "intercept_ms": "Intercept (ms/token)", "ms_per_mib": "Slope (ms/MiB)", "ms_per_miss": "ms per miss",
+    "r2": "r2", "heldout_mape_pct": "Held-out per-token MAPE (%)", "heldout_run_mean_err_pct": "Held-out run-mean error (%)",
+    "bandwidth_mib_s": "Bandwidth (MiB/s)", "selected": "Selected",
+    "predictor": "Predictor", "slot_acc_pct": "Slot accuracy (%, decode)", "whole_acc_pct": "Whole-set accuracy (%, decode)",
+    "scored": "Scored routings", "unscored": "Unscored routings", "measures": "Measures", "horizon": "Horizon d (layers)",
+    "budget_mib": "Budget (MiB)", "below_T": "Below T", "best_online": "Best online policy",
+    "best_online_hit_pct_decode": "Best online hit % (decode)", "belady_hit_pct_decode": "Belady hit % (decode)",
+    "infinite_hit_pct_decode": "Infinite hit % (decode)", "belady_over_budget": "Belady over budget",
+    "over_budget_excluded": "Left out (over budget)", "gap_to_belady_pp": "Gap to Belady (points)",
+    "bound_hit_pct_decode": "opt-bound hit % (decode)", "gap_to_bound_pp": "Gap to opt-bound (points)",
+    "policy": "Policy", "read_mib": "Read (MiB, all phases)", "peak_resident_mib": "Peak resident (MiB)",
+    "overflow_loads": "Overflowing loads", "over_budget": "Over budget", "ms_per_token": "ms/token (decode)",
+    "tok_s": "tok/s (decode)", "lookups": "Lookups", "hits": "Hits",
+    "guard": "Guard", "spec_mib": "Speculative read (MiB)", "useful_pct": "Useful guesses (%)",
+    "evicted_unused": "Evicted unused", "refused_guard": "Refused by guard",
+    "total_mib_per_token_baseline": "MiB/token (without)", "total_mib_per_token": "MiB/token (with)",
+    "bytes_change_pct": "Bytes change (%)", "ms_per_token_baseline": "ms/token (without)",
+    "min": "Min (%)", "median": "Median (%)", "max": "Max (%)", "min_layer": "Lowest at layer", "max_layer": "Highest at layer",
+    "quantity": "Quantity",
+}
+
+
+def header_for(key: str) -> str:
+    """A key's human header (``HEADERS``), or the key itself (a name)."""
+    return HEADERS.get(key, key)
+
+
 def digits_for(column: str) -> int | None:
     """Decimals for a column by its quantity; None for a parameter (printed exactly)."""
     c = column.lower()
@@ -69,6 +115,8 @@ def fmt(v: Any, digits: int | None = 1) -> str:
         if not math.isfinite(v):
             return "-"
         return exact(v) if digits is None else f"{v:.{digits}f}"
+    if digits is not None and isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"  # a count: one way everywhere, as running text prints it (6,144, never 6144)
     return str(v)
 
 
@@ -90,8 +138,9 @@ def cell(column: str, v: Any, digits: int | dict[str, int] | None = None) -> str
 def text_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], headers: Sequence[str] | None = None,
                digits: int | dict[str, int] | None = None) -> str:
     """A plain, right-aligned table an engine author can paste into an issue. Cells are formatted
-    by ``cell`` (parameters exactly, figures at their quantity's precision unless ``digits`` says)."""
-    headers = list(headers or columns)
+    by ``cell`` (parameters exactly, figures at their quantity's precision unless ``digits`` says).
+    ``headers`` default: each column's human header (``HEADERS``), never the key."""
+    headers = list(headers or [header_for(c) for c in columns])
     cells = [[cell(c, r.get(c), digits) for c in columns] for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in cells)) if cells else len(h) for i, h in enumerate(headers)]
     line = "  ".join(h.rjust(w) for h, w in zip(headers, widths))

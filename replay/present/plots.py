@@ -42,6 +42,9 @@ BLUE, ORANGE, GREEN, VERMILLION, PURPLE, SKY, BLACK = OKABE_ITO
 GREY = "#7F7F7F"
 MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*")
 HEATMAP_CMAP = "viridis"
+# A heatmap's figure size (inches, at 100 dpi) at most: one column of the page at 1400 px (about 630 px
+# wide) and its figures' 420 px height, title, labels and colour bar included (bbox "tight" adds ~0.6 in).
+HEATMAP_MAX_IN = (5.6, 3.4)
 
 # One (colour, marker) per policy and predictor family, used by every figure. Seven colours cannot
 # name sixteen policies apart, so each name also has its own marker; bounds are black and grey.
@@ -323,9 +326,13 @@ def place_labels(ax, items: list[tuple[float, float, str, str]], fontsize: float
 
 def heatmap(matrix: np.ndarray, path: Path, title: str, xlabel: str, ylabel: str, cbar: str,
             ylabels: list[int] | None = None, xticklabels: list[str] | None = None, vmin=None, vmax=None,
-            cmap: str = HEATMAP_CMAP, caption: str = "") -> tuple[str, str, str]:
-    h = max(3.0, min(10.0, 0.16 * matrix.shape[0] + 1.5))
-    w = 7.5 if xticklabels is None else max(5.0, min(10.0, 0.9 * matrix.shape[1] + 2.5))
+            cmap: str = HEATMAP_CMAP, caption: str = "") -> tuple[str, ...]:
+    """A layer x column heatmap, sized to be shown at (about) its natural size in one column of the
+    report's page (HEATMAP_MAX_IN): its tick labels then render at their font size (9 pt at 100 dpi,
+    12.5 px), not shrunk to ~5 px as a 10-inch figure squeezed into a 420 px box was. The entry
+    carries "heatmap" (the page's figure class; tests/test_report_browser.py measures the labels)."""
+    h = max(2.6, min(HEATMAP_MAX_IN[1], 0.16 * matrix.shape[0] + 1.5))
+    w = HEATMAP_MAX_IN[0] if xticklabels is None else max(4.5, min(HEATMAP_MAX_IN[0], 0.45 * matrix.shape[1] + 2.5))
     fig, ax = plt.subplots(figsize=(w, h))
     im = ax.imshow(matrix, aspect="auto", interpolation="nearest", cmap=cmap, vmin=vmin, vmax=vmax)
     ax.grid(False)
@@ -336,7 +343,7 @@ def heatmap(matrix: np.ndarray, path: Path, title: str, xlabel: str, ylabel: str
     if xticklabels is not None:
         ax.set_xticks(range(len(xticklabels)), xticklabels, rotation=45, ha="right")
     fig.colorbar(im, ax=ax, label=cbar)
-    return save(fig, path, caption)
+    return (*save(fig, path, caption), "heatmap")
 
 
 def lines(series: dict[str, tuple[np.ndarray, np.ndarray]], path: Path, title: str, xlabel: str, ylabel: str,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import polars as pl
 
-from replay.present.format import cell
+from replay.present.format import HEADERS, cell
 
 
 @dataclass
@@ -61,43 +61,8 @@ def anchor(title: str) -> str:
     return re.sub(r"[^a-z0-9 _-]", "", title.lower()).replace(" ", "-")
 
 
-# Human headers with units for the docs/design.md keys the report's tables show; a key not here is shown
-# as it is (a predictor's or policy's name).
-HEADERS: dict[str, str] = {
-    "model": "Model", "moe_layers": "MoE layers", "n_expert": "Experts per layer", "top_k": "Top-k",
-    "tokens_prefill": "Prefill tokens", "tokens_decode": "Decode tokens", "token_cycle_mib": "Token cycle T (MiB)",
-    "complete": "Complete", "layer": "MoE layer", "routings": "Routings", "hottest_expert_pct": "Hottest expert (% of routings)",
-    "experts_never_routed": "Experts never routed",
-    "mode": "Mode", "frac": "F", "keep_k": "Keep k (top-k cut)", "io_saved_pct": "Reads avoided (% of miss bytes)",
-    "mass_lost_pct": "Weight mass discarded (%)", "routings_dropped_pct": "Routings with a drop (%)",
-    "experts_dropped_pct": "Experts dropped (%)",
-    "static_k_mass_lost_at_equal_io_pct": "Top-k cut's mass discarded at equal reads (%)",
-    "closed_k_mass_lost_at_equal_io_pct": "Top-k cut's mass discarded at equal reads (%)",
-    "hit_pct_decode_baseline": "Hit % (decode, without)", "hit_pct_decode": "Hit % (decode)",
-    "hit_pct_cum": "Hit % (all phases)", "hit_pct_decode_no_retain": "Hit % (decode, no retention)",
-    "best_vs_lru": "Best vs LRU (call on the paired interval)", "tied_with_best": "Tied with the best (within noise)",
-    "retain_gain_pp_decode": "Gain (points, decode)", "retain_gain_ci_low": "Gain, 95% interval low",
-    "retain_gain_ci_high": "Gain, 95% interval high", "retain_vs_no_retain": "Call (vs no retention)",
-    "terms": "Terms", "intercept_ms": "Intercept (ms/token)", "ms_per_mib": "Slope (ms/MiB)", "ms_per_miss": "ms per miss",
-    "r2": "r2", "heldout_mape_pct": "Held-out per-token MAPE (%)", "heldout_run_mean_err_pct": "Held-out run-mean error (%)",
-    "bandwidth_mib_s": "Bandwidth (MiB/s)", "selected": "Selected",
-    "predictor": "Predictor", "slot_acc_pct": "Slot accuracy (%, decode)", "whole_acc_pct": "Whole-set accuracy (%, decode)",
-    "scored": "Scored routings", "unscored": "Unscored routings", "measures": "Measures", "horizon": "Horizon d (layers)",
-    "budget_mib": "Budget (MiB)", "below_T": "Below T", "best_online": "Best online policy",
-    "best_online_hit_pct_decode": "Best online hit % (decode)", "belady_hit_pct_decode": "Belady hit % (decode)",
-    "infinite_hit_pct_decode": "Infinite hit % (decode)", "belady_over_budget": "Belady over budget",
-    "over_budget_excluded": "Left out (over budget)", "gap_to_belady_pp": "Gap to Belady (points)",
-    "bound_hit_pct_decode": "opt-bound hit % (decode)", "gap_to_bound_pp": "Gap to opt-bound (points)",
-    "policy": "Policy", "read_mib": "Read (MiB, all phases)", "peak_resident_mib": "Peak resident (MiB)",
-    "overflow_loads": "Overflowing loads", "over_budget": "Over budget", "ms_per_token": "ms/token (decode)",
-    "tok_s": "tok/s (decode)", "lookups": "Lookups", "hits": "Hits",
-    "guard": "Guard", "spec_mib": "Speculative read (MiB)", "useful_pct": "Useful guesses (%)",
-    "evicted_unused": "Evicted unused", "refused_guard": "Refused by guard",
-    "total_mib_per_token_baseline": "MiB/token (without)", "total_mib_per_token": "MiB/token (with)",
-    "bytes_change_pct": "Bytes change (%)", "ms_per_token_baseline": "ms/token (without)",
-    "min": "Min (%)", "median": "Median (%)", "max": "Max (%)", "min_layer": "Lowest at layer", "max_layer": "Highest at layer",
-    "quantity": "Quantity",
-}
+# Human headers with units (replay.present.format.HEADERS: the same header for the same quantity in every
+# text table and the report); a key not there is shown as it is (a predictor's or policy's name).
 
 
 def header(t: Table, c: str) -> str:
@@ -260,7 +225,9 @@ def render_html(title: str, sections: list[Section], out: Path, verdict: list[st
         for img, alt, *cap in s.images:
             data = base64.b64encode((out / img).read_bytes()).decode()
             tag = f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{data}'>"
-            figs.append(f"<figure>{tag}<figcaption>{html.escape(cap[0])}</figcaption></figure>" if cap and cap[0] else tag)
+            cls = f" class='{cap[1]}'" if len(cap) > 1 else ""  # "heatmap": measured by the screenshot test
+            figs.append(f"<figure{cls}>{tag}<figcaption>{html.escape(cap[0])}</figcaption></figure>" if cap and cap[0]
+                        else f"<figure{cls}>{tag}</figure>" if cls else tag)
         if len(figs) == 1:  # one figure: beside the text
             parts.append(f"<div class='figs'><div>{text}</div>{figs[0]}</div>")
         else:

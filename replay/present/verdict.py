@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from replay.analyses.paired import interval_text, tie_text
+from replay.analyses.paired import interval_text, signed, tie_text
 from replay.present.format import exact, fmt_q
 
 # the row kinds and the section each links to (the section's title: its anchor is made from it)
-EVIDENCE = {"cache": "Expert cache", "predictor": "Predictor accuracy (decode)", "prefetch": "Prefetch and retention what-ifs",
+EVIDENCE = {"budget": "Expert cache", "retention": "Prefetch and retention what-ifs", "cache": "Expert cache",
+            "predictor": "Predictor accuracy (decode)", "prefetch": "Prefetch and retention what-ifs",
             "drop": "Drop-cold trade-off", "cost": "Cost model", "quality": "Quality (drop-cold measured in the model)"}
 
 
@@ -28,10 +29,61 @@ def _time(r: dict[str, Any], prefix: str = "") -> str:
 
 
 def _over(r: dict[str, Any], prefix: str) -> str:
-    """The cache section's mark for a hit rate that needed more memory than its budget."""
-    if not r.get(f"{prefix}over_budget"):
-        return ""
-    return f"! (over budget: the cache overflowed, peak {fmt_q(r[f'{prefix}peak_resident_mib'], 'mib')} MiB)"
+    """The cache section's mark for a hit rate that needed more memory than its budget (its peak is
+    in the section, not in the verdict's line)."""
+    return "! (over budget)" if r.get(f"{prefix}over_budget") else ""
+
+
+def _iv(low: float | None, high: float | None) -> str:
+    return f"95% interval [{signed(low)}, {signed(high)}]"
+
+
+def budget_line(r: dict[str, Any]) -> str:
+    """Which budget? (:func:`replay.analyses.budget_choice.which_budget`): the smallest tested budget
+    within noise of the largest, what each doubling buys, and the policy at that budget."""
+    timed = r["measure"] == "ms_per_token"
+    unit, q = (" ms/token", "ms") if timed else (" points", "pct")
+    what = "time under the cost model (ms/token)" if timed else "decode hit %"
+
+    def val(v: float | None) -> str:
+        return f"{fmt_q(v, q)}{' ms/token' if timed else '%'}"
+
+    b, top = exact(r["budget_mib"]), exact(r["largest_mib"])
+    if r["budget_mib"] == r["largest_mib"]:
+        txt = (f"Budget: **{b} MiB**, the largest of {r['budgets_tested']} tested: no smaller one comes within noise of it "
+               f"on {what}")
+    else:
+        txt = (f"Budget: **{b} MiB**, the smallest of {r['budgets_tested']} tested within noise of the largest ({top} MiB) "
+               f"on {what}: best {r['policy']} {val(r['value'])} against {r['largest_policy']} {val(r['largest_value'])} "
+               f"there ({signed(r['delta'])}{unit}, {_iv(r['ci_low'], r['ci_high'])})")
+    if r["doublings"]:
+        steps = [f"{exact(d['from_mib'])} → {exact(d['to_mib'])} MiB {signed(d['delta'])}{unit} [{signed(d['ci_low'])}, "
+                 f"{signed(d['ci_high'])}]{'' if d['call'] != 'tie' else ' (tie)'}" for d in r["doublings"]]
+        txt += f"; each doubling of the budget {'changes ms/token by' if timed else 'buys'}: " + "; ".join(steps)
+    txt += f"; at {b} MiB: {r['policy_text']}"
+    tied = r.get("tied_with") or []
+    if tied:  # a few names; the section's table has them all
+        names = ", ".join(tied[:3]) + (f" and {len(tied) - 3} more" if len(tied) > 3 else "")
+        txt += f"; tied with {r['policy']} within noise{' on time' if timed else ''}: {names}"
+    return txt + _knee(r)
+
+
+def retention_line(rows: list[dict[str, Any]]) -> str:
+    """Whether retaining the predictor's guesses (zero extra bytes) helps, per policy, with the paired interval."""
+    r0 = rows[0]
+    parts = []
+    for r in rows:
+        call = r.get("retain_vs_no_retain")
+        head = (f"{r['policy']} at {exact(r['budget_mib'])} MiB {fmt_q(r['hit_pct_decode_no_retain'], 'pct')}% → "
+                f"{fmt_q(r['hit_pct_decode'], 'pct')}%")
+        if call == "tie" and r["retain_gain_ci_low"] == r["retain_gain_ci_high"] == 0:  # not one token's hits changed
+            parts.append(f"{head}: **no change** (+0.0 points, {_iv(0.0, 0.0)})")
+            continue
+        word = {"better": "helps beyond noise", "worse": "hurts beyond noise"}.get(call) or (
+            tie_text((r["retain_gain_ci_high"] - r["retain_gain_ci_low"]) / 2, " points") if call == "tie" else "no interval")
+        parts.append(f"{head}: **{word}**, {signed(r['retain_gain_pp_decode'])} points "
+                     f"({_iv(r['retain_gain_ci_low'], r['retain_gain_ci_high'])})")
+    return f"Retention of {r0['retain_predictor']}'s guesses (zero extra bytes), decode hits: " + "; ".join(parts)
 
 
 def _preload(r: dict[str, Any]) -> str:
@@ -55,7 +107,7 @@ def cache_line(r: dict[str, Any]) -> str:
 
 
 def _cache_line(r: dict[str, Any]) -> str:
-    head = f"**{exact(r['budget_mib'])} MiB** ({r['budget_from']}), decode: "
+    head = f"Policy at **{exact(r['budget_mib'])} MiB** ({r['budget_from']}), decode: "
     if r["policy"] is None:
         return head + "no online policy stays within this budget (every one overflowed)"
     txt = (head + f"best of {len(r['policies_compared'])} online policies **{r['policy']}**: "
@@ -89,8 +141,9 @@ def _cache_line(r: dict[str, Any]) -> str:
                 f"{fmt_q(r['fastest_tok_s'], 'tok_s')} tok/s at {fmt_q(r['fastest_hit_pct_decode'], 'pct')}% hits")
     if r.get("fastest_policy") is not None:
         txt += _paired(r, "fastest_", "on time under the cost model, ")
-    if r.get("over_budget_left_out"):
-        txt += f"; left out as over budget: {r['over_budget_left_out']}"
+    if r.get("over_budget_left_out"):  # their names; their peaks are in the section
+        names = [x.split(" (peak")[0] for x in r["over_budget_left_out"].split(", ")]
+        txt += f"; left out as over budget (peaks in the section): {', '.join(names)}"
     return txt
 
 
@@ -167,9 +220,16 @@ def drop_line(rows: list[dict[str, Any]]) -> str:
               f" (95% interval {fmt_q(r['io_saved_ci_low'], 'pct')} to {fmt_q(r['io_saved_ci_high'], 'pct')}%)")
         return f"{fmt_q(r['io_saved_pct'], 'pct')}%{iv}"
 
-    parts = [f"F = {exact(r['frac'])}: {saved(r)} / {fmt_q(r['mass_lost_pct'], 'pct')}%" for r in rows]
-    return (f"Drop-cold ({how}; decode routings), reads avoided (% of miss bytes) / router weight mass discarded (%): "
-            + "; ".join(parts) + ". Weight mass is a proxy for quality, not a measurement of it")
+    def time(r: dict[str, Any]) -> str:  # with a cost model: what the avoided reads are worth in time
+        v = r.get("ms_saved_per_token")
+        return "" if v is None else f", {'saves' if v >= 0 else 'costs'} {fmt_q(abs(v), 'ms')} ms/token"
+
+    timed = any(r.get("ms_saved_per_token") is not None for r in rows)
+    parts = [f"F = {exact(r['frac'])}: {saved(r)} / {fmt_q(r['mass_lost_pct'], 'pct')}%{time(r)}" for r in rows]
+    return (f"Drop-cold ({how}; decode routings), reads avoided (% of miss bytes) / router weight mass discarded (%)"
+            + (", and the time it saves per decoded token under the cost model" if timed else "") + ": "
+            + "; ".join(parts) + ". Weight mass is a proxy for quality, not a measurement of it"
+            + ("" if timed else "; no cost model: bytes, not time"))
 
 
 def cost_line(r: dict[str, Any]) -> str:
@@ -180,8 +240,13 @@ def verdict_lines(rows: list[dict[str, Any]], anchors: dict[str, str]) -> list[s
     """Markdown lines, in the rows' order; ``anchors``: section title -> anchor of the sections shown."""
     out = []
     drops = [r for r in rows if r["kind"] == "drop"]
+    kept = [r for r in rows if r["kind"] == "retention"]
     for r in rows:
         k = r["kind"]
+        if k == "retention":
+            if r is kept[0]:
+                out.append(retention_line(kept) + "." + _link(k, anchors))
+            continue
         if k == "drop":
             if r is drops[0]:
                 out.append(drop_line(drops) + "." + _link(k, anchors))
@@ -191,7 +256,7 @@ def verdict_lines(rows: list[dict[str, Any]], anchors: dict[str, str]) -> list[s
             if r is same[0]:
                 out.append(quality_line(same) + "." + _link(k, anchors))
             continue
-        line = {"cache": cache_line, "predictor": predictor_line, "prefetch": prefetch_line, "cost": cost_line}[k](r)
+        line = {"budget": budget_line, "cache": cache_line, "predictor": predictor_line, "prefetch": prefetch_line, "cost": cost_line}[k](r)
         out.append(line + "." + _link(k, anchors))
     return out or ["The trace cannot answer the cache question (see what is missing below)."]
 

@@ -7,7 +7,7 @@ import polars as pl
 
 from replay.core.phases import PHASE_HIT_KEY
 from replay.present.cost import EXTRAPOLATED, EXTRAPOLATED_LEGEND, FOREIGN, foreign_legend
-from replay.present.format import exact, fmt_q, rows_of, text_table
+from replay.present.format import exact, fmt_q, header_for, rows_of, text_table
 
 
 def _marks(r: dict, suffix: str = "") -> str:
@@ -42,14 +42,19 @@ TIMELINE = ("ms_per_token/tok_s: decode tokens on the timeline of reads on lanes
 
 
 # What the drop tables call the two dropped shares (labelled apart, never to be compared).
-ROUTINGS_WITH_A_DROP = "routings with a drop %"
+ROUTINGS_WITH_A_DROP = header_for("routings_dropped_pct")
 
 
-EXPERTS_DROPPED = "experts dropped % (engine's 'routings dropped')"
+EXPERTS_DROPPED = header_for("experts_dropped_pct")
 
 
-DROPPED_SHARES = ("routings with a drop % = (token, layer) routings with at least one expert skipped; experts dropped % = "
+DROPPED_SHARES = (f"{ROUTINGS_WITH_A_DROP} = (token, layer) routings with at least one expert skipped; {EXPERTS_DROPPED} = "
                   "routed experts skipped, what an engine's telemetry calls 'routings dropped': different figures")
+
+
+def _heads(cols: list[str]) -> list[str]:
+    """The human headers (replay.present.format.HEADERS), the same for a quantity in every table."""
+    return [header_for(c) for c in cols]
 
 
 def _model_scope() -> str:
@@ -65,11 +70,11 @@ def format_drop_time(frame, mode: str) -> str:
     out = [f"time per decoded token under the cost model (no drop: {fmt_q(base, 'ms')} ms/token{bm}); drop changes only the "
            "bytes it reads here, not compute; weight mass is not quality" if base is not None else "time per decoded token"]
     cols = ["mode", "frac", "keep_k", "ms_per_token", "ms_per_token_ci95", "tok_s", "ms_saved_per_token"]
-    heads = ["mode", "F", "keep_k", "ms/token", "+-95%", "tok/s", "ms_saved/token"]
+    heads = _heads(cols)
     if any(_marks(r) or _marks(r, "_baseline") for r in rows):  # every time figure of the row carries them
         rows = [{**r, "marks": _marks(r) + ("" if _marks(r, "_baseline") == _marks(r) else f" (baseline {_marks(r, '_baseline') or '-'})")}
                 for r in rows]
-        cols, heads = cols + ["marks"], heads + ["marks"]
+        cols, heads = cols + ["marks"], heads + ["Marks"]
     out.append(text_table(rows, cols, heads))
     out += _legends(rows)
     return "\n".join(out)
@@ -83,16 +88,15 @@ def format_drop(frame, k: int, timed: bool = False) -> str:
     cut = [r for r in rows if r["mode"] == "static-k"]
     out = [f"drop-cold, static: on the recorded run ({phase} routings), skip a miss whose weight < F/{k}; "
            "the top-weighted expert is never skipped"]
-    out.append(text_table(cold, ["frac", "io_saved_pct", "io_saved_mib", "mass_lost_pct", "routings_dropped_pct",
-                                 "experts_dropped_pct", "survivors_mean", "static_k_mass_lost_at_equal_io_pct"],
-                          ["F", f"io_saved_%_{phase}", "saved_MiB", "mass_lost_%", ROUTINGS_WITH_A_DROP, EXPERTS_DROPPED,
-                           "experts_left", "top-k cut mass_lost_% at equal io"]))
+    cols = ["frac", "io_saved_pct", "io_saved_mib", "mass_lost_pct", "routings_dropped_pct", "experts_dropped_pct",
+            "survivors_mean", "static_k_mass_lost_at_equal_io_pct"]
+    out.append(text_table(cold, cols, _heads(cols)))
     out.append("")
     out.append("static top-k cut on the same rows (every slot at rank >= keep_k dropped, hit or miss; only misses save bytes):")
-    out.append(text_table(cut, ["keep_k", "io_saved_pct", "io_saved_mib", "mass_lost_pct", "experts_dropped_pct"],
-                          ["keep_k", f"io_saved_%_{phase}", "saved_MiB", "mass_lost_%", EXPERTS_DROPPED]))
+    cols = ["keep_k", "io_saved_pct", "io_saved_mib", "mass_lost_pct", "experts_dropped_pct"]
+    out.append(text_table(cut, cols, _heads(cols)))
     out.append("")
-    out.append("io_saved = share of the recorded miss bytes not read; weight mass is not quality (no perplexity or task "
+    out.append("reads avoided = share of the recorded miss bytes not read; weight mass is not quality (no perplexity or task "
                "accuracy is measured)" + ("." if timed else "; bytes are not time (see --cost-model)."))
     out.append(DROPPED_SHARES + ".")
     return "\n".join(out)
@@ -109,21 +113,19 @@ def format_closed(frame, k: int, timed: bool = False) -> str:
     out = [f"drop-cold, closed loop: {r0['policy']} cache at {exact(r0['budget_mib'])} MiB replayed with dropping in the loop "
            f"({phase} routings): a slot is skipped iff not resident at that moment and weight < F/{k}; the top-weighted "
            "expert is never skipped; a skipped slot is not read and not admitted",
-           f"io_saved = bytes the misses read ({phase}) against the no-drop replay at the same budget and policy "
+           f"reads avoided = bytes the misses read ({phase}) against the no-drop replay at the same budget and policy "
            f"({fmt_q(r0['read_mib_baseline'], 'mib')} MiB); cache hit % = hits / lookups ({phase}), no drop: "
            f"{fmt_q(r0[hit + '_baseline'], 'pct')}%"]
-    out.append(text_table(cold, ["frac", "io_saved_pct", "io_saved_mib", "mass_lost_pct", "routings_dropped_pct",
-                                 "experts_dropped_pct", "survivors_mean", hit, "closed_k_mass_lost_at_equal_io_pct"],
-                          ["F", f"io_saved_%_{phase}", "saved_MiB", "mass_lost_%", ROUTINGS_WITH_A_DROP, EXPERTS_DROPPED,
-                           "experts_left", f"cache_hit_%_{phase}", "top-k cut mass_lost_% at equal io"]))
+    cols = ["frac", "io_saved_pct", "io_saved_mib", "mass_lost_pct", "routings_dropped_pct", "experts_dropped_pct",
+            "survivors_mean", hit, "closed_k_mass_lost_at_equal_io_pct"]
+    out.append(text_table(cold, cols, _heads(cols)))
     out.append("")
     out.append("closed top-k cut (every slot at rank >= keep_k skipped, resident or not; the cache replayed the same way):")
-    out.append(text_table(cut, ["keep_k", "io_saved_pct", "io_saved_mib", "mass_lost_pct", "experts_dropped_pct", hit],
-                          ["keep_k", f"io_saved_%_{phase}", "saved_MiB", "mass_lost_%", EXPERTS_DROPPED,
-                           f"cache_hit_%_{phase}"]))
+    cols = ["keep_k", "io_saved_pct", "io_saved_mib", "mass_lost_pct", "experts_dropped_pct", hit]
+    out.append(text_table(cut, cols, _heads(cols)))
     out.append("")
     out.append("Dropped slots never look the cache up, so the cache hit % rises without the cache serving more: judge "
-               "drop-cold by io_saved and mass_lost, not by hit %. Weight mass is not quality (no perplexity or task "
+               "drop-cold by reads avoided and weight mass discarded, not by hit %. Weight mass is not quality (no perplexity or task "
                "accuracy is measured)" + ("." if timed else "; bytes are not time (see --cost-model)."))
     out.append(DROPPED_SHARES + ".")
     return "\n".join(out)
