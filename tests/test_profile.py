@@ -1,4 +1,4 @@
-"""The locality profile (replay/analyses/profile.py): every statistic equals its naive twin
+"""The locality profile (replay/analyses/locality.py): every statistic equals its naive twin
 (tests/naive/profile.py) exactly on random small traces; SRP and SCH equal the paper's definitions
 on hand-checked fixtures; the reuse distances reproduce the ``lru`` and ``infinite`` replays."""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.analyses.profile import (
+from replay.analyses.locality import (
     lru_hits,
     popularity_row,
     profile,
@@ -21,6 +21,7 @@ from replay.analyses.profile import (
     srp_hist,
 )
 from replay.core.simulate import prepare_loads, replay
+from tests.helpers import assert_one_sentence_error
 from tests.naive.profile import (
     naive_counts,
     naive_drift,
@@ -249,3 +250,53 @@ def test_real_traces_agree_with_cache(real_trace_dir, name):
     inf = rows.filter((pl.col("policy") == "infinite") & pl.col("layer").is_null())["hit_pct_decode"][0]
     assert inf == overall["reused_pct"]
     assert prof.answer["hot_set_80_mib"] is not None
+
+
+# -- the verb and the API ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_trace(tmp_path_factory):
+    import replay
+
+    return replay.synth(tmp_path_factory.mktemp("profile") / "trace", layers=3, experts=8, top_k=2, embd=8, tokens=40,
+                        prompt_tokens=6, seed=3, routing_only=True).path
+
+
+def test_api_profile_rows(small_trace):
+    import replay
+
+    rows = replay.profile(small_trace, budget_mib=1)
+    assert rows["layer"].to_list()[-1] is None and rows.height == 4
+    run = replay.profile_run(small_trace, budget_mib=1)
+    assert run.answer["budget_mib"] == 1.0 and run.answer["sch_2k_16_pct"] is not None
+    with pytest.raises(replay.ReplayError, match="segment_lengths"):
+        replay.profile(small_trace, segment_lengths=[0])
+    with pytest.raises(replay.ReplayError, match="phase"):
+        replay.profile(small_trace, phase="decoding")
+
+
+def test_cli_profile_json_text_and_out(small_trace, tmp_path):
+    import json
+
+    from tests.helpers import run_cli
+
+    res = run_cli("profile", small_trace, "--json", "--budget-mib", "1")
+    assert res.code == 0, res.err
+    obj = json.loads(res.out)
+    assert obj["command"] == "profile" and obj["rows"][-1]["layer"] is None
+    assert {"popularity", "reuse", "srp", "sch", "drift", "pairs", "transitions", "top_transitions"} <= set(obj)
+    assert obj["answer"]["lru_hit_pct_at_budget"] == obj["rows"][-1]["lru_hit_pct_at_budget"]
+    text = run_cli("profile", small_trace, "--budget-mib", "1")
+    assert text.code == 0 and text.out.startswith("Is this routing cacheable?")
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        assert run_cli("profile", small_trace, "-o", d, "--budget-mib", "1", "--pair-layer", "1").code == 0
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert {"coverage.png", "reuse_mib_cdf.png", "reuse_steps_cdf.png", "transitions_L1_L2.png", "drift.png",
+            "answer.json", "tables/summary.csv", "tables/srp.parquet"} <= {str(f) for f in files}
+    assert all((a / f).read_bytes() == (b / f).read_bytes() for f in files)  # same input, same bytes
+    assert_one_sentence_error(run_cli("profile", small_trace, "-o", a), "exists")
+    assert_one_sentence_error(run_cli("profile", small_trace, "--segments", "4,x"), "--segments")
+    assert_one_sentence_error(run_cli("profile", small_trace, "--pair-layer", "2"), "--pair-layer")
+    assert_one_sentence_error(run_cli("profile", small_trace, "-o", small_trace / "out"), "")

@@ -1,4 +1,4 @@
-"""Naive twins of the locality profile (replay/analyses/profile.py), written from docs/profile.md's
+"""Naive twins of the locality profile (replay/analyses/locality.py), written from docs/profile.md's
 definitions: lists, dictionaries and loops, every count recomputed from scratch.
 
 rows: list of dicts with ``batch``, ``phase``, ``layer``, ``step``, ``experts`` and optionally

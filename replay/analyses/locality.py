@@ -443,6 +443,7 @@ class Profile:
     dist_bytes: np.ndarray
     dist_steps: np.ndarray
     gap_loads: np.ndarray
+    drift_window: int = DRIFT_WINDOW
     transition_matrices: dict[int, np.ndarray] = field(default_factory=dict)  # MoE index L -> [E, E] counts (L, L+1)
     coverage_curves: dict[int, np.ndarray] = field(default_factory=dict)  # MoE index -> cumulative share % by rank
 
@@ -651,7 +652,7 @@ def profile_arrays(arrays: Any, loads: Any, *, moe_layers: tuple[int, ...], n_ex
                    token_cycle_bytes=T_bytes, budget_mib=budget_mib, has_request=has_request, popularity=popularity,
                    drift=drift, reuse=reuse, pairs=pairs, transitions=transitions, top_transitions=top_transitions,
                    srp=srp, sch=sch, answer={}, lookup_lidx=look_lidx, lookup_phase=look_phase, dist_bytes=dist_b,
-                   dist_steps=dist_s, gap_loads=gap, transition_matrices=mats, coverage_curves=curves)
+                   dist_steps=dist_s, gap_loads=gap, drift_window=drift_window, transition_matrices=mats, coverage_curves=curves)
     prof.answer = cacheability(prof)
     return prof
 
@@ -716,3 +717,39 @@ def profile(trace: Any, *, phase: str = "decode", budget_mib: float | None = Non
                           drift_window=drift_window)
     prof.answer["working_set_mib"] = loads.working_set_bytes / MIB
     return prof
+
+
+def summary(prof: Profile, segment_tokens: int = 16) -> pl.DataFrame:
+    """One row per MoE layer and the pooled row (``layer`` null): the headline figures of every
+    part of the profile (the rows of ``profile --json`` and :func:`replay.profile`). SRP and SCH at
+    ``segment_tokens`` (SCH with 2k experts per layer)."""
+    k = prof.top_k
+    pop = prof.popularity.filter(pl.col("request").is_null())
+    srp = prof.srp.filter(pl.col("request").is_null() & (pl.col("segment_tokens") == segment_tokens))
+    sch = prof.sch.filter(pl.col("request").is_null() & (pl.col("segment_tokens") == segment_tokens)
+                          & (pl.col("cache_experts") == min(2 * k, prof.n_expert)))
+    per = pop.filter(pl.col("layer").is_not_null())
+    slots = int(per["slots"].sum()) if per.height else 0
+    # pooled: the share of all routed slots taken by each layer's own k hottest experts
+    pooled_top = (sum(int(round(p * s / 100.0)) for p, s in zip(per[f"top{k}_pct"].fill_null(0), per["slots"])) * 100.0
+                  / slots) if slots and f"top{k}_pct" in per.columns else None
+    rows = []
+    for layer in [*prof.moe_layers, None]:
+        def pick(frame: pl.DataFrame, col: str, layer=layer) -> Any:
+            f = frame.filter(pl.col("layer").is_null() if layer is None else pl.col("layer") == layer)
+            return f[col][0] if f.height and col in f.columns else None
+
+        rows.append({
+            "layer": layer, "routings": pick(pop, "routings"),
+            f"top{k}_pct": pooled_top if layer is None else pick(pop, f"top{k}_pct"),
+            "hot_set_80": pick(pop, "hot_set_80"), "gini": pick(pop, "gini"),
+            "experts_never_routed": pick(pop, "experts_never_routed"), "hottest_vs_uniform": pick(pop, "hottest_vs_uniform"),
+            "drift_kept_pct": (prof.drift["kept_pct"].mean() if layer is None else
+                               prof.drift.filter(pl.col("layer") == layer)["kept_pct"].mean()) if prof.drift.height else None,
+            "reused_pct": pick(prof.reuse, "reused_pct"), "within_1_steps_pct": pick(prof.reuse, "within_1_steps_pct"),
+            "lru_hit_pct_at_token_cycle": pick(prof.reuse, "lru_hit_pct_at_token_cycle"),
+            "lru_hit_pct_at_budget": pick(prof.reuse, "lru_hit_pct_at_budget"),
+            f"srp{segment_tokens}_pct": pick(srp, "srp_pct"), f"sch{segment_tokens}_2k_pct": pick(sch, "sch_pct"),
+            "cond_entropy_bits": (None if layer is None else pick(prof.transitions, "cond_entropy_bits")),
+        })
+    return pl.DataFrame(rows, infer_schema_length=None)
