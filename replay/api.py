@@ -509,7 +509,7 @@ def profile_run(trace: TraceLike, *, phase: str = "decode", budget_mib: float | 
 def profile(trace: TraceLike, *, phase: str = "decode", budget_mib: float | None = None,
             segment_lengths: Sequence[int] = (4, 16, 64, 256), drift_window: int = 16) -> pl.DataFrame:
     """The routing's locality profile, one row per MoE layer and the pooled row (``layer`` null):
-    ``routings``, ``top{k}_pct``, ``hot_set_80``, ``gini``, ``experts_never_routed``,
+    ``routings``, ``topk_pct`` (slots on the k hottest experts), ``hot_set_80``, ``gini``, ``experts_never_routed``,
     ``hottest_vs_uniform``, ``drift_kept_pct``, ``reused_pct``, ``within_1_steps_pct``,
     ``lru_hit_pct_at_token_cycle``, ``lru_hit_pct_at_budget``, ``srp16_pct``, ``sch16_2k_pct``,
     ``cond_entropy_bits`` (docs/profile.md). :func:`profile_run` has every table behind them."""

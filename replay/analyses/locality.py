@@ -741,7 +741,7 @@ def summary(prof: Profile, segment_tokens: int = 16) -> pl.DataFrame:
 
         rows.append({
             "layer": layer, "routings": pick(pop, "routings"),
-            f"top{k}_pct": pooled_top if layer is None else pick(pop, f"top{k}_pct"),
+            "topk_pct": pooled_top if layer is None else pick(pop, f"top{k}_pct"),
             "hot_set_80": pick(pop, "hot_set_80"), "gini": pick(pop, "gini"),
             "experts_never_routed": pick(pop, "experts_never_routed"), "hottest_vs_uniform": pick(pop, "hottest_vs_uniform"),
             "drift_kept_pct": (prof.drift["kept_pct"].mean() if layer is None else

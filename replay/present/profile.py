@@ -52,7 +52,7 @@ def profile_text(trace: Any, prof: Profile, per_layer: bool = True) -> str:
     k = prof.top_k
     out = [*answer_lines(prof), ""]
     summ = summary(prof)
-    cols = ["layer", "routings", f"top{k}_pct", "hot_set_80", "gini", "experts_never_routed", "hottest_vs_uniform",
+    cols = ["layer", "routings", "topk_pct", "hot_set_80", "gini", "experts_never_routed", "hottest_vs_uniform",
             "drift_kept_pct", "reused_pct", "within_1_steps_pct", "lru_hit_pct_at_token_cycle", "srp16_pct",
             "sch16_2k_pct", "cond_entropy_bits"]
     heads = ["layer", "routings", f"top-{k} %", "hot80", "gini", "unused", "hottest/unif", "drift kept %", "reused %",
