@@ -107,6 +107,9 @@ def test_profile_statistics_match_naive(spec, phase, m, window):
     if mine:
         assert overall["reused_pct"] == 100.0 * sum(1 for x in mine if x[4] >= 0) / len(mine)
         assert overall["within_1_steps_pct"] == 100.0 * sum(1 for x in mine if 0 <= x[5] <= 1) / len(mine)
+        for r in prof.reuse_cdf.filter(pl.col("layer").is_null()).iter_rows(named=True):
+            b = round(r["distance_mib"] * 2**20)
+            assert r["within_pct"] == 100.0 * sum(1 for x in mine if 0 <= x[4] <= b) / len(mine)
     # co-activation within a layer
     for layer in range(L):
         want = naive_pairs(rows, PHASES[phase], layer, E) if k > 1 else {}
@@ -249,6 +252,9 @@ def test_real_traces_agree_with_cache(real_trace_dir, name):
     assert lru["hit_pct_decode"].to_list() == [overall["lru_hit_pct_at_budget"], overall["lru_hit_pct_at_token_cycle"]]
     inf = rows.filter((pl.col("policy") == "infinite") & pl.col("layer").is_null())["hit_pct_decode"][0]
     assert inf == overall["reused_pct"]
+    if lru["overflow_loads"][0] == 0:  # no load overflows: the byte-distance CDF at the budget is LRU's hit %
+        at = prof.reuse_cdf.filter(pl.col("layer").is_null() & (pl.col("distance_mib") == budget))
+        assert at["within_pct"][0] == overall["lru_hit_pct_at_budget"]
     assert prof.answer["hot_set_80_mib"] is not None
 
 
@@ -300,3 +306,4 @@ def test_cli_profile_json_text_and_out(small_trace, tmp_path):
     assert_one_sentence_error(run_cli("profile", small_trace, "--segments", "4,x"), "--segments")
     assert_one_sentence_error(run_cli("profile", small_trace, "--pair-layer", "2"), "--pair-layer")
     assert_one_sentence_error(run_cli("profile", small_trace, "-o", small_trace / "out"), "")
+

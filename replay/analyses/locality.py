@@ -418,7 +418,7 @@ def sequences(tokens: Tokens, sel: np.ndarray, li: int) -> tuple[np.ndarray, np.
 @dataclass
 class Profile:
     """Everything ``profile`` prints. Frames (keys in docs/profile.md): ``popularity``, ``drift``,
-    ``reuse``, ``pairs``, ``transitions``, ``top_transitions``, ``srp``, ``sch``; the per-lookup arrays
+    ``reuse``, ``reuse_cdf``, ``pairs``, ``transitions``, ``top_transitions``, ``srp``, ``sch``; the per-lookup arrays
     behind the reuse figures; ``answer`` (the cacheability answer's figures)."""
 
     phase: str
@@ -432,6 +432,7 @@ class Profile:
     popularity: pl.DataFrame
     drift: pl.DataFrame
     reuse: pl.DataFrame
+    reuse_cdf: pl.DataFrame
     pairs: pl.DataFrame
     transitions: pl.DataFrame
     top_transitions: pl.DataFrame
@@ -448,7 +449,8 @@ class Profile:
     coverage_curves: dict[int, np.ndarray] = field(default_factory=dict)  # MoE index -> cumulative share % by rank
 
     def tables(self) -> dict[str, pl.DataFrame]:
-        return {"popularity": self.popularity, "drift": self.drift, "reuse": self.reuse, "pairs": self.pairs,
+        return {"popularity": self.popularity, "drift": self.drift, "reuse": self.reuse, "reuse_cdf": self.reuse_cdf,
+                "pairs": self.pairs,
                 "transitions": self.transitions, "top_transitions": self.top_transitions, "srp": self.srp,
                 "sch": self.sch}
 
@@ -565,6 +567,20 @@ def profile_arrays(arrays: Any, loads: Any, *, moe_layers: tuple[int, ...], n_ex
         row["median_distance_mib"] = float(np.median(reused)) / MIB if reused.size else None
         reuse_rows.append(row)
     reuse = pl.DataFrame(reuse_rows, infer_schema_length=None)
+    # the byte-distance histogram as a CDF at T/4 .. 16 T (and the budget): the share of the phase's
+    # lookups an LRU cache of that size hits (overflow aside: lru_hits is the exact rule)
+    marks = sorted({T_bytes * f // 4 for f in (1, 2, 4, 8, 16, 32, 64)} | ({budget_b} if budget_b is not None else set()))
+    cdf_rows = []
+    for li in [None, *range(L)]:
+        m = lsel if li is None else lsel & (look_lidx == li)
+        n = int(m.sum())
+        d = dist_b[m]
+        for b in marks:
+            cdf_rows.append({"layer": None if li is None else moe_layers[li], "distance_mib": b / MIB,
+                             "distance_x_t": b / T_bytes if T_bytes else None,
+                             "within_pct": 100.0 * int(((d >= 0) & (d <= b)).sum()) / n if n else None})
+    reuse_cdf = pl.DataFrame(cdf_rows, schema={"layer": pl.Int64, "distance_mib": pl.Float64, "distance_x_t": pl.Float64,
+                                               "within_pct": pl.Float64})
 
     # co-activation within a layer
     pair_rows = []
@@ -650,7 +666,7 @@ def profile_arrays(arrays: Any, loads: Any, *, moe_layers: tuple[int, ...], n_ex
 
     prof = Profile(phase=phase, moe_layers=tuple(moe_layers), n_expert=E, top_k=k, layer_expert_bytes=eb,
                    token_cycle_bytes=T_bytes, budget_mib=budget_mib, has_request=has_request, popularity=popularity,
-                   drift=drift, reuse=reuse, pairs=pairs, transitions=transitions, top_transitions=top_transitions,
+                   drift=drift, reuse=reuse, reuse_cdf=reuse_cdf, pairs=pairs, transitions=transitions, top_transitions=top_transitions,
                    srp=srp, sch=sch, answer={}, lookup_lidx=look_lidx, lookup_phase=look_phase, dist_bytes=dist_b,
                    dist_steps=dist_s, gap_loads=gap, drift_window=drift_window, transition_matrices=mats, coverage_curves=curves)
     prof.answer = cacheability(prof)
