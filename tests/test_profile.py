@@ -307,3 +307,26 @@ def test_cli_profile_json_text_and_out(small_trace, tmp_path):
     assert_one_sentence_error(run_cli("profile", small_trace, "--pair-layer", "2"), "--pair-layer")
     assert_one_sentence_error(run_cli("profile", small_trace, "-o", small_trace / "out"), "")
 
+
+def test_qwen_report_verdict_opens_with_the_cacheability_answer(real_trace_dir, tmp_path):
+    """The report's verdict opens with profile's answer, figure for figure (which
+    test_real_traces_agree_with_cache holds against the cache replays), at the recorded budget."""
+    import json
+
+    from tests.helpers import run_cli
+    from traces import open_trace
+
+    trace = real_trace_dir("qwen")
+    out = tmp_path / "r"
+    res = run_cli("report", trace, "-o", out)
+    assert res.code == 0, res.err
+    rows = json.loads((out / "verdict.json").read_text())["rows"]
+    assert rows[0]["kind"] == "cacheable" and rows[0]["budget_mib"] == 4000.0
+    answer = profile(open_trace(trace), budget_mib=4000.0).answer
+    assert {k: rows[0][k] for k in answer} == answer
+    md = (out / "index.md").read_text()
+    first = md.split("## Verdict\n\n")[1].splitlines()[0]
+    assert first.startswith("- Is this routing cacheable? Yes at 4,000.0 MiB: the experts taking 80% of decode routed "
+                            "slots (3,333.5 MiB) fit in the budget; LRU hits 80.3% of decode lookups there")
+    assert first.endswith("[→ Expert popularity](#expert-popularity)")
+    assert (out / "tables" / "locality.csv").is_file() and (out / "tables" / "srp_sch.csv").is_file()

@@ -155,6 +155,8 @@ def _check_printed(report, rows):
                        f" (95% interval {fmt_q(d['io_saved_ci_low'], 'pct')} to {fmt_q(d['io_saved_ci_high'], 'pct')}%)")
                     + f" / {fmt_q(d['mass_lost_pct'], 'pct')}%"
                     for d in drops] + ["proxy", "(#drop-cold-trade-off)"]
+        elif r["kind"] == "cacheable":  # replay.analyses.locality's answer, checked against the verbs in tests/test_profile.py
+            want = ["Is this routing cacheable?", "(#expert-popularity)"]
         else:
             want = [r["model"], "(#cost-model)"]
         for w in want:

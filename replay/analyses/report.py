@@ -88,7 +88,43 @@ def section_popularity(ctx: ReportContext) -> Section:
     s.tables.append(Table("concentration", frame, f"per-layer concentration ({phase} routings)",
                           columns=["layer", "routings", f"hot{k}_share_pct", "hottest_expert_pct", "experts_never_routed"],
                           headers=conc, collapsed=True))
+    _locality(ctx, s)
     return s
+
+
+def _locality(ctx: ReportContext, s: Section) -> None:
+    """``profile``'s answer and figures (replay.analyses.locality) at the verdict's first budget, added
+    to the popularity section (collapsed: the page's length is budgeted, tests/test_report_browser.py);
+    the verdict opens with the answer (``ctx.shared["locality"]``)."""
+    from replay.analyses.locality import profile, summary
+    from replay.present.profile import answer_lines
+
+    tr = ctx.trace
+    budget = ctx.verdict_budgets[0] if ctx.verdict_budgets else None
+    phase = "decode" if tr.token_counts()["tokens_decode"] else "prefill"
+    prof = profile(tr, phase=phase, budget_mib=budget)
+    ctx.shared["locality"] = prof.answer
+    s.notes += [line.strip() for line in answer_lines(prof.answer)]
+    s.notes.append("Locality: the figures of `moe-replay profile` (docs/profile.md): popularity and drift per layer, "
+                   "load-aware reuse distances (the share within a budget is LRU's hit % there), co-activation, and SRP/SCH "
+                   "as Liang et al. define them (tables/srp_sch.csv by segment length); `moe-replay profile TRACE -o DIR` "
+                   "draws them.")
+    s.tables.append(Table("locality", summary(prof), f"per-layer locality ({phase} routings; pooled row: layer blank)",
+                          columns=["layer", "routings", "topk_pct", "hot_set_80", "gini", "drift_kept_pct", "reused_pct",
+                                   "within_1_steps_pct", "lru_hit_pct_at_token_cycle", "srp16_pct", "sch16_2k_pct"],
+                          headers={"topk_pct": f"Hottest {tr.top_k} (% of slots)", "hot_set_80": "Experts for 80%",
+                                   "gini": "Gini", "drift_kept_pct": "Top set kept (%)", "reused_pct": "Ever reused (%)",
+                                   "within_1_steps_pct": "Reused next step (%)",
+                                   "lru_hit_pct_at_token_cycle": "LRU at T (% hits)", "srp16_pct": "SRP16 (%)",
+                                   "sch16_2k_pct": "SCH16 at 2k (%)"},
+                          digits={"gini": 3}, collapsed=True))
+    seg = prof.srp.filter(pl.col("request").is_null() & pl.col("layer").is_null()).select(
+        "segment_tokens", "windows", "srp_pct", "threshold")
+    sch = prof.sch.filter(pl.col("request").is_null() & pl.col("layer").is_null())
+    for c in sorted(set(sch["cache_experts"].to_list())):
+        seg = seg.join(sch.filter(pl.col("cache_experts") == c).select("segment_tokens", pl.col("sch_pct").alias(f"sch_{c}_pct")),
+                       on="segment_tokens", how="left")
+    atomic_write_text(ctx.out / "tables" / "srp_sch.csv", seg.write_csv(float_precision=6))
 
 
 def layer_summary(frame: pl.DataFrame, values: dict[str, str], label: str | None = None, by: str | None = None) -> pl.DataFrame:
@@ -744,6 +780,8 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
     from replay.core.simulate import is_over_budget, within_budget
 
     rows: list[dict[str, Any]] = []
+    if ctx.shared.get("locality") is not None:  # the first question: is this routing cacheable at all?
+        rows.append({"kind": "cacheable", **ctx.shared["locality"]})
     cells = ctx.shared.get("cache_rows") or []
     compared = ctx.shared.get("cache_compared") or []
     model = ctx.shared.get("cost_model")

@@ -17,10 +17,10 @@ def _mib(v: float | None) -> str:
     return "-" if v is None else f"{v:,.1f} MiB"
 
 
-def answer_lines(prof: Profile) -> list[str]:
-    """The answer to "is this routing cacheable?": one headline and the three figures it rests on
-    (hot set against the budget, reuse within one step and within one token's routing, SCH)."""
-    a = prof.answer
+def answer_lines(a: dict[str, Any]) -> list[str]:
+    """The answer to "is this routing cacheable?" (``Profile.answer``, or the report's verdict row):
+    one headline and the three figures it rests on (hot set against the budget, reuse within one
+    step and within one token's routing, SCH)."""
     ph = a["phase"]
     budget = a["budget_mib"]
     hot, n_hot = a["hot_set_80_mib"], a["hot_set_80_experts"]
@@ -50,7 +50,7 @@ def answer_lines(prof: Profile) -> list[str]:
 
 def profile_text(trace: Any, prof: Profile, per_layer: bool = True) -> str:
     k = prof.top_k
-    out = [*answer_lines(prof), ""]
+    out = [*answer_lines(prof.answer), ""]
     summ = summary(prof)
     cols = ["layer", "routings", "topk_pct", "hot_set_80", "gini", "experts_never_routed", "hottest_vs_uniform",
             "drift_kept_pct", "reused_pct", "within_1_steps_pct", "lru_hit_pct_at_token_cycle", "srp16_pct",

@@ -14,7 +14,8 @@ from replay.present.format import exact, fmt_q
 
 # the row kinds and the section each links to (the section's title: its anchor is made from it)
 EVIDENCE = {"cache": "Expert cache", "predictor": "Predictor accuracy (decode)", "prefetch": "Prefetch and retention what-ifs",
-            "drop": "Drop-cold trade-off", "cost": "Cost model", "quality": "Quality (drop-cold measured in the model)"}
+            "drop": "Drop-cold trade-off", "cost": "Cost model", "quality": "Quality (drop-cold measured in the model)",
+            "cacheable": "Expert popularity"}
 
 
 def _link(kind: str, anchors: dict[str, str]) -> str:
@@ -91,6 +92,13 @@ def _paired(r: dict[str, Any], prefix: str, what: str = "") -> str:
     if tied:
         out += f"; tied with {r[f'{prefix}policy']} within noise{' on time' if prefix else ''}: {', '.join(tied)}"
     return out
+
+
+def cacheable_line(r: dict[str, Any]) -> str:
+    """The profile's headline (replay.present.profile.answer_lines); its figures are in the section."""
+    from replay.present.profile import answer_lines
+
+    return answer_lines(r)[0].rstrip(".")
 
 
 def predictor_line(r: dict[str, Any]) -> str:
@@ -173,7 +181,8 @@ def verdict_lines(rows: list[dict[str, Any]], anchors: dict[str, str]) -> list[s
             if r is same[0]:
                 out.append(quality_line(same) + "." + _link(k, anchors))
             continue
-        line = {"cache": cache_line, "predictor": predictor_line, "prefetch": prefetch_line, "cost": cost_line}[k](r)
+        line = {"cache": cache_line, "predictor": predictor_line, "prefetch": prefetch_line, "cost": cost_line,
+                "cacheable": cacheable_line}[k](r)
         out.append(line + "." + _link(k, anchors))
     return out or ["The trace cannot answer the cache question (see what is missing below)."]
 
