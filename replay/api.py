@@ -517,3 +517,55 @@ def profile(trace: TraceLike, *, phase: str = "decode", budget_mib: float | None
 
     return summary(profile_run(trace, phase=phase, budget_mib=budget_mib, segment_lengths=segment_lengths,
                                drift_window=drift_window))
+
+
+@_api
+def curve_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "layer"), budgets_mib: Sequence[float] | None = None,
+              sample_rate: float | None = None, sample_size: int | None = None, seed: int = 0,
+              tolerances_pp: Sequence[float] = (1.0, 5.0), cost_model: Any = None, foreign_cost_model: bool = False,
+              loads: Any = None):
+    """:func:`curve` with everything the command prints beside the rows: a
+    :class:`replay.analyses.curve.Curve` (``.frame``, ``.per_layer`` (each MoE layer's own LRU curve
+    at 0..n_expert entries), ``.answer`` (the budget answer: plateau, knees, the cliff below T, what
+    each doubling buys), ``.token_cycle_bytes``, ``.working_set_bytes``, ``.notes``)."""
+    from replay.analyses.curve import compute_curve
+    from replay.analyses.info import require_routings
+    from replay.core.simulate import loads_of
+    from traces.util.units import budget_bytes
+
+    if not 0 <= seed < 1 << 63:
+        raise UserError(f"--seed: {seed} is not in 0..2^63-1.")
+    tols = [float(x) for x in tolerances_pp]
+    if not tols or any(not 0 <= x < 100 for x in tols):
+        raise UserError(f"tolerances_pp {tols}: each must be in [0, 100) percentage points.")
+    t = _trace(trace)
+    require_routings(t, "replay")
+    cost_model = _applied(cost_model, t, foreign_cost_model)
+    blist = _budgets(budgets_mib) if budgets_mib is not None else []
+    loads = loads if loads is not None else loads_of(t)
+    res = compute_curve(loads, policies=tuple(policies), budgets_bytes=[budget_bytes(b) for b in blist],
+                        sample_rate=sample_rate, sample_size=sample_size, seed=seed, tolerances_pp=tuple(tols))
+    if cost_model is not None and res.frame.height:
+        res.frame = with_time(res.frame, cost_model, trace=t, foreign_cost_model=foreign_cost_model)
+    return res
+
+
+@_api
+def curve(trace: TraceLike, *, policies: Sequence[str] = ("lru", "layer"), budgets_mib: Sequence[float] | None = None,
+          sample_rate: float | None = None, sample_size: int | None = None, seed: int = 0,
+          tolerances_pp: Sequence[float] = (1.0, 5.0), cost_model: Any = None,
+          foreign_cost_model: bool = False) -> pl.DataFrame:
+    """The hit-rate curve in one pass, exactly equal to replaying each budget: ``lru`` (global) and
+    ``layer`` (the budget split equally over the MoE layers) at every budget where the curve
+    changes, from the smallest to the working set, plus ``budgets_mib``; ``layer-opt`` (the best
+    per-layer LRU partition) at ``budgets_mib`` only. One row per (policy, budget) with the cache
+    rows' keys (``budget_mib``, ``hit_pct_decode``, ``hit_pct_cum``, ``read_mib``,
+    ``overflow_loads``, ``over_budget``, ...; no ``peak_resident_mib`` or ``evictions``: the
+    curve does not track them) plus ``requested`` (a budget of ``budgets_mib``) and ``sampled``.
+    ``sample_rate`` (0-1] or ``sample_size`` (entries): SHARDS sampling of ``lru``'s entries,
+    seeded by ``seed`` (estimates; overflow marks stay exact). With ``cost_model``:
+    ``ms_per_token`` and ``tok_s`` as in :func:`cache`. ``belady`` has no one-pass curve (refused,
+    with why). :func:`curve_run` also returns each layer's own curve and the budget answer."""
+    return curve_run(trace, policies=policies, budgets_mib=budgets_mib, sample_rate=sample_rate, sample_size=sample_size,
+                     seed=seed, tolerances_pp=tolerances_pp, cost_model=cost_model,
+                     foreign_cost_model=foreign_cost_model).frame

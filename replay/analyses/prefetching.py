@@ -95,10 +95,10 @@ def guesses(trace: Trace, predictor: str, drop_frac: float | None = None, arr: R
         raise UserError(f"{option} {predictor}: not a prefetch predictor (use one of {', '.join(registry.prefetch_names())}).")
     reason = registry.check(fam, trace, d)
     if reason:
-        raise UserError(f"{option}: {reason}")
+        raise UserError(f"{option}: {trace.path}: {reason}")
     reason = registry.unavailable(fam, trace)
     if reason:
-        raise UserError(f"{option} {predictor}: {reason}.")
+        raise UserError(f"{option} {predictor}: {trace.path}: {reason}.")
     arr = arr if arr is not None else trace.arrays(recorded=False)
     k, n_expert = trace.top_k, trace.n_expert
     dec = arr.phase == PHASE_DECODE

@@ -453,6 +453,7 @@ def section_cache(ctx: ReportContext) -> Section:
     vlines = {f"T = one token cycle ({T:.1f} MiB)": T}
     if rec is not None:
         vlines[f"recorded budget ({plots.budget_label(float(rec))})"] = float(rec)
+    _curve_figure(ctx, s, loads, rec, vlines)
     for col, png, title, ylabel, ylim, caption in (
             ("hit_pct_decode", "cache_curves.png", "Expert-cache hit rate vs budget (decode loads)", "decode-only hit rate (%)",
              (0, 102), "Pick the highest curve at the memory you can give the cache; the distance to the Belady curve is "
@@ -578,6 +579,54 @@ def section_cache(ctx: ReportContext) -> Section:
                           collapsed=True))
     s.tables.append(Table("cache_per_layer", per_layer, f"{chosen} per layer and budget", collapsed=True))
     return s
+
+
+def _curve_figure(ctx: ReportContext, s: Section, loads: Any, rec: float | None, vlines: dict[str, float]) -> None:
+    """The section's main figure: LRU's exact curve at every budget where it changes (one pass,
+    :mod:`replay.analyses.curve`), the recorded budget and the knee marked; the budget answer as a
+    table; the answer kept for the verdict (``ctx.shared["curve_answer"]``)."""
+    from replay.analyses.curve import compute_curve
+    from replay.present import plots
+    from traces.util.units import budget_bytes
+
+    cv = compute_curve(loads, policies=("lru",), budgets_bytes=[budget_bytes(float(rec))] if rec is not None else [])
+    a = cv.answer
+    ctx.shared["curve_answer"] = a
+    if cv.frame.height == 0 or a["metric"] is None:
+        return
+    f = cv.frame.sort("budget_mib")
+    knee = next((k for k in a["knees"] if k["budget_mib"] is not None), None)  # the tightest tolerance that has one
+    lines = dict(vlines)
+    if knee is not None:
+        lines[f"knee: within {knee['tolerance_pp']:g} pp of the plateau ({knee['budget_mib']:.1f} MiB)"] = knee["budget_mib"]
+    series = {"lru (exact, every budget)": (f["budget_mib"].to_numpy(), f[a["metric"]].to_numpy())}
+    ob = f.filter(pl.col("over_budget"))
+    if ob.height:
+        series["over budget (needs more memory)"] = (ob["budget_mib"].to_numpy(), ob[a["metric"]].to_numpy())
+    what = "decode-only" if a["metric"] == "hit_pct_decode" else "cumulative"
+    s.images.insert(0, plots.lines(
+        series, ctx.out / "cache_lru_curve.png", f"LRU hit rate at every budget ({what}), exact", "cache budget (MiB/GiB, log scale)",
+        f"{what} hit rate (%)", vlines=lines, budget_x=True, ylim=(0, 102), markers=False,
+        styles={"over budget (needs more memory)": {"linestyle": "none", "marker": "x", "markersize": 5, "color": "black"}},
+        caption=f"How much cache LRU needs: its hit rate at each of the {f.height:,} budgets where it changes, computed in one "
+                f"pass and equal to a replay at each. The plateau ({a['plateau_pct']:.1f}% at the working set, "
+                f"{a['w_mib']:.1f} MiB) is where only first visits miss; the knee is the smallest budget within "
+                f"{knee['tolerance_pp']:g} pp of it." if knee else
+                f"How much cache LRU needs: its hit rate at each of the {f.height:,} budgets where it changes, exact; no "
+                "within-budget budget comes within the knee's tolerance of the plateau."))
+    # at_mib: a figure read off the curve (1 decimal), not a budget the user chose
+    rows = [{"point": "plateau (working set W)", "at_mib": a["w_mib"], "hit_pct": a["plateau_pct"], "gain_pp": None}]
+    rows += [{"point": f"knee: within {k['tolerance_pp']:g} pp of the plateau", "at_mib": k["budget_mib"],
+              "hit_pct": k["hit_pct"], "gain_pp": None} for k in a["knees"]]
+    rows += [{"point": "just below T (the cliff)", "at_mib": a["t_mib"], "hit_pct": a["below_t_pct"], "gain_pp": None},
+             {"point": "at T", "at_mib": a["t_mib"], "hit_pct": a["at_t_pct"], "gain_pp": None}]
+    rows += [{"point": f"doubling from {d['from_mib']:.1f} MiB", "at_mib": d["to_mib"], "hit_pct": d["hit_pct"],
+              "gain_pp": d["gain_pp"]} for d in a["doublings"]]
+    s.tables.append(Table("cache_budget_answer", pl.DataFrame(rows, schema_overrides={"at_mib": pl.Float64,
+                                                                                      "hit_pct": pl.Float64,
+                                                                                      "gain_pp": pl.Float64}),
+                          f"how much cache LRU needs ({what} hit %, from its exact curve; `moe-replay curve` has every "
+                          "budget): the plateau, the knees, the cliff below one token cycle T and what each doubling buys"))
 
 
 OPT_BOUND_MAX_LOADS = 20_000  # Qwen's phone run: 6,192 loads, 7-30 s; a 3,000-token 16-layer trace (48,500): minutes
@@ -822,6 +871,12 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
                         f"{prefix}tied_with": (d or {}).get("tied"), f"{prefix}vs_lru_text": (d or {}).get("text")})
         row["over_budget_left_out"] = ", ".join(f"{r['policy']} (peak {fmt_q(r['peak_resident_mib'], 'mib')} MiB)"
                                                 for r in over) or None
+        ans = ctx.shared.get("curve_answer")
+        if ans and ans.get("metric") and not any(x["kind"] == "cache" for x in rows):  # the knee, once: on the first budget
+            knee = next((k for k in ans["knees"] if k["budget_mib"] is not None), None)
+            row.update({"curve_plateau_pct": ans["plateau_pct"], "curve_knee_mib": knee and knee["budget_mib"],
+                        "curve_knee_tolerance_pp": knee and knee["tolerance_pp"],
+                        "curve_knee_hit_pct": knee and knee["hit_pct"]})
         rows.append(row)
     if model is not None and rows:
         given = ctx.cost_model is not None

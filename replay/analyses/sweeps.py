@@ -9,7 +9,7 @@ Layout of RESULTS::
 
     sweep.json            what the last sweep did (grid, engine, cells, tables); "complete": false while one runs
     grid.toml             a copy of the grid the tables were made from
-    <kind>.parquet        one table per analysis kind of the grid (cache, predict, drop, prefetch, retention)
+    <kind>.parquet        one table per analysis kind of the grid (cache, predict, drop, prefetch, retention, curve)
     chunks/NNNNNN.parquet the cell store: one atomically written file per finished batch of cells
                           (compacted into one file when a sweep ends)
     .lock                 held (flock) while a sweep writes: a second sweep on the same RESULTS refuses
@@ -49,7 +49,7 @@ from traces.io.digest import sha256_file, trace_content_id
 from traces.util.units import parse_budget_mib
 
 FORMAT = "moe-replay-sweep"
-KIND_ORDER = ("cache", "predict", "drop", "prefetch", "retention")
+KIND_ORDER = ("cache", "predict", "drop", "prefetch", "retention", "curve")
 
 EXAMPLE = '''\
 # moe-replay sweep grid (TOML). Run: moe-replay sweep THIS.toml -o RESULTS
@@ -57,7 +57,7 @@ EXAMPLE = '''\
 traces = ["runs/qwen", "runs/*-batch8"]   # trace directories or globs (each glob must match)
 
 # One table per analysis kind; each key is a keyword argument of that replay.<function>
-# (cache, predict, drop, prefetch; retention = replay.retain). A list is crossed: one cell per
+# (cache, predict, drop, prefetch, curve; retention = replay.retain). A list is crossed: one cell per
 # combination. The plural spellings below (policies, budgets_mib, predictors, modes, caps, ...)
 # are the lists of the singular keyword.
 
@@ -86,6 +86,9 @@ caps = [2]
 predictors = ["prev-token"]
 policies = ["lru"]
 budgets_mib = [2000]
+
+[curve]                                   # replay.curve: one cell per policy, its whole curve in one pass
+policies = ["lru", "layer"]               # (every budget where it changes, each equal to a replay there)
 '''
 
 
@@ -118,6 +121,9 @@ KINDS: dict[str, Kind] = {
                      dict(_COMMON_REFUSED)),
     "retention": Kind("retention", "retain", {"policies": "policy", "budgets_mib": "budget_mib"},
                       {"predictors": "predictor"}, dict(_COMMON_REFUSED)),
+    "curve": Kind("curve", "curve", {"policies": "policy"}, {"budgets_mib": "budget_mib", "sample_rates": "sample_rate",
+                                                             "cost_models": "cost_model"},
+                  {**_COMMON_REFUSED, "tolerances_pp": "the budget answer is the verb's and the API's, not a table's"}),
 }
 _FILE_KEYS = ("cost_model", "policy_file", "predictor_file")
 #: ``--workers`` is refused beyond this many local workers per core (a typo, not a pool).
@@ -445,6 +451,12 @@ def compute_cell(kind: str, path: str, params: dict[str, Any]) -> tuple[pl.DataF
         return api.drop(t, **kw), []
     if kind == "prefetch":
         return api.prefetch(t, **kw), []
+    if kind == "curve":  # one policy's whole curve per cell; a requested budget joins its rows
+        kw["policies"] = [kw.pop("policy")]
+        if "budget_mib" in kw:
+            b = kw.pop("budget_mib")
+            kw["budgets_mib"] = None if b is None else [b]
+        return api.curve(t, **kw), []
     raise AssertionError(kind)
 
 

@@ -58,6 +58,7 @@ VERB_MODULES += ("replay.cli.sweep",)
 VERB_MODULES += ("replay.cli.compare",)
 VERB_MODULES += ("replay.cli.upgrade",)
 VERB_MODULES += ("replay.cli.profile",)
+VERB_MODULES += ("replay.cli.curve",)
 
 
 def _echo(text: str) -> None:

@@ -42,7 +42,20 @@ def _preload(r: dict[str, Any]) -> str:
     return f" + {fmt_q(mib, 'mib')} MiB preloaded before the first token (its first lookups of those hit)" if mib else ""
 
 
+def _knee(r: dict[str, Any]) -> str:
+    """LRU's knee from the exact curve (replay.analyses.curve), on the first budget's line."""
+    if r.get("curve_knee_mib") is None:
+        return ""
+    return (f". LRU's exact curve bends at **{fmt_q(r['curve_knee_mib'], 'mib')} MiB** (the knee: within "
+            f"{exact(r['curve_knee_tolerance_pp'])} pp of its {fmt_q(r['curve_plateau_pct'], 'pct')}% plateau at the "
+            f"working set; {fmt_q(r['curve_knee_hit_pct'], 'pct')}% there)")
+
+
 def cache_line(r: dict[str, Any]) -> str:
+    return _cache_line(r) + _knee(r)
+
+
+def _cache_line(r: dict[str, Any]) -> str:
     head = f"**{exact(r['budget_mib'])} MiB** ({r['budget_from']}), decode: "
     if r["policy"] is None:
         return head + "no online policy stays within this budget (every one overflowed)"

@@ -52,6 +52,7 @@ SYNTH_CASES: list[tuple[str, list[str]]] = [
     ("compare_syn", ["compare", "{T}", "{T}", "--json"]),
     ("profile_syn", ["profile", "{T}", "--json", "--budget-mib", "150"]),
     ("profile_srv", ["profile", "{S}", "--json", "--phase", "all", "--segments", "2,4"]),
+    ("curve_syn", ["curve", "{T}", "--json", "--policies", "lru,layer,layer-opt", "--budgets", "100,200"]),
 ]
 # Cases that write a file or a directory ({W}/NAME): the file's bytes (or a Parquet table's rows) are compared.
 FILE_CASES: list[tuple[str, list[str], str]] = [
