@@ -94,7 +94,8 @@ def section_popularity(ctx: ReportContext) -> Section:
 
 def _locality(ctx: ReportContext, s: Section) -> None:
     """``profile``'s answer and figures (replay.analyses.locality) at the verdict's first budget, added
-    to the popularity section (collapsed: the page's length is budgeted, tests/test_report_browser.py);
+    to the popularity section as collapsed notes and two CSV tables (the page's length is budgeted,
+    tests/test_report_browser.py);
     the verdict opens with the answer (``ctx.shared["locality"]``)."""
     from replay.analyses.locality import profile, summary
     from replay.present.profile import answer_lines
@@ -107,17 +108,10 @@ def _locality(ctx: ReportContext, s: Section) -> None:
     s.notes += [line.strip() for line in answer_lines(prof.answer)]
     s.notes.append("Locality: the figures of `moe-replay profile` (docs/profile.md): popularity and drift per layer, "
                    "load-aware reuse distances (the share within a budget is LRU's hit % there), co-activation, and SRP/SCH "
-                   "as Liang et al. define them (tables/srp_sch.csv by segment length); `moe-replay profile TRACE -o DIR` "
-                   "draws them.")
-    s.tables.append(Table("locality", summary(prof), f"per-layer locality ({phase} routings; pooled row: layer blank)",
-                          columns=["layer", "routings", "topk_pct", "hot_set_80", "gini", "drift_kept_pct", "reused_pct",
-                                   "within_1_steps_pct", "lru_hit_pct_at_token_cycle", "srp16_pct", "sch16_2k_pct"],
-                          headers={"topk_pct": f"Hottest {tr.top_k} (% of slots)", "hot_set_80": "Experts for 80%",
-                                   "gini": "Gini", "drift_kept_pct": "Top set kept (%)", "reused_pct": "Ever reused (%)",
-                                   "within_1_steps_pct": "Reused next step (%)",
-                                   "lru_hit_pct_at_token_cycle": "LRU at T (% hits)", "srp16_pct": "SRP16 (%)",
-                                   "sch16_2k_pct": "SCH16 at 2k (%)"},
-                          digits={"gini": 3}, collapsed=True))
+                   "as Liang et al. define them: tables/locality.csv per layer, tables/srp_sch.csv by segment length; "
+                   "`moe-replay profile TRACE -o DIR` draws them.")
+    # tables/locality.csv (the per-layer table) and tables/srp_sch.csv: written, not shown (the page's length)
+    atomic_write_text(ctx.out / "tables" / "locality.csv", summary(prof).write_csv(float_precision=6))
     seg = prof.srp.filter(pl.col("request").is_null() & pl.col("layer").is_null()).select(
         "segment_tokens", "windows", "srp_pct", "threshold")
     sch = prof.sch.filter(pl.col("request").is_null() & pl.col("layer").is_null())
