@@ -11,7 +11,7 @@ returns one Polars DataFrame with the docs/design.md keys; bad input raises :cla
 
 Functions: open_trace, synth, cache, cache_run, retain, predict, predict_run, drop, prefetch, fit_cost_model,
 cost_fit, timeline_fit, load_cost_model, manual_cost_model, with_time, write_report, default_budgets_mib,
-policy_names, predictor_names, sweep, sweep_report, compare, compare_run, curve, curve_run.
+policy_names, predictor_names, sweep, sweep_report, compare, compare_run, curve, curve_run, profile, profile_run.
 
 Each function is imported from the module that holds it on first use: :mod:`replay.api` (and
 :mod:`replay.analyses.sweeps` for ``sweep`` and ``sweep_report``). No submodule of ``replay`` is named
@@ -44,6 +44,8 @@ __all__ = [
     "predict_run",
     "predictor_names",
     "prefetch",
+    "profile",
+    "profile_run",
     "retain",
     "sweep",
     "sweep_report",

@@ -558,6 +558,43 @@ def compare(trace_a: TraceLike, trace_b: TraceLike, *, tol: float = 1e-3, align:
 
 
 @_api
+def profile_run(trace: TraceLike, *, phase: str = "decode", budget_mib: float | None = None,
+                segment_lengths: Sequence[int] = (4, 16, 64, 256), drift_window: int = 16):
+    """:func:`profile` with everything the command prints: a :class:`replay.analyses.locality.Profile`
+    (``.popularity``, ``.drift``, ``.reuse``, ``.pairs``, ``.transitions``, ``.top_transitions``,
+    ``.srp``, ``.sch`` frames, ``.answer`` (is this routing cacheable?), the per-lookup reuse
+    distances and the transition counts). ``budget_mib`` default: the recorded budget."""
+    from replay.analyses.info import require_routings
+    from replay.analyses.locality import profile as _profile
+    from replay.core.phases import check_phase
+
+    check_phase(phase)
+    segs = [int(m) for m in segment_lengths]
+    if not segs or min(segs) < 1:
+        raise UserError(f"segment_lengths: {list(segment_lengths)!r} needs lengths >= 1 (tokens).")
+    if int(drift_window) < 1:
+        raise UserError(f"drift_window: {drift_window!r} is not >= 1 (tokens).")
+    t = _trace(trace)
+    require_routings(t, "profile")
+    return _profile(t, phase=phase, budget_mib=_budget(budget_mib), segment_lengths=tuple(segs),
+                    drift_window=int(drift_window))
+
+
+@_api
+def profile(trace: TraceLike, *, phase: str = "decode", budget_mib: float | None = None,
+            segment_lengths: Sequence[int] = (4, 16, 64, 256), drift_window: int = 16) -> pl.DataFrame:
+    """The routing's locality profile, one row per MoE layer and the pooled row (``layer`` null):
+    ``routings``, ``topk_pct`` (slots on the k hottest experts), ``hot_set_80``, ``gini``, ``experts_never_routed``,
+    ``hottest_vs_uniform``, ``drift_kept_pct``, ``reused_pct``, ``within_1_steps_pct``,
+    ``lru_hit_pct_at_token_cycle``, ``lru_hit_pct_at_budget``, ``srp16_pct``, ``sch16_2k_pct``,
+    ``cond_entropy_bits`` (docs/profile.md). :func:`profile_run` has every table behind them."""
+    from replay.analyses.locality import summary
+
+    return summary(profile_run(trace, phase=phase, budget_mib=budget_mib, segment_lengths=segment_lengths,
+                               drift_window=drift_window))
+
+
+@_api
 def curve_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "layer"), budgets_mib: Sequence[float] | None = None,
               sample_rate: float | None = None, sample_size: int | None = None, seed: int = 0,
               tolerances_pp: Sequence[float] = (1.0, 5.0), cost_model: Any = None, foreign_cost_model: bool = False,

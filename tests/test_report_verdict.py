@@ -209,6 +209,8 @@ def _check_printed(report, rows):
                     # with a cost model, what it is worth in time
                     + f", {'saves' if d['ms_saved_per_token'] >= 0 else 'costs'} {fmt_q(abs(d['ms_saved_per_token']), 'ms')} ms/token"
                     for d in drops] + ["proxy", "(#drop-cold-trade-off)"]
+        elif r["kind"] == "cacheable":  # replay.analyses.locality's answer, checked against the verbs in tests/test_profile.py
+            want = ["Is this routing cacheable?", "(#expert-popularity)"]
         else:
             want = [r["model"], "(#cost-model)"]
         for w in want:

@@ -90,7 +90,37 @@ def section_popularity(ctx: ReportContext) -> Section:
     s.tables.append(Table("concentration", frame, f"per-layer concentration ({phase} routings)",
                           columns=["layer", "routings", f"hot{k}_share_pct", "hottest_expert_pct", "experts_never_routed"],
                           headers=conc, collapsed=True))
+    _locality(ctx, s)
     return s
+
+
+def _locality(ctx: ReportContext, s: Section) -> None:
+    """``profile``'s answer and figures (replay.analyses.locality) at the verdict's first budget, added
+    to the popularity section as collapsed notes and two CSV tables (the page's length is budgeted,
+    tests/test_report_browser.py);
+    the verdict opens with the answer (``ctx.shared["locality"]``)."""
+    from replay.analyses.locality import profile, summary
+    from replay.present.profile import answer_lines
+
+    tr = ctx.trace
+    budget = ctx.verdict_budgets[0] if ctx.verdict_budgets else None
+    phase = "decode" if tr.token_counts()["tokens_decode"] else "prefill"
+    prof = profile(tr, phase=phase, budget_mib=budget)
+    ctx.shared["locality"] = prof.answer
+    s.notes += [line.strip() for line in answer_lines(prof.answer)]
+    s.notes.append("Locality: the figures of `moe-replay profile` (docs/profile.md): popularity and drift per layer, "
+                   "load-aware reuse distances (the share within a budget is LRU's hit % there), co-activation, and SRP/SCH "
+                   "as Liang et al. define them: tables/locality.csv per layer, tables/srp_sch.csv by segment length; "
+                   "`moe-replay profile TRACE -o DIR` draws them.")
+    # tables/locality.csv (the per-layer table) and tables/srp_sch.csv: written, not shown (the page's length)
+    atomic_write_text(ctx.out / "tables" / "locality.csv", summary(prof).write_csv(float_precision=6))
+    seg = prof.srp.filter(pl.col("request").is_null() & pl.col("layer").is_null()).select(
+        "segment_tokens", "windows", "srp_pct", "threshold")
+    sch = prof.sch.filter(pl.col("request").is_null() & pl.col("layer").is_null())
+    for c in sorted(set(sch["cache_experts"].to_list())):
+        seg = seg.join(sch.filter(pl.col("cache_experts") == c).select("segment_tokens", pl.col("sch_pct").alias(f"sch_{c}_pct")),
+                       on="segment_tokens", how="left")
+    atomic_write_text(ctx.out / "tables" / "srp_sch.csv", seg.write_csv(float_precision=6))
 
 
 def layer_summary(frame: pl.DataFrame, values: dict[str, str], label: str | None = None, by: str | None = None) -> pl.DataFrame:
@@ -901,6 +931,8 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
     from replay.core.simulate import is_over_budget, within_budget
 
     rows: list[dict[str, Any]] = []
+    if ctx.shared.get("locality") is not None:  # the first question: is this routing cacheable at all?
+        rows.append({"kind": "cacheable", **ctx.shared["locality"]})
     if ctx.shared.get("budget_answer") is not None:  # which budget? (replay.analyses.budget_choice)
         rows.append(dict(ctx.shared["budget_answer"]))
     cells = ctx.shared.get("cache_rows") or []
@@ -946,7 +978,7 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
         ans = ctx.shared.get("curve_answer")
         if ans and ans.get("metric") and not any(x["kind"] == "cache" for x in rows):  # the knee, once: on the budget answer
             knee = next((k for k in ans["knees"] if k["budget_mib"] is not None), None)  # (or the first budget's line)
-            (rows[0] if rows and rows[0].get("kind") == "budget" else row).update({"curve_plateau_pct": ans["plateau_pct"], "curve_knee_mib": knee and knee["budget_mib"],
+            next((x for x in rows if x["kind"] == "budget"), row).update({"curve_plateau_pct": ans["plateau_pct"], "curve_knee_mib": knee and knee["budget_mib"],
                         "curve_knee_tolerance_pp": knee and knee["tolerance_pp"],
                         "curve_knee_hit_pct": knee and knee["hit_pct"]})
         rows.append(row)

@@ -63,6 +63,7 @@ VERB_MODULES = ("replay.cli.cache", "replay.cli.predict", "replay.cli.whatif", "
 VERB_MODULES += ("replay.cli.sweep",)
 VERB_MODULES += ("replay.cli.compare",)
 VERB_MODULES += ("replay.cli.upgrade",)
+VERB_MODULES += ("replay.cli.profile",)
 VERB_MODULES += ("replay.cli.curve",)
 
 

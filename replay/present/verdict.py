@@ -15,7 +15,8 @@ from replay.present.format import exact, fmt_q
 # the row kinds and the section each links to (the section's title: its anchor is made from it)
 EVIDENCE = {"budget": "Expert cache", "retention": "Prefetch and retention what-ifs", "cache": "Expert cache",
             "predictor": "Predictor accuracy (decode)", "prefetch": "Prefetch and retention what-ifs",
-            "drop": "Drop-cold trade-off", "cost": "Cost model", "quality": "Quality (drop-cold measured in the model)"}
+            "drop": "Drop-cold trade-off", "cost": "Cost model", "quality": "Quality (drop-cold measured in the model)",
+            "cacheable": "Expert popularity"}
 
 
 def _link(kind: str, anchors: dict[str, str]) -> str:
@@ -159,6 +160,13 @@ def _paired(r: dict[str, Any], prefix: str, what: str = "") -> str:
     return out
 
 
+def cacheable_line(r: dict[str, Any]) -> str:
+    """The profile's headline (replay.present.profile.answer_lines); its figures are in the section."""
+    from replay.present.profile import answer_lines
+
+    return answer_lines(r)[0].rstrip(".")
+
+
 def predictor_line(r: dict[str, Any]) -> str:
     return (f"Best predictor (decode; checks and oracles left out): **{r['predictor']}**, {fmt_q(r['slot_acc_pct'], 'pct')}% "
             f"slot accuracy ({fmt_q(r['whole_acc_pct'], 'pct')}% of routings named whole)")
@@ -256,7 +264,8 @@ def verdict_lines(rows: list[dict[str, Any]], anchors: dict[str, str]) -> list[s
             if r is same[0]:
                 out.append(quality_line(same) + "." + _link(k, anchors))
             continue
-        line = {"budget": budget_line, "cache": cache_line, "predictor": predictor_line, "prefetch": prefetch_line, "cost": cost_line}[k](r)
+        line = {"budget": budget_line, "cache": cache_line, "predictor": predictor_line, "prefetch": prefetch_line, "cost": cost_line,
+                "cacheable": cacheable_line}[k](r)
         out.append(line + "." + _link(k, anchors))
     return out or ["The trace cannot answer the cache question (see what is missing below)."]
 

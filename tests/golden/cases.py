@@ -50,6 +50,8 @@ SYNTH_CASES: list[tuple[str, list[str]]] = [
     ("prefetch_syn_gate", ["prefetch", "{T}", "--json", "--budget-mib", "150", "--predictor", "stale-gate[1]", "--cap", "2",
                            "--policy", "lfru", "--guard"]),
     ("compare_syn", ["compare", "{T}", "{T}", "--json"]),
+    ("profile_syn", ["profile", "{T}", "--json", "--budget-mib", "150"]),
+    ("profile_srv", ["profile", "{S}", "--json", "--phase", "all", "--segments", "2,4"]),
     ("curve_syn", ["curve", "{T}", "--json", "--policies", "lru,layer,layer-opt", "--budgets", "100,200"]),
 ]
 # Cases that write a file or a directory ({W}/NAME): the file's bytes (or a Parquet table's rows) are compared.
@@ -85,6 +87,7 @@ REAL_CASES: list[tuple[str, list[str]]] = [
     ("prefetch_{n}", ["prefetch", "{R}", "--json"]),
     ("costfit_{n}", ["cost", "fit", "{R}", "--json"]),
     ("costcheck_{n}", ["cost", "check", "{R}", "--json"]),
+    ("profile_{n}", ["profile", "{R}", "--json"]),
 ]
 
 _VERSION = re.compile(r'("(?:tool_version|version|moe_replay_version)"\s*:\s*)"[^"]*"')
