@@ -978,9 +978,10 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
         ans = ctx.shared.get("curve_answer")
         if ans and ans.get("metric") and not any(x["kind"] == "cache" for x in rows):  # the knee, once: on the budget answer
             knee = next((k for k in ans["knees"] if k["budget_mib"] is not None), None)  # (or the first budget's line)
-            next((x for x in rows if x["kind"] == "budget"), row).update({"curve_plateau_pct": ans["plateau_pct"], "curve_knee_mib": knee and knee["budget_mib"],
-                        "curve_knee_tolerance_pp": knee and knee["tolerance_pp"],
-                        "curve_knee_hit_pct": knee and knee["hit_pct"]})
+            at = next((x for x in rows if x["kind"] == "budget"), row)
+            at.update({"curve_plateau_pct": ans["plateau_pct"], "curve_knee_mib": knee and knee["budget_mib"],
+                       "curve_knee_tolerance_pp": knee and knee["tolerance_pp"],
+                       "curve_knee_hit_pct": knee and knee["hit_pct"]})
         rows.append(row)
     tail: list[dict[str, Any]] = []  # the predictor and the cost model: after the four answers (budget, policy, prefetch, drop)
     if model is not None and rows:
