@@ -326,7 +326,7 @@ def test_qwen_report_verdict_opens_with_the_cacheability_answer(real_trace_dir, 
     assert {k: rows[0][k] for k in answer} == answer
     md = (out / "index.md").read_text()
     first = md.split("## Verdict\n\n")[1].splitlines()[0]
-    assert first.startswith("- Is this routing cacheable? Yes at 4,000.0 MiB: the experts taking 80% of decode routed "
-                            "slots (3,333.5 MiB) fit in the budget; LRU hits 80.3% of decode lookups there")
+    assert first.startswith("- Is this routing cacheable? Yes at 4000 MiB: the experts taking 80% of decode routed "
+                            "slots (3333.5 MiB) fit in the budget; LRU hits 80.3% of decode lookups there")
     assert first.endswith("[→ Expert popularity](#expert-popularity)")
     assert (out / "tables" / "locality.csv").is_file() and (out / "tables" / "srp_sch.csv").is_file()

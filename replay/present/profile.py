@@ -10,11 +10,12 @@ import numpy as np
 import polars as pl
 
 from replay.analyses.locality import Profile, summary
-from replay.present.format import fmt_q, rows_of, text_table
+from replay.present.format import exact, fmt_q, rows_of, text_table
 
 
 def _mib(v: float | None) -> str:
-    return "-" if v is None else f"{v:,.1f} MiB"
+    """MiB as every other text and the report print them (``fmt_q``: one decimal, no separator)."""
+    return "-" if v is None else f"{fmt_q(v, 'mib')} MiB"
 
 
 def answer_lines(a: dict[str, Any]) -> list[str]:
@@ -30,10 +31,10 @@ def answer_lines(a: dict[str, Any]) -> list[str]:
         head = (f"Is this routing cacheable? No budget given (--budget-mib): the experts taking 80% of {ph} routed "
                 f"slots need {_mib(hot)}, of a working set of {_mib(a['working_set_mib'])}.")
     elif hot <= budget:
-        head = (f"Is this routing cacheable? Yes at {_mib(budget)}: the experts taking 80% of {ph} routed slots "
+        head = (f"Is this routing cacheable? Yes at {exact(budget)} MiB: the experts taking 80% of {ph} routed slots "
                 f"({_mib(hot)}) fit in the budget; LRU hits {fmt_q(a['lru_hit_pct_at_budget'], 'pct')}% of {ph} lookups there.")
     else:
-        head = (f"Is this routing cacheable? Not by popularity at {_mib(budget)}: the experts taking 80% of {ph} "
+        head = (f"Is this routing cacheable? Not by popularity at {exact(budget)} MiB: the experts taking 80% of {ph} "
                 f"routed slots need {_mib(hot)}; what a cache gains there comes from reuse in time (LRU hits "
                 f"{fmt_q(a['lru_hit_pct_at_budget'], 'pct')}% of {ph} lookups).")
     lines = [head,
