@@ -718,7 +718,10 @@ def _curve_figure(ctx: ReportContext, s: Section, loads: Any, rec: float | None,
                                                                                       "hit_pct": pl.Float64,
                                                                                       "gain_pp": pl.Float64}),
                           f"how much cache LRU needs ({what} hit %, from its exact curve; `moe-replay curve` has every "
-                          "budget): the plateau, the knees, the cliff below one token cycle T and what each doubling buys"))
+                          "budget): the plateau, the knees, the cliff below one token cycle T and what each doubling buys",
+                          headers={"point": "point of the curve", "at_mib": "budget (MiB)", "hit_pct": f"{what} hit %",
+                                   "gain_pp": "gain (points)"},
+                          collapsed=True))  # the verdict's budget line names the knee; the figure above shows them all
 
 
 OPT_BOUND_MAX_LOADS = 20_000  # Qwen's phone run: 6,192 loads, 7-30 s; a 3,000-token 16-layer trace (48,500): minutes
