@@ -6,7 +6,8 @@ each expert e by
 
     score(e) = w / (1 + rank_A(e)) + (1 - w) / (1 + rank_B(e))
 
-(rank 0 = a predictor's first guess; a predictor that does not name e, or does not score the
+(rank 0 = a predictor's first guess; only each part's first k guesses count, so the mix does not
+depend on how wide a list was asked for; a predictor that does not name e, or does not score the
 routing, adds nothing), ties broken by e's best rank in A, then in B, then expert id; the list is
 cut at the width (the cap). Scored where A or B is. Its guess exists as early as the later of the
 two (lead = the smaller of their leads).
@@ -64,7 +65,7 @@ def unavailable(trace) -> str | None:
 
     for p in spec.get()[:2]:
         fam, _ = registry.parse_predictor(p, "--mix")
-        why = registry.unavailable(fam, trace) or registry.check(fam, trace, registry.parse_predictor(p)[1])
+        why = registry.unavailable(fam, trace)
         if why:
             return f"its part {p} cannot run: {why}"
     return None
@@ -102,5 +103,6 @@ def predict(trace, arr, in_phase: np.ndarray, width: int, split=None) -> Predict
     req = [registry.parse_predictor(a, "--mix"), registry.parse_predictor(b, "--mix")]
     got = registry.run(trace, arr, in_phase, width, req, split=split)
     pa, pb = got[registry.full_name(*req[0])], got[registry.full_name(*req[1])]
-    ranked, scored = combine(pa.ranked, pa.scored, pb.ranked, pb.scored, w, width, trace.n_expert)
+    k = min(trace.top_k, width)
+    ranked, scored = combine(pa.ranked[:, :k], pa.scored, pb.ranked[:, :k], pb.scored, w, width, trace.n_expert)
     return Prediction(NAME, ranked, scored)

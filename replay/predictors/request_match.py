@@ -103,3 +103,10 @@ def predict(trace, arr: RoutingArrays, in_phase: np.ndarray, width: int, trainin
                 cur[l, e] += 1
                 dots += A[:, l, e]
     return Prediction(NAME, ranked, scored)
+
+
+def note(trace, arr: RoutingArrays, in_phase: np.ndarray) -> str | None:
+    if arr.request is None or np.unique(arr.request[in_phase]).size < 2:
+        return ("request-match: the trace holds one request and a request is never matched to itself, so it scores "
+                "only when trained on another trace (--train-trace)")
+    return None
