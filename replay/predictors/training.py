@@ -95,12 +95,10 @@ def token_index(arr: Any) -> tuple[np.ndarray, np.ndarray]:
 
 def same_shapes(trace: Any, other: Any) -> str | None:
     """Why ``other`` cannot train a predictor scored on ``trace`` (one sentence), or None."""
-    def model(t: Any) -> Any:
-        return t.meta.get("model") or t.meta.get("model_name")
-
-    for what, a, b in (("model", model(trace), model(other)), ("n_expert", trace.n_expert, other.n_expert),
-                       ("top_k", trace.top_k, other.top_k), ("MoE layers", list(trace.moe_layers), list(other.moe_layers)),
-                       ("n_embd", trace.meta.get("n_embd"), other.meta.get("n_embd"))):
+    for what, a, b in (("model", trace.model.get("name"), other.model.get("name")),
+                       ("n_expert", trace.n_expert, other.n_expert), ("top_k", trace.top_k, other.top_k),
+                       ("MoE layers", list(trace.moe_layers), list(other.moe_layers)),
+                       ("n_embd", trace.model.get("n_embd"), other.model.get("n_embd"))):
         if a != b:
             return (f"{other.path} cannot train predictors scored on {trace.path}: its {what} is {b!r}, "
                     f"the scored trace's is {a!r}.")
