@@ -366,19 +366,24 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
 def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: float | None = None, policy: str = "lru",
              cap: int | None = None, guard: bool = False, drop_frac: float | None = None, retain: bool = False,
              cost_model: Any = None, policy_file: Any = None, predictor_file: Any = None,
-             foreign_cost_model: bool = False) -> pl.DataFrame:
+             foreign_cost_model: bool = False, train: str | None = None, train_trace: TraceLike | None = None,
+             seed: int = 0, mix: Any = None) -> pl.DataFrame:
     """One row: speculative prefetch of ``predictor``'s guesses into the same cache at
     ``budget_mib`` (default: the recorded budget) against no prefetch and against the best plain
     online policy at that budget (``best_plain_*``). With ``cost_model``: ``ms_per_token``,
-    ``tok_s`` and a ``verdict`` (``foreign_cost_model`` as in :func:`cache`)."""
+    ``tok_s`` and a ``verdict`` (``foreign_cost_model`` as in :func:`cache`). A learning predictor
+    is fitted held out (``train`` / ``train_trace`` / ``seed`` / ``mix`` as in :func:`predict`) and
+    guesses only for tokens it never learned from."""
     from replay.analyses.prefetching import best_plain, with_best_plain, with_prefetch_time
     from replay.analyses.prefetching import prefetch as _prefetch
 
     _plugins(policy_file, predictor_file)
     t = _trace(trace)
     cost_model = _applied(cost_model, t, foreign_cost_model)
-    frame = _prefetch(t, predictor, budget_mib=_budget(budget_mib), policy=policy, cap=cap, guard=guard, drop_frac=drop_frac,
-                      retain=retain, model=cost_model)
+    with _mixed(mix):
+        frame = _prefetch(t, predictor, budget_mib=_budget(budget_mib), policy=policy, cap=cap, guard=guard,
+                          drop_frac=drop_frac, retain=retain, model=cost_model, train=train,
+                          train_trace=_trace(train_trace) if train_trace is not None else None, seed=seed)
     if cost_model is not None:
         from replay.present.whatif import with_verdict
 

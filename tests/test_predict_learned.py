@@ -243,3 +243,54 @@ def test_mix_and_byte_budget(tmp_path):
     assert ov["mix"]["slot_acc_pct"] == ov["pair-table[1]"]["slot_acc_pct"]
     with pytest.raises(UserError, match="weight"):
         predict_run(tr, predictors=["mix"], mix="prev-token,pair-table[1],2")
+
+
+# -- learned-gate: the learned counterpart of stale-gate --------------------------------------------
+@pytest.mark.parametrize("kind", ["softmax", "sigmoid-bias"])
+def test_learned_gate_reaches_ctrl_when_the_router_input_carries_over(tmp_path, kind):
+    from tests.predict_traces import gating_meta
+    from tests.predict_traces import write_trace as write_gate_trace
+
+    path = write_gate_trace(tmp_path / "g", n_layer=3, moe_layers=[0, 1, 2], n_expert=8, top_k=2, n_embd=6,
+                            gating=gating_meta(kind), turns=[(4, 120)], seed=7, consistent=1.0, shared_gate=True,
+                            continuous=True, tokens_per_part=40)
+    tr = open_trace(path)
+    res = evaluate(tr, ["ctrl", "stale-gate[1]", "learned-gate[1]"])
+    assert res.train == "50%"  # held out: fitted on the first 60 decode tokens, scored on the last 60
+    lg, ctrl = _overall(res, "learned-gate[1]"), _overall(res, "ctrl")
+    assert ctrl["slot_acc_pct"] == 100.0 and lg["in_sample"] is False
+    assert lg["slot_acc_pct"] == ctrl["slot_acc_pct"] and lg["whole_acc_pct"] == 100.0
+    assert lg["scored"] == 2 * 60  # layers 1 and 2 of the 60 held-out tokens (layer 0 has no source)
+    # a fresh input per layer: the regression has nothing to carry over, well below ctrl
+    path2 = write_gate_trace(tmp_path / "h", n_layer=3, moe_layers=[0, 1, 2], n_expert=8, top_k=2, n_embd=6,
+                             gating=gating_meta(kind), turns=[(4, 120)], seed=7, consistent=1.0, continuous=True)
+    lg2 = _overall(evaluate(open_trace(path2), ["learned-gate[1]"]), "learned-gate[1]")
+    assert lg2["slot_acc_pct"] < 60.0
+
+
+def test_learned_gate_is_unavailable_without_router_inputs(tmp_path):
+    rng = np.random.default_rng(8)
+    res = evaluate(open_trace(_write(tmp_path / "t", rng.integers(0, 8, size=(20, 2)))), ["learned-gate[1]", "prev-token"])
+    assert res.unavailable and res.unavailable[0]["predictor"] == "learned-gate[1]"
+    assert "gate_input" in res.unavailable[0]["reason"]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), kind=st.sampled_from(["softmax", "sigmoid", "sigmoid-bias", "softmax_weight"]),
+       shared=st.booleans(), n_embd=st.integers(1, 5), d=st.integers(1, 2), train=st.sampled_from([None, "30%", "in-sample"]),
+       phase=st.sampled_from(["decode", "all"]))
+def test_learned_gate_equals_its_twin(tmp_path_factory, seed, kind, shared, n_embd, d, train, phase):
+    # continuous gate inputs: the fast fit (BLAS, LAPACK) and the twin's (loops, Gauss-Jordan) agree
+    # to ~1e-12, far inside any gap between two experts' predicted logits
+    from tests.predict_traces import gating_meta
+    from tests.predict_traces import write_trace as write_gate_trace
+
+    path = write_gate_trace(tmp_path_factory.mktemp("lg") / "t", n_layer=3, moe_layers=[0, 1, 2], n_expert=6, top_k=2,
+                            n_embd=n_embd, gating=gating_meta(kind), turns=[(3, 12)], seed=seed, consistent=0.7,
+                            shared_gate=shared, continuous=True, tokens_per_part=5)
+    names = [f"learned-gate[{d}]", "ctrl"]
+    got = evaluate(open_trace(path), names, phase=phase, train=train).frame.to_dicts()
+    want = naive_evaluate(path, names, phase=phase, train=train)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert {c: g[c] for c in w} == w, (g, w)

@@ -275,11 +275,17 @@ def section_predictors(ctx: ReportContext) -> Section:
                   + (" of each request" if tr.has("request") else "") + ", the first d MoE "
                   "layers for stale-gate[d], no prompt for static-hot-prompt) are counted apart, never as wrong; "
                   "a layer with nothing scored shows '-'.")
+    if res.train_text:
+        s.text.append(f"Training: {res.train_text} ({res.evaluated:,} decode routings scored, every predictor on the same "
+                      "ones): the learners (static-hot, pair-table, request-match, mix) never saw a scored token. "
+                      "Intervals: 95%, seeded block bootstrap over the scored tokens (whole requests when there are "
+                      "at least 8); vs prev-token: slot accuracy minus prev-token's on the same resamples.")
     s.text += res.warnings + res.notes
     s.missing += [(f"{u['predictor']} predictor", u["reason"]) for u in res.unavailable]
     head = overall.with_columns(pl.col("predictor").map_elements(describe, return_dtype=pl.String).alias("measures"))
     s.tables.append(Table("predict_overall", head, "headline per predictor (decode)",
-                          columns=["predictor", "slot_acc_pct", "whole_acc_pct", "scored", "unscored", "measures"]))
+                          columns=["predictor", "slot_acc_pct", "slot_acc_ci_low", "slot_acc_ci_high", "whole_acc_pct",
+                                   "mass_pct", "vs_prev_token_pp", "vs_prev_token", "scored", "unscored", "measures"]))
     ctx.shared["predictor"] = best_predictor(head.to_dicts())
     per = res.per_layer()
     if per.height:
@@ -361,15 +367,15 @@ def _accuracy_plot(ctx: ReportContext, res: Any, by_horizon: dict) -> tuple[str,
 
 
 def best_predictor(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The predictor an engine could use (not a check such as ``ctrl``, not an oracle such as
-    ``static-hot``) with the highest decode slot accuracy; ties to the name first alphabetically."""
+    """The predictor an engine could use (not a check such as ``ctrl``, not an oracle, not a learner
+    scored in-sample) with the highest decode slot accuracy; ties to the name first alphabetically."""
     from replay.predictors import module, parse_predictor
 
     def usable(name: str) -> bool:
         m = module(parse_predictor(name)[0])
         return getattr(m, "PREFETCH", True) and not getattr(m, "ORACLE", False)
 
-    ok = [r for r in rows if r.get("slot_acc_pct") is not None and usable(r["predictor"])]
+    ok = [r for r in rows if r.get("slot_acc_pct") is not None and usable(r["predictor"]) and not r.get("in_sample")]
     return min(ok, key=lambda r: (-r["slot_acc_pct"], r["predictor"])) if ok else None
 
 

@@ -28,8 +28,11 @@ Built-ins:
 - :mod:`.prev_token` — what this layer routed for the previous token of the turn;
 - :mod:`.stale_gate` — layer l's router on the gate input of the MoE layer d places earlier, and
   :mod:`.ctrl` — layer l's router on its own gate input (must reproduce the routing);
-- :mod:`.static_hot`, :mod:`.static_hot_prompt` — the layer's most-routed experts (oracle over
-  the scored phase, or learned from the prompt only).
+- :mod:`.static_hot`, :mod:`.static_hot_prompt` — the layer's most-routed experts (learned on the
+  training split, or from the prompt only);
+- learners fitted on a training split and scored on tokens they never saw (:mod:`.training`):
+  :mod:`.pair_table` (``pair-table[d]``), :mod:`.request_match`, :mod:`.learned_gate`
+  (``learned-gate[d]``), and :mod:`.mix`, a weighted union of two predictors.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ REGISTRY: dict[str, str] = {
     "static-hot-prompt": "replay.predictors.static_hot_prompt",
     "pair-table": "replay.predictors.pair_table",
     "request-match": "replay.predictors.request_match",
+    "learned-gate": "replay.predictors.learned_gate",
     "mix": "replay.predictors.mix",
 }
 ENTRY_POINT_GROUP = "moe_replay.predictors"

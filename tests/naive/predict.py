@@ -51,7 +51,23 @@ def ranking(vals: list[float]) -> list[int]:
     return sorted(range(len(vals)), key=lambda e: (-vals[e], e))
 
 
-LEARNERS = ("static-hot", "pair-table", "request-match", "mix")
+LEARNERS = ("static-hot", "pair-table", "request-match", "mix", "learned-gate")
+
+
+def _solve(A: list[list[float]], B: list[list[float]]) -> list[list[float]]:
+    """A X = B by Gauss-Jordan elimination with partial pivoting (plain floats)."""
+    n = len(A)
+    M = [list(A[i]) + list(B[i]) for i in range(n)]
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(M[r][c]))
+        M[c], M[p] = M[p], M[c]
+        piv = M[c][c]
+        M[c] = [v / piv for v in M[c]]
+        for r in range(n):
+            if r != c and M[r][c] != 0.0:
+                f = M[r][c]
+                M[r] = [a - f * b for a, b in zip(M[r], M[c])]
+    return [row[n:] for row in M]
 
 
 def _learns(name: str) -> bool:
@@ -215,6 +231,48 @@ def naive_evaluate(path, names: list[str], width: int | None = None, phase: str 
                     continue
                 named.sort(key=lambda e: (-score[e], ba.get(e, rank_w), bb.get(e, rank_w), e))
                 pred[i] = named[:rank_w]
+        elif name.startswith("learned-gate["):
+            # ridge regression of layer l's own logits on [gate input at l-d, 1] over the training
+            # tokens; lambda = 1e-6 x the mean of the normal matrix's diagonal
+            if not gate_ok:
+                return pred
+            d = int(name[len("learned-gate["):-1])
+            train_set = set(train_idx)
+
+            def logits_of(layer: int, g: list[float]) -> list[float]:
+                return [sum(gv * wv for gv, wv in zip(g, router[layer][e][0])) + router[layer][e][2] for e in range(n_expert)]
+
+            coef = {}
+            for j in range(d, len(moe)):
+                X, Y = [], []
+                for i in train_idx:
+                    if rows[i]["layer"] != moe[j]:
+                        continue
+                    src = row_of.get((token(i), moe[j - d]))
+                    if src is None or src not in train_set:
+                        continue
+                    X.append([float(v) for v in rows[src]["gate_input"]] + [1.0])
+                    Y.append(logits_of(moe[j], [float(v) for v in rows[i]["gate_input"]]))
+                if not X:
+                    continue
+                m = len(X[0])
+                G = [[sum(x[a] * x[b] for x in X) for b in range(m)] for a in range(m)]
+                lam = 1e-6 * sum(G[a][a] for a in range(m)) / m
+                for a in range(m):
+                    G[a][a] += lam
+                XY = [[sum(x[a] * y[e] for x, y in zip(X, Y)) for e in range(n_expert)] for a in range(m)]
+                coef[j] = _solve(G, XY)
+            for i in scored_idx:
+                j = moe.index(rows[i]["layer"])
+                if j < d or j not in coef:
+                    continue
+                src = row_of.get((token(i), moe[j - d]))
+                if src is None:
+                    continue
+                x = [float(v) for v in rows[src]["gate_input"]] + [1.0]
+                lg = [sum(x[a] * coef[j][a][e] for a in range(len(x))) for e in range(n_expert)]
+                bias = [router[rows[i]["layer"]][e][1] for e in range(n_expert)]
+                pred[i] = ranking(selection_values(lg, t.gating, bias))[:rank_w]
         elif name == "ctrl" or name.startswith("stale-gate["):
             if not gate_ok:
                 return pred
@@ -235,7 +293,7 @@ def naive_evaluate(path, names: list[str], width: int | None = None, phase: str 
 
     out = []
     for name in names:
-        if name in ("ctrl",) or name.startswith("stale-gate["):
+        if name in ("ctrl",) or name.startswith(("stale-gate[", "learned-gate[")):
             if not gate_ok:
                 continue
         pred = predictions(name)
@@ -296,6 +354,6 @@ def lead(name: str) -> int | None:
     """MoE layers ahead the guess exists: d for the depth-d predictors, none for the ctrl check, else 1."""
     if name == "ctrl":
         return None
-    if name.startswith(("stale-gate[", "pair-table[")):
+    if name.startswith(("stale-gate[", "pair-table[", "learned-gate[")):
         return int(name.split("[")[1][:-1])
     return 1
