@@ -82,7 +82,7 @@ def _check_against_verbs(trace, report, cost):
     pred = next(r for r in rows if r["kind"] == "predictor")
     got = _ok(run_cli("predict", trace, "--horizon", "1..2", "--json")).json()["rows"]
     overall = {p["predictor"]: p for p in got if p["layer"] is None}
-    usable = [p for n, p in overall.items() if n != "ctrl" and n != "static-hot" and p["slot_acc_pct"] is not None]
+    usable = [p for n, p in overall.items() if n != "ctrl" and not p.get("in_sample") and p["slot_acc_pct"] is not None]
     assert pred["predictor"] == min(usable, key=lambda p: (-p["slot_acc_pct"], p["predictor"]))["predictor"]
     for k in ("slot_acc_pct", "whole_acc_pct", "scored"):
         assert pred[k] == overall[pred["predictor"]][k], k

@@ -199,7 +199,7 @@ def with_prefetch_scores(frame: pl.DataFrame, trace: Trace, arr: Any, evaluated:
     - ``slot_acc_ci_low/high``, ``mass_ci_low/high``: 95% intervals of slot accuracy and weight-mass
       recall from the seeded block bootstrap of :mod:`replay.analyses.paired` over the evaluated
       tokens (whole requests when at least ``MIN_REQUESTS`` requests are scored), every predictor
-      on the same resamples; ``vs_prev_token_pp`` (+ interval, ``vs_prev_token`` better | worse |
+      on the same resamples, cut to 0..100; ``vs_prev_token_pp`` (+ interval, ``vs_prev_token`` better | worse |
       tie): slot accuracy minus prev-token's on those resamples (each over its own scored routings);
     - ``lead_layers``: MoE layers ahead the guess exists (null for a check such as ctrl);
     - ``unused_mib_per_token``: MiB the top-w guesses name that the router did not choose, summed
@@ -264,7 +264,9 @@ def with_prefetch_scores(frame: pl.DataFrame, trace: Trace, arr: Any, evaluated:
             for key, col, j in (("slot_acc", "slot_acc_pct", 0), ("mass", "mass_pct", 1)):
                 pt = ov[n][col]
                 iv = _interval(pt, acc[n][j], ev_tok.size, df) if pt is not None else None
-                e[f"{key}_ci_low"], e[f"{key}_ci_high"] = (iv.low, iv.high) if iv is not None else (None, None)
+                # a share's interval is cut to its domain 0..100 (a short trace's t quantile can reach past it)
+                ok = iv is not None and np.isfinite(iv.low) and np.isfinite(iv.high)
+                e[f"{key}_ci_low"], e[f"{key}_ci_high"] = (max(0.0, iv.low), min(100.0, iv.high)) if ok else (None, None)
             pv = ov.get("prev-token")
             if pv is not None and n != "prev-token" and ov[n]["slot_acc_pct"] is not None and pv["slot_acc_pct"] is not None:
                 dv = _interval(ov[n]["slot_acc_pct"] - pv["slot_acc_pct"], acc[n][0] - acc["prev-token"][0], ev_tok.size, df)
