@@ -10,6 +10,7 @@ import json
 import pytest
 
 from replay.analyses.cost_model import BOUNDS, cost_model_from_options
+from replay.analyses.paired import signed
 from replay.present.format import exact, fmt_q
 from replay.present.verdict import cache_line, prefetch_outcome, verdict_lines
 from tests.helpers import run_cli
@@ -147,7 +148,8 @@ def _check_printed(report, rows):
             if r["spec_fills"] and r["vs_baseline_time"] == "tie":  # the paired interval includes zero
                 want.append("tie within noise (±")
             if r["spec_fills"]:
-                want.append(f"(95% interval [{r['delta_ms_ci_low']:+.1f}, {r['delta_ms_ci_high']:+.1f}])")
+                # the verdict signs intervals as replay.analyses.paired.signed does (two decimals below 0.05)
+                want.append(f"(95% interval [{signed(r['delta_ms_ci_low'])}, {signed(r['delta_ms_ci_high'])}])")
         elif r["kind"] == "drop":
             drops = [x for x in rows if x["kind"] == "drop"]
             want = [f"F = {exact(d['frac'])}: {fmt_q(d['io_saved_pct'], 'pct')}%"

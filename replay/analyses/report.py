@@ -299,7 +299,7 @@ def section_predictors(ctx: ReportContext) -> Section:
         s.tables.append(Table("predict_per_layer", wide.select(cols), "slot accuracy % per MoE layer (decode)",
                               headers={p: f"{p} (%)" for p in cols[1:-1]}, collapsed=True))
         series = {}
-        for p in res.predictors:
+        for p in _plotted(res):
             f = per.filter(pl.col("predictor") == p).sort("layer")
             series[p] = (f["layer"].to_numpy(), f["slot_acc_pct"].fill_null(float("nan")).to_numpy())
         s.images.append(plots.lines(series, ctx.out / "predict_per_layer.png", "Predictor slot accuracy per layer (decode)",
@@ -317,6 +317,13 @@ def section_predictors(ctx: ReportContext) -> Section:
     if res.predictors:
         s.images.append(_accuracy_plot(ctx, res, by_horizon))
     return s
+
+
+def _plotted(res) -> list[str]:
+    """The predictors with a scored routing (request-match on a one-request trace has none: a curve
+    with no point is left out of the figures; the tables still list it, unscored)."""
+    ov = {r["predictor"]: r["scored"] for r in res.overall().iter_rows(named=True)}
+    return [p for p in res.predictors if ov.get(p)]
 
 
 def _widths(tr: Trace) -> list[int]:
@@ -344,7 +351,7 @@ def _accuracy_plot(ctx: ReportContext, res: Any, by_horizon: dict) -> tuple[str,
     from replay.present import plots
 
     tr = ctx.trace
-    names = [p for p in res.predictors if not p.startswith("stale-gate[") or p == "stale-gate[1]"]
+    names = [p for p in _plotted(res) if not p.startswith("stale-gate[") or p == "stale-gate[1]"]
     acc = {}
     for w in _widths(tr):
         try:
