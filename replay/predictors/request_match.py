@@ -94,14 +94,15 @@ def predict(trace, arr: RoutingArrays, in_phase: np.ndarray, width: int, trainin
                         continue
                     ranked[r] = np.lexsort((ex_ids, -row))[:width]
                     scored[r] = True
-        for r in rows:  # the token joins "so far" after it is predicted
-            for e in arr.experts[r]:
-                if e < 0:
-                    continue
-                l = lidx[r]
-                ncur += 2 * int(cur[l, e]) + 1
-                cur[l, e] += 1
-                dots += A[:, l, e]
+        # the token joins "so far" after it is predicted; its (layer, expert) pairs are distinct
+        # (one routing per layer, k distinct experts), so they update at once
+        ex = arr.experts[rows].ravel()
+        ls = np.repeat(lidx[rows], arr.experts.shape[1])
+        ok = ex >= 0
+        ls, ex = ls[ok], ex[ok]
+        ncur += int((2 * cur[ls, ex] + 1).sum())
+        cur[ls, ex] += 1
+        dots += A[:, ls, ex].sum(axis=1)
     return Prediction(NAME, ranked, scored)
 
 
