@@ -52,8 +52,8 @@ def register(app: typer.Typer) -> None:
         predictors: str | None = typer.Option(None, "--predictors", help=f"Comma list of: {', '.join(PREDICTOR_REGISTRY)}; "
                                        "stale-gate alone means one per --horizon, stale-gate[d] one horizon "
                                        "[default: all of them and those of --predictor-file]."),
-        horizon: str | None = typer.Option(None, "--horizon", help="stale-gate horizons in MoE layers, e.g. 1,2,3 or "
-                                           "1..8 [default: 1]."),
+        horizon: str | None = typer.Option(None, "--horizon", help="Horizons in MoE layers for a bare stale-gate, "
+                                           "pair-table or learned-gate, e.g. 1,2,3 or 1..8 [default: 1]."),
         horizon_curve: int | None = typer.Option(None, "--horizon-curve", help="Print stale-gate accuracy for "
                                                  "d = 1..D (overall and per layer) instead of the predictor table."),
         width: int | None = typer.Option(None, "--width", help="Experts each prediction names for recall, precision "
@@ -99,8 +99,13 @@ def register(app: typer.Typer) -> None:
         names = [p for p in (s.strip() for s in (predictors if predictors is not None else DEFAULT).split(",")) if p]
         horizons = parse_horizons(horizon) if horizon is not None else [1]
         explicit = [d for d in (parse_predictor(n)[1] for n in names) if d is not None]  # also validates the names
-        if horizon is not None and "stale-gate" not in names:
-            raise UserError("--horizon is given but --predictors names no bare stale-gate to apply it to.")
+        from replay.predictors import module
+        from replay.predictors import names as families
+
+        bare = [n for n in names if n in families() and getattr(module(n), "PARAM", None)]
+        if horizon is not None and not bare:
+            raise UserError("--horizon is given but --predictors names no bare stale-gate (or pair-table, learned-gate) "
+                            "to apply it to.")
         t = open_trace(trace)
         require_routings(t, "score")
         # Horizons the user asked for that reach beyond the trace's MoE layers are refused now, not
