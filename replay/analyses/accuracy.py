@@ -155,6 +155,9 @@ def evaluate(trace: Trace, predictors: Sequence[str] | None = DEFAULT_PREDICTORS
     res.evaluated = int(evaluated.sum())
     if split.in_sample:
         res.in_sample = [registry.full_name(f, d) for f, d in requested if registry.learns(f)]
+    if phase != "decode" and ("static-hot-prompt", None) in requested:
+        # it learns from the prompt: scoring prompt routings scores what it learned from
+        res.in_sample.append("static-hot-prompt")
     preds.update(registry.run(trace, arr, in_phase, rank_w, requested, progress=progress, split=split))
     for fam in dict.fromkeys(f for f, _ in requested):
         note = getattr(registry.module(fam), "note", None)
@@ -251,7 +254,8 @@ def with_prefetch_scores(frame: pl.DataFrame, trace: Trace, arr: Any, evaluated:
             "lead_layers": registry.ahead(fam, d) if getattr(mod, "PREFETCH", True) else None,
             "unused_mib_per_token": unused / n_tok if n_tok else None,
             "byte_budget_mib": byte_budget_mib, "bytes_recall_pct": b_recall,
-            "train": res.train, "in_sample": (n in res.in_sample) if registry.learns(fam) else None,
+            "train": res.train,
+            "in_sample": (n in res.in_sample) if registry.learns(fam) or n in res.in_sample else None,
         }
     if ev_tok.size and names:
         draws, df = _resampled_sums(np.concatenate(cols, axis=1), np.random.default_rng(SEED), RESAMPLES, requests)

@@ -345,7 +345,9 @@ def naive_evaluate(path, names: list[str], width: int | None = None, phase: str 
                 "unused_mib_per_token": (None if l is not None or not a.get("tokens") else
                                          a["unused_bytes"] / (1 << 20) / len(a["tokens"])),
                 "train": None if l is not None else train,
-                "in_sample": None if l is not None or not _learns(name) else train == "in-sample",
+                "in_sample": (None if l is not None else train == "in-sample" if _learns(name)
+                              # the prompt list scored on prompt routings has seen them
+                              else True if name == "static-hot-prompt" and phase != "decode" else None),
             })
     return out
 
