@@ -168,7 +168,12 @@ def evaluate(trace: Trace, predictors: Sequence[str] | None = DEFAULT_PREDICTORS
               for n in names if n in preds]
     res.predictors = [n for n in names if n in preds]
     if frames:
-        res.frame = with_prefetch_scores(pl.concat(frames), trace, arr, evaluated, preds, res, n_budget, byte_budget_mib)
+        # prev-token, the reference every row's vs_prev_token compares with, computed when not asked
+        # for: a predictor's figures do not depend on which others share the call (a sweep's cells)
+        ref = preds.get("prev-token") or registry.run(trace, arr, in_phase, rank_w, [("prev-token", None)],
+                                                      split=split)["prev-token"]
+        res.frame = with_prefetch_scores(pl.concat(frames), trace, arr, evaluated, {**preds, "prev-token": ref}, res,
+                                         n_budget, byte_budget_mib)
     if CTRL in preds:
         _check_ctrl(trace, res, trace.router_matrices())
     return res
@@ -226,7 +231,7 @@ def with_prefetch_scores(frame: pl.DataFrame, trace: Trace, arr: Any, evaluated:
     eb = trace.expert_bytes.astype(np.float64)
     names = res.predictors
     cols, extra = [], {}
-    for n in names:
+    for n in [*names, *(["prev-token"] if "prev-token" not in names else [])]:
         p = preds[n]
         rows = np.flatnonzero(evaluated & p.scored)
         s = row_scores(p, arr.experts, arr.weights, rows, max(res.width, 1))
@@ -248,6 +253,8 @@ def with_prefetch_scores(frame: pl.DataFrame, trace: Trace, arr: Any, evaluated:
                 w = int(n_budget[layer])
                 hits += int(row_scores(p, arr.experts, arr.weights, lr, w)["hits_w"].sum()) if w > 0 else 0
             b_recall = 100.0 * hits / (k * rows.size)
+        if n not in names:
+            continue  # the reference alone: its sums only
         fam, d = parse_predictor(n)
         mod = registry.module(fam)
         extra[n] = {
@@ -259,10 +266,14 @@ def with_prefetch_scores(frame: pl.DataFrame, trace: Trace, arr: Any, evaluated:
         }
     if ev_tok.size and names:
         draws, df = _resampled_sums(np.concatenate(cols, axis=1), np.random.default_rng(SEED), RESAMPLES, requests)
+        order = [*names, *(["prev-token"] if "prev-token" not in names else [])]
         with np.errstate(divide="ignore", invalid="ignore"):
             acc = {n: (100.0 * draws[:, 4 * i] / draws[:, 4 * i + 1], 100.0 * draws[:, 4 * i + 2] / draws[:, 4 * i + 3])
-                   for i, n in enumerate(names)}
+                   for i, n in enumerate(order)}
         ov = {r["predictor"]: r for r in frame.filter(pl.col("layer").is_null()).iter_rows(named=True)}
+        if "prev-token" not in ov:  # the reference's own point estimate (its rows are not in the frame)
+            c = cols[-1].sum(axis=0)
+            ov["prev-token"] = {"slot_acc_pct": 100.0 * c[0] / c[1] if c[1] else None}
         for n in names:
             e = extra[n]
             for key, col, j in (("slot_acc", "slot_acc_pct", 0), ("mass", "mass_pct", 1)):
