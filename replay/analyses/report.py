@@ -806,7 +806,11 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
         rows.append({"kind": "cost", "source": source, "model": model.model})
     pred = ctx.shared.get("predictor")
     if pred is not None:
-        rows.append({"kind": "predictor", **{k: pred[k] for k in ("predictor", "slot_acc_pct", "whole_acc_pct", "scored")}})
+        rows.append({"kind": "predictor", **{k: pred[k] for k in ("predictor", "slot_acc_pct", "whole_acc_pct", "scored")},
+                     # held out: its interval and how it compares with prev-token on the same resamples
+                     **{k: pred.get(k) for k in ("slot_acc_ci_low", "slot_acc_ci_high", "vs_prev_token_pp",
+                                                 "vs_prev_token_ci_low", "vs_prev_token_ci_high", "vs_prev_token",
+                                                 "train")}})
         timed = model is not None
         for b in ctx.verdict_budgets:
             cand = [r for r in ctx.shared.get("prefetch_rows", []) if r["predictor"] == pred["predictor"] and r["budget_mib"] == b]
