@@ -10,8 +10,8 @@ returns one Polars DataFrame with the docs/design.md keys; bad input raises :cla
     replay.write_report("trace_dir", "report_dir", force=True)
 
 Functions: open_trace, synth, cache, cache_run, retain, predict, predict_run, drop, prefetch, fit_cost_model,
-cost_fit, load_cost_model, manual_cost_model, with_time, write_report, default_budgets_mib,
-policy_names, predictor_names, sweep, sweep_report, compare, compare_run.
+cost_fit, timeline_fit, load_cost_model, manual_cost_model, with_time, write_report, default_budgets_mib,
+policy_names, predictor_names, sweep, sweep_report, compare, compare_run, curve, curve_run.
 
 Each function is imported from the module that holds it on first use: :mod:`replay.api` (and
 :mod:`replay.analyses.sweeps` for ``sweep`` and ``sweep_report``). No submodule of ``replay`` is named
@@ -31,6 +31,8 @@ __all__ = [
     "compare",
     "compare_run",
     "cost_fit",
+    "curve",
+    "curve_run",
     "default_budgets_mib",
     "drop",
     "fit_cost_model",
@@ -46,6 +48,7 @@ __all__ = [
     "sweep",
     "sweep_report",
     "synth",
+    "timeline_fit",
     "with_time",
     "write_report",
 ]

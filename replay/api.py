@@ -167,11 +167,13 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
               budgets_mib: Sequence[float] | None = None, per_layer: bool = False, phase: str = "decode", seed: int = 0,
               policy_options: dict[str, dict[str, Any]] | None = None, policy_file: Any = None, cost_model: Any = None,
               retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
-              loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False, paired: bool = False) -> CacheRun:
+              loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False, paired: bool = False,
+              time_model: str | None = None, device_profile: Any = None) -> CacheRun:
     """:func:`cache` with everything the command prints beside the rows: a :class:`CacheRun`. The
     one flow of a cache replay: the ``cache`` verb, :func:`cache` and sweeps all run it. A
     ``cost_model`` fitted on another model or device is refused before the replay unless
-    ``foreign_cost_model`` (replay.analyses.cost_origin)."""
+    ``foreign_cost_model`` (replay.analyses.cost_origin). ``time_model`` / ``device_profile`` as in
+    :func:`prefetch` (the timeline replays each cell in memory)."""
     from replay.analyses.info import require_routings
     from replay.core.phases import check_phase
     from replay.core.simulate import check_policies, default_budgets_mib, loads_of, sweep
@@ -185,6 +187,19 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
         raise UserError(f"--seed: {seed} is not in 0..2^63-1.")
     t = _trace(trace)
     require_routings(t, "replay")
+    from replay.analyses.timeline_whatif import timeline_profile
+
+    profile, _ = timeline_profile(t, time_model, device_profile)
+    if profile is not None:
+        if cost_model is not None:
+            raise UserError("cost_model and a timeline time model are alternatives; give one.")
+        if retain_predictor is not None:
+            raise UserError("--time-model fitted|profile times plain replays; not with --retain.")
+        if stream == "on":
+            raise UserError("--stream on: the timeline times each cell's per-slot codes in memory; use --stream off or auto.")
+        stream = "off"
+    if time_model == "linear" and cost_model is None:
+        cost_model = fit_cost_model(t)
     cost_model = _applied(cost_model, t, foreign_cost_model)
     blist = _budgets(budgets_mib) if budgets_mib is not None else None
     rec_budget = t.recorded.get("budget_mib")
@@ -221,6 +236,11 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
         from replay.analyses.paired import with_paired, with_requests
 
         frame = with_paired(frame, with_requests(series, t), cost_model)
+    if profile is not None:
+        from replay.analyses.paired import request_units
+        from replay.analyses.timeline_whatif import cache_columns
+
+        frame = cache_columns(loads, frame, profile, seed=seed, policy_options=policy_options, requests=request_units(t))
     return CacheRun(t, frame, blist, budgets_mib is not None, loads, working_set, streamed)
 
 
@@ -229,7 +249,8 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
           budgets_mib: Sequence[float] | None = None, per_layer: bool = False, phase: str = "decode", seed: int = 0,
           policy_options: dict[str, dict[str, Any]] | None = None, policy_file: Any = None, cost_model: Any = None,
           retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
-          loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False, paired: bool = False) -> pl.DataFrame:
+          loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False, paired: bool = False,
+          time_model: str | None = None, device_profile: Any = None) -> pl.DataFrame:
     """Replay every (policy, budget) cell: one row per cell (``layer`` null) and, with
     ``per_layer``, one per MoE layer. Keys: ``policy``, ``budget_mib``, ``layer``,
     ``hit_pct_decode``, ``hit_pct_cum``, ``read_mib``, ``peak_resident_mib``, ``overflow_loads``,
@@ -254,11 +275,16 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     when the interval excludes zero) and ``tied_with_best`` (the best within-budget online policy,
     or tied with it within noise); with ``cost_model`` the same for ms per decoded token
     (``delta_ms_vs_lru``, ``delta_ms_ci_low``, ``delta_ms_ci_high``, ``vs_lru_time``,
-    ``tied_with_fastest``). :mod:`replay.analyses.paired` (docs/design.md, "Paired comparisons")."""
+    ``tied_with_fastest``). :mod:`replay.analyses.paired` (docs/design.md, "Paired comparisons").
+    ``time_model`` ``"fitted"`` / ``"profile"`` (with ``device_profile``): every overall row timed on
+    the timeline (replay.analyses.timeline_whatif.cache_columns: ``ms_per_token``, ``tok_s``,
+    ``stall_ms_per_token``, ``lane_busy_pct``, and against LRU ``delta_ms_vs_lru`` with its paired
+    interval and ``vs_lru_time``); ``"linear"``: ``cost_model``, else one fitted on the trace."""
     return cache_run(trace, policies=policies, budgets_mib=budgets_mib, per_layer=per_layer, phase=phase, seed=seed,
                      policy_options=policy_options, policy_file=policy_file, cost_model=cost_model,
                      retain_predictor=retain_predictor, predictor_file=predictor_file, show_progress=show_progress,
-                     loads=loads, stream=stream, foreign_cost_model=foreign_cost_model, paired=paired).frame
+                     loads=loads, stream=stream, foreign_cost_model=foreign_cost_model, paired=paired,
+                     time_model=time_model, device_profile=device_profile).frame
 
 
 @_api
@@ -366,29 +392,62 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
 def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: float | None = None, policy: str = "lru",
              cap: int | None = None, guard: bool = False, drop_frac: float | None = None, retain: bool = False,
              cost_model: Any = None, policy_file: Any = None, predictor_file: Any = None,
-             foreign_cost_model: bool = False, train: str | None = None, train_trace: TraceLike | None = None,
-             seed: int = 0, mix: Any = None) -> pl.DataFrame:
+             foreign_cost_model: bool = False, time_model: str | None = None, device_profile: Any = None,
+             train: str | None = None, train_trace: TraceLike | None = None, seed: int = 0,
+             mix: Any = None) -> pl.DataFrame:
     """One row: speculative prefetch of ``predictor``'s guesses into the same cache at
     ``budget_mib`` (default: the recorded budget) against no prefetch and against the best plain
     online policy at that budget (``best_plain_*``). With ``cost_model``: ``ms_per_token``,
     ``tok_s`` and a ``verdict`` (``foreign_cost_model`` as in :func:`cache`). A learning predictor
     is fitted held out (``train`` / ``train_trace`` / ``seed`` / ``mix`` as in :func:`predict`) and
-    guesses only for tokens it never learned from."""
+    guesses only for tokens it never learned from.
+
+    ``time_model``: ``"linear"`` (``cost_model``, else one fitted on the trace's metrics),
+    ``"fitted"`` (the timeline, parameters fitted on the trace's metrics) or ``"profile"`` (the
+    timeline on ``device_profile``: a JSON file, a preset name, or a
+    :class:`replay.analyses.timeline.Profile`). On the timeline the row carries ``useful_mib``,
+    ``late_mib``, ``wasted_mib``, ``useful_lead_ms_mean``, ``lane_busy_pct``, ``stall_ms_per_token``,
+    ``ms_per_token`` (each with ``_baseline``), ``delta_ms_per_token`` with its paired interval,
+    ``vs_baseline_time`` and a ``verdict`` that says why (docs/design.md, "Timeline")."""
+    import polars as pl
+
     from replay.analyses.prefetching import best_plain, with_best_plain, with_prefetch_time
     from replay.analyses.prefetching import prefetch as _prefetch
+    from replay.analyses.timeline_whatif import timeline_profile
 
     _plugins(policy_file, predictor_file)
     t = _trace(trace)
+    profile, scores = timeline_profile(t, time_model, device_profile)
+    if profile is not None and cost_model is not None:
+        raise UserError("cost_model and a timeline time model are alternatives; give one.")
+    if time_model == "linear" and cost_model is None:
+        cost_model = fit_cost_model(t)
     cost_model = _applied(cost_model, t, foreign_cost_model)
     with _mixed(mix):
         frame = _prefetch(t, predictor, budget_mib=_budget(budget_mib), policy=policy, cap=cap, guard=guard,
-                          drop_frac=drop_frac, retain=retain, model=cost_model, train=train,
+                          drop_frac=drop_frac, retain=retain, model=cost_model, profile=profile, train=train,
                           train_trace=_trace(train_trace) if train_trace is not None else None, seed=seed)
     if cost_model is not None:
         from replay.present.whatif import with_verdict
 
-        frame = with_verdict(with_prefetch_time(frame, cost_model))
-    return with_best_plain(frame, best_plain(t, frame["budget_mib"][0], cost_model))
+        frame = with_verdict(with_prefetch_time(frame, cost_model)).with_columns(pl.lit("linear").alias("time_model"))
+    if profile is not None:
+        from replay.present.whatif import with_timeline_verdict
+
+        frame = with_timeline_verdict(frame)
+        if scores is not None:
+            frame = frame.with_columns(
+                pl.lit(scores["timeline_wall_ms"]["mape_pct"]).alias("time_model_heldout_mape_pct"),
+                pl.lit(scores["timeline_wall_ms"]["mean_err_ms"]).alias("time_model_heldout_mean_err_ms"))
+    plain = best_plain(t, frame["budget_mib"][0], cost_model)
+    if profile is not None and plain is not None:  # the best plain policy timed on the same timeline
+        from replay.analyses.timeline import time_replay
+        from replay.core.simulate import loads_of, replay
+
+        loads = loads_of(t)
+        summ = time_replay(loads, replay(loads, plain["policy"], float(frame["budget_mib"][0]), slots=True), profile).summary()
+        plain = {**plain, "ms_per_token": summ["ms_per_token"], "tok_s": summ["tok_s"]}
+    return with_best_plain(frame, plain)
 
 
 @_api
@@ -399,6 +458,20 @@ def fit_cost_model(trace: TraceLike):
     from replay.analyses.cost_model import fit_trace
 
     return fit_trace(_trace(trace))[0]
+
+
+@_api
+def timeline_fit(trace: TraceLike, *, metrics: Any = None) -> dict[str, Any]:
+    """Fit the timeline's device parameters (read lanes, per-lane MiB/s, per-read latency, compute per
+    layer and its expert share, overlap, serial costs) on a trace's recorded per-token metrics, held
+    out by alternating 8-token blocks (replay.analyses.timeline_fit). Returns a dict: ``profile`` (the
+    fitted parameters), held-out ``timeline_wall_ms`` / ``timeline_io_ms`` / ``timeline_stall_ms``
+    and ``linear_wall_ms`` (``mean_err_ms``, ``mape_pct``, ``corr``), the held-out run's recorded and
+    predicted tok/s and whether each model reproduces it within its held-out error, ``better``.
+    ``metrics``: a Polars frame of the engine's metrics for a trace imported without them."""
+    from replay.analyses.timeline_fit import fit_profile
+
+    return fit_profile(_trace(trace), metrics=metrics)[1]
 
 
 @_api
@@ -462,12 +535,15 @@ def write_report(trace: str | Path, out: str | Path, *, budgets_mib: Sequence[fl
                  policies: Sequence[str] | None = None, cost_model: Any = None, force: bool = False,
                  policy_file: Any = None, predictor_file: Any = None, progress: Callable[[str], None] | None = None,
                  inputs: Sequence[Any] = (), budget_mib: float | Sequence[float] | None = None,
-                 quality: str | Path | Sequence[str | Path] = (), foreign_cost_model: bool = False) -> Path:
+                 quality: str | Path | Sequence[str | Path] = (), foreign_cost_model: bool = False,
+                 time_model: str | None = None, device_profile: Any = None) -> Path:
     """Write the whole report of ``trace`` (index.md, index.html, verdict.json, PNGs, tables/*.csv) into
     ``out``; returns ``out``. ``budget_mib``: the budget(s) its verdict answers for (default: the recorded one).
     ``quality``: one or more ``moe-replay quality`` results (directories or their quality.json) for the
     Quality section. ``cost_model`` fitted on another model or device: refused unless
-    ``foreign_cost_model`` (then every time figure in the report is marked)."""
+    ``foreign_cost_model`` (then every time figure in the report is marked). ``time_model``
+    ``"fitted"`` / ``"profile"`` (``device_profile``: a JSON file or preset): prefetch timed on the
+    timeline, with why it wins or loses in the verdict (docs/design.md, "Timeline")."""
     from replay.analyses.report import write_report as _write
     from replay.core.simulate import check_policies
     from replay.plugin_files import _paths
@@ -480,7 +556,7 @@ def write_report(trace: str | Path, out: str | Path, *, budgets_mib: Sequence[fl
                   inputs=[*inputs, *_paths(policy_file), *_paths(predictor_file)],  # the plugins too: out may not hold them
                   budget_mib=_budgets(budget_mib) if budget_mib is not None else None,
                   quality=[quality] if isinstance(quality, (str, Path)) else list(quality),
-                  foreign_cost_model=foreign_cost_model)
+                  foreign_cost_model=foreign_cost_model, time_model=time_model, device_profile=device_profile)
 
 
 def policy_names() -> list[str]:
@@ -517,3 +593,55 @@ def compare(trace_a: TraceLike, trace_b: TraceLike, *, tol: float = 1e-3, align:
     router margin below ``tol``) and ``unexplained``. Traces of other shapes, positions or token
     ids are refused unless ``align="step"`` (the overlap, up to the first differing token)."""
     return compare_run(trace_a, trace_b, tol=tol, align=align, phase=phase).per_layer
+
+
+@_api
+def curve_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "layer"), budgets_mib: Sequence[float] | None = None,
+              sample_rate: float | None = None, sample_size: int | None = None, seed: int = 0,
+              tolerances_pp: Sequence[float] = (1.0, 5.0), cost_model: Any = None, foreign_cost_model: bool = False,
+              loads: Any = None):
+    """:func:`curve` with everything the command prints beside the rows: a
+    :class:`replay.analyses.curve.Curve` (``.frame``, ``.per_layer`` (each MoE layer's own LRU curve
+    at 0..n_expert entries), ``.answer`` (the budget answer: plateau, knees, the cliff below T, what
+    each doubling buys), ``.token_cycle_bytes``, ``.working_set_bytes``, ``.notes``)."""
+    from replay.analyses.curve import compute_curve
+    from replay.analyses.info import require_routings
+    from replay.core.simulate import loads_of
+    from traces.util.units import budget_bytes
+
+    if not 0 <= seed < 1 << 63:
+        raise UserError(f"--seed: {seed} is not in 0..2^63-1.")
+    tols = [float(x) for x in tolerances_pp]
+    if not tols or any(not 0 <= x < 100 for x in tols):
+        raise UserError(f"tolerances_pp {tols}: each must be in [0, 100) percentage points.")
+    t = _trace(trace)
+    require_routings(t, "replay")
+    cost_model = _applied(cost_model, t, foreign_cost_model)
+    blist = _budgets(budgets_mib) if budgets_mib is not None else []
+    loads = loads if loads is not None else loads_of(t)
+    res = compute_curve(loads, policies=tuple(policies), budgets_bytes=[budget_bytes(b) for b in blist],
+                        sample_rate=sample_rate, sample_size=sample_size, seed=seed, tolerances_pp=tuple(tols))
+    if cost_model is not None and res.frame.height:
+        res.frame = with_time(res.frame, cost_model, trace=t, foreign_cost_model=foreign_cost_model)
+    return res
+
+
+@_api
+def curve(trace: TraceLike, *, policies: Sequence[str] = ("lru", "layer"), budgets_mib: Sequence[float] | None = None,
+          sample_rate: float | None = None, sample_size: int | None = None, seed: int = 0,
+          tolerances_pp: Sequence[float] = (1.0, 5.0), cost_model: Any = None,
+          foreign_cost_model: bool = False) -> pl.DataFrame:
+    """The hit-rate curve in one pass, exactly equal to replaying each budget: ``lru`` (global) and
+    ``layer`` (the budget split equally over the MoE layers) at every budget where the curve
+    changes, from the smallest to the working set, plus ``budgets_mib``; ``layer-opt`` (the best
+    per-layer LRU partition) at ``budgets_mib`` only. One row per (policy, budget) with the cache
+    rows' keys (``budget_mib``, ``hit_pct_decode``, ``hit_pct_cum``, ``read_mib``,
+    ``overflow_loads``, ``over_budget``, ...; no ``peak_resident_mib`` or ``evictions``: the
+    curve does not track them) plus ``requested`` (a budget of ``budgets_mib``) and ``sampled``.
+    ``sample_rate`` (0-1] or ``sample_size`` (entries): SHARDS sampling of ``lru``'s entries,
+    seeded by ``seed`` (estimates; overflow marks stay exact). With ``cost_model``:
+    ``ms_per_token`` and ``tok_s`` as in :func:`cache`. ``belady`` has no one-pass curve (refused,
+    with why). :func:`curve_run` also returns each layer's own curve and the budget answer."""
+    return curve_run(trace, policies=policies, budgets_mib=budgets_mib, sample_rate=sample_rate, sample_size=sample_size,
+                     seed=seed, tolerances_pp=tolerances_pp, cost_model=cost_model,
+                     foreign_cost_model=foreign_cost_model).frame

@@ -3,19 +3,30 @@
 The command line (:mod:`replay.cli`) runs every command through :func:`guarded`, so a refusal,
 an interruption or a bug reads the same in every verb.
 Exit codes: 0 done, 1 a check ran and failed, 2 bad input or an OS error, 3 a bug, 128 + N killed
-by signal N (130 SIGINT, 143 SIGTERM).
+by signal N (130 SIGINT, 143 SIGTERM, 129 SIGHUP).
+
+The ``moe-replay`` process handles these signals from its first import of :mod:`replay.cli` to its
+exit (:func:`exit_on_signals`): while a command runs, :func:`guarded`'s handler unwinds it
+(staging removed); before it starts (Python still importing) and as it ends (its output written)
+the process ends at once with the same one-line message and 128 + N; once :func:`replay.cli.main`
+has its status, signals are ignored (:func:`hold_signals`) and the process exits with that status.
+Never the signal's default action (no message, no status of ours).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import signal
 import sys
 from collections.abc import Callable
 
 from traces.format.errors import UserError
-from traces.util.signals import on_signals, stop_requested
+from traces.util.signals import STOP_SIGNALS, hold, install, on_signals, stop_requested
+
+#: The signals a command turns into its own message and 128 + N: Ctrl-C, kill, a closed terminal.
+CLI_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
 
 
 class Interrupted(BaseException):
@@ -33,18 +44,54 @@ def _raise_interrupted(signum: int, frame: object) -> None:
 
 def _interrupted(signum: int) -> int:
     """Say in one line what an interrupted run left behind; return 128 + the signal number."""
-    from traces.io import atomic
-
+    # as the module is now, if at all: the handler of exit_on_signals may run while Python is still
+    # importing it (never imported: nothing was written)
+    atomic = sys.modules.get("traces.io.atomic")
+    written, abandoned = getattr(atomic, "written", []), getattr(atomic, "abandoned", [])
     name = signal.Signals(signum).name
-    if atomic.written:
-        done = ", ".join(str(p) for p in atomic.written)
+    if written:
+        done = ", ".join(str(p) for p in written)
         msg = f"interrupted by {name} after writing {done}; nothing else was written"
-    elif atomic.abandoned:
-        msg = f"interrupted by {name}; nothing was written to {', '.join(str(p) for p in atomic.abandoned)}"
+    elif abandoned:
+        msg = f"interrupted by {name}; nothing was written to {', '.join(str(p) for p in abandoned)}"
     else:
         msg = f"interrupted by {name}; nothing was written"
     print(f"moe-replay: {msg}", file=sys.stderr)
     return 128 + signum
+
+def is_command_process() -> bool:
+    """This process is the ``moe-replay`` command (the console script or ``python -m replay.cli``),
+    not a library user or a test runner that imported :mod:`replay.cli`."""
+    if os.path.basename(sys.argv[0] if sys.argv else "") == "moe-replay":
+        return True
+    orig = getattr(sys, "orig_argv", [])
+    return any(a == "-m" and b == "replay.cli" for a, b in zip(orig, orig[1:]))
+
+
+def _exit_now(signum: int, frame: object) -> None:
+    """A signal outside a command's own handling (Python importing, or the command done and the
+    process exiting): its output flushed, the one-line message, exit 128 + N at once (nothing is
+    staged then: :func:`guarded` has either not started or finished every cleanup)."""
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    code = _interrupted(signum)
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def exit_on_signals() -> None:
+    """Install :func:`_exit_now` for :data:`CLI_SIGNALS`: the first thing the command does, before
+    its imports (``guarded`` installs its own over it for the command and puts it back after)."""
+    install(_exit_now, CLI_SIGNALS)
+
+
+def hold_signals() -> None:
+    """The command is over (its output written, its status decided): from here on a signal is
+    ignored and the process exits with the command's own status. Python's finalization, which follows,
+    puts the default actions back, and a signal then would kill the process with no message."""
+    hold(CLI_SIGNALS)
+
 
 #: OS errors that say something about the machine (disk, permissions, limits), not about the code.
 _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO,
@@ -82,7 +129,7 @@ def guarded(call: Callable[[], int], debug: bool, quiet: bool = False,
     try:
         # The first run after installation compiles the kernels (about a minute): say so on a
         # terminal (never with --json, never in a pipe); later runs load them and print nothing.
-        with on_signals(_raise_interrupted), contextlib.nullcontext() if quiet else compile_notice():
+        with on_signals(_raise_interrupted, CLI_SIGNALS), contextlib.nullcontext() if quiet else compile_notice():
             return call()
     except UserError as e:
         if debug:

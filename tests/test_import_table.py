@@ -96,11 +96,19 @@ def test_each_table_kind_imports_exactly(tmp_path, gguf, kind):
 
 
 def test_where_is_needed_for_a_mixed_log(tmp_path):
+    """A leading metadata line is read as such (issue 30 item 5); a record of another type among the
+    routings still needs --where."""
     rows = routings(1, 1, [0, 1], 2, 2, 8, 2)
     src = tmp_path / "log.jsonl"
     write(src, rows, "jsonl")
+    res = run_cli("import", "table", src, tmp_path / "ok", "--map", MAP, "--expert-bytes", "64")
+    assert res.code == 0, res.err
+    assert "log.jsonl line 1: metadata, not routing" in res.out
+    assert open_trace(tmp_path / "ok").meta["provenance"]["engine_version"] == "0.9.1"
+    with open(src, "a") as fh:
+        fh.write(json.dumps({"type": "stats", "elapsed_s": 3.5}) + "\n")
     res = run_cli("import", "table", src, tmp_path / "t", "--map", MAP, "--expert-bytes", "64")
-    assert_one_sentence_error(res, "row 1", "--where")
+    assert_one_sentence_error(res, f"row {len(rows) + 2}", "--where")
     assert not (tmp_path / "t").exists()
 
 
@@ -122,7 +130,7 @@ def test_one_layer_per_file_some_layers_only(tmp_path, gguf):
     assert t.moe_layers == [1, 3] and t.model["moe_layers_absent"] == [0, 2]
     got = {(int(a.step[i]), int(a.layer[i])): [int(x) for x in a.experts[i]] for i in range(a.n_rows)}
     assert got == {(r["token_idx"], r["layer"]): r["topk_ids"] for r in rows}
-    assert "file order is token order" in res.out and "last number in the file name" in res.out
+    assert "file order is token order" in res.out and "the number after 'layer' in the file name" in res.out
     assert "layers 0, 2 are absent" in res.out
     info = run_cli("info", tmp_path / "t")
     assert "absent     MoE layers 0, 2" in info.out

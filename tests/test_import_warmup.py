@@ -87,3 +87,24 @@ def test_real_routing_is_not_taken_for_warmup(tmp_path):
     assert res.code == 0 and "warm-up" not in res.out
     assert "warmup" not in open_trace(tmp_path / "t").meta["provenance"]
     assert run_cli("info", tmp_path / "t", "--json").json()["rows"][0]["warmup_at"] is None
+
+
+def test_drop_warmup_in_every_format_that_takes_a_log(tmp_path):
+    """--drop-warmup is not the table importer's alone: a vLLM log whose first request is a dummy
+    pass (the same ids at every layer of every position) gives, with it, the figures of the log
+    without that request; `import auto --drop-warmup` the same."""
+    from tests.server_logs import VReq, random_vreqs, write_vllm_jsonl
+
+    real = random_vreqs(np.random.default_rng(3), 3, L, 2, E, prompt=6, gen=6)
+    dummy = VReq(list(range(12)), np.tile(np.array([0, 1], np.int16), (12, L, 1)), [7], np.zeros((0, L, 2), np.int16))
+    with_warm = write_vllm_jsonl(tmp_path / "with.jsonl", [dummy, *real])
+    clean = write_vllm_jsonl(tmp_path / "clean.jsonl", real)
+    for fmt in ("vllm", "auto"):
+        res = run_cli("import", fmt, with_warm, tmp_path / f"d-{fmt}", "--expert-bytes", "4096", "--drop-warmup")
+        assert res.code == 0, res.err
+        assert "engine warm-up rows dropped (--drop-warmup): request 0, steps 0-11 (12 tokens" in res.out
+    res = run_cli("import", "vllm", with_warm, tmp_path / "kept", "--expert-bytes", "4096")
+    assert res.code == 0 and "kept and replayed as routing" in res.out, res.err
+    assert run_cli("import", "vllm", clean, tmp_path / "clean", "--expert-bytes", "4096").code == 0
+    assert _figures(tmp_path / "d-vllm") == _figures(tmp_path / "clean") == _figures(tmp_path / "d-auto")
+    assert _figures(tmp_path / "kept") != _figures(tmp_path / "clean")

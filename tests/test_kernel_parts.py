@@ -361,7 +361,8 @@ def _replay_parts(kern, loads, policy, budget, cuts, tick0, stats0, load_base=0)
         opts[OPT_TICK0] = tick
         opts[OPT_LOAD0] = load_base + a
         opts[OPT_BATCH0] = 0 if prev_batch == batch0 else -1
-        kern(*part, layer_info, empty_next, ent, grp, ps, acc, bacc, stats, slot_out, drop, pred, opts)
+        kern(*part, layer_info, empty_next, ent, grp, ps, acc, bacc, stats, slot_out, drop, pred, opts,
+             np.zeros((0, 1), np.int8))
         tick = int(stats[STAT_TICKS])
         prev_batch = batch0 + n_batch - 1
         outs.append((bacc, stats, ent.copy(), grp.copy(), ps.copy(), acc.copy()))

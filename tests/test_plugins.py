@@ -318,6 +318,23 @@ def test_a_state_shorter_than_declared_is_refused_before_the_replay(tmp_path, sy
     _one_sentence(code, err, str(p), "init returned list")
 
 
+_NO_SHAPE = ("def state_shape(ent: np.ndarray, grp: np.ndarray) -> tuple[int, ...]:\n"
+             "    # what init returns; the driver refuses another shape before the replay (a short state would\n"
+             "    # let the hooks write past its end)\n    return (2 * ent.shape[1] + 2,)\n", "")
+
+
+@pytest.mark.parametrize("init", ["return np.full(3, -1, np.int32)", "return np.full(0, -1, np.int32)"])
+def test_a_short_state_without_state_shape_is_one_sentence_not_a_segfault(tmp_path, synth_trace_dir, init):
+    """No state_shape declared: the plugin's kernel is compiled with bounds checks, so a hook
+    indexing past a short state raises (named, one sentence) instead of writing outside it."""
+    t = synth_trace_dir(**SMALL)
+    name = f"noshape{len(init)}"
+    p = _fifo_variant(tmp_path, name, _NO_SHAPE, ("return np.full(state_shape(ent, grp), -1, np.int32)", init))
+    code, _, err = _finish(_spawn("cache", t, "--policy-file", p, "--policies", name, "--budgets", "1"))
+    assert code != -signal.SIGSEGV, err
+    _one_sentence(code, err, str(p), "outside", "state")
+
+
 @pytest.mark.parametrize("where_, body, verb", [
     ("policy init", "sys.exit(5)", "policy"),
     ("policy import", "sys.exit(5)", "import"),

@@ -57,7 +57,7 @@ def _compare(t, policy, seed, drop=None, preds=None, **opts):
                 if ex is not None:
                     pred_arr[r, j] = lidx[rows[r][4]] * n_expert + ex
     drop_arr = None if drop is None else np.array(drop, np.uint8).reshape(len(rows), k)
-    res = replay(loads, policy, budget_units / 16, seed=seed, slots=True, drop=drop_arr, pred=pred_arr, **opts)
+    res = replay(loads, policy, budget_units / 16, seed=seed, slots=True, drop=drop_arr, pred=pred_arr, fills=True, **opts)
     want = naive_whatif([(r[1], r[2], r[4], r[5]) for r in rows], moe_layers, n_expert, eb, policy, budget_units * UNIT,
                         seed, drop=drop, preds=preds, **opts)
     for name, f in ACC.items():
@@ -67,6 +67,13 @@ def _compare(t, policy, seed, drop=None, preds=None, **opts):
         for b in range(res.bacc.shape[0]):
             assert res.bacc[b, f] == want["per_batch"].get(b, {}).get(name, 0), (name, b)
     assert res.slots.tolist() == want["codes"]
+    if opts.get("fill") and pred_arr is not None:  # which predictions each speculative step read (the timeline's input)
+        for g in range(loads.load_start.shape[0] - 1):
+            lo, hi = loads.load_start[g], loads.load_start[g + 1]
+            got = [(moe_layers[int(e) // n_expert], int(e) % n_expert) for e in pred_arr[lo:hi][res.fills[lo:hi] == 2]]
+            assert got == want["filled"].get(g, []), g
+    else:
+        assert res.fills is None
     assert res.evictions == want["stats"].get("evictions", 0)
     for name, f in STATS.items():
         if name.startswith("spec_") and not opts.get("fill"):

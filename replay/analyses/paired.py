@@ -204,6 +204,25 @@ def diff_per_token(a: DecodeSeries, b: DecodeSeries, *, ms_per_mib: float = 1.0,
     return _interval(point, d, n, df)
 
 
+def diff_ms(a_ms: np.ndarray, b_ms: np.ndarray, tokens: np.ndarray, *, requests: np.ndarray | None = None,
+            seed: int = SEED, resamples: int = RESAMPLES) -> Diff:
+    """Per decoded token, the time of ``a`` minus that of ``b`` given per decode batch (ms, e.g. a
+    timeline's, replay.analyses.timeline), with its interval: the same blocks (or whole requests) as
+    every other paired figure, a ratio of sums on each resample. A timeline's tokens are not
+    independent (read lanes carry over), which the blocks are there for."""
+    a = np.asarray(a_ms, np.float64)
+    b = np.asarray(b_ms, np.float64)
+    tok = np.asarray(tokens, np.float64)
+    n = a.shape[0]
+    if n == 0 or b.shape[0] != n or tok.sum() == 0:
+        return Diff(math.nan, math.nan, math.nan, n, block_tokens(n))
+    point = float((a.sum() - b.sum()) / tok.sum())
+    s, df = _resampled_sums(np.stack([a - b, tok], axis=1), np.random.default_rng(seed), resamples, requests)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = s[:, 0] / s[:, 1]
+    return _interval(point, d, n, df)
+
+
 def call(d: Diff | None, higher_is_better: bool = True) -> str | None:
     """"better" / "worse" (the interval excludes zero) or "tie"; None without an interval."""
     if d is None or not (math.isfinite(d.low) and math.isfinite(d.high)):

@@ -103,10 +103,10 @@ def guesses(trace: Trace, predictor: str, drop_frac: float | None = None, arr: R
         raise UserError(f"{option} {predictor}: not a prefetch predictor (use one of {', '.join(registry.prefetch_names())}).")
     reason = registry.check(fam, trace, d)
     if reason:
-        raise UserError(f"{option}: {reason}")
+        raise UserError(f"{option}: {trace.path}: {reason}")
     reason = registry.unavailable(fam, trace)
     if reason:
-        raise UserError(f"{option} {predictor}: {reason}.")
+        raise UserError(f"{option} {predictor}: {trace.path}: {reason}.")
     arr = arr if arr is not None else trace.arrays(recorded=False)
     k, n_expert = trace.top_k, trace.n_expert
     dec = arr.phase == PHASE_DECODE
@@ -156,7 +156,8 @@ def _totals(loads: Loads, res: ReplayResult) -> dict[str, float]:
 
 def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, policy: str = "lru", cap: int | None = None,
              guard: bool = False, drop_frac: float | None = None, retain: bool = False, model=None,
-             train: str | None = None, train_trace: Trace | None = None, seed: int = 0) -> pl.DataFrame:
+             profile=None, train: str | None = None, train_trace: Trace | None = None,
+             seed: int = 0) -> pl.DataFrame:
     """One row: the prefetch replay against the no-prefetch replay at the same budget and policy.
 
     Keys: ``predictor``, ``ahead``, ``policy``, ``budget_mib``, ``cap``, ``guard``, ``drop``,
@@ -169,7 +170,10 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
     ``bytes_change_pct``; ``tokens_decode``, ``read_mib_decode``, ``misses_decode`` (+ baseline);
     the paired comparison with the baseline over decoded tokens (:func:`replay.analyses.paired.whatif_columns`:
     ``delta_hit_pp``, ``delta_mib_per_token`` with their 95% intervals and ``vs_baseline``; with
-    ``model`` also ``delta_ms_per_token`` and ``vs_baseline_time``)."""
+    ``model`` also ``delta_ms_per_token`` and ``vs_baseline_time``). With ``profile`` (a
+    :class:`replay.analyses.timeline.Profile`; not with ``model``) both replays are timed on the timeline
+    instead: :func:`replay.analyses.timeline_whatif.timeline_columns` (useful / late / wasted speculative
+    bytes, ms per token with and without, the paired change and its interval)."""
     if policy not in PREFETCH_POLICIES:
         check_policies([policy], option="--policy")
         raise UserError(f"--policy {policy}: prefetch replays {' or '.join(PREFETCH_POLICIES)} only.")
@@ -191,9 +195,10 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
                         "routings; use 'cache' for the prefill's hit rates.")
     g = guesses(trace, predictor, drop_frac, arr, train=train, train_trace=train_trace, seed=seed)
     loads = prepare_loads(arr, trace.moe_layers, trace.n_expert, trace.expert_bytes)
-    base = replay(loads, policy, float(budget_mib))
+    timed = profile is not None
+    base = replay(loads, policy, float(budget_mib), slots=timed)
     res = replay(loads, policy, float(budget_mib), pred=g.entries, ahead=g.ahead, cap=cap, guard=guard, retain=retain,
-                 fill=True)
+                 fill=True, slots=timed, fills=timed)
     b, t = _totals(loads, base), _totals(loads, res)
     st = res.stats
     fills = int(st[STAT_SPEC_FILLS])
@@ -223,6 +228,10 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
     from replay.analyses.paired import request_units, whatif_columns
 
     row.update(whatif_columns(loads, base, res, model, requests=request_units(trace)))
+    if timed:
+        from replay.analyses.timeline_whatif import timeline_columns
+
+        row.update(timeline_columns(loads, base, res, g.entries, predictor, g.ahead, profile, requests=request_units(trace)))
     return pl.DataFrame([row], infer_schema_length=None)
 
 

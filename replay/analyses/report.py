@@ -39,6 +39,8 @@ class ReportContext:
     cost_model: Any = None
     progress: Callable[[str], None] | None = None
     shared: dict[str, Any] = field(default_factory=dict)
+    # report --time-model fitted|profile: the timeline's profile (replay.analyses.timeline), else None (linear)
+    profile: Any = None
 
 
 # -- sections ----------------------------------------------------------------------------------
@@ -217,8 +219,15 @@ def section_cost(ctx: ReportContext) -> Section:
         if m.kind != "manual":
             s.notes.append(_INTERVAL_NOTE)
         ctx.shared["cost_model"] = m
+        if ctx.profile is not None:
+            _timeline_cost(ctx, s)
         return s
     if not ctx.trace.has_metrics:
+        if ctx.profile is not None:  # no linear model to fit, but the timeline was given a profile
+            s.text.append("The trace has no recorded per-token metrics: no linear cost model is fitted, and the cache "
+                          "tables show bytes, not time.")
+            _timeline_cost(ctx, s)
+            return s
         s.unavailable = ("the trace has no recorded per-token engine metrics to fit a cost model on; pass "
                          "--cost-model FILE (from 'cost fit' or a manual model) to get time estimates")
         return s
@@ -242,12 +251,50 @@ def section_cost(ctx: ReportContext) -> Section:
                   "of this run, so comparing them with this run's own recorded speed is in-sample.")
     s.notes += [f"Note: {n}." for n in best.notes]
     s.notes.append(_INTERVAL_NOTE)
+    if ctx.profile is not None:
+        _timeline_cost(ctx, s)
     s.tables.append(Table("cost_fit", frame, "candidate models (the selected one is used for time estimates)",
                           columns=["terms", "intercept_ms", "ms_per_mib", "ms_per_miss", "r2", "heldout_mape_pct",
                                    "heldout_run_mean_err_pct", "bandwidth_mib_s", "selected"],
                           headers={"heldout_mape_pct": "held-out per-token MAPE %",
                                    "heldout_run_mean_err_pct": "held-out run-mean error %"}))
     return s
+
+
+def _timeline_cost(ctx: ReportContext, s: Section) -> None:
+    """report --time-model fitted|profile: the timeline's parameters (with its held-out errors beside
+    the linear model's when fitted) and a per-token plot of a few tokens (LRU at the verdict's budget)."""
+    from replay.analyses.timeline import T_COMPUTE, T_IO, T_STALL, T_WALL, time_replay
+    from replay.core.simulate import loads_of, replay
+    from replay.present import plots
+
+    p, scores = ctx.profile, ctx.shared.get("timeline_scores")
+    s.text.append(f"Prefetch times come from the timeline ({'fitted on this run' if p.source == 'fitted' else p.name}): "
+                  f"{p.lanes} read lanes x {fmt_q(p.lane_mib_s, 'mib_s')} MiB/s, {fmt_q(p.read_latency_ms, 'ms_per_miss')} ms "
+                  f"per read, compute {fmt_q(p.compute_ms_per_layer, 'ms_per_miss')} ms per MoE layer (expert share "
+                  f"{fmt_q(p.expert_share, 'pp')}), overlap {'on' if p.overlap else 'off'}: reads overlap compute, so a "
+                  "speculative read can win or lose time (docs/design.md, Timeline).")
+    if p.source == "preset":
+        s.text.append(f"{p.name} is a preset: an assumption about a class of device, not a measurement.")
+    if scores is not None:
+        t, lin = scores["timeline_wall_ms"], scores["linear_wall_ms"]
+        s.text.append(f"Held out on alternating 8-token blocks: timeline wall_ms mean error {fmt_q(t['mean_err_ms'], 'ms')} ms, "
+                      f"MAPE {fmt_q(t['mape_pct'], 'pct')}%, correlation {fmt_q(t['corr'], 'r2')}; the linear model on the same "
+                      f"tokens {fmt_q(lin['mean_err_ms'], 'ms')} ms, {fmt_q(lin['mape_pct'], 'pct')}%, "
+                      f"{fmt_q(lin['corr'], 'r2')} ({scores['better']} better per token).")
+    budget = ctx.verdict_budgets[0]
+    loads = loads_of(ctx.trace)
+    tl = time_replay(loads, replay(loads, "lru", float(budget), slots=True), p)
+    n = min(12, tl.tok.shape[0])
+    if n == 0:
+        return
+    tok = tl.tok[:n]
+    other = tok[:, T_WALL] - tok[:, T_COMPUTE] - tok[:, T_STALL]
+    s.images.append(plots.token_timeline(
+        np.arange(1, n + 1), tok[:, T_COMPUTE], tok[:, T_STALL], other, tok[:, T_IO] / p.lanes,
+        ctx.out / "timeline.png", f"The first {n} decoded tokens on the timeline (LRU at {plots.budget_label(float(budget))})",
+        caption="Per decoded token: compute, stall (waiting for reads) and the rest (overhead, serial costs) stacked; the line "
+                "is the token's read time divided by the lanes: where it stands above the stall, reads overlapped compute."))
 
 
 _INTERVAL_NOTE = ("Time figures carry a 95% prediction interval from the fit (its residuals and its coefficients' own "
@@ -430,6 +477,7 @@ def section_cache(ctx: ReportContext) -> Section:
     vlines = {f"T = one token cycle ({T:.1f} MiB)": T}
     if rec is not None:
         vlines[f"recorded budget ({plots.budget_label(float(rec))})"] = float(rec)
+    _curve_figure(ctx, s, loads, rec, vlines)
     for col, png, title, ylabel, ylim, caption in (
             ("hit_pct_decode", "cache_curves.png", "Expert-cache hit rate vs budget (decode loads)", "decode-only hit rate (%)",
              (0, 102), "Pick the highest curve at the memory you can give the cache; the distance to the Belady curve is "
@@ -557,6 +605,54 @@ def section_cache(ctx: ReportContext) -> Section:
     return s
 
 
+def _curve_figure(ctx: ReportContext, s: Section, loads: Any, rec: float | None, vlines: dict[str, float]) -> None:
+    """The section's main figure: LRU's exact curve at every budget where it changes (one pass,
+    :mod:`replay.analyses.curve`), the recorded budget and the knee marked; the budget answer as a
+    table; the answer kept for the verdict (``ctx.shared["curve_answer"]``)."""
+    from replay.analyses.curve import compute_curve
+    from replay.present import plots
+    from traces.util.units import budget_bytes
+
+    cv = compute_curve(loads, policies=("lru",), budgets_bytes=[budget_bytes(float(rec))] if rec is not None else [])
+    a = cv.answer
+    ctx.shared["curve_answer"] = a
+    if cv.frame.height == 0 or a["metric"] is None:
+        return
+    f = cv.frame.sort("budget_mib")
+    knee = next((k for k in a["knees"] if k["budget_mib"] is not None), None)  # the tightest tolerance that has one
+    lines = dict(vlines)
+    if knee is not None:
+        lines[f"knee: within {knee['tolerance_pp']:g} pp of the plateau ({knee['budget_mib']:.1f} MiB)"] = knee["budget_mib"]
+    series = {"lru (exact, every budget)": (f["budget_mib"].to_numpy(), f[a["metric"]].to_numpy())}
+    ob = f.filter(pl.col("over_budget"))
+    if ob.height:
+        series["over budget (needs more memory)"] = (ob["budget_mib"].to_numpy(), ob[a["metric"]].to_numpy())
+    what = "decode-only" if a["metric"] == "hit_pct_decode" else "cumulative"
+    s.images.insert(0, plots.lines(
+        series, ctx.out / "cache_lru_curve.png", f"LRU hit rate at every budget ({what}), exact", "cache budget (MiB/GiB, log scale)",
+        f"{what} hit rate (%)", vlines=lines, budget_x=True, ylim=(0, 102), markers=False,
+        styles={"over budget (needs more memory)": {"linestyle": "none", "marker": "x", "markersize": 5, "color": "black"}},
+        caption=f"How much cache LRU needs: its hit rate at each of the {f.height:,} budgets where it changes, computed in one "
+                f"pass and equal to a replay at each. The plateau ({a['plateau_pct']:.1f}% at the working set, "
+                f"{a['w_mib']:.1f} MiB) is where only first visits miss; the knee is the smallest budget within "
+                f"{knee['tolerance_pp']:g} pp of it." if knee else
+                f"How much cache LRU needs: its hit rate at each of the {f.height:,} budgets where it changes, exact; no "
+                "within-budget budget comes within the knee's tolerance of the plateau."))
+    # at_mib: a figure read off the curve (1 decimal), not a budget the user chose
+    rows = [{"point": "plateau (working set W)", "at_mib": a["w_mib"], "hit_pct": a["plateau_pct"], "gain_pp": None}]
+    rows += [{"point": f"knee: within {k['tolerance_pp']:g} pp of the plateau", "at_mib": k["budget_mib"],
+              "hit_pct": k["hit_pct"], "gain_pp": None} for k in a["knees"]]
+    rows += [{"point": "just below T (the cliff)", "at_mib": a["t_mib"], "hit_pct": a["below_t_pct"], "gain_pp": None},
+             {"point": "at T", "at_mib": a["t_mib"], "hit_pct": a["at_t_pct"], "gain_pp": None}]
+    rows += [{"point": f"doubling from {d['from_mib']:.1f} MiB", "at_mib": d["to_mib"], "hit_pct": d["hit_pct"],
+              "gain_pp": d["gain_pp"]} for d in a["doublings"]]
+    s.tables.append(Table("cache_budget_answer", pl.DataFrame(rows, schema_overrides={"at_mib": pl.Float64,
+                                                                                      "hit_pct": pl.Float64,
+                                                                                      "gain_pp": pl.Float64}),
+                          f"how much cache LRU needs ({what} hit %, from its exact curve; `moe-replay curve` has every "
+                          "budget): the plateau, the knees, the cliff below one token cycle T and what each doubling buys"))
+
+
 OPT_BOUND_MAX_LOADS = 20_000  # Qwen's phone run: 6,192 loads, 7-30 s; a 3,000-token 16-layer trace (48,500): minutes
 
 
@@ -640,7 +736,8 @@ def section_prefetch(ctx: ReportContext) -> Section:
     for budget in budgets:
         for pred in predictors:
             for policy, guard in (("lru", False), ("lfru", True)):
-                rows.append(prefetch(tr, pred, budget, policy=policy, guard=guard, model=model))
+                rows.append(prefetch(tr, pred, budget, policy=policy, guard=guard,
+                                     model=model if ctx.profile is None else None, profile=ctx.profile))
     frame = pl.concat(rows, how="diagonal_relaxed")
     cols = (["budget_mib"] if len(budgets) > 1 else []) + [
         "predictor", "policy", "guard", "hit_pct_decode_baseline", "hit_pct_decode", "useful_pct",
@@ -651,7 +748,15 @@ def section_prefetch(ctx: ReportContext) -> Section:
                   "layer are read speculatively into the same cache (no cap, no drop). Demand hit % is decode-only; "
                   "bytes per decoded token include the speculative reads. A speculative read competes with demand "
                   "reads for the same flash bandwidth: more hits can still mean more time.")
-    if model is not None:
+    if ctx.profile is not None:  # report --time-model fitted|profile: the timeline's times and why
+        from replay.present.whatif import with_timeline_verdict
+
+        frame = with_timeline_verdict(frame)
+        cols += ["ms_per_token_baseline", "ms_per_token", "useful_mib", "late_mib", "wasted_mib", "lane_busy_pct"]
+        s.notes.append(" ".join(f"{r['predictor']} ({r['policy']}{' + guard' if r['guard'] else ''}"
+                               + (f", {exact(r['budget_mib'])} MiB" if len(budgets) > 1 else "") + f"): {r['verdict']}."
+                               for r in frame.to_dicts()))
+    elif model is not None:
         from replay.present.whatif import with_verdict
 
         frame = with_verdict(with_prefetch_time(frame, model))
@@ -797,6 +902,12 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
                         f"{prefix}tied_with": (d or {}).get("tied"), f"{prefix}vs_lru_text": (d or {}).get("text")})
         row["over_budget_left_out"] = ", ".join(f"{r['policy']} (peak {fmt_q(r['peak_resident_mib'], 'mib')} MiB)"
                                                 for r in over) or None
+        ans = ctx.shared.get("curve_answer")
+        if ans and ans.get("metric") and not any(x["kind"] == "cache" for x in rows):  # the knee, once: on the first budget
+            knee = next((k for k in ans["knees"] if k["budget_mib"] is not None), None)
+            row.update({"curve_plateau_pct": ans["plateau_pct"], "curve_knee_mib": knee and knee["budget_mib"],
+                        "curve_knee_tolerance_pp": knee and knee["tolerance_pp"],
+                        "curve_knee_hit_pct": knee and knee["hit_pct"]})
         rows.append(row)
     if model is not None and rows:
         given = ctx.cost_model is not None
@@ -819,6 +930,7 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
             # the configuration that helps most among those that read something speculatively (a row that read
             # nothing says nothing about prefetching): most ms/token saved (with a cost model), else most decode hit
             # points gained; the first of equals, in the order the section shows
+            timed = timed or ctx.profile is not None
             gain = ((lambda r: r["ms_per_token_baseline"] - r["ms_per_token"]) if timed
                     else (lambda r: (r["hit_pct_decode"] or 0.0) - (r["hit_pct_decode_baseline"] or 0.0)))
             r = max([r for r in cand if r.get("spec_fills")] or cand, key=gain)
@@ -826,7 +938,11 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
                 "budget_mib", "predictor", "policy", "guard", "hit_pct_decode_baseline", "hit_pct_decode",
                 "total_mib_per_token_baseline", "total_mib_per_token", "ms_per_token_baseline", "ms_per_token", "tok_s_baseline",
                 "tok_s", "spec_fills", "delta_hit_pp", "delta_hit_ci_low", "delta_hit_ci_high", "vs_baseline",
-                "delta_ms_per_token", "delta_ms_ci_low", "delta_ms_ci_high", "vs_baseline_time")}})
+                "delta_ms_per_token", "delta_ms_ci_low", "delta_ms_ci_high", "vs_baseline_time")},
+                         **({k: r.get(k) for k in (
+                             "time_model", "spec_mib_timed", "useful_mib", "late_mib", "wasted_mib", "lane_busy_pct",
+                             "lane_busy_pct_baseline", "stall_ms_per_token", "stall_ms_per_token_baseline")}
+                            if ctx.profile is not None else {})})
     if "drop" in ctx.shared:
         mode, budget, drops = ctx.shared["drop"]
         rows += [{"kind": "drop", "mode": mode, "budget_mib": budget, "policy": "lru" if mode == "closed" else None,
@@ -872,7 +988,7 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
                  policies: list[str] | None = None, cost_model: Any = None, force: bool = False,
                  progress: Callable[[str], None] | None = None, inputs: Sequence[str | Path | None] = (),
                  budget_mib: Sequence[float] | None = None, quality: Sequence[str | Path] = (),
-                 foreign_cost_model: bool = False) -> Path:
+                 foreign_cost_model: bool = False, time_model: str | None = None, device_profile: Any = None) -> Path:
     """Build every section and write index.md, index.html, verdict.json, PNGs and tables/*.csv into ``out_dir``.
 
     ``budgets_mib``: the cache sweep's budgets; ``budget_mib``: the budgets the verdict answers for
@@ -880,7 +996,10 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
     ``inputs``: files read besides the trace (a cost model); ``out_dir`` may not be, hold or lie in one.
     ``quality``: results of ``moe-replay quality`` (directories or their quality.json) for the Quality section.
     ``cost_model`` fitted on another model or device: refused unless ``foreign_cost_model``, then
-    every time figure is marked (replay.analyses.cost_origin)."""
+    every time figure is marked (replay.analyses.cost_origin). ``time_model`` ``"fitted"`` /
+    ``"profile"`` (with ``device_profile``): the prefetch what-ifs and the verdict's prefetch line are
+    timed on the timeline (replay.analyses.timeline), the Cost model section shows it and a per-token
+    plot; the cache tables keep the linear model."""
     from replay.analyses.quality_result import load_all
     from replay.core.simulate import check_state_fits
 
@@ -890,6 +1009,11 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
         from replay.analyses.cost_origin import apply_to
 
         cost_model = apply_to(cost_model, trace, foreign=foreign_cost_model)
+    from replay.analyses.timeline_whatif import check_time_model, timeline_profile
+
+    check_time_model(time_model, device_profile)
+    profile, scores = timeline_profile(trace, time_model if time_model != "linear" else None,
+                                       device_profile)  # before anything is written: a bad profile is refused
     name = Path(trace_dir).resolve().name  # `report .` is named after the directory, not ""
     # Read before anything is written: a section's UserError would only mark it unavailable.
     results = load_all(list(quality), trace, name)
@@ -899,6 +1023,8 @@ def write_report(trace_dir: str | Path, out_dir: str | Path, budgets_mib: list[f
         vb, where = verdict_budgets(trace, budget_mib)
         ctx = ReportContext(trace, name, stage, budgets_mib, policies, vb, where, cost_model, progress)
         ctx.shared["quality"] = results
+        ctx.profile = profile
+        ctx.shared["timeline_scores"] = scores
         sections = []
         for build in SECTIONS:
             if progress:

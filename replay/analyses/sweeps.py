@@ -9,7 +9,7 @@ Layout of RESULTS::
 
     sweep.json            what the last sweep did (grid, engine, cells, tables); "complete": false while one runs
     grid.toml             a copy of the grid the tables were made from
-    <kind>.parquet        one table per analysis kind of the grid (cache, predict, drop, prefetch, retention)
+    <kind>.parquet        one table per analysis kind of the grid (cache, predict, drop, prefetch, retention, curve)
     chunks/NNNNNN.parquet the cell store: one atomically written file per finished batch of cells
                           (compacted into one file when a sweep ends)
     .lock                 held (flock) while a sweep writes: a second sweep on the same RESULTS refuses
@@ -35,6 +35,7 @@ import itertools
 import json
 import math
 import os
+import re
 import time
 import tomllib
 from collections.abc import Callable, Iterator, Sequence
@@ -49,7 +50,7 @@ from traces.io.digest import sha256_file, trace_content_id
 from traces.util.units import parse_budget_mib
 
 FORMAT = "moe-replay-sweep"
-KIND_ORDER = ("cache", "predict", "drop", "prefetch", "retention")
+KIND_ORDER = ("cache", "predict", "drop", "prefetch", "retention", "curve")
 
 EXAMPLE = '''\
 # moe-replay sweep grid (TOML). Run: moe-replay sweep THIS.toml -o RESULTS
@@ -57,7 +58,7 @@ EXAMPLE = '''\
 traces = ["runs/qwen", "runs/*-batch8"]   # trace directories or globs (each glob must match)
 
 # One table per analysis kind; each key is a keyword argument of that replay.<function>
-# (cache, predict, drop, prefetch; retention = replay.retain). A list is crossed: one cell per
+# (cache, predict, drop, prefetch, curve; retention = replay.retain). A list is crossed: one cell per
 # combination. The plural spellings below (policies, budgets_mib, predictors, modes, caps, ...)
 # are the lists of the singular keyword.
 
@@ -86,6 +87,9 @@ caps = [2]
 predictors = ["prev-token"]
 policies = ["lru"]
 budgets_mib = [2000]
+
+[curve]                                   # replay.curve: one cell per policy, its whole curve in one pass
+policies = ["lru", "layer"]               # (every budget where it changes, each equal to a replay there)
 '''
 
 
@@ -103,10 +107,12 @@ class Kind:
     refused: dict[str, str]  # API keywords a grid may not set -> why
 
 
+# The timeline's axes (replay.analyses.timeline_whatif): device profiles (files or preset names) and time models.
+_TIME_AXES = {"device_profiles": "device_profile", "time_models": "time_model"}
 _COMMON_REFUSED = {"trace": "the traces are the grid's top-level 'traces' list", "loads": "internal",
                    "show_progress": "the sweep has its own progress bar", "progress": "the sweep has its own progress bar"}
 KINDS: dict[str, Kind] = {
-    "cache": Kind("cache", "cache", {"policies": "policy", "budgets_mib": "budget_mib"}, {},
+    "cache": Kind("cache", "cache", {"policies": "policy", "budgets_mib": "budget_mib"}, _TIME_AXES,
                   {**_COMMON_REFUSED, "retain_predictor": "use a [retention] table"}),
     "predict": Kind("predict", "predict_run", {"predictors": "predictor"}, {},
                     {**_COMMON_REFUSED, "max_horizon": "list the horizons instead (predictors = ['stale-gate'], "
@@ -114,10 +120,14 @@ KINDS: dict[str, Kind] = {
     "drop": Kind("drop", "drop", {}, {"modes": "mode", "policies": "policy", "budgets_mib": "budget_mib",
                                       "phases": "phase", "cost_models": "cost_model"}, dict(_COMMON_REFUSED)),
     "prefetch": Kind("prefetch", "prefetch", {}, {"predictors": "predictor", "policies": "policy", "budgets_mib": "budget_mib",
-                                                  "caps": "cap", "drop_fracs": "drop_frac", "cost_models": "cost_model"},
+                                                  "caps": "cap", "drop_fracs": "drop_frac", "cost_models": "cost_model",
+                                                  **_TIME_AXES},
                      dict(_COMMON_REFUSED)),
     "retention": Kind("retention", "retain", {"policies": "policy", "budgets_mib": "budget_mib"},
                       {"predictors": "predictor"}, dict(_COMMON_REFUSED)),
+    "curve": Kind("curve", "curve", {"policies": "policy"}, {"budgets_mib": "budget_mib", "sample_rates": "sample_rate",
+                                                             "cost_models": "cost_model"},
+                  {**_COMMON_REFUSED, "tolerances_pp": "the budget answer is the verb's and the API's, not a table's"}),
 }
 _FILE_KEYS = ("cost_model", "policy_file", "predictor_file")
 #: ``--workers`` is refused beyond this many local workers per core (a typo, not a pool).
@@ -179,6 +189,16 @@ def _check_value(kind: str, key: str, v: Any, default: Any, where: str, base: Pa
         if v not in ("static", "closed"):
             raise UserError(f"{where}: {v!r} is not static or closed.")
         return v
+    if key == "time_model":
+        from replay.analyses.timeline_whatif import TIME_MODELS
+
+        if v not in TIME_MODELS:
+            raise UserError(f"{where}: {v!r} is not one of {', '.join(TIME_MODELS)}.")
+        return v
+    if key == "device_profile":  # a preset's name, else a profile file (its bytes enter the cell key)
+        from replay.analyses.timeline_fit import PRESETS
+
+        return v if isinstance(v, str) and v in PRESETS else _check_value(kind, "cost_model", v, None, where, base)
     if key in ("policy_file", "predictor_file"):  # a list registers every file: one value, not crossed
         files = v if isinstance(v, list) else [v]
         return [_check_value(kind, "cost_model", f, None, where, base) for f in files]
@@ -377,6 +397,8 @@ def cell_key(trace_id: str, kind: str, params: dict[str, Any], version: str) -> 
     """sha256 of (trace content id, kind, parameters, tool version); a file a parameter names
     enters by its content (a cost model refitted into the same path is a new cell)."""
     def content(k: str, v: Any) -> Any:
+        if k == "device_profile" and v is not None and _is_profile_file(v):
+            return sha256_file(v)
         if k not in _FILE_KEYS or v is None:
             return v
         return [sha256_file(f) for f in v] if isinstance(v, list) else sha256_file(v)
@@ -385,6 +407,13 @@ def cell_key(trace_id: str, kind: str, params: dict[str, Any], version: str) -> 
     blob = json.dumps({"trace": trace_id, "kind": kind, "params": canon, "version": version}, sort_keys=True,
                       separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+def _is_profile_file(v: Any) -> bool:
+    """A ``device_profile`` value that names a file, not a preset."""
+    from replay.analyses.timeline_fit import PRESETS
+
+    return not (isinstance(v, str) and v in PRESETS)
 
 
 def cells_of(grid: Grid) -> list[Cell]:
@@ -445,6 +474,12 @@ def compute_cell(kind: str, path: str, params: dict[str, Any]) -> tuple[pl.DataF
         return api.drop(t, **kw), []
     if kind == "prefetch":
         return api.prefetch(t, **kw), []
+    if kind == "curve":  # one policy's whole curve per cell; a requested budget joins its rows
+        kw["policies"] = [kw.pop("policy")]
+        if "budget_mib" in kw:
+            b = kw.pop("budget_mib")
+            kw["budgets_mib"] = None if b is None else [b]
+        return api.curve(t, **kw), []
     raise AssertionError(kind)
 
 
@@ -470,10 +505,22 @@ def _show(v: Any) -> str:
     return exact(v) if isinstance(v, float) else str(v)
 
 
-def _worker_init() -> None:
-    from traces.util.signals import ignore_interrupts
+def _worker_init(parent: Any = None) -> None:
+    from traces.util.signals import exit_with_parent, ignore_interrupts
 
     ignore_interrupts()  # Ctrl-C is the driver's to handle: it stops the pool
+    # tqdm's first bar (even a disabled one) creates a multiprocessing lock, a named semaphore the
+    # resource tracker counts; a worker the driver terminates never unregisters it, and the tracker
+    # then printed "leaked semaphore objects" after the command's one-line error. A thread lock
+    # does for a worker that draws no bar.
+    with contextlib.suppress(ImportError):
+        import threading
+
+        from tqdm import tqdm
+
+        tqdm.set_lock(threading.RLock())
+    if parent is not None:  # the sweep killed (SIGKILL too): this worker ends with it
+        exit_with_parent(parent)
 
 
 # --- the cell store --------------------------------------------------------------------------
@@ -605,12 +652,43 @@ def grid_inputs(grid: Grid) -> list[str]:
     files: list[str] = [str(grid.file), *(ab for _, ab in grid.traces)]
     for sets in grid.kinds.values():
         for params in sets:
+            v = params.get("device_profile")
+            if v is not None and _is_profile_file(v) and str(v) not in files:
+                files.append(str(v))
             for k in _FILE_KEYS:
                 v = params.get(k)
                 for f in (v if isinstance(v, list) else [v]):
                     if f is not None and str(f) not in files:
                         files.append(str(f))
     return files
+
+
+_LEFTOVER = re.compile(r"\.lock|\..+\.tmp-\d+")
+
+
+def _own_leftover(name: str) -> bool:
+    """What a sweep that stopped before its first result leaves (a full disk as it wrote sweep.json,
+    a kill): the lock file and a temporary file of an atomic write. A directory holding only these is
+    a sweep's own, resumable by the same command, not someone else's folder."""
+    return _LEFTOVER.fullmatch(name) is not None
+
+
+def _holds_complete(out: Path, grid: Grid, cells: list[Cell]) -> bool:
+    """RESULTS already holds the complete tables of this very grid (sweep.json says complete,
+    grid.toml is this grid's text and each table holds exactly the cells of this grid, trace
+    contents included): a rerun (``force`` too) leaves that record as it is until it has rebuilt
+    every table, so a rerun that fails (a full disk, a kill) never downgrades it."""
+    try:
+        record = json.loads((out / "sweep.json").read_text(encoding="utf-8"))
+        if record.get("complete") is not True or (out / "grid.toml").read_text(encoding="utf-8") != grid.text:
+            return False
+        for kind in grid.kinds:
+            keys = set(pl.read_parquet(out / f"{kind}.parquet", columns=["cell_key"])["cell_key"].to_list())
+            if keys != {c.key for c in cells if c.kind == kind}:
+                return False
+        return True
+    except Exception:  # noqa: BLE001 - anything unreadable (a damaged table, an odd record) is not a complete result
+        return False
 
 
 def _check_results_dir(out: Path, inputs: Sequence[str]) -> None:
@@ -620,7 +698,8 @@ def _check_results_dir(out: Path, inputs: Sequence[str]) -> None:
     check_not_special(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"{out}: exists and is not a directory.")
-    if out.is_dir() and any(out.iterdir()) and not (out / "sweep.json").exists() and not (out / "chunks").is_dir():
+    if out.is_dir() and any(not _own_leftover(e.name) for e in out.iterdir()) and not (out / "sweep.json").exists() \
+            and not (out / "chunks").is_dir():
         raise UserError(f"{out}: exists, is not empty and holds no sweep results; choose another -o.")
     parent = Path(os.path.abspath(out)).parent
     if not parent.is_dir():
@@ -696,7 +775,12 @@ def _run_local(batches: list[list[Cell]], workers: int, on_done: Callable[[list]
 
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
     by_key = {c.key: c for b in batches for c in b}
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init)
+    # A pipe only this process writes to: each worker exits when it closes, i.e. when this process
+    # dies, even by SIGKILL (traces.util.signals.exit_with_parent). Without it the workers lived on,
+    # and with them the forkserver and the resource tracker, holding this process's stdout, so
+    # `sweep ... | tee` never returned.
+    watch_r, watch_w = ctx.Pipe(duplex=False)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(watch_r,))
     ok = False
     try:
         pending = {pool.submit(run_batch, _payload(b)) for b in batches}
@@ -711,6 +795,8 @@ def _run_local(batches: list[list[Cell]], workers: int, on_done: Callable[[list]
                 with contextlib.suppress(Exception):
                     p.terminate()
         pool.shutdown(wait=ok, cancel_futures=True)
+        watch_w.close()
+        watch_r.close()
 
 
 RAY_MISSING = "--engine ray needs Ray: install the cluster extra (pip install 'moe-replay[cluster]')."
@@ -812,9 +898,13 @@ def run_sweep(grid_file: str | Path, out: str | Path, *, engine: str = "local", 
     out.mkdir(exist_ok=True)
     with results_lock(out):
         # until the sweep ends, sweep.json says it is unfinished (a killed sweep leaves it so; the
-        # tables, if any, are those of an earlier run): rerun the same grid to finish it
-        atomic_write_text(out / "sweep.json", json.dumps({"format": FORMAT, "version": 1, "tool_version": __version__,
-                                                          "grid": str(grid.file), "complete": False}, indent=1) + "\n")
+        # tables, if any, are those of an earlier run): rerun the same grid to finish it. Not when
+        # RESULTS already holds this grid's complete tables (a --force rerun): those stay the
+        # record, and stay true, until this run has rebuilt them (new chunks only add to the store,
+        # the newest wins), so a rerun stopped by a full disk or a kill downgrades nothing.
+        if not _holds_complete(out, grid, cells):
+            atomic_write_text(out / "sweep.json", json.dumps({"format": FORMAT, "version": 1, "tool_version": __version__,
+                                                              "grid": str(grid.file), "complete": False}, indent=1) + "\n")
         store = Store(out)
         done = store.done()
         todo, seen = [], set()

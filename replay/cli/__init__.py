@@ -6,15 +6,21 @@ Bad input raises :class:`traces.format.errors.UserError`; :func:`main` prints it
 
 from __future__ import annotations
 
-import signal
-import sys
-from importlib.metadata import entry_points
-from pathlib import Path
+# First, before the imports that take most of a second: a signal from here on ends the command
+# with its own message and 128 + N, never the default action (replay.runner.exit_on_signals).
+from replay.runner import _interrupted, exit_on_signals, guarded, hold_signals, is_command_process
 
-import typer
+if is_command_process():
+    exit_on_signals()
 
-from replay.cli.options import JsonOpt, TraceArg, example
-from replay.runner import _interrupted, guarded
+import signal  # noqa: E402
+import sys  # noqa: E402
+from importlib.metadata import entry_points  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import typer  # noqa: E402
+
+from replay.cli.options import JsonOpt, TraceArg, example  # noqa: E402
 from traces.format.errors import UserError  # noqa: F401 (re-exported)
 
 app = typer.Typer(
@@ -57,6 +63,7 @@ VERB_MODULES = ("replay.cli.cache", "replay.cli.predict", "replay.cli.whatif", "
 VERB_MODULES += ("replay.cli.sweep",)
 VERB_MODULES += ("replay.cli.compare",)
 VERB_MODULES += ("replay.cli.upgrade",)
+VERB_MODULES += ("replay.cli.curve",)
 
 
 def _echo(text: str) -> None:
@@ -217,6 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     _register_plugins()
     with atomic.command_scope():  # what it writes, the inputs its readers note (no output may touch them)
         code = _run(args, debug)
+    if is_command_process():  # done: the interpreter's finalization is not interrupted (replay.runner)
+        hold_signals()
     if code:
         sys.exit(code)
 

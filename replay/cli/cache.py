@@ -10,10 +10,12 @@ import typer
 
 from replay.cli.options import (  # noqa: F401
     BudgetsOpt,
+    DeviceProfileOpt,
     ForeignCostModelOpt,
     JsonOpt,
     PolicyFileOpt,
     PredictorFileOpt,
+    TimeModelOpt,
     TraceArg,
     check_foreign_cost_model,
     example,
@@ -64,6 +66,8 @@ def register(app: typer.Typer) -> None:
         flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
         compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
         foreign_cost_model: bool = ForeignCostModelOpt,
+        time_model: str | None = TimeModelOpt,
+        device_profile: str | None = DeviceProfileOpt,
         policy_file: list[Path] | None = PolicyFileOpt,
         predictor_file: list[Path] | None = PredictorFileOpt,
         json_out: bool = JsonOpt,
@@ -116,6 +120,13 @@ def register(app: typer.Typer) -> None:
         check_phase(phase)
         cmodel = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
         check_foreign_cost_model(foreign_cost_model, cost_model)
+        from replay.analyses.timeline_whatif import check_time_model
+
+        check_time_model(time_model, device_profile)
+        timeline = time_model in ("fitted", "profile")
+        if timeline and cmodel is not None:
+            raise UserError("--time-model fitted|profile and a cost model (--cost-model, --flash-mib-s) are alternatives; "
+                            "give one.")
         budget_mib = parse_budget(budget_mib, "--budget-mib")
         from replay.plugin_files import register_files
 
@@ -149,6 +160,8 @@ def register(app: typer.Typer) -> None:
         # that reads them another way checks them first (traces.io.reader.Trace.rows_pending).
         t = open_trace(trace, defer_rows=True)
         require_routings(t, "replay")
+        if time_model == "linear" and cmodel is None:
+            cmodel = api.fit_cost_model(t)  # the linear model fitted on this run's own metrics
         if cmodel is not None:  # before the replay: a model of another model or device is refused, or marked
             from replay.analyses.cost_origin import apply_to
 
@@ -173,7 +186,8 @@ def register(app: typer.Typer) -> None:
                             per_layer=per_layer, phase=phase, seed=seed, policy_options=popts, cost_model=cmodel,
                             retain_predictor=predictor if retain else None, show_progress=True, stream=stream,
                             predictor_file=predictor_file, foreign_cost_model=foreign_cost_model,
-                            paired=cmodel is not None and not retain)  # with a cost model: each cell against LRU (replay.analyses.paired)
+                            paired=cmodel is not None and not retain,  # with a cost model: each cell against LRU (replay.analyses.paired)
+                            time_model=time_model if timeline else None, device_profile=device_profile)
         frame, blist, loads, sm = run.frame, run.budgets_mib, run.loads, run.summary
         T, W, chosen, collapsed, no_decode = (sm["token_cycle_mib"], sm["working_set_mib"], sm["budgets_chosen"],
                                               sm["collapsed"], sm["no_decode"])
@@ -198,6 +212,11 @@ def register(app: typer.Typer) -> None:
         if cmodel is not None:
             typer.echo("")
             typer.echo(time_text(frame, pols, blist, cmodel))
+        if timeline:
+            from replay.present.cache import timeline_text
+
+            typer.echo("")
+            typer.echo(timeline_text(frame))
 
 
 FORMATS = ("table", "compact", "json")

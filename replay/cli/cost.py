@@ -86,5 +86,38 @@ def check(
 
 
 
+@cost_app.command("timeline", epilog=example("moe-replay cost timeline traces/qwen"))
+def timeline(
+    traces: list[Path] = typer.Argument(..., help="One or more traces with recorded per-token metrics and cache budget."),
+    metrics: Path | None = typer.Option(None, "--metrics", help="A .metrics file for a single trace imported without one."),
+    json_out: bool = JsonOpt,
+) -> None:
+    """Fit the timeline (reads on lanes against compute) on recorded metrics, held out by alternating
+    token blocks, beside the linear model fitted on the same tokens."""
+    from replay.api import timeline_fit
+    from replay.present.cost import timeline_fit_text
+    from replay.present.format import json_object
+    from traces import open_trace
+    from traces.format.errors import UserError
+
+    if metrics is not None and len(traces) != 1:
+        raise UserError("--metrics FILE applies to a single trace; import each trace with its metrics instead.")
+    m = None
+    if metrics is not None:
+        import polars as pl
+
+        from traces.importers.bigmoe import parse_metrics
+
+        m = pl.from_arrow(parse_metrics(metrics)[0])
+    rows = []
+    for path in traces:
+        r = timeline_fit(open_trace(path), metrics=m)
+        rows.append({"trace": str(path), **r})
+    if json_out:
+        typer.echo(json_object("cost timeline", str(traces[0]) if len(traces) == 1 else None, rows))
+        return
+    typer.echo("\n\n".join(timeline_fit_text(r) for r in rows))
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(cost_app, name="cost")

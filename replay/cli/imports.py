@@ -7,6 +7,7 @@ sizes): nothing about a format is typed twice.
 from __future__ import annotations
 
 import inspect
+import re
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -135,8 +136,38 @@ def _run(mod: ModuleType, fmt: str, paths: list[Path], values: dict[str, Any], j
             raise UserError(f"import {mod.NAME}: the {mod.NAME} format states its own expert sizes; drop "
                             f"--{given[0].replace('_', '-')}.")
     opts = {o.name: values[o.name] for o in mod.OPTIONS if o.name in values}
-    mod.import_(sources, out, sizes=sizes, force=force, **opts)
+    try:
+        mod.import_(sources, out, sizes=sizes, force=force, **opts)
+    except UserError as e:
+        hint = _table_hint(mod, sources)
+        if hint is None or type(e) is not UserError:
+            raise
+        raise UserError(f"{str(e).rstrip('.')}; {hint}.") from None
     _report(fmt, out, json_out, chosen)
+
+
+def _table_hint(mod: ModuleType, sources: list[Path]) -> str | None:
+    """A dedicated importer refused a file that reads as a table of routings (a patched engine's
+    or a hook script's per-row dump): the generic importer, with the columns it would read."""
+    from traces.importers import table
+
+    if mod.NAME == table.NAME:
+        return None
+    found: dict[str, str] = {}
+    for p in sources:
+        cols = table.columns_of(Path(p))
+        if not cols:
+            return None
+        got, _ = table.resolve_columns({}, cols)
+        if "experts" not in got:
+            wide = sorted({m.group(1) for c in cols if (m := re.match(r"^(.*expert\w*?_?)\d+$", str(c), flags=re.I))})
+            if len(wide) != 1:
+                return None
+            got["experts"] = f"{wide[0]}* (--map experts={wide[0]}*: one column per expert)"
+        found.update({k: c for k, c in got.items() if k not in found})
+    said = ", ".join(f"{c} as {k}" for k, c in found.items())
+    return (f"it reads as a table of routings (one row per token and layer): try 'moe-replay import table SRC... OUT' "
+            f"(it would read {said}; --map KEY=COLUMN to choose others)")
 
 
 def _make_command(mod: ModuleType):
@@ -181,10 +212,13 @@ def _auto(
     expert_bytes: int | None = typer.Option(None, "--expert-bytes", help="Bytes of one expert, the same in every layer."),
     sizes_from: Path | None = typer.Option(None, "--sizes-from", help="Expert sizes from a .gguf or a config.json."),
     dtype: str | None = typer.Option(None, "--dtype", help="Storage type of the experts for --sizes-from config.json."),
+    drop_warmup: bool = typer.Option(False, "--drop-warmup", help="Leave out rows that look like an engine's warm-up "
+                                     "(profiling or dummy) pass (default: keep them and say so)."),
     force: bool = ForceOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Recognise the format of SRC..., say which it is, and import it (format options need 'import FORMAT')."""
+    from traces.format.errors import UserError
     from traces.importers import choose_format, get
 
     sources, _ = _split(paths, None, "auto")
@@ -192,6 +226,11 @@ def _auto(
     mod = get(fmt)
     values = {"expert_bytes": expert_bytes, "sizes_from": sizes_from, "dtype": dtype}
     values.update({o.name: (False if o.type is bool else o.default) for o in mod.OPTIONS})
+    if drop_warmup:
+        if "drop_warmup" not in values:
+            raise UserError(f"import auto: the {fmt} format is written by the engine itself with no warm-up pass; "
+                            "drop --drop-warmup.")
+        values["drop_warmup"] = True
     _run(mod, "auto", paths, values, json_out, force, chosen=fmt)
 
 

@@ -20,6 +20,12 @@ CostModelOpt = typer.Option(None, "--cost-model", help="A 'cost fit --json' file
 ForeignCostModelOpt = typer.Option(False, "--foreign-cost-model", help="Apply a --cost-model fitted on another model or "
                                    "device (or written before models recorded their origin) anyway; every time figure "
                                    "is then marked as foreign. Without it such a model is refused.")
+TimeModelOpt = typer.Option(None, "--time-model", help="linear (the cost model: --cost-model, else fitted on the "
+                            "trace's metrics) | fitted (the timeline of reads on lanes against compute, fitted on the "
+                            "trace's metrics) | profile (the timeline on --device-profile).", show_default=False)
+DeviceProfileOpt = typer.Option(None, "--device-profile", help="With --time-model profile: a JSON file (lanes, lane_mib_s, "
+                                "read_latency_ms, compute_ms_per_layer, ...) or a preset: phone-ufs4, phone-serial, "
+                                "gpu-pcie4 (assumptions, not measurements).", show_default=False)
 BUDGET_UNITS_HELP = "MiB (2^20 bytes), or with a unit: 4000, 4000MiB, 4GiB, 1.5GiB"
 BudgetsOpt = typer.Option(None, "--budgets", help=f"Cache budgets, comma-separated, each in {BUDGET_UNITS_HELP}. "
                           "Default: derived from the trace (see output).", show_default=False)

@@ -8,9 +8,11 @@ import typer
 
 from replay.cli.options import (
     BudgetsOpt,
+    DeviceProfileOpt,
     ForeignCostModelOpt,
     PolicyFileOpt,
     PredictorFileOpt,
+    TimeModelOpt,
     TraceArg,
     check_foreign_cost_model,
     example,
@@ -32,6 +34,8 @@ def register(app: typer.Typer) -> None:
         flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
         compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
         foreign_cost_model: bool = ForeignCostModelOpt,
+        time_model: str | None = TimeModelOpt,
+        device_profile: str | None = DeviceProfileOpt,
         force: bool = typer.Option(False, "--force", help="Replace OUT if it exists."),
         policy_file: list[Path] | None = PolicyFileOpt,
         predictor_file: list[Path] | None = PredictorFileOpt,
@@ -41,14 +45,19 @@ def register(app: typer.Typer) -> None:
         """Write a report: the verdict first (best policy, predictor, prefetch, drop-cold at the budget), then the evidence."""
         from replay.analyses.cost_model import cost_model_from_options
         from replay.analyses.report import SECTIONS
+
+        # First: OUT may not be, hold or lie inside anything the report reads (--force or not).
+        from replay.analyses.timeline_fit import PRESETS
+        from replay.analyses.timeline_whatif import check_time_model
         from replay.api import write_report
         from replay.core.progress import progress
         from replay.core.simulate import check_policies
         from replay.plugin_files import register_files
         from traces.io.atomic import check_not_input, check_not_special
 
-        # First: OUT may not be, hold or lie inside anything the report reads (--force or not).
-        inputs = [cost_model, *(policy_file or []), *(predictor_file or []), *quality]
+        check_time_model(time_model, device_profile)
+        profile_file = Path(device_profile) if device_profile is not None and device_profile not in PRESETS else None
+        inputs = [cost_model, profile_file, *(policy_file or []), *(predictor_file or []), *quality]
         check_not_input(out, [trace, *inputs])
         check_not_special(out)
         register_files(policy_file, predictor_file)
@@ -62,5 +71,6 @@ def register(app: typer.Typer) -> None:
         with progress(len(SECTIONS), "report", unit="section") as bar:
             write_report(trace, out, budgets_mib=b, budget_mib=vb, policies=p, cost_model=m, force=force,
                          predictor_file=predictor_file, progress=lambda name: (bar.set_postfix_str(name), bar.update()),
-                         inputs=inputs, quality=list(quality), foreign_cost_model=foreign_cost_model)
+                         inputs=inputs, quality=list(quality), foreign_cost_model=foreign_cost_model,
+                         time_model=None if time_model == "linear" else time_model, device_profile=device_profile)
         typer.echo(f"wrote {out}/index.md and {out}/index.html")

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         example: bool = typer.Option(False, "--example", help="Print a commented example grid and exit."),
         json_out: bool = JsonOpt,
     ) -> None:
-        """Run a grid of analyses (cache, predict, drop, prefetch, retention) over traces into Parquet tables.
+        """Run a grid of analyses (cache, predict, drop, prefetch, retention, curve) over traces into Parquet tables.
 
         Each cell (one trace x one set of keyword arguments of the kind's API function) is computed
         once: a rerun computes only the cells RESULTS lacks, so an interrupted sweep is finished by

@@ -9,10 +9,12 @@ import typer
 
 from replay.cli.options import (
     BUDGET_UNITS_HELP,
+    DeviceProfileOpt,
     ForeignCostModelOpt,
     JsonOpt,
     PolicyFileOpt,
     PredictorFileOpt,
+    TimeModelOpt,
     TraceArg,
     check_foreign_cost_model,
     example,
@@ -104,6 +106,8 @@ def register(app: typer.Typer) -> None:
                                        "prev-token,pair-table[1],0.5]."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="Add ms/token from a 'cost fit --json' file."),
         foreign_cost_model: bool = ForeignCostModelOpt,
+        time_model: str | None = TimeModelOpt,
+        device_profile: str | None = DeviceProfileOpt,
         policy_file: list[Path] | None = PolicyFileOpt,
         predictor_file: list[Path] | None = PredictorFileOpt,
         json_out: bool = JsonOpt,
@@ -115,20 +119,29 @@ def register(app: typer.Typer) -> None:
         from replay.api import prefetch as api_prefetch
         from replay.core.frames import rows_of
         from replay.present.format import json_object
-        from replay.present.whatif import BYTES_NOT_TIME, PREFETCH_NOTES, TIMED, format_prefetch
+        from replay.present.whatif import BYTES_NOT_TIME, PREFETCH_NOTES, TIMED, TIMELINE, format_prefetch
         from traces import open_trace
 
         budget_mib = parse_budget(budget_mib, "--budget-mib")
         check_foreign_cost_model(foreign_cost_model, cost_model)
         model = _cost_model(cost_model, "decode")
         tr = open_trace(trace)
+        from replay.analyses.timeline_whatif import check_time_model
+
+        check_time_model(time_model, device_profile)
+        if time_model == "linear" and model is None:
+            from replay.api import fit_cost_model
+
+            model = fit_cost_model(tr)  # the linear model fitted on this run's own metrics
         model = _applied(model, tr, foreign_cost_model)
         frame = api_prefetch(tr, predictor=predictor, budget_mib=budget_mib, policy=policy, cap=cap, guard=guard,
                              drop_frac=drop_frac, retain=retain, cost_model=model, foreign_cost_model=foreign_cost_model,
-                             predictor_file=predictor_file, train=train, seed=seed, mix=mix,
+                             predictor_file=predictor_file, time_model=None if time_model == "linear" else time_model,
+                             device_profile=device_profile, train=train, seed=seed, mix=mix,
                              train_trace=open_trace(train_trace) if train_trace is not None else None)
         if json_out:
-            notes = [*PREFETCH_NOTES, BYTES_NOT_TIME if model is None else TIMED]
+            timeline = time_model in ("fitted", "profile")
+            notes = [*PREFETCH_NOTES, TIMELINE if timeline else BYTES_NOT_TIME if model is None else TIMED]
             typer.echo(json_object("prefetch", str(trace), rows_of(frame), notes=notes))
             return
         typer.echo(format_prefetch(tr, rows_of(frame)[0], model))

@@ -153,6 +153,9 @@ OPT_AHEAD, OPT_CAP, OPT_GUARD, OPT_RETAIN, OPT_FILL = 0, 1, 2, 3, 4
 # the previous part's last batch (0) or -1.
 OPT_TICK0, OPT_LOAD0, OPT_BATCH0 = 5, 6, 7
 N_OPTS = 8
+# fill_out[r, j]: what the speculative step did with prediction pred[r, j] (0: not considered: no
+# prediction, a repeat of one already considered in the step, or no step for its load)
+FILL_RESIDENT, FILL_READ, FILL_CAPPED, FILL_REFUSED = 1, 2, 3, 4  # refused: the guard, or no room
 
 
 def no_options() -> np.ndarray:
@@ -245,7 +248,7 @@ def on_evict(ps, ent, grp, g, e):  # pragma: no cover
 
 
 def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, next_load, ent, grp, ps, acc, bacc, stats,
-            slot_out, drop, pred, opts):
+            slot_out, drop, pred, opts, fill_out):
     """Replay every load; fill acc [2, L, N_ACC], bacc [B, N_ACC], stats, and slot_out [R, k] if it has rows.
 
     ``layer_info`` int64 [L, 2]: per MoE layer index, its eviction group and the bytes of one of
@@ -256,6 +259,8 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
     at that moment (drop-cold), 2 = skip it always (top-k cut). ``pred`` [R, w] int32 (0 rows =
     no predictor): the entries predicted for routing row r (-1 = none). ``opts`` int64
     [OPT_AHEAD, OPT_CAP, OPT_GUARD, OPT_RETAIN, OPT_FILL] (see the module docstring).
+    ``fill_out`` [R, w] int8 (0 rows = not recorded): what the speculative step did with each
+    prediction ``pred[r, j]`` (the FILL_* codes; replay.analyses.timeline times the reads).
     """
     k = entries.shape[1]
     want_slots = SLOTS and slot_out.shape[0] > 0
@@ -268,6 +273,7 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
     guard = opts[OPT_GUARD] != 0
     retain = has_pred and opts[OPT_RETAIN] != 0
     fill = has_pred and opts[OPT_FILL] != 0
+    want_fills = fill and fill_out.shape[0] > 0
     n_load = load_start.shape[0] - 1
     n_ent = ent.shape[1]
     tick = opts[OPT_TICK0]
@@ -445,9 +451,13 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
                 ent[PRED_MARK, e] = load
                 if ent[RESIDENT, e] == 1:
                     stats[STAT_SPEC_RESIDENT] += 1  # already resident: no read, does not use the cap
+                    if want_fills:
+                        fill_out[rp, jp] = FILL_RESIDENT
                     continue
                 if cap >= 0 and attempts >= cap:
                     stats[STAT_SPEC_CAPPED] += 1
+                    if want_fills:
+                        fill_out[rp, jp] = FILL_CAPPED
                     continue
                 attempts += 1
                 ge = ent[GROUP, e]
@@ -457,6 +467,8 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
                     v = pick_victim(ps, ent, grp, ge, load)
                     if v < 0:
                         stats[STAT_SPEC_NO_ROOM] += 1  # a speculation never overflows the budget
+                        if want_fills:
+                            fill_out[rp, jp] = FILL_REFUSED
                         ok = False
                         break
                     err = _victim_error(ent, ge, v, n_ent)
@@ -467,6 +479,8 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
                         sv = _guard_score(ent, v, load)
                         if not (sv + sv // 4 + 4 * 256 <= _guard_score(ent, e, load)):
                             stats[STAT_SPEC_REFUSED] += 1
+                            if want_fills:
+                                fill_out[rp, jp] = FILL_REFUSED
                             ok = False
                             break
                     if ent[SPEC, v] == 1:
@@ -497,6 +511,8 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
                 on_admit(ps, ent, grp, ge, e)
                 n_fill += 1
                 n_fill_bytes += need
+                if want_fills:
+                    fill_out[rp, jp] = FILL_READ
         tl = load_lidx[t]
         acc[ph, tl, ACC_SPEC_FILLS] += n_fill
         acc[ph, tl, ACC_SPEC_READ] += n_fill_bytes
@@ -518,7 +534,7 @@ def _driver(entries, load_start, load_lidx, load_phase, load_batch, layer_info, 
                 stats[STAT_SPEC_UNUSED_END] += 1
 
 
-def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = True):
+def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = True, checked: bool = False):
     """Compile the driver for one policy module, its hooks inlined.
 
     The driver's code object is rebound to globals holding this policy's hooks (no closure: a
@@ -530,6 +546,10 @@ def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = Tr
     ``drop`` and ``pred``, and with ``slots=False`` also ``slot_out`` (the per-slot codes are
     compiled out; a what-if kernel keeps the run-time choice). Branches and live arrays that a
     variant does not need cost registers in the slot loop: measured 15-20% on the LRU benchmark.
+    ``checked`` (a user's plugin policy): every array index in the kernel, the inlined hooks' too,
+    is bounds-checked (Numba's ``boundscheck``), so a hook indexing past a state ``init`` made too
+    short raises IndexError instead of writing outside the array (a crash, or silently wrong
+    figures); the built-ins, tested against their naive twins, run unchecked.
     """
     resolve()  # Numba itself, and every helper the driver and hooks read as a dispatcher (traces.util.jit)
     g = dict(_driver.__globals__)
@@ -540,14 +560,14 @@ def make_kernel(name: str, pm: ModuleType, whatif: bool = True, slots: bool = Tr
              KEEP_LAST_LOAD=bool(getattr(pm, "NEEDS_LAST_LOAD", True)), WHATIF=bool(whatif),
              SLOTS=bool(slots or whatif), NEXT_USE_COL=bool(pm.NEEDS_NEXT_USE),
              KEEP_BATCH=bool(getattr(pm, "NEEDS_BATCH", False)))
-    variant = "_whatif" if whatif else ("_slots" if slots else "")
+    variant = ("_whatif" if whatif else ("_slots" if slots else "")) + ("_checked" if checked else "")
     qual = f"replay_kernel_{re.sub(r'[^A-Za-z0-9_]', '_', name)}{variant}_{_source_hash(pm)}"
     f = FunctionType(_driver.__code__, g, qual, _driver.__defaults__, None)
     f.__qualname__ = qual
     f.__doc__ = _driver.__doc__
     import numba
 
-    return numba.njit(cache=True, nogil=True, _nrt=False)(f)
+    return numba.njit(cache=True, nogil=True, _nrt=False, boundscheck=bool(checked))(f)
 
 
 def freq_since(pm: ModuleType) -> str:

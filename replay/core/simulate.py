@@ -94,10 +94,10 @@ def kernel_for(policy: str, whatif: bool = False, slots: bool = False):
         if key not in _KERNELS:
             pm = policy_module(policy)
             try:
-                kern = make_kernel(policy, pm, whatif, slots)
+                kern = make_kernel(policy, pm, whatif, slots, checked=is_plugin(policy))
                 tiny = _tiny_loads()
                 args, stats, _ = _driver_args(tiny, pm, MIB, 0, bool(slots), None, None, no_options(), policy=policy)
-                run_kernel(kern, args, is_plugin(policy))
+                run_kernel(kern, args, is_plugin(policy), policy=policy)
                 driver_error(stats, policy, pm, tiny.n_entries)
             except Exception as e:
                 if not is_plugin(policy):
@@ -121,14 +121,16 @@ def _plugin_error(policy: str, pm: Any, e: Exception) -> UserError:
     return UserError(f"{where(pm)}: policy {policy!r} {what} ({type(e).__name__}: {first[:200]}).")
 
 
-def run_kernel(kern: Any, args: tuple, interruptible: bool) -> None:
+def run_kernel(kern: Any, args: tuple, interruptible: bool, policy: str | None = None) -> None:
     """``kern(*args)``; with ``interruptible`` (a plugin policy's kernel) on a daemon thread that the
     caller waits for, so SIGINT / SIGTERM still reach their handlers while a plugin's compiled hook
     loops forever (a signal handler only runs in the main thread, between bytecodes, which a
     kernel running there never reaches; the kernels release the GIL). A waiting thread other than
     the main one gives up when the CLI's handler has set ``stop_requested`` (a pool's shutdown
     would otherwise join it forever); the abandoned kernel spins on until the process exits with
-    the interrupt's status. Built-ins run in the calling thread (no thread per cell in sweeps)."""
+    the interrupt's status. Built-ins run in the calling thread (no thread per cell in sweeps).
+    ``policy``: the plugin whose kernel this is; an IndexError from its bounds-checked kernel
+    (:func:`replay.core.driver.make_kernel`) becomes one sentence naming its file and its state."""
     if not interruptible:
         kern(*args)
         return
@@ -149,7 +151,22 @@ def run_kernel(kern: Any, args: tuple, interruptible: bool) -> None:
         if stop_requested.is_set() and t.is_alive():
             raise Abandoned("a plugin's kernel was left running: the command was interrupted")
     if failed:
+        if policy is not None and isinstance(failed[0], IndexError):
+            raise _index_error(policy, args[9], failed[0]) from failed[0]
         raise failed[0]
+
+
+def _index_error(policy: str, ps: Any, e: IndexError) -> UserError:
+    """A plugin's hook indexed outside an array (caught by the bounds-checked kernel): one sentence
+    naming the file, the state's shape and the way to have a wrong state refused up front."""
+    from replay.plugins import where
+
+    pm = policy_module(policy)
+    shape = tuple(ps.shape) if isinstance(ps, np.ndarray) else None
+    hint = ("its state_shape" if hasattr(pm, "state_shape") else
+            "declare state_shape(ent, grp) so that a state of the wrong shape is refused before the replay")
+    return UserError(f"{where(pm)}: policy {policy!r}: a hook indexed outside an array ({e}); the state init returned has "
+                     f"shape {shape}: check its size against what the hooks index ({hint}).")
 
 
 def wait_result(future: Any) -> Any:
@@ -633,6 +650,7 @@ class ReplayResult:
     stats: np.ndarray | None = None  # int64 [N_STATS] (replay.core.driver.STAT_*)
     preload_bytes: np.ndarray | None = None  # int64 [L] bytes a policy preloaded per MoE layer before the replay (pin)
     layer_share_bytes: np.ndarray | None = None  # int64 [L] each layer's group budget under a per-layer partition, else None
+    fills: np.ndarray | None = None  # int8 [R, w] what the speculative step did with each prediction (driver FILL_*), if asked
 
     @property
     def lookups(self) -> int:
@@ -683,7 +701,7 @@ def _groups(loads: Loads, pm, budget: int, options: dict[str, Any] | None = None
 def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: bool = False, *,
            drop: np.ndarray | None = None, pred: np.ndarray | None = None, ahead: int = 1, cap: int | None = None,
            guard: bool = False, retain: bool = False, fill: bool = False,
-           policy_options: dict[str, Any] | None = None) -> ReplayResult:
+           policy_options: dict[str, Any] | None = None, fills: bool = False) -> ReplayResult:
     """Replay ``loads`` through ``policy`` at ``budget_mib`` MiB (2^20 bytes).
 
     ``policy_options``: the policy's parameters (its module's ``OPTIONS``), e.g. for ``pin``
@@ -693,7 +711,8 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     resident, 2 skip always); ``pred`` [R, w] int32 entries predicted for each routing row (-1
     none), used by ``retain`` (protect the next ``ahead`` layers' predictions from eviction) and
     ``fill`` (read the predictions ``ahead`` layers on speculatively, at most ``cap`` predicted
-    misses per layer, with the eviction ``guard`` if asked).
+    misses per layer, with the eviction ``guard`` if asked). ``fills``: record what the speculative
+    step did with each prediction (``ReplayResult.fills`` [R, w] int8, the driver's FILL_* codes).
     """
     check_policies([policy], option="--policy")
     budget = budget_bytes(budget_mib)
@@ -721,24 +740,24 @@ def replay(loads: Loads, policy: str, budget_mib: float, seed: int = 0, slots: b
     opts[OPT_RETAIN] = int(retain)
     opts[OPT_FILL] = int(fill)
     args, stats, slot_out = _driver_args(loads, pm, budget, seed, slots, drop, pred if (retain or fill) else None, opts, popts,
-                                         policy=policy)
+                                         policy=policy, fills=fills and fill)
     ent, grp = args[7], args[8]
     L = len(loads.moe_layers)
     pre = np.bincount(np.repeat(np.arange(L), loads.n_expert), weights=ent[RESIDENT, :loads.n_entries] * loads.entry_bytes,
                       minlength=L).astype(np.int64)
     shares = grp[:, BUDGET].copy() if pm.PARTITION == "layer" and not pm.UNBOUNDED else None
     t0 = time.perf_counter()
-    run_kernel(kern, args, is_plugin(policy))
+    run_kernel(kern, args, is_plugin(policy), policy=policy)
     dt = time.perf_counter() - t0
     driver_error(stats, policy, pm, loads.n_entries)
     acc, bacc = args[10], args[11]
     return ReplayResult(policy, float(budget_mib), budget, acc, bacc, int(stats[STAT_EVICTIONS]), int(stats[STAT_OVERFLOW]),
-                        slot_out if slots else None, dt, stats, pre, shares)
+                        slot_out if slots else None, dt, stats, pre, shares, args[-1] if fills and fill else None)
 
 
 def _driver_args(loads: Loads, pm, budget: int, seed: int, slots: bool, drop: np.ndarray | None, pred: np.ndarray | None,
                  opts: np.ndarray, policy_options: dict[str, Any] | None = None, *,
-                 policy: str = "") -> tuple[tuple, np.ndarray, np.ndarray]:
+                 policy: str = "", fills: bool = False) -> tuple[tuple, np.ndarray, np.ndarray]:
     """The driver's arguments for one replay (fresh state, after the policy's ``setup``), its stats
     array and its slot_out array."""
     group, gbud = _groups(loads, pm, budget, policy_options)
@@ -761,7 +780,7 @@ def _driver_args(loads: Loads, pm, budget: int, seed: int, slots: bool, drop: np
     pred = np.zeros((0, 1), np.int32) if pred is None else np.ascontiguousarray(pred, np.int32)
     layer_info = np.stack([group[::loads.n_expert], loads.layer_expert_bytes]).T.astype(np.int64).copy()
     args = (loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, loads.load_batch, layer_info, nxt, ent, grp,
-            ps, acc, bacc, stats, slot_out, drop, pred, opts)
+            ps, acc, bacc, stats, slot_out, drop, pred, opts, np.zeros((pred.shape[0] if fills else 0, pred.shape[1]), np.int8))
     return args, stats, slot_out
 
 

@@ -185,8 +185,9 @@ def replay_stream(trace: Trace, cells: list[tuple[str, float]], seed: int = 0, c
                 t0 = time.perf_counter()
                 run_kernel(st["kern"], (lp.entries, lp.load_start, lp.load_lidx, lp.load_phase, lp.load_batch,
                                         st["layer_info"], nxt if st["pm"].NEEDS_NEXT_USE else empty_next, st["ent"],
-                                        st["grp"], st["ps"], st["acc"], bacc, stats, slot_out, drop, pred, opts),
-                           st["plugin"])
+                                        st["grp"], st["ps"], st["acc"], bacc, stats, slot_out, drop, pred, opts,
+                                        np.zeros((0, 1), np.int8)),
+                           st["plugin"], policy=st["policy"])
                 st["seconds"] += time.perf_counter() - t0
                 driver_error(stats, st["policy"], st["pm"], shell.n_entries)
                 st["tick"] = int(stats[STAT_TICKS])

@@ -56,10 +56,11 @@ OPTIONS = ("entries_per_layer",)
 
 @njit(cache=True, nogil=True)
 def _stack_pass(entries, load_start, load_lidx, load_phase, n_layers, n_expert):
-    """(hist [L, n + 2], umax [2, L]): hist[l, d] = lookups of layer l with stack distance d (n + 1 =
-    never seen) greater than the previous load's unique count; umax[phase, l] = most unique entries
-    in one load of that phase."""
-    hist = np.zeros((n_layers, n_expert + 2), np.int64)
+    """(hist [2, L, n + 2], umax [2, L]): hist[phase, l, d] = lookups of layer l in loads of that
+    phase (0 prefill, 1 decode) with stack distance d (n + 1 = never seen) greater than the previous
+    load's unique count; umax[phase, l] = most unique entries in one load of that phase. The phase
+    split is for :mod:`replay.analyses.curve` (decode-only hit rates); the allocation sums it."""
+    hist = np.zeros((2, n_layers, n_expert + 2), np.int64)
     umax = np.zeros((2, n_layers), np.int64)
     uprev = np.zeros(n_layers, np.int64)
     last = np.full(n_layers * n_expert, -1, np.int64)
@@ -70,6 +71,7 @@ def _stack_pass(entries, load_start, load_lidx, load_phase, n_layers, n_expert):
         lo, hi = load_start[load], load_start[load + 1]
         lid = load_lidx[load]
         base = lid * n_expert
+        ph = load_phase[load]
         u = 0
         for r in range(lo, hi):  # ranks at the load's start: ticks not yet updated
             for j in range(k):
@@ -86,13 +88,12 @@ def _stack_pass(entries, load_start, load_lidx, load_phase, n_layers, n_expert):
                         if last[x] > t:
                             d += 1
                 if d > uprev[lid]:
-                    hist[lid, d] += 1
+                    hist[ph, lid, d] += 1
         for r in range(lo, hi):
             for j in range(k):
                 tick += 1
                 last[entries[r, j]] = tick
         uprev[lid] = u
-        ph = load_phase[load]
         if u > umax[ph, lid]:
             umax[ph, lid] = u
     return hist, umax
@@ -102,11 +103,18 @@ def miss_curves(loads) -> tuple[np.ndarray, np.ndarray]:
     """(misses int64 [L, n_expert + 1], largest load int64 [2, L]): misses[l, C] = lookups of layer
     l (all phases) that miss under LRU with a share of C entries of that layer; largest[phase, l] =
     most unique entries in one load of layer l in that phase (0 prefill, 1 decode)."""
+    misses, umax = miss_curves_by_phase(loads)
+    return misses.sum(axis=0), umax
+
+
+def miss_curves_by_phase(loads) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`miss_curves` split by phase: (misses int64 [2, L, n_expert + 1], largest [2, L]),
+    misses[phase, l, C] counting the lookups of that phase's loads (0 prefill, 1 decode)."""
     L, n = len(loads.moe_layers), loads.n_expert
     hist, umax = _stack_pass(loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, L, n)
     # misses(C) = lookups with d > C = sum of hist[d] for d = C + 1 .. n + 1
-    suffix = np.cumsum(hist[:, ::-1], axis=1)[:, ::-1]
-    return suffix[:, 1:].copy(), umax
+    suffix = np.cumsum(hist[:, :, ::-1], axis=2)[:, :, ::-1]
+    return suffix[:, :, 1:].copy(), umax
 
 
 def allocate(misses: np.ndarray, entry_bytes: np.ndarray, budget_bytes: int, lo: np.ndarray) -> np.ndarray:

@@ -10,6 +10,7 @@ NAME = "stale-gate"
 DESCRIPTION = "layer l's router on the gate input {d} MoE layer(s) earlier (prefetch {d} layer(s) ahead)"
 PARAM = "d"
 REPORT_PREFETCH = 1  # the report shows stale-gate[1] prefetch
+ISSUE = "layer"  # a guess for layer l exists once layer l - d starts (replay.analyses.timeline); default "token"
 
 
 def param_problem(d: int) -> str | None:

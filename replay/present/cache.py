@@ -227,3 +227,32 @@ def compact_text(t, frame: pl.DataFrame, pols: list[str], blist: list[float]) ->
                 line += f", OVER BUDGET (peak {fmt(r.get('peak_resident_mib'), PRECISION['mib'])} MiB)"
             out.append(line)
     return "\n".join(out)
+
+
+def timeline_text(frame) -> str:
+    """``cache --time-model fitted|profile``: each cell's time per decoded token on the timeline,
+    and against LRU at the same budget (paired interval; tie unless it excludes 0)."""
+    from replay.analyses.paired import interval_text, tie_text
+    from replay.present.format import exact, fmt_q
+
+    rows = [r for r in frame.to_dicts() if r.get("layer") is None and r.get("ms_per_token") is not None]
+    if not rows:
+        return "timeline: no cell could be timed"
+    r0 = rows[0]
+    which = "profile fitted on this run's metrics" if r0["time_model"] == "fitted" else f"profile {r0['time_profile']}"
+    out = [f"time per decoded token on the timeline ({which}: {r0['time_lanes']} lanes x {fmt_q(r0['time_lane_mib_s'], 'mib')} "
+           f"MiB/s, compute {fmt_q(r0['time_compute_ms_per_layer'], 'ms_per_miss')} ms per layer, expert share "
+           f"{fmt_q(r0['time_expert_share'], 'pp')}, overlap {'on' if r0['time_overlap'] else 'off'}):"]
+    for r in rows:
+        vs = ""
+        if r.get("vs_lru_time") == "tie":
+            vs = "; vs lru: " + tie_text((r["delta_ms_ci_high"] - r["delta_ms_ci_low"]) / 2, " ms/token")
+        elif r.get("vs_lru_time") is not None:
+            vs = (f"; vs lru: {'faster' if r['vs_lru_time'] == 'better' else 'slower'} "
+                  + interval_text(r["delta_ms_vs_lru"], r["delta_ms_ci_low"], r["delta_ms_ci_high"], " ms/token"))
+        out.append(f"  {r['policy']:<12} {exact(r['budget_mib']):>8} MiB  {fmt_q(r['ms_per_token'], 'ms'):>7} ms  "
+                   f"{fmt_q(r['tok_s'], 'tok_s'):>6} tok/s  stall {fmt_q(r['stall_ms_per_token'], 'ms')} ms  lanes busy "
+                   f"{fmt_q(r['lane_busy_pct'], 'pct')}%{vs}")
+    if r0["time_profile_source"] == "preset":
+        out.append(f"  ({r0['time_profile']} is a preset: an assumption about a class of device, not a measurement)")
+    return "\n".join(out)

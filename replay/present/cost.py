@@ -163,3 +163,36 @@ def verdict(rows: list[dict[str, Any]]) -> list[str]:
                    "block bootstrap over decoded tokens (docs/design.md, 'Paired comparisons'); a policy is called faster "
                    "only when the interval excludes zero, else a tie within noise")
     return out
+
+
+def timeline_fit_text(r: dict) -> str:
+    """``cost timeline``: the fitted timeline and its held-out errors beside the linear model's."""
+    from replay.analyses.paired import signed
+
+    p = r["profile"]
+    lines = [f"{r['trace']}: timeline fitted on {r['tokens_fit']} decoded tokens, held out on {r['tokens_heldout']} "
+             f"({r['split']})",
+             f"  {p['lanes']} read lanes x {fmt_q(p['lane_mib_s'], 'mib_s')} MiB/s, {fmt_q(p['read_latency_ms'], 'ms_per_miss')} "
+             f"ms per read; compute {fmt_q(p['compute_ms_per_layer'], 'ms_per_miss')} ms per MoE layer, expert share "
+             f"{fmt_q(p['expert_share'], 'pp')}; overlap {'on' if p['overlap'] else 'off'}; token overhead "
+             f"{fmt_q(p['token_overhead_ms'], 'ms')} ms + {fmt_q(p['serial_ms_per_mib'], 'ms_per_mib')} ms/MiB",
+             "",
+             "held-out tokens          mean error ms   per-token MAPE %   correlation"]
+    for label, key in (("timeline wall_ms", "timeline_wall_ms"), ("linear wall_ms", "linear_wall_ms"),
+                       ("timeline io_ms", "timeline_io_ms"), ("timeline stall_ms", "timeline_stall_ms")):
+        v = r.get(key)
+        if v is None:
+            continue
+        lines.append(f"  {label:<22} {signed(v['mean_err_ms']):>13}   {fmt_q(v['mape_pct'], 'pct'):>16}   "
+                     f"{fmt_q(v['corr'], 'r2'):>11}")
+    rec = r["recorded_heldout_tok_s"]
+    for name in ("timeline", "linear"):
+        ok = r[f"{name}_reproduces_tok_s"]
+        lines.append(f"  {name}: held-out {fmt_q(r[f'{name}_heldout_tok_s'], 'tok_s')} tok/s against {fmt_q(rec, 'tok_s')} recorded; "
+                     f"{'reproduced' if ok else 'not reproduced' if ok is not None else 'no interval'} within the held-out "
+                     f"error (mean per-token error inside +-{fmt_q(r[f'{name}_mean_err_ci95_ms'], 'ms')} ms, 95%)")
+    better = {"timeline": "the timeline is better", "linear": "the linear model is better", "tie": "they tie"}[r["better"]]
+    lines.append(f"  per-token mean absolute error: timeline {fmt_q(r['timeline_wall_mae_ms'], 'ms')} ms, linear "
+                 f"{fmt_q(r['linear_wall_mae_ms'], 'ms')} ms: {better} on this run's held-out tokens")
+    lines += [f"  note: {n}" for n in r.get("notes") or []]
+    return "\n".join(lines)

@@ -380,6 +380,22 @@ def bars(labels: list[str], values: list[float], path: Path, title: str, xlabel:
     return save(fig, path, caption)
 
 
+def token_timeline(tokens: np.ndarray, compute: np.ndarray, stall: np.ndarray, other: np.ndarray, lane_read: np.ndarray,
+                   path: Path, title: str, caption: str = "") -> tuple[str, str, str]:
+    """Per decoded token (the timeline, replay.analyses.timeline): compute, stall and the rest stacked
+    (ms), and the read time per lane as a line."""
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    ax.bar(tokens, compute, color=BLUE, label="compute")
+    ax.bar(tokens, stall, bottom=compute, color="#d62728", label="stall (waiting for reads)")
+    ax.bar(tokens, other, bottom=compute + stall, color="#bbbbbb", label="overhead and serial costs")
+    ax.plot(tokens, lane_read, color=BLACK, marker="o", markersize=3, label="read time per lane")
+    ax.set_title(title)
+    ax.set_xlabel("decoded token")
+    ax.set_ylabel("ms")
+    _legend(ax)
+    return save(fig, path, caption)
+
+
 def prefetch(rows: list[dict], path: Path, title: str, xlabel: str, ylabel: str, caption: str = "") -> tuple[str, str, str]:
     """Prefetch what-ifs: per row (``predictor``, ``policy`` label, ``x0``/``y0`` without prefetch,
     ``x1``/``y1`` with), a segment from the policy's no-prefetch point (a black marker in the

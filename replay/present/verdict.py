@@ -41,7 +41,20 @@ def _preload(r: dict[str, Any]) -> str:
     return f" + {fmt_q(mib, 'mib')} MiB preloaded before the first token (its first lookups of those hit)" if mib else ""
 
 
+def _knee(r: dict[str, Any]) -> str:
+    """LRU's knee from the exact curve (replay.analyses.curve), on the first budget's line."""
+    if r.get("curve_knee_mib") is None:
+        return ""
+    return (f". LRU's exact curve bends at **{fmt_q(r['curve_knee_mib'], 'mib')} MiB** (the knee: within "
+            f"{exact(r['curve_knee_tolerance_pp'])} pp of its {fmt_q(r['curve_plateau_pct'], 'pct')}% plateau at the "
+            f"working set; {fmt_q(r['curve_knee_hit_pct'], 'pct')}% there)")
+
+
 def cache_line(r: dict[str, Any]) -> str:
+    return _cache_line(r) + _knee(r)
+
+
+def _cache_line(r: dict[str, Any]) -> str:
     head = f"**{exact(r['budget_mib'])} MiB** ({r['budget_from']}), decode: "
     if r["policy"] is None:
         return head + "no online policy stays within this budget (every one overflowed)"
@@ -147,7 +160,12 @@ def prefetch_line(r: dict[str, Any]) -> str:
     if r.get("ms_per_token") is not None:
         txt += (f", {fmt_q(r['ms_per_token_baseline'], 'ms')} → {fmt_q(r['ms_per_token'], 'ms')} ms/token "
                 f"({fmt_q(r['tok_s_baseline'], 'tok_s')} → {fmt_q(r['tok_s'], 'tok_s')} tok/s)")
-    return txt + f": **{prefetch_outcome(r)}**"
+    txt += f": **{prefetch_outcome(r)}**"
+    if r.get("time_model") in ("fitted", "profile") and r.get("spec_fills"):  # the timeline says why (report --time-model)
+        from replay.present.whatif import timeline_why
+
+        txt += f" on the timeline, because {timeline_why(r)}"
+    return txt
 
 
 def drop_line(rows: list[dict[str, Any]]) -> str:

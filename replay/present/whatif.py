@@ -37,6 +37,8 @@ BYTES_NOT_TIME = "bytes are not time (see --cost-model)"
 
 
 TIMED = "ms_per_token/tok_s: decode tokens under the given cost model"
+TIMELINE = ("ms_per_token/tok_s: decode tokens on the timeline of reads on lanes against compute (replay.analyses.timeline); "
+            "useful/late/wasted_mib: speculative bytes demanded in time, demanded after the router asked, never demanded")
 
 
 # What the drop tables call the two dropped shares (labelled apart, never to be compared).
@@ -176,8 +178,11 @@ def format_prefetch(tr, r: dict, model) -> str:
         if ci is not None and abs(r["ms_per_token"] - r["ms_per_token_baseline"]) < ci:
             lines.append(f"  (the difference is inside the +-{fmt_q(ci, 'ms')} ms interval of a run's mean: a measured A/B of "
                          f"{r['tokens_decode']} tokens could not tell them apart)")
+    if r.get("time_model") in ("fitted", "profile"):
+        lines += timeline_lines(r)
     lines += ["", *plain_lines(r, model)]
-    lines += ["", ("Prefetch" if model is not None else "Bytes are not time (see --cost-model); prefetch")
+    timed = model is not None or r.get("time_model") in ("fitted", "profile")
+    lines += ["", ("Prefetch" if timed else "Bytes are not time (see --cost-model); prefetch")
               + " does not change the routing, so no quality is at stake; a speculative read competes with demand reads "
               "for the same flash bandwidth."]
     return "\n".join(lines)
@@ -189,7 +194,9 @@ def plain_lines(r: dict, model) -> list[str]:
     name = r.get("best_plain_policy")
     if name is None:
         return [f"best plain policy at {exact(r['budget_mib'])} MiB: none fits the budget (every online policy overflowed)"]
-    timed = model is not None and r.get("best_plain_ms_per_token") is not None
+    on_timeline = r.get("time_model") in ("fitted", "profile")
+    timed = (model is not None or on_timeline) and r.get("best_plain_ms_per_token") is not None
+    how = "on the timeline" if on_timeline else "under the cost model"
     mk = FOREIGN if getattr(model, "foreign", False) else ""
     line = (f"best plain policy at {exact(r['budget_mib'])} MiB (no prefetch, highest decode hit among online policies): "
             f"{name} {fmt_q(r['best_plain_hit_pct_decode'], 'pct')}% decode hit, "
@@ -200,10 +207,10 @@ def plain_lines(r: dict, model) -> list[str]:
     beaten_hit = r["best_plain_hit_pct_decode"] >= (r["hit_pct_decode"] if r["hit_pct_decode"] is not None else -1)
     if timed:
         if r["best_plain_ms_per_token"] <= r["ms_per_token"]:
-            out.append(f"  plain {name} without prefetch is at least as fast as this prefetch under the cost model: "
+            out.append(f"  plain {name} without prefetch is at least as fast as this prefetch {how}: "
                        "the what-if is no win at this budget")
         else:
-            out.append(f"  this prefetch is faster than plain {name} under the cost model by "
+            out.append(f"  this prefetch is faster than plain {name} {how} by "
                        f"{fmt_q(r['best_plain_ms_per_token'] - r['ms_per_token'], 'ms')} ms/token")
     elif beaten_hit:
         out.append(f"  plain {name} without prefetch hits at least as often as this prefetch: its hit gain over "
@@ -240,3 +247,84 @@ def verdict(r: dict) -> str:
         return (f"prefetch {hit} but {byt} (speculative reads included): {fmt_q(dms, 'ms')} ms/token slower under the "
                 "cost model, so no prefetch wins on time")
     return f"prefetch {hit} and {byt}: {fmt_q(-dms, 'ms')} ms/token faster under the cost model, so prefetch wins on time"
+
+
+# -- the timeline (replay.analyses.timeline) ---------------------------------------------------------
+
+SATURATED_PCT = 80.0  # read lanes busy at least this share of the time: "saturated" in a verdict's why
+
+
+def with_timeline_verdict(frame: pl.DataFrame) -> pl.DataFrame:
+    """Prefetch rows timed on the timeline + ``verdict``: which wins on time and why."""
+    return frame.with_columns(pl.Series("verdict", [timeline_verdict(r) for r in frame.to_dicts()], dtype=pl.String))
+
+
+def timeline_why(r: dict) -> str:
+    """Why prefetch won or lost on the timeline, from the row's figures: lanes idle or saturated,
+    guesses late or wrong."""
+    spec = r.get("spec_mib_timed") or 0.0
+    useful, late, wasted = r.get("useful_mib") or 0.0, r.get("late_mib") or 0.0, r.get("wasted_mib") or 0.0
+    busy_b, busy = r.get("lane_busy_pct_baseline"), r.get("lane_busy_pct")
+    lanes = (f"the read lanes were busy {fmt_q(busy_b, 'pct')}% of the time without prefetch and "
+             f"{fmt_q(busy, 'pct')}% with it" + (" (saturated)" if busy is not None and busy >= SATURATED_PCT else
+                                                  " (idle during compute)" if busy is not None and busy < 50.0 else ""))
+    guesses = (f"{fmt_q(100.0 * useful / spec, 'pct')}% of the {fmt_q(spec, 'mib')} MiB read speculatively were used "
+               f"({fmt_q(100.0 * late / useful, 'pct') if useful > 0 else '0.0'}% of those late), "
+               f"{fmt_q(100.0 * wasted / spec, 'pct')}% wasted") if spec > 0 else "nothing was read speculatively"
+    stall = (f"stall {fmt_q(r.get('stall_ms_per_token'), 'ms')} ms/token with prefetch, "
+             f"{fmt_q(r.get('stall_ms_per_token_baseline'), 'ms')} without")
+    return f"{lanes}; {guesses}; {stall}"
+
+
+def timeline_verdict(r: dict) -> str:
+    """One sentence: prefetch faster, slower or tied on the timeline (tie unless the paired interval
+    excludes 0), with why."""
+    from replay.analyses.paired import interval_text, tie_text
+
+    if not r.get("spec_fills"):
+        return ("prefetch read nothing here (every guess was already resident or refused), so it cannot change the "
+                "time per token")
+    dms = r["delta_ms_per_token"]
+    iv = interval_text(dms, r["delta_ms_ci_low"], r["delta_ms_ci_high"], " ms/token")
+    why = timeline_why(r)
+    call = r.get("vs_baseline_time")
+    if call == "better":
+        return f"prefetch wins on time on the timeline: {iv}; {why}"
+    if call == "worse":
+        return f"prefetch loses on time on the timeline: {iv}; {why}"
+    half = (r["delta_ms_ci_high"] - r["delta_ms_ci_low"]) / 2 if r.get("delta_ms_ci_low") is not None else float("nan")
+    return f"neither wins on time on the timeline: {signed_ms(dms)} ms/token, a {tie_text(half, ' ms/token')}; {why}"
+
+
+def signed_ms(v: float) -> str:
+    from replay.analyses.paired import signed
+
+    return signed(v)
+
+
+def timeline_lines(r: dict) -> list[str]:
+    """The timeline's block of the prefetch text."""
+    name = "" if r["time_model"] == "fitted" else f"{r['time_profile']}: "
+    prof = (f"{name}{r['time_lanes']} lanes x {fmt_q(r['time_lane_mib_s'], 'mib')} MiB/s, "
+            f"{fmt_q(r['time_read_latency_ms'], 'ms_per_miss')} ms per read, compute "
+            f"{fmt_q(r['time_compute_ms_per_layer'], 'ms_per_miss')} "
+            f"ms per layer (expert share {fmt_q(r['time_expert_share'], 'pp')}), overlap {'on' if r['time_overlap'] else 'off'}, "
+            f"token overhead {fmt_q(r['time_token_overhead_ms'], 'ms')} ms + {fmt_q(r['time_serial_ms_per_mib'], 'ms_per_mib')} ms/MiB")
+    which = "profile fitted on this run's metrics:" if r["time_model"] == "fitted" else "profile"
+    lines = ["", f"time per decoded token on the timeline ({which} {prof}; speculative reads issued "
+                 f"{r['spec_issue']}):",
+             f"  with prefetch {fmt_q(r['ms_per_token'], 'ms')} ms ({fmt_q(r['tok_s'], 'tok_s')} tok/s), without "
+             f"{fmt_q(r['ms_per_token_baseline'], 'ms')} ms ({fmt_q(r['tok_s_baseline'], 'tok_s')} tok/s); stall "
+             f"{fmt_q(r['stall_ms_per_token'], 'ms')} vs {fmt_q(r['stall_ms_per_token_baseline'], 'ms')} ms/token; read lanes busy "
+             f"{fmt_q(r['lane_busy_pct'], 'pct')}% vs {fmt_q(r['lane_busy_pct_baseline'], 'pct')}%",
+             f"  speculative bytes: useful {fmt_q(r['useful_mib'], 'mib')} MiB (late {fmt_q(r['late_mib'], 'mib')} MiB), wasted "
+             f"{fmt_q(r['wasted_mib'], 'mib')} MiB; useful guesses arrived {fmt_q(r['useful_lead_ms_mean'], 'ms')} ms before "
+             "the router asked for them, on average",
+             f"  {r['verdict']}"]
+    if r.get("time_model_heldout_mape_pct") is not None:
+        lines.append("  (the fitted timeline's held-out per-token error on this run: mean "
+                     f"{signed_ms(r['time_model_heldout_mean_err_ms'])} "
+                     f"ms, MAPE {fmt_q(r['time_model_heldout_mape_pct'], 'pct')}%)")
+    if r["time_profile_source"] == "preset":
+        lines.append(f"  ({r['time_profile']} is a preset: an assumption about a class of device, not a measurement)")
+    return lines

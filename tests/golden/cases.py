@@ -50,6 +50,7 @@ SYNTH_CASES: list[tuple[str, list[str]]] = [
     ("prefetch_syn_gate", ["prefetch", "{T}", "--json", "--budget-mib", "150", "--predictor", "stale-gate[1]", "--cap", "2",
                            "--policy", "lfru", "--guard"]),
     ("compare_syn", ["compare", "{T}", "{T}", "--json"]),
+    ("curve_syn", ["curve", "{T}", "--json", "--policies", "lru,layer,layer-opt", "--budgets", "100,200"]),
 ]
 # Cases that write a file or a directory ({W}/NAME): the file's bytes (or a Parquet table's rows) are compared.
 FILE_CASES: list[tuple[str, list[str], str]] = [

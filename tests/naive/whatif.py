@@ -93,6 +93,7 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
     out = {"lookups": defaultdict(int), "hits": defaultdict(int), "read": defaultdict(int), "skipped": defaultdict(int),
            "spec_hits": defaultdict(int), "spec_fills": defaultdict(int), "spec_read": defaultdict(int)}
     per_batch = defaultdict(lambda: defaultdict(int))
+    filled = {}  # load index -> the (layer, expert) keys its speculative step read, in order
     st = defaultdict(int)
     codes = []
     tick = 0
@@ -274,6 +275,7 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
                 (pol.fill if hasattr(pol, "fill") else pol.admit)(key, i)
             last_touch[key] = i
             st["spec_fills"] += 1
+            filled.setdefault(j, []).append(key)
             out["spec_fills"][(phase, tl)] += 1
             out["spec_read"][(phase, tl)] += expert_bytes[tl]
             per_batch[batch]["spec_fills"] += 1
@@ -282,7 +284,7 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
     st["spec_unused_end"] = sum(1 for c in cache.values() if c["spec"])
     st["spec_hits"] = sum(out["spec_hits"].values())
     return {**{k: dict(v) for k, v in out.items()}, "per_batch": {b: dict(v) for b, v in per_batch.items()},
-            "codes": codes, "stats": dict(st)}
+            "codes": codes, "stats": dict(st), "filled": filled}
 
 
 def naive_closed_drop(rows, weights, moe_layers, n_expert, expert_bytes, policy, budget_bytes, k, frac, phases, seed=0):

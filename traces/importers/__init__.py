@@ -71,6 +71,12 @@ class ImportOption:
     default: Any = None
 
 
+# Every format takes --drop-warmup (issue 30 item 4): the check runs in write_trace, the one write path.
+DROP_WARMUP = ImportOption("drop_warmup", "--drop-warmup", bool, "Leave out rows that look like an engine's warm-up "
+                           "(profiling or dummy) pass: runs of tokens routed alike at every layer or with exactly "
+                           "uniform weights (default: keep them and say so).", False)
+
+
 def _load(modname: str) -> ModuleType:
     mod = importlib.import_module(modname)
     for attr in ("NAME", "SUMMARY", "ENGINE", "TAKES_SIZES", "MAX_SOURCES", "OPTIONS", "sniff", "import_"):

@@ -24,6 +24,7 @@ import numpy as np
 
 from traces.format.errors import UserError
 from traces.importers import (
+    DROP_WARMUP,
     ImportOption,
     batches_from_file_order,
     check_source,
@@ -48,6 +49,7 @@ MAX_SOURCES = 1
 OPTIONS = (
     ImportOption("prompt_tokens", "--prompt-tokens", int, "Prompt length in tokens (default: the passes before the "
                  "first one-row pass)."),
+    DROP_WARMUP,
 )
 
 _LINE = re.compile(r"^\d+ \d+ \d+( -?\d+:-?[0-9.]+(e[-+]?\d+)?)+$")
@@ -126,7 +128,7 @@ def parse(path: Path, notes: list[str]) -> dict[str, Any]:
 
 
 def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: bool = False,
-            prompt_tokens: int | None = None) -> Path:
+            prompt_tokens: int | None = None, drop_warmup: bool = False) -> Path:
     src = check_source(Path(sources[0]))
     sizes = require_sizes(sizes, src, NAME)
     notes: list[str] = []
@@ -152,4 +154,5 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
     meta = meta_from_sizes(what=src, stem=src.stem, sizes=sizes, n_layer=n_layer, n_expert=n_expert, layer=layer, top_k=k,
                            prov=prov)
     return write_trace(out_dir, meta, batch=p["batch"], phase=phase, step=p["step"], layer=layer, experts=experts,
-                       weights=gates.astype(np.float32), force=force, inputs=[src], what=src)
+                       weights=gates.astype(np.float32), force=force, inputs=[src], what=src,
+                       drop_warmup=drop_warmup)

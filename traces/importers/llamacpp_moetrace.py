@@ -28,6 +28,7 @@ import numpy as np
 
 from traces.format.errors import UserError
 from traces.importers import (
+    DROP_WARMUP,
     ImportOption,
     batches_from_file_order,
     check_source,
@@ -53,6 +54,7 @@ OPTIONS = (
                  "default: the model's, from --sizes-from)."),
     ImportOption("prompt_tokens", "--prompt-tokens", int, "Prompt length in tokens, for the plain CSV (default: the "
                  "passes before the first one-token pass)."),
+    DROP_WARMUP,
 )
 
 EXTENDED_HEADER = "phase,token,layer,rank,expert"
@@ -255,7 +257,7 @@ def _parse_plain(path: Path, body: list[tuple[int, str]], top_k: int | None, pro
 
 
 def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: bool = False,
-            top_k: int | None = None, prompt_tokens: int | None = None) -> Path:
+            top_k: int | None = None, prompt_tokens: int | None = None, drop_warmup: bool = False) -> Path:
     src = check_source(Path(sources[0]))
     sizes = require_sizes(sizes, src, NAME)
     notes: list[str] = []
@@ -280,4 +282,4 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
                            prov=prov)
     weights = np.full(experts.shape, np.nan, dtype=np.float32)  # the format carries no weights
     return write_trace(out_dir, meta, batch=p["batch"], phase=p["phase"], step=p["step"], layer=layer,
-                       experts=experts, weights=weights, force=force, inputs=[src], what=src)
+                       experts=experts, weights=weights, force=force, inputs=[src], what=src, drop_warmup=drop_warmup)

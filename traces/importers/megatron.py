@@ -156,7 +156,7 @@ class _Sidecar:
 
 
 def import_(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool = False, prefill_steps: int = 1,
-            routings_only: bool = False) -> Path:
+            routings_only: bool = False, drop_warmup: bool = False) -> Path:
     """Import one rank's ``router_trace_rank{r}.jsonl`` (and its sidecars beside it) into a trace."""
     from traces.format.schema import default_gating
     from traces.importers import check_source, provenance, write_trace
@@ -225,7 +225,7 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool = Fal
     try:
         return _build(jsonl, records, wanted, sources, out_dir, sizes=sizes, force=force, k=k, rank=rank,
                       prefill_steps=prefill_steps, notes=notes, provenance=provenance, write_trace=write_trace,
-                      default_gating=default_gating)
+                      default_gating=default_gating, drop_warmup=drop_warmup)
     finally:
         for s in wanted.values():
             s.close()
@@ -233,7 +233,7 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool = Fal
 
 def _build(jsonl: Path, records: list[tuple[int, dict]], sidecars: dict[str, Any], sources: list[Path], out_dir: Path, *,
            sizes: Any, force: bool, k: int, rank: int | None, prefill_steps: int, notes: list[str], provenance: Any,
-           write_trace: Any, default_gating: Any) -> Path:
+           write_trace: Any, default_gating: Any, drop_warmup: bool = False) -> Path:
     # Batches: a step, split again wherever a layer fires a second time inside it.
     batch_of: list[int] = []
     b = -1
@@ -338,16 +338,18 @@ def _build(jsonl: Path, records: list[tuple[int, dict]], sidecars: dict[str, Any
     weights = np.full(ex.shape, np.nan, np.float32)
     return write_trace(Path(out_dir), meta, batch=cat["batch"], phase=cat["phase"], step=cat["step"].astype(np.int32),
                        layer=layers.astype(np.int16), experts=ex.astype(np.int32), weights=weights, optional=optional,
-                       force=force, inputs=sources + [s.path for s in sidecars.values()], what=where)
+                       force=force, inputs=sources + [s.path for s in sidecars.values()], what=where,
+                       drop_warmup=drop_warmup)
 
 
 def _options():
-    from traces.importers import ImportOption
+    from traces.importers import DROP_WARMUP, ImportOption
 
     return (
         ImportOption("prefill_steps", "--prefill-steps", int, "the leading steps that were prompt passes (prefill); "
                      "the log does not say (default 1: inference's first pass)", 1),
         ImportOption("routings_only", "--routings-only", bool, "import the expert ids without the .bin sidecars", False),
+        DROP_WARMUP,
     )
 
 

@@ -221,7 +221,7 @@ def link_requests(passes: list[dict]) -> tuple[list[np.ndarray], int, int]:
     return out, next_id, ambiguous
 
 
-def import_dumps(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool) -> Path:
+def import_dumps(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool, drop_warmup: bool = False) -> Path:
     from traces.format.schema import default_gating
     from traces.importers import provenance, write_trace
     from traces.importers._sizes import require_sizes
@@ -337,7 +337,7 @@ def import_dumps(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool)
     weights = np.full(ex.shape, np.nan, np.float32)
     return write_trace(out_dir, meta, batch=cat["batch"], phase=cat["phase"], step=cat["step"], layer=cat["layer"],
                        experts=ex, weights=weights, optional={"request": cat["request"], "token": cat["token"]},
-                       force=force, inputs=sources, what=where)
+                       force=force, inputs=sources, what=where, drop_warmup=drop_warmup)
 
 
 def _dump_layers(L: int, moe: np.ndarray, sizes: Any, where: str, notes: list[str]) -> tuple[int, list[int]]:
@@ -418,7 +418,7 @@ def response_routes(resp: dict, L: int | None, k: int | None, notes_cached: list
 
 
 def import_responses(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool, schedule: str, max_batch: int,
-                     prefill_chunk: int | None, top_k: int | None) -> Path:
+                     prefill_chunk: int | None, top_k: int | None, drop_warmup: bool = False) -> Path:
     where = str(sources[0]) if len(sources) == 1 else f"{sources[0]} (and {len(sources) - 1} more)"
     from traces.importers._sizes import require_sizes
 
@@ -447,13 +447,13 @@ def import_responses(sources: list[Path], out_dir: Path, *, sizes: Any, force: b
     keep = moe_layer_axis(routes, where, notes, engine=ENGINE)
     return import_routes(routes, keep, sources, Path(out_dir), fmt=NAME, engine=ENGINE, sizes=sizes, force=force,
                          schedule=schedule, max_batch=max_batch, prefill_chunk=prefill_chunk, notes=notes,
-                         engine_version=None, model_name=None)
+                         engine_version=None, model_name=None, drop_warmup=drop_warmup)
 
 
 # -- the registry's interface --------------------------------------------------------------------
 
 def _options():
-    from traces.importers import ImportOption
+    from traces.importers import DROP_WARMUP, ImportOption
     from traces.importers.vllm import SCHEDULE_HELP
 
     return (
@@ -464,6 +464,7 @@ def _options():
                      "prompt positions per prefill batch (continuous schedule; default: a whole prompt)", None),
         ImportOption("top_k", "--top-k", int, "experts per token, to shape a response's flat ids when the sizes "
                      "do not give the layer count", None),
+        DROP_WARMUP,
     )
 
 
@@ -487,7 +488,8 @@ def sniff(paths: list[Path]) -> bool:
 
 
 def import_(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool = False, schedule: str = "sequential",
-            max_batch: int = 1, prefill_chunk: int | None = None, top_k: int | None = None) -> Path:
+            max_batch: int = 1, prefill_chunk: int | None = None, top_k: int | None = None,
+            drop_warmup: bool = False) -> Path:
     """Import SGLang per_token dumps (``.pt``) or return_routed_experts responses (JSON/JSONL)."""
     from traces.importers import check_source
 
@@ -499,12 +501,13 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool = Fal
         if schedule != "sequential" or max_batch != 1 or prefill_chunk is not None:
             raise UserError("--schedule/--max-batch/--prefill-chunk: a per_token dump records the engine's own forward "
                             "passes (its batches); they apply to return_routed_experts responses only.")
-        return import_dumps(sorted(pts, key=_dump_order), Path(out_dir), sizes=sizes, force=force)
+        return import_dumps(sorted(pts, key=_dump_order), Path(out_dir), sizes=sizes, force=force,
+                            drop_warmup=drop_warmup)
     for p in sources:
         if p.suffix.lower() not in (".json", ".jsonl"):
             raise UserError(f"{p}: is not a .pt dump or a .json/.jsonl response file.")
     return import_responses(sources, Path(out_dir), sizes=sizes, force=force, schedule=schedule, max_batch=max_batch,
-                            prefill_chunk=prefill_chunk, top_k=top_k)
+                            prefill_chunk=prefill_chunk, top_k=top_k, drop_warmup=drop_warmup)
 
 
 def _dump_order(p: Path) -> tuple[float, str]:

@@ -6,8 +6,9 @@ when the file has one. Keys:
 - ``experts`` (required): the selected expert ids in router rank order -- a list (JSONL,
   Parquet) or a string (CSV): ``[3, 7]``, ``3 7``, ``3;7`` or ``3|7``;
 - ``weights``: the applied routing weights, same shape (absent: NaN, the engine exposed none);
-- ``layer``: the MoE layer index. Absent, each file is one layer, named by the last number in its
-  file name (``router_layer_07.jsonl`` -> 7), said in the notes;
+- ``layer``: the MoE layer index. Absent, each file is one layer: the first group of
+  ``--layer-from-path REGEX`` in its path, else the number after "layer" in its file name
+  (``router_layer_07.jsonl`` -> 7; any other number is refused, not guessed), said in the notes;
 - ``token``: the token's position in its request. Absent, file order is token order: the n-th
   row of a (request, layer) is its n-th token, said in the notes;
 - ``request``: the request id (integers, or strings numbered in order of first appearance);
@@ -33,8 +34,10 @@ import numpy as np
 
 from traces.format.errors import UserError
 from traces.importers import (
+    DROP_WARMUP,
     ImportOption,
     check_source,
+    head_bytes,
     head_lines,
     infer_shape,
     meta_from_sizes,
@@ -58,9 +61,20 @@ OPTIONS = (
                  "token_id)."),
     ImportOption("where", "--where", str, "Keep only records whose fields equal these values, e.g. type=route."),
     ImportOption("engine", "--engine", str, "The engine that wrote the log (provenance)."),
-    ImportOption("drop_warmup", "--drop-warmup", bool, "Leave out rows that look like an engine's warm-up (profiling "
-                 "or dummy) pass: runs of tokens routed alike at every layer or with exactly uniform weights "
-                 "(default: keep them and say so).", False),
+    DROP_WARMUP,
+    ImportOption("phase", "--phase", str, "Every routing's phase, for a log with no phase column: prefill (e.g. "
+                 "prompt-only forward passes) or decode."),
+    ImportOption("prompt_tokens", "--prompt-tokens", str, "Where each request's prompt ends: a count N (its positions "
+                 "0..N-1 are prefill) or the column that holds each request's prompt length."),
+    ImportOption("request_per_file", "--request-per-file", bool, "Each source file is one request (e.g. one file "
+                 "per prompt).", False),
+    ImportOption("batch_per_file", "--batch-per-file", bool, "Each source file is one forward pass (batch).", False),
+    ImportOption("layer_from_path", "--layer-from-path", str, "A regular expression whose first group, found in "
+                 "each file's path, is the layer of all its rows, e.g. 'layer_(\\d+)' (for one file per layer)."),
+    ImportOption("request_from_path", "--request-from-path", str, "A regular expression whose first group, found in "
+                 "each file's path, is the request of all its rows, e.g. 'prompt_(\\d+)'."),
+    ImportOption("top_k", "--top-k", int, "For one score column per expert (--map experts=expert_*): take each row's "
+                 "K largest columns as its routing (default: its non-zero columns, the same count in every row)."),
 )
 
 KEYS = ("experts", "weights", "layer", "token", "request", "batch", "phase", "token_id")
@@ -83,7 +97,8 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
 }
 TRACE_COLUMN = {"experts": "experts", "weights": "weights", "layer": "layer", "token": "step", "request": "request",
                 "batch": "batch", "phase": "phase", "token_id": "token"}
-SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+SUFFIXES = {".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".pq": "parquet",
+            ".npy": "array", ".npz": "array"}
 _SPLIT = re.compile(r"[\s,;|]+")
 
 
@@ -91,7 +106,7 @@ def _kind(path: Path) -> str | None:
     return SUFFIXES.get(path.suffix.lower())
 
 
-def _columns_of(path: Path) -> set[str] | None:
+def columns_of(path: Path) -> set[str] | None:
     """The column names a sniffer sees (first CSV line, first JSONL object, Parquet schema)."""
     kind = _kind(path)
     if kind == "csv":
@@ -120,7 +135,7 @@ def sniff(paths: list[Path]) -> bool:
     """Recognised without a --map only: every file has an ``experts`` column (and a layer column, or
     a number in its name)."""
     for p in paths:
-        cols = _columns_of(p)
+        cols = columns_of(p)
         if not cols or not _names(cols, "experts"):
             return False
         if not _names(cols, "layer") and not re.search(r"\d+", p.stem):
@@ -133,14 +148,17 @@ def _names(cols: Any, key: str) -> list[str]:
     return [c for c in (key, *SYNONYMS.get(key, ())) if c in cols]
 
 
-def resolve_columns(mapping: dict[str, str], cols: Any, skip: Any = ()) -> tuple[dict[str, str], list[str]]:
+def resolve_columns(mapping: dict[str, str], cols: Any, skip: Any = (), off: Any = ()) -> tuple[dict[str, str], list[str]]:
     """Which source column each key reads: the --map column, else the key's own name, else the first
     of its common names the table has (a column is read by one key only; ``skip``: columns taken by
-    --where). Returns (key -> column, the keys whose column a common name chose)."""
+    --where; ``off``: keys an option says instead, read from no column). Returns (key -> column, the
+    keys whose column a common name chose)."""
     taken = set(mapping.values()) | set(skip)
     out: dict[str, str] = {}
     auto: list[str] = []
     for k in KEYS:
+        if k in off:
+            continue
         if k in mapping:
             out[k] = mapping[k]
             continue
@@ -196,7 +214,8 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
     check_source(path)
     kind = _kind(path)
     if kind is None:
-        raise UserError(f"{path}: unknown table type (expected .csv, .jsonl, .ndjson or .parquet).")
+        raise UserError(f"{path}: unknown table type (expected .csv, .jsonl, .ndjson, .parquet, .npy or .npz); another "
+                        "engine's log: 'moe-replay import --list' names the formats, 'import auto' recognises them.")
     if kind == "parquet":
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -204,12 +223,14 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
         try:
             rows = pq.read_table(path).to_pylist()
         except (pa.ArrowException, OSError, ValueError) as e:
-            raise UserError(f"{path}: is not a readable Parquet file ({str(e)[:120]}).") from None
+            raise UserError(f"{path}: is not a readable Parquet file ({str(e)[:120]}); 'import table' reads it as "
+                            "Parquet by its suffix ('import --list' names the other formats).") from None
         return [(i + 1, r) for i, r in enumerate(rows)]
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
-        raise UserError(f"{path}: is not a text file (not UTF-8).") from None
+        raise UserError(f"{path}: is not a text file (not UTF-8); 'import table' reads it as {kind.upper()} by its "
+                        "suffix (.npy / .npz / .parquet for binary tables; 'import --list' for other engines' logs).") from None
     if text and not text.endswith("\n"):
         raise UserError(f"{path}: the last line has no line end; the file is truncated.")
     lines = text.splitlines()
@@ -225,7 +246,8 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
             except BoundsError as e:
                 raise UserError(f"{path}: line {i + 1}: {e}.") from None
             if not isinstance(obj, dict):
-                raise UserError(f"{path}: line {i + 1}: is JSON but not an object.")
+                raise UserError(f"{path}: line {i + 1}: is JSON but not an object (one routing record per line; a "
+                                "server's responses are read by 'import vllm' or 'import sglang').")
             out.append((i + 1, obj))
         return out
     rows = _csv_rows(lines)
@@ -295,73 +317,389 @@ def _phase(v: Any, path: Path, where: int) -> int:
     raise UserError(f"{path}: row {where}: phase {v!r} is not prefill/decode (or 0/1).")
 
 
+def _is_int_str(s: str) -> bool:
+    return bool(re.fullmatch(r"-?\d+", s.strip()))
+
+
+# -- the options that say what the log does not (issue 30 item 3) ---------------------------------
+
+def _check_options(mapping: dict[str, str], phase: str | None, prompt_tokens: str | None, request_per_file: bool,
+                   batch_per_file: bool, layer_from_path: str | None, request_from_path: str | None,
+                   top_k: int | None) -> tuple[set[str], int | str | None]:
+    """The keys an option takes over (not read from a column) and --prompt-tokens as a count or a
+    column name; contradictory options refused in one sentence naming them."""
+    if phase is not None and phase not in ("prefill", "decode"):
+        raise UserError(f"--phase {phase!r}: is prefill or decode.")
+    if phase is not None and prompt_tokens is not None:
+        raise UserError("--phase and --prompt-tokens both say where the prompt ends; give one.")
+    if request_per_file and request_from_path is not None:
+        raise UserError("--request-per-file and --request-from-path both name the request; give one.")
+    if top_k is not None and top_k < 1:
+        raise UserError(f"--top-k {top_k}: is at least 1.")
+    off: set[str] = set()
+    for key, flag, on in (("layer", "--layer-from-path", layer_from_path is not None),
+                          ("request", "--request-per-file" if request_per_file else "--request-from-path",
+                           request_per_file or request_from_path is not None),
+                          ("batch", "--batch-per-file", batch_per_file),
+                          ("phase", "--phase" if phase is not None else "--prompt-tokens",
+                           phase is not None or prompt_tokens is not None)):
+        if on:
+            if key in mapping:
+                raise UserError(f"--map {key}={mapping[key]} and {flag} both say the {key}; give one.")
+            if key != "phase":  # a phase column the log has is refused beside --phase, not ignored
+                off.add(key)
+    pt: int | str | None = None
+    if prompt_tokens is not None:
+        s = str(prompt_tokens).strip()
+        if _is_int_str(s):
+            pt = int(s)
+            if pt < 0:
+                raise UserError(f"--prompt-tokens {pt}: is negative.")
+        elif not s:
+            raise UserError("--prompt-tokens: give a token count or the column that holds each request's prompt length.")
+        else:
+            pt = s
+    return off, pt
+
+
+def _path_value(path: Path, regex: str, key: str, flag: str) -> str:
+    """What ``regex`` (its group named ``key``, else its first group, else the whole match) finds in
+    ``path`` (searched in the path as given, '/'-separated)."""
+    try:
+        rx = re.compile(regex)
+    except re.error as e:
+        raise UserError(f"{flag} {regex!r}: is not a regular expression ({e}).") from None
+    m = rx.search(path.as_posix())
+    if m is None:
+        raise UserError(f"{path}: {flag} {regex!r} does not match its path; give a pattern that does, its first "
+                        f"group the {key} (e.g. {flag} '{key}_(\\d+)').")
+    return m.group(key) if key in rx.groupindex else (m.group(1) if rx.groups else m.group(0))
+
+
+def _layer_from_name(path: Path) -> int:
+    """The layer of a file without a layer column: the number after "layer" in its file name
+    (``router_layer_07.jsonl`` -> 7). Any other number is refused, not guessed: the last number of
+    ``scores_rank0.csv`` or ``run3_layer12_gpu0.csv`` would read layer 0 (a silent misread)."""
+    found = re.findall(r"layer[_\-.]?(\d+)", path.stem, flags=re.I)
+    if len(found) != 1:
+        nums = re.findall(r"\d+", path.stem)
+        said = f"no number after 'layer' in its file name{' (it holds ' + ', '.join(nums) + ')' if nums else ''}"
+        raise UserError(f"{path}: has no layer column and {said}; name the layer column with --map layer=COLUMN, or "
+                        "say where its path holds the layer with --layer-from-path REGEX (e.g. 'layer_(\\d+)').")
+    return _int(found[0], path, 0, "layer (from the file name)")
+
+
+# -- one parser per shape: rows (CSV / JSONL / Parquet), arrays (NPY / NPZ), wide columns --------
+
+AXIS_POSITION, AXIS_LAYER = "axis 0 (position)", "axis 1 (layer)"
+
+
+def _array_records(path: Path, mapping: dict[str, str]) -> tuple[list[tuple[int, dict[str, Any]]], dict[str, str],
+                                                                  list[str], str]:
+    """The records of a ``.npy`` (ids ``[tokens, layers, k]``, or ``[tokens, k]`` for a file of one
+    layer) or a ``.npz`` (ids and optional weights of that shape, found by --map or by name), one
+    per (position, layer); the columns they imply; the archive's other arrays; a note on the axes.
+    Never unpickles (``allow_pickle=False``)."""
+    import zipfile
+
+    check_source(path)
+    hint = "(ids [tokens, layers, k] or [tokens, k], written by numpy.save / numpy.savez)"
+    magic = head_bytes(path, 6)
+    if magic[:6] != b"\x93NUMPY" and magic[:2] != b"PK":
+        raise UserError(f"{path}: is not a .npy / .npz array file {hint}: no NUMPY or zip header.")
+    try:
+        data = np.load(path, allow_pickle=False)
+        arrays = {k: data[k] for k in data.files} if isinstance(data, np.lib.npyio.NpzFile) else {"array": data}
+    except ValueError as e:
+        if "pickle" in str(e):
+            raise UserError(f"{path}: holds a pickled object array, not integer expert ids; refused (not unpickled).") from None
+        raise UserError(f"{path}: is not a readable .npy / .npz array file {hint}: {str(e)[:100]}.") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as e:
+        raise UserError(f"{path}: is not a readable .npy / .npz array file {hint}: {str(e)[:100]}.") from None
+    npz = path.suffix.lower() == ".npz"
+    if npz:
+        chosen, _ = resolve_columns({k: v for k, v in mapping.items() if k in ("experts", "weights")}, arrays)
+        ek, wk = chosen.get("experts"), chosen.get("weights")
+        if ek is None or ek not in arrays:
+            raise UserError(f"{path}: holds the arrays {', '.join(sorted(arrays)) or 'none'}, none of them the expert "
+                            f"ids; name it with --map experts=NAME (and weights=NAME).")
+        if wk is not None and wk not in arrays:
+            raise UserError(f"{path}: has no array {wk!r} (--map weights={wk}); its arrays: {', '.join(sorted(arrays))}.")
+    else:
+        ek, wk = "array", None
+    ids = arrays[ek]
+    if ids.dtype.kind not in "iu":
+        raise UserError(f"{path}: {ek} holds {ids.dtype} values, not integer expert ids {hint}.")
+    if ids.ndim not in (2, 3) or 0 in ids.shape:
+        raise UserError(f"{path}: {ek} has shape {list(ids.shape)}, not [tokens, layers, k] or [tokens, k] (one layer).")
+    w = arrays[wk] if wk is not None else None
+    if w is not None and (w.shape != ids.shape or w.dtype.kind != "f"):
+        raise UserError(f"{path}: {wk} has shape {list(w.shape)} ({w.dtype}), not the ids' {list(ids.shape)} of floats.")
+    idl = ids.tolist()
+    wl = w.tolist() if w is not None else None
+    recs: list[tuple[int, dict[str, Any]]] = []
+    name_e = ek if npz else path.name
+    for t, row in enumerate(idl):
+        for lay, ex in enumerate(row if ids.ndim == 3 else [row]):
+            rec: dict[str, Any] = {AXIS_POSITION: t, name_e: ex}
+            if ids.ndim == 3:
+                rec[AXIS_LAYER] = lay
+            if wl is not None:
+                rec[wk] = wl[t][lay] if ids.ndim == 3 else wl[t]
+            recs.append((len(recs) + 1, rec))
+    implied = {"experts": name_e, "token": AXIS_POSITION}
+    if ids.ndim == 3:
+        implied["layer"] = AXIS_LAYER
+    if wk is not None:
+        implied["weights"] = wk
+    others = [k for k in arrays if k not in (ek, wk)]
+    shape = "x".join(str(x) for x in ids.shape)
+    note = (f"{path.name}: the array {ek if npz else ''}{' ' if npz else ''}[{shape}] read as "
+            + ("[tokens, layers, k]: axis 0 the position, axis 1 the layer" if ids.ndim == 3
+               else "[tokens, k] of one layer: axis 0 the position")
+            + (f", weights from {wk}" if wk is not None else ", no weights"))
+    return recs, implied, others, note
+
+
+class _Wide:
+    """A wide table's experts (``--map experts=expert_*``): the columns the pattern matches, in
+    numeric order. With ``weights=weight_*`` too, one column per *slot* (values: the ids and their
+    weights); alone, one column per *expert* (the number in the name is the id, the value its
+    weight: the non-zero columns of a row are its routing, or its ``--top-k`` largest)."""
+
+    def __init__(self, epat: str, wpat: str | None, rec: dict[str, Any], top_k: int | None, path: Path, rowno: int):
+        self.epat, self.wpat, self.top_k = epat, wpat, top_k
+        self.ecols = _pattern_columns(epat, rec, path, rowno, "experts")
+        self.wcols = _pattern_columns(wpat, rec, path, rowno, "weights") if wpat else None
+        self.per_slot = self.wcols is not None
+        if self.per_slot and [n for n, _ in self.ecols] != [n for n, _ in self.wcols]:
+            raise UserError(f"{path}: the columns {epat} and {wpat} are numbered differently "
+                            f"({_span(self.ecols)} and {_span(self.wcols)}); one weight column per expert slot.")
+        if top_k is not None and self.per_slot:
+            raise UserError(f"--top-k {top_k}: applies to one score column per expert; with --map weights={wpat} the "
+                            f"columns {epat} are slots already.")
+        self.mask = True  # every value read so far is 0 or 1 (a routing mask: no weights)
+
+    def columns(self) -> list[str]:
+        return [c for _, c in self.ecols] + ([c for _, c in self.wcols] if self.wcols else [])
+
+    def read(self, rec: dict[str, Any], path: Path, rowno: int) -> tuple[list[int], list[float] | None]:
+        if self.per_slot:
+            assert self.wcols is not None
+            return ([_int(rec.get(c), path, rowno, c) for _, c in self.ecols],
+                    [_float(rec.get(c), path, rowno, c) for _, c in self.wcols])
+        vals = [(_float(rec.get(c), path, rowno, c), n) for n, c in self.ecols]
+        if any(v < 0 for v, _ in vals):
+            v, n = next((v, n) for v, n in vals if v < 0)
+            raise UserError(f"{path}: row {rowno}: expert column {n} holds {v} (negative: raw logits?); one column per "
+                            "expert holds the applied weight, 0 where the expert was not routed.")
+        if all(v.is_integer() for v, _ in vals) and max(v for v, _ in vals) > 1:
+            raise UserError(f"{path}: row {rowno}: the columns {self.epat} hold integers above 1 (expert ids, one column "
+                            f"per slot?), not one weight per expert; for slots name their weights too: --map "
+                            f"'experts={self.epat},weights=weight_*'.")
+        nz = [(v, n) for v, n in vals if v != 0]
+        if self.top_k is not None:
+            if len(nz) < self.top_k:
+                raise UserError(f"{path}: row {rowno}: only {len(nz)} expert column(s) are non-zero, fewer than "
+                                f"--top-k {self.top_k}.")
+            nz = sorted(nz, key=lambda x: (-x[0], x[1]))[:self.top_k]
+        elif len(nz) == len(vals) and len(vals) > 1:
+            raise UserError(f"{path}: row {rowno}: every one of the {len(vals)} expert columns is non-zero (dense scores, "
+                            "not a routing); give --top-k K to take each row's K largest as its routing.")
+        self.mask = self.mask and all(v == 1 for v, _ in nz)
+        return [n for _, n in nz], [v for v, _ in nz]
+
+
+def _pattern_columns(pat: str, rec: dict[str, Any], path: Path, rowno: int, key: str) -> list[tuple[int, str]]:
+    if pat.count("*") != 1:
+        raise UserError(f"--map {key}={pat}: a wide pattern has one '*' standing for the number (e.g. expert_*).")
+    rx = re.compile("^" + re.escape(pat).replace(r"\*", r"(\d+)") + "$")
+    found = sorted((int(m.group(1)), c) for c in rec if (m := rx.match(str(c))))
+    if not found:
+        raise UserError(f"{path}: row {rowno}: no column matches --map {key}={pat}; its columns: "
+                        f"{', '.join(sorted(str(c) for c in rec))[:300]}.")
+    nums = [n for n, _ in found]
+    if len(set(nums)) != len(nums):
+        dup = next(n for n in nums if nums.count(n) > 1)
+        raise UserError(f"{path}: two columns match --map {key}={pat} with the number {dup} "
+                        f"({', '.join(c for n, c in found if n == dup)}).")
+    return found
+
+
+def _span(cols: list[tuple[int, str]]) -> str:
+    return cols[0][1] if len(cols) == 1 else f"{cols[0][1]}..{cols[-1][1]}"
+
+
+def _float(v: Any, path: Path, where: int, what: str) -> float:
+    if isinstance(v, bool) or v is None:
+        raise UserError(f"{path}: row {where}: {what} {v!r} is not a number.")
+    try:
+        out = float(v) if not isinstance(v, str) else (float(v.strip()) if v.strip() else 0.0)
+    except ValueError:
+        raise UserError(f"{path}: row {where}: {what} {v!r} is not a number.") from None
+    if not np.isfinite(out):
+        raise UserError(f"{path}: row {where}: {what} {v!r} is not finite.")
+    return out
+
+
+# -- a log's metadata lines -----------------------------------------------------------------------
+
+KNOWN_ENGINES = ("vllm", "sglang", "llama_cpp", "llamacpp", "tensorrt_llm", "trtllm", "megatron", "deepspeed",
+                 "transformers", "colibri")
+
+
+def _meta_of(rec: dict[str, Any]) -> dict[str, str]:
+    """Engine, its version and the model a metadata record states: ``engine`` / ``engine_version`` /
+    ``version``, else a ``NAME_version`` key (an engine's name preferred: ``vllm_version`` says the
+    engine is vllm), and ``model`` / ``model_name`` / ``model_id``."""
+    out: dict[str, str] = {}
+
+    def text(v: Any) -> str | None:
+        return str(v)[:120] if isinstance(v, (str, int, float)) and not isinstance(v, bool) else None
+
+    if text(rec.get("engine")):
+        out["engine"] = text(rec["engine"])  # type: ignore[assignment]
+    for vk in ("engine_version", "version"):
+        if text(rec.get(vk)) and "engine_version" not in out:
+            out["engine_version"], out["version_key"] = text(rec[vk]), vk  # type: ignore[assignment]
+    if "engine_version" not in out:
+        vkeys = [k for k in rec if isinstance(k, str) and k.endswith("_version") and text(rec[k])]
+        vkeys = [k for _, k in sorted(enumerate(vkeys), key=lambda ik: (ik[1][:-len("_version")].lower()
+                                                                         not in KNOWN_ENGINES, ik[0]))]
+        if vkeys:
+            out["engine_version"], out["version_key"] = text(rec[vkeys[0]]), vkeys[0]  # type: ignore[assignment]
+            out.setdefault("engine", vkeys[0][:-len("_version")])
+    for mk in ("model", "model_name", "model_id"):
+        if text(rec.get(mk)) and "model" not in out:
+            out["model"] = text(rec[mk])  # type: ignore[assignment]
+    return out
+
+
+# -- the import -----------------------------------------------------------------------------------
+
 def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: bool = False, map: str | None = None,  # noqa: A002
-            where: str | None = None, engine: str | None = None, drop_warmup: bool = False) -> Path:
+            where: str | None = None, engine: str | None = None, drop_warmup: bool = False, phase: str | None = None,
+            prompt_tokens: str | int | None = None, request_per_file: bool = False, batch_per_file: bool = False,
+            layer_from_path: str | None = None, request_from_path: str | None = None,
+            top_k: int | None = None) -> Path:
     srcs = [check_source(Path(s)) for s in sources]
     sizes = require_sizes(sizes, srcs[0], NAME)
     mapping = parse_map(map)
     cond = parse_where(where)
+    off, pt = _check_options(mapping, phase, None if prompt_tokens is None else str(prompt_tokens), request_per_file,
+                             batch_per_file, layer_from_path, request_from_path, top_k)
     notes: list[str] = []
-    skipped, skipped_keys, version = 0, set(), None
+    inferred: list[str] = []  # every inference, each also a note (provenance "inferences")
+
+    def infer(s: str) -> None:
+        notes.append(s)
+        inferred.append(s)
+
+    skipped, skipped_keys, skipped_meta = 0, set(), {}
+    meta_lines: list[tuple[str, int, dict[str, Any]]] = []
     req_ids: dict[Any, int] = {}
     int_ids: bool | None = None
-    cols: dict[str, list] = {k: [] for k in ("experts", "weights", "layer", "token", "request", "batch", "phase",
-                                             "token_id", "file", "row")}
+    cols: dict[str, list] = {k: [] for k in (*KEYS, "prompt", "file", "row")}
     have: dict[str, bool] = {}
-    col: dict[str, str] | None = None  # key -> source column, resolved on the first record kept
+    col: dict[str, str] | None = None  # key -> source column, resolved on the first routing record
     auto: list[str] = []
+    wide: _Wide | None = None
+    implied: dict[str, str] = {}
     seen_cols: dict[str, None] = {}  # every column of every record kept, in order of first appearance
+    layer_said: list[str] = []
     for fi, path in enumerate(srcs):
-        recs = _records(path)
-        layer_from_name = None
+        if _kind(path) == "array":
+            recs, implied, others, axes = _array_records(path, mapping)
+            seen_cols.update(dict.fromkeys(others))
+            notes.append(axes)
+        else:
+            recs = _records(path)
+        at_head, file_layer, file_request = True, None, None
+        emap = {**implied, **mapping}
         for rowno, rec in recs:
             if cond and any(str(rec.get(k)) != v for k, v in cond.items()):
                 skipped += 1
                 skipped_keys.update(rec)
-                for vk in ("engine_version", "version"):
-                    if version is None and isinstance(rec.get(vk), (str, int, float)):
-                        version = str(rec[vk])
+                for k, v in _meta_of(rec).items():
+                    skipped_meta.setdefault(k, v)
                 continue
+            if at_head and _kind(path) == "jsonl" and not _is_routing(rec, emap):
+                meta_lines.append((path.name, rowno, rec))  # a leading metadata line: provenance, not routing
+                continue
+            at_head = False
             if col is None:
-                col, auto = resolve_columns(mapping, rec, cond)
-                for k in KEYS:
-                    col.setdefault(k, k)
+                col, auto = resolve_columns(emap, rec, cond, off=off)
+                if "*" in col.get("experts", ""):
+                    wpat = col["weights"] if "*" in col.get("weights", "") else None
+                    if "weights" in mapping and wpat is None:
+                        raise UserError(f"--map experts={col['experts']} is one column per expert (their values are the "
+                                        f"weights); --map weights={mapping['weights']} would name a second source; "
+                                        f"drop it, or give a slot pattern such as weights=weight_*.")
+                    wide = _Wide(col["experts"], wpat, rec, top_k, path, rowno)
+                    if wpat is None:
+                        col.pop("weights", None)
+                        auto = [a for a in auto if a != "weights"]
+                elif top_k is not None:
+                    raise UserError(f"--top-k {top_k}: applies to a wide table of one score column per expert "
+                                    "(--map experts=expert_*); this table has an experts column.")
+                if isinstance(pt, str) and pt not in rec:
+                    raise UserError(f"{path}: row {rowno}: has no column {pt!r} (--prompt-tokens {pt}); give a count, "
+                                    f"or one of its columns: {', '.join(sorted(str(c) for c in rec))[:300]}.")
             seen_cols.update(dict.fromkeys(str(c) for c in rec))
-            present = {k: col[k] in rec for k in KEYS}
+            present = {k: (k in col and col[k] in rec) for k in KEYS}
+            if wide is not None:
+                present["experts"] = all(c in rec for c in wide.columns())
+                present["weights"] = wide.per_slot and present["experts"]
             hint = "; add --where to keep only the routing records" if not cond else ""
             for k in KEYS:
-                if k in mapping and not present[k]:
+                if k in mapping and "*" not in mapping[k] and not present[k]:
                     raise UserError(f"{path}: row {rowno}: has no column {col[k]!r} (--map {k}={col[k]}); its columns: "
-                                    f"{', '.join(sorted(str(c) for c in rec))}{hint}.")
+                                    f"{', '.join(sorted(str(c) for c in rec))[:300]}{hint}.")
             if not present["experts"]:
-                raise UserError(f"{path}: row {rowno}: has no experts column {col['experts']!r}; name it with "
-                                f"--map experts=COLUMN{hint}.")
+                raise UserError(f"{path}: row {rowno}: has no experts column {col.get('experts', 'experts')!r}; name it "
+                                f"with --map experts=COLUMN (or experts=expert_* for one column per expert){hint}.")
             for k in ("weights", "layer", "token", "request", "batch", "phase", "token_id"):
                 if have.setdefault(k, present[k]) != present[k]:
                     raise UserError(f"{path}: row {rowno}: {'has' if present[k] else 'lacks'} the {k} column "
-                                    f"{col[k]!r} that earlier rows {'lack' if present[k] else 'have'}.")
-            ex = _list(rec[col["experts"]], path, rowno, "experts", int)
-            cols["experts"].append(ex)
-            if present["weights"]:
-                w = _list(rec[col["weights"]], path, rowno, "weights", float)
-                if len(w) != len(ex):
-                    raise UserError(f"{path}: row {rowno}: {len(w)} weights for {len(ex)} experts.")
-                cols["weights"].append(w)
+                                    f"{col.get(k, k)!r} that earlier rows {'lack' if present[k] else 'have'}.")
+            if wide is not None:
+                ex, w = wide.read(rec, path, rowno)
+                cols["experts"].append(ex)
+                cols["weights"].append(w)  # a mask's ones are dropped below (no weights) when every row is 0/1
+            else:
+                ex = _list(rec[col["experts"]], path, rowno, "experts", int)
+                cols["experts"].append(ex)
+                if present["weights"]:
+                    w = _list(rec[col["weights"]], path, rowno, "weights", float)
+                    if len(w) != len(ex):
+                        raise UserError(f"{path}: row {rowno}: {len(w)} weights for {len(ex)} experts.")
+                    cols["weights"].append(w)
             if present["layer"]:
                 cols["layer"].append(_int(rec[col["layer"]], path, rowno, "layer"))
             else:
-                if layer_from_name is None:
-                    nums = re.findall(r"\d+", path.stem)
-                    if not nums:
-                        raise UserError(f"{path}: has no layer column {col['layer']!r} and no number in its file name; "
-                                        "name the column with --map layer=COLUMN.")
-                    layer_from_name = _int(nums[-1], path, 0, "layer (from the file name)")
-                cols["layer"].append(layer_from_name)
+                if file_layer is None:
+                    if layer_from_path is not None:
+                        file_layer = _int(_path_value(path, layer_from_path, "layer", "--layer-from-path"), path, 0,
+                                          "layer (from --layer-from-path)")
+                        layer_said.append(f"{path.name}: layer {file_layer} (--layer-from-path)")
+                    else:
+                        file_layer = _layer_from_name(path)
+                        infer(f"{path.name}: no layer column: its rows are layer {file_layer} (the number after "
+                              "'layer' in the file name; --layer-from-path REGEX to read it elsewhere)")
+                cols["layer"].append(file_layer)
             for k in ("token", "batch", "token_id"):
                 if present[k]:
                     cols[k].append(_int(rec[col[k]], path, rowno, k))
+            rv: Any = None
             if present["request"]:
                 rv = rec[col["request"]]
+            elif request_from_path is not None:
+                if file_request is None:
+                    file_request = _path_value(path, request_from_path, "request", "--request-from-path")
+                rv = file_request
+            elif request_per_file:
+                rv = fi
+            if rv is not None:
                 if isinstance(rv, str) and not _is_int_str(rv):
                     cols["request"].append(req_ids.setdefault(rv, len(req_ids)))  # string ids: numbered in order
                 else:
@@ -371,20 +709,37 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
                     raise UserError(f"{path}: row {rowno}: request ids mix integers and names; use one kind.")
             if present["phase"]:
                 cols["phase"].append(_phase(rec[col["phase"]], path, rowno))
+            if isinstance(pt, str):
+                cols["prompt"].append(_int(rec.get(pt), path, rowno, f"prompt length {pt!r}"))
             cols["file"].append(fi)
             cols["row"].append(rowno)
-        if not have.get("layer", True):
-            notes.append(f"{path.name}: no layer column: its rows are layer {layer_from_name} (the last number in the file name)")
+    have_request = bool(cols["request"])
     n = len(cols["experts"])
     what = srcs[0] if len(srcs) == 1 else f"{srcs[0]} (and {len(srcs) - 1} more)"
     if n == 0:
-        raise UserError(f"{what}: holds no routing records" + (f" matching --where {where}" if cond else "") + ".")
+        raise UserError(f"{what}: holds no routing records" + (f" matching --where {where}" if cond else "")
+                        + ("" if cond else " (no record has an experts column: name it with --map experts=COLUMN, or "
+                           "experts=expert_* for one column per expert; a log that mixes record types needs --where "
+                           "KEY=VALUE)") + ".")
+    assert col is not None
     ks = {len(e) for e in cols["experts"]}
     if len(ks) != 1 or 0 in ks:
         i = next(i for i, e in enumerate(cols["experts"]) if len(e) != len(cols["experts"][0]) or not e)
+        fix = (" (one top-k per log; give --top-k K to take each row's K largest expert columns)"
+               if wide is not None and not wide.per_slot else " (one top-k per log)")
         raise UserError(f"{srcs[cols['file'][i]]}: row {cols['row'][i]}: routes {len(cols['experts'][i])} experts, "
-                        f"the first routing {len(cols['experts'][0])} (one top-k per log).")
+                        f"the first routing {len(cols['experts'][0])}{fix}.")
     k = ks.pop()
+    if wide is not None and not wide.per_slot:
+        how = f"its --top-k {top_k} largest" if top_k is not None else "its non-zero columns"
+        infer(f"{_span(wide.ecols)} read as one column per expert (the number in the name is the expert id): each "
+              f"row's routing is {how}, k = {k}" + (" (the same in every row)" if top_k is None else "")
+              + ("; the columns hold only 0 and 1 (a routing mask): no weights" if wide.mask else
+                 ", the values their weights"))
+        have["weights"] = not wide.mask
+    elif wide is not None:
+        assert wide.wcols is not None
+        notes.append(f"{_span(wide.ecols)} and {_span(wide.wcols)} read as the k = {k} slots, in column-number order")
     experts = np.array(cols["experts"], dtype=np.int64)
     layer = np.array(cols["layer"], dtype=np.int64)
     fileno, rowno = np.array(cols["file"]), np.array(cols["row"])
@@ -400,41 +755,107 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
     twice = repeated_expert_rows(experts)
     if twice.size:
         refuse_at(int(twice[0]), "selects the same expert twice")
-    request = np.array(cols["request"], dtype=np.int64) if have.get("request") else np.zeros(n, dtype=np.int64)
-    if have.get("request") and req_ids:
+    request = np.array(cols["request"], dtype=np.int64) if have_request else np.zeros(n, dtype=np.int64)
+    if req_ids:
         notes.append(f"request ids are strings: numbered 0..{len(req_ids) - 1} in order of first appearance")
-    if have.get("token"):
-        step = np.array(cols["token"], dtype=np.int64)
-    else:
+    if request_per_file:
+        notes.append(f"--request-per-file: each of the {len(srcs)} file(s) is one request (request = file, in order)")
+    elif request_from_path is not None:
+        notes.append(f"request from each file's path (--request-from-path {request_from_path})")
+    notes.extend(layer_said)
+    step = np.array(cols["token"], dtype=np.int64) if have.get("token") else None
+    per_file = False
+    if len(srcs) > 1 and not request_per_file and request_from_path is None:
+        per_file, said = _requests_per_file(srcs, fileno, request, layer, step, have_request)
+        if said:
+            infer(said)
+        if per_file:
+            _, request = np.unique(np.stack([fileno, request], axis=1), axis=0, return_inverse=True)
+            request = request.reshape(-1).astype(np.int64)
+            have_request = True
+    if step is None:
         # File order is token order: the n-th row of a (request, layer) is its n-th token.
-        key = request * (1 << 16) + layer
+        key = request * (1 << 20) + layer
         order = np.argsort(key, kind="stable")
         ks_sorted = key[order]
         starts = np.flatnonzero(np.concatenate([[True], ks_sorted[1:] != ks_sorted[:-1]]))
         rank = np.arange(n) - np.repeat(starts, np.diff(np.append(starts, n)))
         step = np.empty(n, dtype=np.int64)
         step[order] = rank
-        notes.append("no token column: file order is token order (the n-th row of a layer"
-                     + (" and request" if have.get("request") else "") + " is its n-th token, positions from 0)")
-    if (step < 0).any() or (step > np.iinfo(np.int32).max).any():
-        refuse_at(int(np.flatnonzero((step < 0) | (step > np.iinfo(np.int32).max))[0]), "token position is negative or beyond int32")
+        infer("no token column: file order is token order (the n-th row of a layer"
+              + (" and request" if have_request else "") + " is its n-th token, positions from 0)")
+    elif (step < 0).any() or (step > np.iinfo(np.int32).max).any():
+        refuse_at(int(np.flatnonzero((step < 0) | (step > np.iinfo(np.int32).max))[0]),
+                  "token position is negative or beyond int32")
+    passes = None
+    if have.get("token") and _first_duplicate(np.stack([request, step, layer], axis=1)) is not None:
+        # Positions repeat: a counter that restarts (the position within each forward pass).
+        step, passes, prefill_mask, said = _passes_from_restarts(srcs, fileno, rowno, request, layer, step,
+                                                                 col["token"], have_request)
+        infer(said)
+    if (step > np.iinfo(np.int32).max).any():
+        refuse_at(int(np.argmax(step > np.iinfo(np.int32).max)), "token position is beyond int32")
     dup = _first_duplicate(np.stack([request, step, layer], axis=1))
     if dup is not None:
-        refuse_at(dup, f"routes token {step[dup]} of layer {layer[dup]} a second time")
+        refuse_at(dup, f"routes token {step[dup]} of layer {layer[dup]}{f' of request {request[dup]}' if have_request else ''} "
+                  "a second time (if it belongs to another request, name the request column with --map "
+                  "request=COLUMN or give --request-per-file)")
+    # Batches the log states (or an option says): before the phase, which may be inferred from them.
+    batch: np.ndarray | None = None
+    if batch_per_file:
+        batch = fileno.astype(np.int64)
+        notes.append(f"--batch-per-file: each of the {len(srcs)} file(s) is one forward pass (batch = file, in order)")
+    elif have.get("batch"):
+        raw = np.array(cols["batch"], dtype=np.int64)
+        if (raw < 0).any():
+            refuse_at(int(np.argmax(raw < 0)), "batch is negative")
+        if (per_file or request_per_file) and len(srcs) > 1:
+            _, batch = np.unique(np.stack([fileno, raw], axis=1), axis=0, return_inverse=True)
+            notes.append("batch numbers kept per file (the files' requests are apart): a batch is a (file, batch) pair")
+        else:
+            _, batch = np.unique(raw, return_inverse=True)
+        batch = batch.reshape(-1).astype(np.int64)
     if have.get("phase"):
-        phase = np.array(cols["phase"], dtype=np.int64)
+        if phase is not None or pt is not None:
+            raise UserError(f"{what}: has a phase column {col['phase']!r}; drop --phase / --prompt-tokens, or map "
+                            "the phase to another column.")
+        phase_ = np.array(cols["phase"], dtype=np.int64)
+    elif phase is not None:
+        phase_ = np.full(n, PHASE_PREFILL if phase == "prefill" else PHASE_DECODE, dtype=np.int64)
+        notes.append(f"phase from --phase {phase}: every routing is {phase}")
+    elif isinstance(pt, int):
+        phase_ = np.where(step < pt, PHASE_PREFILL, PHASE_DECODE).astype(np.int64)
+        notes.append(f"phase from --prompt-tokens {pt}: positions 0..{pt - 1} of every request are prefill, the rest decode")
+    elif isinstance(pt, str):
+        plen = np.array(cols["prompt"], dtype=np.int64)
+        ur = np.unique(np.stack([request, plen], axis=1), axis=0)
+        if ur.shape[0] != np.unique(request).size:
+            r = int(next(r for r in np.unique(ur[:, 0]) if (ur[:, 0] == r).sum() > 1))
+            refuse_at(int(np.argmax((request == r) & (plen != plen[np.argmax(request == r)]))),
+                      f"the prompt length {pt!r} changes within request {r}; it is one number per request")
+        if (plen < 0).any():
+            refuse_at(int(np.argmax(plen < 0)), f"prompt length {pt!r} is negative")
+        phase_ = np.where(step < plen, PHASE_PREFILL, PHASE_DECODE).astype(np.int64)
+        notes.append(f"phase from the column {pt} (--prompt-tokens {pt}): each request's first that many positions "
+                     "are prefill, the rest decode")
+    elif passes is not None:
+        phase_ = np.where(prefill_mask, PHASE_PREFILL, PHASE_DECODE).astype(np.int64)
+    elif batch is not None:
+        phase_, said = _phase_from_batches(srcs, fileno, rowno, request, batch, layer, step, have_request)
+        infer(said)
     else:
-        phase = np.full(n, PHASE_DECODE, dtype=np.int64)
-        notes.append("no phase column: every routing counts as decode")
-    if have.get("batch"):
-        batch = np.array(cols["batch"], dtype=np.int64)
-        if (batch < 0).any():
-            refuse_at(int(np.argmax(batch < 0)), "batch is negative")
-        _, batch = np.unique(batch, return_inverse=True)
-    else:
-        batch = _sequential_batches(request, phase, step)
-        notes.append("no batch column: requests one after another, a request's prompt one batch, each decoded "
-                     "token its own batch")
+        phase_ = np.full(n, PHASE_DECODE, dtype=np.int64)
+        infer("no phase column: every routing counts as decode (--phase prefill, or --prompt-tokens N for where each "
+              "request's prompt ends, say otherwise)")
+    if batch is None:
+        if passes is not None:
+            _, batch = np.unique(np.stack([_first_seen_rank(request), passes], axis=1), axis=0, return_inverse=True)
+            batch = batch.reshape(-1).astype(np.int64)
+            notes.append("batches from the restarting positions: each pass of a request is one batch")
+        else:
+            batch = _sequential_batches(request, phase_, step)
+            infer("no batch column: requests one after another, a request's prompt one batch, each decoded "
+                  "token its own batch")
     if have.get("weights"):
         weights = np.array(cols["weights"], dtype=np.float64)
         bad = np.flatnonzero(~np.isfinite(weights).all(axis=1) | (weights < 0).any(axis=1))
@@ -446,40 +867,210 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
                          "slots are put in descending-weight order (the selected sets are unchanged)")
     else:
         weights = np.full((n, k), np.nan)
+    before = len(notes)
     n_layer, n_expert = infer_shape(what, layer, experts, sizes, notes=notes)
+    inferred.extend(notes[before:])
     if k > n_expert:
         raise UserError(f"{what}: routes {k} experts per row but the model has {n_expert}.")
     optional: dict[str, np.ndarray] = {}
-    if have.get("request"):
+    if have_request:
         optional["request"] = request
     if have.get("token_id"):
         tid = np.array(cols["token_id"], dtype=np.int64)
         if (tid < 0).any():
             refuse_at(int(np.argmax(tid < 0)), "token_id is negative")
         optional["token"] = tid
-    assert col is not None
-    used = {kk: col[kk] for kk in KEYS if have.get(kk, kk == "experts")}
-    unused = [c for c in seen_cols if c not in set(used.values()) and c not in cond]
+    used: dict[str, str] = {}
+    used_cols: set[str] = set()
+    for kk in KEYS:
+        if kk == "experts" and wide is not None:
+            used[kk] = _span(wide.ecols)
+            used_cols.update(c for _, c in wide.ecols)
+        elif kk == "weights" and wide is not None:
+            if wide.wcols is not None:
+                used[kk] = _span(wide.wcols)
+                used_cols.update(c for _, c in wide.wcols)
+            elif have.get("weights"):
+                used[kk] = f"the values of {_span(wide.ecols)}"
+        elif have.get(kk, kk == "experts") and kk in col:
+            used[kk] = col[kk]
+            used_cols.add(col[kk])
+    if isinstance(pt, str):
+        used_cols.add(pt)
+    unused = [c for c in seen_cols if c not in used_cols and c not in cond]
     said = ", ".join(f"{c} -> {TRACE_COLUMN[kk]}" + (" (matched by name)" if kk in auto else "") for kk, c in used.items())
+    if isinstance(pt, str):
+        said += f", {pt} -> prompt length (--prompt-tokens)"
     notes.insert(0, f"source columns read: {said}" + ("; chosen by name where --map did not say (--map KEY=COLUMN "
                                                       "to choose another)" if any(kk in auto for kk in used) else ""))
     notes.insert(1, f"source columns not used: {', '.join(unused)}" if unused else "every source column was used")
     extra: dict[str, Any] = {"mapping": used, "mapped_by_name": [kk for kk in used if kk in auto],
-                             "unused_columns": unused}
+                             "unused_columns": unused, "inferences": inferred}
+    version = None
+    if meta_lines:
+        first = {}
+        for _, _, rec in meta_lines:
+            for kk, v in _meta_of(rec).items():
+                first.setdefault(kk, v)
+        where_ = ", ".join(f"{f} line {r}" for f, r, _ in meta_lines[:4]) + (" ..." if len(meta_lines) > 4 else "")
+        keys = list(dict.fromkeys(str(kk) for _, _, rec in meta_lines for kk in rec))
+        got = [f"engine {first['engine']}" if "engine" in first and engine is None else None,
+               f"engine version {first['engine_version']} (from {first['version_key']})" if "engine_version" in first else None,
+               f"model {first['model']}" if "model" in first else None]
+        notes.append(f"{where_}: metadata, not routing (no experts column): read into provenance "
+                     f"({'; '.join(g for g in got if g) or 'keys ' + ', '.join(keys)})")
+        extra["source_meta"] = {"lines": len(meta_lines), "keys": keys, **{kk: v for kk, v in first.items()
+                                                                           if kk != "version_key"}}
+        version = first.get("engine_version")
+        engine = engine or first.get("engine")
     if cond:
         extra["where"] = cond
         extra["skipped_records"] = {"count": skipped, "keys": sorted(skipped_keys)}
+        version = version or skipped_meta.get("engine_version")
+        engine = engine or skipped_meta.get("engine")
     prov = provenance(NAME, srcs, engine=engine or ENGINE, engine_version=version, notes=notes, **extra)
     meta = meta_from_sizes(what=what, stem=srcs[0].stem, sizes=sizes, n_layer=n_layer, n_expert=n_expert, layer=layer,
                            top_k=k, prov=prov)
-    return write_trace(out_dir, meta, batch=batch, phase=phase, step=step, layer=layer, experts=experts,
+    return write_trace(out_dir, meta, batch=batch, phase=phase_, step=step, layer=layer, experts=experts,
                        weights=weights.astype(np.float32), optional=optional, force=force, inputs=srcs, what=what,
                        drop_warmup=drop_warmup,
                        row_name=lambda i: f"{srcs[fileno[i]].name}:{rowno[i]}" if len(srcs) > 1 else str(rowno[i]))
 
 
-def _is_int_str(s: str) -> bool:
-    return bool(re.fullmatch(r"-?\d+", s.strip()))
+def _is_routing(rec: dict[str, Any], emap: dict[str, str]) -> bool:
+    """Whether a record carries the experts (a leading record that does not is metadata)."""
+    e = emap.get("experts")
+    if e is None:
+        return bool(_names(rec, "experts"))
+    if "*" in e:
+        rx = re.compile("^" + re.escape(e).replace(r"\*", r"\d+") + "$")
+        return any(rx.match(str(c)) for c in rec)
+    return e in rec
+
+
+def _first_seen_rank(a: np.ndarray) -> np.ndarray:
+    """Each value's rank in order of first appearance."""
+    _, first, inv = np.unique(a, return_index=True, return_inverse=True)
+    rank = np.empty(first.size, np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    return rank[inv.reshape(-1)]
+
+
+def _requests_per_file(srcs: list[Path], fileno: np.ndarray, request: np.ndarray, layer: np.ndarray,
+                       step: np.ndarray | None, have_request: bool) -> tuple[bool, str | None]:
+    """Whether request ids are the files' own (issue 30: two files that each number their requests
+    from 0). Where one request routes one layer in two files: with positions and none repeated
+    across the files, the files continue each other (one numbering); else each file's ids are its
+    own. Returns (per file, the sentence saying which and why; None when no request spans files)."""
+    trip = np.unique(np.stack([request, layer, fileno], axis=1), axis=0)
+    pairs, counts = np.unique(trip[:, :2], axis=0, return_counts=True)
+    if not (counts > 1).any():
+        return False, None
+    r, lay = (int(x) for x in pairs[np.argmax(counts > 1)])
+    files = [srcs[int(f)].name for f in trip[(trip[:, 0] == r) & (trip[:, 1] == lay), 2][:2]]
+    who = f"request {r}" if have_request else "the log (no request column)"
+    if step is not None and _first_duplicate(np.stack([request, step, layer], axis=1)) is None:
+        return False, (f"{who} routes layer {lay} in both {files[0]} and {files[1]} with no position repeated: the "
+                       "files are read as one log continued (--request-per-file if each file is a request)")
+    why = "the same positions" if step is not None else "no token column to tell them apart"
+    return True, (f"{who} routes layer {lay} in both {files[0]} and {files[1]} with {why}: each file's "
+                  + ("request ids are taken as its own (numbered again 0.. in file order)" if have_request
+                     else "rows are taken as its own request (numbered in file order)")
+                  + " (--request-per-file says each file is one request)")
+
+
+def _passes_from_restarts(srcs: list[Path], fileno: np.ndarray, rowno: np.ndarray, request: np.ndarray,
+                          layer: np.ndarray, step: np.ndarray, tcol: str,
+                          have_request: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """A token column that restarts within one request and layer counts positions within each
+    forward pass (a hook's index into its pass): the first pass (positions 0..P-1) is the prompt,
+    each later pass one decoded token at position 0. Read so: steps 0..P-1 for the prompt, P, P+1,
+    ... for the decoded tokens in file order. Any other restart (a second multi-position pass, or
+    one not from 0: another request, speculative decoding?) is refused, naming what says it.
+    Returns (step, pass index within the request, prefill mask, the sentence)."""
+    n = step.size
+    order = np.lexsort((np.arange(n), layer, request))
+    s, r, lay = step[order], request[order], layer[order]
+    new_group = np.concatenate([[True], (r[1:] != r[:-1]) | (lay[1:] != lay[:-1])])
+    new_seg = new_group | np.concatenate([[False], s[1:] <= s[:-1]])
+    seg = np.cumsum(new_seg) - 1
+    gstart_seg = np.maximum.accumulate(np.where(new_group, seg, 0))
+    pass_ = seg - gstart_seg
+    seg_len = np.bincount(seg)
+    first_of_seg = np.flatnonzero(new_seg)
+    bad = np.zeros(n, bool)
+    bad[first_of_seg] = (pass_[first_of_seg] == 0) & (s[first_of_seg] != 0)  # the first pass starts at 0
+    later = pass_ > 0
+    bad |= later & ((seg_len[seg] != 1) | (s != 0))  # every later pass: one position, 0
+    if bad.any():
+        i = int(order[np.argmax(bad)])
+        raise UserError(f"{srcs[fileno[i]]}: row {rowno[i]}: routes token {int(step[i])} of layer {int(layer[i])}"
+                        f"{f' of request {int(request[i])}' if have_request else ''} a second time, and the token "
+                        f"column {tcol!r} does not restart as a prompt pass followed by one-token passes would; if "
+                        "it begins another request, name the request column with --map request=COLUMN or give "
+                        "--request-per-file.")
+    plen = seg_len[gstart_seg]  # the prompt pass's length, per row
+    new_step = np.where(later, plen + pass_ - 1, s)
+    per_req = {}
+    for rr, pl in zip(r[new_group], plen[new_group]):
+        if per_req.setdefault(int(rr), int(pl)) != int(pl):
+            raise UserError(f"{srcs[0]}: the token column {tcol!r} restarts after {per_req[int(rr)]} positions at one "
+                            f"layer and after {int(pl)} at another{f' (request {int(rr)})' if have_request else ''}; "
+                            "say where the prompt ends with --prompt-tokens N.")
+    out_step = np.empty(n, np.int64)
+    out_pass = np.empty(n, np.int64)
+    out_step[order], out_pass[order] = new_step, pass_
+    prefill = out_pass == 0
+    npass = {int(rr): int(p) for rr, p in zip(r, pass_)}
+    ex = "; ".join(f"{'request ' + str(rr) + ': ' if have_request else ''}positions 0..{pl - 1} in one pass then "
+                   f"{npass.get(rr, 0)} one-position pass(es)" for rr, pl in list(per_req.items())[:3])
+    more = f" (and {len(per_req) - 3} more requests)" if len(per_req) > 3 else ""
+    said = (f"the token column {tcol} restarts at 0 (a position within each forward pass): {ex}{more}; the first pass "
+            "taken as the prompt (prefill) and each later pass as one decoded token at the next position "
+            "(--prompt-tokens N or --phase to say otherwise)")
+    return out_step, out_pass, prefill, said
+
+
+def _phase_from_batches(srcs: list[Path], fileno: np.ndarray, rowno: np.ndarray, request: np.ndarray, batch: np.ndarray,
+                        layer: np.ndarray, step: np.ndarray, have_request: bool) -> tuple[np.ndarray, str]:
+    """The phase of a log that states its forward passes but not the phase: a pass that routes many
+    positions of one request at a layer is that request's prompt (prefill); one-position passes are
+    decode. A multi-position pass after a one-position pass of the same request (a second prompt,
+    speculative decoding?) is ambiguous: refused, naming the options that settle it."""
+    trip, cnt = np.unique(np.stack([request, batch, layer], axis=1), axis=0, return_counts=True)
+    rb = {}
+    for (rr, bb, _), c in zip(trip.tolist(), cnt.tolist()):
+        rb[(rr, bb)] = max(rb.get((rr, bb), 0), c)
+    prefill_pairs: set[tuple[int, int]] = set()
+    single_seen: set[int] = set()
+    for (rr, bb), c in sorted(rb.items()):
+        if c > 1:
+            if rr in single_seen:
+                i = int(np.argmax((request == rr) & (batch == bb)))
+                raise UserError(f"{srcs[fileno[i]]}: row {rowno[i]}: batch {bb} holds {c} positions of "
+                                f"{'request ' + str(rr) if have_request else 'the log'} after one-position batches, so "
+                                "the batches do not say where the prompt ends; give --prompt-tokens N (or a column), "
+                                "or --phase.")
+            prefill_pairs.add((rr, bb))
+        else:
+            single_seen.add(rr)
+    if not prefill_pairs:
+        return (np.full(step.size, PHASE_DECODE, dtype=np.int64),
+                "no phase column: every forward pass (batch) holds one position per request, so every routing counts "
+                "as decode (--phase prefill, or --prompt-tokens N, says otherwise)")
+    key = request * (1 << 32) + batch
+    pre_keys = np.array([rr * (1 << 32) + bb for rr, bb in sorted(prefill_pairs)], dtype=np.int64)
+    pre = np.isin(key, pre_keys)
+    ex = []
+    for rr, bb in sorted(prefill_pairs)[:3]:
+        m = (request == rr) & (batch == bb)
+        ex.append(f"{'request ' + str(rr) + ': ' if have_request else ''}batch {bb} holds positions "
+                  f"{int(step[m].min())}..{int(step[m].max())}")
+    more = f" (and {len(prefill_pairs) - 3} more)" if len(prefill_pairs) > 3 else ""
+    return (np.where(pre, PHASE_PREFILL, PHASE_DECODE).astype(np.int64),
+            f"no phase column: a forward pass (batch) holding many positions of a request is taken as its prompt "
+            f"(prefill), one-position passes as decode: {'; '.join(ex)}{more} "
+            "(--phase or --prompt-tokens N to say otherwise)")
 
 
 def _first_duplicate(keys: np.ndarray) -> int | None:

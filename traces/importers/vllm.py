@@ -477,7 +477,8 @@ def layer_numbers(L: int, keep: np.ndarray, sizes: Any, where: str, notes: list[
 
 def import_routes(routes: list[Routes], keep: np.ndarray, sources: list[Path], out_dir: Path, *, fmt: str, engine: str,
                   sizes: Any, force: bool, schedule: str, max_batch: int, prefill_chunk: int | None,
-                  notes: list[str], engine_version: str | None, model_name: str | None) -> Path:
+                  notes: list[str], engine_version: str | None, model_name: str | None,
+                  drop_warmup: bool = False) -> Path:
     """Batch per-request routings by the named schedule and write the trace (shared by the vLLM
     and SGLang-response importers)."""
     from traces.format.schema import default_gating
@@ -525,7 +526,7 @@ def import_routes(routes: list[Routes], keep: np.ndarray, sources: list[Path], o
         optional["token"] = cols["token"]
     return write_trace(out_dir, meta, batch=cols["batch"], phase=cols["phase"], step=cols["step"], layer=cols["layer"],
                        experts=cols["experts"], weights=cols["weights"], turn=cols["turn"], optional=optional,
-                       force=force, inputs=sources, what=where)
+                       force=force, inputs=sources, what=where, drop_warmup=drop_warmup)
 
 
 SCHEDULE_HELP = ("how to batch the requests: sequential (one after another) or continuous (admitted in file order, "
@@ -533,13 +534,14 @@ SCHEDULE_HELP = ("how to batch the requests: sequential (one after another) or c
 
 
 def _options():
-    from traces.importers import ImportOption
+    from traces.importers import DROP_WARMUP, ImportOption
 
     return (
         ImportOption("schedule", "--schedule", str, SCHEDULE_HELP, "sequential"),
         ImportOption("max_batch", "--max-batch", int, "requests decoding together (continuous schedule)", 1),
         ImportOption("prefill_chunk", "--prefill-chunk", int,
                      "prompt positions per prefill batch (continuous schedule; default: a whole prompt)", None),
+        DROP_WARMUP,
     )
 
 
@@ -572,7 +574,7 @@ def sniff(paths: list[Path]) -> bool:
 
 
 def import_(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool = False, schedule: str = "sequential",
-            max_batch: int = 1, prefill_chunk: int | None = None) -> Path:
+            max_batch: int = 1, prefill_chunk: int | None = None, drop_warmup: bool = False) -> Path:
     """Import vLLM routed experts (module docstring: the files) into a trace at ``out_dir``."""
     from traces.importers import check_source
 
@@ -589,4 +591,5 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any, force: bool = Fal
     models = info["models"]
     return import_routes(routes, keep, sources, Path(out_dir), fmt=NAME, engine=ENGINE, sizes=sizes, force=force,
                          schedule=schedule, max_batch=max_batch, prefill_chunk=prefill_chunk, notes=notes,
-                         engine_version=info["engine_version"], model_name=models[0] if len(models) == 1 else None)
+                         engine_version=info["engine_version"], model_name=models[0] if len(models) == 1 else None,
+                         drop_warmup=drop_warmup)

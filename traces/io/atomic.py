@@ -310,8 +310,8 @@ def write_output_file(path: str | os.PathLike[str], text: str,
 
 @contextlib.contextmanager
 def _signals_blocked() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM during a commit, so "written" and "nothing was written" stay true."""
-    sigs = {signal.SIGINT, signal.SIGTERM}
+    """Hold SIGINT/SIGTERM/SIGHUP during a commit, so "written" and "nothing was written" stay true."""
+    sigs = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
     try:
         old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
     except (ValueError, OSError, AttributeError):
