@@ -84,7 +84,9 @@ def _check_against_verbs(trace, report, cost):
     got = _ok(run_cli("predict", trace, "--horizon", "1..2", "--json")).json()["rows"]
     overall = {p["predictor"]: p for p in got if p["layer"] is None}
     usable = [p for n, p in overall.items() if n != "ctrl" and not p.get("in_sample") and p["slot_acc_pct"] is not None]
-    assert pred["predictor"] == min(usable, key=lambda p: (-p["slot_acc_pct"], p["predictor"]))["predictor"]
+    # ties: a predictor that learns nothing (in_sample is None for it) before a learner, then by name
+    assert pred["predictor"] == min(usable, key=lambda p: (-p["slot_acc_pct"], p.get("in_sample") is not None,
+                                                           p["predictor"]))["predictor"]
     for k in ("slot_acc_pct", "whole_acc_pct", "scored"):
         assert pred[k] == overall[pred["predictor"]][k], k
     for r in (r for r in rows if r["kind"] == "prefetch"):

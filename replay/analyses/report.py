@@ -422,15 +422,18 @@ def _accuracy_plot(ctx: ReportContext, res: Any, by_horizon: dict) -> tuple[str,
 
 def best_predictor(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The predictor an engine could use (not a check such as ``ctrl``, not an oracle, not a learner
-    scored in-sample) with the highest decode slot accuracy; ties to the name first alphabetically."""
-    from replay.predictors import module, parse_predictor
+    scored in-sample) with the highest decode slot accuracy; ties to one that learns nothing, then to
+    the name first alphabetically."""
+    from replay.predictors import learns, module, parse_predictor
 
     def usable(name: str) -> bool:
         m = module(parse_predictor(name)[0])
         return getattr(m, "PREFETCH", True) and not getattr(m, "ORACLE", False)
 
     ok = [r for r in rows if r.get("slot_acc_pct") is not None and usable(r["predictor"]) and not r.get("in_sample")]
-    return min(ok, key=lambda r: (-r["slot_acc_pct"], r["predictor"])) if ok else None
+    # equal accuracy: a predictor that learns nothing first (it needs no training split, so its
+    # prefetch guesses for every token, not only the held-out ones), then by name
+    return min(ok, key=lambda r: (-r["slot_acc_pct"], learns(parse_predictor(r["predictor"])[0]), r["predictor"])) if ok else None
 
 
 def section_cache(ctx: ReportContext) -> Section:
