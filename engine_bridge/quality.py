@@ -54,6 +54,9 @@ class Setting:
         return f"drop-F{self.frac:g}" if self.frac is not None else f"keep-k{self.keep_k}"
 
 
+_NO_FILLS = np.zeros((0, 1), np.int8)  # the driver's fill record (replay.analyses.timeline), not kept here
+
+
 class LruStep:
     """Plain-Python twin of :class:`KernelStep` for ``lru`` (tests hold both to the kernel): the replay's
     global LRU (replay/policies/lru.py with the driver's rules), stepped one load at a time: entries
@@ -171,7 +174,7 @@ class KernelStep:
         st[:] = 0
         self.kern(entries, start, self.lidx_a, self.bstart_a, self.phase_a, self.layer_info,
                   self.next_load, self.ent, self.grp, self.ps, self.acc, self.bacc, st, slots,
-                  np.ascontiguousarray(flags, np.uint8), self.pred, o)
+                  np.ascontiguousarray(flags, np.uint8), self.pred, o, _NO_FILLS)
         self.tick = int(st[STAT_TICKS])
         self.overflow_loads += int(st[STAT_OVERFLOW])
         self.evictions += int(st[STAT_EVICTIONS])

@@ -14,6 +14,7 @@ import contextvars
 import functools
 import re
 from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -300,11 +301,13 @@ def retain(trace: TraceLike, *, predictor: str = "prev-token", policies: Sequenc
 @_api
 def predict_run(trace: TraceLike, *, predictors: Sequence[str] | None = None, horizons: Sequence[int] = (1,),
                 width: int | None = None, phase: str = "decode", max_horizon: int | None = None,
-                predictor_file: Any = None, progress: Any = None):
+                predictor_file: Any = None, progress: Any = None, train: str | None = None,
+                train_trace: TraceLike | None = None, seed: int = 0, byte_budget_mib: float | None = None,
+                mix: Any = None):
     """:func:`predict` with everything the command prints beside the rows: a
     :class:`replay.analyses.accuracy.PredictResult` (``.frame``, ``.unavailable``, ``.warnings``, ``.notes``,
-    ``.ctrl_failing_layers``). ``max_horizon``: the stale-gate[1..D] curve instead (``horizon``
-    column)."""
+    ``.ctrl_failing_layers``, ``.train_text``, ``.in_sample``). ``max_horizon``: the stale-gate[1..D]
+    curve instead (``horizon`` column)."""
     from replay.analyses.accuracy import evaluate, expand, horizon_curve
     from replay.analyses.info import require_routings
 
@@ -314,20 +317,49 @@ def predict_run(trace: TraceLike, *, predictors: Sequence[str] | None = None, ho
     if max_horizon is not None:
         return horizon_curve(t, max_horizon, width=width, phase=phase, progress=progress)
     names = None if predictors is None else expand(list(predictors), list(horizons), option="predictors")
-    return evaluate(t, names, horizons=horizons, width=width, phase=phase, progress=progress)
+    with _mixed(mix):
+        return evaluate(t, names, horizons=horizons, width=width, phase=phase, progress=progress, train=train,
+                        train_trace=_trace(train_trace) if train_trace is not None else None, seed=seed,
+                        byte_budget_mib=byte_budget_mib)
+
+
+@contextmanager
+def _mixed(mix: Any):
+    """``mix``'s two parts and weight for the call (``("prev-token", "pair-table[1]", 0.5)`` or ``"A,B,W"``)."""
+    if mix is None:
+        yield
+        return
+    from replay.predictors.mix import parse_mix, spec
+
+    tok = spec.set(parse_mix(mix, "mix"))
+    try:
+        yield
+    finally:
+        spec.reset(tok)
 
 
 @_api
 def predict(trace: TraceLike, *, predictors: Sequence[str] | None = None, horizons: Sequence[int] = (1,),
             width: int | None = None, phase: str = "decode", max_horizon: int | None = None,
-            predictor_file: Any = None) -> pl.DataFrame:
+            predictor_file: Any = None, train: str | None = None, train_trace: TraceLike | None = None,
+            seed: int = 0, byte_budget_mib: float | None = None, mix: Any = None) -> pl.DataFrame:
     """Predictor accuracy: one row per (predictor, MoE layer) and an overall row per predictor
     (``layer`` null). Keys: ``predictor``, ``layer``, ``slot_acc_pct``, ``whole_acc_pct``,
     ``recall_pct``, ``precision_pct``, ``mass_pct``, ``scored``, ``unscored``, ... (docs/design.md,
-    "predict"). ``predictors`` default: every registered predictor (a bare ``stale-gate`` is one
-    per ``horizons``). Predictors the trace cannot run are left out: :func:`predict_run` says why."""
+    "predict"); overall rows also the 95% intervals ``slot_acc_ci_low/high``, ``mass_ci_low/high``,
+    ``vs_prev_token_pp``, ``lead_layers``, ``unused_mib_per_token``, ``bytes_recall_pct`` (at
+    ``byte_budget_mib`` per routing), ``train`` and ``in_sample``. ``predictors`` default: every
+    registered predictor (a bare ``stale-gate`` is one per ``horizons``). Predictors the trace
+    cannot run are left out: :func:`predict_run` says why.
+
+    Held out (docs/predictors.md): a predictor that learns (static-hot, pair-table, request-match,
+    mix) is fitted on ``train`` (``"50%"``: the first half of each request's tokens, the default;
+    ``"trace:50%"``; ``"folds:5"``: k-fold by request, ``seed``; ``"in-sample"``: on the scored
+    tokens themselves, marked ``in_sample``) or on ``train_trace``, and every predictor is scored
+    on the other tokens only. ``mix``: ``("A", "B", w)``, the two predictors ``mix`` unites."""
     return predict_run(trace, predictors=predictors, horizons=horizons, width=width, phase=phase,
-                       max_horizon=max_horizon, predictor_file=predictor_file).frame
+                       max_horizon=max_horizon, predictor_file=predictor_file, train=train, train_trace=train_trace,
+                       seed=seed, byte_budget_mib=byte_budget_mib, mix=mix).frame
 
 
 @_api
@@ -360,11 +392,15 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
 def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: float | None = None, policy: str = "lru",
              cap: int | None = None, guard: bool = False, drop_frac: float | None = None, retain: bool = False,
              cost_model: Any = None, policy_file: Any = None, predictor_file: Any = None,
-             foreign_cost_model: bool = False, time_model: str | None = None, device_profile: Any = None) -> pl.DataFrame:
+             foreign_cost_model: bool = False, time_model: str | None = None, device_profile: Any = None,
+             train: str | None = None, train_trace: TraceLike | None = None, seed: int = 0,
+             mix: Any = None) -> pl.DataFrame:
     """One row: speculative prefetch of ``predictor``'s guesses into the same cache at
     ``budget_mib`` (default: the recorded budget) against no prefetch and against the best plain
     online policy at that budget (``best_plain_*``). With ``cost_model``: ``ms_per_token``,
-    ``tok_s`` and a ``verdict`` (``foreign_cost_model`` as in :func:`cache`).
+    ``tok_s`` and a ``verdict`` (``foreign_cost_model`` as in :func:`cache`). A learning predictor
+    is fitted held out (``train`` / ``train_trace`` / ``seed`` / ``mix`` as in :func:`predict`) and
+    guesses only for tokens it never learned from.
 
     ``time_model``: ``"linear"`` (``cost_model``, else one fitted on the trace's metrics),
     ``"fitted"`` (the timeline, parameters fitted on the trace's metrics) or ``"profile"`` (the
@@ -387,8 +423,10 @@ def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: flo
     if time_model == "linear" and cost_model is None:
         cost_model = fit_cost_model(t)
     cost_model = _applied(cost_model, t, foreign_cost_model)
-    frame = _prefetch(t, predictor, budget_mib=_budget(budget_mib), policy=policy, cap=cap, guard=guard, drop_frac=drop_frac,
-                      retain=retain, model=cost_model, profile=profile)
+    with _mixed(mix):
+        frame = _prefetch(t, predictor, budget_mib=_budget(budget_mib), policy=policy, cap=cap, guard=guard,
+                          drop_frac=drop_frac, retain=retain, model=cost_model, profile=profile, train=train,
+                          train_trace=_trace(train_trace) if train_trace is not None else None, seed=seed)
     if cost_model is not None:
         from replay.present.whatif import with_verdict
 

@@ -71,6 +71,9 @@ PREDICTOR: dict[str, Name] = {
     "REPORT": Name("bool", False, "False: left out of the report's accuracy section"),
     "REPORT_PREFETCH": Name("int|bool", False, "True (or the parameter to show): a row of the report's prefetch section"),
     "ORACLE": Name("bool", False, "True: it has seen the answers; never the report's best predictor"),
+    "LEARNS": Name("bool", False, "True: fitted on a training split; predict gets training= (rows it may learn from) and "
+                   "in_phase = the rows it is scored on, which never share a token with them (replay/predictors/training.py)"),
+    "SPLIT": Name("bool", False, "True: a composite (mix) whose predict gets split=, the whole held-out protocol, to run its parts"),
     "WEIGHTS": Name("bool", False, "True: predict accepts with_weights= and returns predicted routing weights"),
 }
 

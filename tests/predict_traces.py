@@ -28,7 +28,8 @@ def gating_meta(kind: str, n_group: int = 1, topk_group: int = 1) -> dict:
 def write_trace(out: Path, *, n_layer: int, moe_layers: list[int], n_expert: int, top_k: int, n_embd: int,
                 gating: dict, turns: list[tuple[int, int]], seed: int, drop: float = 0.0, nan_frac: float = 0.0,
                 consistent: float = 0.5, tokens_per_part: int = 2, gate_dtype: str = "float32",
-                with_gate: bool = True, logit_bias: bool = False) -> Path:
+                with_gate: bool = True, logit_bias: bool = False, shared_gate: bool = False,
+                continuous: bool = False) -> Path:
     """Write a trace: ``turns`` = [(prefill tokens, decode tokens)], values on a dyadic grid.
 
     Gate inputs and router weights are multiples of 1/8 in [-2, 2] (and n_embd is small), so every
@@ -36,7 +37,9 @@ def write_trace(out: Path, *, n_layer: int, moe_layers: list[int], n_expert: int
     see identical logits, ties included. A share ``consistent`` of routings is the router's own
     choice (computed here with numpy), the rest random distinct experts; ``drop`` removes rows.
     ``logit_bias``: the router adds a per-expert bias to its logits (gpt-oss), stored in
-    router.parquet's ``logit_bias`` column and flagged in trace.json.
+    router.parquet's ``logit_bias`` column and flagged in trace.json. ``shared_gate``: every MoE
+    layer of a token gets the same gate input (layer l+1's router input equals layer l's);
+    ``continuous``: gate inputs drawn from a normal distribution (no ties, for the regression).
     """
     rng = np.random.default_rng(seed)
     L = len(moe_layers)
@@ -60,12 +63,18 @@ def write_trace(out: Path, *, n_layer: int, moe_layers: list[int], n_expert: int
     from traces.format.gating import select  # test scaffolding only: makes some routings consistent
 
     batch, step, wrote = 0, 0, 0
+    token_gate: dict[tuple[int, int], np.ndarray] = {}
 
     def row(turn: int, b: int, phase: int, s: int, li: int) -> None:
         nonlocal wrote
         if wrote and rng.random() < drop:
             return
-        g = (rng.integers(-16, 17, size=(1, n_embd)) / 8).astype(np.float32)
+        if continuous:
+            g = rng.standard_normal((1, n_embd)).astype(np.float32)
+        else:
+            g = (rng.integers(-16, 17, size=(1, n_embd)) / 8).astype(np.float32)
+        if shared_gate:
+            g = token_gate.setdefault((b, s), g)
         if rng.random() < consistent:
             logits = g.astype(np.float64) @ W[li].astype(np.float64).T + lbias[li].astype(np.float64)
             ids, _ = select(logits, gating, top_k, bias[li])

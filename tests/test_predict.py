@@ -146,12 +146,14 @@ def test_transposed_router_with_other_shape_is_a_clear_defect(synth_trace_dir, t
 def test_routing_only_trace_reports_router_predictors_unavailable(synth_trace_dir, capsys):
     path = synth_trace_dir(**SMALL, routing_only=True)
     res = evaluate(open_trace(path), horizons=[1, 2])
-    assert res.predictors == ["prev-token", "static-hot", "static-hot-prompt"]
-    assert [u["predictor"] for u in res.unavailable] == ["stale-gate[1]", "stale-gate[2]", "ctrl"]
+    assert res.predictors == ["prev-token", "static-hot", "static-hot-prompt", "pair-table[1]", "pair-table[2]",
+                              "request-match", "mix"]
+    assert [u["predictor"] for u in res.unavailable] == ["stale-gate[1]", "stale-gate[2]", "ctrl", "learned-gate[1]",
+                                                         "learned-gate[2]"]
     assert all("no gate_input column" in u["reason"] for u in res.unavailable)
     assert res.ctrl_failing_layers is None
     code, out, _ = run_cli(capsys, "predict", path)
-    assert code == 0 and "unavailable: stale-gate[1], ctrl: the trace has no gate_input column" in out
+    assert code == 0 and "unavailable: stale-gate[1], ctrl, learned-gate[1]: the trace has no gate_input column" in out
 
 
 def test_trace_without_router_parquet(synth_trace_dir, tmp_path):
@@ -204,12 +206,17 @@ def test_router_logit_bias_column_is_checked(tmp_path, bad, needle):
 @pytest.mark.parametrize("name", ["qwen", "gptoss"])
 def test_real_traces(real_trace_dir, capsys, name):
     path = real_trace_dir(name)
-    res = evaluate(open_trace(path))
-    assert res.predictors == ["prev-token", "static-hot", "static-hot-prompt"]
-    assert {u["predictor"] for u in res.unavailable} == {"stale-gate[1]", "ctrl"}
+    res = evaluate(open_trace(path), train="in-sample")  # every decoded token scored; static-hot marked in-sample
+    assert res.predictors == ["prev-token", "static-hot", "static-hot-prompt", "pair-table[1]", "request-match", "mix"]
+    assert {u["predictor"] for u in res.unavailable} == {"stale-gate[1]", "ctrl", "learned-gate[1]"}
     ov = {r["predictor"]: r for r in res.overall().to_dicts()}
     t = open_trace(path)
     n_moe, decode = len(t.moe_layers), t.token_counts()["tokens_decode"]
+    assert ov["static-hot"]["in_sample"] is True and res.in_sample[0] == "static-hot"
+    # the default: held out, the first half of the decoded tokens trains, every predictor scored on the rest
+    held = {r["predictor"]: r for r in evaluate(open_trace(path)).overall().to_dicts()}
+    assert held["static-hot"]["in_sample"] is False
+    assert held["static-hot"]["scored"] == held["prev-token"]["scored"] == n_moe * (decode - decode // 2)
     # prev-token: the first decoded token of the (single) turn is unscored at every layer
     assert ov["prev-token"]["unscored"] == n_moe and ov["prev-token"]["scored"] == n_moe * (decode - 1)
     assert ov["static-hot"]["scored"] == n_moe * decode and 0 < ov["static-hot"]["slot_acc_pct"] < 100
@@ -217,7 +224,7 @@ def test_real_traces(real_trace_dir, capsys, name):
     code, out, _ = run_cli(capsys, "predict", path, "--json")
     obj = json.loads(out)
     assert code == 0 and obj["command"] == "predict" and obj["ctrl_ok"] is None
-    assert {u["predictor"] for u in obj["unavailable"]} == {"stale-gate[1]", "ctrl"}
+    assert {u["predictor"] for u in obj["unavailable"]} == {"stale-gate[1]", "ctrl", "learned-gate[1]"}
     assert {"predictor", "layer", "slot_acc_pct", "whole_acc_pct", "scored", "unscored"} <= set(obj["rows"][0])
 
 
@@ -282,7 +289,7 @@ def test_cli_text_json_and_determinism(synth_trace_dir, capsys):
     assert a == b
     obj = json.loads(a)
     assert obj["ctrl_ok"] is True and obj["predictors"][1:3] == ["stale-gate[1]", "stale-gate[3]"]
-    assert sum(r["layer"] is None for r in obj["rows"]) == 6 and len(obj["rows"]) == 6 * 5
+    assert sum(r["layer"] is None for r in obj["rows"]) == 12 and len(obj["rows"]) == 12 * 5
     _, c, _ = run_cli(capsys, "predict", path, "--json", "--no-per-layer")
     assert all(r["layer"] is None for r in json.loads(c)["rows"])
     code, out, _ = run_cli(capsys, "predict", path, "--horizon-curve", "3", "--no-per-layer")

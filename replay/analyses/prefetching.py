@@ -80,11 +80,19 @@ class Guesses:
     weights: np.ndarray  # [R, k] float32 predicted weight per rank (NaN unknown)
     scored_rows: int
     dropped_guesses: int  # guesses removed by --drop
+    train: str = "none"  # the held-out protocol a learner was fitted under (replay/predictors/training.py)
+    train_text: str = ""
 
 
 def guesses(trace: Trace, predictor: str, drop_frac: float | None = None, arr: RoutingArrays | None = None,
-            option: str = "--predictor", drop_option: str = "--drop") -> Guesses:
+            option: str = "--predictor", drop_option: str = "--drop", train: str | None = None,
+            train_trace: Trace | None = None, seed: int = 0) -> Guesses:
     """The predictor's top-k guesses for every decode routing, as entries aligned with the rows.
+
+    A predictor that learns is fitted under the held-out protocol (``train`` / ``train_trace`` /
+    ``seed``, :mod:`replay.predictors.training`; default: the first 50% of each request's decoded
+    tokens): it guesses only for the evaluated tokens, never for one it learned from, so the
+    training tokens replay without prefetch (folds:K or a training trace guess everywhere).
 
     ``option`` / ``drop_option``: the names the predictor and ``drop_frac`` came under (a CLI flag
     or the API's keyword), for messages."""
@@ -102,7 +110,11 @@ def guesses(trace: Trace, predictor: str, drop_frac: float | None = None, arr: R
     arr = arr if arr is not None else trace.arrays(recorded=False)
     k, n_expert = trace.top_k, trace.n_expert
     dec = arr.phase == PHASE_DECODE
-    pred = registry.run(trace, arr, dec, k, [(fam, d)], with_weights=True)[registry.full_name(fam, d)]
+    from replay.predictors.training import make_split
+
+    split = make_split(trace, arr, dec, train=train, train_trace=train_trace, seed=seed, learns=registry.learns(fam),
+                       phase_mask=lambda a: a.phase == PHASE_DECODE)
+    pred = registry.run(trace, arr, dec, k, [(fam, d)], with_weights=True, split=split)[registry.full_name(fam, d)]
     ahead = registry.ahead(fam, d)
     pw = pred.weights if pred.weights is not None else np.full(pred.ranked.shape, np.nan, np.float32)
     ranked = pred.ranked
@@ -121,7 +133,8 @@ def guesses(trace: Trace, predictor: str, drop_frac: float | None = None, arr: R
     lidx_of[list(trace.moe_layers)] = np.arange(len(trace.moe_layers))
     lidx = lidx_of[arr.layer.astype(np.int64)]
     entries = np.where(keep, lidx[:, None] * n_expert + ranked, -1).astype(np.int32)
-    return Guesses(pred.name, ahead, np.ascontiguousarray(entries), pw, int(pred.scored.sum()), n_dropped)
+    return Guesses(pred.name, ahead, np.ascontiguousarray(entries), pw, int(pred.scored.sum()), n_dropped, split.spec,
+                   split.text)
 
 
 def _totals(loads: Loads, res: ReplayResult) -> dict[str, float]:
@@ -143,11 +156,13 @@ def _totals(loads: Loads, res: ReplayResult) -> dict[str, float]:
 
 def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, policy: str = "lru", cap: int | None = None,
              guard: bool = False, drop_frac: float | None = None, retain: bool = False, model=None,
-             profile=None) -> pl.DataFrame:
+             profile=None, train: str | None = None, train_trace: Trace | None = None,
+             seed: int = 0) -> pl.DataFrame:
     """One row: the prefetch replay against the no-prefetch replay at the same budget and policy.
 
     Keys: ``predictor``, ``ahead``, ``policy``, ``budget_mib``, ``cap``, ``guard``, ``drop``,
-    ``retain``; demand ``hit_pct_decode`` / ``hit_pct_cum`` (+ ``_baseline``); speculative
+    ``retain``, ``train`` (the held-out protocol of a learning predictor, "none" otherwise) and
+    ``train_text``; demand ``hit_pct_decode`` / ``hit_pct_cum`` (+ ``_baseline``); speculative
     ``spec_fills``, ``spec_mib``, ``spec_share_pct`` (of all bytes read, decode), ``useful``
     (fills demanded before eviction), ``useful_pct`` (of fills), ``evicted_unused``,
     ``unused_at_end``, ``refused_guard``, ``refused_no_room``, ``capped``, ``predicted_resident``;
@@ -178,7 +193,7 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
         # Guesses are made for decode routings only: every figure would be null, so say so instead.
         raise UserError(f"{trace.path}: has no decoded tokens (prefill only), and prefetch guesses are made for decode "
                         "routings; use 'cache' for the prefill's hit rates.")
-    g = guesses(trace, predictor, drop_frac, arr)
+    g = guesses(trace, predictor, drop_frac, arr, train=train, train_trace=train_trace, seed=seed)
     loads = prepare_loads(arr, trace.moe_layers, trace.n_expert, trace.expert_bytes)
     timed = profile is not None
     base = replay(loads, policy, float(budget_mib), slots=timed)
@@ -189,7 +204,7 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
     fills = int(st[STAT_SPEC_FILLS])
     row = {
         "predictor": g.name, "ahead": g.ahead, "policy": policy, "budget_mib": float(budget_mib), "cap": cap,
-        "guard": guard, "drop": drop_frac, "retain": retain,
+        "guard": guard, "drop": drop_frac, "retain": retain, "train": g.train, "train_text": g.train_text,
         "hit_pct_decode": t["hit_pct_decode"], "hit_pct_decode_baseline": b["hit_pct_decode"],
         "hit_pct_cum": t["hit_pct_cum"], "hit_pct_cum_baseline": b["hit_pct_cum"],
         "spec_fills": fills, "spec_mib": t["spec_mib"],
@@ -282,17 +297,19 @@ def with_best_plain(frame: pl.DataFrame, plain: dict | None) -> pl.DataFrame:
 
 def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: list[float], predictor: str,
                  per_layer: bool = False, seed: int = 0, policy_options: dict | None = None,
-                 show_progress: bool = True) -> pl.DataFrame:
+                 show_progress: bool = True, train: str | None = None, train_trace: Trace | None = None) -> pl.DataFrame:
     """Cache rows with retention (the predictor's guesses for the next layer(s) protected from
     eviction), plus ``hit_pct_decode_no_retain``, ``hit_pct_cum_no_retain`` and
     ``retain_gain_pp_decode`` / ``retain_gain_pp_cum`` (percentage points) from the same sweep
     without retention; on the overall rows the decode gain's 95% interval from the paired block
     bootstrap over decoded tokens (``retain_gain_ci_low`` / ``retain_gain_ci_high``) and its call
-    ``retain_vs_no_retain`` (better | worse | tie, :mod:`replay.analyses.paired`)."""
+    ``retain_vs_no_retain`` (better | worse | tie, :mod:`replay.analyses.paired`). A learning
+    predictor is fitted held out (``train`` / ``train_trace``, as :func:`guesses`; ``retain_train``
+    says which)."""
     from replay.analyses.paired import call, diff_hit_pp, with_requests
     from replay.core.simulate import sweep
 
-    g = guesses(trace, predictor)
+    g = guesses(trace, predictor, train=train, train_trace=train_trace, seed=seed)
     s_with: dict = {}
     s_without: dict = {}
     with_r = sweep(loads, policies, budgets_mib, per_layer=per_layer, seed=seed, pred=g.entries, ahead=g.ahead,
@@ -304,6 +321,7 @@ def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: l
              for p, b, layer in zip(with_r["policy"], with_r["budget_mib"], with_r["layer"], strict=True)]
     return with_r.with_columns(
         pl.lit(g.name).alias("retain_predictor"),
+        pl.lit(g.train).alias("retain_train"),
         without["hit_pct_decode"].alias("hit_pct_decode_no_retain"),
         without["hit_pct_cum"].alias("hit_pct_cum_no_retain"),
         (with_r["hit_pct_decode"] - without["hit_pct_decode"]).alias("retain_gain_pp_decode"),

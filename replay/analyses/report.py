@@ -379,11 +379,17 @@ def section_predictors(ctx: ReportContext) -> Section:
     s.text.append(f"Slot accuracy = |top-{tr.top_k} named ∩ routed| / {tr.top_k}; whole = the routed set named exactly; "
                   f"over scored decode routings only. Unscored routings ({', '.join(unscored)}) are counted apart, "
                   "never as wrong; a layer with nothing scored shows '-'.")
+    if res.train_text:
+        s.text.append(f"Training: {res.train_text} ({res.evaluated:,} decode routings scored, every predictor on the same "
+                      "ones): the learners (static-hot, pair-table, request-match, mix) never saw a scored token. "
+                      "Intervals: 95%, seeded block bootstrap over the scored tokens (whole requests when there are "
+                      "at least 8); vs prev-token: slot accuracy minus prev-token's on the same resamples.")
     s.text += res.warnings + res.notes
     s.missing += [(f"{u['predictor']} predictor", u["reason"]) for u in res.unavailable]
     head = overall.with_columns(pl.col("predictor").map_elements(describe, return_dtype=pl.String).alias("measures"))
     s.tables.append(Table("predict_overall", head, "headline per predictor (decode)",
-                          columns=["predictor", "slot_acc_pct", "whole_acc_pct", "scored", "unscored", "measures"]))
+                          columns=["predictor", "slot_acc_pct", "slot_acc_ci_low", "slot_acc_ci_high", "whole_acc_pct",
+                                   "mass_pct", "vs_prev_token_pp", "vs_prev_token", "scored", "unscored", "measures"]))
     ctx.shared["predictor"] = best_predictor(head.to_dicts())
     per = res.per_layer()
     if per.height:
@@ -397,7 +403,7 @@ def section_predictors(ctx: ReportContext) -> Section:
         s.tables.append(Table("predict_per_layer", wide.select(cols), "slot accuracy % per MoE layer (decode)",
                               headers={p: f"{p} (%)" for p in cols[1:-1]}, collapsed=True))
         series = {}
-        for p in res.predictors:
+        for p in _plotted(res):
             f = per.filter(pl.col("predictor") == p).sort("layer")
             series[p] = (f["layer"].to_numpy(), f["slot_acc_pct"].fill_null(float("nan")).to_numpy())
         s.images.append(plots.lines(series, ctx.out / "predict_per_layer.png", "Predictor slot accuracy per layer (decode)",
@@ -415,6 +421,13 @@ def section_predictors(ctx: ReportContext) -> Section:
     if res.predictors:
         s.images.append(_accuracy_plot(ctx, res, by_horizon))
     return s
+
+
+def _plotted(res) -> list[str]:
+    """The predictors with a scored routing (request-match on a one-request trace has none: a curve
+    with no point is left out of the figures; the tables still list it, unscored)."""
+    ov = {r["predictor"]: r["scored"] for r in res.overall().iter_rows(named=True)}
+    return [p for p in res.predictors if ov.get(p)]
 
 
 def _widths(tr: Trace) -> list[int]:
@@ -442,7 +455,7 @@ def _accuracy_plot(ctx: ReportContext, res: Any, by_horizon: dict) -> tuple[str,
     from replay.present import plots
 
     tr = ctx.trace
-    names = [p for p in res.predictors if not p.startswith("stale-gate[") or p == "stale-gate[1]"]
+    names = [p for p in _plotted(res) if not p.startswith("stale-gate[") or p == "stale-gate[1]"]
     acc = {}
     for w in _widths(tr):
         try:
@@ -470,16 +483,19 @@ def _accuracy_plot(ctx: ReportContext, res: Any, by_horizon: dict) -> tuple[str,
 
 
 def best_predictor(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The predictor an engine could use (not a check such as ``ctrl``, not an oracle such as
-    ``static-hot``) with the highest decode slot accuracy; ties to the name first alphabetically."""
-    from replay.predictors import module, parse_predictor
+    """The predictor an engine could use (not a check such as ``ctrl``, not an oracle, not a learner
+    scored in-sample) with the highest decode slot accuracy; ties to one that learns nothing, then to
+    the name first alphabetically."""
+    from replay.predictors import learns, module, parse_predictor
 
     def usable(name: str) -> bool:
         m = module(parse_predictor(name)[0])
         return getattr(m, "PREFETCH", True) and not getattr(m, "ORACLE", False)
 
-    ok = [r for r in rows if r.get("slot_acc_pct") is not None and usable(r["predictor"])]
-    return min(ok, key=lambda r: (-r["slot_acc_pct"], r["predictor"])) if ok else None
+    ok = [r for r in rows if r.get("slot_acc_pct") is not None and usable(r["predictor"]) and not r.get("in_sample")]
+    # equal accuracy: a predictor that learns nothing first (it needs no training split, so its
+    # prefetch guesses for every token, not only the held-out ones), then by name
+    return min(ok, key=lambda r: (-r["slot_acc_pct"], learns(parse_predictor(r["predictor"])[0]), r["predictor"])) if ok else None
 
 
 def section_cache(ctx: ReportContext) -> Section:
@@ -995,7 +1011,11 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
         tail.append({"kind": "cost", "source": source, "model": model.model})
     pred = ctx.shared.get("predictor")
     if pred is not None:
-        tail.insert(0, {"kind": "predictor", **{k: pred[k] for k in ("predictor", "slot_acc_pct", "whole_acc_pct", "scored")}})
+        tail.insert(0, {"kind": "predictor", **{k: pred[k] for k in ("predictor", "slot_acc_pct", "whole_acc_pct", "scored")},
+                     # held out: its interval and how it compares with prev-token on the same resamples
+                     **{k: pred.get(k) for k in ("slot_acc_ci_low", "slot_acc_ci_high", "vs_prev_token_pp",
+                                                 "vs_prev_token_ci_low", "vs_prev_token_ci_high", "vs_prev_token",
+                                                 "train")}})
         timed = model is not None
         for b in ctx.verdict_budgets:
             cand = [r for r in ctx.shared.get("prefetch_rows", []) if r["predictor"] == pred["predictor"] and r["budget_mib"] == b]

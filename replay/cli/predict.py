@@ -52,18 +52,32 @@ def register(app: typer.Typer) -> None:
         predictors: str | None = typer.Option(None, "--predictors", help=f"Comma list of: {', '.join(PREDICTOR_REGISTRY)}; "
                                        "stale-gate alone means one per --horizon, stale-gate[d] one horizon "
                                        "[default: all of them and those of --predictor-file]."),
-        horizon: str | None = typer.Option(None, "--horizon", help="stale-gate horizons in MoE layers, e.g. 1,2,3 or "
-                                           "1..8 [default: 1]."),
+        horizon: str | None = typer.Option(None, "--horizon", help="Horizons in MoE layers for a bare stale-gate, "
+                                           "pair-table or learned-gate, e.g. 1,2,3 or 1..8 [default: 1]."),
         horizon_curve: int | None = typer.Option(None, "--horizon-curve", help="Print stale-gate accuracy for "
                                                  "d = 1..D (overall and per layer) instead of the predictor table."),
         width: int | None = typer.Option(None, "--width", help="Experts each prediction names for recall, precision "
                                          "and mass [default: top-k]; slot/whole accuracy stay at top-k."),
         phase: str = typer.Option("decode", "--phase", help="Routings to score: decode | prefill | all (both)."),
         per_layer: bool = typer.Option(True, "--per-layer/--no-per-layer", help="Add the per-layer table (JSON: rows)."),
+        train: str | None = typer.Option(None, "--train", help="What learning predictors (static-hot, pair-table, "
+                                         "request-match, mix) are fitted on; every predictor is scored on the other "
+                                         "tokens: 50% (the first half of each request's tokens), trace:50% (of the "
+                                         "trace's), folds:5 (5-fold by request, --seed), or in-sample (on the scored "
+                                         "tokens themselves; marked) [default: 50% when a learner runs]."),
+        train_trace: Path | None = typer.Option(None, "--train-trace", help="Fit the learners on this trace instead "
+                                                "(same model and shapes) and score every token of TRACE."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the k-fold deal of requests (--train folds:K)."),
+        byte_budget_mib: float | None = typer.Option(None, "--byte-budget-mib", help="MiB of guesses read per "
+                                                     "routing: adds recall at that byte budget (guesses capped by "
+                                                     "bytes, not by count)."),
+        mix: str | None = typer.Option(None, "--mix", help="The two predictors mix unites and A's weight, A,B[,W] "
+                                       "[default: prev-token,pair-table[1],0.5]."),
         predictor_file: list[Path] | None = PredictorFileOpt,
         json_out: bool = JsonOpt,
     ) -> None:
-        """Predictor accuracy per layer: prev-token, stale-gate[d], ctrl, static hot lists."""
+        """Predictor accuracy per layer: prev-token, stale-gate[d], ctrl, static hot lists, learned predictors
+        (pair-table[d], request-match, mix) scored on tokens they never saw."""
         from replay.analyses.accuracy import check_horizon
         from replay.analyses.info import require_routings
         from replay.api import predict_run
@@ -72,6 +86,7 @@ def register(app: typer.Typer) -> None:
         from replay.core.progress import progress
         from replay.plugin_files import register_files
         from replay.predictors import parse_predictor
+        from replay.predictors.mix import parse_mix
         from replay.present.format import json_object
         from replay.present.predict import curve_text, predict_text
         from traces import open_trace
@@ -84,8 +99,13 @@ def register(app: typer.Typer) -> None:
         names = [p for p in (s.strip() for s in (predictors if predictors is not None else DEFAULT).split(",")) if p]
         horizons = parse_horizons(horizon) if horizon is not None else [1]
         explicit = [d for d in (parse_predictor(n)[1] for n in names) if d is not None]  # also validates the names
-        if horizon is not None and "stale-gate" not in names:
-            raise UserError("--horizon is given but --predictors names no bare stale-gate to apply it to.")
+        from replay.predictors import module
+        from replay.predictors import names as families
+
+        bare = [n for n in names if n in families() and getattr(module(n), "PARAM", None)]
+        if horizon is not None and not bare:
+            raise UserError("--horizon is given but --predictors names no bare stale-gate (or pair-table, learned-gate) "
+                            "to apply it to.")
         t = open_trace(trace)
         require_routings(t, "score")
         # Horizons the user asked for that reach beyond the trace's MoE layers are refused now, not
@@ -99,7 +119,10 @@ def register(app: typer.Typer) -> None:
             check_horizon(t, d, "--predictors")
         with progress(len(t.parts), "gate inputs", unit="part") as bar:
             res = predict_run(t, predictors=names if predictors is not None else None, horizons=horizons, width=width,
-                              phase=phase, max_horizon=horizon_curve, progress=bar, predictor_file=predictor_file)
+                              phase=phase, max_horizon=horizon_curve, progress=bar, predictor_file=predictor_file,
+                              train=train, train_trace=open_trace(train_trace) if train_trace is not None else None,
+                              seed=seed, byte_budget_mib=byte_budget_mib,
+                              mix=None if mix is None else parse_mix(mix))
         if json_out:
             frame = res.frame if per_layer else res.overall()
             typer.echo(json_object(
@@ -107,7 +130,8 @@ def register(app: typer.Typer) -> None:
                 predictors=res.predictors, unavailable=res.unavailable, warnings=res.warnings, notes=res.notes,
                 ctrl_ok=None if res.ctrl_failing_layers is None else not res.ctrl_failing_layers,
                 ctrl_failing_layers=res.ctrl_failing_layers,
-                horizon_curve=horizon_curve,
+                horizon_curve=horizon_curve, train=res.train, train_text=res.train_text, in_sample=res.in_sample,
+                evaluated_routings=res.evaluated,
             ))
         elif horizon_curve is not None:
             typer.echo(curve_text(trace, t, res, per_layer))

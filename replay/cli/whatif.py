@@ -86,7 +86,8 @@ def register(app: typer.Typer) -> None:
     def prefetch(
         trace: Path = TraceArg,
         predictor: str = typer.Option("prev-token", "--predictor", help="A predictor: prev-token, stale-gate[d], "
-                                       "static-hot, static-hot-prompt, or one from --predictor-file."),
+                                       "static-hot, static-hot-prompt, pair-table[d], request-match, mix, or one from "
+                                       "--predictor-file."),
         budget_mib: str | None = typer.Option(None, "--budget-mib", help=f"Cache budget in {BUDGET_UNITS_HELP} (default: the "
                                               "recorded one).", show_default=False),
         policy: str = typer.Option("lru", "--policy", help="lru | lfru"),
@@ -94,6 +95,15 @@ def register(app: typer.Typer) -> None:
         guard: bool = typer.Option(False, "--guard", help="LFRU eviction guard on speculative fills."),
         drop_frac: float | None = typer.Option(None, "--drop", help="Skip guesses with predicted weight < F/k (top kept)."),
         retain: bool = typer.Option(False, "--retain", help="Also protect the guesses for the next layer(s) from eviction."),
+        train: str | None = typer.Option(None, "--train", help="What a learning predictor (static-hot, pair-table[d], "
+                                         "request-match, mix) is fitted on; it guesses only for the other tokens: 50% "
+                                         "(the first half of each request's decoded tokens), trace:50%, folds:5, or "
+                                         "in-sample [default: 50%]."),
+        train_trace: Path | None = typer.Option(None, "--train-trace", help="Fit a learning predictor on this trace "
+                                                "instead (same model and shapes); it guesses for every token."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the k-fold deal of requests (--train folds:K)."),
+        mix: str | None = typer.Option(None, "--mix", help="With --predictor mix: A,B[,W] [default: "
+                                       "prev-token,pair-table[1],0.5]."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="Add ms/token from a 'cost fit --json' file."),
         foreign_cost_model: bool = ForeignCostModelOpt,
         time_model: str | None = TimeModelOpt,
@@ -127,7 +137,8 @@ def register(app: typer.Typer) -> None:
         frame = api_prefetch(tr, predictor=predictor, budget_mib=budget_mib, policy=policy, cap=cap, guard=guard,
                              drop_frac=drop_frac, retain=retain, cost_model=model, foreign_cost_model=foreign_cost_model,
                              predictor_file=predictor_file, time_model=None if time_model == "linear" else time_model,
-                             device_profile=device_profile)
+                             device_profile=device_profile, train=train, seed=seed, mix=mix,
+                             train_trace=open_trace(train_trace) if train_trace is not None else None)
         if json_out:
             timeline = time_model in ("fitted", "profile")
             notes = [*PREFETCH_NOTES, TIMELINE if timeline else BYTES_NOT_TIME if model is None else TIMED]

@@ -28,8 +28,11 @@ Built-ins:
 - :mod:`.prev_token` — what this layer routed for the previous token of the turn;
 - :mod:`.stale_gate` — layer l's router on the gate input of the MoE layer d places earlier, and
   :mod:`.ctrl` — layer l's router on its own gate input (must reproduce the routing);
-- :mod:`.static_hot`, :mod:`.static_hot_prompt` — the layer's most-routed experts (oracle over
-  the scored phase, or learned from the prompt only).
+- :mod:`.static_hot`, :mod:`.static_hot_prompt` — the layer's most-routed experts (learned on the
+  training split, or from the prompt only);
+- learners fitted on a training split and scored on tokens they never saw (:mod:`.training`):
+  :mod:`.pair_table` (``pair-table[d]``), :mod:`.request_match`, :mod:`.learned_gate`
+  (``learned-gate[d]``), and :mod:`.mix`, a weighted union of two predictors.
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ REGISTRY: dict[str, str] = {
     "ctrl": "replay.predictors.ctrl",
     "static-hot": "replay.predictors.static_hot",
     "static-hot-prompt": "replay.predictors.static_hot_prompt",
+    "pair-table": "replay.predictors.pair_table",
+    "request-match": "replay.predictors.request_match",
+    "learned-gate": "replay.predictors.learned_gate",
+    "mix": "replay.predictors.mix",
 }
 ENTRY_POINT_GROUP = "moe_replay.predictors"
 
@@ -210,16 +217,28 @@ def as_prediction(mod: ModuleType, name: str, out, n_rows: int, width: int, n_ex
 
 
 def run(trace, arr, in_phase: np.ndarray, width: int, requested: list[tuple[str, int | None]], progress=None,
-        with_weights: bool = False) -> dict[str, Prediction]:
+        with_weights: bool = False, split=None) -> dict[str, Prediction]:
     """{full name: Prediction} for ``requested`` (family, param) pairs. Modules sharing one
     ``predict_many`` hook are computed in one call (the router predictors' single pass over the
-    gate inputs)."""
+    gate inputs).
+
+    ``split`` (:class:`replay.predictors.training.Split`): the held-out protocol. A learner
+    (``LEARNS``) is fitted once per fold on the fold's training rows and its guesses kept for the
+    fold's evaluated rows only; every prediction is scored on ``split.evaluated`` only, so no
+    training token is ever scored. None: no learner may run (one is refused)."""
+    import numpy as np
+
     out: dict[str, Prediction] = {}
     shared: dict[int, tuple[object, list[tuple[str, int | None]]]] = {}
     for fam, d in requested:
         many = getattr(module(fam), "predict_many", None)
         if many is not None:
             shared.setdefault(id(many), (many, []))[1].append((fam, d))
+    evaluated = split.evaluated if split is not None else None
+
+    def keep_evaluated(p: Prediction) -> Prediction:
+        return p if evaluated is None else Prediction(p.name, p.ranked, p.scored & evaluated, p.weights)
+
     done = set()
     for fam, d in requested:
         mod = module(fam)
@@ -231,22 +250,49 @@ def run(trace, arr, in_phase: np.ndarray, width: int, requested: list[tuple[str,
             got = many(trace, arr, in_phase, width, shared[id(many)][1], progress=progress, with_weights=with_weights)
             for f2, d2 in shared[id(many)][1]:
                 n = full_name(f2, d2)
-                out[n] = as_prediction(module(f2), n, got[n], arr.n_rows, width, trace.n_expert, in_phase)
+                out[n] = keep_evaluated(as_prediction(module(f2), n, got[n], arr.n_rows, width, trace.n_expert, in_phase))
             continue
         kw = {"param": d} if getattr(mod, "PARAM", None) else {}
         if with_weights and getattr(mod, "WEIGHTS", False):
             kw["with_weights"] = True
         n = full_name(fam, d)
-        try:
-            got = mod.predict(trace, arr, in_phase, width, **kw)
-        except UserError:
-            raise
-        except Exception as e:
-            if mod.__name__.startswith("replay."):
+
+        def call(phase_rows, mod=mod, kw=kw, n=n, **extra):
+            try:
+                return mod.predict(trace, arr, phase_rows, width, **kw, **extra)
+            except UserError:
                 raise
-            raise UserError(f"{where(mod)}: predict() for {n} failed: {type(e).__name__}: {e}.") from e
-        out[n] = as_prediction(mod, n, got, arr.n_rows, width, trace.n_expert, in_phase)
+            except Exception as e:
+                if mod.__name__.startswith("replay."):
+                    raise
+                raise UserError(f"{where(mod)}: predict() for {n} failed: {type(e).__name__}: {e}.") from e
+
+        if getattr(mod, "SPLIT", False):  # a composite (mix): runs its parts under the same protocol
+            out[n] = keep_evaluated(as_prediction(mod, n, call(in_phase, split=split), arr.n_rows, width,
+                                                  trace.n_expert, in_phase))
+        elif getattr(mod, "LEARNS", False):
+            if split is None:
+                raise UserError(f"{n} learns from the trace: it needs a training split (a held-out protocol).")
+            ranked = np.full((arr.n_rows, width), NONE, np.int32)
+            scored = np.zeros(arr.n_rows, bool)
+            weights = None
+            for training, ev in split.folds:
+                p = as_prediction(mod, n, call(ev, training=training), arr.n_rows, width, trace.n_expert, ev)
+                ranked[ev] = p.ranked[ev]
+                scored[ev] = p.scored[ev]
+                if p.weights is not None:
+                    weights = np.full((arr.n_rows, width), np.nan, np.float32) if weights is None else weights
+                    weights[ev] = p.weights[ev]
+            out[n] = keep_evaluated(Prediction(n, ranked, scored, weights))
+        else:
+            out[n] = keep_evaluated(as_prediction(mod, n, call(in_phase), arr.n_rows, width, trace.n_expert, in_phase))
     return out
+
+
+def learns(family: str) -> bool:
+    """True when the predictor is fitted on a training split (``LEARNS``, or a composite that may hold one)."""
+    m = module(family)
+    return bool(getattr(m, "LEARNS", False) or getattr(m, "SPLIT", False))
 
 
 __all__ = ["ENTRY_POINT_GROUP", "NONE", "REGISTRY", "Prediction", "add_predictor_file", "describe", "module", "names",

@@ -1,7 +1,9 @@
 """``static-hot`` and ``static-hot-prompt``: each layer's most-routed experts, one list per layer.
 
-- ``static-hot`` learns the counts over the scored phase of the whole run and is scored on the
-  same routings: an oracle (it has seen the answers), the ceiling of any fixed per-layer list;
+- ``static-hot`` learns the counts over the training split of the scored phase (held out:
+  replay/predictors/training.py) and is scored on the evaluated tokens, which it never saw. With
+  ``--train in-sample`` it learns over the scored routings themselves: an oracle (it has seen the
+  answers), the ceiling of any fixed per-layer list, and every figure says "in-sample";
 - ``static-hot-prompt`` learns them from the prompt (prefill rows of every turn) only — what an
   engine could pin after prefill. A trace (or a layer) without prefill rows leaves it unscored.
   With ``--phase prefill`` it is scored on what it learned from, so it equals ``static-hot``.
@@ -38,11 +40,11 @@ def hot_lists(arr: RoutingArrays, learn: np.ndarray, n_expert: int, width: int) 
 
 
 def _predict(name: str, arr: RoutingArrays, in_phase: np.ndarray, learn: np.ndarray, n_expert: int,
-             width: int) -> Prediction:
+             width: int, learn_arr: RoutingArrays | None = None) -> Prediction:
     n = arr.n_rows
     ranked = np.full((n, width), NONE, dtype=np.int32)
     scored = np.zeros(n, dtype=bool)
-    for layer, ids in hot_lists(arr, learn, n_expert, width).items():
+    for layer, ids in hot_lists(learn_arr if learn_arr is not None else arr, learn, n_expert, width).items():
         rows = in_phase & (arr.layer == layer)
         ranked[rows, : ids.size] = ids
         scored[rows] = True
@@ -60,9 +62,9 @@ def predict_static_hot_prompt(arr: RoutingArrays, in_phase: np.ndarray, n_expert
 
 
 NAME = "static-hot"
-DESCRIPTION = "the layer's most-routed experts over the scored routings (oracle: has seen the answers)"
+DESCRIPTION = "the layer's most-routed experts over the training tokens (held out; --train in-sample: an oracle)"
 WEIGHTS = True
-ORACLE = True  # has seen the answers: a ceiling, never the report's "best predictor"
+LEARNS = True  # fitted on the training split; scored in-sample only when asked for, and then marked
 
 
 def mean_weights(arr: RoutingArrays, learn: np.ndarray, n_expert: int) -> dict[int, np.ndarray]:
@@ -90,7 +92,16 @@ def with_mean_weights(pred: Prediction, arr: RoutingArrays, learn: np.ndarray, n
     return Prediction(pred.name, pred.ranked, pred.scored, pw)
 
 
-def predict(trace, arr: RoutingArrays, in_phase: np.ndarray, width: int, with_weights: bool = False) -> Prediction:
-    pred = predict_static_hot(arr, in_phase, trace.n_expert, width)
-    return with_mean_weights(pred, arr, in_phase, trace.n_expert) if with_weights else pred
+def predict(trace, arr: RoutingArrays, in_phase: np.ndarray, width: int, with_weights: bool = False,
+            training=None) -> Prediction:
+    """Hot lists counted over ``training.rows`` (of ``training.arr``), applied to the rows ``in_phase``."""
+    pred = _predict("static-hot", arr, in_phase, training.rows, trace.n_expert, width, training.arr)
+    if not with_weights:
+        return pred
+    pw = np.full(pred.ranked.shape, np.nan, np.float32)
+    for layer, m in mean_weights(training.arr, training.rows, trace.n_expert).items():
+        rows = pred.scored & (arr.layer == layer)
+        ids = pred.ranked[rows]
+        pw[rows] = np.where(ids >= 0, m[np.maximum(ids, 0)], np.nan)
+    return Prediction(pred.name, pred.ranked, pred.scored, pw)
 REPORT_PREFETCH = True

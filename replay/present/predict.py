@@ -16,18 +16,40 @@ def _headline(res: PredictResult) -> str:
 
     rows = []
     for r in rows_of(res.overall()):
-        rows.append({**r, "measures": describe(r["predictor"])})
-    cols = ["predictor", "slot_acc_pct", "whole_acc_pct"]
-    heads = ["predictor", "slot acc %", "whole acc %"]
+        # a learner scored on the tokens it learned from says so wherever its figures print
+        name = f"{r['predictor']} (in-sample)" if r.get("in_sample") else r["predictor"]
+        lo, hi = r.get("slot_acc_ci_low"), r.get("slot_acc_ci_high")
+        mlo, mhi = r.get("mass_ci_low"), r.get("mass_ci_high")
+        rows.append({**r, "predictor": name, "measures": describe(r["predictor"]),
+                     "slot_ci": f"{lo:.1f}-{hi:.1f}" if lo is not None and hi is not None else "-",
+                     "mass_ci": f"{mlo:.1f}-{mhi:.1f}" if mlo is not None and mhi is not None else "-",
+                     "vs_prev": (f"{r['vs_prev_token_pp']:+.1f} ({r['vs_prev_token']})"
+                                 if r.get("vs_prev_token_pp") is not None and r.get("vs_prev_token") else "-")})
+    cols = ["predictor", "slot_acc_pct", "slot_ci", "whole_acc_pct"]
+    heads = ["predictor", "slot acc %", "95% interval", "whole acc %"]
     if res.width != res.k:
         cols += ["recall_pct", "precision_pct"]
         heads += [f"recall@{res.width} %", f"precision@{res.width} %"]
-    cols += ["mass_pct", "scored", "unscored"]
-    heads += [f"mass@{res.width} %", "scored", "unscored"]
+    cols += ["mass_pct", "mass_ci"]
+    heads += [f"mass@{res.width} %", "95% interval"]
+    if any(r["vs_prev"] != "-" for r in rows):
+        cols += ["vs_prev"]
+        heads += ["vs prev-token (pts)"]
+    cols += ["lead_layers", "unused_mib_per_token"]
+    heads += ["lead", "unused MiB/token"]
+    if any(r.get("bytes_recall_pct") is not None for r in rows):
+        cols += ["bytes_recall_pct"]
+        heads += [f"recall@{_num(rows[0].get('byte_budget_mib'))} MiB %"]
+    cols += ["scored", "unscored"]
+    heads += ["scored", "unscored"]
     lines = text_table(rows, cols, heads, digits=1).splitlines()
     # the description column is left-aligned text, appended after the right-aligned numbers
     notes = ["what it measures", "-" * 16] + [r["measures"] for r in rows]
     return "\n".join(f"{line}  {note}" for line, note in zip(lines, notes))
+
+
+def _num(v: Any) -> str:
+    return "-" if v is None else f"{v:g}"
 
 
 def _per_layer(res: PredictResult, names: list[str], key: str = "predictor", labels: list[str] | None = None) -> str:
@@ -50,6 +72,15 @@ def _footer(res: PredictResult) -> list[str]:
         f"mass@{res.width} = share of the routed experts' router weight that the top-{res.width} named "
         "(weight mass is not output quality; '-' where the engine exposed no weights).",
     ]
+    if res.train_text:
+        lines.append(f"training: {res.train_text} ({res.evaluated:,} {res.phase} routings scored); the learners "
+                     "(static-hot, pair-table, request-match, mix) never saw a scored token"
+                     if not res.in_sample else f"training: {res.train_text}; figures marked (in-sample) have seen "
+                     "the answers")
+    lines.append("95% interval: seeded block bootstrap over the scored tokens (whole requests when there are at least 8); "
+                 "vs prev-token = slot accuracy minus prev-token's on the same resamples (better / worse beyond noise, "
+                 "or tie); lead = MoE layers ahead the guess exists; unused MiB/token = expert bytes the top-"
+                 f"{res.width} guesses name that were not routed (residency not modelled), per scored token.")
     by_reason: dict[str, list[str]] = {}
     for u in res.unavailable:
         by_reason.setdefault(u["reason"], []).append(u["predictor"])

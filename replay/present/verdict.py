@@ -168,8 +168,18 @@ def cacheable_line(r: dict[str, Any]) -> str:
 
 
 def predictor_line(r: dict[str, Any]) -> str:
-    return (f"Best predictor (decode; checks and oracles left out): **{r['predictor']}**, {fmt_q(r['slot_acc_pct'], 'pct')}% "
-            f"slot accuracy ({fmt_q(r['whole_acc_pct'], 'pct')}% of routings named whole)")
+    lo, hi = r.get("slot_acc_ci_low"), r.get("slot_acc_ci_high")
+    iv = f"95% interval {fmt_q(lo, 'pct')}-{fmt_q(hi, 'pct')}; " if lo is not None and hi is not None else ""
+    vs = ""
+    if r.get("vs_prev_token") is not None and r.get("vs_prev_token_pp") is not None:
+        d = r["vs_prev_token_pp"]
+        vs = (f"; against prev-token {d:+.1f} points, "
+              + ("a tie within noise" if r["vs_prev_token"] == "tie" else f"{r['vs_prev_token']} beyond noise")
+              + f" (interval {r['vs_prev_token_ci_low']:+.1f} to {r['vs_prev_token_ci_high']:+.1f})")
+    held = " on held-out tokens" if r.get("train") not in (None, "none") else ""
+    return (f"Best predictor (decode; checks, oracles and in-sample scores left out): **{r['predictor']}**, "
+            f"{fmt_q(r['slot_acc_pct'], 'pct')}% slot accuracy{held} ({iv}{fmt_q(r['whole_acc_pct'], 'pct')}% of "
+            f"routings named whole){vs}")
 
 
 def prefetch_outcome(r: dict[str, Any]) -> str:

@@ -143,6 +143,8 @@ def format_prefetch(tr, r: dict, model) -> str:
         f"prefetch  {r['predictor']}: guesses for the MoE layer {r['ahead']} ahead, read after each decode layer's load "
         f"into the same cache ({', '.join(opts)})",
         f"          {r['scored_routings']:,} decode routings had guesses; prefill runs as without prefetch",
+        *([f"          {r['train_text']} (tokens it learned from get no guesses)" if r.get("train") != "in-sample"
+           else f"          IN-SAMPLE: {r['train_text']}"] if r.get("train_text") else []),
         "",
         "demand hit % (hits / lookups; speculative fills are not lookups)   with prefetch   without",
         f"  decode-only                                                      {pct(r['hit_pct_decode']):>13}   "
