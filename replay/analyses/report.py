@@ -707,7 +707,7 @@ def _curve_figure(ctx: ReportContext, s: Section, loads: Any, rec: float | None,
     lines = dict(vlines)
     if knee is not None:
         lines[f"knee: within {knee['tolerance_pp']:g} pp of the plateau ({knee['budget_mib']:.1f} MiB)"] = knee["budget_mib"]
-    series = {"lru (exact, every budget)": (f["budget_mib"].to_numpy(), f[a["metric"]].to_numpy())}
+    series = {"lru": (f["budget_mib"].to_numpy(), f[a["metric"]].to_numpy())}
     ob = f.filter(pl.col("over_budget"))
     if ob.height:
         series["over budget (needs more memory)"] = (ob["budget_mib"].to_numpy(), ob[a["metric"]].to_numpy())
