@@ -51,7 +51,7 @@ def _rows(report):
     return obj
 
 
-ORDER = ["budget", "cache", "prefetch", "retention", "drop", "predictor", "cost", "quality"]  # the questions, in order
+ORDER = ["cacheable", "budget", "cache", "prefetch", "retention", "drop", "predictor", "cost", "quality"]  # the questions, in order
 
 
 def _check_against_verbs(trace, report, cost):
@@ -60,8 +60,8 @@ def _check_against_verbs(trace, report, cost):
     kinds = [r["kind"] for r in rows]
     assert kinds.count("cache") == len(obj["budgets_mib"]) and "predictor" in kinds and "prefetch" in kinds and "drop" in kinds
     # the verdict answers in order: which budget, which policy there, prefetch / retention, drop-cold; then the rest
-    assert kinds[0] == "budget" and [ORDER.index(k) for k in kinds] == sorted(ORDER.index(k) for k in kinds), kinds
-    _check_budget_row(trace, rows[0], cost)
+    assert kinds[:2] == ["cacheable", "budget"] and [ORDER.index(k) for k in kinds] == sorted(ORDER.index(k) for k in kinds), kinds
+    _check_budget_row(trace, rows[1], cost)
     for r in (r for r in rows if r["kind"] == "retention"):  # retention: the cache verb's --retain row
         got = _ok(run_cli("cache", trace, "--retain", "--predictor", r["retain_predictor"], "--policies", r["policy"],
                           "--budgets", exact(r["budget_mib"]), "--json")).json()["rows"]
