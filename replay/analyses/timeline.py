@@ -96,6 +96,33 @@ def kernel_params(p: Profile) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
+def _issue(u, nb, start, load_start, fills, pred, pending, f_bytes, f_arrive, free, lat, per_byte, nf, timed):
+    """Issue the speculative reads the replay made for load ``u`` (entries of ``nb`` bytes), in row
+    and rank order, each on the lane free first, not before ``start``; record each as fill ``nf``,
+    ``nf + 1``, ... Returns (the next fill index, lane ms, bytes) of what was timed."""
+    io = 0.0
+    spec_b = np.int64(0)
+    for rp in range(load_start[u], load_start[u + 1]):
+        for jp in range(pred.shape[1]):
+            if fills[rp, jp] == FILL_READ:
+                pending[pred[rp, jp]] = nf
+                f_bytes[nf] = nb
+                if timed:
+                    ln = 0
+                    for x in range(1, free.shape[0]):
+                        if free[x] < free[ln]:
+                            ln = x
+                    st = free[ln] if free[ln] > start else start
+                    d = lat + nb * per_byte
+                    free[ln] = st + d
+                    io += d
+                    f_arrive[nf] = st + d
+                    spec_b += nb
+                nf += 1
+    return nf, io, spec_b
+
+
+@njit(cache=True, nogil=True)
 def timeline_kernel(entries, load_start, load_lidx, load_batch, batch_phase, slots, pred, fills, layer_bytes,
                     n_ent, issue_ahead, lanes, overlap, par):
     """Time the decode batches of one replay (module docstring). ``slots`` [R, k] the replay's
@@ -155,24 +182,10 @@ def timeline_kernel(entries, load_start, load_lidx, load_batch, batch_phase, slo
             ti += 1
         if has_fills and issue_ahead == 0:
             for t in range(li, hi):
-                nb = layer_bytes[load_lidx[t]]
-                for rp in range(load_start[t], load_start[t + 1]):
-                    for jp in range(w):
-                        if fills[rp, jp] == FILL_READ:
-                            pending[pred[rp, jp]] = nf
-                            f_bytes[nf] = nb
-                            if timed:
-                                ln = 0
-                                for x in range(1, lanes):
-                                    if free[x] < free[ln]:
-                                        ln = x
-                                st = free[ln] if free[ln] > tok_start else tok_start
-                                d = lat + nb * per_byte
-                                free[ln] = st + d
-                                io += d
-                                f_arrive[nf] = st + d
-                                spec_b += nb
-                            nf += 1
+                nf, d_io, d_b = _issue(t, layer_bytes[load_lidx[t]], tok_start, load_start, fills, pred, pending, f_bytes,
+                                       f_arrive, free, lat, per_byte, nf, timed)
+                io += d_io
+                spec_b += d_b
         for t in range(li, hi):
             lid = load_lidx[t]
             nb = layer_bytes[lid]
@@ -228,24 +241,10 @@ def timeline_kernel(entries, load_start, load_lidx, load_batch, batch_phase, slo
             if has_fills and issue_ahead > 0:
                 u = t + issue_ahead
                 if u < hi and load_lidx[u] == lid + issue_ahead:
-                    ub = layer_bytes[load_lidx[u]]
-                    for rp in range(load_start[u], load_start[u + 1]):
-                        for jp in range(w):
-                            if fills[rp, jp] == FILL_READ:
-                                pending[pred[rp, jp]] = nf
-                                f_bytes[nf] = ub
-                                if timed:
-                                    ln = 0
-                                    for x in range(1, lanes):
-                                        if free[x] < free[ln]:
-                                            ln = x
-                                    st = free[ln] if free[ln] > a else a
-                                    d = lat + ub * per_byte
-                                    free[ln] = st + d
-                                    io += d
-                                    f_arrive[nf] = st + d
-                                    spec_b += ub
-                                nf += 1
+                    nf, d_io, d_b = _issue(u, layer_bytes[load_lidx[u]], a, load_start, fills, pred, pending, f_bytes,
+                                           f_arrive, free, lat, per_byte, nf, timed)
+                    io += d_io
+                    spec_b += d_b
             if not timed:
                 continue
             if overlap:
