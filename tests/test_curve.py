@@ -137,8 +137,8 @@ def single_lookup_loads(draw):
     seq = draw(st.lists(st.integers(0, L * n - 1), min_size=G, max_size=G))
     ph = draw(st.lists(st.integers(0, 1), min_size=G, max_size=G))
     e = np.array(seq, np.int32).reshape(G, 1)
-    return Loads(entries=e, load_start=np.arange(G + 1, dtype=np.int64), load_lidx=(e[:, 0] // n).astype(np.int32),
-                 load_phase=np.array(ph, np.int8), load_batch=np.arange(G, dtype=np.int32), moe_layers=tuple(range(L)),
+    return Loads(entries=e, load_start=np.arange(G + 1, dtype=np.int64), load_lidx=(e[:, 0] // n).astype(np.int16),
+                 batch_start=np.arange(G + 1, dtype=np.int64), moe_layers=tuple(range(L)),
                  n_expert=n, layer_expert_bytes=np.full(L, UNIT, np.int64), batch_turn=np.zeros(G, np.int32),
                  batch_step=np.arange(G, dtype=np.int32), batch_phase=np.array(ph, np.int8))
 
@@ -169,12 +169,12 @@ def test_listed_distances_equal_the_dense_histogram(synth_trace_dir, monkeypatch
 def test_refusals():
     from replay.core.simulate import Loads
 
-    loads = Loads(entries=np.zeros((1, 1), np.int32), load_start=np.array([0, 1]), load_lidx=np.zeros(1, np.int32),
-                  load_phase=np.ones(1, np.int8), load_batch=np.zeros(1, np.int32), moe_layers=(0,), n_expert=1,
+    loads = Loads(entries=np.zeros((1, 1), np.int32), load_start=np.array([0, 1]), load_lidx=np.zeros(1, np.int16),
+                  batch_start=np.array([0, 1]), moe_layers=(0,), n_expert=1,
                   layer_expert_bytes=np.array([MIB]), batch_turn=np.zeros(1, np.int32), batch_step=np.zeros(1, np.int32),
                   batch_phase=np.ones(1, np.int8))
-    two = Loads(entries=np.array([[0], [1]], np.int32), load_start=np.array([0, 2]), load_lidx=np.zeros(1, np.int32),
-                load_phase=np.ones(1, np.int8), load_batch=np.zeros(1, np.int32), moe_layers=(0,), n_expert=2,
+    two = Loads(entries=np.array([[0], [1]], np.int32), load_start=np.array([0, 2]), load_lidx=np.zeros(1, np.int16),
+                batch_start=np.array([0, 1]), moe_layers=(0,), n_expert=2,
                 layer_expert_bytes=np.array([MIB]), batch_turn=np.zeros(1, np.int32), batch_step=np.zeros(1, np.int32),
                 batch_phase=np.ones(1, np.int8))
     with pytest.raises(UserError, match=r"belady has no exact one-pass curve for this trace \(loads of up to 2 entries\)"):
