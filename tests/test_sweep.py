@@ -427,6 +427,8 @@ def test_sweep_report_gives_the_budget_answer_of_curve_cells_and_where_a_cache_g
     a = res.answer
     assert cv["plateau_pct"] == a["plateau_pct"] and cv["below_t_pct"] == a["below_t_pct"] and cv["at_t_pct"] == a["at_t_pct"]
     assert [cv["knee_1pp_mib"], cv["knee_5pp_mib"]] == [k["budget_mib"] for k in a["knees"]]
+    lru = res.frame.filter(pl.col("policy") == "lru")
+    assert cv["plateau_at_mib"] == lru.filter(pl.col("hit_pct_decode") == a["plateau_pct"])["budget_mib"].min() <= W
     assert [(d["from_mib"], d["gain_pp"]) for d in cv["steps"]] == [(d["from_mib"], d["gain_pp"]) for d in a["doublings"]]
     cache = pl.read_parquet(tmp_path / "R" / "cache.parquet").filter(pl.col("layer").is_null()).sort("budget_mib")
     b, h, ob = cache["budget_mib"].to_list(), cache["hit_pct_decode"].to_list(), cache["over_budget"].to_list()

@@ -1119,7 +1119,8 @@ def _bend(rows: list[dict[str, Any]], tolerances_pp: Sequence[float]) -> dict[st
     steps = [{"from_mib": float(a["budget_mib"]), "to_mib": float(b["budget_mib"]), "hit_pct": h[i + 1],
               "gain_pp": h[i + 1] - h[i], "over_budget": bool(b["over_budget"])} for i, (a, b) in enumerate(zip(rows, rows[1:]))]
     return {"metric": metric, "plateau_pct": best, "knees": knees, "steps": steps, "budgets": len(rows),
-            "largest_mib": float(rows[-1]["budget_mib"])}
+            "largest_mib": float(rows[-1]["budget_mib"]),
+            "best_mib": next((float(r["budget_mib"]) for x, r in zip(h, rows) if x >= best), None)}
 
 
 @_api
@@ -1147,6 +1148,8 @@ def sweep_budget_answer(results: str | Path, *, tolerances_pp: Sequence[float] =
     have = [k for k in ("curve", "cache") if (res / f"{k}.parquet").exists()]
     if not have:
         raise UserError(f"{res}: holds no cache or curve table (the grid had no [cache] or [curve] table).")
+    import numpy as np
+
     from replay.analyses.curve import budget_answer
     from replay.core.frames import rows_of
     from traces.util.units import MIB
@@ -1177,8 +1180,12 @@ def sweep_budget_answer(results: str | Path, *, tolerances_pp: Sequence[float] =
                     a["below_t_pct"] = a["at_t_pct"] = None
                 else:
                     a = budget_answer(g, T, W, tolerances_pp=tuple(tols), policy=head["policy"])
+                h = g.sort("budget_mib")[a["metric"]].to_numpy()
+                at = g.sort("budget_mib")["budget_mib"].to_numpy()[np.flatnonzero(h >= a["plateau_pct"])]
                 row.update({"metric": a["metric"], "budgets": g.height, "plateau_pct": a["plateau_pct"],
-                            "plateau_reached": True, "below_t_pct": a["below_t_pct"], "at_t_pct": a["at_t_pct"]})
+                            # where the curve first reaches it (over budget or not; at most W for lru)
+                            "plateau_at_mib": float(at[0]) if at.shape[0] else None, "plateau_reached": True,
+                            "below_t_pct": a["below_t_pct"], "at_t_pct": a["at_t_pct"]})
                 knees, steps = a["knees"], a["doublings"]
                 row["note"] = why
             else:
@@ -1187,7 +1194,7 @@ def sweep_budget_answer(results: str | Path, *, tolerances_pp: Sequence[float] =
                     continue
                 knees, steps = b["knees"], b["steps"]
                 row.update({"metric": b["metric"], "budgets": b["budgets"], "plateau_pct": b["plateau_pct"],
-                            "plateau_reached": None if W is None else b["largest_mib"] * MIB >= W,
+                            "plateau_at_mib": b["best_mib"], "plateau_reached": None if W is None else b["largest_mib"] * MIB >= W,
                             "below_t_pct": None, "at_t_pct": None})
                 row["note"] = why or ("the best tested hit % is below the plateau: the largest tested budget "
                                       f"({exact_mib(b['largest_mib'])} MiB) is below the working set W "
@@ -1204,7 +1211,7 @@ def sweep_budget_answer(results: str | Path, *, tolerances_pp: Sequence[float] =
         return pl.DataFrame()
     order = {t: i for i, t in enumerate(dict.fromkeys(r["trace"] for r in out))}
     out.sort(key=lambda r: (r["source"] != "curve", order[r["trace"]], str(r.get("cell_cost_model")),
-                            str(r.get("cell_sample_rate")), r["policy"]))
+                            str(r.get("cell_sample_rate"))))  # stable: the policies in their table's (the grid's) order
     return pl.DataFrame(out, infer_schema_length=None)
 
 

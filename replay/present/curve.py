@@ -129,8 +129,8 @@ def sweep_answer_lines(rows: list[dict[str, Any]], cache_grid: bool) -> list[str
                         for k in ("cell_cost_model", "cell_sample_rate") if r.get(k) is not None)
         if r["source"] == "curve":
             out.append(f"{r['trace']}: {r['policy']} curve ({r['budgets']} change points{extra}; {what})")
-            w = "" if r.get("w_mib") is None else f" at the working set W = {r['w_mib']:.1f} MiB"
-            out.append(f"  plateau   {r['plateau_pct']:.1f}%{w}")
+            w = "" if r.get("w_mib") is None else f" (the working set W = {r['w_mib']:.1f} MiB)"
+            out.append(f"  plateau   {r['plateau_pct']:.1f}% from {r['plateau_at_mib']:.1f} MiB{w}")
         else:
             out.append(f"{r['trace']}: {r['policy']} at the {r['budgets']} tested budgets{extra} ({what})")
             out.append(f"  best      {r['plateau_pct']:.1f}% tested"
