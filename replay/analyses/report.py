@@ -670,8 +670,9 @@ def _layer_curves_figure(ctx: ReportContext, per_layer: pl.DataFrame, metric: st
                + (f"; {len(layers)} layers in {len(groups)} panels of up to {size} consecutive layers: the line is the mean "
                   "of the panel's layers' hit %, the band spans their lowest to highest" if grouped else
                   f"; one panel per layer ({len(layers)})")
-               + (". x: some load of the layer (of a layer of the panel) needs more experts than the share holds (over "
-                  "budget)" if any_over else "") + ". A layer whose curve rises late needs a larger share.")
+               + (". Grey: some load of the layer (of a layer of the panel) needs more experts than the share holds "
+                  "(over budget: that hit rate needs more memory)" if any_over else "")
+               + ". A layer whose curve rises late needs a larger share.")
     return plots.small_multiples(panels, ctx.out / "cache_layer_curves.png", f"LRU hit rate per MoE layer ({what}), exact",
                                  "experts held (count)", f"{what} hit (%)", caption=caption)
 

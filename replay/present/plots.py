@@ -456,18 +456,18 @@ SMALL_MAX_PANELS = 8  # 2 rows of 4: more panels than this and a panel's labels 
 
 
 def layer_groups(layers: list[int], most: int = SMALL_MAX_PANELS) -> list[list[int]]:
-    """The MoE layers in at most ``most`` runs of consecutive layers, as equal as they can be (one per layer when few)."""
+    """The MoE layers in at most ``most`` runs of consecutive layers whose sizes differ by at most one
+    (one per layer when few)."""
     n = len(layers)
     k = min(n, most)
-    size = -(-n // k) if k else 0
-    return [layers[i:i + size] for i in range(0, n, size)] if size else []
+    return [[int(x) for x in g] for g in np.array_split(np.asarray(layers, np.int64), k)] if k else []
 
 
 def small_multiples(panels: list[tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]], path: Path,
                     title: str, xlabel: str, ylabel: str, ylim: tuple[float, float] = (0, 102),
                     caption: str = "") -> tuple[str, str, str]:
-    """One small panel per ``(title, x, y, over, band)``: the line (x, y), 'x' marks where ``over`` is
-    true (needs more memory than it is listed under), and when ``band`` ([2, len(x)]: low, high) is
+    """One small panel per ``(title, x, y, over, band)``: the line (x, y), shaded grey up to the last x
+    where ``over`` is true (needs more memory than it is listed under), and when ``band`` ([2, len(x)]: low, high) is
     given the range it spans, shaded. Panels share both axes; every panel names its axes' units."""
     n = len(panels)
     cols = n if n <= 4 else -(-n // 2)  # one row of up to 4, else two rows as full as they can be
@@ -482,8 +482,10 @@ def small_multiples(panels: list[tuple[str, np.ndarray, np.ndarray, np.ndarray, 
         if band is not None:
             ax.fill_between(x, band[0], band[1], color=BLUE, alpha=0.18, linewidth=0, step=None)
         ax.plot(x, y, color=BLUE, linewidth=1.5)
-        if over is not None and over.any():
-            ax.plot(x[over], y[over], linestyle="none", marker="x", markersize=4, color=BLACK)
+        if over is not None and over.any():  # over budget: a prefix of the x values (fewer held, more overflow)
+            step = float(x[1] - x[0]) if x.shape[0] > 1 else 1.0
+            ax.axvspan(float(x[0]) - step / 2, float(x[over].max()) + step / 2, color=GREY, alpha=0.22, linewidth=0,
+                       zorder=0)
         ax.set_title(name, fontsize=9, pad=3)
         ax.set_ylim(*ylim)
         ax.set_yticks([0, 50, 100])
