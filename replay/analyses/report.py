@@ -619,7 +619,9 @@ def _curve_figure(ctx: ReportContext, s: Section, loads: Any, rec: float | None,
     s.images.insert(0, plots.lines(
         series, ctx.out / "cache_lru_curve.png", f"LRU hit rate at every budget ({what}), exact", "cache budget (MiB/GiB, log scale)",
         f"{what} hit rate (%)", vlines=lines, budget_x=True, ylim=(0, 102), markers=False,
-        styles={"over budget (needs more memory)": {"linestyle": "none", "marker": "x", "markersize": 5, "color": "black"}},
+        # lru's colour in every figure (the series' name is not a policy name: style_for would pick another)
+        styles={"lru (exact, every budget)": {"color": plots.color_for("lru")},
+                "over budget (needs more memory)": {"linestyle": "none", "marker": "x", "markersize": 5, "color": "black"}},
         caption=f"How much cache LRU needs: its hit rate at each of the {f.height:,} budgets where it changes, computed in one "
                 f"pass and equal to a replay at each. The plateau ({a['plateau_pct']:.1f}% at the working set, "
                 f"{a['w_mib']:.1f} MiB) is where only first visits miss; the knee is the smallest budget within "
