@@ -11,10 +11,10 @@ returns one Polars DataFrame with the docs/design.md keys; bad input raises :cla
 
 Functions: open_trace, synth, cache, cache_run, retain, predict, predict_run, drop, prefetch, fit_cost_model,
 cost_fit, timeline_fit, load_cost_model, manual_cost_model, with_time, write_report, default_budgets_mib,
-policy_names, predictor_names, sweep, sweep_report, compare, compare_run, curve, curve_run, profile, profile_run.
+policy_names, predictor_names, sweep, sweep_report, sweep_budget_answer, compare, compare_run, curve, curve_run, profile, profile_run.
 
 Each function is imported from the module that holds it on first use: :mod:`replay.api` (and
-:mod:`replay.analyses.sweeps` for ``sweep`` and ``sweep_report``). No submodule of ``replay`` is named
+:mod:`replay.analyses.sweeps` for ``sweep``, ``sweep_report`` and ``sweep_budget_answer``). No submodule of ``replay`` is named
 like one of them, so ``replay.cache`` is always the function.
 
 Your own policy or predictor module: ``policy_file=`` / ``predictor_file=`` (see examples/ and
@@ -48,6 +48,7 @@ __all__ = [
     "profile_run",
     "retain",
     "sweep",
+    "sweep_budget_answer",
     "sweep_report",
     "synth",
     "timeline_fit",
@@ -56,7 +57,8 @@ __all__ = [
 ]
 
 # Where a public function lives when not in replay.api (the sweep engine sits above the API).
-_HOME = {"sweep": "replay.analyses.sweeps", "sweep_report": "replay.analyses.sweeps"}
+_HOME = {"sweep": "replay.analyses.sweeps", "sweep_report": "replay.analyses.sweeps",
+         "sweep_budget_answer": "replay.analyses.sweeps"}
 
 
 def __getattr__(name: str) -> object:

@@ -186,7 +186,8 @@ def synth_report(synth_trace_dir, tmp_path_factory):
     return {c.path.name: c for c in figs}, out, failures
 
 
-EXPECTED = {"cache_curves.png", "cache_tok_s.png", "cache_per_layer.png", "popularity.png", "concentration.png",
+EXPECTED = {"cache_lru_curve.png", "cache_layer_curves.png",
+            "cache_curves.png", "cache_tok_s.png", "cache_per_layer.png", "popularity.png", "concentration.png",
             "drop_tradeoff.png", "prefetch.png", "predict_per_layer.png", "predict_accuracy.png"}
 
 
@@ -351,3 +352,63 @@ def test_images_without_a_caption_still_render():
 
     md = render_markdown("t", [Section("s", images=[("a.png", "alt")]), Section("u", images=[("b.png", "alt", "read *this*")])])
     assert "![alt](a.png)\n\n## u" in md and "![alt](b.png)\n\n*read \\*this\\**\n" in md
+
+
+# The report's .figs grid at a 1400 px window (replay/present/report.py's CSS): body at most 1320 px
+# less 2 x 15 px padding, two columns 16 px apart; images at most 420 px high.
+FIG_COLUMN_PX, FIG_MAX_H_PX = (1320 - 30 - 16) / 2, 420
+
+
+def rendered_px(fig, png: Path) -> dict[str, float]:
+    """Each tick label, axis label and title of ``fig`` in px as the report shows the saved ``png``
+    at 1400 px (the image scaled to its column), keyed by what it is."""
+    from PIL import Image
+
+    w, h = Image.open(png).size
+    scale = min(1.0, FIG_COLUMN_PX / w, FIG_MAX_H_PX / h)
+    px = fig.dpi / 72 * scale
+    out = {}
+    for i, ax in enumerate(a for a in fig.axes if a.get_visible()):
+        texts = [*ax.get_xticklabels(), *ax.get_yticklabels(), ax.xaxis.label, ax.yaxis.label, ax.title]
+        for t in texts:
+            if t.get_visible() and t.get_text():
+                out[f"panel {i}: {t.get_text()}"] = t.get_fontsize() * px
+    return out
+
+
+@pytest.mark.parametrize("n_layers", [3, 6, 48])
+def test_layer_curves_are_small_multiples_readable_at_1400_px(tmp_path, n_layers):
+    """issue 32: the per-layer curves as small multiples, one panel per layer or per run of layers
+    when there are many, every label at least 9 px as the report shows the figure at 1400 px."""
+    layers = list(range(0, 2 * n_layers, 2))
+    groups = plots.layer_groups(layers)
+    assert [x for g in groups for x in g] == layers and len(groups) == min(n_layers, plots.SMALL_MAX_PANELS)
+    assert max(map(len, groups)) - min(map(len, groups)) <= 1
+    n = 16
+    x = np.arange(1, n + 1, dtype=float)
+    panels = [(f"layers {g[0]}-{g[-1]}", x, np.linspace(0, 100, n) ** (1 + i / 10) / 100 ** (i / 10), x < 3,
+               np.stack([np.zeros(n), np.full(n, 100.0)])) for i, g in enumerate(groups)]
+    with plots.capture(check_figure) as got:
+        plots.small_multiples(panels, tmp_path / "f.png", "LRU hit rate per MoE layer (decode-only), exact",
+                              "experts held (count)", "decode-only hit (%)")
+    fig = got[0].figure
+    assert sum(ax.get_visible() for ax in fig.axes) == len(groups)
+    sizes = rendered_px(fig, tmp_path / "f.png")
+    small = {k: round(v, 1) for k, v in sizes.items() if v < 9}
+    assert sizes and not small, small
+
+
+def test_the_layer_curves_figure_draws_each_layers_exact_curve(synth_report, synth_trace_dir):
+    import replay
+
+    figs, _, _ = synth_report
+    c = figs["cache_layer_curves.png"]
+    d = synth_trace_dir(layers=6, experts=16, top_k=2, embd=8, tokens=40, prompt_tokens=8)
+    per = replay.curve_run(d, policies=["layer"]).per_layer
+    layers = sorted(per["layer"].unique().to_list())
+    axes = [ax for ax in c.figure.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in axes] == [f"layer {x}" for x in layers]
+    assert f"one panel per layer ({len(layers)})" in c.caption
+    for ax, layer in zip(axes, layers):
+        want = per.filter((per["layer"] == layer) & (per["entries"] > 0)).sort("entries")["hit_pct_decode"].to_numpy()
+        assert np.array_equal(ax.get_lines()[0].get_ydata(), want)

@@ -407,3 +407,46 @@ def test_a_corrupt_chunk_is_named_set_aside_and_recomputed(world, tmp_path):
     assert {k: (out / f"{k}.parquet").read_bytes() for k in KIND_NAMES} == want
     (out / "cache.parquet").write_bytes(b"garbage")
     assert_one_sentence_error(run_cli("sweep-report", out), str(out / "cache.parquet"), "not a readable Parquet table")
+
+
+def test_sweep_report_gives_the_budget_answer_of_curve_cells_and_where_a_cache_grid_bends(world, tmp_path):
+    """issue 32 item 3: a [curve] cell's budget answer is the curve verb's (plateau, knees, cliff,
+    doublings); a [cache] grid with enough budgets says where its tested budgets' hit rate bends
+    (between the knee and the tested budget below it), computed here again from the table."""
+    t1 = world / "traces" / "t1"
+    res = replay.curve_run(t1, policies=["lru"])
+    W = res.working_set_bytes / 2**20
+    budgets = sorted({round(W * f, 2) for f in (0.1, 0.25, 0.5, 0.75, 1.0)})
+    grid = tmp_path / "g.toml"
+    grid.write_text(f'traces = ["{t1}"]\n[cache]\npolicies = ["lru"]\nbudgets_mib = {budgets}\n'
+                    '[curve]\npolicies = ["lru"]\n')
+    replay.sweep(grid, tmp_path / "R", workers=1)
+    ans = rows_of(replay.sweep_budget_answer(tmp_path / "R"))
+    assert [(r["source"], r["policy"]) for r in ans] == [("curve", "lru"), ("cache", "lru")]
+    cv, ca = ans
+    a = res.answer
+    assert cv["plateau_pct"] == a["plateau_pct"] and cv["below_t_pct"] == a["below_t_pct"] and cv["at_t_pct"] == a["at_t_pct"]
+    assert [cv["knee_1pp_mib"], cv["knee_5pp_mib"]] == [k["budget_mib"] for k in a["knees"]]
+    lru = res.frame.filter(pl.col("policy") == "lru")
+    assert cv["plateau_at_mib"] == lru.filter(pl.col("hit_pct_decode") == a["plateau_pct"])["budget_mib"].min() <= W
+    assert [(d["from_mib"], d["gain_pp"]) for d in cv["steps"]] == [(d["from_mib"], d["gain_pp"]) for d in a["doublings"]]
+    cache = pl.read_parquet(tmp_path / "R" / "cache.parquet").filter(pl.col("layer").is_null()).sort("budget_mib")
+    b, h, ob = cache["budget_mib"].to_list(), cache["hit_pct_decode"].to_list(), cache["over_budget"].to_list()
+    assert ca["budgets"] == len(budgets) and ca["plateau_pct"] == max(h) and ca["plateau_reached"] is True
+    for tol in (1, 5):
+        i = next(i for i in range(len(b)) if not ob[i] and h[i] >= max(h) - tol)
+        assert ca[f"knee_{tol}pp_mib"] == b[i] and ca[f"knee_{tol}pp_after_mib"] == (b[i - 1] if i else None)
+    assert [d["gain_pp"] for d in ca["steps"]] == [y - x for x, y in zip(h, h[1:])]
+    out = run_cli("sweep-report", tmp_path / "R")
+    assert out.code == 0, out.err
+    assert "budget answer" in out.out and "knee" in out.out and "cliff" in out.out and "tested budgets" in out.out
+    assert run_cli("sweep-report", tmp_path / "R", "--json").json()["budget_answer"][0]["plateau_pct"] == a["plateau_pct"]
+    # a curve-only grid: no cache comparison to make, the budget answer still given; too few budgets: said so
+    grid.write_text(f'traces = ["{t1}"]\n[curve]\npolicies = ["lru"]\n')
+    replay.sweep(grid, tmp_path / "C", workers=1)
+    assert replay.sweep_report(tmp_path / "C").height == 0
+    out = run_cli("sweep-report", tmp_path / "C")
+    assert out.code == 0 and "plateau" in out.out and "best online" not in out.out
+    few = rows_of(replay.sweep_budget_answer(world / "local"))
+    assert few == []
+    assert "too few to say where the hit rate bends" in run_cli("sweep-report", world / "local").out

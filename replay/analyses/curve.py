@@ -71,32 +71,41 @@ BLOCK = 64  # visit positions per block: a distance sums whole blocks' bytes, th
 
 
 @njit(cache=True, nogil=True)
-def _lru_pass(entries, load_start, load_lidx, load_phase, layer_bytes, n_expert, keep, unit, nbins):
+def _lru_pass(entries, load_start, load_lidx, load_phase, layer_bytes, layer_units, n_expert, keep, dense):
     """One pass over the loads for global LRU. Returns (cnt int64 [2, nbins], rd int64 [2, nbins],
     dist int64 [n], phase int8 [n], lidx int32 [n], always int64 [2], cold_bytes int64 [2], lookups
-    int64 [2], load_u int64 [G]).
+    int64 [2], uhist int64 [2, L, n_expert + 1]).
 
     Measured lookups: every lookup, or with ``keep`` [entries] bool non-empty only those of kept
     entries. Per phase: ``lookups`` measured, ``always`` of them looked up in the previous non-empty
     load (resident at every budget), ``cold_bytes`` the bytes of first visits (missed at every
-    budget). Every other measured lookup has a byte stack distance D (at the load's start, among
-    measured entries): with ``nbins`` > 0 counted in cnt/rd[phase, D // unit] (lookups, bytes of
-    the entry), else listed in dist/phase/lidx. load_u = each load's unique entries (all entries)."""
+    budget). Every other measured lookup has a stack distance D (at the load's start, among measured
+    entries) in ``layer_units`` (each layer's expert bytes over a common unit; bytes when unit = 1):
+    with ``dense`` counted in cnt/rd[phase, D] (lookups, bytes of the entry; nbins = the units of
+    every entry + 1), else listed in dist/phase/lidx. uhist[phase, layer, u] = the non-empty loads
+    of that phase and layer with u unique entries (all entries, sampled or not): what overflow and
+    the per-layer curves need, without a per-load array. ``layer_units``' dtype is the stack's (int32
+    when the units of every entry fit: twice the lanes per vector in the block sums)."""
     R, k = entries.shape
     G = load_start.shape[0] - 1
-    E = layer_bytes.shape[0] * n_expert
+    L = layer_bytes.shape[0]
+    E = L * n_expert
     sampled = keep.shape[0] > 0
-    dense = nbins > 0
+    zero = layer_units[0] - layer_units[0]  # the stack's integer type
+    nbins = 1
+    if dense:
+        for li in range(L):
+            nbins += layer_units[li] * n_expert
     nb = (2 * E + BLOCK) // BLOCK + 1
     S = nb * BLOCK  # positions: at least 2 x entries, so a compaction frees at least E of them
-    wpos = np.zeros(S, np.int64)  # bytes of the entry whose last visit is at each position, 0 if none
-    bsum = np.zeros(nb, np.int64)  # bytes per block of positions
-    owner = np.full(S, -1, np.int64)
-    pos = np.full(E, -1, np.int64)
+    wpos = np.zeros(S, layer_units.dtype)  # units of the entry whose last visit is at each position, 0 if none
+    bsum = np.zeros(nb, layer_units.dtype)  # units per block of positions
+    owner = np.full(S, -1, np.int32)
+    pos = np.full(E, -1, np.int32)
     mark = np.full(E, -1, np.int64)
     top = 0
-    cnt = np.zeros((2, max(nbins, 0)), np.int64)
-    rd = np.zeros((2, max(nbins, 0)), np.int64)
+    cnt = np.zeros((2, nbins if dense else 0), np.int64)
+    rd = np.zeros((2, nbins if dense else 0), np.int64)
     m_out = 0 if dense else R * k
     dist = np.empty(m_out, np.int64)
     lph = np.empty(m_out, np.int8)
@@ -104,7 +113,7 @@ def _lru_pass(entries, load_start, load_lidx, load_phase, layer_bytes, n_expert,
     always = np.zeros(2, np.int64)
     cold = np.zeros(2, np.int64)
     looks = np.zeros(2, np.int64)
-    load_u = np.zeros(G, np.int64)
+    uhist = np.zeros((2, L, n_expert + 1), np.int64)
     n = 0
     prev = -1
     for load in range(G):
@@ -113,6 +122,7 @@ def _lru_pass(entries, load_start, load_lidx, load_phase, layer_bytes, n_expert,
             continue  # the driver skips an empty load too (no eviction step)
         lid = load_lidx[load]
         w = layer_bytes[lid]
+        wu = layer_units[lid]
         ph = load_phase[load]
         u = 0
         for r in range(lo, hi):  # distances at the load's start: positions not yet updated
@@ -133,23 +143,27 @@ def _lru_pass(entries, load_start, load_lidx, load_phase, layer_bytes, n_expert,
                 if p < 0:
                     cold[ph] += w
                     continue
-                # D = bytes at positions >= p: the rest of p's block, then every later block
-                # (unsigned indexes: no negative-index wraparound code in the two sums)
-                d = np.int64(0)
+                # D = units at positions >= p: the rest of p's block, then every later block. Both
+                # sums run a fixed length (the whole block, every block) with the others masked to
+                # 0: the compiler turns them into straight vector adds, 1.4x faster on the whole
+                # pass than loops that start at p (benchmarks/RESULTS.md, "the curve's cost")
+                d = zero
                 b0 = p // BLOCK
-                for i in range(np.uint64(p), np.uint64((b0 + 1) * BLOCK)):
-                    d += wpos[i]
-                for b in range(np.uint64(b0 + 1), np.uint64((top - 1) // BLOCK + 1)):
-                    d += bsum[b]
+                base = b0 * BLOCK
+                off = p - base
+                for i in range(BLOCK):
+                    d += wpos[base + i] if i >= off else zero
+                for b in range(nb):
+                    d += bsum[b] if b > b0 else zero
                 if dense:
-                    cnt[ph, d // unit] += 1
-                    rd[ph, d // unit] += w
+                    cnt[ph, d] += 1
+                    rd[ph, d] += w
                 else:
                     dist[n] = d
                     lph[n] = ph
                     lli[n] = lid
                     n += 1
-        load_u[load] = u
+        uhist[ph, lid, u] += 1
         for r in range(lo, hi):  # then every visit moves its entry to the top, in visit order
             for j in range(k):
                 e = entries[r, j]
@@ -167,22 +181,32 @@ def _lru_pass(entries, load_start, load_lidx, load_phase, layer_bytes, n_expert,
                     wpos[:] = 0
                     bsum[:] = 0
                     for q in range(m2):
-                        wq = layer_bytes[owner[q] // n_expert]
+                        wq = layer_units[owner[q] // n_expert]
                         wpos[q] = wq
                         bsum[q // BLOCK] += wq
                     top = m2
                 p = pos[e]
                 if p >= 0:
                     wpos[p] = 0
-                    bsum[p // BLOCK] -= w
+                    bsum[p // BLOCK] -= wu
                     owner[p] = -1
                 pos[e] = top
                 owner[top] = e
-                wpos[top] = w
-                bsum[top // BLOCK] += w
+                wpos[top] = wu
+                bsum[top // BLOCK] += wu
                 top += 1
         prev = load
-    return cnt, rd, dist[:n].copy(), lph[:n].copy(), lli[:n].copy(), always, cold, looks, load_u
+    return cnt, rd, dist[:n].copy(), lph[:n].copy(), lli[:n].copy(), always, cold, looks, uhist
+
+
+def _units(w: np.ndarray, n_expert: int) -> tuple[np.ndarray, int, bool]:
+    """(each layer's expert bytes in units, the unit in bytes, dense): over the layers' gcd, int32,
+    when the units of every entry fit a dense histogram of at most :data:`DENSE_BINS` bins (then
+    every stack sum fits int32 too); else bytes, int64, the distances listed (both exact)."""
+    unit = int(np.gcd.reduce(w[w > 0])) if (w > 0).any() else 1
+    if int((w // unit).sum()) * n_expert + 1 <= DENSE_BINS:
+        return (w // unit).astype(np.int32), unit, True
+    return w.astype(np.int64), 1, False
 
 
 @njit(cache=True, nogil=True)
@@ -234,10 +258,11 @@ class _OptCurve:
     def __init__(self, loads) -> None:
         w = loads.layer_expert_bytes.astype(np.int64)
         nonempty = np.diff(loads.load_start) > 0
-        u = _lru_pass(loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, w, loads.n_expert,
-                      np.zeros(loads.n_entries, bool), 1, 0)[-1]
-        if (u[nonempty] > 1).any() or np.unique(w).shape[0] != 1 or int(w[0]) <= 0:
-            why = (f"loads of up to {int(u.max())} entries" if (u[nonempty] > 1).any()
+        wu, _, dense = _units(w, loads.n_expert)
+        uh = _lru_pass(loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, w, wu, loads.n_expert,
+                       np.zeros(loads.n_entries, bool), dense)[-1].sum(axis=(0, 1))  # loads by unique entries
+        if (uh[2:] > 0).any() or np.unique(w).shape[0] != 1 or int(w[0]) <= 0:
+            why = (f"loads of up to {int(np.flatnonzero(uh)[-1])} entries" if (uh[2:] > 0).any()
                    else "expert sizes that differ by layer")
             raise UserError(f"curve: belady has no exact one-pass curve for this trace ({why}): furthest-next-use is a "
                             "stack algorithm only with one lookup per load and one expert size (otherwise a larger cache "
@@ -318,15 +343,12 @@ class _LruCurve:
         w = loads.layer_expert_bytes.astype(np.int64)
         # A dense histogram of D in units of the layers' gcd when the bins are few (D <= the bytes
         # of every entry), else the distances listed and sorted: both exact.
-        unit = int(np.gcd.reduce(w[w > 0])) if (w > 0).any() else 1
-        nbins = int(w.sum()) * loads.n_expert // unit + 1
-        if nbins > DENSE_BINS:
-            nbins = 0
-        cnt, rd, dist, lph, lli, always, cold, looks, load_u = _lru_pass(
-            loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, w, loads.n_expert, keep, unit, nbins)
+        wu, unit, dense = _units(w, loads.n_expert)
+        cnt, rd, dist, lph, lli, always, cold, looks, uhist = _lru_pass(
+            loads.entries, loads.load_start, loads.load_lidx, loads.load_phase, w, wu, loads.n_expert, keep, dense)
         self.rate = rate
         self.lookups, self.always, self.cold_bytes = looks, always, cold
-        if nbins:
+        if dense:
             used = (cnt[0] + cnt[1]) > 0
             keys, cnt, rd = np.flatnonzero(used).astype(np.int64) * unit, cnt[:, used], rd[:, used]
         else:
@@ -338,17 +360,15 @@ class _LruCurve:
         self.cum_rd = np.concatenate([np.zeros((2, 1), np.int64), np.cumsum(self.rd, axis=1)], axis=1)
         # loads per (layer, unique entries): a load's bytes are u x its layer's expert_bytes
         n1 = loads.n_expert + 1
-        nonempty = np.diff(loads.load_start) > 0
-        per = np.bincount(loads.load_lidx.astype(np.int64)[nonempty] * n1 + load_u[nonempty], minlength=L * n1)
+        per = uhist.sum(axis=0).ravel()  # loads per (layer, unique entries), both phases: [L x n1]
         lb = (np.arange(n1, dtype=np.int64)[None, :] * w[:, None]).ravel()
         order = np.argsort(lb, kind="stable")
         self.load_bytes_sorted, cum = lb[order], np.cumsum(per[order])
         self.loads_up_to = cum  # loads whose bytes are <= load_bytes_sorted[i]
         self.n_loads = int(per.sum())
         self.load_keys = np.unique(lb[per > 0])
-        self.load_u, self.L = load_u, L
-        ph_load = loads.load_phase.astype(np.int64)
-        self.all_lookups = np.bincount(ph_load, weights=load_u, minlength=2).astype(np.int64)  # exact, sampled or not
+        self.uhist, self.L = uhist, L
+        self.all_lookups = (uhist * np.arange(n1, dtype=np.int64)).sum(axis=(1, 2))  # exact, sampled or not
 
     def changes(self) -> np.ndarray:
         """Every budget (bytes) where hits, bytes read or overflow can change."""
@@ -378,22 +398,18 @@ def _histogram(d: np.ndarray, ph: np.ndarray, b: np.ndarray) -> tuple[np.ndarray
 class _LayerCurves:
     """Per-layer LRU curves (stack distances per layer, layer_opt's pass), evaluated at shares."""
 
-    def __init__(self, loads, load_u: np.ndarray) -> None:
+    def __init__(self, loads, uhist: np.ndarray) -> None:
         from replay.policies.layer_opt import miss_curves_by_phase
 
         L, n = len(loads.moe_layers), loads.n_expert
         self.L, self.n = L, n
         self.w = loads.layer_expert_bytes.astype(np.int64)
         self.misses, self.umax = miss_curves_by_phase(loads)  # [2, L, n + 1]
-        # lookups per (phase, layer): the unique entries of each load (bincount: np.add.at is slow)
-        nonempty = np.diff(loads.load_start) > 0
-        lid = loads.load_lidx.astype(np.int64)[nonempty]
-        ph = loads.load_phase.astype(np.int64)[nonempty]
-        u = load_u[nonempty]
-        self.lookups = np.bincount(ph * L + lid, weights=u, minlength=2 * L).astype(np.int64).reshape(2, L)
+        # lookups per (phase, layer): the unique entries of each load (uhist[phase, layer, u]: loads with u)
+        self.lookups = (uhist * np.arange(n + 1, dtype=np.int64)).sum(axis=2)
         # loads of layer l with more than C unique entries, C = 0..n: overflow of a C-entry share
-        cnt = np.bincount(lid * (n + 2) + np.minimum(u, n + 1), minlength=L * (n + 2)).reshape(L, n + 2)
-        self.over = np.cumsum(cnt[:, ::-1], axis=1)[:, ::-1][:, 1:]  # over[l, C] = loads with u > C; shape [L, n + 1]
+        ge = np.cumsum(uhist.sum(axis=0)[:, ::-1], axis=1)[:, ::-1]  # ge[l, C] = loads with u >= C
+        self.over = np.concatenate([ge[:, 1:], np.zeros((L, 1), np.int64)], axis=1)  # over[l, C] = loads with u > C
 
     def at_shares(self, c: np.ndarray) -> dict[str, np.ndarray]:
         """c int64 [L, m] entries per layer at m budgets -> per-phase totals [2, m] and per-layer [2, L, m]."""
@@ -494,7 +510,7 @@ def compute_curve(loads, *, policies: tuple[str, ...] = ("lru", "layer"), budget
     W = int(loads.working_set_bytes)
     rows: list[Any] = []
     notes: list[str] = []
-    load_u = lru.load_u  # exact whatever the sample: every entry counts in a load's unique entries
+    uhist = lru.uhist  # exact whatever the sample: every entry counts in a load's unique entries
     if "lru" in policies:
         bud = np.unique(np.concatenate([lru.changes(), req_arr]))
         bud = bud[(bud > 0) & ((bud <= W) | np.isin(bud, req_arr))]
@@ -510,7 +526,7 @@ def compute_curve(loads, *, policies: tuple[str, ...] = ("lru", "layer"), budget
         t = {key: v[..., k] for key, v in t.items()}
         rows.append(_rows("lru", bud[k], t, requested, sampled, scale))
     if "layer" in policies or "layer-opt" in policies:
-        lc = _LayerCurves(loads, load_u)
+        lc = _LayerCurves(loads, uhist)
     per_layer = None
     if "layer" in policies:
         bud = np.unique(np.concatenate([lc.changes(), req_arr]))

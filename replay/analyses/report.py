@@ -697,12 +697,13 @@ def _curve_figure(ctx: ReportContext, s: Section, loads: Any, rec: float | None,
     from replay.present import plots
     from traces.util.units import budget_bytes
 
-    cv = compute_curve(loads, policies=("lru",), budgets_bytes=[budget_bytes(float(rec))] if rec is not None else [])
+    # lru's curve (the answer's policy: the first) and each layer's own LRU curve (layer's pass)
+    cv = compute_curve(loads, policies=("lru", "layer"), budgets_bytes=[budget_bytes(float(rec))] if rec is not None else [])
     a = cv.answer
     ctx.shared["curve_answer"] = a
     if cv.frame.height == 0 or a["metric"] is None:
         return
-    f = cv.frame.sort("budget_mib")
+    f = cv.frame.filter(pl.col("policy") == "lru").sort("budget_mib")
     knee = next((k for k in a["knees"] if k["budget_mib"] is not None), None)  # the tightest tolerance that has one
     lines = dict(vlines)
     if knee is not None:
@@ -715,13 +716,17 @@ def _curve_figure(ctx: ReportContext, s: Section, loads: Any, rec: float | None,
     s.images.insert(0, plots.lines(
         series, ctx.out / "cache_lru_curve.png", f"LRU hit rate at every budget ({what}), exact", "cache budget (MiB/GiB, log scale)",
         f"{what} hit rate (%)", vlines=lines, budget_x=True, ylim=(0, 102), markers=False,
-        styles={"over budget (needs more memory)": {"linestyle": "none", "marker": "x", "markersize": 5, "color": "black"}},
+        # lru's colour in every figure (the series' name is not a policy name: style_for would pick another)
+        styles={"lru (exact, every budget)": {"color": plots.color_for("lru")},
+                "over budget (needs more memory)": {"linestyle": "none", "marker": "x", "markersize": 5, "color": "black"}},
         caption=f"How much cache LRU needs: its hit rate at each of the {f.height:,} budgets where it changes, computed in one "
                 f"pass and equal to a replay at each. The plateau ({a['plateau_pct']:.1f}% at the working set, "
                 f"{a['w_mib']:.1f} MiB) is where only first visits miss; the knee is the smallest budget within "
                 f"{knee['tolerance_pp']:g} pp of it." if knee else
                 f"How much cache LRU needs: its hit rate at each of the {f.height:,} budgets where it changes, exact; no "
                 "within-budget budget comes within the knee's tolerance of the plateau."))
+    if cv.per_layer is not None and cv.per_layer.height:
+        s.images.insert(1, _layer_curves_figure(ctx, cv.per_layer, a["metric"], loads.n_expert))
     # at_mib: a figure read off the curve (1 decimal), not a budget the user chose
     rows = [{"point": "plateau (working set W)", "at_mib": a["w_mib"], "hit_pct": a["plateau_pct"], "gain_pp": None}]
     rows += [{"point": f"knee: within {k['tolerance_pp']:g} pp of the plateau", "at_mib": k["budget_mib"],
@@ -738,6 +743,40 @@ def _curve_figure(ctx: ReportContext, s: Section, loads: Any, rec: float | None,
                           headers={"point": "point of the curve", "at_mib": "budget (MiB)", "hit_pct": f"{what} hit %",
                                    "gain_pp": "gain (points)"},
                           collapsed=True))  # the verdict's budget line names the knee; the figure above shows them all
+
+
+def _layer_curves_figure(ctx: ReportContext, per_layer: pl.DataFrame, metric: str, n_expert: int) -> tuple[str, str, str]:
+    """Each MoE layer's own LRU curve (hit % against the experts its share holds, 0..n_expert) as
+    small multiples: one panel per layer, or per run of consecutive layers when there are more than
+    :data:`replay.present.plots.SMALL_MAX_PANELS` (then the line is the mean of the run's layers'
+    hit %, the band their lowest to highest)."""
+    from replay.present import plots
+
+    layers = sorted(int(x) for x in per_layer["layer"].unique())
+    groups = plots.layer_groups(layers)
+    what = "decode-only" if metric == "hit_pct_decode" else "cumulative"
+    panels = []
+    for g in groups:
+        sub = per_layer.filter(pl.col("layer").is_in(g)).sort("layer", "entries")
+        h = sub[metric].to_numpy().reshape(len(g), n_expert + 1)[:, 1:]  # 0 entries: nothing held, left out
+        ov = sub["overflow_loads"].to_numpy().reshape(len(g), n_expert + 1)[:, 1:] > 0
+        x = np.arange(1, n_expert + 1, dtype=np.float64)
+        name = f"layer {g[0]}" if len(g) == 1 else f"layers {g[0]}-{g[-1]}"
+        band = None if len(g) == 1 else np.stack([np.nanmin(h, axis=0), np.nanmax(h, axis=0)])
+        panels.append((name, x, np.nanmean(h, axis=0), ov.any(axis=0), band))
+    grouped = any(len(g) > 1 for g in groups)
+    any_over = any(p[3].any() for p in panels)
+    size = max(len(g) for g in groups)
+    caption = (f"Each MoE layer's own LRU curve: its {what} hit rate when its share of the cache holds 1 to {n_expert} "
+               "experts (exact, from one pass; the per-layer policies layer and layer-opt split the budget over these)"
+               + (f"; {len(layers)} layers in {len(groups)} panels of up to {size} consecutive layers: the line is the mean "
+                  "of the panel's layers' hit %, the band spans their lowest to highest" if grouped else
+                  f"; one panel per layer ({len(layers)})")
+               + (". Grey: some load of the layer (of a layer of the panel) needs more experts than the share holds "
+                  "(over budget: that hit rate needs more memory)" if any_over else "")
+               + ". A layer whose curve rises late needs a larger share.")
+    return plots.small_multiples(panels, ctx.out / "cache_layer_curves.png", f"LRU hit rate per MoE layer ({what}), exact",
+                                 "experts held (count)", f"{what} hit (%)", caption=caption)
 
 
 OPT_BOUND_MAX_LOADS = 20_000  # Qwen's phone run: 6,192 loads, 7-30 s; a 3,000-token 16-layer trace (48,500): minutes

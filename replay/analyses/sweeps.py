@@ -1028,15 +1028,12 @@ def sweep_report(results: str | Path) -> pl.DataFrame:
 
     res = Path(results)
     table = res / "cache.parquet"
-    if not (res / "sweep.json").exists():
-        raise UserError(f"{res}: is not a sweep results directory (no sweep.json; see 'moe-replay sweep').")
+    _check_results(res)
     if not table.exists():
-        raise UserError(f"{res}: holds no cache table (the grid had no [cache] table).")
-    try:
-        frame = pl.read_parquet(table)
-    except Exception as e:  # noqa: BLE001 - polars raises several kinds for a damaged file
-        raise UserError(f"{table}: is not a readable Parquet table ({type(e).__name__}); rerun the same sweep to rebuild "
-                        "it from its cell store.") from None
+        if (res / "curve.parquet").exists():  # a curve-only grid: its budget answer is sweep_budget_answer's
+            return pl.DataFrame()
+        raise UserError(f"{res}: holds no cache or curve table (the grid had no [cache] or [curve] table).")
+    frame = _read_table(table)
     if frame.height == 0:
         return pl.DataFrame()
     overall = frame.filter(pl.col("layer").is_null())
@@ -1071,6 +1068,156 @@ def sweep_report(results: str | Path) -> pl.DataFrame:
     order = {t: i for i, t in enumerate(dict.fromkeys(r["trace"] for r in out))}  # traces in grid order
     out.sort(key=lambda r: (order[r["trace"]], str(r.get("cell_cost_model")), r["budget_mib"]))
     return pl.DataFrame(out, infer_schema_length=None)
+
+
+def _check_results(res: Path) -> None:
+    if not (res / "sweep.json").exists():
+        raise UserError(f"{res}: is not a sweep results directory (no sweep.json; see 'moe-replay sweep').")
+
+
+def _read_table(table: Path) -> pl.DataFrame:
+    try:
+        return pl.read_parquet(table)
+    except Exception as e:  # noqa: BLE001 - polars raises several kinds for a damaged file
+        raise UserError(f"{table}: is not a readable Parquet table ({type(e).__name__}); rerun the same sweep to rebuild "
+                        "it from its cell store.") from None
+
+
+#: A [cache] grid says where its tested budgets' hit rate bends only with at least this many budgets
+#: within budget for a policy: with fewer, "the smallest within a tolerance of the best" is a guess
+#: between two or three points.
+BEND_MIN_BUDGETS = 4
+
+
+def _trace_sizes(path: str) -> tuple[int | None, int | None, str | None]:
+    """(T, W) in bytes of the trace at ``path``, or (None, None, why) when it no longer opens."""
+    from replay.core.streaming import working_set_stream
+    from traces import open_trace
+
+    try:
+        t = open_trace(path)
+        return int(t.token_cycle_bytes), int(working_set_stream(t)), None
+    except (UserError, OSError) as e:
+        return None, None, f"T and W not known (the trace does not open: {str(e).rstrip('.')})"
+
+
+def _bend(rows: list[dict[str, Any]], tolerances_pp: Sequence[float]) -> dict[str, Any]:
+    """Where a [cache] grid's tested budgets' hit rate bends (decode-only hit % when the trace decodes):
+    the best tested hit % (the plateau of what was tested), for each tolerance the smallest within-budget
+    tested budget within that many points of it and the tested budget below it (the bend lies between:
+    the grid did not test in between), and what each step between tested budgets buys."""
+    rows = sorted(rows, key=lambda r: r["budget_mib"])
+    metric = "hit_pct_decode" if any((r.get("lookups_decode") or 0) > 0 for r in rows) else "hit_pct_cum"
+    h = [float(r[metric]) if r[metric] is not None else math.nan for r in rows]
+    best = max((x for x in h if not math.isnan(x)), default=math.nan)
+    knees = []
+    for tol in tolerances_pp:
+        i = next((i for i, r in enumerate(rows) if not r["over_budget"] and h[i] >= best - tol), None)
+        knees.append({"tolerance_pp": float(tol), "budget_mib": None if i is None else float(rows[i]["budget_mib"]),
+                      "hit_pct": None if i is None else h[i],
+                      "after_mib": None if not i else float(rows[i - 1]["budget_mib"])})
+    steps = [{"from_mib": float(a["budget_mib"]), "to_mib": float(b["budget_mib"]), "hit_pct": h[i + 1],
+              "gain_pp": h[i + 1] - h[i], "over_budget": bool(b["over_budget"])} for i, (a, b) in enumerate(zip(rows, rows[1:]))]
+    return {"metric": metric, "plateau_pct": best, "knees": knees, "steps": steps, "budgets": len(rows),
+            "largest_mib": float(rows[-1]["budget_mib"]),
+            "best_mib": next((float(r["budget_mib"]) for x, r in zip(h, rows) if x >= best), None)}
+
+
+@_api
+def sweep_budget_answer(results: str | Path, *, tolerances_pp: Sequence[float] = (1.0, 5.0)) -> pl.DataFrame:
+    """The budget answer per trace and cell of a sweep's results (``sweep-report``'s second table).
+
+    ``source = "curve"`` (a [curve] cell: one policy's exact curve): :func:`replay.analyses.curve.budget_answer`
+    on its rows: the plateau (hit % at the working set W), the knee at each tolerance (the smallest
+    within-budget budget within that many points of the plateau: ``knee_<tol>pp_mib``), the cliff
+    (``below_t_pct`` just below one token's working set T, ``at_t_pct`` at T) and what each doubling
+    from T to W buys (``steps``).
+
+    ``source = "cache"`` (a [cache] grid's policy with at least :data:`BEND_MIN_BUDGETS` budgets): where
+    the tested budgets' hit rate bends: ``plateau_pct`` is the best tested hit % (``plateau_reached``:
+    whether the largest tested budget reaches W, so that it is the true plateau), ``knee_<tol>pp_mib``
+    the smallest within-budget tested budget within the tolerance of it and ``knee_<tol>pp_after_mib``
+    the tested budget below it (the bend lies between them; the grid did not look in between),
+    ``steps`` what each step between tested budgets buys. No cliff (the grid need not straddle T).
+    Hit % is decode-only when the trace decodes (``metric``)."""
+    res = Path(results)
+    _check_results(res)
+    tols = [float(x) for x in tolerances_pp]
+    if not tols or any(not 0 <= x < 100 for x in tols):
+        raise UserError(f"tolerances_pp {tols}: each must be in [0, 100) percentage points.")
+    have = [k for k in ("curve", "cache") if (res / f"{k}.parquet").exists()]
+    if not have:
+        raise UserError(f"{res}: holds no cache or curve table (the grid had no [cache] or [curve] table).")
+    import numpy as np
+
+    from replay.analyses.curve import budget_answer
+    from replay.core.frames import rows_of
+    from traces.util.units import MIB
+
+    sizes: dict[str, tuple[int | None, int | None, str | None]] = {}
+    out: list[dict[str, Any]] = []
+    for kind in have:
+        frame = _read_table(res / f"{kind}.parquet")
+        if frame.height == 0:
+            continue
+        frame = frame.filter(pl.col("layer").is_null())
+        params = [c for c in frame.columns if c.startswith("cell_") and c not in ("cell_key", "cell_budget_mib", "cell_policy",
+                                                                                 "cell_budgets_mib")]
+        for key, g in frame.group_by(["trace", "trace_id", "policy", *params], maintain_order=True):
+            head = dict(zip(["trace", "trace_id", "policy", *params], key))
+            if head["trace"] not in sizes:
+                sizes[head["trace"]] = _trace_sizes(head["trace"])
+            T, W, why = sizes[head["trace"]]
+            row: dict[str, Any] = {"source": kind, **{k: head[k] for k in ("trace", "trace_id", "policy")},
+                                   "cell_cost_model": head.get("cell_cost_model"),
+                                   "cell_sample_rate": head.get("cell_sample_rate"),
+                                   "t_mib": None if T is None else T / MIB, "w_mib": None if W is None else W / MIB}
+            rows = rows_of(g.sort("budget_mib"))
+            if kind == "curve":
+                if W is None:  # the curve's rows run up to W: the last change point is the plateau's budget
+                    a = budget_answer(g, 0, int(round(max(r["budget_mib"] for r in rows) * MIB)), tolerances_pp=tuple(tols),
+                                      policy=head["policy"])
+                    a["below_t_pct"] = a["at_t_pct"] = None
+                else:
+                    a = budget_answer(g, T, W, tolerances_pp=tuple(tols), policy=head["policy"])
+                h = g.sort("budget_mib")[a["metric"]].to_numpy()
+                at = g.sort("budget_mib")["budget_mib"].to_numpy()[np.flatnonzero(h >= a["plateau_pct"])]
+                row.update({"metric": a["metric"], "budgets": g.height, "plateau_pct": a["plateau_pct"],
+                            # where the curve first reaches it (over budget or not; at most W for lru)
+                            "plateau_at_mib": float(at[0]) if at.shape[0] else None, "plateau_reached": True,
+                            "below_t_pct": a["below_t_pct"], "at_t_pct": a["at_t_pct"]})
+                knees, steps = a["knees"], a["doublings"]
+                row["note"] = why
+            else:
+                b = _bend(rows, tols)
+                if b["budgets"] < BEND_MIN_BUDGETS:
+                    continue
+                knees, steps = b["knees"], b["steps"]
+                row.update({"metric": b["metric"], "budgets": b["budgets"], "plateau_pct": b["plateau_pct"],
+                            "plateau_at_mib": b["best_mib"], "plateau_reached": None if W is None else b["largest_mib"] * MIB >= W,
+                            "below_t_pct": None, "at_t_pct": None})
+                row["note"] = why or ("the best tested hit % is below the plateau: the largest tested budget "
+                                      f"({exact_mib(b['largest_mib'])} MiB) is below the working set W "
+                                      f"({exact_mib(W / MIB)} MiB)" if not row["plateau_reached"] else None)
+            for k in knees:
+                tag = f"knee_{k['tolerance_pp']:g}pp".replace(".", "_")
+                row[f"{tag}_mib"] = k["budget_mib"]
+                row[f"{tag}_hit_pct"] = k["hit_pct"]
+                if kind == "cache":
+                    row[f"{tag}_after_mib"] = k["after_mib"]
+            row["steps"] = steps
+            out.append(row)
+    if not out:
+        return pl.DataFrame()
+    order = {t: i for i, t in enumerate(dict.fromkeys(r["trace"] for r in out))}
+    out.sort(key=lambda r: (r["source"] != "curve", order[r["trace"]], str(r.get("cell_cost_model")),
+                            str(r.get("cell_sample_rate"))))  # stable: the policies in their table's (the grid's) order
+    return pl.DataFrame(out, infer_schema_length=None)
+
+
+def exact_mib(x: float) -> str:
+    """A budget in MiB to 0.1, without trailing zeros (1024, 12.3)."""
+    return f"{round(x, 1):g}"
 
 
 # The public functions (replay.sweep, replay.sweep_report): here, above the API whose verbs

@@ -73,18 +73,26 @@ def register(app: typer.Typer) -> None:
                                        show_default=False),
         json_out: bool = JsonOpt,
     ) -> None:
-        """Compare the traces of a sweep: best within-budget online policy per budget and trace, against Belady.
+        """Compare the traces of a sweep: best within-budget online policy per budget and trace, against Belady; the budget answer.
 
         With a cost model in the [cache] cells, also the fastest online policy by ms per decoded token."""
+        from replay.analyses.sweeps import sweep_budget_answer
         from replay.analyses.sweeps import sweep_report as run
         from replay.core.frames import rows_of
+        from replay.present.curve import sweep_answer_lines
         from replay.present.format import json_object
 
         frame = run(results)
+        answers = rows_of(sweep_budget_answer(results))
         if json_out:
-            typer.echo(json_object("sweep-report", None, rows_of(frame), results=str(results)))
+            typer.echo(json_object("sweep-report", None, rows_of(frame), results=str(results), budget_answer=answers))
             return
-        typer.echo(report_text(frame, results))
+        cache_grid = (results / "cache.parquet").exists()
+        parts = [report_text(frame, results)] if cache_grid else []
+        lines = sweep_answer_lines(answers, cache_grid)
+        if lines:
+            parts.append("budget answer: where each curve (or the tested budgets' hit rate) bends\n" + "\n".join(lines))
+        typer.echo("\n\n".join(parts))
 
 
 def report_text(frame, results: Path) -> str:

@@ -4,6 +4,7 @@ read at a readable set of budgets, from :func:`replay.api.curve_run`'s result.""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from replay.present.format import exact, fmt, text_table
@@ -113,3 +114,53 @@ def curve_text(t: Any, res: Any, policies: list[str]) -> str:
                      "layer-opt = the best per-layer split, at --budgets only.")
     lines += [f"note: {n}" for n in res.notes]
     return "\n".join(lines)
+
+
+def sweep_answer_lines(rows: list[dict[str, Any]], cache_grid: bool) -> list[str]:
+    """``sweep-report``'s budget answer (:func:`replay.analyses.sweeps.sweep_budget_answer`'s rows):
+    per [curve] cell the plateau, knees, cliff and doublings; per [cache] policy with enough tested
+    budgets where the tested budgets' hit rate bends (between the tested budget below and the knee)."""
+    out: list[str] = []
+    tols = sorted({k[len("knee_"):-len("pp_mib")] for r in rows for k in r if k.startswith("knee_") and k.endswith("pp_mib")},
+                  key=lambda x: float(x.replace("_", ".")))
+    for r in rows:
+        what = "decode-only hit %" if r["metric"] == "hit_pct_decode" else "cumulative hit %"
+        extra = "".join(f", {k.removeprefix('cell_')} {Path(str(r[k])).name if k == 'cell_cost_model' else r[k]}"
+                        for k in ("cell_cost_model", "cell_sample_rate") if r.get(k) is not None)
+        if r["source"] == "curve":
+            out.append(f"{r['trace']}: {r['policy']} curve ({r['budgets']} change points{extra}; {what})")
+            w = "" if r.get("w_mib") is None else f" (the working set W = {r['w_mib']:.1f} MiB)"
+            out.append(f"  plateau   {r['plateau_pct']:.1f}% from {r['plateau_at_mib']:.1f} MiB{w}")
+        else:
+            out.append(f"{r['trace']}: {r['policy']} at the {r['budgets']} tested budgets{extra} ({what})")
+            out.append(f"  best      {r['plateau_pct']:.1f}% tested"
+                       + ("" if r.get("plateau_reached") else " (below the plateau: the grid stops short of W)"
+                          if r.get("plateau_reached") is False else ""))
+        for tol in tols:
+            b, h = r.get(f"knee_{tol}pp_mib"), r.get(f"knee_{tol}pp_hit_pct")
+            tl = tol.replace("_", ".")
+            if b is None:
+                out.append(f"  knee      none within {tl} pp inside the budget")
+            elif r["source"] == "curve":
+                out.append(f"  knee      {b:.1f} MiB: the smallest budget within {tl} pp of the plateau ({h:.1f}%)")
+            else:
+                after = r.get(f"knee_{tol}pp_after_mib")
+                where = (f"between {exact(after)} and {exact(b)} MiB (the grid tested nothing in between)" if after is not None
+                         else f"at or below {exact(b)} MiB, the smallest tested budget")
+                out.append(f"  bend      {where}: {exact(b)} MiB is within {tl} pp of the best tested ({h:.1f}%)")
+        if r["source"] == "curve" and r.get("below_t_pct") is not None:
+            out.append(f"  cliff     {r['below_t_pct']:.1f}% just below one token's working set T = {r['t_mib']:.1f} MiB, "
+                       f"{r['at_t_pct']:.1f}% at T")
+        if r["steps"]:
+            fm = (lambda x: f"{x:.0f}") if r["source"] == "curve" else exact
+            label = "doubling " if r["source"] == "curve" else "steps    "
+            out.append(f"  {label} " + "; ".join(f"{fm(d['from_mib'])} -> {fm(d['to_mib'])} MiB {d['gain_pp']:+.1f} pp"
+                                                 + (" (over budget)" if d["over_budget"] else "") for d in r["steps"]))
+        if r.get("note"):
+            out.append(f"  note      {r['note']}")
+    if cache_grid and not any(r["source"] == "cache" for r in rows):
+        from replay.analyses.sweeps import BEND_MIN_BUDGETS
+
+        out.append(f"cache grid: fewer than {BEND_MIN_BUDGETS} budgets per policy, too few to say where the hit rate bends "
+                   "(moe-replay curve gives every budget).")
+    return out

@@ -28,7 +28,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
+from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator  # noqa: E402
 
 from traces.io.atomic import atomic_write_bytes  # noqa: E402
 from traces.util.units import exact  # noqa: E402
@@ -452,4 +452,57 @@ def panels(left: dict[str, tuple[np.ndarray, np.ndarray]], right: dict[str, tupl
         _legend(ax, below=True)
     axes[0][0].set_ylabel(ylabel)
     fig.suptitle(title)
+    return save(fig, path, caption, alt=title)
+
+
+# Small multiples are read in the report's two-column grid (.figs: columns of about 637 px at a
+# 1400 px window, images at most 420 px high): a figure of SMALL_W x SMALL_H inches at 100 dpi is
+# scaled by about 0.8 there, so 9-point tick labels render at about 10 px.
+SMALL_W, SMALL_H = 7.8, 5.0
+SMALL_MAX_PANELS = 8  # 2 rows of 4: more panels than this and a panel's labels no longer fit
+
+
+def layer_groups(layers: list[int], most: int = SMALL_MAX_PANELS) -> list[list[int]]:
+    """The MoE layers in at most ``most`` runs of consecutive layers whose sizes differ by at most one
+    (one per layer when few)."""
+    n = len(layers)
+    k = min(n, most)
+    return [[int(x) for x in g] for g in np.array_split(np.asarray(layers, np.int64), k)] if k else []
+
+
+def small_multiples(panels: list[tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]], path: Path,
+                    title: str, xlabel: str, ylabel: str, ylim: tuple[float, float] = (0, 102),
+                    caption: str = "") -> tuple[str, str, str]:
+    """One small panel per ``(title, x, y, over, band)``: the line (x, y), shaded grey up to the last x
+    where ``over`` is true (needs more memory than it is listed under), and when ``band`` ([2, len(x)]: low, high) is
+    given the range it spans, shaded. Panels share both axes; every panel names its axes' units."""
+    n = len(panels)
+    cols = n if n <= 4 else -(-n // 2)  # one row of up to 4, else two rows as full as they can be
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(SMALL_W, SMALL_H if rows > 1 else SMALL_H * 0.6), sharex=True,
+                             sharey=True, squeeze=False)
+    for i, ax in enumerate(axes.ravel()):
+        if i >= n:
+            fig.delaxes(ax)  # no empty panel (and nothing a reader could take for one)
+            continue
+        name, x, y, over, band = panels[i]
+        if band is not None:
+            ax.fill_between(x, band[0], band[1], color=BLUE, alpha=0.18, linewidth=0, step=None)
+        ax.plot(x, y, color=BLUE, linewidth=1.5)
+        if over is not None and over.any():  # over budget: a prefix of the x values (fewer held, more overflow)
+            step = float(x[1] - x[0]) if x.shape[0] > 1 else 1.0
+            ax.axvspan(float(x[0]) - step / 2, float(x[over].max()) + step / 2, color=GREY, alpha=0.22, linewidth=0,
+                       zorder=0)
+        ax.set_title(name, fontsize=9, pad=3)
+        ax.set_ylim(*ylim)
+        ax.set_yticks([0, 50, 100])
+        ax.xaxis.set_major_locator(MaxNLocator(3, integer=True))
+        ax.tick_params(labelsize=9)
+        ax.set_xlabel(xlabel, fontsize=9, labelpad=1)
+        if i % cols == 0:
+            ax.set_ylabel(ylabel, fontsize=9)
+        if i + cols >= n:  # no panel below this one: its own x tick labels (shared axes hide them)
+            ax.tick_params(labelbottom=True)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(pad=0.4, h_pad=0.6, w_pad=0.4)
     return save(fig, path, caption, alt=title)
