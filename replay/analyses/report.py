@@ -399,7 +399,8 @@ def section_predictors(ctx: ReportContext) -> Section:
         cols = ["layer"] + [p for p in res.predictors if p in wide.columns] + ["routings"]
         s.tables.append(Table("predict_per_layer_summary",
                               layer_summary(wide, {p: p for p in cols[1:-1]}, label="predictor"),
-                              f"slot accuracy % (decode) over the {len(tr.moe_layers)} MoE layers, per predictor"))
+                              f"slot accuracy % (decode) over the {len(tr.moe_layers)} MoE layers, per predictor",
+                              collapsed=True))  # one row per predictor: the headline table above has their overall figures
         s.tables.append(Table("predict_per_layer", wide.select(cols), "slot accuracy % per MoE layer (decode)",
                               headers={p: f"{p} (%)" for p in cols[1:-1]}, collapsed=True))
         series = {}
@@ -619,7 +620,8 @@ def section_cache(ctx: ReportContext) -> Section:
                           columns=["budget_mib", "below_T", "best_online", "best_online_hit_pct_decode", "best_vs_lru",
                                    "tied_with_best", "belady_hit_pct_decode", "gap_to_belady_pp", "infinite_hit_pct_decode",
                                    "over_budget_excluded"],
-                          marks={"belady_hit_pct_decode": [bool(r["belady_over_budget"]) for r in gap_rows]}))
+                          marks={"belady_hit_pct_decode": [bool(r["belady_over_budget"]) for r in gap_rows]},
+                          collapsed=True))  # the verdict states the best at its budgets; the figures show every budget
     ans = ctx.shared["budget_answer"]
     if ans is not None:  # the evidence of the verdict's budget line: every tested budget's best against the largest's
         timed = ans["measure"] == "ms_per_token"
@@ -726,7 +728,8 @@ def _curve_figure(ctx: ReportContext, s: Section, loads: Any, rec: float | None,
                 f"How much cache LRU needs: its hit rate at each of the {f.height:,} budgets where it changes, exact; no "
                 "within-budget budget comes within the knee's tolerance of the plateau."))
     if cv.per_layer is not None and cv.per_layer.height:
-        s.images.insert(1, _layer_curves_figure(ctx, cv.per_layer, a["metric"], loads.n_expert))
+        # each layer's own curve: evidence behind the heatmap and layer-opt, shown collapsed under the figures
+        s.images.insert(1, (*_layer_curves_figure(ctx, cv.per_layer, a["metric"], loads.n_expert)[:3], "collapsed"))
     # at_mib: a figure read off the curve (1 decimal), not a budget the user chose
     rows = [{"point": "plateau (working set W)", "at_mib": a["w_mib"], "hit_pct": a["plateau_pct"], "gain_pp": None}]
     rows += [{"point": f"knee: within {k['tolerance_pp']:g} pp of the plateau", "at_mib": k["budget_mib"],

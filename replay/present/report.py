@@ -221,10 +221,14 @@ def render_html(title: str, sections: list[Section], out: Path, verdict: list[st
         if s.notes:
             text += (f"<details><summary>Notes ({len(s.notes)}): definitions and caveats</summary>"
                      + "".join(f"<p>{html.escape(p)}</p>" for p in s.notes) + "</details>")
-        figs = []
+        figs, folded = [], []
         for img, alt, *cap in s.images:
             data = base64.b64encode((out / img).read_bytes()).decode()
             tag = f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{data}'>"
+            if len(cap) > 1 and cap[1] == "collapsed":  # secondary evidence: a <details> block under the figures
+                folded.append(f"<details><summary>Figure: {html.escape(alt)}</summary><figure>{tag}<figcaption>"
+                              f"{html.escape(cap[0])}</figcaption></figure></details>")
+                continue
             cls = f" class='{cap[1]}'" if len(cap) > 1 else ""  # "heatmap": measured by the screenshot test
             figs.append(f"<figure{cls}>{tag}<figcaption>{html.escape(cap[0])}</figcaption></figure>" if cap and cap[0]
                         else f"<figure{cls}>{tag}</figure>" if cls else tag)
@@ -234,6 +238,7 @@ def render_html(title: str, sections: list[Section], out: Path, verdict: list[st
             parts.append(text)
             if figs:
                 parts.append("<div class='figs'>" + "".join(figs) + "</div>")
+        parts += folded
         for t in s.tables:
             if t.collapsed:
                 parts.append(f"<details><summary>{html.escape(t.caption)}: all {t.frame.height} rows (also "
