@@ -36,7 +36,7 @@ _KEYWORD = {
     "--compute-ms": "compute_ms", "--pin-per-layer": "policy_options['pin']['per_layer']",
     "--pin-profile": "policy_options['pin']['profile']", "--policy-file": "policy_file",
     "--predictor-file": "predictor_file", "--force": "force", "--out": "out", "--retain": "retain_predictor",
-    "--quality": "quality", "--foreign-cost-model": "foreign_cost_model=True",
+    "--train": "train", "--train-trace": "train_trace", "--quality": "quality", "--foreign-cost-model": "foreign_cost_model=True",
 }
 # Set by the CLI while a verb runs: its messages keep the flag names the user typed.
 cli_flags: contextvars.ContextVar[bool] = contextvars.ContextVar("moe_replay_cli_flags", default=False)
@@ -168,12 +168,15 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
               policy_options: dict[str, dict[str, Any]] | None = None, policy_file: Any = None, cost_model: Any = None,
               retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
               loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False, paired: bool = False,
-              time_model: str | None = None, device_profile: Any = None) -> CacheRun:
+              time_model: str | None = None, device_profile: Any = None, train: str | None = None,
+              train_trace: TraceLike | None = None) -> CacheRun:
     """:func:`cache` with everything the command prints beside the rows: a :class:`CacheRun`. The
     one flow of a cache replay: the ``cache`` verb, :func:`cache` and sweeps all run it. A
     ``cost_model`` fitted on another model or device is refused before the replay unless
     ``foreign_cost_model`` (replay.analyses.cost_origin). ``time_model`` / ``device_profile`` as in
-    :func:`prefetch` (the timeline replays each cell in memory)."""
+    :func:`prefetch` (the timeline replays each cell in memory). ``train`` / ``train_trace`` (with
+    ``retain_predictor``): what a learning predictor is fitted on, as in :func:`prefetch` (``seed``
+    deals the folds); it guesses only for the other tokens."""
     from replay.analyses.info import require_routings
     from replay.core.phases import check_phase
     from replay.core.simulate import check_policies, default_budgets_mib, loads_of, sweep
@@ -185,6 +188,9 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
     pols = check_policies(list(policies))
     if not 0 <= seed < 1 << 63:
         raise UserError(f"--seed: {seed} is not in 0..2^63-1.")
+    if retain_predictor is None and (train is not None or train_trace is not None):
+        raise UserError(f"{'--train' if train is not None else '--train-trace'}: only meaningful with --retain (a cache "
+                        "replay without retention fits no predictor).")
     t = _trace(trace)
     require_routings(t, "replay")
     from replay.analyses.timeline_whatif import timeline_profile
@@ -226,7 +232,8 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
             from replay.analyses.prefetching import retain_sweep
 
             frame = retain_sweep(t, loads, pols, blist, retain_predictor, per_layer=per_layer, seed=seed,
-                                 policy_options=policy_options, show_progress=show_progress)
+                                 policy_options=policy_options, show_progress=show_progress, train=train,
+                                 train_trace=_trace(train_trace) if train_trace is not None else None)
         else:
             frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed, policy_options=policy_options,
                           show_progress=show_progress, series=series)
@@ -250,7 +257,8 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
           policy_options: dict[str, dict[str, Any]] | None = None, policy_file: Any = None, cost_model: Any = None,
           retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
           loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False, paired: bool = False,
-          time_model: str | None = None, device_profile: Any = None) -> pl.DataFrame:
+          time_model: str | None = None, device_profile: Any = None, train: str | None = None,
+          train_trace: TraceLike | None = None) -> pl.DataFrame:
     """Replay every (policy, budget) cell: one row per cell (``layer`` null) and, with
     ``per_layer``, one per MoE layer. Keys: ``policy``, ``budget_mib``, ``layer``,
     ``hit_pct_decode``, ``hit_pct_cum``, ``read_mib``, ``peak_resident_mib``, ``overflow_loads``,
@@ -259,8 +267,10 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     fitted on another model or device is refused unless ``foreign_cost_model``; then the rows carry
     ``cost_model_foreign``: docs/design.md, "Cost model"); with
     ``retain_predictor`` the replay protects that predictor's guesses for the next layer(s)
-    (``retain_gain_pp_*`` columns). ``budgets_mib`` default: :func:`default_budgets_mib`; a budget
-    is MiB, or text with a binary unit (``"4GiB"``, ``"1.5GiB"``), in every function that takes one.
+    (``retain_gain_pp_*`` columns; a learning predictor fitted held out under ``train`` /
+    ``train_trace`` / ``seed`` as in :func:`prefetch`, recorded in ``retain_train``). ``budgets_mib``
+    default: :func:`default_budgets_mib`; a budget is MiB, or text with a binary unit (``"4GiB"``,
+    ``"1.5GiB"``), in every function that takes one.
     ``phase`` is checked (decode | prefill | all): it names the hit % a caller leads with; every
     row carries all of them. ``policy_file``: a policy module (or a list) anywhere on disk.
     ``stream`` (auto | on | off): replay part by part (:func:`replay.core.streaming.stream_sweep`, the
@@ -284,18 +294,21 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
                      policy_options=policy_options, policy_file=policy_file, cost_model=cost_model,
                      retain_predictor=retain_predictor, predictor_file=predictor_file, show_progress=show_progress,
                      loads=loads, stream=stream, foreign_cost_model=foreign_cost_model, paired=paired,
-                     time_model=time_model, device_profile=device_profile).frame
+                     time_model=time_model, device_profile=device_profile, train=train, train_trace=train_trace).frame
 
 
 @_api
 def retain(trace: TraceLike, *, predictor: str = "prev-token", policies: Sequence[str] = ("lru",),
            budgets_mib: Sequence[float] | None = None, per_layer: bool = False, seed: int = 0,
-           policy_options: dict | None = None, policy_file: Any = None, predictor_file: Any = None) -> pl.DataFrame:
+           policy_options: dict | None = None, policy_file: Any = None, predictor_file: Any = None,
+           train: str | None = None, train_trace: TraceLike | None = None) -> pl.DataFrame:
     """:func:`cache` with retention: ``predictor``'s guesses for the next layer(s) protected from
-    eviction; rows gain ``retain_predictor``, ``hit_pct_*_no_retain`` and ``retain_gain_pp_*``."""
+    eviction; rows gain ``retain_predictor``, ``retain_train``, ``hit_pct_*_no_retain`` and
+    ``retain_gain_pp_*``. A learning predictor is fitted held out (``train`` / ``train_trace`` /
+    ``seed`` as in :func:`prefetch`)."""
     return cache(trace, policies=policies, budgets_mib=budgets_mib, per_layer=per_layer, seed=seed,
                  policy_options=policy_options, policy_file=policy_file, predictor_file=predictor_file,
-                 retain_predictor=predictor)
+                 retain_predictor=predictor, train=train, train_trace=train_trace)
 
 
 @_api

@@ -184,6 +184,40 @@ def test_broken_predictor_plugin_is_one_sentence(tmp_path, synth_trace_dir, ret,
     assert_one_sentence_error(r, str(p), needle)
 
 
+@pytest.mark.parametrize("body, needles", [
+    ("out[i, 0] = undefined_name", ["NameError: name 'undefined_name' is not defined."]),
+    ("out[i, 0] = 'a string'", ["No implementation of function", "setitem("]),
+])
+def test_predictor_plugin_that_does_not_compile_names_its_file_and_line(tmp_path, synth_trace_dir, body, needles):
+    # a predictor's own Numba helper that does not compile: said as a policy plugin's is (the underlying
+    # error at its line), not Numba's multi-line "Failed in nopython mode pipeline ... During:" text
+    t = synth_trace_dir(**SMALL)
+    name = f"nb-bad-{len(body)}"
+    src = textwrap.dedent(f"""\
+        import numpy as np
+        from numba import njit
+
+        NAME = "{name}"
+        DESCRIPTION = "does not compile on purpose"
+
+
+        @njit
+        def _fill(out):
+            for i in range(out.shape[0]):
+                {body}
+            return out
+
+
+        def predict(trace, arr, in_phase, width):
+            return _fill(np.full((arr.n_rows, width), -1, np.int32))
+        """)
+    p = _write(tmp_path, f"nb_bad_{len(body)}.py", src)
+    line = 1 + src.splitlines().index(next(ln for ln in src.splitlines() if body in ln))
+    r = run_cli("predict", t, "--predictor-file", p, "--predictors", name)
+    assert_one_sentence_error(r, f"{p}, line {line}: predictor '{name}' does not compile with Numba: ", *needles)
+    assert "nopython" not in r.err and "During:" not in r.err
+
+
 def test_predictor_plugin_missing_hook_or_name(tmp_path):
     p = _write(tmp_path, "nohook.py", 'NAME = "nohook"\nDESCRIPTION = "x"\n')
     with pytest.raises(UserError, match="predict"):

@@ -119,6 +119,66 @@ def test_no_training_token_is_scored(tmp_path, train):
             assert not set(req[training.rows].tolist()) & set(req[ev].tolist())
 
 
+@pytest.mark.parametrize("train", [None, "trace:30%", "folds:3"])
+def test_cache_retain_never_guesses_for_a_training_token(tmp_path, monkeypatch, train):
+    from replay import api
+    from replay.analyses import prefetching
+
+    rng = np.random.default_rng(1)
+    path = _write(tmp_path / "t", rng.integers(0, 8, size=(60, 3)), requests=np.repeat(np.arange(6), 10), prompt=2)
+    tr = open_trace(path)
+    tok, _ = token_index(tr.arrays(recorded=False))
+    fits: list[np.ndarray] = []  # the training rows of every fit
+    made: list = []  # the guesses the replay protected
+    mod = registry.module("pair-table")
+    orig_predict, orig_guesses = mod.predict, prefetching.guesses
+
+    def spy(trace, a, ev, width, **kw):
+        fits.append(kw["training"].rows)
+        return orig_predict(trace, a, ev, width, **kw)
+
+    def spy_guesses(*a, **kw):
+        made.append(orig_guesses(*a, **kw))
+        return made[-1]
+
+    monkeypatch.setattr(mod, "predict", spy)
+    monkeypatch.setattr(prefetching, "guesses", spy_guesses)
+    rows = api.cache(tr, policies=["lru"], budgets_mib=[3.0], retain_predictor="pair-table[1]", train=train,
+                     seed=3).to_dicts()
+    assert rows[0]["retain_train"] == (train or "50%") and len(made) == 1 and fits
+    guessed = (made[0].entries >= 0).any(axis=1)
+    assert guessed.any()
+    if train == "folds:3":  # each fold guessed by a fit on the other requests: every decode token guessed
+        assert len(fits) == 3
+        other = []
+        monkeypatch.setattr(mod, "predict", lambda trace, a, ev, width, **kw: other.append(kw["training"].rows)
+                            or orig_predict(trace, a, ev, width, **kw))
+        api.cache(tr, policies=["lru"], budgets_mib=[3.0], retain_predictor="pair-table[1]", train=train, seed=4)
+        assert any(not np.array_equal(x, y) for x, y in zip(fits, other))  # --seed deals the folds
+    else:  # one fit: no token it learned from gets a guess
+        assert len(fits) == 1
+        assert not set(tok[guessed].tolist()) & set(tok[fits[0]].tolist())
+
+
+def test_cache_train_options_need_retain_and_reach_the_replay(tmp_path):
+    rng = np.random.default_rng(1)
+    path = _write(tmp_path / "t", rng.integers(0, 8, size=(40, 2)))
+    other = _write(tmp_path / "o", rng.integers(0, 8, size=(40, 3)))
+    assert_one_sentence_error(run_cli("cache", str(path), "--train", "30%"), "--retain")
+    assert_one_sentence_error(run_cli("cache", str(path), "--train-trace", str(path)), "--retain")
+    assert_one_sentence_error(run_cli("cache", str(path), "--retain", "--predictor", "static-hot", "--train-trace",
+                                      str(other)), "MoE layers")
+    with pytest.raises(UserError, match="retain_predictor"):
+        from replay import api
+
+        api.cache(path, train="30%")
+    r = run_cli("cache", str(path), "--retain", "--predictor", "static-hot", "--train", "trace:30%", "--budgets", "2",
+                "--json")
+    assert r.code == 0 and {x["retain_train"] for x in json.loads(r.out)["rows"]} == {"trace:30%"}
+    r = run_cli("cache", str(path), "--retain", "--predictor", "static-hot", "--train", "in-sample", "--budgets", "2")
+    assert r.code == 0 and "IN-SAMPLE" in r.out
+
+
 def test_default_is_held_out_and_in_sample_is_marked(tmp_path):
     rng = np.random.default_rng(2)
     path = _write(tmp_path / "t", rng.integers(0, 8, size=(40, 2)), prompt=4)

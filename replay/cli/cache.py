@@ -54,7 +54,8 @@ def register(app: typer.Typer) -> None:
         per_layer: bool = typer.Option(False, "--per-layer", help="Also one row per MoE layer."),
         phase: str = typer.Option("decode", "--phase", help="Hit % the table leads with: decode (decode loads only), "
                                   "prefill (prompt loads only) or all (both: cumulative)."),
-        seed: int = typer.Option(0, "--seed", help="Seed of the random policy."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the random policy (and of the deal of requests with "
+                                "--retain --train folds:K)."),
         csv: Path | None = typer.Option(None, "--csv", help="Also write every row to this CSV file (atomically)."),
         validate: bool = typer.Option(False, "--validate", help="Replay LRU at the recorded budget and compare with the engine; "
                                       "exits 1 when the replay does not reproduce the engine (cumulative hit % more than "
@@ -76,6 +77,13 @@ def register(app: typer.Typer) -> None:
         retain: bool = typer.Option(False, "--retain", help="Protect the --predictor's guesses for the next layer(s) from eviction."),
         predictor: str | None = typer.Option(None, "--predictor", help="With --retain: prev-token (the default) | "
                                              "stale-gate[d] | static-hot.", show_default=False),
+        train: str | None = typer.Option(None, "--train", help="With --retain: what a learning predictor (static-hot, "
+                                         "pair-table[d], request-match, mix) is fitted on; it guesses only for the other "
+                                         "tokens: 50% (the first half of each request's decoded tokens), trace:50%, "
+                                         "folds:K (dealt with --seed), or in-sample [default: 50%].", show_default=False),
+        train_trace: Path | None = typer.Option(None, "--train-trace", help="With --retain: fit a learning predictor on "
+                                                "this trace instead (same model and shapes); it guesses for every token.",
+                                                show_default=False),
         pin_per_layer: int | None = typer.Option(None, "--pin-per-layer", help="pin: experts pinned per MoE layer "
                                                  "(default: as many as fit in half the budget, the same in every layer)."),
         pin_profile: Path | None = typer.Option(None, "--pin-profile", help="pin: take the hot list from this trace's whole-run "
@@ -116,6 +124,9 @@ def register(app: typer.Typer) -> None:
         json_out = json_out or check_format(fmt) == "json"
         if predictor is not None and not retain:  # it would be silently ignored
             raise UserError(f"--predictor {predictor}: only meaningful with --retain (cache replays no predictor otherwise).")
+        for flag, given in (("--train", train), ("--train-trace", train_trace)):
+            if given is not None and not retain:  # it would be silently ignored
+                raise UserError(f"{flag} {given}: only meaningful with --retain (cache fits no predictor otherwise).")
         predictor = predictor or "prev-token"
         check_phase(phase)
         cmodel = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
@@ -147,7 +158,7 @@ def register(app: typer.Typer) -> None:
         if blist is not None and budget_mib is not None and not validate:
             raise UserError("--budgets and --budget-mib both name the budgets to replay; give one of them.")
         # Every path this command reads: --csv may be none of them, nor lie inside one.
-        inputs = [trace, cost_model, pin_profile, *(policy_file or []), *(predictor_file or [])]
+        inputs = [trace, cost_model, pin_profile, train_trace, *(policy_file or []), *(predictor_file or [])]
         if csv is not None:
             check_output_file(csv, inputs=inputs)  # before the replay, not after
         from replay.core.streaming import check_stream_mode
@@ -187,7 +198,8 @@ def register(app: typer.Typer) -> None:
                             retain_predictor=predictor if retain else None, show_progress=True, stream=stream,
                             predictor_file=predictor_file, foreign_cost_model=foreign_cost_model,
                             paired=cmodel is not None and not retain,  # with a cost model: each cell against LRU (replay.analyses.paired)
-                            time_model=time_model if timeline else None, device_profile=device_profile)
+                            time_model=time_model if timeline else None, device_profile=device_profile, train=train,
+                            train_trace=open_trace(train_trace) if train_trace is not None else None)
         frame, blist, loads, sm = run.frame, run.budgets_mib, run.loads, run.summary
         T, W, chosen, collapsed, no_decode = (sm["token_cycle_mib"], sm["working_set_mib"], sm["budgets_chosen"],
                                               sm["collapsed"], sm["no_decode"])

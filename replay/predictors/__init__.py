@@ -265,7 +265,7 @@ def run(trace, arr, in_phase: np.ndarray, width: int, requested: list[tuple[str,
             except Exception as e:
                 if mod.__name__.startswith("replay."):
                     raise
-                raise UserError(f"{where(mod)}: predict() for {n} failed: {type(e).__name__}: {e}.") from e
+                raise plugin_error(mod, n, e) from e
 
         if getattr(mod, "SPLIT", False):  # a composite (mix): runs its parts under the same protocol
             out[n] = keep_evaluated(as_prediction(mod, n, call(in_phase, split=split), arr.n_rows, width,
@@ -287,6 +287,25 @@ def run(trace, arr, in_phase: np.ndarray, width: int, requested: list[tuple[str,
         else:
             out[n] = keep_evaluated(as_prediction(mod, n, call(in_phase), arr.n_rows, width, trace.n_expert, in_phase))
     return out
+
+
+def plugin_error(mod: ModuleType, name: str, e: Exception) -> UserError:
+    """A user predictor whose ``predict`` raised: one sentence naming its file (the traceback only
+    under --debug, as the cause). A Numba function of the plugin that does not compile is said as a
+    policy plugin's is (:func:`replay.plugins.numba_error`): the underlying error at its line, not
+    Numba's pipeline header and its "During:" lines."""
+    import sys
+
+    errors = sys.modules.get("numba.core.errors")  # loaded whenever Numba raised
+    if errors is not None and isinstance(e, errors.NumbaError):
+        from replay.plugins import numba_error
+
+        line, what = numba_error(e, where(mod))
+        at = where(mod) + (f", line {line}" if line is not None else "")
+        return UserError(f"{at}: predictor {name!r} does not compile with Numba: {what}.")
+    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("\x1b")), "")
+    said = f"{type(e).__name__}: {first[:200]}" if first else type(e).__name__
+    return UserError(f"{where(mod)}: predict() for {name} failed: {said.rstrip('.')}.")
 
 
 def learns(family: str) -> bool:

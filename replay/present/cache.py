@@ -192,6 +192,11 @@ def retain_text(frame: pl.DataFrame, policies: list[str], budgets_mib: list[floa
     name = overall[0]["retain_predictor"] if overall else "?"
     out = ["", f"retention ({name}'s guesses for the next layer(s) protected from eviction; zero extra bytes): the hit % "
            "tables above are WITH retention; change against the same replay without it, in points"]
+    train = overall[0].get("retain_train") if overall else None
+    if train == "in-sample":
+        out.append(f"IN-SAMPLE: {name} was fitted on the very tokens it guesses for (it has seen the answers).")
+    elif train not in (None, "none"):
+        out.append(f"{name} was fitted held out ({train}): the tokens it learned from get no guesses.")
     for field, title in (("retain_gain_pp_decode", "decode-only"), ("retain_gain_pp_cum", "cumulative (prefill included)")):
         rows = [{"budget": exact(float(b)), **{p: cell[(p, b)][field] for p in policies}} for b in budgets_mib]
         out += [title, text_table(rows, ["budget", *policies], [header_for("budget_mib"), *policies], digits=PRECISION["pp"])]
