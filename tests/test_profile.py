@@ -308,6 +308,40 @@ def test_cli_profile_json_text_and_out(small_trace, tmp_path):
     assert_one_sentence_error(run_cli("profile", small_trace, "-o", small_trace / "out"), "")
 
 
+def test_sweep_profile_kind_cells_are_the_verbs_rows_and_the_report_answers(small_trace, tmp_path):
+    """A [profile] table: one cell per (budget, phase); its rows are `profile --json`'s rows, the
+    pooled row also holds the json's answer (answer_*), and sweep-report prints each cell's answer."""
+    import json
+
+    from replay.core.frames import rows_of
+    from tests.helpers import run_cli
+
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'traces = ["{small_trace}"]\n[profile]\nbudgets_mib = [1, 40]\nphases = ["decode", "all"]\n')
+    assert run_cli("sweep", grid, "-o", tmp_path / "out", "--workers", "1").code == 0
+    table = pl.read_parquet(tmp_path / "out" / "profile.parquet")
+    assert table.select("cell_budget_mib", "cell_phase").unique(maintain_order=True).rows() == [
+        (b, p) for b in (1.0, 40.0) for p in ("decode", "all")]
+    answers = []
+    for b, p in ((1.0, "decode"), (1.0, "all"), (40.0, "decode"), (40.0, "all")):
+        obj = json.loads(run_cli("profile", small_trace, "--json", "--budget-mib", str(b), "--phase", p).out)
+        got = table.filter((pl.col("cell_budget_mib") == b) & (pl.col("cell_phase") == p))
+        assert [{k: r[k] for k in obj["rows"][0]} for r in rows_of(got)] == obj["rows"]
+        pooled = rows_of(got.filter(pl.col("layer").is_null()))[0]
+        assert {k: pooled[f"answer_{k}"] for k in obj["answer"]} == obj["answer"]
+        assert got.filter(pl.col("layer").is_not_null())["answer_phase"].null_count() == got.height - 1
+        answers.append(obj["answer"])
+    rep = json.loads(run_cli("sweep-report", tmp_path / "out", "--json").out)
+    assert rep["rows"] == [] and [{k: r[k] for k in a} for r, a in zip(rep["profile"], answers)] == answers
+    text = run_cli("sweep-report", tmp_path / "out").out
+    lines = [ln for ln in text.splitlines() if ln.startswith(str(small_trace))]
+    assert len(lines) == 4 and "budget_mib 1, phase all" in lines[1]  # the hot 80% is ~21 MiB: no at 1, yes at 40
+    assert ["Not by popularity at 1 MiB" in ln for ln in lines] == [True, True, False, False]
+    assert ["Yes at 40 MiB" in ln for ln in lines] == [False, False, True, True]
+    grid.write_text(f'traces = ["{small_trace}"]\n[profile]\nsegment_lengths = [4]\n')
+    assert_one_sentence_error(run_cli("sweep", grid, "-o", tmp_path / "bad"), "segment_lengths", "--segments")
+
+
 def test_qwen_report_verdict_opens_with_the_cacheability_answer(real_trace_dir, tmp_path):
     """The report's verdict opens with profile's answer, figure for figure (which
     test_real_traces_agree_with_cache holds against the cache replays), at the recorded budget."""
