@@ -167,6 +167,24 @@ def test_srp_hand_checked():
     assert srp_from_hist(srp_hist(ex, rows, start, 8, 3)) == (None, None, None)
 
 
+def test_srp_hist_counts_levels_across_sequences():
+    """srp_hist keeps per-count levels and credits them lazily: sequences of every length around m
+    (shorter: no window; equal: one), rows out of order, top-k with repeats across tokens, exactly
+    the naive twin's histogram summed over the sequences."""
+    rng = np.random.default_rng(7)
+    E, k = 5, 2
+    lens = [3, 1, 7, 4, 12]
+    seqs = [[list(rng.choice(E, k, replace=False)) for _ in range(n)] for n in lens]
+    flat = [t for s in seqs for t in s]
+    perm = rng.permutation(len(flat))  # rows[t] points at the token's row in a shuffled table
+    ex = np.zeros((len(flat), k), np.int64)
+    ex[perm] = np.array(flat, np.int64)
+    starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    for m in range(1, 14):
+        want = [sum(x) for x in zip(*(naive_srp_hist(s, m, E) for s in seqs))]
+        assert srp_hist(ex, perm.astype(np.int64), starts, m, E).tolist() == want, m
+
+
 def test_sch_hand_checked():
     # m = 1: only the current token counts, and its own use is spent at the access, so every
     # priority is (0, last use): the stack is LRU's. Tokens route 0, 1, 0, 2, 0 (top-1, 3 experts).
