@@ -167,6 +167,24 @@ def test_srp_hand_checked():
     assert srp_from_hist(srp_hist(ex, rows, start, 8, 3)) == (None, None, None)
 
 
+def test_srp_hist_counts_levels_across_sequences():
+    """srp_hist keeps per-count levels and credits them lazily: sequences of every length around m
+    (shorter: no window; equal: one), rows out of order, top-k with repeats across tokens, exactly
+    the naive twin's histogram summed over the sequences."""
+    rng = np.random.default_rng(7)
+    E, k = 5, 2
+    lens = [3, 1, 7, 4, 12]
+    seqs = [[list(rng.choice(E, k, replace=False)) for _ in range(n)] for n in lens]
+    flat = [t for s in seqs for t in s]
+    perm = rng.permutation(len(flat))  # rows[t] points at the token's row in a shuffled table
+    ex = np.zeros((len(flat), k), np.int64)
+    ex[perm] = np.array(flat, np.int64)
+    starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    for m in range(1, 14):
+        want = [sum(x) for x in zip(*(naive_srp_hist(s, m, E) for s in seqs))]
+        assert srp_hist(ex, perm.astype(np.int64), starts, m, E).tolist() == want, m
+
+
 def test_sch_hand_checked():
     # m = 1: only the current token counts, and its own use is spent at the access, so every
     # priority is (0, last use): the stack is LRU's. Tokens route 0, 1, 0, 2, 0 (top-1, 3 experts).
@@ -306,6 +324,40 @@ def test_cli_profile_json_text_and_out(small_trace, tmp_path):
     assert_one_sentence_error(run_cli("profile", small_trace, "--segments", "4,x"), "--segments")
     assert_one_sentence_error(run_cli("profile", small_trace, "--pair-layer", "2"), "--pair-layer")
     assert_one_sentence_error(run_cli("profile", small_trace, "-o", small_trace / "out"), "")
+
+
+def test_sweep_profile_kind_cells_are_the_verbs_rows_and_the_report_answers(small_trace, tmp_path):
+    """A [profile] table: one cell per (budget, phase); its rows are `profile --json`'s rows, the
+    pooled row also holds the json's answer (answer_*), and sweep-report prints each cell's answer."""
+    import json
+
+    from replay.core.frames import rows_of
+    from tests.helpers import run_cli
+
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'traces = ["{small_trace}"]\n[profile]\nbudgets_mib = [1, 40]\nphases = ["decode", "all"]\n')
+    assert run_cli("sweep", grid, "-o", tmp_path / "out", "--workers", "1").code == 0
+    table = pl.read_parquet(tmp_path / "out" / "profile.parquet")
+    assert table.select("cell_budget_mib", "cell_phase").unique(maintain_order=True).rows() == [
+        (b, p) for b in (1.0, 40.0) for p in ("decode", "all")]
+    answers = []
+    for b, p in ((1.0, "decode"), (1.0, "all"), (40.0, "decode"), (40.0, "all")):
+        obj = json.loads(run_cli("profile", small_trace, "--json", "--budget-mib", str(b), "--phase", p).out)
+        got = table.filter((pl.col("cell_budget_mib") == b) & (pl.col("cell_phase") == p))
+        assert [{k: r[k] for k in obj["rows"][0]} for r in rows_of(got)] == obj["rows"]
+        pooled = rows_of(got.filter(pl.col("layer").is_null()))[0]
+        assert {k: pooled[f"answer_{k}"] for k in obj["answer"]} == obj["answer"]
+        assert got.filter(pl.col("layer").is_not_null())["answer_phase"].null_count() == got.height - 1
+        answers.append(obj["answer"])
+    rep = json.loads(run_cli("sweep-report", tmp_path / "out", "--json").out)
+    assert rep["rows"] == [] and [{k: r[k] for k in a} for r, a in zip(rep["profile"], answers)] == answers
+    text = run_cli("sweep-report", tmp_path / "out").out
+    lines = [ln for ln in text.splitlines() if ln.startswith(str(small_trace))]
+    assert len(lines) == 4 and "budget_mib 1, phase all" in lines[1]  # the hot 80% is ~21 MiB: no at 1, yes at 40
+    assert ["Not by popularity at 1 MiB" in ln for ln in lines] == [True, True, False, False]
+    assert ["Yes at 40 MiB" in ln for ln in lines] == [False, False, True, True]
+    grid.write_text(f'traces = ["{small_trace}"]\n[profile]\nsegment_lengths = [4]\n')
+    assert_one_sentence_error(run_cli("sweep", grid, "-o", tmp_path / "bad"), "segment_lengths", "--segments")
 
 
 def test_qwen_report_verdict_opens_with_the_cacheability_answer(real_trace_dir, tmp_path):

@@ -197,25 +197,46 @@ def window_counts(experts, rows, seq_start, window, n_expert):
 @njit(cache=True)
 def srp_hist(experts, rows, seq_start, m, n_expert):
     """[m + 1] int64: over every window of m consecutive tokens of each sequence and every expert,
-    how many (window, expert) pairs route the expert c times in the window (c = 0..m)."""
+    how many (window, expert) pairs route the expert c times in the window (c = 0..m).
+
+    O(k) per token, not O(n_expert) per window: ``level[c]`` is how many experts the current window
+    routes c times, and ``hist[c]`` is credited with ``level[c]`` for each window that level held,
+    when it changes (``since[c]``: the first window not yet credited) and at the sequence's end."""
     hist = np.zeros(m + 1, np.int64)
     k = experts.shape[1]
     cnt = np.zeros(n_expert, np.int64)
+    level = np.zeros(m + 1, np.int64)
+    since = np.zeros(m + 1, np.int64)
     for s in range(seq_start.shape[0] - 1):
         a, b = seq_start[s], seq_start[s + 1]
         if b - a < m:
             continue
         cnt[:] = 0
+        level[:] = 0
+        level[0] = n_expert
+        since[:] = a  # windows are numbered by their first token: a .. b - m
         for t in range(a, a + m):
             for j in range(k):
-                cnt[experts[rows[t], j]] += 1
-        for w in range(a, b - m + 1):
-            if w > a:
-                for j in range(k):
-                    cnt[experts[rows[w - 1], j]] -= 1
-                    cnt[experts[rows[w + m - 1], j]] += 1
-            for e in range(n_expert):
-                hist[cnt[e]] += 1
+                x = experts[rows[t], j]
+                level[cnt[x]] -= 1
+                cnt[x] += 1
+                level[cnt[x]] += 1
+        for w in range(a + 1, b - m + 1):
+            for j in range(k):
+                for d in range(2):  # the token leaving the window, then the one entering it
+                    x = experts[rows[w - 1], j] if d == 0 else experts[rows[w + m - 1], j]
+                    step = -1 if d == 0 else 1
+                    c = cnt[x]
+                    hist[c] += level[c] * (w - since[c])
+                    since[c] = w
+                    level[c] -= 1
+                    c += step
+                    hist[c] += level[c] * (w - since[c])
+                    since[c] = w
+                    level[c] += 1
+                    cnt[x] = c
+        for c in range(m + 1):
+            hist[c] += level[c] * (b - m + 1 - since[c])
     return hist
 
 
@@ -499,8 +520,9 @@ def profile_arrays(arrays: Any, loads: Any, *, moe_layers: tuple[int, ...], n_ex
     rsel = np.searchsorted(req_ids, request) if has_request else np.zeros(request.shape[0], np.int64)
     counts = np.zeros((len(req_ids), L, E), np.int64)
     rows_p = np.flatnonzero(in_phase)
+    cell = (rsel[rows_p] * L + lidx[rows_p]) * E  # one bincount over (request, layer, expert), not np.add.at
     for j in range(k):
-        np.add.at(counts, (rsel[rows_p], lidx[rows_p], experts[rows_p, j]), 1)
+        counts += np.bincount(cell + experts[rows_p, j], minlength=counts.size).reshape(counts.shape)
     pop_rows, curves = [], {}
     groups = [(None, counts.sum(axis=0))] + ([(int(r), counts[i]) for i, r in enumerate(req_ids)]
                                              if has_request and len(req_ids) > 1 else [])
@@ -531,14 +553,17 @@ def profile_arrays(arrays: Any, loads: Any, *, moe_layers: tuple[int, ...], n_ex
     for li in range(L):
         rows, starts, seq_req = sequences(tokens, tsel, li)
         wc, wseq = window_counts(experts, rows, starts, drift_window, E)
-        prev_set, prev_seq, i = None, -1, 0
-        for w in range(wc.shape[0]):
-            top = set(np.lexsort((np.arange(E), -wc[w]))[:top_n].tolist())
-            i = i + 1 if wseq[w] == prev_seq else 0  # the window's index inside its request
-            if i > 0:
-                drift_rows.append({"request": int(seq_req[wseq[w]]) if has_request else None, "layer": moe_layers[li],
-                                   "window": i, "top_n": top_n, "kept_pct": 100.0 * len(top & prev_set) / top_n})
-            prev_set, prev_seq = top, wseq[w]
+        if wc.shape[0] < 2:
+            continue
+        # each window's top-n set as a mask (a stable sort of -count: ties to the lower id), all windows at once
+        top = np.zeros(wc.shape, bool)
+        np.put_along_axis(top, np.argsort(-wc, axis=1, kind="stable")[:, :top_n], True, axis=1)
+        kept = (top[1:] & top[:-1]).sum(axis=1)
+        same = wseq[1:] == wseq[:-1]  # a window after another of its request
+        first = np.searchsorted(wseq, wseq)  # each window's index inside its request = w - its sequence's first
+        for w in (np.flatnonzero(same) + 1).tolist():
+            drift_rows.append({"request": int(seq_req[wseq[w]]) if has_request else None, "layer": moe_layers[li],
+                               "window": w - int(first[w]), "top_n": top_n, "kept_pct": 100.0 * int(kept[w - 1]) / top_n})
     drift = pl.DataFrame(drift_rows, schema={"request": pl.Int64, "layer": pl.Int64, "window": pl.Int64,
                                              "top_n": pl.Int64, "kept_pct": pl.Float64})
 
@@ -550,11 +575,19 @@ def profile_arrays(arrays: Any, loads: Any, *, moe_layers: tuple[int, ...], n_ex
     lsel = _phase_mask(look_phase, phase)
     T_bytes = loads.token_cycle_bytes
     budget_b = None if budget_mib is None else int(math.floor(budget_mib * MIB))
+    # the phase's lookups grouped by layer once (stable: each layer's in run order), not a mask per layer
+    sel_idx = np.flatnonzero(lsel)
+    by_layer = sel_idx[np.argsort(look_lidx[sel_idx], kind="stable")]
+    bounds = np.searchsorted(look_lidx[by_layer], np.arange(L + 1))
+
+    def lookups_of(li: int | None) -> np.ndarray:
+        return sel_idx if li is None else by_layer[bounds[li]:bounds[li + 1]]
+
     reuse_rows = []
     steps = _pow2_upto(int(dist_s.max()) if dist_s.size else 1)
     for li in [None, *range(L)]:
-        m = lsel if li is None else lsel & (look_lidx == li)
-        n = int(m.sum())
+        m = lookups_of(li)
+        n = int(m.shape[0])
         d, s, gp = dist_b[m], dist_s[m], gap[m]
         row: dict[str, Any] = {"layer": None if li is None else moe_layers[li], "lookups": n,
                                "reused_pct": 100.0 * int((d >= 0).sum()) / n if n else None}
@@ -572,8 +605,8 @@ def profile_arrays(arrays: Any, loads: Any, *, moe_layers: tuple[int, ...], n_ex
     marks = sorted({T_bytes * f // 4 for f in (1, 2, 4, 8, 16, 32, 64)} | ({budget_b} if budget_b is not None else set()))
     cdf_rows = []
     for li in [None, *range(L)]:
-        m = lsel if li is None else lsel & (look_lidx == li)
-        n = int(m.sum())
+        m = lookups_of(li)
+        n = int(m.shape[0])
         d = dist_b[m]
         for b in marks:
             cdf_rows.append({"layer": None if li is None else moe_layers[li], "distance_mib": b / MIB,

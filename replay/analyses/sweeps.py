@@ -9,7 +9,8 @@ Layout of RESULTS::
 
     sweep.json            what the last sweep did (grid, engine, cells, tables); "complete": false while one runs
     grid.toml             a copy of the grid the tables were made from
-    <kind>.parquet        one table per analysis kind of the grid (cache, predict, drop, prefetch, retention, curve)
+    <kind>.parquet        one table per analysis kind of the grid (cache, predict, drop, prefetch, retention, curve,
+                          profile)
     chunks/NNNNNN.parquet the cell store: one atomically written file per finished batch of cells
                           (compacted into one file when a sweep ends)
     .lock                 held (flock) while a sweep writes: a second sweep on the same RESULTS refuses
@@ -50,7 +51,7 @@ from traces.io.digest import sha256_file, trace_content_id
 from traces.util.units import parse_budget_mib
 
 FORMAT = "moe-replay-sweep"
-KIND_ORDER = ("cache", "predict", "drop", "prefetch", "retention", "curve")
+KIND_ORDER = ("cache", "predict", "drop", "prefetch", "retention", "curve", "profile")
 
 EXAMPLE = '''\
 # moe-replay sweep grid (TOML). Run: moe-replay sweep THIS.toml -o RESULTS
@@ -58,7 +59,7 @@ EXAMPLE = '''\
 traces = ["runs/qwen", "runs/*-batch8"]   # trace directories or globs (each glob must match)
 
 # One table per analysis kind; each key is a keyword argument of that replay.<function>
-# (cache, predict, drop, prefetch, curve; retention = replay.retain). A list is crossed: one cell per
+# (cache, predict, drop, prefetch, curve, profile; retention = replay.retain). A list is crossed: one cell per
 # combination. The plural spellings below (policies, budgets_mib, predictors, modes, caps, ...)
 # are the lists of the singular keyword.
 
@@ -90,6 +91,10 @@ budgets_mib = [2000]
 
 [curve]                                   # replay.curve: one cell per policy, its whole curve in one pass
 policies = ["lru", "layer"]               # (every budget where it changes, each equal to a replay there)
+
+[profile]                                 # replay.profile: one cell per trace (x budget, x phase), its rows
+budgets_mib = [4000]                      # the per-layer and pooled locality summary; the pooled row also
+                                          # holds the cacheability answer at the budget (answer_*)
 '''
 
 
@@ -128,6 +133,10 @@ KINDS: dict[str, Kind] = {
     "curve": Kind("curve", "curve", {"policies": "policy"}, {"budgets_mib": "budget_mib", "sample_rates": "sample_rate",
                                                              "cost_models": "cost_model"},
                   {**_COMMON_REFUSED, "tolerances_pp": "the budget answer is the verb's and the API's, not a table's"}),
+    "profile": Kind("profile", "profile", {}, {"budgets_mib": "budget_mib", "phases": "phase",
+                                               "drift_windows": "drift_window"},
+                    {**_COMMON_REFUSED, "segment_lengths": "a [profile] row holds SRP and SCH at 16-token segments; the "
+                     "other lengths are the verb's (moe-replay profile --segments)"}),
 }
 _FILE_KEYS = ("cost_model", "policy_file", "predictor_file")
 #: ``--workers`` is refused beyond this many local workers per core (a typo, not a pool).
@@ -223,7 +232,7 @@ def _check_value(kind: str, key: str, v: Any, default: Any, where: str, base: Pa
         if not isinstance(v, bool):
             raise UserError(f"{where}: {v!r} is not true or false.")
         return v
-    if key in ("seed", "cap", "width"):
+    if key in ("seed", "cap", "width", "drift_window"):
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "seed" else 1) or v >= 1 << 63:
             raise UserError(f"{where}: {v!r} is not a{' non-negative' if key == 'seed' else ' positive'} integer.")
         return v
@@ -480,7 +489,30 @@ def compute_cell(kind: str, path: str, params: dict[str, Any]) -> tuple[pl.DataF
             b = kw.pop("budget_mib")
             kw["budgets_mib"] = None if b is None else [b]
         return api.curve(t, **kw), []
+    if kind == "profile":
+        return profile_cell(api.profile_run(t, **kw)), []
     raise AssertionError(kind)
+
+
+#: The cacheability answer's figures (``Profile.answer``) as a [profile] table's ``answer_*`` columns.
+ANSWER_SCHEMA = {"phase": pl.String, "budget_mib": pl.Float64, "token_cycle_mib": pl.Float64,
+                 "working_set_mib": pl.Float64, "hot_set_80_mib": pl.Float64, "hot_set_80_experts": pl.Int64,
+                 "entries": pl.Int64, "reused_pct": pl.Float64, "within_1_steps_pct": pl.Float64,
+                 "lru_hit_pct_at_token_cycle": pl.Float64, "lru_hit_pct_at_budget": pl.Float64,
+                 "sch_2k_16_pct": pl.Float64}
+
+
+def profile_cell(prof: Any) -> pl.DataFrame:
+    """A [profile] cell's rows: :func:`replay.profile`'s rows (one per MoE layer and the pooled row),
+    the pooled row also carrying the cacheability answer (what ``profile --json`` prints as
+    ``answer``) as ``answer_<key>`` columns, null on the per-layer rows."""
+    from replay.analyses.locality import summary
+
+    rows = summary(prof)
+    assert set(prof.answer) == set(ANSWER_SCHEMA), sorted(prof.answer)
+    pooled = pl.col("layer").is_null()
+    return rows.with_columns([pl.when(pooled).then(pl.lit(prof.answer[k], dtype=dt)).otherwise(pl.lit(None, dtype=dt))
+                              .alias(f"answer_{k}") for k, dt in ANSWER_SCHEMA.items()])
 
 
 def run_batch(batch: list[tuple[str, str, str, dict[str, Any]]]) -> list[tuple[str, bytes, list[str]]]:
@@ -1218,6 +1250,23 @@ def sweep_budget_answer(results: str | Path, *, tolerances_pp: Sequence[float] =
 def exact_mib(x: float) -> str:
     """A budget in MiB to 0.1, without trailing zeros (1024, 12.3)."""
     return f"{round(x, 1):g}"
+
+
+def profile_answers(results: str | Path) -> pl.DataFrame | None:
+    """One row per [profile] cell of RESULTS (grid order): ``trace``, ``trace_id``, the cell's
+    parameters (``cell_*``) and the cacheability answer's figures (the ``Profile.answer`` keys, from
+    the pooled row's ``answer_*`` columns). None when RESULTS holds no profile table."""
+    res = Path(results)
+    table = res / "profile.parquet"
+    _check_results(res)
+    if not table.exists():
+        return None
+    frame = _read_table(table)
+    if frame.height == 0:
+        return pl.DataFrame()
+    pooled = frame.filter(pl.col("layer").is_null())
+    keep = ["trace", "trace_id", *(c for c in pooled.columns if c.startswith("cell_") and c != "cell_key")]
+    return pooled.select(*keep, *(pl.col(f"answer_{k}").alias(k) for k in ANSWER_SCHEMA))
 
 
 # The public functions (replay.sweep, replay.sweep_report): here, above the API whose verbs

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         example: bool = typer.Option(False, "--example", help="Print a commented example grid and exit."),
         json_out: bool = JsonOpt,
     ) -> None:
-        """Run a grid of analyses (cache, predict, drop, prefetch, retention, curve) over traces into Parquet tables.
+        """Run a grid of analyses (cache, predict, drop, prefetch, retention, curve, profile) over traces into Parquet tables.
 
         Each cell (one trace x one set of keyword arguments of the kind's API function) is computed
         once: a rerun computes only the cells RESULTS lacks, so an interrupted sweep is finished by
@@ -75,24 +75,50 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compare the traces of a sweep: best within-budget online policy per budget and trace, against Belady; the budget answer.
 
-        With a cost model in the [cache] cells, also the fastest online policy by ms per decoded token."""
-        from replay.analyses.sweeps import sweep_budget_answer
+        With a cost model in the [cache] cells, also the fastest online policy by ms per decoded token.
+        With a [profile] table, also each profile cell's answer to 'is this routing cacheable?'."""
+        from replay.analyses.sweeps import profile_answers, sweep_budget_answer
         from replay.analyses.sweeps import sweep_report as run
         from replay.core.frames import rows_of
         from replay.present.curve import sweep_answer_lines
         from replay.present.format import json_object
 
-        frame = run(results)
-        answers = rows_of(sweep_budget_answer(results))
-        if json_out:
-            typer.echo(json_object("sweep-report", None, rows_of(frame), results=str(results), budget_answer=answers))
-            return
+        profiles = profile_answers(results)  # None without a [profile] table
         cache_grid = (results / "cache.parquet").exists()
-        parts = [report_text(frame, results)] if cache_grid else []
+        curves = cache_grid or (results / "curve.parquet").exists()
+        frame = run(results) if curves or profiles is None else None
+        answers = rows_of(sweep_budget_answer(results)) if curves else []
+        if json_out:
+            extra = {} if profiles is None else {"profile": rows_of(profiles)}
+            typer.echo(json_object("sweep-report", None, [] if frame is None else rows_of(frame), results=str(results),
+                                   budget_answer=answers, **extra))
+            return
+        parts = [report_text(frame, results)] if cache_grid and frame is not None else []
         lines = sweep_answer_lines(answers, cache_grid)
         if lines:
             parts.append("budget answer: where each curve (or the tested budgets' hit rate) bends\n" + "\n".join(lines))
+        if profiles is not None:
+            parts.append(profile_text(profiles, results))
         typer.echo("\n\n".join(parts))
+
+
+def profile_text(answers, results: Path) -> str:
+    """Per [profile] cell: the trace, its parameters and the answer to 'is this routing cacheable?'
+    (the headline ``moe-replay profile`` prints, from the same figures)."""
+    from replay.core.frames import rows_of
+    from replay.present.format import exact
+    from replay.present.profile import answer_lines
+
+    if answers.height == 0:
+        return f"{results}: the profile table has no rows."
+    lines = [f"sweep {results}: is this routing cacheable? (per [profile] cell; figures in profile.parquet's pooled "
+             "rows, answer_*)"]
+    for r in rows_of(answers):
+        params = [f"{k[len('cell_'):]} {exact(v) if isinstance(v, float) else v}" for k, v in r.items()
+                  if k.startswith("cell_") and v is not None]
+        head = answer_lines(r)[0].removeprefix("Is this routing cacheable? ")
+        lines.append(f"{r['trace']}" + (f" ({', '.join(params)})" if params else "") + f": {head}")
+    return "\n".join(lines)
 
 
 def report_text(frame, results: Path) -> str:
