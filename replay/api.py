@@ -365,26 +365,38 @@ def predict(trace: TraceLike, *, predictors: Sequence[str] | None = None, horizo
 @_api
 def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), mode: str = "static",
          budget_mib: float | None = None, policy: str = "lru", phase: str = "decode", cost_model: Any = None,
-         policy_file: Any = None, foreign_cost_model: bool = False) -> pl.DataFrame:
+         policy_file: Any = None, foreign_cost_model: bool = False, time_model: str | None = None,
+         device_profile: Any = None) -> pl.DataFrame:
     """Drop-cold (skip a miss whose router weight < F/k) and top-k cut rows: reads avoided against
     weight mass discarded. ``mode``: ``static`` (on the recorded residency) or ``closed`` (the
     cache replayed at ``budget_mib`` under ``policy`` with dropping in the loop). With
     ``cost_model``: ``ms_per_token`` and the no-drop baseline (decode only; ``foreign_cost_model``
-    as in :func:`cache`)."""
+    as in :func:`cache`). ``time_model`` / ``device_profile`` as in :func:`prefetch`: on the
+    timeline (``"fitted"`` / ``"profile"``) each row's misses with and without the dropped slots
+    are timed (``ms_per_token``, ``ms_per_token_baseline``, ``stall_ms_per_token``,
+    ``ms_saved_per_token`` with its paired interval ``ms_saved_ci_low`` / ``_high`` and
+    ``vs_baseline_time``: replay.analyses.drop_cold.timeline_drop); ``"linear"``: ``cost_model``,
+    else one fitted on the trace."""
     from replay.analyses.drop_cold import closed_drop, drop_time_columns, static_drop
+    from replay.analyses.timeline_whatif import timeline_profile
     from replay.core.phases import check_phase
 
     check_phase(phase)
     _plugins(policy_file, None)
     if mode not in ("static", "closed"):
         raise UserError(f"mode {mode!r} is not static or closed.")
+    t = _trace(trace)
+    profile, _ = timeline_profile(t, time_model, device_profile)
+    if profile is not None and cost_model is not None:
+        raise UserError("cost_model and a timeline time model are alternatives; give one.")
+    if time_model == "linear" and cost_model is None:
+        cost_model = fit_cost_model(t)
     if cost_model is not None and phase != "decode":
         raise UserError(f"cost_model: time per token is modelled for decoded tokens; use phase='decode', not {phase!r}.")
-    t = _trace(trace)
     cost_model = _applied(cost_model, t, foreign_cost_model)
     vals = [float(f) for f in fracs]
-    frame = (static_drop(t, vals, phase=phase) if mode == "static"
-             else closed_drop(t, vals, budget_mib=_budget(budget_mib), policy=policy, phase=phase))
+    frame = (static_drop(t, vals, phase=phase, profile=profile) if mode == "static"
+             else closed_drop(t, vals, budget_mib=_budget(budget_mib), policy=policy, phase=phase, profile=profile))
     return drop_time_columns(frame, cost_model, mode) if cost_model is not None else frame
 
 

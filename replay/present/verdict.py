@@ -238,14 +238,20 @@ def drop_line(rows: list[dict[str, Any]]) -> str:
               f" (95% interval {fmt_q(r['io_saved_ci_low'], 'pct')} to {fmt_q(r['io_saved_ci_high'], 'pct')}%)")
         return f"{fmt_q(r['io_saved_pct'], 'pct')}%{iv}"
 
-    def time(r: dict[str, Any]) -> str:  # with a cost model: what the avoided reads are worth in time
+    def time(r: dict[str, Any]) -> str:  # with a cost model or the timeline: what the avoided reads are worth in time
         v = r.get("ms_saved_per_token")
-        return "" if v is None else f", {'saves' if v >= 0 else 'costs'} {fmt_q(abs(v), 'ms')} ms/token"
+        if v is None:
+            return ""
+        iv = ("" if r.get("ms_saved_ci_low") is None else
+              f" ({_iv(r['ms_saved_ci_low'], r['ms_saved_ci_high'])}{'' if r.get('vs_baseline_time') != 'tie' else ', a tie'})")
+        return f", {'saves' if v >= 0 else 'costs'} {fmt_q(abs(v), 'ms')} ms/token{iv}"
 
     timed = any(r.get("ms_saved_per_token") is not None for r in rows)
+    where = ("on the timeline of reads on lanes against compute" if r0.get("time_model") in ("fitted", "profile")
+             else "under the cost model")
     parts = [f"F = {exact(r['frac'])}: {saved(r)} / {fmt_q(r['mass_lost_pct'], 'pct')}%{time(r)}" for r in rows]
     return (f"Drop-cold ({how}; decode routings), reads avoided (% of miss bytes) / router weight mass discarded (%)"
-            + (", and the time it saves per decoded token under the cost model" if timed else "") + ": "
+            + (f", and the time it saves per decoded token {where}" if timed else "") + ": "
             + "; ".join(parts) + ". Weight mass is a proxy for quality, not a measurement of it"
             + ("" if timed else "; no cost model: bytes, not time"))
 
