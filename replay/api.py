@@ -193,8 +193,6 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
     if profile is not None:
         if cost_model is not None:
             raise UserError("cost_model and a timeline time model are alternatives; give one.")
-        if retain_predictor is not None:
-            raise UserError("--time-model fitted|profile times plain replays; not with --retain.")
         if stream == "on":
             raise UserError("--stream on: the timeline times each cell's per-slot codes in memory; use --stream off or auto.")
         stream = "off"
@@ -226,7 +224,7 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
             from replay.analyses.prefetching import retain_sweep
 
             frame = retain_sweep(t, loads, pols, blist, retain_predictor, per_layer=per_layer, seed=seed,
-                                 policy_options=policy_options, show_progress=show_progress)
+                                 policy_options=policy_options, show_progress=show_progress, profile=profile)
         else:
             frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed, policy_options=policy_options,
                           show_progress=show_progress, series=series)
@@ -236,7 +234,7 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
         from replay.analyses.paired import with_paired, with_requests
 
         frame = with_paired(frame, with_requests(series, t), cost_model)
-    if profile is not None:
+    if profile is not None and retain_predictor is None:  # retention is timed by retain_sweep, with and without
         from replay.analyses.paired import request_units
         from replay.analyses.timeline_whatif import cache_columns
 
@@ -279,7 +277,10 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     ``time_model`` ``"fitted"`` / ``"profile"`` (with ``device_profile``): every overall row timed on
     the timeline (replay.analyses.timeline_whatif.cache_columns: ``ms_per_token``, ``tok_s``,
     ``stall_ms_per_token``, ``lane_busy_pct``, and against LRU ``delta_ms_vs_lru`` with its paired
-    interval and ``vs_lru_time``); ``"linear"``: ``cost_model``, else one fitted on the trace."""
+    interval and ``vs_lru_time``); with ``retain_predictor``, the replay with retention against the
+    plain one instead (replay.analyses.prefetching.retain_timeline_columns: ``ms_per_token``,
+    ``ms_per_token_no_retain``, ``retain_ms_saved_per_token`` with its paired interval,
+    ``retain_vs_no_retain_time``); ``"linear"``: ``cost_model``, else one fitted on the trace."""
     return cache_run(trace, policies=policies, budgets_mib=budgets_mib, per_layer=per_layer, phase=phase, seed=seed,
                      policy_options=policy_options, policy_file=policy_file, cost_model=cost_model,
                      retain_predictor=retain_predictor, predictor_file=predictor_file, show_progress=show_progress,

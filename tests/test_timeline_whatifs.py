@@ -69,3 +69,49 @@ def test_report_drop_line_on_the_timeline(tmp_path):
     line = next(x for x in md.splitlines() if x.startswith("- Drop-cold"))
     assert "the time it saves per decoded token on the timeline of reads on lanes against compute" in line
     assert "saves 40.0 ms/token (95% interval [+40.0, +40.0])" in line
+
+
+def test_cache_retain_on_the_timeline(tmp_path):
+    from replay.api import cache
+    from tests.helpers import run_cli
+
+    tr = _synthetic(tmp_path, alternate=False)
+    f = cache(tr, policies=["lru"], budgets_mib=[4, 6], retain_predictor="prev-token", time_model="profile",
+              device_profile=SLOW_LANE)
+    rows = {r["budget_mib"]: r for r in f.to_dicts() if r["layer"] is None}
+    # 4 MiB: retention changes no hit (all 8 MiB a token routes miss either way): 4 x 21 ms both, a tie at zero
+    r = rows[4.0]
+    assert r["ms_per_token"] == r["ms_per_token_no_retain"] == 84.0 and r["retain_vs_no_retain_time"] == "tie"
+    assert r["retain_ms_saved_per_token"] == r["retain_ms_ci_low"] == r["retain_ms_ci_high"] == 0.0
+    # 6 MiB: retention keeps the next layer's guesses; the decoded tokens read 164 MiB (172 less prefill's 8), each
+    # MiB a 10 ms read on the one lane that the layer waits for: 4 ms of compute + 10 x 164 / 40 = 45 ms/token
+    r = rows[6.0]
+    assert r["hit_pct_decode"] > r["hit_pct_decode_no_retain"] == 0.0 and r["read_mib"] == 172.0
+    assert r["ms_per_token"] == 45.0 and r["ms_per_token_no_retain"] == 84.0 and r["stall_ms_per_token"] == 41.0
+    assert r["retain_ms_saved_per_token"] == 39.0 and 30.0 < r["retain_ms_ci_low"] < 39.0 < r["retain_ms_ci_high"]
+    assert r["retain_vs_no_retain_time"] == "better" and r["time_model"] == "profile"
+    res = run_cli("cache", tr.path, "--policies", "lru", "--budget-mib", "4", "--retain", "--time-model", "profile",
+                  "--device-profile", "gpu-pcie4")
+    assert res.code == 0, res.err
+    assert "without retention 2.6 ms: retention tie within noise (±0.00 ms/token)" in res.out
+
+
+def test_report_retention_line_on_the_timeline(tmp_path):
+    """report --time-model profile: the verdict's retention line gives each policy's time with and
+    without retention on the timeline, with its interval, from the same rows as ``cache --retain``."""
+    import json
+
+    from replay.api import write_report
+
+    tr = _synthetic(tmp_path / "t", alternate=False)
+    d = write_report(tr.path, tmp_path / "r", budget_mib=6, policies=["lru"], time_model="profile",
+                     device_profile=SLOW_LANE)
+    rows = [r for r in json.loads((d / "verdict.json").read_text())["rows"] if r["kind"] == "retention"]
+    lru = next(r for r in rows if r["policy"] == "lru")
+    assert lru["budget_mib"] == 6 and lru["time_model"] == "profile"
+    assert lru["ms_per_token_no_retain"] == 84.0 and lru["ms_per_token"] == 45.0
+    assert lru["retain_ms_saved_per_token"] == 39.0 and lru["retain_vs_no_retain_time"] == "better"
+    md = (d / "index.md").read_text()
+    line = next(x for x in md.splitlines() if x.startswith("- Retention"))
+    assert "lru at 6 MiB 0.0% → 48.8%: **helps beyond noise**" in line
+    assert "on the timeline 84.0 → 45.0 ms/token: **faster beyond noise**, saves 39.0 ms/token (95% interval [+35.6" in line

@@ -873,7 +873,8 @@ def section_prefetch(ctx: ReportContext) -> Section:
                 "going right alone means speculative reads that bought nothing."))
     loads = loads_of(tr)
     budgets = sorted({float(f"{f * tr.token_cycle_bytes / (1 << 20):.2g}") for f in (0.5, 1.5, 3.0)} | set(budgets))
-    ret = retain_sweep(tr, loads, ["lru", "lfru"], budgets, "prev-token").filter(pl.col("layer").is_null())
+    # report --time-model fitted|profile: each retention row also timed on the timeline, with and without
+    ret = retain_sweep(tr, loads, ["lru", "lfru"], budgets, "prev-token", profile=ctx.profile).filter(pl.col("layer").is_null())
     ctx.shared["retention_rows"] = ret.filter(pl.col("budget_mib").is_in(ctx.verdict_budgets)).to_dicts()
     s.tables.append(Table("retention", ret, "retention of prev-token's guesses (zero extra bytes): decode hit % with and "
                           "without, change in points with its 95% interval (paired block bootstrap over decoded tokens) "
@@ -1042,7 +1043,10 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
     for r in ctx.shared.get("retention_rows") or []:  # retention of prev-token's guesses: zero extra bytes
         rows.append({"kind": "retention", **{k: r.get(k) for k in (
             "budget_mib", "policy", "retain_predictor", "hit_pct_decode_no_retain", "hit_pct_decode", "retain_gain_pp_decode",
-            "retain_gain_ci_low", "retain_gain_ci_high", "retain_vs_no_retain")}})
+            "retain_gain_ci_low", "retain_gain_ci_high", "retain_vs_no_retain")},
+                     **({k: r.get(k) for k in ("time_model", "ms_per_token", "ms_per_token_no_retain",
+                                               "retain_ms_saved_per_token", "retain_ms_ci_low", "retain_ms_ci_high",
+                                               "retain_vs_no_retain_time")} if ctx.profile is not None else {})})
     if "drop" in ctx.shared:
         mode, budget, drops = ctx.shared["drop"]
         time_cols = (["ms_per_token_baseline", "ms_per_token", "ms_saved_per_token"]

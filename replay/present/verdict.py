@@ -78,13 +78,26 @@ def retention_line(rows: list[dict[str, Any]]) -> str:
         head = (f"{r['policy']} at {exact(r['budget_mib'])} MiB {fmt_q(r['hit_pct_decode_no_retain'], 'pct')}% → "
                 f"{fmt_q(r['hit_pct_decode'], 'pct')}%")
         if call == "tie" and r["retain_gain_ci_low"] == r["retain_gain_ci_high"] == 0:  # not one token's hits changed
-            parts.append(f"{head}: **no change** (+0.0 points, {_iv(0.0, 0.0)})")
+            parts.append(f"{head}: **no change** (+0.0 points, {_iv(0.0, 0.0)}){_retain_time(r)}")
             continue
         word = {"better": "helps beyond noise", "worse": "hurts beyond noise"}.get(call) or (
             tie_text((r["retain_gain_ci_high"] - r["retain_gain_ci_low"]) / 2, " points") if call == "tie" else "no interval")
         parts.append(f"{head}: **{word}**, {signed(r['retain_gain_pp_decode'])} points "
-                     f"({_iv(r['retain_gain_ci_low'], r['retain_gain_ci_high'])})")
+                     f"({_iv(r['retain_gain_ci_low'], r['retain_gain_ci_high'])}){_retain_time(r)}")
     return f"Retention of {r0['retain_predictor']}'s guesses (zero extra bytes), decode hits: " + "; ".join(parts)
+
+
+def _retain_time(r: dict[str, Any]) -> str:
+    """report --time-model fitted|profile: what retention does to time on the timeline, with its interval."""
+    v = r.get("retain_ms_saved_per_token")
+    if v is None:
+        return ""
+    call = r.get("retain_vs_no_retain_time")
+    word = {"better": "faster beyond noise", "worse": "slower beyond noise"}.get(call) or (
+        tie_text((r["retain_ms_ci_high"] - r["retain_ms_ci_low"]) / 2, " ms/token") if call == "tie" else "no interval")
+    return (f"; on the timeline {fmt_q(r['ms_per_token_no_retain'], 'ms')} → {fmt_q(r['ms_per_token'], 'ms')} ms/token: "
+            f"**{word}**, {'saves' if v >= 0 else 'costs'} {fmt_q(abs(v), 'ms')} ms/token "
+            f"({_iv(r['retain_ms_ci_low'], r['retain_ms_ci_high'])})")
 
 
 def _preload(r: dict[str, Any]) -> str:
