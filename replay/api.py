@@ -199,8 +199,6 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
     if profile is not None:
         if cost_model is not None:
             raise UserError("cost_model and a timeline time model are alternatives; give one.")
-        if retain_predictor is not None:
-            raise UserError("--time-model fitted|profile times plain replays; not with --retain.")
         if stream == "on":
             raise UserError("--stream on: the timeline times each cell's per-slot codes in memory; use --stream off or auto.")
         stream = "off"
@@ -233,7 +231,7 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
 
             frame = retain_sweep(t, loads, pols, blist, retain_predictor, per_layer=per_layer, seed=seed,
                                  policy_options=policy_options, show_progress=show_progress, train=train,
-                                 train_trace=_trace(train_trace) if train_trace is not None else None)
+                                 train_trace=_trace(train_trace) if train_trace is not None else None, profile=profile)
         else:
             frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed, policy_options=policy_options,
                           show_progress=show_progress, series=series)
@@ -243,7 +241,7 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
         from replay.analyses.paired import with_paired, with_requests
 
         frame = with_paired(frame, with_requests(series, t), cost_model)
-    if profile is not None:
+    if profile is not None and retain_predictor is None:  # retention is timed by retain_sweep, with and without
         from replay.analyses.paired import request_units
         from replay.analyses.timeline_whatif import cache_columns
 
@@ -289,7 +287,10 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     ``time_model`` ``"fitted"`` / ``"profile"`` (with ``device_profile``): every overall row timed on
     the timeline (replay.analyses.timeline_whatif.cache_columns: ``ms_per_token``, ``tok_s``,
     ``stall_ms_per_token``, ``lane_busy_pct``, and against LRU ``delta_ms_vs_lru`` with its paired
-    interval and ``vs_lru_time``); ``"linear"``: ``cost_model``, else one fitted on the trace."""
+    interval and ``vs_lru_time``); with ``retain_predictor``, the replay with retention against the
+    plain one instead (replay.analyses.prefetching.retain_timeline_columns: ``ms_per_token``,
+    ``ms_per_token_no_retain``, ``retain_ms_saved_per_token`` with its paired interval,
+    ``retain_vs_no_retain_time``); ``"linear"``: ``cost_model``, else one fitted on the trace."""
     return cache_run(trace, policies=policies, budgets_mib=budgets_mib, per_layer=per_layer, phase=phase, seed=seed,
                      policy_options=policy_options, policy_file=policy_file, cost_model=cost_model,
                      retain_predictor=retain_predictor, predictor_file=predictor_file, show_progress=show_progress,
@@ -378,26 +379,38 @@ def predict(trace: TraceLike, *, predictors: Sequence[str] | None = None, horizo
 @_api
 def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), mode: str = "static",
          budget_mib: float | None = None, policy: str = "lru", phase: str = "decode", cost_model: Any = None,
-         policy_file: Any = None, foreign_cost_model: bool = False) -> pl.DataFrame:
+         policy_file: Any = None, foreign_cost_model: bool = False, time_model: str | None = None,
+         device_profile: Any = None) -> pl.DataFrame:
     """Drop-cold (skip a miss whose router weight < F/k) and top-k cut rows: reads avoided against
     weight mass discarded. ``mode``: ``static`` (on the recorded residency) or ``closed`` (the
     cache replayed at ``budget_mib`` under ``policy`` with dropping in the loop). With
     ``cost_model``: ``ms_per_token`` and the no-drop baseline (decode only; ``foreign_cost_model``
-    as in :func:`cache`)."""
+    as in :func:`cache`). ``time_model`` / ``device_profile`` as in :func:`prefetch`: on the
+    timeline (``"fitted"`` / ``"profile"``) each row's misses with and without the dropped slots
+    are timed (``ms_per_token``, ``ms_per_token_baseline``, ``stall_ms_per_token``,
+    ``ms_saved_per_token`` with its paired interval ``ms_saved_ci_low`` / ``_high`` and
+    ``vs_baseline_time``: replay.analyses.drop_cold.timeline_drop); ``"linear"``: ``cost_model``,
+    else one fitted on the trace."""
     from replay.analyses.drop_cold import closed_drop, drop_time_columns, static_drop
+    from replay.analyses.timeline_whatif import timeline_profile
     from replay.core.phases import check_phase
 
     check_phase(phase)
     _plugins(policy_file, None)
     if mode not in ("static", "closed"):
         raise UserError(f"mode {mode!r} is not static or closed.")
+    t = _trace(trace)
+    profile, _ = timeline_profile(t, time_model, device_profile)
+    if profile is not None and cost_model is not None:
+        raise UserError("cost_model and a timeline time model are alternatives; give one.")
+    if time_model == "linear" and cost_model is None:
+        cost_model = fit_cost_model(t)
     if cost_model is not None and phase != "decode":
         raise UserError(f"cost_model: time per token is modelled for decoded tokens; use phase='decode', not {phase!r}.")
-    t = _trace(trace)
     cost_model = _applied(cost_model, t, foreign_cost_model)
     vals = [float(f) for f in fracs]
-    frame = (static_drop(t, vals, phase=phase) if mode == "static"
-             else closed_drop(t, vals, budget_mib=_budget(budget_mib), policy=policy, phase=phase))
+    frame = (static_drop(t, vals, phase=phase, profile=profile) if mode == "static"
+             else closed_drop(t, vals, budget_mib=_budget(budget_mib), policy=policy, phase=phase, profile=profile))
     return drop_time_columns(frame, cost_model, mode) if cost_model is not None else frame
 
 

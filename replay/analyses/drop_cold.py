@@ -98,10 +98,13 @@ def _summary(mode: str, frac: float | None, keep_k: int | None, phase: str, drop
 
 
 def static_drop(trace: Trace, fracs: list[float], phase: str = "decode",
-                keep_ks: list[int] | None = None) -> pl.DataFrame:
+                keep_ks: list[int] | None = None, profile=None) -> pl.DataFrame:
     """Static drop-cold rows (mode ``static``, one per F) and static top-k cut rows (mode
-    ``static-k``, one per keep_k in k-1..1 unless given), on the recorded residency."""
+    ``static-k``, one per keep_k in k-1..1 unless given), on the recorded residency. With
+    ``profile`` (replay.analyses.timeline.Profile) every row is also timed on the timeline
+    (:func:`timeline_drop`): the recorded misses with and without the dropped slots."""
     _check_fracs(fracs)
+    _check_timeline_phase(profile, phase)
     a = trace.arrays()
     if a.residency is None or a.read_bytes is None:
         raise UserError(f"{trace.path}: static drop needs the recorded residency and read_bytes columns "
@@ -123,11 +126,14 @@ def static_drop(trace: Trace, fracs: list[float], phase: str = "decode",
     out = []
     base_misses = saved_bytes_and_misses(load, ex, rb, np.zeros_like(ex, dtype=bool))[1]
     n_tok = _n_tokens(a, rows)
+    timer = _static_timer(trace, a, rows, profile) if profile is not None else None
 
     def summary(mode, f, kk, dropped):
         saved, misses = saved_bytes_and_misses(load, ex, rb, dropped)
         row = _summary(mode, f, kk, phase, dropped, w, total_read, saved, k)
         row.update(read_mib=(total_read - saved) / MIB, misses=misses, misses_baseline=base_misses, tokens=n_tok)
+        if timer is not None:
+            row.update(timer(dropped))
         return row
 
     for f in fracs:
@@ -158,7 +164,7 @@ def _n_tokens(a: RoutingArrays, rows: np.ndarray) -> int:
 
 
 def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = None, policy: str = "lru",
-                phase: str = "decode", keep_ks: list[int] | None = None, seed: int = 0) -> pl.DataFrame:
+                phase: str = "decode", keep_ks: list[int] | None = None, seed: int = 0, profile=None) -> pl.DataFrame:
     """Closed-loop drop-cold rows (mode ``closed``, one per F) and closed top-k cut rows (mode
     ``closed-k``, one per keep_k in k-1..1 unless given): the cache replayed with dropping in the
     loop at ``budget_mib`` (default: the trace's recorded budget) under ``policy``.
@@ -172,10 +178,13 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
     with and without dropping (``hit_pct_decode``, ``hit_pct_prefill``, ``hit_pct_cum`` and their
     ``_baseline``: hits / lookups of decode loads, prefill loads, all loads; dropped slots are not
     lookups), ``lookups`` and ``lookups_baseline`` (of ``phase``); ``read_mib_decode`` /
-    ``misses_decode`` / ``tokens_decode`` for the cost model."""
+    ``misses_decode`` / ``tokens_decode`` for the cost model. With ``profile``
+    (replay.analyses.timeline.Profile) every row is also timed on the timeline
+    (:func:`timeline_drop`): the replay with dropping against the no-drop replay."""
     from replay.core.simulate import ACC_HITS, ACC_LOOKUPS, ACC_READ, check_policies, check_state_fits, prepare_loads, replay
 
     _check_fracs(fracs)
+    _check_timeline_phase(profile, phase)
     check_policies([policy], option="--policy")
     if budget_mib is None:
         budget_mib = trace.recorded.get("budget_mib")
@@ -205,7 +214,7 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
         by = {"decode": res.acc[1].sum(axis=0), "prefill": res.acc[0].sum(axis=0), "cum": res.acc.sum(axis=(0, 1))}
         return {f"hit_pct_{name}{suffix}": _pct(t[ACC_HITS], t[ACC_LOOKUPS]) for name, t in by.items()}
 
-    base = replay(loads, policy, float(budget_mib), seed=seed)
+    base = replay(loads, policy, float(budget_mib), seed=seed, slots=profile is not None)
     import dataclasses
 
     from replay.analyses.paired import diff_saved_pct, request_units, series_of
@@ -222,6 +231,7 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
     total_read = float(b_acc[ACC_READ])
     w = w_all[rows]
     n_tok_dec = loads.decode_tokens  # tokens, not decode batches: a batch may hold many requests' tokens
+    base_tl = _time(loads, base.slots, profile) if profile is not None else None
 
     def summary(mode, f, kk, flags):
         res = replay(loads, policy, float(budget_mib), seed=seed, slots=True, drop=flags)
@@ -239,6 +249,8 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
         # reads avoided against the same replay without dropping, paired over decoded tokens (replay.analyses.paired)
         d = diff_saved_pct(b_series, paired_series(res)) if phase == "decode" else None
         row.update(io_saved_ci_low=d.low if d else None, io_saved_ci_high=d.high if d else None)
+        if base_tl is not None:
+            row.update(timeline_drop(base_tl, _time(loads, res.slots, profile), profile, units))
         return row
 
     out = []
@@ -252,6 +264,65 @@ def closed_drop(trace: Trace, fracs: list[float], budget_mib: float | None = Non
         out.append(summary("closed-k", None, kk, flags))
     frame = pl.DataFrame(out)
     return with_equal_read_comparison(frame, cut_mode="closed-k", column="closed_k_mass_lost_at_equal_io_pct")
+
+
+def _check_timeline_phase(profile, phase: str) -> None:
+    if profile is not None and phase != "decode":
+        raise UserError(f"--time-model: the timeline times decoded tokens; use --phase decode, not {phase!r}.")
+
+
+def _time(loads, slots: np.ndarray, profile):
+    from types import SimpleNamespace
+
+    from replay.analyses.timeline import time_replay
+
+    return time_replay(loads, SimpleNamespace(slots=slots, fills=None), profile)
+
+
+def _static_timer(trace: Trace, a: RoutingArrays, rows: np.ndarray, profile):
+    """For static mode on the timeline: the recorded residency as per-slot codes (0 miss, 1 hit; 3
+    dropped) in the replay's load order, and a function timing a dropped mask (over ``rows``)."""
+    from replay.analyses.paired import request_units
+    from replay.core.simulate import loads_of
+
+    loads = loads_of(trace)
+    if loads.entries.shape != a.experts.shape:
+        raise UserError(f"{trace.path}: the recorded residency does not line up with the replay's loads; "
+                        "use --mode closed to time drop-cold on the timeline.")
+    slots = np.where(a.residency == 0, 0, 1).astype(np.int8)
+    base = _time(loads, slots, profile)
+    units = request_units(trace)
+
+    def timer(dropped: np.ndarray) -> dict:
+        s = slots.copy()
+        sub = s[rows]
+        sub[dropped] = 3
+        s[rows] = sub
+        return timeline_drop(base, _time(loads, s, profile), profile, units)
+
+    return timer
+
+
+def timeline_drop(base, dropped, profile, units: np.ndarray | None = None) -> dict:
+    """One drop row's time on the timeline (replay.analyses.timeline): ``ms_per_token`` and
+    ``ms_per_token_baseline`` (no drop), ``tok_s`` (and ``_baseline``), ``stall_ms_per_token`` (and
+    ``_baseline``), ``ms_saved_per_token`` (baseline minus with drop) with its 95% interval
+    (``ms_saved_ci_low`` / ``_high``: paired block bootstrap over decoded tokens,
+    replay.analyses.paired) and ``vs_baseline_time`` (better = faster; tie unless the interval
+    excludes 0), ``time_model`` and the profile (``time_*``)."""
+    from replay.analyses.paired import call, diff_ms
+
+    sb, sd = base.summary(), dropped.summary()
+    u = units if units is not None and units.shape[0] == base.tok.shape[0] else None
+    d = diff_ms(base.ms_per_batch, dropped.ms_per_batch, base.tokens, requests=u)  # saved: baseline - with drop
+    row = {"time_model": "fitted" if profile.source == "fitted" else "profile",
+           **{f"time_{k}": v for k, v in profile.row().items()},
+           "ms_per_token": sd["ms_per_token"], "ms_per_token_baseline": sb["ms_per_token"],
+           "tok_s": sd["tok_s"], "tok_s_baseline": sb["tok_s"],
+           "stall_ms_per_token": sd["stall_ms_per_token"], "stall_ms_per_token_baseline": sb["stall_ms_per_token"],
+           "ms_saved_per_token": d.delta, "ms_saved_ci_low": d.low, "ms_saved_ci_high": d.high,
+           "vs_baseline_time": call(d, higher_is_better=True)}
+    return row
 
 
 def _pct(h, n) -> float | None:

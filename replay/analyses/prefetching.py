@@ -297,7 +297,8 @@ def with_best_plain(frame: pl.DataFrame, plain: dict | None) -> pl.DataFrame:
 
 def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: list[float], predictor: str,
                  per_layer: bool = False, seed: int = 0, policy_options: dict | None = None,
-                 show_progress: bool = True, train: str | None = None, train_trace: Trace | None = None) -> pl.DataFrame:
+                 show_progress: bool = True, train: str | None = None, train_trace: Trace | None = None,
+                 profile=None) -> pl.DataFrame:
     """Cache rows with retention (the predictor's guesses for the next layer(s) protected from
     eviction), plus ``hit_pct_decode_no_retain``, ``hit_pct_cum_no_retain`` and
     ``retain_gain_pp_decode`` / ``retain_gain_pp_cum`` (percentage points) from the same sweep
@@ -305,7 +306,8 @@ def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: l
     bootstrap over decoded tokens (``retain_gain_ci_low`` / ``retain_gain_ci_high``) and its call
     ``retain_vs_no_retain`` (better | worse | tie, :mod:`replay.analyses.paired`). A learning
     predictor is fitted held out (``train`` / ``train_trace``, as :func:`guesses`; ``retain_train``
-    says which)."""
+    says which). With ``profile`` (replay.analyses.timeline.Profile) the overall rows are also timed
+    on the timeline, with retention and without (:func:`retain_timeline_columns`)."""
     from replay.analyses.paired import call, diff_hit_pp, with_requests
     from replay.core.simulate import sweep
 
@@ -319,7 +321,7 @@ def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: l
     s_with, s_without = with_requests(s_with, trace), with_requests(s_without, trace)
     diffs = [diff_hit_pp(s_with[(p, b)], s_without[(p, b)]) if layer is None else None
              for p, b, layer in zip(with_r["policy"], with_r["budget_mib"], with_r["layer"], strict=True)]
-    return with_r.with_columns(
+    out = with_r.with_columns(
         pl.lit(g.name).alias("retain_predictor"),
         pl.lit(g.train).alias("retain_train"),
         without["hit_pct_decode"].alias("hit_pct_decode_no_retain"),
@@ -330,5 +332,55 @@ def retain_sweep(trace: Trace, loads: Loads, policies: list[str], budgets_mib: l
         pl.Series("retain_gain_ci_high", [d.high if d else None for d in diffs], dtype=pl.Float64),
         pl.Series("retain_vs_no_retain", [call(d) if d else None for d in diffs], dtype=pl.String),
     )
+    if profile is not None:
+        out = retain_timeline_columns(trace, loads, out, g, profile, seed=seed, policy_options=policy_options)
+    return out
+
+
+RETAIN_TIME_COLUMNS = ("ms_per_token", "ms_per_token_no_retain", "tok_s", "tok_s_no_retain", "stall_ms_per_token",
+                       "stall_ms_per_token_no_retain", "lane_busy_pct", "lane_busy_pct_no_retain",
+                       "retain_ms_saved_per_token", "retain_ms_ci_low", "retain_ms_ci_high")
+
+
+def retain_timeline_columns(trace: Trace, loads: Loads, frame: pl.DataFrame, g, profile, *, seed: int = 0,
+                            policy_options: dict | None = None) -> pl.DataFrame:
+    """Retention rows timed on the timeline (replay.analyses.timeline): per overall row (``layer``
+    None) the replay with retention and the plain one, each replayed again with per-slot codes:
+    ``ms_per_token`` / ``ms_per_token_no_retain``, ``tok_s`` / ``tok_s_no_retain``,
+    ``stall_ms_per_token`` / ``stall_ms_per_token_no_retain``, ``lane_busy_pct`` (and ``_no_retain``),
+    ``retain_ms_saved_per_token`` (without
+    minus with) with its 95% interval (``retain_ms_ci_low`` / ``_high``, paired block bootstrap over
+    decoded tokens) and ``retain_vs_no_retain_time`` (better = faster; tie unless the interval
+    excludes 0); ``time_model`` and the profile (``time_*``). A computed bound (opt-bound): None."""
+    from replay.analyses.paired import call, diff_ms, request_units
+    from replay.analyses.timeline import time_replay
+    from replay.core.simulate import replay
+    from replay.policies import policy_module
+
+    units = request_units(trace)
+    cols: dict[str, list] = {c: [] for c in (*RETAIN_TIME_COLUMNS, "retain_vs_no_retain_time")}
+    for r in frame.to_dicts():
+        if r.get("layer") is not None or hasattr(policy_module(r["policy"]), "solve"):
+            for c in cols:
+                cols[c].append(None)
+            continue
+        opts = (policy_options or {}).get(r["policy"])
+        b = float(r["budget_mib"])
+        with_r = time_replay(loads, replay(loads, r["policy"], b, seed=seed, slots=True, pred=g.entries, ahead=g.ahead,
+                                           retain=True, policy_options=opts), profile)
+        plain = time_replay(loads, replay(loads, r["policy"], b, seed=seed, slots=True, policy_options=opts), profile)
+        sw, sp = with_r.summary(), plain.summary()
+        u = units if units is not None and units.shape[0] == plain.tok.shape[0] else None
+        d = diff_ms(plain.ms_per_batch, with_r.ms_per_batch, plain.tokens, requests=u)
+        vals = (sw["ms_per_token"], sp["ms_per_token"], sw["tok_s"], sp["tok_s"], sw["stall_ms_per_token"],
+                sp["stall_ms_per_token"], sw["lane_busy_pct"], sp["lane_busy_pct"], d.delta, d.low, d.high)
+        for c, v in zip(RETAIN_TIME_COLUMNS, vals, strict=True):
+            cols[c].append(v)
+        cols["retain_vs_no_retain_time"].append(call(d, higher_is_better=True))
+    prof = {f"time_{k}": v for k, v in profile.row().items()}
+    return frame.with_columns(
+        *(pl.Series(c, v, dtype=pl.String if c == "retain_vs_no_retain_time" else pl.Float64) for c, v in cols.items()),
+        pl.lit("fitted" if profile.source == "fitted" else "profile").alias("time_model"),
+        *(pl.lit(v).alias(k) for k, v in prof.items()))
 
 

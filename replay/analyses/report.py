@@ -172,7 +172,7 @@ def section_drop(ctx: ReportContext) -> Section:
                   "skipped, which is what an engine's telemetry calls \"routings dropped\". Compare an engine's figure "
                   "with the second, never the first.")
     if tr.has("residency") and tr.has("read_bytes"):
-        frame = static_drop(tr, fracs)
+        frame = static_drop(tr, fracs, profile=ctx.profile)
         cold, cut = frame.filter(pl.col("mode") == "static"), frame.filter(pl.col("mode") == "static-k")
         series["drop-cold, static (recorded residency)"] = (cold["io_saved_pct"].to_numpy(), cold["mass_lost_pct"].to_numpy())
         series["top-k cut, static"] = (cut["io_saved_pct"].to_numpy(), cut["mass_lost_pct"].to_numpy())
@@ -184,7 +184,7 @@ def section_drop(ctx: ReportContext) -> Section:
         s.text.append("Static mode needs the engine's recorded residency, which this trace does not have; the closed-loop "
                       "replay below stands in for it.")
     budgets, where = ctx.verdict_budgets, ctx.verdict_where
-    closed = pl.concat([closed_drop(tr, fracs, budget_mib=b, policy="lru") for b in budgets], how="diagonal_relaxed")
+    closed = pl.concat([closed_drop(tr, fracs, budget_mib=b, policy="lru", profile=ctx.profile) for b in budgets], how="diagonal_relaxed")
     for b in budgets:
         at = closed.filter(pl.col("budget_mib") == b)
         cold, cut = at.filter(pl.col("mode") == "closed"), at.filter(pl.col("mode") == "closed-k")
@@ -224,9 +224,11 @@ def section_drop(ctx: ReportContext) -> Section:
 
 def _drop_timed(ctx: ReportContext, cold: pl.DataFrame, mode: str) -> list[dict[str, Any]]:
     """The verdict's drop-cold rows; with a cost model, with the time each saves per decoded token
-    (``drop --cost-model``'s columns: ms_per_token, ms_per_token_baseline, ms_saved_per_token)."""
+    (``drop --cost-model``'s columns: ms_per_token, ms_per_token_baseline, ms_saved_per_token); under
+    report --time-model fitted|profile, timed on the timeline instead (section_drop passed the
+    profile: ``drop --time-model``'s columns, with the paired interval of the time saved)."""
     model = ctx.shared.get("cost_model")
-    if model is None:
+    if model is None or ctx.profile is not None:
         return cold.to_dicts()
     from replay.analyses.drop_cold import drop_time_columns
 
@@ -913,7 +915,8 @@ def section_prefetch(ctx: ReportContext) -> Section:
                 "going right alone means speculative reads that bought nothing."))
     loads = loads_of(tr)
     budgets = sorted({float(f"{f * tr.token_cycle_bytes / (1 << 20):.2g}") for f in (0.5, 1.5, 3.0)} | set(budgets))
-    ret = retain_sweep(tr, loads, ["lru", "lfru"], budgets, "prev-token").filter(pl.col("layer").is_null())
+    # report --time-model fitted|profile: each retention row also timed on the timeline, with and without
+    ret = retain_sweep(tr, loads, ["lru", "lfru"], budgets, "prev-token", profile=ctx.profile).filter(pl.col("layer").is_null())
     ctx.shared["retention_rows"] = ret.filter(pl.col("budget_mib").is_in(ctx.verdict_budgets)).to_dicts()
     s.tables.append(Table("retention", ret, "retention of prev-token's guesses (zero extra bytes): decode hit % with and "
                           "without, change in points with its 95% interval (paired block bootstrap over decoded tokens) "
@@ -1082,10 +1085,15 @@ def build_verdict(ctx: ReportContext) -> list[dict[str, Any]]:
     for r in ctx.shared.get("retention_rows") or []:  # retention of prev-token's guesses: zero extra bytes
         rows.append({"kind": "retention", **{k: r.get(k) for k in (
             "budget_mib", "policy", "retain_predictor", "hit_pct_decode_no_retain", "hit_pct_decode", "retain_gain_pp_decode",
-            "retain_gain_ci_low", "retain_gain_ci_high", "retain_vs_no_retain")}})
+            "retain_gain_ci_low", "retain_gain_ci_high", "retain_vs_no_retain")},
+                     **({k: r.get(k) for k in ("time_model", "ms_per_token", "ms_per_token_no_retain",
+                                               "retain_ms_saved_per_token", "retain_ms_ci_low", "retain_ms_ci_high",
+                                               "retain_vs_no_retain_time")} if ctx.profile is not None else {})})
     if "drop" in ctx.shared:
         mode, budget, drops = ctx.shared["drop"]
-        time_cols = ["ms_per_token_baseline", "ms_per_token", "ms_saved_per_token"] if model is not None else []
+        time_cols = (["ms_per_token_baseline", "ms_per_token", "ms_saved_per_token"]
+                     + (["time_model", "ms_saved_ci_low", "ms_saved_ci_high", "vs_baseline_time"] if ctx.profile is not None else [])
+                     if model is not None or ctx.profile is not None else [])
         rows += [{"kind": "drop", "mode": mode, "budget_mib": budget, "policy": "lru" if mode == "closed" else None,
                   "frac": r["frac"], "io_saved_pct": r["io_saved_pct"], "mass_lost_pct": r["mass_lost_pct"],
                   "io_saved_ci_low": r.get("io_saved_ci_low"), "io_saved_ci_high": r.get("io_saved_ci_high"),

@@ -45,6 +45,8 @@ def register(app: typer.Typer) -> None:
         policy: str = typer.Option("lru", "--policy", help="closed: cache policy of the replay."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="Add ms/token from a 'cost fit --json' file (decode only)."),
         foreign_cost_model: bool = ForeignCostModelOpt,
+        time_model: str | None = TimeModelOpt,
+        device_profile: str | None = DeviceProfileOpt,
         policy_file: list[Path] | None = PolicyFileOpt,
         json_out: bool = JsonOpt,
     ) -> None:
@@ -56,7 +58,14 @@ def register(app: typer.Typer) -> None:
         from replay.core.frames import rows_of
         from replay.core.phases import check_phase
         from replay.present.format import json_object
-        from replay.present.whatif import _model_scope, format_closed, format_drop, format_drop_time
+        from replay.present.whatif import (
+            DROP_TIMELINE,
+            _model_scope,
+            format_closed,
+            format_drop,
+            format_drop_time,
+            format_drop_timeline,
+        )
         from traces import open_trace
 
         check_phase(phase)
@@ -67,20 +76,31 @@ def register(app: typer.Typer) -> None:
         check_foreign_cost_model(foreign_cost_model, cost_model)
         model = _cost_model(cost_model, phase)
         tr = open_trace(trace)
+        from replay.analyses.timeline_whatif import check_time_model
+
+        check_time_model(time_model, device_profile)
+        if time_model == "linear" and model is None:
+            from replay.api import fit_cost_model
+
+            model = _cost_model_checked(fit_cost_model(tr), phase)  # the linear model fitted on this run's own metrics
         model = _applied(model, tr, foreign_cost_model)
+        timeline = time_model in ("fitted", "profile")
         frame = api_drop(tr, fracs=values, mode=mode, budget_mib=budget_mib, policy=policy, phase=phase, cost_model=model,
-                           foreign_cost_model=foreign_cost_model)
+                         foreign_cost_model=foreign_cost_model, time_model=time_model if timeline else None,
+                         device_profile=device_profile)
         notes = []
         if model is not None:
             notes.append(f"ms_per_token: {model.model} (decode tokens; {_model_scope()})")
+        if timeline:
+            notes.append(DROP_TIMELINE)
         if json_out:
             typer.echo(json_object("drop", str(trace), rows_of(frame), mode=mode, notes=notes or None))
             return
-        timed = model is not None
+        timed = model is not None or timeline
         typer.echo(format_drop(frame, tr.top_k, timed) if mode == "static" else format_closed(frame, tr.top_k, timed))
-        if model is not None:
+        if timed:
             typer.echo("")
-            typer.echo(format_drop_time(frame, mode))
+            typer.echo(format_drop_timeline(frame) if timeline else format_drop_time(frame, mode))
 
     @app.command(epilog=example("moe-replay prefetch traces/qwen --predictor prev-token --budget-mib 4GiB --cap 4"))
     def prefetch(
@@ -156,6 +176,12 @@ def _cost_model(path: Path | None, phase: str):
     if phase != "decode":
         raise UserError(f"--cost-model: time per token is modelled for decoded tokens; use --phase decode, not {phase!r}.")
     return load_cost_model(path)
+
+
+def _cost_model_checked(model, phase: str):
+    if phase != "decode":
+        raise UserError(f"--time-model linear: time per token is modelled for decoded tokens; use --phase decode, not {phase!r}.")
+    return model
 
 
 def _applied(model, tr, foreign: bool):

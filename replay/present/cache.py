@@ -241,7 +241,8 @@ def compact_text(t, frame: pl.DataFrame, pols: list[str], blist: list[float]) ->
 
 def timeline_text(frame) -> str:
     """``cache --time-model fitted|profile``: each cell's time per decoded token on the timeline,
-    and against LRU at the same budget (paired interval; tie unless it excludes 0)."""
+    and against LRU at the same budget (paired interval; tie unless it excludes 0); with --retain,
+    against the same cell without retention."""
     from replay.analyses.paired import interval_text, tie_text
     from replay.present.format import exact, fmt_q
 
@@ -255,7 +256,14 @@ def timeline_text(frame) -> str:
            f"{fmt_q(r0['time_expert_share'], 'pp')}, overlap {'on' if r0['time_overlap'] else 'off'}):"]
     for r in rows:
         vs = ""
-        if r.get("vs_lru_time") == "tie":
+        if "retain_vs_no_retain_time" in r:  # cache --retain: the same cell without retention
+            saved, lo, hi = r["retain_ms_saved_per_token"], r["retain_ms_ci_low"], r["retain_ms_ci_high"]
+            call = r["retain_vs_no_retain_time"]
+            vs = (f"; without retention {fmt_q(r['ms_per_token_no_retain'], 'ms')} ms: retention "
+                  + (tie_text((hi - lo) / 2, " ms/token") if call == "tie"
+                     else "saves " + interval_text(saved, lo, hi, " ms/token") if call == "better"
+                     else "costs " + interval_text(-saved, -hi, -lo, " ms/token")))
+        elif r.get("vs_lru_time") == "tie":
             vs = "; vs lru: " + tie_text((r["delta_ms_ci_high"] - r["delta_ms_ci_low"]) / 2, " ms/token")
         elif r.get("vs_lru_time") is not None:
             vs = (f"; vs lru: {'faster' if r['vs_lru_time'] == 'better' else 'slower'} "

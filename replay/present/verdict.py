@@ -78,13 +78,26 @@ def retention_line(rows: list[dict[str, Any]]) -> str:
         head = (f"{r['policy']} at {exact(r['budget_mib'])} MiB {fmt_q(r['hit_pct_decode_no_retain'], 'pct')}% → "
                 f"{fmt_q(r['hit_pct_decode'], 'pct')}%")
         if call == "tie" and r["retain_gain_ci_low"] == r["retain_gain_ci_high"] == 0:  # not one token's hits changed
-            parts.append(f"{head}: **no change** (+0.0 points, {_iv(0.0, 0.0)})")
+            parts.append(f"{head}: **no change** (+0.0 points, {_iv(0.0, 0.0)}){_retain_time(r)}")
             continue
         word = {"better": "helps beyond noise", "worse": "hurts beyond noise"}.get(call) or (
             tie_text((r["retain_gain_ci_high"] - r["retain_gain_ci_low"]) / 2, " points") if call == "tie" else "no interval")
         parts.append(f"{head}: **{word}**, {signed(r['retain_gain_pp_decode'])} points "
-                     f"({_iv(r['retain_gain_ci_low'], r['retain_gain_ci_high'])})")
+                     f"({_iv(r['retain_gain_ci_low'], r['retain_gain_ci_high'])}){_retain_time(r)}")
     return f"Retention of {r0['retain_predictor']}'s guesses (zero extra bytes), decode hits: " + "; ".join(parts)
+
+
+def _retain_time(r: dict[str, Any]) -> str:
+    """report --time-model fitted|profile: what retention does to time on the timeline, with its interval."""
+    v = r.get("retain_ms_saved_per_token")
+    if v is None:
+        return ""
+    call = r.get("retain_vs_no_retain_time")
+    word = {"better": "faster beyond noise", "worse": "slower beyond noise"}.get(call) or (
+        tie_text((r["retain_ms_ci_high"] - r["retain_ms_ci_low"]) / 2, " ms/token") if call == "tie" else "no interval")
+    return (f"; on the timeline {fmt_q(r['ms_per_token_no_retain'], 'ms')} → {fmt_q(r['ms_per_token'], 'ms')} ms/token: "
+            f"**{word}**, {'saves' if v >= 0 else 'costs'} {fmt_q(abs(v), 'ms')} ms/token "
+            f"({_iv(r['retain_ms_ci_low'], r['retain_ms_ci_high'])})")
 
 
 def _preload(r: dict[str, Any]) -> str:
@@ -238,14 +251,20 @@ def drop_line(rows: list[dict[str, Any]]) -> str:
               f" (95% interval {fmt_q(r['io_saved_ci_low'], 'pct')} to {fmt_q(r['io_saved_ci_high'], 'pct')}%)")
         return f"{fmt_q(r['io_saved_pct'], 'pct')}%{iv}"
 
-    def time(r: dict[str, Any]) -> str:  # with a cost model: what the avoided reads are worth in time
+    def time(r: dict[str, Any]) -> str:  # with a cost model or the timeline: what the avoided reads are worth in time
         v = r.get("ms_saved_per_token")
-        return "" if v is None else f", {'saves' if v >= 0 else 'costs'} {fmt_q(abs(v), 'ms')} ms/token"
+        if v is None:
+            return ""
+        iv = ("" if r.get("ms_saved_ci_low") is None else
+              f" ({_iv(r['ms_saved_ci_low'], r['ms_saved_ci_high'])}{'' if r.get('vs_baseline_time') != 'tie' else ', a tie'})")
+        return f", {'saves' if v >= 0 else 'costs'} {fmt_q(abs(v), 'ms')} ms/token{iv}"
 
     timed = any(r.get("ms_saved_per_token") is not None for r in rows)
+    where = ("on the timeline of reads on lanes against compute" if r0.get("time_model") in ("fitted", "profile")
+             else "under the cost model")
     parts = [f"F = {exact(r['frac'])}: {saved(r)} / {fmt_q(r['mass_lost_pct'], 'pct')}%{time(r)}" for r in rows]
     return (f"Drop-cold ({how}; decode routings), reads avoided (% of miss bytes) / router weight mass discarded (%)"
-            + (", and the time it saves per decoded token under the cost model" if timed else "") + ": "
+            + (f", and the time it saves per decoded token {where}" if timed else "") + ": "
             + "; ".join(parts) + ". Weight mass is a proxy for quality, not a measurement of it"
             + ("" if timed else "; no cost model: bytes, not time"))
 

@@ -80,6 +80,26 @@ def format_drop_time(frame, mode: str) -> str:
     return "\n".join(out)
 
 
+DROP_TIMELINE = ("ms_per_token/tok_s/stall_ms_per_token: decode tokens on the timeline of reads on lanes against compute "
+                 "(replay.analyses.timeline), the misses with the dropped slots against those without; ms_saved_per_token: "
+                 "without minus with, its 95% interval (ms_saved_ci_low/high) from the paired block bootstrap over decoded "
+                 "tokens; vs_baseline_time: better (faster) or worse only when the interval excludes 0")
+
+
+def format_drop_timeline(frame) -> str:
+    """The timeline's time of each drop row (``drop --time-model fitted|profile``)."""
+    rows = rows_of(frame)
+    r0 = rows[0] if rows else {}
+    out = [f"time per decoded token on the timeline ({r0.get('time_model')}, profile {r0.get('time_profile')}; no drop: "
+           f"{fmt_q(r0.get('ms_per_token_baseline'), 'ms')} ms/token, stall {fmt_q(r0.get('stall_ms_per_token_baseline'), 'ms')} "
+           "ms/token); drop changes only what is read, not compute; weight mass is not quality"]
+    rows = [{**r, "ms_saved_ci95": f"[{fmt_q(r['ms_saved_ci_low'], 'ms')}, {fmt_q(r['ms_saved_ci_high'], 'ms')}]"} for r in rows]
+    cols = ["mode", "frac", "keep_k", "ms_per_token", "stall_ms_per_token", "ms_saved_per_token", "ms_saved_ci95",
+            "vs_baseline_time"]
+    out.append(text_table(rows, cols, _heads(cols)))
+    return "\n".join(out)
+
+
 def format_drop(frame, k: int, timed: bool = False) -> str:
 
     rows = rows_of(frame)
