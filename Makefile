@@ -73,7 +73,7 @@ screenshots: demo chromium
 
 ## test: the whole suite (unit, property, end-to-end on ../shared/data, capture through llama.cpp and transformers, Ray, notebooks)
 test: $(VENV)/.dev $(LLAMA_SDIST) chromium
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=15
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
