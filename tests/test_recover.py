@@ -24,24 +24,12 @@ import pytest
 
 import replay
 from tests.helpers import assert_one_sentence_error, run_cli
+from tests.hostile.run import session_pids
+from tests.test_sweep import SLOW
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPE = {"layers": 2, "experts": 8, "top_k": 2, "embd": 8, "tokens": 24, "prompt_tokens": 4}
 GRID = 'traces = ["t1"]\n[cache]\npolicies = ["lru", "lfu"]\nbudgets_mib = [1, 2]\n'
-SLOW = """\
-import os
-import time
-
-import numpy as np
-
-NAME = "slow"
-DESCRIPTION = "no guesses; sleeps SLOW_S seconds per call (to kill a sweep midway)"
-
-
-def predict(trace, arr, in_phase, width):
-    time.sleep(float(os.environ.get("SLOW_S", "0")))
-    return np.full((arr.experts.shape[0], width), -1, np.int32)
-"""
 
 
 @pytest.fixture(scope="module")
@@ -116,22 +104,6 @@ def test_force_stopped_by_a_full_disk_keeps_a_complete_result_complete(world, tm
     assert json.loads((out / "sweep.json").read_text())["complete"] is False
 
 
-def _session_pids(sid: int) -> list[int]:
-    """Live processes (zombies left out) of session ``sid``, from /proc."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[3]) == sid and fields[0] != "Z":
-            out.append(int(d.name))
-    return out
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
 def test_sigkill_of_sweep_leaves_no_process_holding_its_stdout(world, tmp_path):
     (tmp_path / "slow.py").write_text(SLOW)
@@ -145,20 +117,20 @@ def test_sigkill_of_sweep_leaves_no_process_holding_its_stdout(world, tmp_path):
                             env=env, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240
-        while len(_session_pids(proc.pid)) < 4 and proc.poll() is None and time.monotonic() < deadline:
+        while len(session_pids(proc.pid)) < 4 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)  # the driver, the resource tracker, the forkserver and a worker
-        assert proc.poll() is None and len(_session_pids(proc.pid)) >= 4, "the sweep did not start its workers"
+        assert proc.poll() is None and len(session_pids(proc.pid)) >= 4, "the sweep did not start its workers"
         os.kill(proc.pid, signal.SIGKILL)  # the driver only, as `kill -9 PID` does
         proc.wait()
         eof = threading.Event()
         threading.Thread(target=lambda: (proc.stdout.read(), eof.set()), daemon=True).start()
-        assert eof.wait(60), f"stdout still held after SIGKILL by {_session_pids(proc.pid)}"
+        assert eof.wait(60), f"stdout still held after SIGKILL by {session_pids(proc.pid)}"
         deadline = time.monotonic() + 30
-        while _session_pids(proc.pid) and time.monotonic() < deadline:
+        while session_pids(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _session_pids(proc.pid) == []
+        assert session_pids(proc.pid) == []
     finally:
-        for pid in _session_pids(proc.pid):
+        for pid in session_pids(proc.pid):
             os.kill(pid, signal.SIGKILL)
 
 

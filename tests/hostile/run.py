@@ -515,7 +515,8 @@ def _writers(w: World, work: Path, rng: random.Random) -> list[list[str]]:
 # --- running one case -----------------------------------------------------------------------------
 
 
-def _session_pids(sid: int) -> list[int]:
+def session_pids(sid: int) -> list[int]:
+    """Live processes (zombies left out) of session ``sid``, from /proc (tests/test_recover.py too)."""
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -625,10 +626,10 @@ def run_case(i: int, case: Case, base: Path) -> dict:
     seconds = time.monotonic() - t0
     # what still runs in the run's sessions: given up to 15 s to go (a worker finishing its batch)
     deadline = time.monotonic() + 15
-    left = [q for _, p in started for q in _session_pids(p.pid)]
+    left = [q for _, p in started for q in session_pids(p.pid)]
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = [q for _, p in started for q in _session_pids(p.pid)]
+        left = [q for _, p in started for q in session_pids(p.pid)]
     leftover = []
     for q in left:
         with contextlib.suppress(OSError):
