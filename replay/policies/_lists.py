@@ -3,7 +3,7 @@
 ``sieve``'s queue and ``s3fifo``'s three queues.
 
 Each policy lays its links out its own way (``lru``: int32, entry-major ``2e + PREV``; ``sieve`` and
-``s3fifo``: int64 rows after a header; ``colibri``: pairs after its header), so
+``s3fifo``: int64 rows after a header, :func:`make_rows`; ``colibri``: pairs after its header), so
 :func:`make_list` takes the two index functions of that layout, ``prev_at(ps, e)`` and
 ``next_at(ps, e)`` (``@njit(inline="always")``), and returns the list operations compiled for it.
 A list is named by the two slots of ``ps`` holding its head (oldest) and tail (newest) entry; -1
@@ -11,6 +11,8 @@ is "none". Every operation is O(1).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from traces.util.jit import njit
 
@@ -44,3 +46,23 @@ def make_list(prev_at, next_at):
             ps[tail] = p
 
     return push, unlink
+
+
+def make_rows(hdr: int, n_slot: int, r_prev: int, r_next: int):
+    """``(at, prev_at, next_at)`` for per-entry rows after a header of ``hdr`` slots (``sieve``,
+    ``s3fifo``): row ``r`` of entry ``e`` is ``ps[hdr + r * ps[n_slot] + e]`` (``ps[n_slot]`` = the
+    number of entries), the links in rows ``r_prev`` and ``r_next``."""
+
+    @njit(cache=True, inline="always")
+    def at(ps, row, e):
+        return np.uint64(hdr + row * ps[n_slot] + e)
+
+    @njit(cache=True, inline="always")
+    def prev_at(ps, e):
+        return at(ps, r_prev, e)
+
+    @njit(cache=True, inline="always")
+    def next_at(ps, e):
+        return at(ps, r_next, e)
+
+    return at, prev_at, next_at

@@ -55,7 +55,7 @@ from __future__ import annotations
 import numpy as np
 
 from replay.core.state import BYTES, PIN, evictable
-from replay.policies._lists import make_list
+from replay.policies._lists import make_list, make_rows
 from traces.util.jit import njit
 
 PARTITION = "global"
@@ -99,19 +99,7 @@ def init(ent: np.ndarray, grp: np.ndarray, seed: int) -> np.ndarray:
     return ps
 
 
-@njit(cache=True, inline="always")
-def _at(ps, row, e):
-    return np.uint64(HDR + row * ps[H_N] + e)
-
-
-@njit(cache=True, inline="always")
-def _prev_at(ps, e):
-    return _at(ps, R_PREV, e)
-
-
-@njit(cache=True, inline="always")
-def _next_at(ps, e):
-    return _at(ps, R_NEXT, e)
+_at, _prev_at, _next_at = make_rows(HDR, H_N, R_PREV, R_NEXT)
 
 
 _push_at, _unlink_at = make_list(_prev_at, _next_at)
