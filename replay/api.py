@@ -193,18 +193,12 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
                         "replay without retention fits no predictor).")
     t = _trace(trace)
     require_routings(t, "replay")
-    from replay.analyses.timeline_whatif import timeline_profile
 
-    profile, _ = timeline_profile(t, time_model, device_profile)
+    profile, _, cost_model = _time_models(t, time_model, device_profile, cost_model, foreign_cost_model)
     if profile is not None:
-        if cost_model is not None:
-            raise UserError("cost_model and a timeline time model are alternatives; give one.")
         if stream == "on":
             raise UserError("--stream on: the timeline times each cell's per-slot codes in memory; use --stream off or auto.")
         stream = "off"
-    if time_model == "linear" and cost_model is None:
-        cost_model = fit_cost_model(t)
-    cost_model = _applied(cost_model, t, foreign_cost_model)
     blist = _budgets(budgets_mib) if budgets_mib is not None else None
     rec_budget = t.recorded.get("budget_mib")
     # Options of a policy that streams replay in memory only (the policies that take options do not stream).
@@ -392,7 +386,6 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
     ``vs_baseline_time``: replay.analyses.drop_cold.timeline_drop); ``"linear"``: ``cost_model``,
     else one fitted on the trace."""
     from replay.analyses.drop_cold import closed_drop, drop_time_columns, static_drop
-    from replay.analyses.timeline_whatif import timeline_profile
     from replay.core.phases import check_phase
 
     check_phase(phase)
@@ -400,14 +393,9 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
     if mode not in ("static", "closed"):
         raise UserError(f"mode {mode!r} is not static or closed.")
     t = _trace(trace)
-    profile, _ = timeline_profile(t, time_model, device_profile)
-    if profile is not None and cost_model is not None:
-        raise UserError("cost_model and a timeline time model are alternatives; give one.")
-    if time_model == "linear" and cost_model is None:
-        cost_model = fit_cost_model(t)
-    if cost_model is not None and phase != "decode":
+    if (cost_model is not None or time_model == "linear") and phase != "decode":
         raise UserError(f"cost_model: time per token is modelled for decoded tokens; use phase='decode', not {phase!r}.")
-    cost_model = _applied(cost_model, t, foreign_cost_model)
+    profile, _, cost_model = _time_models(t, time_model, device_profile, cost_model, foreign_cost_model)
     vals = [float(f) for f in fracs]
     frame = (static_drop(t, vals, phase=phase, profile=profile) if mode == "static"
              else closed_drop(t, vals, budget_mib=_budget(budget_mib), policy=policy, phase=phase, profile=profile))
@@ -439,16 +427,10 @@ def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: flo
 
     from replay.analyses.prefetching import best_plain, with_best_plain, with_prefetch_time
     from replay.analyses.prefetching import prefetch as _prefetch
-    from replay.analyses.timeline_whatif import timeline_profile
 
     _plugins(policy_file, predictor_file)
     t = _trace(trace)
-    profile, scores = timeline_profile(t, time_model, device_profile)
-    if profile is not None and cost_model is not None:
-        raise UserError("cost_model and a timeline time model are alternatives; give one.")
-    if time_model == "linear" and cost_model is None:
-        cost_model = fit_cost_model(t)
-    cost_model = _applied(cost_model, t, foreign_cost_model)
+    profile, scores, cost_model = _time_models(t, time_model, device_profile, cost_model, foreign_cost_model)
     with _mixed(mix):
         frame = _prefetch(t, predictor, budget_mib=_budget(budget_mib), policy=policy, cap=cap, guard=guard,
                           drop_frac=drop_frac, retain=retain, model=cost_model, profile=profile, train=train,
@@ -545,6 +527,20 @@ def with_time(frame: pl.DataFrame, model: Any, *, trace: TraceLike = None, token
     if tokens_decode is None:
         raise UserError("with_time: give trace= or tokens_decode= (the decoded tokens the rows cover).")
     return _with_time(frame, model, tokens_decode)
+
+
+def _time_models(t: Any, time_model: str | None, device_profile: Any, cost_model: Any, foreign: bool) -> tuple[Any, Any, Any]:
+    """The one resolution of a verb's time options: (the timeline profile or None, its fit scores,
+    the cost model to apply or None). A timeline and a cost model are alternatives; ``linear``
+    without a cost model fits one on ``t``; a given model is checked against ``t``'s origin."""
+    from replay.analyses.timeline_whatif import timeline_profile
+
+    profile, scores = timeline_profile(t, time_model, device_profile)
+    if profile is not None and cost_model is not None:
+        raise UserError("cost_model and a timeline time model are alternatives; give one.")
+    if time_model == "linear" and cost_model is None:
+        cost_model = fit_cost_model(t)
+    return profile, scores, _applied(cost_model, t, foreign)
 
 
 def _applied(model: Any, t: Any, foreign: bool) -> Any:
