@@ -96,6 +96,19 @@ def kernel_params(p: Profile) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
+def _on_lane(free, start, d):
+    """A read of ``d`` ms on the lane free first (the lowest-numbered of equals), not before
+    ``start``: books the lane and returns when the read is done."""
+    ln = 0
+    for x in range(1, free.shape[0]):
+        if free[x] < free[ln]:
+            ln = x
+    st = free[ln] if free[ln] > start else start
+    free[ln] = st + d
+    return st + d
+
+
+@njit(cache=True, nogil=True)
 def _issue(u, nb, start, load_start, fills, pred, pending, f_bytes, f_arrive, free, lat, per_byte, nf, timed):
     """Issue the speculative reads the replay made for load ``u`` (entries of ``nb`` bytes), in row
     and rank order, each on the lane free first, not before ``start``; record each as fill ``nf``,
@@ -108,15 +121,9 @@ def _issue(u, nb, start, load_start, fills, pred, pending, f_bytes, f_arrive, fr
                 pending[pred[rp, jp]] = nf
                 f_bytes[nf] = nb
                 if timed:
-                    ln = 0
-                    for x in range(1, free.shape[0]):
-                        if free[x] < free[ln]:
-                            ln = x
-                    st = free[ln] if free[ln] > start else start
                     d = lat + nb * per_byte
-                    free[ln] = st + d
+                    f_arrive[nf] = _on_lane(free, start, d)
                     io += d
-                    f_arrive[nf] = st + d
                     spec_b += nb
                 nf += 1
     return nf, io, spec_b
@@ -227,17 +234,12 @@ def timeline_kernel(entries, load_start, load_lidx, load_batch, batch_phase, slo
                     if f >= 0:
                         pending[e] = -1  # evicted before this demand: the guess was wasted (status stays F_WASTED)
                     if code == 0 and timed:
-                        ln = 0
-                        for x in range(1, lanes):
-                            if free[x] < free[ln]:
-                                ln = x
-                        st = free[ln] if free[ln] > a else a
                         d = lat + nb * per_byte
-                        free[ln] = st + d
+                        done = _on_lane(free, a, d)
                         io += d
                         dem_b += nb
-                        if st + d > need:
-                            need = st + d
+                        if done > need:
+                            need = done
             if has_fills and issue_ahead > 0:
                 u = t + issue_ahead
                 if u < hi and load_lidx[u] == lid + issue_ahead:
