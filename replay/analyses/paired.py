@@ -237,12 +237,24 @@ def tie_text(half_width: float, unit: str) -> str:
     return f"tie within noise (±{_num(half_width)}{unit})"
 
 
-def _num(v: float) -> str:
-    return "-" if v is None or not math.isfinite(v) else f"{v:.1f}" if abs(v) >= 0.05 else f"{v:.2f}"
+def _digits(v: float) -> int:
+    """Decimals that show ``v``: one from 0.05 up, else enough for its first significant digit (two at
+    least, six at most), so a small non-zero difference never prints as a signed zero ("-0.00")."""
+    if v == 0 or abs(v) >= 0.05:
+        return 1
+    return max(2, min(6, -math.floor(math.log10(abs(v)))))
+
+
+def _num(v: float, sign: str = "") -> str:
+    if v is None or not math.isfinite(v):
+        return "-"
+    if v != 0 and abs(v) < 5e-7:  # below six decimals: its order of magnitude, still not a zero
+        return f"{v:{sign}.0e}"
+    return f"{v:{sign}.{_digits(v)}f}"
 
 
 def signed(v: float | None) -> str:
-    return "-" if v is None or not math.isfinite(v) else f"{v:+.1f}" if abs(v) >= 0.05 or v == 0 else f"{v:+.2f}"
+    return _num(v, "+")
 
 
 # -- columns on cache rows, and the one decision --------------------------------------------------
