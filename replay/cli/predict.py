@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
         # default: every registered predictor (with those of --predictor-file)
         names = [p for p in (s.strip() for s in (predictors if predictors is not None else DEFAULT).split(",")) if p]
         horizons = parse_horizons(horizon) if horizon is not None else [1]
-        explicit = [d for d in (parse_predictor(n)[1] for n in names) if d is not None]  # also validates the names
+        explicit = [(f, d) for f, d in (parse_predictor(n) for n in names) if d is not None]  # also validates the names
         from replay.predictors import module
         from replay.predictors import names as families
 
@@ -112,11 +112,12 @@ def register(app: typer.Typer) -> None:
         # after a pass over the gate inputs that can score nothing (the default horizon 1 on a
         # one-layer trace is left to report itself unscored).
         if horizon is not None:
-            check_horizon(t, horizons[-1], "--horizon")
+            for fam in dict.fromkeys(bare):
+                check_horizon(t, horizons[-1], "--horizon", fam)
         if horizon_curve is not None and horizon_curve >= 1:
             check_horizon(t, horizon_curve, "--horizon-curve")
-        for d in explicit:
-            check_horizon(t, d, "--predictors")
+        for fam, d in explicit:  # each family's own check (a plugin's too), not stale-gate's for every name
+            check_horizon(t, d, "--predictors", fam)
         with progress(len(t.parts), "gate inputs", unit="part") as bar:
             res = predict_run(t, predictors=names if predictors is not None else None, horizons=horizons, width=width,
                               phase=phase, max_horizon=horizon_curve, progress=bar, predictor_file=predictor_file,
