@@ -385,10 +385,11 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
     ``ms_saved_per_token`` with its paired interval ``ms_saved_ci_low`` / ``_high`` and
     ``vs_baseline_time``: replay.analyses.drop_cold.timeline_drop); ``"linear"``: ``cost_model``,
     else one fitted on the trace."""
-    from replay.analyses.drop_cold import closed_drop, drop_time_columns, static_drop
+    from replay.analyses.drop_cold import check_drop_frac, closed_drop, drop_time_columns, static_drop
     from replay.core.phases import check_phase
 
     check_phase(phase)
+    vals = [check_drop_frac(f, "--fracs") for f in fracs]  # before the trace is read
     _plugins(policy_file, None)
     if mode not in ("static", "closed"):
         raise UserError(f"mode {mode!r} is not static or closed.")
@@ -396,7 +397,6 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
     if (cost_model is not None or time_model == "linear") and phase != "decode":
         raise UserError(f"cost_model: time per token is modelled for decoded tokens; use phase='decode', not {phase!r}.")
     profile, _, cost_model = _time_models(t, time_model, device_profile, cost_model, foreign_cost_model)
-    vals = [float(f) for f in fracs]
     frame = (static_drop(t, vals, phase=phase, profile=profile) if mode == "static"
              else closed_drop(t, vals, budget_mib=_budget(budget_mib), policy=policy, phase=phase, profile=profile))
     return drop_time_columns(frame, cost_model, mode) if cost_model is not None else frame
