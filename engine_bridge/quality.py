@@ -26,7 +26,6 @@ Quality figures of a random-weight model say nothing about a real model's qualit
 from __future__ import annotations
 
 import json
-import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,10 +229,9 @@ def parse_fracs(text: str) -> list[float]:
         vals = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"--drop-frac {text!r}: give comma-separated fractions, e.g. 0,0.5,0.75,1.0.") from None
-    for f in vals:
-        if not (math.isfinite(f) and f >= 0):
-            raise UserError(f"--drop-frac: {f} is not a non-negative fraction (F in 'weight < F / k').")
-    return vals
+    from replay.analyses.drop_cold import check_drop_frac
+
+    return [check_drop_frac(f, "--drop-frac") for f in vals]  # the one check of F
 
 
 class DropCold:
@@ -495,9 +493,10 @@ def quality(model: str | Path | Any, text: str, *, fracs: list[float], out: str 
 
     check_policies([policy], option="--policy")
     check_steppable(policy)
+    from replay.analyses.drop_cold import check_drop_frac
+
     for f in fracs:
-        if not (math.isfinite(f) and f >= 0):
-            raise UserError(f"--drop-frac: {f} is not a non-negative fraction (F in 'weight < F / k').")
+        check_drop_frac(f, "--drop-frac")  # the one check of F, as 'drop --fracs'
     if not fracs and not keep_ks:
         raise UserError("--drop-frac and --keep-k give no setting to run.")
     if len(set(fracs)) != len(fracs) or len(set(keep_ks or [])) != len(keep_ks or []):

@@ -169,14 +169,14 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
               retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
               loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False, paired: bool = False,
               time_model: str | None = None, device_profile: Any = None, train: str | None = None,
-              train_trace: TraceLike | None = None) -> CacheRun:
+              train_trace: TraceLike | None = None, mix: Any = None) -> CacheRun:
     """:func:`cache` with everything the command prints beside the rows: a :class:`CacheRun`. The
     one flow of a cache replay: the ``cache`` verb, :func:`cache` and sweeps all run it. A
     ``cost_model`` fitted on another model or device is refused before the replay unless
     ``foreign_cost_model`` (replay.analyses.cost_origin). ``time_model`` / ``device_profile`` as in
-    :func:`prefetch` (the timeline replays each cell in memory). ``train`` / ``train_trace`` (with
-    ``retain_predictor``): what a learning predictor is fitted on, as in :func:`prefetch` (``seed``
-    deals the folds); it guesses only for the other tokens."""
+    :func:`prefetch` (the timeline replays each cell in memory). ``train`` / ``train_trace`` / ``mix``
+    (with ``retain_predictor``): what a learning predictor is fitted on and the parts of ``mix``, as
+    in :func:`prefetch` (``seed`` deals the folds); it guesses only for the other tokens."""
     from replay.analyses.info import require_routings
     from replay.core.phases import check_phase
     from replay.core.simulate import check_policies, default_budgets_mib, loads_of, sweep
@@ -188,9 +188,10 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
     pols = check_policies(list(policies))
     if not 0 <= seed < 1 << 63:
         raise UserError(f"--seed: {seed} is not in 0..2^63-1.")
-    if retain_predictor is None and (train is not None or train_trace is not None):
-        raise UserError(f"{'--train' if train is not None else '--train-trace'}: only meaningful with --retain (a cache "
-                        "replay without retention fits no predictor).")
+    given = [f for f, v in (("--train", train), ("--train-trace", train_trace), ("--mix", mix)) if v is not None]
+    if retain_predictor is None and given:
+        raise UserError(f"{given[0]}: only meaningful with --retain (a cache replay without retention runs no predictor).")
+    _check_mix(mix, [retain_predictor] if retain_predictor is not None else [])  # before any replay
     t = _trace(trace)
     require_routings(t, "replay")
 
@@ -223,9 +224,11 @@ def cache_run(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "lay
         if retain_predictor is not None:
             from replay.analyses.prefetching import retain_sweep
 
-            frame = retain_sweep(t, loads, pols, blist, retain_predictor, per_layer=per_layer, seed=seed,
-                                 policy_options=policy_options, show_progress=show_progress, train=train,
-                                 train_trace=_trace(train_trace) if train_trace is not None else None, profile=profile)
+            with _mixed(mix, [retain_predictor]):
+                frame = retain_sweep(t, loads, pols, blist, retain_predictor, per_layer=per_layer, seed=seed,
+                                     policy_options=policy_options, show_progress=show_progress, train=train,
+                                     train_trace=_trace(train_trace) if train_trace is not None else None,
+                                     profile=profile)
         else:
             frame = sweep(loads, pols, blist, per_layer=per_layer, seed=seed, policy_options=policy_options,
                           show_progress=show_progress, series=series)
@@ -250,7 +253,7 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
           retain_predictor: str | None = None, predictor_file: Any = None, show_progress: bool = False,
           loads: Any = None, stream: str = "auto", foreign_cost_model: bool = False, paired: bool = False,
           time_model: str | None = None, device_profile: Any = None, train: str | None = None,
-          train_trace: TraceLike | None = None) -> pl.DataFrame:
+          train_trace: TraceLike | None = None, mix: Any = None) -> pl.DataFrame:
     """Replay every (policy, budget) cell: one row per cell (``layer`` null) and, with
     ``per_layer``, one per MoE layer. Keys: ``policy``, ``budget_mib``, ``layer``,
     ``hit_pct_decode``, ``hit_pct_cum``, ``read_mib``, ``peak_resident_mib``, ``overflow_loads``,
@@ -260,7 +263,7 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
     ``cost_model_foreign``: docs/design.md, "Cost model"); with
     ``retain_predictor`` the replay protects that predictor's guesses for the next layer(s)
     (``retain_gain_pp_*`` columns; a learning predictor fitted held out under ``train`` /
-    ``train_trace`` / ``seed`` as in :func:`prefetch`, recorded in ``retain_train``). ``budgets_mib``
+    ``train_trace`` / ``seed``, and ``mix``'s parts, as in :func:`prefetch`, recorded in ``retain_train``). ``budgets_mib``
     default: :func:`default_budgets_mib`; a budget is MiB, or text with a binary unit (``"4GiB"``,
     ``"1.5GiB"``), in every function that takes one.
     ``phase`` is checked (decode | prefill | all): it names the hit % a caller leads with; every
@@ -289,21 +292,22 @@ def cache(trace: TraceLike, *, policies: Sequence[str] = ("lru", "lfu", "layer",
                      policy_options=policy_options, policy_file=policy_file, cost_model=cost_model,
                      retain_predictor=retain_predictor, predictor_file=predictor_file, show_progress=show_progress,
                      loads=loads, stream=stream, foreign_cost_model=foreign_cost_model, paired=paired,
-                     time_model=time_model, device_profile=device_profile, train=train, train_trace=train_trace).frame
+                     time_model=time_model, device_profile=device_profile, train=train, train_trace=train_trace,
+                     mix=mix).frame
 
 
 @_api
 def retain(trace: TraceLike, *, predictor: str = "prev-token", policies: Sequence[str] = ("lru",),
            budgets_mib: Sequence[float] | None = None, per_layer: bool = False, seed: int = 0,
            policy_options: dict | None = None, policy_file: Any = None, predictor_file: Any = None,
-           train: str | None = None, train_trace: TraceLike | None = None) -> pl.DataFrame:
+           train: str | None = None, train_trace: TraceLike | None = None, mix: Any = None) -> pl.DataFrame:
     """:func:`cache` with retention: ``predictor``'s guesses for the next layer(s) protected from
     eviction; rows gain ``retain_predictor``, ``retain_train``, ``hit_pct_*_no_retain`` and
     ``retain_gain_pp_*``. A learning predictor is fitted held out (``train`` / ``train_trace`` /
-    ``seed`` as in :func:`prefetch`)."""
+    ``seed`` / ``mix`` as in :func:`prefetch`)."""
     return cache(trace, policies=policies, budgets_mib=budgets_mib, per_layer=per_layer, seed=seed,
                  policy_options=policy_options, policy_file=policy_file, predictor_file=predictor_file,
-                 retain_predictor=predictor, train=train, train_trace=train_trace)
+                 retain_predictor=predictor, train=train, train_trace=train_trace, mix=mix)
 
 
 @_api
@@ -325,21 +329,39 @@ def predict_run(trace: TraceLike, *, predictors: Sequence[str] | None = None, ho
     if max_horizon is not None:
         return horizon_curve(t, max_horizon, width=width, phase=phase, progress=progress)
     names = None if predictors is None else expand(list(predictors), list(horizons), option="predictors")
-    with _mixed(mix):
+    with _mixed(mix, names, "--predictors"):
         return evaluate(t, names, horizons=horizons, width=width, phase=phase, progress=progress, train=train,
                         train_trace=_trace(train_trace) if train_trace is not None else None, seed=seed,
                         byte_budget_mib=byte_budget_mib)
 
 
-@contextmanager
-def _mixed(mix: Any):
-    """``mix``'s two parts and weight for the call (``("prev-token", "pair-table[1]", 0.5)`` or ``"A,B,W"``)."""
+def _check_mix(mix: Any, predictors: Sequence[str] | None, option: str = "--predictor") -> tuple | None:
+    """``mix``'s two parts and weight (``("prev-token", "pair-table[1]", 0.5)`` or ``"A,B,W"``), checked
+    for the call's ``predictors`` (None: the default list, which holds mix): given while no predictor
+    of the call is mix it would be silently ignored, so it is refused, by every function that takes
+    a predictor (predict, prefetch, cache / retain with a retained predictor)."""
     if mix is None:
+        return None
+    from replay.predictors import parse_predictor
+    from replay.predictors.mix import NAME, parse_mix
+
+    parts = parse_mix(mix, "--mix")
+    if predictors is not None and all(parse_predictor(p, option)[0] != NAME for p in predictors):
+        raise UserError(f"--mix {mix if isinstance(mix, str) else ','.join(map(str, mix))}: only meaningful when the "
+                        f"predictor is {NAME} (it names mix's two parts and A's weight).")
+    return parts
+
+
+@contextmanager
+def _mixed(mix: Any, predictors: Sequence[str] | None, option: str = "--predictor"):
+    """``mix`` (checked by :func:`_check_mix`) set for the call."""
+    parts = _check_mix(mix, predictors, option)
+    if parts is None:
         yield
         return
-    from replay.predictors.mix import parse_mix, spec
+    from replay.predictors.mix import spec
 
-    tok = spec.set(parse_mix(mix, "mix"))
+    tok = spec.set(parts)
     try:
         yield
     finally:
@@ -385,10 +407,11 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
     ``ms_saved_per_token`` with its paired interval ``ms_saved_ci_low`` / ``_high`` and
     ``vs_baseline_time``: replay.analyses.drop_cold.timeline_drop); ``"linear"``: ``cost_model``,
     else one fitted on the trace."""
-    from replay.analyses.drop_cold import closed_drop, drop_time_columns, static_drop
+    from replay.analyses.drop_cold import check_drop_frac, closed_drop, drop_time_columns, static_drop
     from replay.core.phases import check_phase
 
     check_phase(phase)
+    vals = [check_drop_frac(f, "--fracs") for f in fracs]  # before the trace is read
     _plugins(policy_file, None)
     if mode not in ("static", "closed"):
         raise UserError(f"mode {mode!r} is not static or closed.")
@@ -396,7 +419,6 @@ def drop(trace: TraceLike, *, fracs: Sequence[float] = (0.25, 0.5, 0.75, 1.0), m
     if (cost_model is not None or time_model == "linear") and phase != "decode":
         raise UserError(f"cost_model: time per token is modelled for decoded tokens; use phase='decode', not {phase!r}.")
     profile, _, cost_model = _time_models(t, time_model, device_profile, cost_model, foreign_cost_model)
-    vals = [float(f) for f in fracs]
     frame = (static_drop(t, vals, phase=phase, profile=profile) if mode == "static"
              else closed_drop(t, vals, budget_mib=_budget(budget_mib), policy=policy, phase=phase, profile=profile))
     return drop_time_columns(frame, cost_model, mode) if cost_model is not None else frame
@@ -431,7 +453,7 @@ def prefetch(trace: TraceLike, *, predictor: str = "prev-token", budget_mib: flo
     _plugins(policy_file, predictor_file)
     t = _trace(trace)
     profile, scores, cost_model = _time_models(t, time_model, device_profile, cost_model, foreign_cost_model)
-    with _mixed(mix):
+    with _mixed(mix, [predictor]):
         frame = _prefetch(t, predictor, budget_mib=_budget(budget_mib), policy=policy, cap=cap, guard=guard,
                           drop_frac=drop_frac, retain=retain, model=cost_model, profile=profile, train=train,
                           train_trace=_trace(train_trace) if train_trace is not None else None, seed=seed)

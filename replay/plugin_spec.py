@@ -67,6 +67,8 @@ PREDICTOR: dict[str, Name] = {
     "check": Name("function", False, "check(trace, value) -> str | None: why it cannot run on this trace with this parameter"),
     "ahead": Name("function", False, "ahead(value) -> int: MoE layers ahead its guess exists (default 1)"),
     "note": Name("function", False, "note(trace, arr, in_phase) -> str | None: a note printed beside its figures"),
+    "ISSUE": Name("str", False, '"token" (default): its guesses for a token exist at the token\'s start; "layer": the guess '
+                  "for layer l exists once layer l - ahead's router has run (replay/analyses/timeline.py)"),
     "PREFETCH": Name("bool", False, "False: not usable by prefetch or retention"),
     "REPORT": Name("bool", False, "False: left out of the report's accuracy section"),
     "REPORT_PREFETCH": Name("int|bool", False, "True (or the parameter to show): a row of the report's prefetch section"),

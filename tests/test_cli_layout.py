@@ -43,3 +43,31 @@ def test_main_registers_each_verb_once_per_process():
     assert (len(cli.app.registered_commands), len(cli.app.registered_groups)) == sizes
     names = [c.name or c.callback.__name__ for c in cli.app.registered_commands]
     assert len(names) == len(set(names)), names
+
+
+def test_verbs_that_run_a_predictor_take_the_same_learner_options_from_one_declaration():
+    # predict, prefetch and cache --retain run a predictor that may learn or be a mix: each takes
+    # --train, --train-trace, --mix, --seed and --predictor-file, declared once (replay.cli.options)
+    import typer
+
+    import replay.cli as cli
+    from replay.cli import options
+
+    cli._register_modules()
+    group = typer.main.get_command(cli.app)
+    ctx = type(group).context_class(group)
+    shared = {"--train": options.TrainOpt, "--train-trace": options.TrainTraceOpt, "--mix": options.MixOpt,
+              "--predictor-file": options.PredictorFileOpt}
+    helps = {}
+    for verb in ("predict", "prefetch", "cache"):
+        params = {p.opts[0]: p for p in group.get_command(ctx, verb).params if p.opts}
+        assert set(shared) | {"--seed"} <= set(params), verb
+        for flag, decl in shared.items():
+            helps.setdefault(flag, set()).add(params[flag].help)
+            assert params[flag].help == decl.help, (verb, flag)
+    assert all(len(h) == 1 for h in helps.values())
+    # the manual cost model's two options, too, are one declaration wherever a verb takes them
+    for verb in ("cache", "curve", "report"):
+        params = {p.opts[0]: p for p in group.get_command(ctx, verb).params if p.opts}
+        assert params["--flash-mib-s"].help == options.FlashMibSOpt.help
+        assert params["--compute-ms"].help == options.ComputeMsOpt.help

@@ -87,13 +87,13 @@ bad_value = st.one_of(
 VERBS: dict[str, tuple[list[str], list[str]]] = {
     "cache": (["--json", "--budgets", "10"], ["--budgets", "--policies", "--phase", "--seed", "--budget-mib",
                                               "--flash-mib-s", "--compute-ms", "--cost-model"]),
-    "cache --retain": (["--retain", "--json", "--budgets", "10"], ["--predictor", "--policies", "--budgets"]),
+    "cache --retain": (["--retain", "--json", "--budgets", "10"], ["--predictor", "--policies", "--budgets", "--mix"]),
     "cache --validate": (["--validate", "--json"], ["--budget-mib"]),
     "predict": (["--json"], ["--predictors", "--horizon", "--horizon-curve", "--width", "--phase"]),
     "drop": (["--json", "--mode", "closed", "--budget-mib", "10"], ["--fracs", "--mode", "--phase", "--budget-mib",
                                                                      "--policy", "--cost-model"]),
     "prefetch": (["--json", "--budget-mib", "10"], ["--predictor", "--budget-mib", "--policy", "--cap", "--drop",
-                                                     "--cost-model"]),
+                                                     "--cost-model", "--mix"]),
     "cost check": (["--json", "--budget-mib", "10"], ["--budget-mib", "--cost-model"]),
     "cost fit": (["--json"], ["--metrics"]),
 }

@@ -52,12 +52,14 @@ def test_a_module_breaking_the_contract_is_one_sentence_naming_file_and_name(tmp
 
 def test_every_name_the_code_reads_from_a_plugin_module_is_in_the_contract():
     # getattr/hasattr on a policy or predictor module anywhere in replay/: the name must be stated
-    pat = re.compile(r"(?:getattr|hasattr)\((?:pm|mod|m|module\(\w+\)|policy_module\(\w+\)), \"(\w+)\"")
+    # (registry.module(fam) too: ISSUE was once read that way and stated nowhere)
+    pat = re.compile(r"(?:getattr|hasattr)\((?:pm|mod|m|(?:registry\.)?(?:policy_)?module\(\w+\)), \"(\w+)\"")
     read = set()
     for f in (ROOT / "replay").rglob("*.py"):
         read |= set(pat.findall(f.read_text(encoding="utf-8")))
     read -= {"__file__"}
     assert len(read) > 15
+    assert "ISSUE" in read
     assert sorted(read - set(plugin_spec.POLICY) - set(plugin_spec.PREDICTOR)) == []
 
 

@@ -179,6 +179,38 @@ def test_cache_train_options_need_retain_and_reach_the_replay(tmp_path):
     assert r.code == 0 and "IN-SAMPLE" in r.out
 
 
+def test_cache_retain_takes_mix_as_predict_and_prefetch_do(tmp_path, monkeypatch):
+    # one option set on every verb that runs a predictor: cache --retain had no --mix
+    from replay import api
+    from replay.predictors import mix as mix_mod
+
+    rng = np.random.default_rng(1)
+    path = _write(tmp_path / "t", rng.integers(0, 8, size=(40, 2)))
+    seen = []
+    orig = mix_mod.predict
+    monkeypatch.setattr(mix_mod, "predict", lambda *a, **kw: seen.append(mix_mod.spec.get()) or orig(*a, **kw))
+    r = run_cli("cache", str(path), "--retain", "--predictor", "mix", "--mix", "static-hot,prev-token,0.25", "--budgets", "2",
+                "--json")
+    assert r.code == 0, r.err
+    assert seen == [("static-hot", "prev-token", 0.25)] and {x["retain_predictor"] for x in r.json()["rows"]} == {"mix"}
+    from polars.testing import assert_frame_equal
+
+    assert_frame_equal(api.retain(path, predictor="mix", budgets_mib=[2], mix="static-hot,prev-token,0.25"),
+                       api.cache(path, policies=["lru"], budgets_mib=[2], retain_predictor="mix",
+                                 mix=("static-hot", "prev-token", 0.25)))
+    assert seen[1:] == [("static-hot", "prev-token", 0.25)] * 2
+    # --mix where no predictor is mix (or without --retain) would be silently ignored: refused on every verb
+    assert_one_sentence_error(run_cli("cache", str(path), "--mix", "prev-token,static-hot"), "--mix", "--retain")
+    for args in (["cache", "--retain", "--predictor", "prev-token", "--budgets", "2"],
+                 ["prefetch", "--predictor", "prev-token", "--budget-mib", "2"], ["predict", "--predictors", "prev-token"]):
+        r = run_cli(args[0], str(path), *args[1:], "--mix", "prev-token,static-hot")
+        assert_one_sentence_error(r, "--mix prev-token,static-hot: only meaningful when the predictor is mix")
+    with pytest.raises(UserError, match="^mix prev-token,static-hot: only meaningful when the predictor is mix"):
+        api.retain(path, predictor="prev-token", budgets_mib=[2], mix="prev-token,static-hot")
+    assert_one_sentence_error(run_cli("cache", str(path), "--retain", "--predictor", "mix", "--mix", "prev-token", "--budgets",
+                                      "2"), "--mix 'prev-token': give two predictors")
+
+
 def test_default_is_held_out_and_in_sample_is_marked(tmp_path):
     rng = np.random.default_rng(2)
     path = _write(tmp_path / "t", rng.integers(0, 8, size=(40, 2)), prompt=4)

@@ -251,7 +251,7 @@ BAD = [
     ("[cache]\npolicies = [\"lru\"]\nbudgets_mib = [10, -5]\n", "[cache] budgets_mib", "-5"),
     ("[cache]\npolicies = [\"lru\", \"fifo9\"]\nbudgets_mib = [10]\n", "[cache] policies", "fifo9"),
     ("[predict]\npredictors = [\"prev-token\"]\nhorizons = [0]\n", "[predict] horizons", ">= 1"),
-    ("[drop]\nfracs = [0.5, 2]\n", "[drop] fracs", "(0, 1]"),
+    ("[drop]\nfracs = [0.5, -2]\n", "[drop] fracs", "-2 is not a drop-cold F, a finite number >= 0"),
 ]
 
 
@@ -450,3 +450,29 @@ def test_sweep_report_gives_the_budget_answer_of_curve_cells_and_where_a_cache_g
     few = rows_of(replay.sweep_budget_answer(world / "local"))
     assert few == []
     assert "too few to say where the hit rate bends" in run_cli("sweep-report", world / "local").out
+
+
+def test_drop_cold_f_has_one_range_in_grids_the_api_and_the_cli(synth_trace_dir, tmp_path):
+    """F ('skip a miss whose weight < F / k') is checked by one function: a grid takes the values
+    'drop --fracs' and 'prefetch --drop' take (0 and F > 1 included: the report runs 1.5), and
+    refuses the same ones in the same sentence."""
+    t = synth_trace_dir(**SHAPE)
+    grid = tmp_path / "g.toml"
+    body = '[drop]\nmodes = ["closed"]\nbudgets_mib = [10]\nfracs = [{fracs}]\n[prefetch]\nbudgets_mib = [10]\ndrop_fracs = [{drop}]\n'
+    grid.write_text(f'traces = ["{t}"]\n' + body.format(fracs="0, 0.5, 1.5, 2", drop="0, 1.5"))
+    kinds = read_grid(grid).kinds
+    assert kinds["drop"][0]["fracs"] == [0.0, 0.5, 1.5, 2.0]
+    assert [c["drop_frac"] for c in kinds["prefetch"]] == [0.0, 1.5]
+    said = "is not a drop-cold F, a finite number >= 0"
+    for bad in ("-0.5", "nan", "inf"):
+        for fracs, drop in ((f"0.5, {bad}", "1"), ("0.5", bad)):
+            grid.write_text(f'traces = ["{t}"]\n' + body.format(fracs=fracs, drop=drop))
+            with pytest.raises(UserError) as e:
+                read_grid(grid)
+            assert str(e.value).startswith(f"{grid.resolve()}: [") and said in str(e.value)
+    with pytest.raises(UserError, match=r"^fracs: -0.5 is not a drop-cold F, a finite number >= 0"):
+        replay.drop(t, fracs=[0.5, -0.5])
+    with pytest.raises(UserError, match=r"^drop_frac: -0.5 is not a drop-cold F, a finite number >= 0"):
+        replay.prefetch(t, budget_mib=10, drop_frac=-0.5)
+    assert_one_sentence_error(run_cli("drop", t, "--fracs", "0.5,-0.5"), "--fracs: -0.5 " + said)
+    assert_one_sentence_error(run_cli("prefetch", t, "--budget-mib", "10", "--drop", "-0.5"), "--drop: -0.5 " + said)

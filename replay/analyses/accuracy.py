@@ -82,12 +82,13 @@ def expand(predictors: Sequence[str], horizons: Sequence[int], option: str = "--
     return out
 
 
-def check_horizon(trace: Trace, d: int, option: str) -> None:
-    """Refuse a stale-gate horizon that cannot score anything on ``trace`` (at once, not after a
-    pass over the gate inputs)."""
-    reason = registry.check("stale-gate", trace, d)
+def check_horizon(trace: Trace, d: int, option: str, family: str = "stale-gate") -> None:
+    """Refuse a parameter ``d`` of ``family`` (a stale-gate horizon, a pair-table depth, a plugin's
+    parameter) that its ``check`` hook says cannot run on ``trace`` (at once, not after a pass over
+    the gate inputs)."""
+    reason = registry.check(family, trace, d)
     if reason:
-        raise UserError(f"{option}: {reason}")
+        raise UserError(f"{option} {registry.full_name(family, d)}: {reason.rstrip('.')}.")
 
 
 def check_memory(trace: Trace, n_predictors: int, rank_w: int) -> None:
@@ -160,8 +161,7 @@ def evaluate(trace: Trace, predictors: Sequence[str] | None = DEFAULT_PREDICTORS
         res.in_sample.append("static-hot-prompt")
     preds.update(registry.run(trace, arr, in_phase, rank_w, requested, progress=progress, split=split))
     for fam in dict.fromkeys(f for f, _ in requested):
-        note = getattr(registry.module(fam), "note", None)
-        msg = note(trace, arr, in_phase) if note is not None else None
+        msg = registry.note(fam, trace, arr, in_phase)
         if msg:
             res.notes.append(msg)
     frames = [score(preds[n], arr.experts, arr.weights, arr.layer, evaluated, trace.moe_layers, n_expert, width, phase)

@@ -35,10 +35,29 @@ from traces.io.reader import RoutingArrays, Trace
 from traces.util.units import MIB
 
 
+def check_drop_frac(value: object, where: str) -> float:
+    """Drop-cold F as a float, or one sentence naming ``where`` (the option, keyword or grid key it
+    came under) and the value. The one check of F: ``drop`` (``--fracs``), ``prefetch --drop``, the
+    report, sweeps, ``quality --drop-frac`` and the API all call it.
+
+    F scales the uniform share: a miss is skipped when its router weight is below ``F / k``, never
+    the routing's top expert. Valid: any finite number >= 0. F = 0 skips nothing (the undropped
+    run); F = 1 skips a miss below the uniform share 1/k; F > 1 is meaningful too (the report's 1.5),
+    and once ``F / k`` exceeds every non-top weight (F >= k/2 when the weights sum to 1: a non-top
+    weight is at most 1/2) every miss but the top is skipped, so a larger F changes nothing more.
+    Negative, NaN and infinite values are refused: they are no threshold."""
+    import math
+
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if not ok or not math.isfinite(float(value)) or float(value) < 0:
+        raise UserError(f"{where}: {value!r} is not a drop-cold F, a finite number >= 0 (a miss whose router weight "
+                        "is below F / k is skipped; F = 0 skips none, F = 1 those below the uniform share).")
+    return float(value)
+
+
 def _check_fracs(fracs: list[float]) -> None:
     for f in fracs:
-        if not (f >= 0 and np.isfinite(f)):
-            raise UserError(f"--fracs: {f} is not a non-negative fraction (F in 'weight < F / k').")
+        check_drop_frac(f, "--fracs")
 
 
 def phase_rows(a: RoutingArrays, phase: str) -> np.ndarray:

@@ -28,7 +28,6 @@ misses + speculative fills), per decoded token; bytes are not time (see the cost
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -97,7 +96,10 @@ def guesses(trace: Trace, predictor: str, drop_frac: float | None = None, arr: R
     ``option`` / ``drop_option``: the names the predictor and ``drop_frac`` came under (a CLI flag
     or the API's keyword), for messages."""
     from replay import predictors as registry
+    from replay.analyses.drop_cold import check_drop_frac
 
+    if drop_frac is not None:  # before any predictor runs
+        drop_frac = check_drop_frac(drop_frac, drop_option)
     fam, d = registry.parse_predictor(predictor, option)
     if not getattr(registry.module(fam), "PREFETCH", True):
         raise UserError(f"{option} {predictor}: not a prefetch predictor (use one of {', '.join(registry.prefetch_names())}).")
@@ -121,8 +123,6 @@ def guesses(trace: Trace, predictor: str, drop_frac: float | None = None, arr: R
     keep = (ranked != NONE) & pred.scored[:, None]
     n_dropped = 0
     if drop_frac is not None:
-        if not (math.isfinite(drop_frac) and drop_frac >= 0):
-            raise UserError(f"{drop_option} {drop_frac}: not a non-negative fraction (F in 'weight < F / k').")
         # A guess the engine would drop-cold anyway is not read; the top-ranked guess always is.
         # NaN (unknown) predicted weight: not below the threshold, so read.
         below = np.zeros(ranked.shape, dtype=bool)
@@ -174,6 +174,10 @@ def prefetch(trace: Trace, predictor: str, budget_mib: float | None = None, poli
     :class:`replay.analyses.timeline.Profile`; not with ``model``) both replays are timed on the timeline
     instead: :func:`replay.analyses.timeline_whatif.timeline_columns` (useful / late / wasted speculative
     bytes, ms per token with and without, the paired change and its interval)."""
+    if drop_frac is not None:  # refused before any work (guesses() applies the same check)
+        from replay.analyses.drop_cold import check_drop_frac
+
+        check_drop_frac(drop_frac, "--drop")
     if policy not in PREFETCH_POLICIES:
         check_policies([policy], option="--policy")
         raise UserError(f"--policy {policy}: prefetch replays {' or '.join(PREFETCH_POLICIES)} only.")

@@ -85,8 +85,10 @@ def _check_row(p: Path, i: int, r: Any) -> None:
     frac, keep_k = r.get("frac"), r.get("keep_k")
     if (frac is None) == (keep_k is None):
         raise UserError(f"{where} must name exactly one of frac (drop-cold F) and keep_k (top-k cut).")
-    if frac is not None and not (_number(frac) and frac >= 0):
-        raise UserError(f"{where} has frac = {frac!r}, not a non-negative number.")
+    if frac is not None:
+        from replay.analyses.drop_cold import check_drop_frac
+
+        check_drop_frac(frac, f"{where} frac")  # the one check of F
     if keep_k is not None and (isinstance(keep_k, bool) or not isinstance(keep_k, int) or keep_k < 1):
         raise UserError(f"{where} has keep_k = {keep_k!r}, not a positive integer.")
 

@@ -237,9 +237,9 @@ def _check_value(kind: str, key: str, v: Any, default: Any, where: str, base: Pa
             raise UserError(f"{where}: {v!r} is not a{' non-negative' if key == 'seed' else ' positive'} integer.")
         return v
     if key == "drop_frac":
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 1:
-            raise UserError(f"{where}: {v!r} is not a drop fraction F in (0, 1].")
-        return float(v)
+        from replay.analyses.drop_cold import check_drop_frac
+
+        return check_drop_frac(v, where)  # the one check of F (prefetch --drop, drop --fracs, the API)
     return v
 
 
@@ -335,10 +335,11 @@ def _expand_kind(grid: Path, kind: Kind, table: Any) -> list[dict[str, Any]]:
 
 
 def _check_fracs(v: Any, where: str) -> list[float]:
-    if not isinstance(v, list) or not v or not all(isinstance(f, (int, float)) and not isinstance(f, bool)
-                                                    and math.isfinite(f) and 0 < f <= 1 for f in v):
-        raise UserError(f"{where}: {v!r} is not a list of drop fractions F in (0, 1].")
-    return [float(f) for f in v]
+    from replay.analyses.drop_cold import check_drop_frac
+
+    if not isinstance(v, list) or not v:
+        raise UserError(f"{where}: {v!r} is not a non-empty list of drop-cold F values.")
+    return [check_drop_frac(f, where) for f in v]  # the one check of F, as drop's --fracs
 
 
 def _dedupe(vals: list[Any]) -> list[Any]:

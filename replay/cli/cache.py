@@ -10,15 +10,22 @@ import typer
 
 from replay.cli.options import (  # noqa: F401
     BudgetsOpt,
+    ComputeMsOpt,
+    CostModelOpt,
     DeviceProfileOpt,
+    FlashMibSOpt,
     ForeignCostModelOpt,
     JsonOpt,
+    MixOpt,
     PolicyFileOpt,
     PredictorFileOpt,
     TimeModelOpt,
     TraceArg,
+    TrainOpt,
+    TrainTraceOpt,
     check_foreign_cost_model,
     example,
+    learner_keywords,
     parse_budget,
     parse_budgets,
 )
@@ -63,9 +70,9 @@ def register(app: typer.Typer) -> None:
         budget_mib: str | None = typer.Option(None, "--budget-mib", help="Budget for --validate (default: the recorded one); "
                                               "without --validate, a single budget to replay (not with --budgets). "
                                               "MiB, or with a unit: 4000, 4000MiB, 4GiB, 1.5GiB.", show_default=False),
-        cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file: adds ms/token and tok/s."),
-        flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
-        compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
+        cost_model: Path | None = CostModelOpt,
+        flash_mib_s: float | None = FlashMibSOpt,
+        compute_ms: float | None = ComputeMsOpt,
         foreign_cost_model: bool = ForeignCostModelOpt,
         time_model: str | None = TimeModelOpt,
         device_profile: str | None = DeviceProfileOpt,
@@ -77,13 +84,9 @@ def register(app: typer.Typer) -> None:
         retain: bool = typer.Option(False, "--retain", help="Protect the --predictor's guesses for the next layer(s) from eviction."),
         predictor: str | None = typer.Option(None, "--predictor", help="With --retain: prev-token (the default) | "
                                              "stale-gate[d] | static-hot.", show_default=False),
-        train: str | None = typer.Option(None, "--train", help="With --retain: what a learning predictor (static-hot, "
-                                         "pair-table[d], request-match, mix) is fitted on; it guesses only for the other "
-                                         "tokens: 50% (the first half of each request's decoded tokens), trace:50%, "
-                                         "folds:K (dealt with --seed), or in-sample [default: 50%].", show_default=False),
-        train_trace: Path | None = typer.Option(None, "--train-trace", help="With --retain: fit a learning predictor on "
-                                                "this trace instead (same model and shapes); it guesses for every token.",
-                                                show_default=False),
+        train: str | None = TrainOpt,
+        train_trace: Path | None = TrainTraceOpt,
+        mix: str | None = MixOpt,
         pin_per_layer: int | None = typer.Option(None, "--pin-per-layer", help="pin: experts pinned per MoE layer "
                                                  "(default: as many as fit in half the budget, the same in every layer)."),
         pin_profile: Path | None = typer.Option(None, "--pin-profile", help="pin: take the hot list from this trace's whole-run "
@@ -124,9 +127,9 @@ def register(app: typer.Typer) -> None:
         json_out = json_out or check_format(fmt) == "json"
         if predictor is not None and not retain:  # it would be silently ignored
             raise UserError(f"--predictor {predictor}: only meaningful with --retain (cache replays no predictor otherwise).")
-        for flag, given in (("--train", train), ("--train-trace", train_trace)):
+        for flag, given in (("--train", train), ("--train-trace", train_trace), ("--mix", mix)):
             if given is not None and not retain:  # it would be silently ignored
-                raise UserError(f"{flag} {given}: only meaningful with --retain (cache fits no predictor otherwise).")
+                raise UserError(f"{flag} {given}: only meaningful with --retain (cache runs no predictor otherwise).")
         predictor = predictor or "prev-token"
         check_phase(phase)
         cmodel = cost_model_from_options(cost_model, flash_mib_s, compute_ms)
@@ -198,8 +201,8 @@ def register(app: typer.Typer) -> None:
                             retain_predictor=predictor if retain else None, show_progress=True, stream=stream,
                             predictor_file=predictor_file, foreign_cost_model=foreign_cost_model,
                             paired=cmodel is not None and not retain,  # with a cost model: each cell against LRU (replay.analyses.paired)
-                            time_model=time_model if timeline else None, device_profile=device_profile, train=train,
-                            train_trace=open_trace(train_trace) if train_trace is not None else None)
+                            time_model=time_model if timeline else None, device_profile=device_profile,
+                            **learner_keywords(train, train_trace, mix))
         frame, blist, loads, sm = run.frame, run.budgets_mib, run.loads, run.summary
         T, W, chosen, collapsed, no_decode = (sm["token_cycle_mib"], sm["working_set_mib"], sm["budgets_chosen"],
                                               sm["collapsed"], sm["no_decode"])

@@ -7,7 +7,17 @@ from pathlib import Path
 
 import typer
 
-from replay.cli.options import BUDGET_UNITS_HELP, ForeignCostModelOpt, JsonOpt, TraceArg, check_foreign_cost_model, example
+from replay.cli.options import (
+    BUDGET_UNITS_HELP,
+    ComputeMsOpt,
+    CostModelOpt,
+    FlashMibSOpt,
+    ForeignCostModelOpt,
+    JsonOpt,
+    TraceArg,
+    check_foreign_cost_model,
+    example,
+)
 from traces.format.errors import UserError
 
 
@@ -28,9 +38,9 @@ def curve_cmd(
                                            show_default=False),
     seed: int = typer.Option(0, "--seed", help="Seed of the sample's hash."),
     tolerance: str = typer.Option("1,5", "--tolerance", help="Knee tolerances in percentage points below the plateau."),
-    cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file: adds ms/token and tok/s."),
-    flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
-    compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
+    cost_model: Path | None = CostModelOpt,
+    flash_mib_s: float | None = FlashMibSOpt,
+    compute_ms: float | None = ComputeMsOpt,
     foreign_cost_model: bool = ForeignCostModelOpt,
     json_out: bool = JsonOpt,
 ) -> None:

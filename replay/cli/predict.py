@@ -10,7 +10,17 @@ from pathlib import Path
 
 import typer
 
-from replay.cli.options import JsonOpt, PredictorFileOpt, TraceArg, example
+from replay.cli.options import (
+    JsonOpt,
+    MixOpt,
+    PredictorFileOpt,
+    SplitSeedOpt,
+    TraceArg,
+    TrainOpt,
+    TrainTraceOpt,
+    example,
+    learner_keywords,
+)
 from replay.predictors import REGISTRY as PREDICTOR_REGISTRY
 from traces.format.errors import UserError
 
@@ -60,19 +70,13 @@ def register(app: typer.Typer) -> None:
                                          "and mass [default: top-k]; slot/whole accuracy stay at top-k."),
         phase: str = typer.Option("decode", "--phase", help="Routings to score: decode | prefill | all (both)."),
         per_layer: bool = typer.Option(True, "--per-layer/--no-per-layer", help="Add the per-layer table (JSON: rows)."),
-        train: str | None = typer.Option(None, "--train", help="What learning predictors (static-hot, pair-table, "
-                                         "request-match, mix) are fitted on; every predictor is scored on the other "
-                                         "tokens: 50% (the first half of each request's tokens), trace:50% (of the "
-                                         "trace's), folds:5 (5-fold by request, --seed), or in-sample (on the scored "
-                                         "tokens themselves; marked) [default: 50% when a learner runs]."),
-        train_trace: Path | None = typer.Option(None, "--train-trace", help="Fit the learners on this trace instead "
-                                                "(same model and shapes) and score every token of TRACE."),
-        seed: int = typer.Option(0, "--seed", help="Seed of the k-fold deal of requests (--train folds:K)."),
+        train: str | None = TrainOpt,
+        train_trace: Path | None = TrainTraceOpt,
+        seed: int = SplitSeedOpt,
         byte_budget_mib: float | None = typer.Option(None, "--byte-budget-mib", help="MiB of guesses read per "
                                                      "routing: adds recall at that byte budget (guesses capped by "
                                                      "bytes, not by count)."),
-        mix: str | None = typer.Option(None, "--mix", help="The two predictors mix unites and A's weight, A,B[,W] "
-                                       "[default: prev-token,pair-table[1],0.5]."),
+        mix: str | None = MixOpt,
         predictor_file: list[Path] | None = PredictorFileOpt,
         json_out: bool = JsonOpt,
     ) -> None:
@@ -86,7 +90,6 @@ def register(app: typer.Typer) -> None:
         from replay.core.progress import progress
         from replay.plugin_files import register_files
         from replay.predictors import parse_predictor
-        from replay.predictors.mix import parse_mix
         from replay.present.format import json_object
         from replay.present.predict import curve_text, predict_text
         from traces import open_trace
@@ -98,7 +101,7 @@ def register(app: typer.Typer) -> None:
         # default: every registered predictor (with those of --predictor-file)
         names = [p for p in (s.strip() for s in (predictors if predictors is not None else DEFAULT).split(",")) if p]
         horizons = parse_horizons(horizon) if horizon is not None else [1]
-        explicit = [d for d in (parse_predictor(n)[1] for n in names) if d is not None]  # also validates the names
+        explicit = [(f, d) for f, d in (parse_predictor(n) for n in names) if d is not None]  # also validates the names
         from replay.predictors import module
         from replay.predictors import names as families
 
@@ -112,17 +115,17 @@ def register(app: typer.Typer) -> None:
         # after a pass over the gate inputs that can score nothing (the default horizon 1 on a
         # one-layer trace is left to report itself unscored).
         if horizon is not None:
-            check_horizon(t, horizons[-1], "--horizon")
+            for fam in dict.fromkeys(bare):
+                check_horizon(t, horizons[-1], "--horizon", fam)
         if horizon_curve is not None and horizon_curve >= 1:
             check_horizon(t, horizon_curve, "--horizon-curve")
-        for d in explicit:
-            check_horizon(t, d, "--predictors")
+        for fam, d in explicit:  # each family's own check (a plugin's too), not stale-gate's for every name
+            check_horizon(t, d, "--predictors", fam)
         with progress(len(t.parts), "gate inputs", unit="part") as bar:
             res = predict_run(t, predictors=names if predictors is not None else None, horizons=horizons, width=width,
                               phase=phase, max_horizon=horizon_curve, progress=bar, predictor_file=predictor_file,
-                              train=train, train_trace=open_trace(train_trace) if train_trace is not None else None,
-                              seed=seed, byte_budget_mib=byte_budget_mib,
-                              mix=None if mix is None else parse_mix(mix))
+                              byte_budget_mib=byte_budget_mib, seed=seed,
+                              **learner_keywords(train, train_trace, mix))
         if json_out:
             frame = res.frame if per_layer else res.overall()
             typer.echo(json_object(

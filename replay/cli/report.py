@@ -8,7 +8,9 @@ import typer
 
 from replay.cli.options import (
     BudgetsOpt,
+    ComputeMsOpt,
     DeviceProfileOpt,
+    FlashMibSOpt,
     ForeignCostModelOpt,
     PolicyFileOpt,
     PredictorFileOpt,
@@ -31,8 +33,8 @@ def register(app: typer.Typer) -> None:
                                               "drop-cold and prefetch run there too.", show_default=False),
         policies: str | None = typer.Option(None, "--policies", help="Cache policies, comma-separated."),
         cost_model: Path | None = typer.Option(None, "--cost-model", help="A 'cost fit --json' file (default: fit on the metrics)."),
-        flash_mib_s: float | None = typer.Option(None, "--flash-mib-s", help="Manual cost model: read bandwidth in MiB/s."),
-        compute_ms: float | None = typer.Option(None, "--compute-ms", help="Manual cost model: compute ms per token."),
+        flash_mib_s: float | None = FlashMibSOpt,
+        compute_ms: float | None = ComputeMsOpt,
         foreign_cost_model: bool = ForeignCostModelOpt,
         time_model: str | None = TimeModelOpt,
         device_profile: str | None = DeviceProfileOpt,

@@ -12,12 +12,17 @@ from replay.cli.options import (
     DeviceProfileOpt,
     ForeignCostModelOpt,
     JsonOpt,
+    MixOpt,
     PolicyFileOpt,
     PredictorFileOpt,
+    SplitSeedOpt,
     TimeModelOpt,
     TraceArg,
+    TrainOpt,
+    TrainTraceOpt,
     check_foreign_cost_model,
     example,
+    learner_keywords,
     parse_budget,
 )
 from traces.format.errors import UserError
@@ -115,15 +120,10 @@ def register(app: typer.Typer) -> None:
         guard: bool = typer.Option(False, "--guard", help="LFRU eviction guard on speculative fills."),
         drop_frac: float | None = typer.Option(None, "--drop", help="Skip guesses with predicted weight < F/k (top kept)."),
         retain: bool = typer.Option(False, "--retain", help="Also protect the guesses for the next layer(s) from eviction."),
-        train: str | None = typer.Option(None, "--train", help="What a learning predictor (static-hot, pair-table[d], "
-                                         "request-match, mix) is fitted on; it guesses only for the other tokens: 50% "
-                                         "(the first half of each request's decoded tokens), trace:50%, folds:5, or "
-                                         "in-sample [default: 50%]."),
-        train_trace: Path | None = typer.Option(None, "--train-trace", help="Fit a learning predictor on this trace "
-                                                "instead (same model and shapes); it guesses for every token."),
-        seed: int = typer.Option(0, "--seed", help="Seed of the k-fold deal of requests (--train folds:K)."),
-        mix: str | None = typer.Option(None, "--mix", help="With --predictor mix: A,B[,W] [default: "
-                                       "prev-token,pair-table[1],0.5]."),
+        train: str | None = TrainOpt,
+        train_trace: Path | None = TrainTraceOpt,
+        seed: int = SplitSeedOpt,
+        mix: str | None = MixOpt,
         cost_model: Path | None = typer.Option(None, "--cost-model", help="Add ms/token from a 'cost fit --json' file."),
         foreign_cost_model: bool = ForeignCostModelOpt,
         time_model: str | None = TimeModelOpt,
@@ -157,8 +157,8 @@ def register(app: typer.Typer) -> None:
         frame = api_prefetch(tr, predictor=predictor, budget_mib=budget_mib, policy=policy, cap=cap, guard=guard,
                              drop_frac=drop_frac, retain=retain, cost_model=model, foreign_cost_model=foreign_cost_model,
                              predictor_file=predictor_file, time_model=None if time_model == "linear" else time_model,
-                             device_profile=device_profile, train=train, seed=seed, mix=mix,
-                             train_trace=open_trace(train_trace) if train_trace is not None else None)
+                             device_profile=device_profile, seed=seed,
+                             **learner_keywords(train, train_trace, mix))
         if json_out:
             timeline = time_model in ("fitted", "profile")
             notes = [*PREFETCH_NOTES, TIMELINE if timeline else BYTES_NOT_TIME if model is None else TIMED]

@@ -84,6 +84,16 @@ def _validate(mod: ModuleType, name: str | None) -> str:
         raise UserError(f"{src}: a predictor module must define DESCRIPTION, one line saying what it predicts.")
     if not re.fullmatch(r"[A-Za-z0-9_.+-]+", got):
         raise UserError(f"{src}: NAME {got!r} may hold only letters, digits and _ . + -.")
+    param = getattr(mod, "PARAM", None)
+    try:  # describe() fills it in for every name: a stray {field} would fail there, not here
+        mod.DESCRIPTION.format(**({param: 1} if isinstance(param, str) and param else {}))
+    except (KeyError, IndexError, ValueError) as e:
+        fields = f"{{{param}}}, the parameter" if isinstance(param, str) and param else "none (the predictor takes no parameter)"
+        raise UserError(f"{src}: DESCRIPTION {mod.DESCRIPTION!r} is not a format string whose only field is {fields} "
+                        f"({type(e).__name__}: {e}; write a literal brace as {{{{ or }}}}).") from None
+    issue = getattr(mod, "ISSUE", "token")
+    if issue not in ("token", "layer"):
+        raise UserError(f"{src}: ISSUE {issue!r} is not \"token\" or \"layer\" (when its guesses can be read on the timeline).")
     return got
 
 
@@ -150,8 +160,11 @@ def parse_predictor(name: str, option: str = "--predictors") -> tuple[str, int |
     m = _PARAM.match(name)
     if m and m.group(1) in fams and getattr(module(m.group(1)), "PARAM", None):
         fam, d = m.group(1), int(m.group(2))
-        check = getattr(module(fam), "param_problem", None)
-        problem = check(d) if check is not None else None
+        mod = module(fam)
+        problem = None
+        if getattr(mod, "param_problem", None) is not None:
+            problem = _sentence_or_none(mod, "param_problem", name, call_hook(mod, "param_problem", name, d),
+                                        "why the parameter is refused")
         if problem:
             raise UserError(f"{option} {name}: {problem}.")
         return fam, d
@@ -164,19 +177,82 @@ def full_name(family: str, param: int | None) -> str:
     return f"{family}[{param}]" if param is not None else family
 
 
+def call_hook(mod: ModuleType, hook: str, name: str, *args, **kwargs):
+    """``mod.<hook>(*args, **kwargs)`` for the predictor ``name``. A user plugin's failure there (an
+    exception, a Numba function that does not compile or raises) is one sentence naming its file,
+    the line when known, the hook and the problem (:func:`plugin_error`); the traceback only under
+    --debug, as the cause. A built-in's failure is a bug of this package and passes through."""
+    fn = getattr(mod, hook)
+    if mod.__name__.startswith("replay."):
+        return fn(*args, **kwargs)
+    try:
+        return fn(*args, **kwargs)
+    except UserError:
+        raise
+    except Exception as e:
+        raise plugin_error(mod, name, e, hook) from e
+
+
+def _sentence_or_none(mod: ModuleType, hook: str, name: str, value, meaning: str) -> str | None:
+    """A hook's answer that must be a sentence or None (``unavailable``, ``check``, ``param_problem``,
+    ``note``): anything else is refused, not printed as a reason (``unavailable`` returning 3 would
+    otherwise mark the predictor unavailable "because 3")."""
+    if value is None or isinstance(value, str):
+        return value or None
+    raise UserError(f"{where(mod)}: {hook}() for {name} returned {type(value).__name__} {_short(value)}, not a "
+                    f"str ({meaning}) or None.")
+
+
+def _short(value) -> str:
+    r = repr(value)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
 def unavailable(family: str, trace) -> str | None:
-    f = getattr(module(family), "unavailable", None)
-    return f(trace) if f is not None else None
+    """Why predictor ``family`` cannot run on ``trace`` (its ``unavailable`` hook), or None."""
+    mod = module(family)
+    if getattr(mod, "unavailable", None) is None:
+        return None
+    return _sentence_or_none(mod, "unavailable", family, call_hook(mod, "unavailable", family, trace),
+                             "why it cannot run on this trace")
 
 
 def check(family: str, trace, param: int | None) -> str | None:
-    f = getattr(module(family), "check", None)
-    return f(trace, param) if f is not None and param is not None else None
+    """Why ``family[param]`` cannot run on ``trace`` (its ``check`` hook), or None."""
+    mod = module(family)
+    if getattr(mod, "check", None) is None or param is None:
+        return None
+    n = full_name(family, param)
+    return _sentence_or_none(mod, "check", n, call_hook(mod, "check", n, trace, param),
+                             "why it cannot run on this trace with this parameter")
+
+
+def note(family: str, trace, arr, in_phase) -> str | None:
+    """The line predictor ``family`` prints beside its figures (its ``note`` hook), or None."""
+    mod = module(family)
+    if getattr(mod, "note", None) is None:
+        return None
+    return _sentence_or_none(mod, "note", family, call_hook(mod, "note", family, trace, arr, in_phase),
+                             "a note printed beside its figures")
+
+
+MAX_AHEAD = (1 << 15) - 1  # layers are int16: no guess can be further ahead than that
 
 
 def ahead(family: str, param: int | None) -> int:
-    f = getattr(module(family), "ahead", None)
-    return int(f(param)) if f is not None else 1
+    """MoE layers ahead of its layer the guess of ``family[param]`` exists (its ``ahead`` hook,
+    default 1): an integer in 1..32767, checked here before a replay indexes loads with it."""
+    import numpy as np
+
+    mod = module(family)
+    if getattr(mod, "ahead", None) is None:
+        return 1
+    n = full_name(family, param)
+    got = call_hook(mod, "ahead", n, param)
+    if isinstance(got, bool) or not isinstance(got, (int, np.integer)) or not 1 <= int(got) <= MAX_AHEAD:
+        raise UserError(f"{where(mod)}: ahead() for {n} returned {type(got).__name__} {_short(got)}, not an integer "
+                        f"number of MoE layers in 1..{MAX_AHEAD}.")
+    return int(got)
 
 
 def describe(name: str) -> str:
@@ -186,31 +262,38 @@ def describe(name: str) -> str:
 
 
 def as_prediction(mod: ModuleType, name: str, out, n_rows: int, width: int, n_expert: int,
-                  in_phase: np.ndarray) -> Prediction:
-    """A hook's return value checked (shape, dtype, range) and made a :class:`Prediction`; a
-    wrong one is one sentence naming the module's file."""
+                  in_phase: np.ndarray, hook: str = "predict") -> Prediction:
+    """A hook's return value checked (type, shape, dtype, the range of every expert id, the
+    weights' dtype and range) and made a :class:`Prediction`, before anything indexes memory with
+    it (the replay reads expert ids as entry indices); a wrong one is one sentence naming the
+    module's file and the ``hook`` that returned it."""
     import numpy as np
 
     src = where(mod)
+    said = f"{src}: {hook}() for {name} returned"
     weights = None
     if isinstance(out, Prediction):
         out, weights = out.ranked, out.weights
     elif isinstance(out, tuple) and len(out) == 2:
         out, weights = out
     if not isinstance(out, np.ndarray):
-        raise UserError(f"{src}: predict() for {name} returned {type(out).__name__}, not an int32 numpy array "
-                        f"[{n_rows}, {width}].")
+        raise UserError(f"{said} {type(out).__name__}, not an int32 numpy array [{n_rows}, {width}].")
     if out.shape != (n_rows, width):
-        raise UserError(f"{src}: predict() for {name} returned shape {list(out.shape)}, expected [{n_rows}, {width}] "
-                        "(routings x width).")
+        raise UserError(f"{said} shape {list(out.shape)}, expected [{n_rows}, {width}] (routings x width).")
     if out.dtype != np.int32:
-        raise UserError(f"{src}: predict() for {name} returned dtype {out.dtype}, expected int32.")
+        raise UserError(f"{said} dtype {out.dtype}, expected int32.")
     if out.size and (int(out.min()) < NONE or int(out.max()) >= n_expert):
-        raise UserError(f"{src}: predict() for {name} returned expert ids outside -1..{n_expert - 1} "
-                        f"(-1 = no guess; the trace has {n_expert} experts).")
+        raise UserError(f"{said} expert ids outside -1..{n_expert - 1} (-1 = no guess; the trace has {n_expert} experts).")
     if weights is not None:
         if not isinstance(weights, np.ndarray) or weights.shape != (n_rows, width):
-            raise UserError(f"{src}: predict() for {name} returned weights that are not a float array [{n_rows}, {width}].")
+            got = f"shape {list(weights.shape)}" if isinstance(weights, np.ndarray) else type(weights).__name__
+            raise UserError(f"{said} weights of {got}, not a float array [{n_rows}, {width}].")
+        if not np.issubdtype(weights.dtype, np.floating):
+            raise UserError(f"{said} weights of dtype {weights.dtype}, not a float array (NaN = unknown).")
+        known = weights[~np.isnan(weights)]
+        if known.size and not (np.isfinite(known).all() and float(known.min()) >= 0):
+            raise UserError(f"{said} weights that are negative or infinite (a predicted routing weight is >= 0; "
+                            "NaN = unknown).")
         weights = weights.astype(np.float32, copy=False)
     scored = in_phase & (out[:, 0] != NONE) if width else np.zeros(n_rows, dtype=bool)
     return Prediction(name, np.ascontiguousarray(out), scored, weights)
@@ -247,10 +330,18 @@ def run(trace, arr, in_phase: np.ndarray, width: int, requested: list[tuple[str,
             if id(many) in done:
                 continue
             done.add(id(many))
-            got = many(trace, arr, in_phase, width, shared[id(many)][1], progress=progress, with_weights=with_weights)
-            for f2, d2 in shared[id(many)][1]:
-                n = full_name(f2, d2)
-                out[n] = keep_evaluated(as_prediction(module(f2), n, got[n], arr.n_rows, width, trace.n_expert, in_phase))
+            names = [full_name(f2, d2) for f2, d2 in shared[id(many)][1]]
+            got = call_hook(mod, "predict_many", ", ".join(names), trace, arr, in_phase, width, shared[id(many)][1],
+                            progress=progress, with_weights=with_weights)
+            missing = [n for n in names if not isinstance(got, dict) or n not in got]
+            if missing:
+                what = (f"{type(got).__name__}, not a dict" if not isinstance(got, dict)
+                        else f"a dict without {', '.join(repr(n) for n in missing)}")
+                raise UserError(f"{where(mod)}: predict_many() for {', '.join(names)} returned {what} (one "
+                                "[routings, width] int32 array per requested name).")
+            for (f2, _), n in zip(shared[id(many)][1], names):
+                out[n] = keep_evaluated(as_prediction(module(f2), n, got[n], arr.n_rows, width, trace.n_expert, in_phase,
+                                                      "predict_many"))
             continue
         kw = {"param": d} if getattr(mod, "PARAM", None) else {}
         if with_weights and getattr(mod, "WEIGHTS", False):
@@ -258,14 +349,7 @@ def run(trace, arr, in_phase: np.ndarray, width: int, requested: list[tuple[str,
         n = full_name(fam, d)
 
         def call(phase_rows, mod=mod, kw=kw, n=n, **extra):
-            try:
-                return mod.predict(trace, arr, phase_rows, width, **kw, **extra)
-            except UserError:
-                raise
-            except Exception as e:
-                if mod.__name__.startswith("replay."):
-                    raise
-                raise plugin_error(mod, n, e) from e
+            return call_hook(mod, "predict", n, trace, arr, phase_rows, width, **kw, **extra)
 
         if getattr(mod, "SPLIT", False):  # a composite (mix): runs its parts under the same protocol
             out[n] = keep_evaluated(as_prediction(mod, n, call(in_phase, split=split), arr.n_rows, width,
@@ -289,23 +373,46 @@ def run(trace, arr, in_phase: np.ndarray, width: int, requested: list[tuple[str,
     return out
 
 
-def plugin_error(mod: ModuleType, name: str, e: Exception) -> UserError:
-    """A user predictor whose ``predict`` raised: one sentence naming its file (the traceback only
-    under --debug, as the cause). A Numba function of the plugin that does not compile is said as a
-    policy plugin's is (:func:`replay.plugins.numba_error`): the underlying error at its line, not
-    Numba's pipeline header and its "During:" lines."""
+def plugin_error(mod: ModuleType, name: str, e: Exception, hook: str = "predict") -> UserError:
+    """A user predictor whose ``hook`` raised: one sentence naming its file, the line (of the plugin's
+    own code, when the error names or passes through one) and the problem (the traceback only under
+    --debug, as the cause). A Numba function of the plugin that does not compile is said as a policy
+    plugin's is (:func:`replay.plugins.numba_error`): the underlying error at its line, not Numba's
+    pipeline header and its "During:" lines."""
     import sys
 
+    src = where(mod)
     errors = sys.modules.get("numba.core.errors")  # loaded whenever Numba raised
     if errors is not None and isinstance(e, errors.NumbaError):
         from replay.plugins import numba_error
 
-        line, what = numba_error(e, where(mod))
-        at = where(mod) + (f", line {line}" if line is not None else "")
-        return UserError(f"{at}: predictor {name!r} does not compile with Numba: {what}.")
+        line, what = numba_error(e, src)
+        at = src + (f", line {line}" if line is not None else "")
+        return UserError(f"{at}: predictor {name!r} does not compile with Numba in {hook}(): {what}.")
+    line = _line_in(e, src)
+    at = src + (f", line {line}" if line is not None else "")
     first = next((ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("\x1b")), "")
     said = f"{type(e).__name__}: {first[:200]}" if first else type(e).__name__
-    return UserError(f"{where(mod)}: predict() for {name} failed: {said.rstrip('.')}.")
+    return UserError(f"{at}: {hook}() for {name} failed: {said.rstrip('.')}.")
+
+
+def _line_in(e: BaseException, path: str) -> int | None:
+    """The line of ``path`` nearest the raise in ``e``'s traceback (None when none of its frames is
+    in that file: a Numba function's own lines are not frames)."""
+    import traceback
+
+    try:
+        target = Path(path).resolve()
+    except OSError:
+        return None
+    line = None
+    for fr in traceback.extract_tb(e.__traceback__):
+        try:
+            if Path(fr.filename).resolve() == target:
+                line = fr.lineno
+        except OSError:
+            continue
+    return line
 
 
 def learns(family: str) -> bool:
