@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
                                 "as libCacheSim prints) | json (as --json)."),
         retain: bool = typer.Option(False, "--retain", help="Protect the --predictor's guesses for the next layer(s) from eviction."),
         predictor: str | None = typer.Option(None, "--predictor", help="With --retain: prev-token (the default) | "
-                                             "stale-gate[d] | static-hot.", show_default=False),
+                                             "stale-gate\\[d] | static-hot.", show_default=False),
         train: str | None = TrainOpt,
         train_trace: Path | None = TrainTraceOpt,
         mix: str | None = MixOpt,

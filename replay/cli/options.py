@@ -40,8 +40,8 @@ PredictorFileOpt = typer.Option(None, "--predictor-file", help="A predictor modu
 
 # The options of a learning predictor, the same on every verb that runs a predictor (predict, prefetch,
 # cache --retain): declared once here, turned into the API's keywords by learner_keywords().
-TrainOpt = typer.Option(None, "--train", help="What a learning predictor (static-hot, pair-table[d], request-match, "
-                        "learned-gate[d], mix) is fitted on; it is scored on, and guesses for, the other tokens only: 50% "
+TrainOpt = typer.Option(None, "--train", help="What a learning predictor (static-hot, pair-table\\[d], request-match, "
+                        "learned-gate\\[d], mix) is fitted on; it is scored on, and guesses for, the other tokens only: 50% "
                         "(the first half of each request's tokens), trace:50% (of the trace's), folds:5 (5-fold by "
                         "request, dealt with --seed), or in-sample (on the scored tokens themselves; marked) [default: 50% "
                         "when a learner runs].", show_default=False)

@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
     def predict(
         trace: Path = TraceArg,
         predictors: str | None = typer.Option(None, "--predictors", help=f"Comma list of: {', '.join(PREDICTOR_REGISTRY)}; "
-                                       "stale-gate alone means one per --horizon, stale-gate[d] one horizon "
+                                       "stale-gate alone means one per --horizon, stale-gate\\[d] one horizon "
                                        "[default: all of them and those of --predictor-file]."),
         horizon: str | None = typer.Option(None, "--horizon", help="Horizons in MoE layers for a bare stale-gate, "
                                            "pair-table or learned-gate, e.g. 1,2,3 or 1..8 [default: 1]."),
@@ -80,8 +80,8 @@ def register(app: typer.Typer) -> None:
         predictor_file: list[Path] | None = PredictorFileOpt,
         json_out: bool = JsonOpt,
     ) -> None:
-        """Predictor accuracy per layer: prev-token, stale-gate[d], ctrl, static hot lists, learned predictors
-        (pair-table[d], request-match, mix) scored on tokens they never saw."""
+        """Predictor accuracy per layer: prev-token, stale-gate\\[d], ctrl, static hot lists, learned predictors
+        (pair-table\\[d], request-match, mix) scored on tokens they never saw."""
         from replay.analyses.accuracy import check_horizon
         from replay.analyses.info import require_routings
         from replay.api import predict_run

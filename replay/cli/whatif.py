@@ -110,8 +110,8 @@ def register(app: typer.Typer) -> None:
     @app.command(epilog=example("moe-replay prefetch traces/qwen --predictor prev-token --budget-mib 4GiB --cap 4"))
     def prefetch(
         trace: Path = TraceArg,
-        predictor: str = typer.Option("prev-token", "--predictor", help="A predictor: prev-token, stale-gate[d], "
-                                       "static-hot, static-hot-prompt, pair-table[d], request-match, mix, or one from "
+        predictor: str = typer.Option("prev-token", "--predictor", help="A predictor: prev-token, stale-gate\\[d], "
+                                       "static-hot, static-hot-prompt, pair-table\\[d], request-match, mix, or one from "
                                        "--predictor-file."),
         budget_mib: str | None = typer.Option(None, "--budget-mib", help=f"Cache budget in {BUDGET_UNITS_HELP} (default: the "
                                               "recorded one).", show_default=False),
