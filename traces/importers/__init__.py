@@ -112,12 +112,24 @@ def sniff_formats(paths: Sequence[Path]) -> list[str]:
 
 
 def choose_format(paths: Sequence[Path]) -> str:
-    """The one format that recognises ``paths``, or a one-sentence refusal."""
+    """The one format that recognises ``paths``, or a one-sentence refusal. The generic ``table``
+    importer also reads what some engines write as tables (vLLM's routed_experts arrays): where a
+    dedicated importer recognises the files too, the dedicated one is chosen (and said by the CLI).
+    Where ``table`` would read the files but one thing is missing (the layer, which column family),
+    the refusal names ``import table`` and the option that settles it."""
     srcs = ", ".join(str(p) for p in paths)
     for p in paths:
         check_source(p)
     found = sniff_formats(paths)
+    if len(found) == 2 and "table" in found:
+        found = [f for f in found if f != "table"]
     if not found:
+        from traces.importers import table
+
+        why = table.auto_refusal(list(paths))
+        if why is not None:
+            raise UserError(f"{srcs}: reads as a table of routings, but {why}: 'moe-replay import table SRC... OUT' "
+                            "with that option imports it.")
         raise UserError(f"{srcs}: no importer recognises it (tried {', '.join(registry())}); name the format "
                         "with 'moe-replay import FORMAT SRC... OUT'.")
     if len(found) > 1:
