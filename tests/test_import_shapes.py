@@ -239,14 +239,19 @@ def test_wide_dense_scores_need_top_k(tmp_path):
 
 # -- 5. a wide table of one column per slot ------------------------------------------------------
 
-def test_wide_one_column_per_slot(tmp_path):
-    rows = truth([(4, 6)], seed=4)
-    src = tmp_path / "topk.csv"
+def _slot_csv(src, rows):
+    """One column per slot: expert_0, expert_1 the ids, weight_0, weight_1 their weights."""
     with open(src, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["step", "layer", "expert_0", "expert_1", "weight_0", "weight_1", "phase"])
         for r in rows:
             w.writerow([r["pos"], r["layer"], *r["experts"], *r["weights"], "prefill" if r["phase"] == 0 else "decode"])
+    return src
+
+
+def test_wide_one_column_per_slot(tmp_path):
+    rows = truth([(4, 6)], seed=4)
+    src = _slot_csv(tmp_path / "topk.csv", rows)
     res = run_cli("import", "table", src, tmp_path / "t", "--expert-bytes", EB,
                   "--map", "experts=expert_*,weights=weight_*")
     imported(res, tmp_path / "t", ["requests one after another", *SHAPE_NOTES], [])
@@ -454,12 +459,7 @@ def test_auto_reads_a_wide_table_by_its_column_names_and_says_so(tmp_path):
 
 def test_auto_reads_slot_columns_and_refuses_two_families(tmp_path):
     rows = truth([(4, 6)], seed=4)
-    src = tmp_path / "topk.csv"
-    with open(src, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["step", "layer", "expert_0", "expert_1", "weight_0", "weight_1", "phase"])
-        for r in rows:
-            w.writerow([r["pos"], r["layer"], *r["experts"], *r["weights"], "prefill" if r["phase"] == 0 else "decode"])
+    src = _slot_csv(tmp_path / "topk.csv", rows)
     res = run_cli("import", "auto", src, tmp_path / "t", "--expert-bytes", EB)
     assert res.out.startswith("format: table"), res.err
     imported(res, tmp_path / "t", ["expert_* and weight_* taken as one column per slot", "requests one after another",
