@@ -60,6 +60,7 @@ SUMMARY = "any CSV / JSONL / Parquet table, one routing per row, columns named w
 ENGINE = "unknown"
 TAKES_SIZES = True
 MAX_SOURCES = None
+GENERIC = True  # any table: where a dedicated importer recognises the files too, import auto takes that one
 OPTIONS = (
     ImportOption("map", "--map", str, "Column mapping, e.g. token=token_idx,layer=layer,experts=topk_ids,"
                  "weights=topk_weights,request=req_id (keys: experts, weights, layer, token, request, batch, phase, "
