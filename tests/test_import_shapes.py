@@ -239,14 +239,19 @@ def test_wide_dense_scores_need_top_k(tmp_path):
 
 # -- 5. a wide table of one column per slot ------------------------------------------------------
 
-def test_wide_one_column_per_slot(tmp_path):
-    rows = truth([(4, 6)], seed=4)
-    src = tmp_path / "topk.csv"
+def _slot_csv(src, rows):
+    """One column per slot: expert_0, expert_1 the ids, weight_0, weight_1 their weights."""
     with open(src, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["step", "layer", "expert_0", "expert_1", "weight_0", "weight_1", "phase"])
         for r in rows:
             w.writerow([r["pos"], r["layer"], *r["experts"], *r["weights"], "prefill" if r["phase"] == 0 else "decode"])
+    return src
+
+
+def test_wide_one_column_per_slot(tmp_path):
+    rows = truth([(4, 6)], seed=4)
+    src = _slot_csv(tmp_path / "topk.csv", rows)
     res = run_cli("import", "table", src, tmp_path / "t", "--expert-bytes", EB,
                   "--map", "experts=expert_*,weights=weight_*")
     imported(res, tmp_path / "t", ["requests one after another", *SHAPE_NOTES], [])
@@ -412,3 +417,93 @@ def test_one_file_per_pass_request_from_path_prompt_column(tmp_path):
     bad.write_text(bad.read_text().replace('"prompt_len": 5', '"prompt_len": 4', 1))
     assert_one_sentence_error(run_cli(*base, tmp_path / "v", "--expert-bytes", EB, "--request-from-path",
                                       r"req_(\d+)/", "--prompt-tokens", "prompt_len"), "changes within request 10")
+
+
+# -- 9. `import auto` on the shapes `import table` reads (session 11) -----------------------------
+
+def _wide_csv(path, rows, lay, extra=("ts",)):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["token", *(f"expert_{e}" for e in range(E)), *extra])
+        for r in rows:
+            if r["layer"] == lay:
+                score = dict(zip(r["experts"], r["weights"]))
+                w.writerow([r["pos"], *(score.get(e, 0) for e in range(E)), *(1.5 for _ in extra)])
+    return path
+
+
+def test_auto_reads_a_wide_table_by_its_column_names_and_says_so(tmp_path):
+    """Before: `import auto` did not recognise one score column per expert ("no importer
+    recognises it"), and `import table` needed --map experts=expert_*."""
+    rows = truth([(0, 9)], layers=(1, 3), seed=3)
+    files = [_wide_csv(tmp_path / f"router_layer_{lay}.csv", rows, lay) for lay in (1, 3)]
+    res = run_cli("import", "auto", *files, tmp_path / "t", "--expert-bytes", EB)
+    assert res.out.startswith("format: table"), res.err
+    prov = imported(res, tmp_path / "t", ["the numbered columns expert_* taken as the experts, one column per expert by "
+                                          "their names", "expert_0..expert_11 read as one column per expert",
+                                          "router_layer_1.csv: no layer column", "router_layer_3.csv: no layer column",
+                                          "every routing counts as decode", "requests one after another", *SHAPE_NOTES],
+                    ["ts"])
+    assert prov["mapped_by_name"][0] == "experts" and prov["mapping"]["experts"] == "expert_0..expert_11"
+    check_figures(tmp_path / "t", rows)
+    # the same files through `import table` with no --map: the same trace
+    assert run_cli("import", "table", *files, tmp_path / "u", "--expert-bytes", EB).code == 0
+    assert (tmp_path / "t" / "trace.json").read_bytes() == (tmp_path / "u" / "trace.json").read_bytes()
+    # the layer only in a directory's name: auto cannot tell, and says what settles it
+    where = [_wide_csv(tmp_path / "dump" / f"layer_{lay}" / "scores_rank0.csv", rows, lay) for lay in (1, 3)]
+    res = run_cli("import", "auto", *where, tmp_path / "v", "--expert-bytes", EB)
+    assert_one_sentence_error(res, "reads as a table of routings", "--layer-from-path REGEX", "import table")
+    assert not (tmp_path / "v").exists()
+
+
+def test_auto_reads_slot_columns_and_refuses_two_families(tmp_path):
+    rows = truth([(4, 6)], seed=4)
+    src = _slot_csv(tmp_path / "topk.csv", rows)
+    res = run_cli("import", "auto", src, tmp_path / "t", "--expert-bytes", EB)
+    assert res.out.startswith("format: table"), res.err
+    imported(res, tmp_path / "t", ["expert_* and weight_* taken as one column per slot", "requests one after another",
+                                   *SHAPE_NOTES], [])
+    check_figures(tmp_path / "t", rows)
+    # two families of numbered expert columns: which one routes is not for auto to guess
+    two = tmp_path / "two_layer0.csv"
+    two.write_text("expert_0,expert_1,expert_score_0,expert_score_1\n1,0,0.5,0.5\n")
+    assert_one_sentence_error(run_cli("import", "auto", two, tmp_path / "w", "--expert-bytes", EB),
+                              "several families", "--map experts=expert_*", "import table")
+
+
+def test_auto_reads_arrays_and_a_wide_jsonl_after_its_metadata_line(tmp_path):
+    rows = truth([(0, 12)], seed=5)
+    ids = np.array([[next(r["experts"] for r in rows if r["pos"] == t and r["layer"] == lay) for lay in range(3)]
+                    for t in range(12)], dtype=np.int32)
+    np.save(tmp_path / "topk_ids.npy", ids)
+    res = run_cli("import", "auto", tmp_path / "topk_ids.npy", tmp_path / "a", "--expert-bytes", EB)
+    assert res.out.startswith("format: table"), res.err
+    imported(res, tmp_path / "a", ["every routing counts as decode", "requests one after another", *SHAPE_NOTES], [])
+    check_figures(tmp_path / "a", rows)
+    np.savez(tmp_path / "routes.npz", topk_ids=ids, token_ids=np.arange(12))
+    res = run_cli("import", "auto", tmp_path / "routes.npz", tmp_path / "b", "--expert-bytes", EB)
+    assert res.out.startswith("format: table"), res.err
+    check_figures(tmp_path / "b", rows)
+    # [tokens, k] of one layer: the layer from the name, or auto refuses naming --layer-from-path
+    np.save(tmp_path / "ids_layer2.npy", ids[:, 2])
+    res = run_cli("import", "auto", tmp_path / "ids_layer2.npy", tmp_path / "c", "--expert-bytes", EB)
+    assert res.code == 0 and open_trace(tmp_path / "c").moe_layers == [2], res.err
+    np.save(tmp_path / "ids.npy", ids[:, 2])
+    assert_one_sentence_error(run_cli("import", "auto", tmp_path / "ids.npy", tmp_path / "d", "--expert-bytes", EB),
+                              "of one layer", "--layer-from-path")
+    # a float array is no routing: not recognised
+    np.save(tmp_path / "f.npy", ids.astype(np.float32))
+    assert_one_sentence_error(run_cli("import", "auto", tmp_path / "f.npy", tmp_path / "e", "--expert-bytes", EB),
+                              "no importer recognises it")
+    # JSONL: a metadata line, then one score field per expert
+    src = write_jsonl(tmp_path / "scores.jsonl", [{"vllm_version": "0.9.2"}] + [
+        {"position": r["pos"], "layer": r["layer"], **{f"expert_{e}": dict(zip(r["experts"], r["weights"])).get(e, 0.0)
+                                                        for e in range(E)}} for r in rows])
+    res = run_cli("import", "auto", src, tmp_path / "j", "--expert-bytes", EB)
+    assert res.out.startswith("format: table"), res.err
+    prov = imported(res, tmp_path / "j", ["expert_* taken as the experts", "expert_0..expert_11 read as one column",
+                                          "every routing counts as decode", "requests one after another", *SHAPE_NOTES],
+                    [])
+    assert prov["engine_version"] == "0.9.2"
+    check_figures(tmp_path / "j", rows)

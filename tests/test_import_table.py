@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import assert_one_sentence_error, run_cli
 from traces import open_trace
+from traces.format.errors import UserError
 from traces.importers._sizes import load_sizes
 from traces.importers.table import import_
 
@@ -282,3 +283,71 @@ def test_server_formats_account_for_every_field(tmp_path):
     assert res.code == 0, res.err
     assert "note: source record fields not used: stage" in res.out
     assert "top_indices -> experts, layer -> layer" in res.out
+
+
+# -- the columnar core (session 11): whole columns read at once, the first bad row still named -----
+
+def _err(tmp_path, src, *extra):
+    with pytest.raises(UserError) as e:
+        import_([src], tmp_path / "o", sizes=load_sizes(64, None, None), **dict(extra))
+    return str(e.value)
+
+
+def test_the_first_bad_row_is_named_whichever_column_holds_it(tmp_path):
+    """Each column is converted whole; the refusal is still the one a row-by-row reading meets first:
+    the earliest row, and within a row the earliest check (experts, weights, layer, token, ...)."""
+    src = tmp_path / "r_layer0.csv"
+    src.write_text("token_idx,layer,topk_ids,topk_weights,phase\n"
+                   "0,0,1 2,0.5 0.25,decode\n"
+                   "1,0,1 2,0.5 0.25,decode\n"
+                   "2,0,1 x,0.5 0.25,decode\n"      # line 4: experts
+                   "1.5,0,1 2,0.5 0.25,decode\n"    # line 5: token
+                   "3,zero,1 2,0.5 0.25,warm\n")    # line 6: layer and phase
+    assert _err(tmp_path, src) == f"{src}: row 4: experts 'x' is not an integer."
+    lines = src.read_text().splitlines()
+    src.write_text("\n".join(lines[:3] + lines[4:]) + "\n")
+    assert _err(tmp_path, src) == f"{src}: row 4: token '1.5' is not an integer."
+    src.write_text("\n".join(lines[:3] + lines[5:]) + "\n")
+    assert _err(tmp_path, src) == f"{src}: row 4: layer 'zero' is not an integer."  # layer before phase
+    # JSONL: a record that lacks a column the first had is refused before its values are read
+    js = tmp_path / "r.jsonl"
+    js.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"layer": 0, "topk_ids": [1, 2], "topk_weights": [0.5, 0.2]},
+        {"layer": 0, "topk_ids": [1, "y"], "topk_weights": [0.5, 0.2]},
+        {"layer": 0, "topk_ids": [1, 2]})))
+    assert _err(tmp_path, js) == f"{js}: row 2: experts 'y' is not an integer."
+    js.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"layer": 0, "topk_ids": [1, 2], "topk_weights": [0.5, 0.2]},
+        {"layer": 0, "topk_ids": [1, 2, 3], "topk_weights": "0.5 x"})))
+    assert _err(tmp_path, js) == f"{js}: row 2: weights ['0.5', 'x'] is not a list of numbers."
+    # a null request id: one sentence (it used to fail inside NumPy)
+    js.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"req_id": 0, "layer": 0, "topk_ids": [1, 2]}, {"req_id": None, "layer": 0, "topk_ids": [1, 2]})))
+    assert _err(tmp_path, js) == f"{js}: row 2: request None is not an integer."
+    # integers and names among the request ids: the row where both have been read
+    js.write_text("".join(json.dumps(r) + "\n" for r in (
+        {"req_id": "a", "layer": 0, "topk_ids": [1, 2]}, {"req_id": "b", "layer": 0, "topk_ids": [1, 2]},
+        {"req_id": 7, "layer": 0, "topk_ids": [1, 2]})))
+    assert _err(tmp_path, js) == f"{js}: row 3: request ids mix integers and names; use one kind."
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(-2, 3), min_size=3, max_size=3), max_size=40))
+def test_unique_rows_is_numpys(rows):
+    from traces.util.rows import unique_rows
+
+    keys = np.array(rows, dtype=np.int64).reshape(-1, 3)
+    want_u, want_i = np.unique(keys, axis=0, return_inverse=True)
+    got_u, got_i = unique_rows(keys)
+    assert got_u.tolist() == want_u.tolist() and got_i.tolist() == want_i.reshape(-1).tolist()
+
+
+@pytest.mark.parametrize("text", ["1 2", "1,2", " 1;2 ", "1|2", "[1, 2]", "[1,2]", "+1 2", "1_0 2", "1\x1c2"])
+def test_list_spellings_read_as_the_per_value_definition(tmp_path, text):
+    """The whole-column split of CSV lists gives what _list gives value by value (ASCII separators
+    that str.split() counts as whitespace included)."""
+    from traces.importers.table import _list, _lists
+
+    flat, lens, bad = _lists([text, "3 4"], tmp_path, np.array([2, 3]), "experts", int)
+    assert bad is None and flat.tolist() == _list(text, tmp_path, 2, "experts", int) + [3, 4]
+    assert lens.tolist() == [len(_list(text, tmp_path, 2, "experts", int)), 2]

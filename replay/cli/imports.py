@@ -7,7 +7,6 @@ sizes): nothing about a format is typed twice.
 from __future__ import annotations
 
 import inspect
-import re
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -160,10 +159,11 @@ def _table_hint(mod: ModuleType, sources: list[Path]) -> str | None:
             return None
         got, _ = table.resolve_columns({}, cols)
         if "experts" not in got:
-            wide = sorted({m.group(1) for c in cols if (m := re.match(r"^(.*expert\w*?_?)\d+$", str(c), flags=re.I))})
-            if len(wide) != 1:
+            pats = table.wide_patterns(cols)
+            if pats is None:
                 return None
-            got["experts"] = f"{wide[0]}* (--map experts={wide[0]}*: one column per expert)"
+            got["experts"] = (f"{pats[0]} (--map experts={pats[0]}: one column per expert)" if pats[1] is None else
+                              f"{pats[0]} and {pats[1]} (--map experts={pats[0]},weights={pats[1]}: one column per slot)")
         found.update({k: c for k, c in got.items() if k not in found})
     said = ", ".join(f"{c} as {k}" for k, c in found.items())
     return (f"it reads as a table of routings (one row per token and layer): try 'moe-replay import table SRC... OUT' "

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from traces.util.rows import unique_rows
+
 # How many incomplete tokens a report names (the count covers them all).
 NAMED = 3
 
@@ -37,8 +39,7 @@ def measure(*, turn: np.ndarray, phase: np.ndarray, step: np.ndarray, layer: np.
         return out
     req = np.zeros(n, np.int64) if request is None else np.asarray(request, np.int64)
     keys = np.stack([req, np.asarray(turn, np.int64), np.asarray(step, np.int64)], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
+    uniq, inv = unique_rows(keys)  # np.unique(keys, axis=0, return_inverse=True), by one lexsort
     T = uniq.shape[0]
     routed = np.bincount(inv, minlength=T)  # a token routes once per layer (the reader holds it)
     last = max(moe_layers)

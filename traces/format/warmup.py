@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from traces.util.rows import unique_rows
+
 MIN_RUN = 8  # consecutive tokens: 8 tokens of one set at every layer by chance is below 1e-9 on any real model
 
 
@@ -41,8 +43,7 @@ def find_runs(*, turn: np.ndarray, step: np.ndarray, layer: np.ndarray, experts:
         return [], mask
     req = np.zeros(n, np.int64) if request is None else np.asarray(request, np.int64)
     keys = np.stack([req, np.asarray(turn, np.int64), np.asarray(step, np.int64)], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
+    uniq, inv = unique_rows(keys)  # np.unique(keys, axis=0, return_inverse=True), by one lexsort
     T = uniq.shape[0]
     h = _set_hash(experts)
     hmin = np.full(T, np.iinfo(np.uint64).max, np.uint64)

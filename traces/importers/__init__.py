@@ -21,6 +21,12 @@ found by :func:`importer_modules`: nothing else to edit):
 ``sniff(paths: list[Path]) -> bool``
     Cheap recognition for ``import auto``: reads at most a few kilobytes of each file, never raises
     for a file of another format (a missing or unreadable file is simply not recognised).
+``GENERIC: bool`` (optional)
+    True for an importer of any table (``table``): where a dedicated importer also recognises the
+    files, ``import auto`` chooses the dedicated one.
+``auto_refusal(paths: list[Path]) -> str | None`` (optional)
+    For a file the importer would read with one more option: a clause naming what is missing and
+    the option (``import auto`` refuses with it); None otherwise.
 ``import_(sources: list[Path], out_dir: Path, *, sizes: ExpertSizes | None, force: bool, **options) -> Path``
     Read ``sources`` exactly as the engine writes them and write one trace at ``out_dir`` through
     :func:`write_trace` (staged: nothing half-written), or raise :class:`~traces.format.errors.UserError`
@@ -112,13 +118,27 @@ def sniff_formats(paths: Sequence[Path]) -> list[str]:
 
 
 def choose_format(paths: Sequence[Path]) -> str:
-    """The one format that recognises ``paths``, or a one-sentence refusal."""
+    """The one format that recognises ``paths``, or a one-sentence refusal. A generic importer
+    (``GENERIC = True``: ``table``) also reads what some engines write as tables (vLLM's
+    routed_experts arrays): where one dedicated importer recognises the files too, it is chosen (and
+    said by the CLI). Where a generic importer would read the files but needs an option to (its
+    ``auto_refusal`` says what is missing: the layer, which column family), the refusal names it
+    and that option."""
     srcs = ", ".join(str(p) for p in paths)
     for p in paths:
         check_source(p)
+    reg = registry()
     found = sniff_formats(paths)
+    dedicated = [f for f in found if not getattr(reg[f], "GENERIC", False)]
+    if len(dedicated) == 1:
+        found = dedicated
     if not found:
-        raise UserError(f"{srcs}: no importer recognises it (tried {', '.join(registry())}); name the format "
+        for name, mod in reg.items():
+            why = mod.auto_refusal(list(paths)) if hasattr(mod, "auto_refusal") else None
+            if why is not None:
+                raise UserError(f"{srcs}: reads as a table of routings, but {why}: 'moe-replay import {name} SRC... "
+                                "OUT' with that option imports it.")
+        raise UserError(f"{srcs}: no importer recognises it (tried {', '.join(reg)}); name the format "
                         "with 'moe-replay import FORMAT SRC... OUT'.")
     if len(found) > 1:
         raise UserError(f"{srcs}: matches several formats ({', '.join(found)}); name one with "

@@ -4,7 +4,9 @@
 when the file has one. Keys:
 
 - ``experts`` (required): the selected expert ids in router rank order -- a list (JSONL,
-  Parquet) or a string (CSV): ``[3, 7]``, ``3 7``, ``3;7`` or ``3|7``;
+  Parquet) or a string (CSV): ``[3, 7]``, ``3 7``, ``3;7`` or ``3|7``; or ``expert_*``, one
+  column per expert (or per slot, with ``weights=weight_*``). With no experts column and no
+  --map, one family of numbered expert columns is read so (said: an inference);
 - ``weights``: the applied routing weights, same shape (absent: NaN, the engine exposed none);
 - ``layer``: the MoE layer index. Absent, each file is one layer: the first group of
   ``--layer-from-path REGEX`` in its path, else the number after "layer" in its file name
@@ -27,6 +29,8 @@ model, the model's other MoE layers are listed as absent (``model.moe_layers_abs
 from __future__ import annotations
 
 import re
+from itertools import chain
+from operator import methodcaller
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +52,7 @@ from traces.importers import (
 )
 from traces.importers._sizes import require_sizes
 from traces.util.bounded_json import BoundsError, parse_bounded
+from traces.util.rows import unique_rows
 from traces.util.units import PHASE_DECODE, PHASE_PREFILL
 
 NAME = "table"
@@ -55,6 +60,7 @@ SUMMARY = "any CSV / JSONL / Parquet table, one routing per row, columns named w
 ENGINE = "unknown"
 TAKES_SIZES = True
 MAX_SOURCES = None
+GENERIC = True  # any table: where a dedicated importer recognises the files too, import auto takes that one
 OPTIONS = (
     ImportOption("map", "--map", str, "Column mapping, e.g. token=token_idx,layer=layer,experts=topk_ids,"
                  "weights=topk_weights,request=req_id (keys: experts, weights, layer, token, request, batch, phase, "
@@ -107,18 +113,19 @@ def _kind(path: Path) -> str | None:
 
 
 def columns_of(path: Path) -> set[str] | None:
-    """The column names a sniffer sees (first CSV line, first JSONL object, Parquet schema)."""
+    """The column names a sniffer sees (first CSV line, the first JSONL object that carries experts,
+    after any leading metadata lines; Parquet schema; an .npz archive's array names)."""
     kind = _kind(path)
     if kind == "csv":
-        lines = head_lines(path, 4096)
+        lines = head_lines(path, 1 << 16)
         return set(next(iter(_csv_rows(lines[:1])), [])) if lines else None
     if kind == "jsonl":
-        for ln in head_lines(path, 8192):
+        for ln in head_lines(path, 1 << 16):
             try:
                 obj = parse_bounded(ln)
             except (ValueError, BoundsError):
                 return None
-            if isinstance(obj, dict) and _names(obj, "experts"):
+            if isinstance(obj, dict) and (_names(obj, "experts") or wide_patterns(obj) is not None):
                 return set(obj)
         return None
     if kind == "parquet":
@@ -128,19 +135,117 @@ def columns_of(path: Path) -> set[str] | None:
             return set(pq.read_schema(path).names)
         except Exception:  # noqa: BLE001 - not a Parquet file
             return None
+    if kind == "array" and path.suffix.lower() == ".npz":
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(path) as z:
+                return {n[:-4] for n in z.namelist() if n.endswith(".npy")}
+        except (OSError, zipfile.BadZipFile):
+            return None
     return None
 
 
+# A wide table's column families: a prefix naming experts, then the number (expert_0 .. expert_63).
+_WIDE_EXPERTS = re.compile(r"^(.*expert\w*?_?)(\d+)$", flags=re.I)
+_WIDE_WEIGHTS = re.compile(r"^(.*(?:weight|prob|score|gate|gating)\w*?_?)(\d+)$", flags=re.I)
+
+
+def wide_patterns(cols: Any) -> tuple[str, str | None] | None:
+    """A wide table's ``--map experts=PATTERN`` (and ``weights=PATTERN`` when a weight family has the
+    same numbers: one column per slot) found by the columns' names, or None when the columns hold no
+    family of numbered expert columns or more than one (then --map must say which)."""
+    fams: dict[str, set[int]] = {}
+    for c in cols:
+        if isinstance(c, str) and (m := _WIDE_EXPERTS.match(c)):
+            fams.setdefault(m.group(1), set()).add(int(m.group(2)))
+    if len(fams) != 1:
+        return None
+    (pre, nums), = fams.items()
+    wfams: dict[str, set[int]] = {}
+    for c in cols:
+        if isinstance(c, str) and not _WIDE_EXPERTS.match(c) and (m := _WIDE_WEIGHTS.match(c)):
+            wfams.setdefault(m.group(1), set()).add(int(m.group(2)))
+    same = [w for w, wn in wfams.items() if wn == nums]
+    return f"{pre}*", (f"{same[0]}*" if len(same) == 1 else None)
+
+
+def _layer_in_name(path: Path) -> bool:
+    return len(re.findall(r"layer[_\-.]?(\d+)", path.stem, flags=re.I)) == 1
+
+
+def _npy_header(path: Path) -> tuple[tuple[int, ...], np.dtype] | None:
+    """Shape and dtype from a .npy file's header (a few hundred bytes read), None if it has none."""
+    try:
+        with open(path, "rb") as fh:
+            major, _ = np.lib.format.read_magic(fh)
+            read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(fh)
+            return shape, dtype
+    except Exception:  # noqa: BLE001 - not an array file
+        return None
+
+
+def recognise(path: Path) -> tuple[bool, str | None]:
+    """Whether ``import table`` reads ``path`` with no option (``import auto``'s question), and when
+    it would read it but one thing is missing, what: a clause naming the option that settles it."""
+    kind = _kind(path)
+    if kind == "array" and path.suffix.lower() == ".npy":
+        head = _npy_header(path)
+        if head is None or head[1].kind not in "iu" or len(head[0]) not in (2, 3):
+            return False, None
+        if len(head[0]) == 2 and not _layer_in_name(path):
+            return False, (f"{path.name} holds ids [{head[0][0]}x{head[0][1]}] of one layer but no number after "
+                           "'layer' in its name says which; --layer-from-path REGEX says where its path holds it")
+        return True, None
+    cols = columns_of(path)
+    if not cols:
+        return False, None
+    if not _names(cols, "experts"):
+        if wide_patterns(cols) is None:
+            fams = sorted({m.group(1) for c in cols if isinstance(c, str) and (m := _WIDE_EXPERTS.match(c))})
+            if len(fams) > 1:
+                return False, (f"{path.name} has several families of numbered expert columns ({', '.join(f + '*' for f in fams)}); "
+                               f"--map experts={fams[0]}* names the one that holds the routing")
+            return False, None
+    if kind == "array":  # an .npz: ids [tokens, layers, k], or [tokens, k] of the layer its name says
+        import zipfile
+
+        try:
+            with zipfile.ZipFile(path) as z, z.open(_names(cols, "experts")[0] + ".npy") as fh:
+                major, _ = np.lib.format.read_magic(fh)
+                read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(fh)
+        except Exception:  # noqa: BLE001 - not an archive of arrays
+            return False, None
+        if dtype.kind not in "iu" or len(shape) not in (2, 3):
+            return False, None
+        if len(shape) == 2 and not _layer_in_name(path):
+            return False, (f"{path.name} holds ids of one layer but no number after 'layer' in its name says which; "
+                           "--layer-from-path REGEX says where its path holds it")
+        return True, None
+    if not _names(cols, "layer") and not _layer_in_name(path):
+        return False, (f"{path.name} has no layer column and no number after 'layer' in its file name; "
+                       "--layer-from-path REGEX (or --map layer=COLUMN) says where the layer is")
+    return True, None
+
+
 def sniff(paths: list[Path]) -> bool:
-    """Recognised without a --map only: every file has an ``experts`` column (and a layer column, or
-    a number in its name)."""
+    """Recognised without an option only: every file has an experts column (by name: ``experts``,
+    a common name, or one family of numbered columns ``expert_0..``), and a layer column or the number
+    after "layer" in its name (an array file: ids of integers, [tokens, layers, k], or [tokens, k] of
+    the layer its name says)."""
+    return bool(paths) and all(recognise(Path(p))[0] for p in paths)
+
+
+def auto_refusal(paths: list[Path]) -> str | None:
+    """Why ``import auto`` does not take these files as tables though they look like ones: the first
+    file's missing piece and the option of ``import table`` that settles it (None: not a table)."""
     for p in paths:
-        cols = columns_of(p)
-        if not cols or not _names(cols, "experts"):
-            return False
-        if not _names(cols, "layer") and not re.search(r"\d+", p.stem):
-            return False
-    return bool(paths)
+        ok, why = recognise(Path(p))
+        if not ok:
+            return why
+    return None
 
 
 def _names(cols: Any, key: str) -> list[str]:
@@ -209,8 +314,9 @@ def parse_where(spec: str | None) -> dict[str, str]:
     return out
 
 
-def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """(line or row number, record) of every record of the file, in file order."""
+def _read_table(path: Path) -> _Table:
+    """Every record of a CSV / JSONL / Parquet file, as columns, in file order (each with its line
+    or row number)."""
     check_source(path)
     kind = _kind(path)
     if kind is None:
@@ -221,11 +327,13 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
         import pyarrow.parquet as pq
 
         try:
-            rows = pq.read_table(path).to_pylist()
+            table = pq.read_table(path)
         except (pa.ArrowException, OSError, ValueError) as e:
             raise UserError(f"{path}: is not a readable Parquet file ({str(e)[:120]}); 'import table' reads it as "
                             "Parquet by its suffix ('import --list' names the other formats).") from None
-        return [(i + 1, r) for i, r in enumerate(rows)]
+        names = table.column_names
+        cols = {c: table.column(j) for j, c in enumerate(names)}  # a repeated name: the last column, as a record reads
+        return _Table(np.arange(1, table.num_rows + 1, dtype=np.int64), list(dict.fromkeys(names)), cols)
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
@@ -235,7 +343,7 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
         raise UserError(f"{path}: the last line has no line end; the file is truncated.")
     lines = text.splitlines()
     if kind == "jsonl":
-        out = []
+        out, rowno = [], []
         for i, ln in enumerate(lines):
             if not ln.strip():
                 continue
@@ -248,20 +356,53 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
             if not isinstance(obj, dict):
                 raise UserError(f"{path}: line {i + 1}: is JSON but not an object (one routing record per line; a "
                                 "server's responses are read by 'import vllm' or 'import sglang').")
-            out.append((i + 1, obj))
-        return out
+            out.append(obj)
+            rowno.append(i + 1)
+        return _Table(np.array(rowno, dtype=np.int64), [], {}, out)
+    if lines and lines[0] and not _CSV_SPECIAL.search(text) and text.count("\r") == text.count("\r\n"):
+        return _plain_csv(path, lines)
     rows = _csv_rows(lines)
     if not rows:
         raise UserError(f"{path}: is empty.")
-    header = rows[0]
-    out = []
-    for i, r in enumerate(rows[1:], start=2):
-        if not r:
-            continue
-        if len(r) != len(header):
-            raise UserError(f"{path}: line {i}: has {len(r)} fields, the header {len(header)}.")
-        out.append((i, dict(zip(header, r))))
-    return out
+    header, body = rows[0], rows[1:]
+    lens = np.fromiter(map(len, body), np.int64, len(body))
+    wrong = np.flatnonzero((lens != 0) & (lens != len(header)))
+    if wrong.size:
+        i = int(wrong[0])
+        raise UserError(f"{path}: line {i + 2}: has {lens[i]} fields, the header {len(header)}.")
+    kept = np.flatnonzero(lens)  # blank lines hold no record
+    if kept.size != len(body):
+        body = [body[i] for i in kept.tolist()]
+    columns = list(zip(*body)) if body else [()] * len(header)
+    cols = {c: columns[j] for j, c in enumerate(header)}  # a repeated name: the last column, as a record reads
+    return _Table(kept + 2, list(dict.fromkeys(header)), cols)
+
+
+# What makes the csv module read a line as more than its text split at commas: a quote, a NUL, and
+# the line ends that str.splitlines() knows besides "\n" and "\r\n" (a "\r" alone is checked apart);
+# text with none of them is "plain".
+_CSV_SPECIAL = re.compile('["\x00\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]')
+
+
+def _plain_csv(path: Path, lines: list[str]) -> _Table:
+    """A CSV file with no quote (and only "\n" or "\r\n" line ends) as the csv module reads it -- each line its
+    text split at the commas, an empty line no record -- by whole columns: every field split at
+    once, each column every H-th field."""
+    header = lines[0].split(",")
+    h = len(header)
+    body = lines[1:]
+    full = np.fromiter(map(bool, body), bool, len(body))
+    kept = np.flatnonzero(full)  # blank lines hold no record
+    if kept.size != len(body):
+        body = list(filter(None, body))
+    lens = np.fromiter(map(methodcaller("count", ","), body), np.int64, len(body)) + 1
+    wrong = np.flatnonzero(lens != h)
+    if wrong.size:
+        i = int(wrong[0])
+        raise UserError(f"{path}: line {kept[i] + 2}: has {lens[i]} fields, the header {h}.")
+    fields = ",".join(body).split(",") if body else []
+    cols = {c: tuple(fields[j::h]) for j, c in enumerate(header)}  # a repeated name: the last column, as a record reads
+    return _Table(kept + 2, list(dict.fromkeys(header)), cols)
 
 
 _INT64 = 1 << 63
@@ -319,6 +460,276 @@ def _phase(v: Any, path: Path, where: int) -> int:
 
 def _is_int_str(s: str) -> bool:
     return bool(re.fullmatch(r"-?\d+", s.strip()))
+
+
+# -- a file's records as columns: the one core of every shape -------------------------------------
+#
+# Every shape (CSV, JSONL, Parquet, NPY / NPZ) becomes a _Table: one value sequence per column
+# (a tuple of strings for CSV, an Arrow array for Parquet, a NumPy array for an array file, the
+# records themselves for JSONL, whose records may differ in their keys). Each column is converted
+# once, by whole columns (the converters below), and every check finds its first failing row by
+# whole columns too; the first failing row of a file (and, within a row, the check that the
+# record-by-record order of the checks puts first) is reported with the sentence the per-value
+# definitions (_int, _list, _float, _phase) give for it. Those definitions stay the meaning: a
+# converter's fast path takes only values whose result is the definition's by construction (ints
+# already, or strings through the same int() / float()), and hands anything else to them.
+
+_MISSING = object()  # a JSONL record without the column
+
+
+class _Table:
+    """One source file's records as columns: ``rowno`` (each record's line or row number),
+    ``names`` (its columns in order of first appearance), ``cols`` (column -> values), or ``recs``
+    for JSONL (the records themselves: their keys may differ)."""
+
+    def __init__(self, rowno: np.ndarray, names: list[str], cols: dict[str, Any],
+                 recs: list[dict[str, Any]] | None = None):
+        self.rowno, self.names, self.cols, self.recs = rowno, names, cols, recs
+        self.n = int(rowno.size)
+
+    def values(self, name: str) -> Any:
+        """The column as stored (``_MISSING`` where a record lacks it)."""
+        if self.recs is not None:
+            return [r.get(name, _MISSING) for r in self.recs]
+        v = self.cols.get(name)
+        return [_MISSING] * self.n if v is None else v
+
+    def pylist(self, name: str) -> list:
+        return _pylist(self.values(name))
+
+    def present(self, name: str) -> np.ndarray:
+        if self.recs is not None:
+            return np.fromiter((name in r for r in self.recs), bool, self.n)
+        return np.full(self.n, name in self.cols)
+
+    def row(self, i: int) -> dict[str, Any]:
+        """Record ``i`` as a dict (as the engine wrote it)."""
+        if self.recs is not None:
+            return self.recs[i]
+        return {c: _pylist(self.cols[c][i:i + 1])[0] for c in self.names}
+
+    def take(self, idx: np.ndarray) -> _Table:
+        if self.recs is not None:
+            return _Table(self.rowno[idx], self.names, {}, [self.recs[i] for i in idx.tolist()])
+        return _Table(self.rowno[idx], self.names, {c: _take(v, idx) for c, v in self.cols.items()})
+
+
+def _pylist(v: Any) -> list:
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if hasattr(v, "to_pylist"):
+        return v.to_pylist()
+    return list(v)
+
+
+def _take(v: Any, idx: np.ndarray) -> Any:
+    if isinstance(v, np.ndarray):
+        return v[idx]
+    if hasattr(v, "take"):
+        return v.take(idx)
+    return [v[i] for i in idx.tolist()]
+
+
+def _arrow(v: Any) -> Any:
+    """An Arrow column as one Array (None for anything else)."""
+    import pyarrow as pa
+
+    if isinstance(v, pa.ChunkedArray):
+        return v.combine_chunks()
+    return v if isinstance(v, pa.Array) else None
+
+
+Bad = tuple[int, UserError] | None  # the first value a column refuses: (its index, the sentence)
+
+
+def _scan(vals: list, conv: Any) -> tuple[list, Bad]:
+    """``conv(value, index)`` on each value in order (the per-value definition): the results, and
+    the first refusal (the scan stops there)."""
+    out: list = []
+    for i, v in enumerate(vals):
+        if v is _MISSING:
+            out.append(None)
+            continue
+        try:
+            out.append(conv(v, i))
+        except UserError as e:
+            return out, (i, e)
+    return out, None
+
+
+def _ints(vals: Any, path: Path, rowno: np.ndarray, what: str) -> tuple[np.ndarray, Bad]:
+    """A column of integers (each value as :func:`_int` reads it) as int64."""
+    n = len(vals)
+    arr = _arrow(vals)
+    if arr is not None:
+        import pyarrow as pa
+
+        if pa.types.is_integer(arr.type) and arr.null_count == 0:
+            vals = arr.to_numpy()
+        else:
+            vals = arr.to_pylist()
+    if isinstance(vals, np.ndarray):
+        if vals.dtype.kind == "i" or (vals.dtype.kind == "u" and (n == 0 or int(vals.max()) < _INT64)):
+            return vals.astype(np.int64), None
+        vals = vals.tolist()
+    try:
+        kinds = set(map(type, vals))
+        if kinds <= {int}:
+            return np.array(vals, dtype=np.int64).reshape(n), None
+        if kinds == {str}:
+            return np.fromiter(map(int, vals), np.int64, n), None
+        if kinds == {float}:  # whole numbers written as floats (a column with gaps, once)
+            a = np.array(vals, dtype=np.float64)
+            if (np.isfinite(a) & (a == np.floor(a)) & (np.abs(a) < 2.0 ** 63)).all():
+                return a.astype(np.int64), None
+    except (ValueError, OverflowError):
+        pass
+    out, bad = _scan(vals, lambda v, i: _int(v, path, rowno[i], what))
+    return np.array([0 if x is None else x for x in out] + [0] * (n - len(out)), dtype=np.int64), bad
+
+
+def _floats(vals: Any, path: Path, rowno: np.ndarray, what: str) -> tuple[np.ndarray, Bad]:
+    """A column of finite numbers (each value as :func:`_float` reads it: an empty string is 0) as float64."""
+    n = len(vals)
+    arr = _arrow(vals)
+    if arr is not None:
+        import pyarrow as pa
+
+        t = arr.type
+        vals = (arr.to_numpy().astype(np.float64) if (pa.types.is_floating(t) or pa.types.is_integer(t))
+                and arr.null_count == 0 else arr.to_pylist())
+    out: np.ndarray | None = None
+    if isinstance(vals, np.ndarray) and vals.dtype.kind in "iuf":
+        out = vals.astype(np.float64)
+    else:
+        vals = _pylist(vals)
+        try:
+            kinds = set(map(type, vals))
+            if kinds <= {int, float}:
+                out = np.array(vals, dtype=np.float64).reshape(n)
+            elif kinds == {str}:
+                out = np.fromiter(map(float, (s if s else "0" for s in vals)), np.float64, n)
+        except (ValueError, OverflowError):
+            out = None
+    if out is not None and np.isfinite(out).all():
+        return out, None
+    vals = _pylist(vals)
+    res, bad = _scan(vals, lambda v, i: _float(v, path, rowno[i], what))
+    return np.array([0.0 if x is None else x for x in res] + [0.0] * (n - len(res)), dtype=np.float64), bad
+
+
+# A JSON list of small non-negative integers, or of plain decimal numbers: read exactly as the same
+# text split on its commas would be (the JSON parser gives those values), so it takes the split path.
+_JSON_INTS = re.compile(r"\[[ \t]*(?:0|[1-9][0-9]{0,17})(?:[ \t]*,[ \t]*(?:0|[1-9][0-9]{0,17}))*[ \t]*\]")
+_NUM = r"-?(?:0|[1-9][0-9]{0,17})(?:\.[0-9]+)?(?:[eE][-+]?[0-9]{1,3})?"
+_JSON_NUMS = re.compile(rf"\[[ \t]*{_NUM}(?:[ \t]*,[ \t]*{_NUM})*[ \t]*\]")
+_SEPS = str.maketrans(",;|", "   ")
+_SEPS_JSON = str.maketrans(",;|[]", "     ")
+
+
+def _lists(vals: Any, path: Path, rowno: np.ndarray, what: str, cast: type) -> tuple[np.ndarray, np.ndarray, Bad]:
+    """A column of lists (each value as :func:`_list` reads it): the values of every list, one after
+    another (int64 or float64), and each list's length."""
+    n = len(vals)
+    dtype = np.int64 if cast is int else np.float64
+    if isinstance(vals, np.ndarray) and vals.ndim == 2:  # an array file's [rows, k]
+        if (vals.dtype.kind == "i" or (vals.dtype.kind == "u" and (vals.size == 0 or int(vals.max()) < _INT64))
+                or (cast is float and vals.dtype.kind == "f")):
+            return vals.reshape(-1).astype(dtype), np.full(n, vals.shape[1], np.int64), None
+        vals = vals.tolist()
+    arr = _arrow(vals)
+    if arr is not None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        t = arr.type
+        if (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) and arr.null_count == 0:
+            flat = arr.flatten()
+            vt = flat.type
+            if flat.null_count == 0 and (pa.types.is_integer(vt) or (cast is float and pa.types.is_floating(vt))):
+                a = flat.to_numpy()
+                if a.dtype.kind != "u" or a.size == 0 or int(a.max()) < _INT64:
+                    return a.astype(dtype), pc.list_value_length(arr).to_numpy().astype(np.int64), None
+        vals = arr.to_pylist()
+    vals = _pylist(vals)
+    try:
+        kinds = set(map(type, vals))
+        if kinds <= {list}:
+            lens = np.fromiter(map(len, vals), np.int64, n)
+            flat = list(chain.from_iterable(vals))
+            fk = set(map(type, flat))
+            if fk <= ({int} if cast is int else {int, float}):
+                return np.array(flat, dtype=dtype).reshape(len(flat)), lens, None
+        elif kinds == {str}:
+            # _list's split: runs of whitespace or , ; | between the values, empty pieces dropped --
+            # str.split() after , ; | become spaces (the same whitespace as the pattern's \s). A JSON
+            # list takes that path only when it is plain numbers (the regexes above).
+            text = "\x00".join(vals)
+            if "[" in text or "]" in text:
+                rx = _JSON_INTS if cast is int else _JSON_NUMS
+                if not all(rx.fullmatch(s) for s in map(str.strip, vals)):
+                    raise ValueError  # a list written otherwise: each value read by _list
+                seps = _SEPS_JSON
+            else:
+                seps = _SEPS
+            flat, lens = _split_rows(vals, seps)
+            return np.fromiter(map(cast, flat), dtype, len(flat)), lens, None
+    except (ValueError, OverflowError):
+        pass
+    out, bad = _scan(vals, lambda v, i: _list(v, path, rowno[i], what, cast))
+    got = [[] if x is None else x for x in out] + [[]] * (n - len(out))
+    return (np.array(list(chain.from_iterable(got)), dtype=dtype), np.fromiter(map(len, got), np.int64, n), bad)
+
+
+def _per_value(vals: list, f: Any) -> list:
+    """``f`` of each value, computed once per distinct value (a column of a few request ids or two
+    phases); value by value where the values are not hashable."""
+    try:
+        if len(set(map(type, vals))) == 1:  # one type: equal values are the same value
+            memo1 = {v: f(v) for v in dict.fromkeys(vals)}
+            return list(map(memo1.__getitem__, vals))
+        keys = list(zip(map(type, vals), vals))  # 1, 1.0 and True are equal keys, but not the same value
+        memo = {key: f(key[1]) for key in dict.fromkeys(keys)}
+        return list(map(memo.__getitem__, keys))
+    except (TypeError, KeyError):  # unhashable, or NaN (not equal to itself)
+        return [f(v) for v in vals]
+
+
+# str.split()'s whitespace among ASCII characters (str.isspace: the file, group, record and unit
+# separators are whitespace too).
+_ASCII_SPACE = np.zeros(128, dtype=bool)
+_ASCII_SPACE[[9, 10, 11, 12, 13, 28, 29, 30, 31, 32]] = True
+
+
+def _split_rows(vals: list[str], seps: dict[int, Any]) -> tuple[list[str], np.ndarray]:
+    """Each string's ``.translate(seps).split()``: the pieces of all of them, one after another,
+    and each one's count. ASCII text is split at once (its pieces counted per row by NumPy); other
+    text string by string."""
+    n = len(vals)
+    text = "\n".join(vals).translate(seps)
+    if text.isascii() and text.count("\n") == n - 1:
+        raw = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+        space = _ASCII_SPACE[raw]
+        starts = ~space
+        starts[1:] &= space[:-1]  # a piece starts after whitespace (or at the beginning)
+        row = np.searchsorted(np.flatnonzero(raw == 10), np.flatnonzero(starts))  # newlines before each piece
+        return text.split(), np.bincount(row, minlength=n).astype(np.int64)
+    pieces = list(map(str.split, map(methodcaller("translate", seps), vals)))
+    return list(chain.from_iterable(pieces)), np.fromiter(map(len, pieces), np.int64, n)
+
+
+_PHASE_OF = {"0": PHASE_PREFILL, "prefill": PHASE_PREFILL, "prompt": PHASE_PREFILL,
+             "1": PHASE_DECODE, "decode": PHASE_DECODE, "generate": PHASE_DECODE}
+
+
+def _phases(vals: Any, path: Path, rowno: np.ndarray) -> tuple[np.ndarray, Bad]:
+    """A column of phases (each value as :func:`_phase` reads it)."""
+    vals = _pylist(vals)
+    got = _per_value(vals, lambda v: _PHASE_OF.get(str(v).strip().lower()))
+    if None not in got:
+        return np.array(got, dtype=np.int64).reshape(len(vals)), None
+    out, bad = _scan(vals, lambda v, i: _phase(v, path, rowno[i]))
+    return np.array([0 if x is None else x for x in out] + [0] * (len(vals) - len(out)), dtype=np.int64), bad
 
 
 # -- the options that say what the log does not (issue 30 item 3) ---------------------------------
@@ -394,8 +805,7 @@ def _layer_from_name(path: Path) -> int:
 AXIS_POSITION, AXIS_LAYER = "axis 0 (position)", "axis 1 (layer)"
 
 
-def _array_records(path: Path, mapping: dict[str, str]) -> tuple[list[tuple[int, dict[str, Any]]], dict[str, str],
-                                                                  list[str], str]:
+def _array_table(path: Path, mapping: dict[str, str]) -> tuple[_Table, dict[str, str], list[str], str]:
     """The records of a ``.npy`` (ids ``[tokens, layers, k]``, or ``[tokens, k]`` for a file of one
     layer) or a ``.npz`` (ids and optional weights of that shape, found by --map or by name), one
     per (position, layer); the columns they imply; the archive's other arrays; a note on the axes.
@@ -435,18 +845,18 @@ def _array_records(path: Path, mapping: dict[str, str]) -> tuple[list[tuple[int,
     w = arrays[wk] if wk is not None else None
     if w is not None and (w.shape != ids.shape or w.dtype.kind != "f"):
         raise UserError(f"{path}: {wk} has shape {list(w.shape)} ({w.dtype}), not the ids' {list(ids.shape)} of floats.")
-    idl = ids.tolist()
-    wl = w.tolist() if w is not None else None
-    recs: list[tuple[int, dict[str, Any]]] = []
     name_e = ek if npz else path.name
-    for t, row in enumerate(idl):
-        for lay, ex in enumerate(row if ids.ndim == 3 else [row]):
-            rec: dict[str, Any] = {AXIS_POSITION: t, name_e: ex}
-            if ids.ndim == 3:
-                rec[AXIS_LAYER] = lay
-            if wl is not None:
-                rec[wk] = wl[t][lay] if ids.ndim == 3 else wl[t]
-            recs.append((len(recs) + 1, rec))
+    t = ids.shape[0]
+    if ids.ndim == 3:  # one record per (position, layer), positions first
+        nl = ids.shape[1]
+        cols: dict[str, Any] = {AXIS_POSITION: np.repeat(np.arange(t, dtype=np.int64), nl),
+                                name_e: ids.reshape(t * nl, ids.shape[2]),
+                                AXIS_LAYER: np.tile(np.arange(nl, dtype=np.int64), t)}
+    else:
+        cols = {AXIS_POSITION: np.arange(t, dtype=np.int64), name_e: ids}
+    if w is not None:
+        cols[wk] = w.reshape(cols[name_e].shape)
+    tbl = _Table(np.arange(1, cols[name_e].shape[0] + 1, dtype=np.int64), list(cols), cols)
     implied = {"experts": name_e, "token": AXIS_POSITION}
     if ids.ndim == 3:
         implied["layer"] = AXIS_LAYER
@@ -458,7 +868,7 @@ def _array_records(path: Path, mapping: dict[str, str]) -> tuple[list[tuple[int,
             + ("[tokens, layers, k]: axis 0 the position, axis 1 the layer" if ids.ndim == 3
                else "[tokens, k] of one layer: axis 0 the position")
             + (f", weights from {wk}" if wk is not None else ", no weights"))
-    return recs, implied, others, note
+    return tbl, implied, others, note
 
 
 class _Wide:
@@ -483,31 +893,69 @@ class _Wide:
     def columns(self) -> list[str]:
         return [c for _, c in self.ecols] + ([c for _, c in self.wcols] if self.wcols else [])
 
-    def read(self, rec: dict[str, Any], path: Path, rowno: int) -> tuple[list[int], list[float] | None]:
+    def read(self, tbl: _Table, path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, list]:
+        """Every row's routing: its ids and weights, the rows' one after another, each row's count,
+        and the first row each check refuses: (row, the check's place in a row's order, sentence)."""
+        rowno, n, bad = tbl.rowno, tbl.n, []
         if self.per_slot:
             assert self.wcols is not None
-            return ([_int(rec.get(c), path, rowno, c) for _, c in self.ecols],
-                    [_float(rec.get(c), path, rowno, c) for _, c in self.wcols])
-        vals = [(_float(rec.get(c), path, rowno, c), n) for n, c in self.ecols]
-        if any(v < 0 for v, _ in vals):
-            v, n = next((v, n) for v, n in vals if v < 0)
-            raise UserError(f"{path}: row {rowno}: expert column {n} holds {v} (negative: raw logits?); one column per "
-                            "expert holds the applied weight, 0 where the expert was not routed.")
-        if all(v.is_integer() for v, _ in vals) and max(v for v, _ in vals) > 1:
-            raise UserError(f"{path}: row {rowno}: the columns {self.epat} hold integers above 1 (expert ids, one column "
-                            f"per slot?), not one weight per expert; for slots name their weights too: --map "
-                            f"'experts={self.epat},weights=weight_*'.")
-        nz = [(v, n) for v, n in vals if v != 0]
+            ids, ws = [], []
+            for j, (_, c) in enumerate(self.ecols):
+                a, b = _ints(tbl.values(c), path, rowno, c)
+                ids.append(a)
+                if b:
+                    bad.append((b[0], j, b[1]))
+            for j, (_, c) in enumerate(self.wcols):
+                a, b = _floats(tbl.values(c), path, rowno, c)
+                ws.append(a)
+                if b:
+                    bad.append((b[0], len(self.ecols) + j, b[1]))
+            return (np.stack(ids, axis=1).reshape(-1), np.full(n, len(ids), np.int64), np.stack(ws, axis=1).reshape(-1),
+                    bad)
+        m = len(self.ecols)
+        nums = np.array([num for num, _ in self.ecols], dtype=np.int64)
+        v = np.zeros((n, m))
+        for j, (_, c) in enumerate(self.ecols):
+            v[:, j], b = _floats(tbl.values(c), path, rowno, c)
+            if b:
+                bad.append((b[0], j, b[1]))
+        # Rows past a refused value hold zeros there; a check failing on them is never the first.
+        neg = (v < 0).any(axis=1)
+        if neg.any():
+            i = int(np.argmax(neg))
+            j = int(np.argmax(v[i] < 0))
+            bad.append((i, m, UserError(f"{path}: row {rowno[i]}: expert column {nums[j]} holds {float(v[i, j])} "
+                                        "(negative: raw logits?); one column per expert holds the applied weight, 0 "
+                                        "where the expert was not routed.")))
+        ints = (v == np.floor(v)).all(axis=1) & (v.max(axis=1, initial=-np.inf) > 1)
+        if ints.any():
+            i = int(np.argmax(ints))
+            bad.append((i, m + 1, UserError(
+                f"{path}: row {rowno[i]}: the columns {self.epat} hold integers above 1 (expert ids, one column "
+                f"per slot?), not one weight per expert; for slots name their weights too: --map "
+                f"'experts={self.epat},weights=weight_*'.")))
+        nz = v != 0
+        cnt = nz.sum(axis=1)
         if self.top_k is not None:
-            if len(nz) < self.top_k:
-                raise UserError(f"{path}: row {rowno}: only {len(nz)} expert column(s) are non-zero, fewer than "
-                                f"--top-k {self.top_k}.")
-            nz = sorted(nz, key=lambda x: (-x[0], x[1]))[:self.top_k]
-        elif len(nz) == len(vals) and len(vals) > 1:
-            raise UserError(f"{path}: row {rowno}: every one of the {len(vals)} expert columns is non-zero (dense scores, "
-                            "not a routing); give --top-k K to take each row's K largest as its routing.")
-        self.mask = self.mask and all(v == 1 for v, _ in nz)
-        return [n for _, n in nz], [v for v, _ in nz]
+            few = cnt < self.top_k
+            if few.any():
+                i = int(np.argmax(few))
+                bad.append((i, m + 2, UserError(f"{path}: row {rowno[i]}: only {cnt[i]} expert column(s) are non-zero, "
+                                                f"fewer than --top-k {self.top_k}.")))
+            # the K largest, ties by column number (a stable sort of the negated values)
+            order = np.argsort(-v, axis=1, kind="stable")[:, :self.top_k]
+            ids, w = nums[order].reshape(-1), np.take_along_axis(v, order, axis=1).reshape(-1)
+            lens = np.full(n, self.top_k, np.int64)
+        else:
+            dense = (cnt == m) & (m > 1)
+            if dense.any():
+                i = int(np.argmax(dense))
+                bad.append((i, m + 2, UserError(
+                    f"{path}: row {rowno[i]}: every one of the {m} expert columns is non-zero (dense scores, not a "
+                    "routing); give --top-k K to take each row's K largest as its routing.")))
+            ids, w, lens = np.broadcast_to(nums, v.shape)[nz], v[nz], cnt.astype(np.int64)
+        self.mask = self.mask and bool((w == 1).all())
+        return ids.astype(np.int64), lens, w, bad
 
 
 def _pattern_columns(pat: str, rec: dict[str, Any], path: Path, rowno: int, key: str) -> list[tuple[int, str]]:
@@ -544,6 +992,7 @@ def _float(v: Any, path: Path, where: int, what: str) -> float:
 
 # -- a log's metadata lines -----------------------------------------------------------------------
 
+_META_KEY = re.compile(r"^(?:engine|version|model|model_name|model_id)$|_version$")  # the keys _meta_of reads
 KNOWN_ENGINES = ("vllm", "sglang", "llama_cpp", "llamacpp", "tensorrt_llm", "trtllm", "megatron", "deepspeed",
                  "transformers", "colibri")
 
@@ -598,8 +1047,10 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
     skipped, skipped_keys, skipped_meta = 0, set(), {}
     meta_lines: list[tuple[str, int, dict[str, Any]]] = []
     req_ids: dict[Any, int] = {}
-    int_ids: bool | None = None
-    cols: dict[str, list] = {k: [] for k in (*KEYS, "prompt", "file", "row")}
+    int_ids = False
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("experts", "elen", "weights", "wlen", "layer", "token",
+                                                          "batch", "token_id", "request", "phase", "prompt", "file",
+                                                          "row")}
     have: dict[str, bool] = {}
     col: dict[str, str] | None = None  # key -> source column, resolved on the first routing record
     auto: list[str] = []
@@ -609,112 +1060,202 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
     layer_said: list[str] = []
     for fi, path in enumerate(srcs):
         if _kind(path) == "array":
-            recs, implied, others, axes = _array_records(path, mapping)
+            tbl, implied, others, axes = _array_table(path, mapping)
             seen_cols.update(dict.fromkeys(others))
             notes.append(axes)
         else:
-            recs = _records(path)
-        at_head, file_layer, file_request = True, None, None
+            tbl = _read_table(path)
         emap = {**implied, **mapping}
-        for rowno, rec in recs:
-            if cond and any(str(rec.get(k)) != v for k, v in cond.items()):
-                skipped += 1
-                skipped_keys.update(rec)
-                for k, v in _meta_of(rec).items():
-                    skipped_meta.setdefault(k, v)
-                continue
-            if at_head and _kind(path) == "jsonl" and not _is_routing(rec, emap):
-                meta_lines.append((path.name, rowno, rec))  # a leading metadata line: provenance, not routing
-                continue
-            at_head = False
-            if col is None:
-                col, auto = resolve_columns(emap, rec, cond, off=off)
-                if "*" in col.get("experts", ""):
-                    wpat = col["weights"] if "*" in col.get("weights", "") else None
-                    if "weights" in mapping and wpat is None:
-                        raise UserError(f"--map experts={col['experts']} is one column per expert (their values are the "
-                                        f"weights); --map weights={mapping['weights']} would name a second source; "
-                                        f"drop it, or give a slot pattern such as weights=weight_*.")
-                    wide = _Wide(col["experts"], wpat, rec, top_k, path, rowno)
-                    if wpat is None:
-                        col.pop("weights", None)
-                        auto = [a for a in auto if a != "weights"]
-                elif top_k is not None:
-                    raise UserError(f"--top-k {top_k}: applies to a wide table of one score column per expert "
-                                    "(--map experts=expert_*); this table has an experts column.")
-                if isinstance(pt, str) and pt not in rec:
-                    raise UserError(f"{path}: row {rowno}: has no column {pt!r} (--prompt-tokens {pt}); give a count, "
-                                    f"or one of its columns: {', '.join(sorted(str(c) for c in rec))[:300]}.")
-            seen_cols.update(dict.fromkeys(str(c) for c in rec))
-            present = {k: (k in col and col[k] in rec) for k in KEYS}
-            if wide is not None:
-                present["experts"] = all(c in rec for c in wide.columns())
-                present["weights"] = wide.per_slot and present["experts"]
-            hint = "; add --where to keep only the routing records" if not cond else ""
-            for k in KEYS:
-                if k in mapping and "*" not in mapping[k] and not present[k]:
-                    raise UserError(f"{path}: row {rowno}: has no column {col[k]!r} (--map {k}={col[k]}); its columns: "
-                                    f"{', '.join(sorted(str(c) for c in rec))[:300]}{hint}.")
-            if not present["experts"]:
-                raise UserError(f"{path}: row {rowno}: has no experts column {col.get('experts', 'experts')!r}; name it "
-                                f"with --map experts=COLUMN (or experts=expert_* for one column per expert){hint}.")
-            for k in ("weights", "layer", "token", "request", "batch", "phase", "token_id"):
-                if have.setdefault(k, present[k]) != present[k]:
-                    raise UserError(f"{path}: row {rowno}: {'has' if present[k] else 'lacks'} the {k} column "
-                                    f"{col.get(k, k)!r} that earlier rows {'lack' if present[k] else 'have'}.")
-            if wide is not None:
-                ex, w = wide.read(rec, path, rowno)
-                cols["experts"].append(ex)
-                cols["weights"].append(w)  # a mask's ones are dropped below (no weights) when every row is 0/1
-            else:
-                ex = _list(rec[col["experts"]], path, rowno, "experts", int)
-                cols["experts"].append(ex)
-                if present["weights"]:
-                    w = _list(rec[col["weights"]], path, rowno, "weights", float)
-                    if len(w) != len(ex):
-                        raise UserError(f"{path}: row {rowno}: {len(w)} weights for {len(ex)} experts.")
-                    cols["weights"].append(w)
-            if present["layer"]:
-                cols["layer"].append(_int(rec[col["layer"]], path, rowno, "layer"))
-            else:
-                if file_layer is None:
-                    if layer_from_path is not None:
-                        file_layer = _int(_path_value(path, layer_from_path, "layer", "--layer-from-path"), path, 0,
-                                          "layer (from --layer-from-path)")
-                        layer_said.append(f"{path.name}: layer {file_layer} (--layer-from-path)")
-                    else:
-                        file_layer = _layer_from_name(path)
-                        infer(f"{path.name}: no layer column: its rows are layer {file_layer} (the number after "
-                              "'layer' in the file name; --layer-from-path REGEX to read it elsewhere)")
-                cols["layer"].append(file_layer)
-            for k in ("token", "batch", "token_id"):
-                if present[k]:
-                    cols[k].append(_int(rec[col[k]], path, rowno, k))
-            rv: Any = None
-            if present["request"]:
-                rv = rec[col["request"]]
-            elif request_from_path is not None:
-                if file_request is None:
-                    file_request = _path_value(path, request_from_path, "request", "--request-from-path")
-                rv = file_request
-            elif request_per_file:
-                rv = fi
-            if rv is not None:
-                if isinstance(rv, str) and not _is_int_str(rv):
-                    cols["request"].append(req_ids.setdefault(rv, len(req_ids)))  # string ids: numbered in order
+        if cond:
+            keep = np.ones(tbl.n, dtype=bool)
+            for kk, v in cond.items():
+                keep &= np.array([str(None if x is _MISSING else x) == v for x in tbl.pylist(kk)], dtype=bool)
+            if not keep.all():
+                skipped += int((~keep).sum())
+                gone = np.flatnonzero(~keep)
+                if tbl.recs is not None:
+                    for i in gone.tolist():
+                        skipped_keys.update(tbl.recs[i])
+                        for kk, v in _meta_of(tbl.recs[i]).items():
+                            skipped_meta.setdefault(kk, v)
                 else:
-                    cols["request"].append(_int(rv, path, rowno, "request"))
-                    int_ids = True
-                if int_ids and req_ids:
-                    raise UserError(f"{path}: row {rowno}: request ids mix integers and names; use one kind.")
-            if present["phase"]:
-                cols["phase"].append(_phase(rec[col["phase"]], path, rowno))
-            if isinstance(pt, str):
-                cols["prompt"].append(_int(rec.get(pt), path, rowno, f"prompt length {pt!r}"))
-            cols["file"].append(fi)
-            cols["row"].append(rowno)
-    have_request = bool(cols["request"])
-    n = len(cols["experts"])
+                    skipped_keys.update(tbl.names)
+                    said = [c for c in tbl.names if _META_KEY.search(c)]  # what _meta_of reads
+                    vals = {c: tbl.pylist(c) for c in said}
+                    for i in gone.tolist() if said else []:
+                        for kk, v in _meta_of({c: vals[c][i] for c in said}).items():
+                            skipped_meta.setdefault(kk, v)
+                tbl = tbl.take(np.flatnonzero(keep))
+        if _kind(path) == "jsonl" and tbl.n:
+            assert tbl.recs is not None
+            head = next((i for i, r in enumerate(tbl.recs) if _is_routing(r, emap)), tbl.n)
+            # leading metadata lines: provenance, not routing
+            meta_lines.extend((path.name, int(tbl.rowno[i]), tbl.recs[i]) for i in range(head))
+            tbl = tbl.take(np.arange(head, tbl.n))
+        if tbl.n == 0:
+            continue
+        rowno = tbl.rowno
+        if col is None:
+            rec, rowno0 = tbl.row(0), int(rowno[0])
+            col, auto = resolve_columns(emap, rec, cond, off=off)
+            if "experts" not in col and (pats := wide_patterns(rec)) is not None:
+                # No experts column, but one family of numbered expert columns: read as the wide
+                # table it is (by its names: an inference, said; --map says otherwise).
+                col["experts"] = pats[0]
+                auto.append("experts")
+                if pats[1] is not None and "weights" not in mapping:
+                    col["weights"] = pats[1]
+                    auto.append("weights")
+                infer(f"no experts column: the numbered columns {pats[0]}"
+                      + (f" and {pats[1]} taken as one column per slot (ids and weights)" if pats[1] is not None
+                         and "weights" not in mapping else " taken as the experts, one column per expert")
+                      + f" by their names (--map experts={pats[0]}"
+                      + (f",weights={pats[1]}" if pats[1] is not None and "weights" not in mapping else "")
+                      + " says so; --map experts=COLUMN to read another)")
+            if "*" in col.get("experts", ""):
+                wpat = col["weights"] if "*" in col.get("weights", "") else None
+                if "weights" in mapping and wpat is None:
+                    raise UserError(f"--map experts={col['experts']} is one column per expert (their values are the "
+                                    f"weights); --map weights={mapping['weights']} would name a second source; "
+                                    f"drop it, or give a slot pattern such as weights=weight_*.")
+                wide = _Wide(col["experts"], wpat, rec, top_k, path, rowno0)
+                if wpat is None:
+                    col.pop("weights", None)
+                    auto = [a for a in auto if a != "weights"]
+            elif top_k is not None:
+                raise UserError(f"--top-k {top_k}: applies to a wide table of one score column per expert "
+                                "(--map experts=expert_*); this table has an experts column.")
+            if isinstance(pt, str) and pt not in rec:
+                raise UserError(f"{path}: row {rowno0}: has no column {pt!r} (--prompt-tokens {pt}); give a count, "
+                                f"or one of its columns: {', '.join(sorted(str(c) for c in rec))[:300]}.")
+        if tbl.recs is not None:
+            seen_cols.update(dict.fromkeys(str(c) for c in chain.from_iterable(tbl.recs)))
+        else:
+            seen_cols.update(dict.fromkeys(str(c) for c in tbl.names))
+        # Every check of every row, by whole columns; the file's first failing row is reported, and
+        # within a row the check a record-by-record reading makes first: (row, stage, place, sentence).
+        bad: list[tuple[int, int, int, UserError]] = []
+
+        def flag(i: int, stage: int, place: int, err: UserError) -> None:
+            bad.append((i, stage, place, err))  # noqa: B023 - used within this file's pass only
+
+        def first(mask: np.ndarray) -> int | None:
+            return int(np.argmax(mask)) if mask.any() else None
+
+        def keys_of(i: int) -> str:
+            return ", ".join(sorted(str(c) for c in tbl.row(i)))[:300]  # noqa: B023
+
+        present = {kk: (tbl.present(col[kk]) if kk in col else np.zeros(tbl.n, dtype=bool)) for kk in KEYS}
+        if wide is not None:
+            every = np.ones(tbl.n, dtype=bool)
+            for c in wide.columns():
+                every &= tbl.present(c)
+            present["experts"] = every
+            present["weights"] = every if wide.per_slot else np.zeros(tbl.n, dtype=bool)
+        hint = "; add --where to keep only the routing records" if not cond else ""
+        for place, kk in enumerate(KEYS):
+            if kk in mapping and "*" not in mapping[kk] and (i := first(~present[kk])) is not None:
+                flag(i, 0, place, UserError(f"{path}: row {rowno[i]}: has no column {col[kk]!r} (--map {kk}={col[kk]}); "
+                                            f"its columns: {keys_of(i)}{hint}."))
+        if (i := first(~present["experts"])) is not None:
+            flag(i, 1, 0, UserError(f"{path}: row {rowno[i]}: has no experts column {col.get('experts', 'experts')!r}; "
+                                    f"name it with --map experts=COLUMN (or experts=expert_* for one column per expert)"
+                                    f"{hint}."))
+        for place, kk in enumerate(("weights", "layer", "token", "request", "batch", "phase", "token_id")):
+            have.setdefault(kk, bool(present[kk][0]))
+            if (i := first(present[kk] != have[kk])) is not None:
+                p_ = bool(present[kk][i])
+                flag(i, 2, place, UserError(f"{path}: row {rowno[i]}: {'has' if p_ else 'lacks'} the {kk} column "
+                                            f"{col.get(kk, kk)!r} that earlier rows {'lack' if p_ else 'have'}."))
+        # experts and weights (stage 3; a wide table's columns are read there, all of them)
+        if wide is not None:
+            ex, elen, w, wbad = wide.read(tbl, path)
+            for i, place, err in wbad:
+                flag(i, 3, place, err)
+            wlen = elen
+        else:
+            ex, elen, b = _lists(tbl.values(col["experts"]), path, rowno, "experts", int)
+            if b:
+                flag(b[0], 3, 0, b[1])
+            if have["weights"]:
+                w, wlen, b = _lists(tbl.values(col["weights"]), path, rowno, "weights", float)
+                if b:
+                    flag(b[0], 4, 0, b[1])
+                if (i := first(wlen != elen)) is not None:
+                    flag(i, 4, 1, UserError(f"{path}: row {rowno[i]}: {wlen[i]} weights for {elen[i]} experts."))
+            else:
+                w, wlen = np.zeros(0), np.zeros(tbl.n, np.int64)
+        if have["layer"]:
+            lay, b = _ints(tbl.values(col["layer"]), path, rowno, "layer")
+            if b:
+                flag(b[0], 5, 0, b[1])
+        else:
+            try:
+                if layer_from_path is not None:
+                    file_layer = _int(_path_value(path, layer_from_path, "layer", "--layer-from-path"), path, 0,
+                                      "layer (from --layer-from-path)")
+                    layer_said.append(f"{path.name}: layer {file_layer} (--layer-from-path)")
+                else:
+                    file_layer = _layer_from_name(path)
+                    infer(f"{path.name}: no layer column: its rows are layer {file_layer} (the number after "
+                          "'layer' in the file name; --layer-from-path REGEX to read it elsewhere)")
+            except UserError as e:
+                flag(0, 5, 0, e)
+                file_layer = 0
+            lay = np.full(tbl.n, file_layer, dtype=np.int64)
+        got: dict[str, np.ndarray] = {}
+        for stage, kk in ((6, "token"), (7, "batch"), (8, "token_id")):
+            if have[kk]:
+                got[kk], b = _ints(tbl.values(col[kk]), path, rowno, kk)
+                if b:
+                    flag(b[0], stage, 0, b[1])
+        # the request: a column, the path, or the file; names numbered in order of first appearance
+        rv: Any = None
+        if have["request"]:
+            rv = tbl.pylist(col["request"])
+        elif request_from_path is not None:
+            try:
+                rv = [_path_value(path, request_from_path, "request", "--request-from-path")] * tbl.n
+            except UserError as e:
+                flag(0, 9, 0, e)
+        elif request_per_file:
+            rv = [fi] * tbl.n
+        if rv is not None:
+            names_before, ints_before = bool(req_ids), int_ids
+            named = np.array(_per_value(rv, lambda v: isinstance(v, str) and not _is_int_str(v)), dtype=bool)
+            req = np.zeros(tbl.n, dtype=np.int64)
+            if (~named).any():
+                idx = np.flatnonzero(~named)
+                req[idx], b = _ints([rv[i] for i in idx.tolist()], path, rowno[idx], "request")
+                if b:
+                    flag(int(idx[b[0]]), 9, 0, b[1])
+            if named.any():
+                req[named] = [req_ids.setdefault(rv[i], len(req_ids)) for i in np.flatnonzero(named).tolist()]
+            # integers and names in one log: refused at the first row after which both were read
+            both = ((ints_before | np.logical_or.accumulate(~named))
+                    & (names_before | np.logical_or.accumulate(named)))
+            if (i := first(both)) is not None:
+                flag(i, 9, 1, UserError(f"{path}: row {rowno[i]}: request ids mix integers and names; use one kind."))
+            int_ids = int_ids or bool((~named).any())
+            got["request"] = req
+        if have["phase"]:
+            got["phase"], b = _phases(tbl.values(col["phase"]), path, rowno)
+            if b:
+                flag(b[0], 10, 0, b[1])
+        if isinstance(pt, str):
+            got["prompt"], b = _ints([None if v is _MISSING else v for v in tbl.pylist(pt)], path, rowno,
+                                     f"prompt length {pt!r}")
+            if b:
+                flag(b[0], 11, 0, b[1])
+        if bad:
+            raise min(bad, key=lambda x: x[:3])[3]
+        for kk, v in (("experts", ex), ("elen", elen), ("weights", w), ("wlen", wlen), ("layer", lay),
+                      ("file", np.full(tbl.n, fi, np.int64)), ("row", rowno), *got.items()):
+            parts[kk].append(v)
+    cols = {kk: (np.concatenate(v) if v else np.zeros(0, np.int64)) for kk, v in parts.items()}
+    have_request = cols["request"].size > 0
+    elen = cols["elen"]
+    n = int(elen.size)
     what = srcs[0] if len(srcs) == 1 else f"{srcs[0]} (and {len(srcs) - 1} more)"
     if n == 0:
         raise UserError(f"{what}: holds no routing records" + (f" matching --where {where}" if cond else "")
@@ -722,14 +1263,13 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
                            "experts=expert_* for one column per expert; a log that mixes record types needs --where "
                            "KEY=VALUE)") + ".")
     assert col is not None
-    ks = {len(e) for e in cols["experts"]}
-    if len(ks) != 1 or 0 in ks:
-        i = next(i for i, e in enumerate(cols["experts"]) if len(e) != len(cols["experts"][0]) or not e)
+    if ((elen != elen[0]) | (elen == 0)).any():
+        i = int(np.argmax((elen != elen[0]) | (elen == 0)))
         fix = (" (one top-k per log; give --top-k K to take each row's K largest expert columns)"
                if wide is not None and not wide.per_slot else " (one top-k per log)")
-        raise UserError(f"{srcs[cols['file'][i]]}: row {cols['row'][i]}: routes {len(cols['experts'][i])} experts, "
-                        f"the first routing {len(cols['experts'][0])}{fix}.")
-    k = ks.pop()
+        raise UserError(f"{srcs[cols['file'][i]]}: row {cols['row'][i]}: routes {elen[i]} experts, "
+                        f"the first routing {elen[0]}{fix}.")
+    k = int(elen[0])
     if wide is not None and not wide.per_slot:
         how = f"its --top-k {top_k} largest" if top_k is not None else "its non-zero columns"
         infer(f"{_span(wide.ecols)} read as one column per expert (the number in the name is the expert id): each "
@@ -740,9 +1280,9 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
     elif wide is not None:
         assert wide.wcols is not None
         notes.append(f"{_span(wide.ecols)} and {_span(wide.wcols)} read as the k = {k} slots, in column-number order")
-    experts = np.array(cols["experts"], dtype=np.int64)
-    layer = np.array(cols["layer"], dtype=np.int64)
-    fileno, rowno = np.array(cols["file"]), np.array(cols["row"])
+    experts = cols["experts"].astype(np.int64).reshape(n, k)
+    layer = cols["layer"].astype(np.int64)
+    fileno, rowno = cols["file"], cols["row"]
 
     def refuse_at(i: int, what_: str) -> None:
         raise UserError(f"{srcs[fileno[i]]}: row {rowno[i]}: {what_}.")
@@ -857,7 +1397,7 @@ def import_(sources: list[Path], out_dir: Path, *, sizes: Any = None, force: boo
             infer("no batch column: requests one after another, a request's prompt one batch, each decoded "
                   "token its own batch")
     if have.get("weights"):
-        weights = np.array(cols["weights"], dtype=np.float64)
+        weights = cols["weights"].astype(np.float64).reshape(n, k)
         bad = np.flatnonzero(~np.isfinite(weights).all(axis=1) | (weights < 0).any(axis=1))
         if bad.size:
             refuse_at(int(bad[0]), "has a weight that is negative, NaN or infinite")
@@ -941,7 +1481,7 @@ def _is_routing(rec: dict[str, Any], emap: dict[str, str]) -> bool:
     """Whether a record carries the experts (a leading record that does not is metadata)."""
     e = emap.get("experts")
     if e is None:
-        return bool(_names(rec, "experts"))
+        return bool(_names(rec, "experts")) or wide_patterns(rec) is not None
     if "*" in e:
         rx = re.compile("^" + re.escape(e).replace(r"\*", r"\d+") + "$")
         return any(rx.match(str(c)) for c in rec)
@@ -1083,11 +1623,8 @@ def _first_duplicate(keys: np.ndarray) -> int | None:
 def _sequential_batches(request: np.ndarray, phase: np.ndarray, step: np.ndarray) -> np.ndarray:
     """Batches one request after another (in order of first appearance): its prompt rows one batch,
     each decoded position its own batch."""
-    _, first = np.unique(request, return_index=True)
-    rank_of = {int(r): i for i, r in enumerate(request[np.sort(first)])}
-    rorder = np.array([rank_of[int(r)] for r in request], dtype=np.int64)
+    rorder = _first_seen_rank(request)
     bstep = np.where(phase == PHASE_PREFILL, -1, step)
     key = np.stack([rorder, phase, bstep], axis=1)
-    _, inv = np.unique(key, axis=0, return_inverse=True)
-    return inv.reshape(-1).astype(np.int64)
+    return unique_rows(key)[1]
 
