@@ -7,7 +7,12 @@ libCacheSim's coincide). Sides, each Numba kernel compiled beforehand, the trace
 into loads once beforehand (not timed):
 
 - curve: ``compute_curve(loads, policies=("lru",))``: every budget where the curve changes (from
-  1 entry to the working set), one pass;
+  1 entry to the working set), one pass; and ``("lru", "layer")``, what ``moe-replay curve``
+  computes by default;
+- the whole API call ``replay.curve_run(trace_dir)`` (default policies ``lru`` + ``layer``): opening
+  the trace, reading, checking and cutting its loads, then both curves (what ``moe-replay curve
+  TRACE`` does before printing, without the process start); its ratio to a replay is not like with
+  like (the replay side is given its loads), it says what the user-facing call costs;
 - ours x 100: ``replay(loads, "lru", budget)`` at 100 budgets (1 .. 6,144 entries, evenly spaced);
 - libCacheSim x 100: ``LRU(cache_size).process_trace(reader)`` at the same 100 budgets, on an
   oracleGeneral file of the same requests (written beforehand, not timed);
@@ -55,6 +60,7 @@ def main() -> None:
     args = ap.parse_args()
     import libcachesim as lcs
 
+    from replay import curve_run
     from replay.analyses.curve import compute_curve
     from replay.core.simulate import loads_of, replay, warm_up
     from traces import open_trace
@@ -69,6 +75,7 @@ def main() -> None:
     assert entries.shape[0] == 100
     warm_up(["lru"])
     compute_curve(loads, policies=("lru",), sample_rate=0.5)  # compile the curve's kernels
+    curve_run(tdir)  # and the whole call's (the layer pass, the reader's)
     print(f"machine: {machine()}")
     print(f"trace: {tdir}: {n_req:,} routings (top-1, decode only, 48 x 128 entries of 1 MiB); "
           f"libcachesim {getattr(lcs, '__version__', '?')}; 100 budgets {entries[0]}..{entries[-1]} entries")
@@ -86,6 +93,8 @@ def main() -> None:
         keep("curve (lru, every budget)", w, c)
         w, c, _ = timed(lambda: compute_curve(loads, policies=("lru", "layer")))
         keep("curve (lru + layer, every budget)", w, c)
+        w, c, _ = timed(lambda: curve_run(tdir))
+        keep("curve_run(trace dir): read + lru + layer", w, c)
         w, c, _ = timed(lambda: [ours.__setitem__(i, replay(loads, "lru", float(e)).hits) for i, e in enumerate(entries)])
         keep("ours: 100 replays", w, c)
         def lcs_all() -> None:
@@ -102,9 +111,9 @@ def main() -> None:
               f"curve rows: {exact.height:,}")
     one_w, one_c = best["ours: 100 replays"][0] / 100, best["ours: 100 replays"][1] / 100
     print()
-    print(f"{'side':36s} {'wall s':>8s} {'CPU s':>8s} {'= replays (wall)':>17s} {'= replays (CPU)':>16s}")
+    print(f"{'side':42s} {'wall s':>8s} {'CPU s':>8s} {'= replays (wall)':>17s} {'= replays (CPU)':>16s}")
     for name, (w, c) in best.items():
-        print(f"{name:36s} {w:8.3f} {c:8.3f} {w / one_w:17.1f} {c / one_c:16.1f}")
+        print(f"{name:42s} {w:8.3f} {c:8.3f} {w / one_w:17.1f} {c / one_c:16.1f}")
     # sampled curves: error of decode hit % at the 100 budgets against the exact curve
     lookups = exact["lookups_decode"][0]
     want = 100.0 * hits_at(exact, entries.astype(np.float64)) / lookups

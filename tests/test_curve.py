@@ -128,6 +128,42 @@ def test_curve_row_budgets_cover_one_entry_to_the_working_set(synth_trace_dir):
 
 
 @st.composite
+def long_traces(draw):
+    """Traces long and wide enough that both passes use several words and blocks of visit positions
+    and compact them several times: 4-6 MoE layers of 56-64 experts (>= 224 entries: the global
+    pass's 1,024+ positions in 2+ blocks of 8 words; 2 words per layer in the per-layer pass), about
+    3,000 visits; expert sizes drawn per layer (weighted sums) or one for every layer (popcounts)."""
+    from tests.trace_strategies import turn_rows
+
+    moe_layers = list(range(draw(st.integers(4, 6))))
+    n_expert, k = draw(st.integers(56, 64)), draw(st.integers(1, 3))
+    one = draw(st.integers(1, 3)) * UNIT
+    eb = {l: one for l in moe_layers} if draw(st.booleans()) else {l: draw(st.integers(1, 3)) * UNIT for l in moe_layers}
+    hot = draw(st.integers(4, n_expert))  # most lookups among a few experts, some among all
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))  # ids from a drawn seed: thousands of routings
+
+    def pick() -> list[int]:
+        return [int(rng.integers(0, n_expert if rng.random() < 0.2 else hot)) for _ in range(k)]
+
+    n_decode = 3000 // (len(moe_layers) * k)
+    rows = turn_rows([(draw(st.integers(0, 4)), n_decode)], moe_layers, pick)
+    return moe_layers, len(moe_layers), n_expert, k, eb, rows, 1
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(t=long_traces())
+def test_long_traces_compact_positions_and_stay_exact(t):
+    """lru and layer on traces that compact the passes' visit positions across several blocks:
+    ~16 change points of each, spread over the curve, (and a byte below each) equal a replay."""
+    loads = _loads(t)
+    c = compute_curve(loads, policies=("lru", "layer"))
+    for pol in ("lru", "layer"):
+        n = int((c.frame["policy"] == pol).sum())
+        pick = sorted({int(x) for x in np.linspace(0, n - 1, 16).round()})
+        assert assert_rows_equal_replays(c.frame, loads, pol, pick=pick) == len(pick)
+
+
+@st.composite
 def single_lookup_loads(draw):
     """Loads of one entry each (top-1, one token per batch) of one expert size: where belady is a stack algorithm."""
     from replay.core.simulate import Loads
@@ -262,6 +298,32 @@ def test_cli_json_out_and_api_agree(synth_trace_dir, tmp_path):
         assert not (tmp_path / "bad.csv").exists()
     with pytest.raises(UserError, match="^curve: layer-opt's allocation is solved per budget: give budgets_mib"):
         replay.curve(d, policies=["layer-opt"])  # the library names the keyword, not the flag
+
+
+def test_bad_row_refused_as_at_open_nothing_written(synth_trace_dir, tmp_path):
+    """curve reads the rows once (checked as its pass reads them, as cache does): a bad row is
+    refused with open_trace's own sentence, exit 2, nothing written; replay.curve(path) raises it."""
+    import shutil
+
+    import replay
+    from tests.helpers import assert_one_sentence_error, run_cli
+    from tests.test_cache_stream import _corrupt
+    from traces import open_trace
+    from traces.format.errors import TraceError
+
+    d = tmp_path / "t"
+    shutil.copytree(_small_trace(synth_trace_dir), d)
+    t0 = open_trace(d)
+    _corrupt(d, "expert_range", 0, 7, t0.n_layer, t0.n_expert)
+    with pytest.raises(TraceError) as at_open:
+        open_trace(d)
+    res = run_cli("curve", d, "-o", tmp_path / "c.csv")
+    assert res.code == 2
+    assert_one_sentence_error(res, str(at_open.value))
+    assert not (tmp_path / "c.csv").exists()
+    with pytest.raises(TraceError) as got:
+        replay.curve(d)
+    assert str(got.value) == str(at_open.value)
 
 
 def test_with_cost_model_rows_carry_time(synth_trace_dir):

@@ -19,9 +19,11 @@ lookup of entry e at load t hits iff
   visited when the load is looked up against the cache).
 
 D is measured over visit positions (each entry at the position of its last visit, weighing its
-layer's ``expert_bytes``): the bytes of whole blocks of 64 positions after its block, then those of
-its own block's later positions (contiguous sums the compiler vectorises; positions are compacted
-when they run out, so the arrays hold about 2 x entries and stay in cache). A histogram of D is the whole curve; a load
+layer's ``expert_bytes``; positions are compacted when they run out, so the arrays hold about 2 x
+entries and stay in cache): with one expert size, the size times the occupied positions from the
+entry's on (popcounts of an occupancy bitmask, then counts of whole blocks); with sizes that differ
+by layer, the bytes of whole runs of 64 positions after its own, then those of its own run's later
+positions (fixed-length sums the compiler vectorises). A histogram of D is the whole curve; a load
 overflows at budget B iff its unique entries' bytes exceed B.
 
 ``layer`` (the budget split equally, floor(budget_bytes / MoE layers) per layer): each layer's
@@ -58,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from traces.format.errors import UserError
+from traces.util.bits import popcount64
 from traces.util.jit import njit
 from traces.util.units import MIB
 
@@ -67,7 +70,7 @@ DENSE_BINS = 1 << 21
 SAMPLE_MOD = 1 << 24  # the spatial hash's range: an entry is sampled when hash mod this < rate x this
 
 
-BLOCK = 64  # visit positions per block: a distance sums whole blocks' bytes, then one block's positions
+WORDS = 8  # 64-bit words of visit positions per block: a distance counts whole blocks, then one block's words
 
 
 @njit(cache=True, nogil=True)
@@ -85,22 +88,41 @@ def _lru_pass(entries, load_start, load_lidx, load_phase, layer_bytes, layer_uni
     every entry + 1), else listed in dist/phase/lidx. uhist[phase, layer, u] = the non-empty loads
     of that phase and layer with u unique entries (all entries, sampled or not): what overflow and
     the per-layer curves need, without a per-load array. ``layer_units``' dtype is the stack's (int32
-    when the units of every entry fit: twice the lanes per vector in the block sums)."""
+    when the units of every entry fit: twice the lanes per vector in the block sums).
+
+    Recency as visit positions: each measured entry sits at the position of its last visit, one bit
+    per position marks the occupied ones (``occ``), and a visit moves its entry to the next free
+    position. When every layer's entries weigh the same (one expert size), D is that weight times
+    the occupied positions at p and above: the set bits of p's word from p, of the later words of
+    its block of :data:`WORDS` words (popcounts), and the counts of the later blocks (``bcnt``);
+    then ``rd`` is ``cnt`` times the one size, derived after the pass. With sizes that differ by
+    layer, D sums units: ``wpos`` (units at each position) over the rest of p's 64 positions, and
+    ``bsum`` (units per 64 positions) over the later ones. Every sum runs a fixed length with the
+    terms it skips masked to 0 by arithmetic (and-not, never a select: a select compiles to a branch
+    that mispredicts where the mask flips), so the compiler emits straight vector code.
+    ``benchmarks/RESULTS.md``, "The whole LRU curve in one pass", measures each choice."""
     R, k = entries.shape
     G = load_start.shape[0] - 1
     L = layer_bytes.shape[0]
     E = L * n_expert
     sampled = keep.shape[0] > 0
     zero = layer_units[0] - layer_units[0]  # the stack's integer type
+    same = True  # one weight for every entry: distances by counting bits
+    for li in range(L):
+        if layer_units[li] != layer_units[0]:
+            same = False
     nbins = 1
     if dense:
         for li in range(L):
             nbins += layer_units[li] * n_expert
-    nb = (2 * E + BLOCK) // BLOCK + 1
-    S = nb * BLOCK  # positions: at least 2 x entries, so a compaction frees at least E of them
-    wpos = np.zeros(S, layer_units.dtype)  # units of the entry whose last visit is at each position, 0 if none
-    bsum = np.zeros(nb, layer_units.dtype)  # units per block of positions
-    owner = np.full(S, -1, np.int32)
+    NB = ((2 * E + 64) // 64 + WORDS) // WORDS  # blocks of WORDS words
+    NW = NB * WORDS
+    S = NW * 64  # positions: at least 2 x entries, so a compaction frees at least E of them
+    occ = np.zeros(NW, np.uint64)  # bit q of word w: position 64 w + q holds an entry's last visit
+    bcnt = np.zeros(NB, np.int32)  # occupied positions per block
+    wpos = np.zeros(0 if same else S, layer_units.dtype)  # units at each position (0 if none); sizes differ only
+    bsum = np.zeros(0 if same else NW, layer_units.dtype)  # units per 64 positions
+    before = np.zeros(NW, np.int64)  # a compaction's occupied positions before each word
     pos = np.full(E, -1, np.int32)
     mark = np.full(E, -1, np.int64)
     top = 0
@@ -114,6 +136,10 @@ def _lru_pass(entries, load_start, load_lidx, load_phase, layer_bytes, layer_uni
     cold = np.zeros(2, np.int64)
     looks = np.zeros(2, np.int64)
     uhist = np.zeros((2, L, n_expert + 1), np.int64)
+    ones = ~np.uint64(0)
+    none = np.uint64(0)
+    one = np.uint64(1)
+    u_same = layer_units[0]
     n = 0
     prev = -1
     for load in range(G):
@@ -125,6 +151,9 @@ def _lru_pass(entries, load_start, load_lidx, load_phase, layer_bytes, layer_uni
         wu = layer_units[lid]
         ph = load_phase[load]
         u = 0
+        n_look = 0  # the load's counters in registers, added once after it (not a memory
+        n_always = 0  # read-modify-write per lookup)
+        n_cold = 0
         for r in range(lo, hi):  # distances at the load's start: positions not yet updated
             for j in range(k):
                 e = entries[r, j]
@@ -135,67 +164,97 @@ def _lru_pass(entries, load_start, load_lidx, load_phase, layer_bytes, layer_uni
                 u += 1
                 if sampled and not keep[e]:
                     continue
-                looks[ph] += 1
+                n_look += 1
                 if m == prev and m >= 0:
-                    always[ph] += 1
+                    n_always += 1
                     continue
                 p = pos[e]
                 if p < 0:
-                    cold[ph] += w
+                    n_cold += 1
                     continue
-                # D = units at positions >= p: the rest of p's block, then every later block. Both
-                # sums run a fixed length (the whole block, every block) with the others masked to
-                # 0: the compiler turns them into straight vector adds, 1.4x faster on the whole
-                # pass than loops that start at p (benchmarks/RESULTS.md, "the curve's cost")
-                d = zero
-                b0 = p // BLOCK
-                base = b0 * BLOCK
-                off = p - base
-                for i in range(BLOCK):
-                    d += wpos[base + i] if i >= off else zero
-                for b in range(nb):
-                    d += bsum[b] if b > b0 else zero
+                if same:  # D = the weight x the occupied positions >= p
+                    wp = p >> 6
+                    g = wp // WORDS
+                    c = popcount64(occ[wp] & (ones << np.uint64(p & 63)))
+                    base = g * WORDS
+                    for i in range(WORDS):
+                        c += popcount64(occ[base + i] & (none - np.uint64(base + i > wp)))
+                    cb = np.int32(0)
+                    for b in range(NB):
+                        cb += bcnt[b] & (np.int32(0) - np.int32(b > g))
+                    d = (c + cb) * u_same
+                else:  # D = units at positions >= p: the rest of p's 64, then every later 64
+                    d = zero
+                    b0 = p >> 6
+                    base = b0 * 64
+                    off = p - base
+                    for i in range(64):
+                        d += wpos[base + i] & (zero - (zero + (i >= off)))
+                    for b in range(NW):
+                        d += bsum[b] & (zero - (zero + (b > b0)))
                 if dense:
                     cnt[ph, d] += 1
-                    rd[ph, d] += w
+                    if not same:
+                        rd[ph, d] += w
                 else:
                     dist[n] = d
                     lph[n] = ph
                     lli[n] = lid
                     n += 1
+        looks[ph] += n_look
+        always[ph] += n_always
+        cold[ph] += n_cold * w
         uhist[ph, lid, u] += 1
         for r in range(lo, hi):  # then every visit moves its entry to the top, in visit order
             for j in range(k):
                 e = entries[r, j]
                 if sampled and not keep[e]:
                     continue
-                if top == S:  # out of positions: compact the live ones to 0..m-1
-                    m2 = 0
-                    for q in range(S):
-                        x = owner[q]
-                        if x >= 0:
-                            owner[q] = -1
-                            owner[m2] = x
-                            pos[x] = m2
-                            m2 += 1
-                    wpos[:] = 0
-                    bsum[:] = 0
-                    for q in range(m2):
-                        wq = layer_units[owner[q] // n_expert]
-                        wpos[q] = wq
-                        bsum[q // BLOCK] += wq
-                    top = m2
+                if top == S:  # out of positions: each live one to its rank among them, order kept
+                    c = 0
+                    for q in range(NW):
+                        before[q] = c
+                        c += popcount64(occ[q])
+                    if not same:
+                        wpos[:] = 0
+                        bsum[:] = 0
+                    for x in range(E):
+                        q = pos[x]
+                        if q >= 0:
+                            nq = before[q >> 6] + popcount64(occ[q >> 6] & ((one << np.uint64(q & 63)) - one))
+                            pos[x] = nq
+                            if not same:
+                                wq = layer_units[x // n_expert]
+                                wpos[nq] = wq
+                                bsum[nq >> 6] += wq
+                    occ[:] = 0
+                    bcnt[:] = 0
+                    for q in range(c):
+                        occ[q >> 6] |= one << np.uint64(q & 63)
+                        bcnt[(q >> 6) // WORDS] += 1
+                    top = c
                 p = pos[e]
                 if p >= 0:
-                    wpos[p] = 0
-                    bsum[p // BLOCK] -= wu
-                    owner[p] = -1
+                    occ[p >> 6] &= ~(one << np.uint64(p & 63))
+                    if same:
+                        bcnt[(p >> 6) // WORDS] -= 1
+                    else:
+                        wpos[p] = 0
+                        bsum[p >> 6] -= wu
                 pos[e] = top
-                owner[top] = e
-                wpos[top] = wu
-                bsum[top // BLOCK] += wu
+                occ[top >> 6] |= one << np.uint64(top & 63)
+                if same:
+                    bcnt[(top >> 6) // WORDS] += 1
+                else:
+                    wpos[top] = wu
+                    bsum[top >> 6] += wu
                 top += 1
         prev = load
+    if dense and same:  # one size: a bin's bytes are its lookups x that size
+        w0 = layer_bytes[0]
+        for q in range(2):
+            for b in range(cnt.shape[1]):
+                rd[q, b] = cnt[q, b] * w0
     return cnt, rd, dist[:n].copy(), lph[:n].copy(), lli[:n].copy(), always, cold, looks, uhist
 
 
@@ -559,22 +618,27 @@ def compute_curve(loads, *, policies: tuple[str, ...] = ("lru", "layer"), budget
 
 
 def _per_layer_frame(loads, lc: _LayerCurves):
-    """Each MoE layer's own LRU curve: one row per (layer, entries 0..n_expert)."""
+    """Each MoE layer's own LRU curve: one row per (layer, entries 0..n_expert), built column-wise
+    (48 x 129 rows on a 48-layer, 128-expert model: a Python dict per row cost 0.014 s, a third
+    of one replay of the 4.8 M-routing trace of benchmarks/RESULTS.md)."""
     import polars as pl
 
     L, n = lc.L, lc.n
     c = np.arange(n + 1, dtype=np.int64)
     t = lc.at_shares(np.repeat(c[None, :], L, axis=0))
-    out = []
-    for i, layer in enumerate(loads.moe_layers):
-        for ci in range(n + 1):
-            lk = [int(t["lookups_l"][p, i, ci]) for p in (0, 1)]
-            ht = [int(t["hits_l"][p, i, ci]) for p in (0, 1)]
-            rd = int(t["read_l"][0, i, ci] + t["read_l"][1, i, ci])
-            out.append({"layer": int(layer), "entries": ci, "share_mib": float(ci * int(lc.w[i])) / MIB,
-                        "hit_pct_decode": _pct(ht[1], lk[1]), "hit_pct_cum": _pct(sum(ht), sum(lk)),
-                        "read_mib": float(rd) / MIB, "overflow_loads": int(t["overflow_l"][i, ci])})
-    return pl.DataFrame(out)
+    lk, ht = t["lookups_l"], t["hits_l"]  # [2, L, n + 1]
+
+    def pct(h: np.ndarray, m: np.ndarray) -> np.ndarray:  # as _pct: NaN where nothing was looked up
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(m > 0, 100.0 * h.astype(np.float64) / m.astype(np.float64), math.nan).ravel()
+
+    return pl.DataFrame({
+        "layer": np.repeat(np.asarray(loads.moe_layers, np.int64), n + 1), "entries": np.tile(c, L),
+        "share_mib": (c[None, :] * lc.w[:, None]).astype(np.float64).ravel() / MIB,
+        "hit_pct_decode": pct(ht[1], lk[1]), "hit_pct_cum": pct(ht[0] + ht[1], lk[0] + lk[1]),
+        "read_mib": (t["read_l"][0] + t["read_l"][1]).astype(np.float64).ravel() / MIB,
+        "overflow_loads": t["overflow_l"].astype(np.int64).ravel(),
+    })
 
 
 def _pct(h: int, n: int) -> float:

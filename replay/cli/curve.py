@@ -68,7 +68,8 @@ def curve_cmd(
     inputs = [trace, cost_model]
     if out is not None:
         check_output_file(out, inputs=inputs)
-    t = open_trace(trace)
+    # Rows are checked as the curve's pass reads them (one read of the trace, not two), as cache does.
+    t = open_trace(trace, defer_rows=True)
     res = api.curve_run(t, policies=pols, budgets_mib=blist, sample_rate=sample_rate, sample_size=sample_size, seed=seed,
                         tolerances_pp=tols, cost_model=cmodel, foreign_cost_model=foreign_cost_model)
     if out is not None:
