@@ -18,11 +18,10 @@ the queues hold the same objects in the same order. Where they still differ, the
 from __future__ import annotations
 
 import argparse
-import struct
 import tempfile
 from pathlib import Path
 
-from benchmarks._common import machine, top1_decode_loads
+from benchmarks._common import machine, top1_decode_loads, write_oracle_general
 from traces.util.units import MIB
 
 ENTRIES = (8, 16, 19, 20, 64, 512, 2048)
@@ -43,10 +42,7 @@ def main() -> None:
           f"libcachesim {getattr(lcs, '__version__', '?')}")
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "top1.oracleGeneral.bin"
-        rec = struct.Struct("<IQIq")
-        with open(path, "wb") as fh:
-            for i in range(n):
-                fh.write(rec.pack(i + 1, int(obj[i]) + 1, MIB, -1))
+        write_oracle_general(path, obj, next_access=False)  # s3fifo and sieve look no request ahead
         reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
         print(f"{'policy':7s} {'entries':>7s} {'hits ours':>10s} {'hits lcs':>10s} {'diff':>7s}  note")
         for policy, cls in (("s3fifo", lcs.S3FIFO), ("sieve", lcs.Sieve)):

@@ -18,13 +18,10 @@ Each request's next use is precomputed on both sides and not timed: ours once pe
 from __future__ import annotations
 
 import argparse
-import struct
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
-from benchmarks._common import best_of, machine, top1_decode_loads
+from benchmarks._common import best_of, machine, top1_decode_loads, write_oracle_general
 from traces.util.units import MIB
 
 ROUNDS = 5
@@ -41,19 +38,9 @@ def main() -> None:
 
     t, loads, obj = top1_decode_loads(args.trace)
     n = obj.shape[0]
-    # next access (request index) per request, -1 if none
-    nxt = np.full(n, -1, np.int64)
-    last = {}
-    for i in range(n - 1, -1, -1):
-        o = int(obj[i])
-        nxt[i] = last.get(o, -1)
-        last[o] = i
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "top1.oracleGeneral.bin"
-        rec = struct.Struct("<IQIq")
-        with open(path, "wb") as fh:
-            for i in range(n):
-                fh.write(rec.pack(i + 1, int(obj[i]) + 1, MIB, int(nxt[i]) + 1 if nxt[i] >= 0 else -1))
+        write_oracle_general(path, obj, next_access=True)
         reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
         warm_up(["lru", "belady"])
         _ = loads.next_load  # cached on loads: computed here, once, outside every timing below
