@@ -3,6 +3,7 @@ top-1 traces and libCacheSim files of the data-path comparisons (format_v2, data
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import subprocess
@@ -161,6 +162,29 @@ def top1_decode_loads(trace_dir: Path):
                        experts=np.ascontiguousarray(a.experts[dec, :1]), weights=np.ascontiguousarray(a.weights[dec, :1]))
     loads = prepare_loads(ra, t.moe_layers, t.n_expert, np.where(t.expert_bytes > 0, MIB, 0))
     return t, loads, loads.entries[:, 0].astype(np.int64)
+
+
+def add_top1_trace_arg(ap) -> None:
+    """``--trace``: the synthetic trace whose top-1 decode requests the libCacheSim comparisons replay."""
+    ap.add_argument("--trace", type=Path, default=Path(tempfile.gettempdir()) / "moe-replay-bench-synth20k")
+
+
+@contextlib.contextmanager
+def top1_requests(lcs, trace_dir: Path, next_access: bool):
+    """(trace, loads, object ids, libCacheSim reader): :func:`top1_decode_loads` of ``trace_dir`` and
+    a reader of the same requests, from an oracleGeneral file in a temporary directory that lives
+    as long as the ``with`` block (``next_access``: each request's next use written in, for Belady)."""
+    t, loads, obj = top1_decode_loads(trace_dir)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "top1.oracleGeneral.bin"
+        write_oracle_general(path, obj, next_access=next_access)
+        yield t, loads, obj, lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
+
+
+def top1_line(t, obj, lcs) -> str:
+    """The trace line of a libCacheSim comparison: the trace, its requests and objects, libCacheSim's version."""
+    return (f"trace: top-1 of {t.path} decode tokens: {obj.shape[0]:,} requests over {len(set(obj.tolist()))} objects, "
+            f"1 MiB each; libcachesim {getattr(lcs, '__version__', '?')}")
 
 
 def add_tiny_model_args(ap, tokens: int) -> None:
