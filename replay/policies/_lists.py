@@ -1,6 +1,7 @@
 """Doubly linked lists over a policy's entries, kept in its state array ``ps``: the one list code of
 ``lru`` (and so ``pin``, ``layer``, ``layer-opt``, ``least-stale``), ``colibri``'s LRU tier,
-``sieve``'s queue and ``s3fifo``'s three queues.
+``sieve``'s queue and ``s3fifo``'s three queues; and the held-back admissions of ``sieve`` and
+``s3fifo`` (:func:`make_pending`).
 
 Each policy lays its links out its own way (``lru``: int32, entry-major ``2e + PREV``; ``sieve`` and
 ``s3fifo``: int64 rows after a header, :func:`make_rows`; ``colibri``: pairs after its header), so
@@ -46,6 +47,32 @@ def make_list(prev_at, next_at):
             ps[tail] = p
 
     return push, unlink
+
+
+def make_pending(at, r_pend: int, n_at: int, load_at: int, join):
+    """``(hold, flush)``: a load's admissions held back, in admission order, until a later load
+    begins (``sieve``, ``s3fifo``: libCacheSim inserts the requested object after it evicts, so
+    the queues a load's eviction step walks never hold that load's admissions). The held entries
+    are row ``r_pend`` of ``at``'s layout (:func:`make_rows`), their count ``ps[n_at]``, the load
+    that last flushed ``ps[load_at]`` (-1 at start). ``hold(ps, e)`` holds ``e`` back;
+    ``flush(ps, ent, load)``, called first by every hook with the current ``load``, lets the held
+    entries join their queues in order through ``join(ps, ent, e)`` once ``load`` is a later load."""
+
+    @njit(cache=True, inline="always")
+    def hold(ps, e):
+        ps[at(ps, r_pend, ps[n_at])] = e
+        ps[n_at] += 1
+
+    @njit(cache=True, inline="always")
+    def flush(ps, ent, load):
+        if ps[load_at] == load:
+            return
+        ps[load_at] = load
+        for i in range(ps[n_at]):
+            join(ps, ent, ps[at(ps, r_pend, i)])
+        ps[n_at] = 0
+
+    return hold, flush
 
 
 def make_rows(hdr: int, n_slot: int, r_prev: int, r_next: int):
