@@ -1,11 +1,17 @@
-"""Shared helpers: the machine line, best-of timing, the synthetic benchmark trace."""
+"""Shared helpers: the machine line, best-of timing, the synthetic benchmark traces, and the
+top-1 traces and libCacheSim files of the data-path comparisons (format_v2, data_path, curve)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 def machine() -> str:
@@ -36,6 +42,13 @@ def machine() -> str:
             f"numpy {np.__version__} ({blas}), numba {numba.__version__}")
 
 
+def timed(fn) -> tuple[float, float, Any]:
+    """Run ``fn`` once: (wall-clock seconds, CPU seconds of this process, all its threads, ``fn``'s result)."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, time.process_time() - c0, out
+
+
 def best_of(fn, n: int = 5) -> float:
     best = float("inf")
     for _ in range(n):
@@ -57,6 +70,80 @@ def synthetic_trace(out: Path, tokens: int = 20000, layers: int = 48, experts: i
     return t.path
 
 
+# The top-1 traces of the data-path comparisons: synthetic, top-1, decode only, routing only,
+# LAYERS MoE layers x EXPERTS experts of 1 MiB (object = layer x EXPERTS + expert).
+LAYERS, EXPERTS = 48, 128
+TOKENS = {"20k": 20_000, "100k": 100_000}
+
+
+def synth(path: Path, tokens: int) -> Path:
+    """The top-1 trace of ``tokens`` decode tokens at ``path`` (``moe-replay synth --top-k 1
+    --prompt-tokens 0 --routing-only --expert-bytes 1048576 --rank 16``); reused when already written."""
+    if not (path / "trace.json").is_file():
+        subprocess.run([sys.executable, "-m", "replay.cli", "synth", str(path), "--layers", str(LAYERS), "--experts",
+                        str(EXPERTS), "--top-k", "1", "--tokens", str(tokens), "--prompt-tokens", "0", "--routing-only",
+                        "--expert-bytes", str(1 << 20), "--rank", "16", "--force"], check=True, stdout=subprocess.DEVNULL)
+    return path
+
+
+def data_path(trace_dir: Path, policy: str, entries: int) -> int:
+    """The replay's data path on ``trace_dir``: open, read and check every part, cut the loads, replay
+    ``policy`` at ``entries`` 1 MiB entries; returns the hits."""
+    from replay.core.simulate import loads_of, replay
+    from traces import open_trace
+
+    loads = loads_of(open_trace(trace_dir, defer_rows=True))
+    return int(replay(loads, policy, float(entries)).hits)
+
+
+def write_oracle_general(out: Path, obj, next_access: bool = True) -> int:
+    """Requests to objects ``obj`` (ids from 0, 1 MiB each) as libCacheSim's oracleGeneral binary file
+    (the record of :data:`traces.io.exports.ORACLE_GENERAL`; ids written from 1, clock = request
+    index from 1; ``next_access``: each request's next use, else -1 throughout); returns the count."""
+    import numpy as np
+
+    from traces.io.exports import ORACLE_GENERAL, next_access_vtime
+
+    obj = np.asarray(obj, dtype=np.int64)
+    rec = np.empty(obj.shape[0], dtype=ORACLE_GENERAL)
+    rec["clock_time"], rec["obj_id"], rec["obj_size"] = np.arange(1, obj.shape[0] + 1), obj + 1, 1 << 20
+    rec["next_access_vtime"] = next_access_vtime(obj) if next_access else -1
+    out.write_bytes(rec.tobytes())
+    return obj.shape[0]
+
+
+def oracle_file(trace_dir: Path, out: Path) -> int:
+    """The top-1 trace's requests as libCacheSim's oracleGeneral binary file, next uses written in
+    (not timed); reused when already written; returns the count."""
+    import numpy as np
+
+    from traces import open_trace
+
+    if out.is_file():
+        return out.stat().st_size // 24
+    a = open_trace(trace_dir).arrays(recorded=False)
+    lidx = np.searchsorted(np.arange(LAYERS), a.layer.astype(np.int64))
+    return write_oracle_general(out, lidx * EXPERTS + a.experts[:, 0].astype(np.int64))
+
+
+def add_data_path_args(ap, rounds: int) -> None:
+    """``--dir`` (where the top-1 traces and libCacheSim files live), ``--rounds``, ``--entries``."""
+    ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "moe-replay-bench-format")
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--entries", default="512,2048")
+
+
+def data_path_sides(lcs, work: Path) -> tuple[dict[str, Path], dict[str, int], dict]:
+    """The top-1 traces of :data:`TOKENS` in ``work`` (version 2, the writer's layout), their request
+    counts and a libCacheSim reader of each one's oracleGeneral file, all written once (not timed)."""
+    work.mkdir(parents=True, exist_ok=True)
+    v2 = {s: synth(work / f"top1-{s}-v2", n) for s, n in TOKENS.items()}
+    n_req = {s: oracle_file(v2[s], work / f"top1-{s}.oracleGeneral.bin") for s in TOKENS}
+    readers = {s: lcs.TraceReader(str(work / f"top1-{s}.oracleGeneral.bin"), lcs.TraceType.ORACLE_GENERAL_TRACE)
+               for s in TOKENS}
+    return v2, n_req, readers
+
+
 def top1_decode_loads(trace_dir: Path):
     """The top-1, decode-only, equal-size (1 MiB) view of the synthetic benchmark trace that both
     libCacheSim comparisons replay (where our semantics and libCacheSim's coincide): (trace, loads,
@@ -75,6 +162,29 @@ def top1_decode_loads(trace_dir: Path):
                        experts=np.ascontiguousarray(a.experts[dec, :1]), weights=np.ascontiguousarray(a.weights[dec, :1]))
     loads = prepare_loads(ra, t.moe_layers, t.n_expert, np.where(t.expert_bytes > 0, MIB, 0))
     return t, loads, loads.entries[:, 0].astype(np.int64)
+
+
+def add_top1_trace_arg(ap) -> None:
+    """``--trace``: the synthetic trace whose top-1 decode requests the libCacheSim comparisons replay."""
+    ap.add_argument("--trace", type=Path, default=Path(tempfile.gettempdir()) / "moe-replay-bench-synth20k")
+
+
+@contextlib.contextmanager
+def top1_requests(lcs, trace_dir: Path, next_access: bool):
+    """(trace, loads, object ids, libCacheSim reader): :func:`top1_decode_loads` of ``trace_dir`` and
+    a reader of the same requests, from an oracleGeneral file in a temporary directory that lives
+    as long as the ``with`` block (``next_access``: each request's next use written in, for Belady)."""
+    t, loads, obj = top1_decode_loads(trace_dir)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "top1.oracleGeneral.bin"
+        write_oracle_general(path, obj, next_access=next_access)
+        yield t, loads, obj, lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
+
+
+def top1_line(t, obj, lcs) -> str:
+    """The trace line of a libCacheSim comparison: the trace, its requests and objects, libCacheSim's version."""
+    return (f"trace: top-1 of {t.path} decode tokens: {obj.shape[0]:,} requests over {len(set(obj.tolist()))} objects, "
+            f"1 MiB each; libcachesim {getattr(lcs, '__version__', '?')}")
 
 
 def add_tiny_model_args(ap, tokens: int) -> None:

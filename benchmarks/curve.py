@@ -28,20 +28,12 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks._common import machine
-from benchmarks.format_v2 import oracle_file, synth
+from benchmarks._common import machine, oracle_file, synth, timed
 from traces.util.units import MIB
-
-
-def timed(fn):
-    c0, t0 = time.process_time(), time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, time.process_time() - c0, out
 
 
 def hits_at(frame, budgets_mib: np.ndarray) -> np.ndarray:

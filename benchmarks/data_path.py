@@ -23,18 +23,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
-import time
-from pathlib import Path
 
-from benchmarks._common import machine
-from benchmarks.format_v2 import data_path, oracle_file, synth
-
-
-def timed(fn) -> tuple[float, float, int]:
-    c0, t0 = time.process_time(), time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, time.process_time() - c0, out
+from benchmarks._common import TOKENS, add_data_path_args, data_path, data_path_sides, machine, timed
 
 
 def _rate(t: dict, w: str, i: int, dn: int) -> float:
@@ -54,20 +44,14 @@ def _per_round(t: dict, rounds: int, i: int) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "moe-replay-bench-format")
-    ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--entries", default="512,2048")
+    add_data_path_args(ap, rounds=7)
     args = ap.parse_args()
     import libcachesim as lcs
 
     from replay.core.simulate import warm_up
 
-    args.dir.mkdir(parents=True, exist_ok=True)
-    tokens = {"20k": 20_000, "100k": 100_000}
-    v2 = {s: synth(args.dir / f"top1-{s}-v2", n) for s, n in tokens.items()}
-    n_req = {s: oracle_file(v2[s], args.dir / f"top1-{s}.oracleGeneral.bin") for s in tokens}
-    readers = {s: lcs.TraceReader(str(args.dir / f"top1-{s}.oracleGeneral.bin"), lcs.TraceType.ORACLE_GENERAL_TRACE)
-               for s in tokens}
+    v2, n_req, readers = data_path_sides(lcs, args.dir)
+    tokens = TOKENS
     entries = [int(x) for x in args.entries.split(",")]
     warm_up(["lru", "belady"])
     data_path(v2["20k"], "lru", 64)  # every kernel of the data path compiled / loaded before timing

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks._common import machine
+from benchmarks._common import best_of, machine
 
 SCALARS = ["turn", "batch", "phase", "step", "layer"]
 
@@ -70,14 +69,6 @@ def main() -> None:
                 for ch in c.chunks:
                     (ch.values if pa.types.is_fixed_size_list(ch.type) else ch).to_numpy(zero_copy_only=False)
 
-    def best(fn, n: int = 5) -> float:
-        b = float("inf")
-        for _ in range(n):
-            t0 = time.perf_counter()
-            fn()
-            b = min(b, time.perf_counter() - t0)
-        return b
-
     print(f"machine: {machine()}")
     print(f"trace: {t.path}, {t.n_rows:,} routings, top-{k}, {len(t.parts)} parts")
     print(f"{'layout':34s} {'MiB':>6s} {'all 7 s':>8s} {'experts s':>9s} {'weights s':>9s} {'scalars s':>9s}")
@@ -90,7 +81,7 @@ def main() -> None:
         v1 = name.startswith("v1")
         e, w = (["experts"], ["weights"]) if v1 else (ex, wt)
         mib = sum(p.stat().st_size for p in paths) / 2**20
-        secs = [best(lambda cols=cols, paths=paths: read(paths, cols)) for cols in (SCALARS + e + w, e, w, SCALARS)]
+        secs = [best_of(lambda cols=cols, paths=paths: read(paths, cols)) for cols in (SCALARS + e + w, e, w, SCALARS)]
         print(f"{name:34s} {mib:6.1f} {secs[0]:8.3f} {secs[1]:9.3f} {secs[2]:9.3f} {secs[3]:9.3f}")
 
 

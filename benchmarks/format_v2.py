@@ -27,27 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import struct
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
+from benchmarks._common import TOKENS, add_data_path_args, data_path, data_path_sides, machine, timed
 
-from benchmarks._common import machine
-
-LAYERS, EXPERTS = 48, 128
 SEVEN = ["turn", "batch", "phase", "step", "layer", "experts", "weights"]
-
-
-def synth(path: Path, tokens: int) -> Path:
-    if not (path / "trace.json").is_file():
-        subprocess.run([sys.executable, "-m", "replay.cli", "synth", str(path), "--layers", str(LAYERS), "--experts",
-                        str(EXPERTS), "--top-k", "1", "--tokens", str(tokens), "--prompt-tokens", "0", "--routing-only",
-                        "--expert-bytes", str(1 << 20), "--rank", "16", "--force"], check=True, stdout=subprocess.DEVNULL)
-    return path
 
 
 def write_v1(v2: Path, out: Path) -> Path:
@@ -102,44 +86,11 @@ def read_reader(trace_dir: Path) -> None:
             fixed_list_to_numpy(tab.column(c)) if c in ("experts", "weights") else _column_numpy(tab.column(c))
 
 
-def data_path(trace_dir: Path, policy: str, entries: int) -> int:
-    from replay.core.simulate import loads_of, replay
-    from traces import open_trace
-
-    loads = loads_of(open_trace(trace_dir, defer_rows=True))
-    return int(replay(loads, policy, float(entries)).hits)
-
-
-def oracle_file(trace_dir: Path, out: Path) -> int:
-    """The trace's requests as libCacheSim's oracleGeneral binary file (not timed); returns the count."""
-    from traces import open_trace
-
-    if out.is_file():
-        return out.stat().st_size // 24
-    a = open_trace(trace_dir).arrays(recorded=False)
-    lidx = np.searchsorted(np.arange(LAYERS), a.layer.astype(np.int64))
-    obj = lidx * EXPERTS + a.experts[:, 0].astype(np.int64)
-    n = obj.shape[0]
-    nxt = np.full(n, -1, np.int64)
-    last = np.full(LAYERS * EXPERTS, -1, np.int64)
-    for i in range(n - 1, -1, -1):  # next access, -1 if none
-        nxt[i] = last[obj[i]]
-        last[obj[i]] = i
-    rec = np.zeros(n, dtype=np.dtype([("t", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")], align=False))
-    rec["t"], rec["id"], rec["size"] = np.arange(1, n + 1), obj + 1, 1 << 20
-    rec["next"] = np.where(nxt >= 0, nxt + 1, -1)
-    assert rec.dtype.itemsize == struct.calcsize("<IQIq") == 24
-    out.write_bytes(rec.tobytes())
-    return n
-
-
 def best(fn, rounds: int, state: dict, key: str) -> None:
     """Run ``fn`` once; keep the best wall-clock seconds, the best CPU seconds of this process (all
     its threads: less sensitive to other processes on a shared machine, and never lower than
     one thread's wall time for a side that runs one thread), and ``fn``'s result, which must not change."""
-    c0, t0 = time.process_time(), time.perf_counter()
-    out = fn()
-    dt, dc = time.perf_counter() - t0, time.process_time() - c0
+    dt, dc, out = timed(fn)
     state.setdefault(key, [float("inf"), out, float("inf")])
     state[key][0] = min(state[key][0], dt)
     state[key][2] = min(state[key][2], dc)
@@ -148,21 +99,15 @@ def best(fn, rounds: int, state: dict, key: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "moe-replay-bench-format")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--entries", default="512,2048")
+    add_data_path_args(ap, rounds=5)
     args = ap.parse_args()
     import libcachesim as lcs
 
     from replay.core.simulate import warm_up
 
-    args.dir.mkdir(parents=True, exist_ok=True)
-    tokens = {"20k": 20_000, "100k": 100_000}
-    v2 = {s: synth(args.dir / f"top1-{s}-v2", n) for s, n in tokens.items()}
+    v2, n_req, readers = data_path_sides(lcs, args.dir)
+    tokens = TOKENS
     v1 = {s: write_v1(v2[s], args.dir / f"top1-{s}-v1") for s in tokens}
-    n_req = {s: oracle_file(v2[s], args.dir / f"top1-{s}.oracleGeneral.bin") for s in tokens}
-    readers = {s: lcs.TraceReader(str(args.dir / f"top1-{s}.oracleGeneral.bin"), lcs.TraceType.ORACLE_GENERAL_TRACE)
-               for s in tokens}
     entries = [int(x) for x in args.entries.split(",")]
     warm_up(["lru", "belady"])
     for d in (v1["20k"], v2["20k"]):  # compile / load every kernel of the data path before timing

@@ -18,11 +18,8 @@ the queues hold the same objects in the same order. Where they still differ, the
 from __future__ import annotations
 
 import argparse
-import struct
-import tempfile
-from pathlib import Path
 
-from benchmarks._common import machine, top1_decode_loads
+from benchmarks._common import add_top1_trace_arg, machine, top1_line, top1_requests
 from traces.util.units import MIB
 
 ENTRIES = (8, 16, 19, 20, 64, 512, 2048)
@@ -30,24 +27,17 @@ ENTRIES = (8, 16, 19, 20, 64, 512, 2048)
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trace", type=Path, default=Path(tempfile.gettempdir()) / "moe-replay-bench-synth20k")
+    add_top1_trace_arg(ap)
     args = ap.parse_args()
     import libcachesim as lcs
 
     from replay.core.simulate import replay
 
-    t, loads, obj = top1_decode_loads(args.trace)
-    n = obj.shape[0]
-    print(f"machine: {machine()}")
-    print(f"trace: top-1 of {t.path} decode tokens: {n:,} requests over {len(set(obj.tolist()))} objects, 1 MiB each; "
-          f"libcachesim {getattr(lcs, '__version__', '?')}")
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "top1.oracleGeneral.bin"
-        rec = struct.Struct("<IQIq")
-        with open(path, "wb") as fh:
-            for i in range(n):
-                fh.write(rec.pack(i + 1, int(obj[i]) + 1, MIB, -1))
-        reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
+    # s3fifo and sieve look no request ahead: no next uses in the file
+    with top1_requests(lcs, args.trace, next_access=False) as (t, loads, obj, reader):
+        n = obj.shape[0]
+        print(f"machine: {machine()}")
+        print(top1_line(t, obj, lcs))
         print(f"{'policy':7s} {'entries':>7s} {'hits ours':>10s} {'hits lcs':>10s} {'diff':>7s}  note")
         for policy, cls in (("s3fifo", lcs.S3FIFO), ("sieve", lcs.Sieve)):
             for entries in ENTRIES:

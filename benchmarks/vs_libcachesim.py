@@ -18,13 +18,8 @@ Each request's next use is precomputed on both sides and not timed: ours once pe
 from __future__ import annotations
 
 import argparse
-import struct
-import tempfile
-from pathlib import Path
 
-import numpy as np
-
-from benchmarks._common import best_of, machine, top1_decode_loads
+from benchmarks._common import add_top1_trace_arg, best_of, machine, top1_line, top1_requests
 from traces.util.units import MIB
 
 ROUNDS = 5
@@ -32,35 +27,20 @@ ROUNDS = 5
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--trace", type=Path, default=Path(tempfile.gettempdir()) / "moe-replay-bench-synth20k")
+    add_top1_trace_arg(ap)
     args = ap.parse_args()
     import libcachesim as lcs
 
     from replay.core.driver import next_loads
     from replay.core.simulate import replay, warm_up
 
-    t, loads, obj = top1_decode_loads(args.trace)
-    n = obj.shape[0]
-    # next access (request index) per request, -1 if none
-    nxt = np.full(n, -1, np.int64)
-    last = {}
-    for i in range(n - 1, -1, -1):
-        o = int(obj[i])
-        nxt[i] = last.get(o, -1)
-        last[o] = i
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "top1.oracleGeneral.bin"
-        rec = struct.Struct("<IQIq")
-        with open(path, "wb") as fh:
-            for i in range(n):
-                fh.write(rec.pack(i + 1, int(obj[i]) + 1, MIB, int(nxt[i]) + 1 if nxt[i] >= 0 else -1))
-        reader = lcs.TraceReader(str(path), lcs.TraceType.ORACLE_GENERAL_TRACE)
+    with top1_requests(lcs, args.trace, next_access=True) as (t, loads, obj, reader):
+        n = obj.shape[0]
         warm_up(["lru", "belady"])
         _ = loads.next_load  # cached on loads: computed here, once, outside every timing below
         next_use_s = best_of(lambda: next_loads(loads.entries, loads.load_start, loads.n_entries), 3)
         print(f"machine: {machine()}")
-        print(f"trace: top-1 of {t.path} decode tokens: {n:,} requests over {len(set(obj.tolist()))} objects, 1 MiB each; "
-              f"libcachesim {getattr(lcs, '__version__', '?')}")
+        print(top1_line(t, obj, lcs))
         print(f"{'policy':7s} {'entries':>7s} {'hits ours':>10s} {'hits lcs':>10s} {'same':>5s} "
               f"{'ours M req/s':>12s} {'lcs M req/s':>11s} {'ratio':>6s}")
         for policy, cls in (("lru", lcs.LRU), ("belady", lcs.Belady)):

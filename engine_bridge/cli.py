@@ -63,17 +63,11 @@ def capture_cmd(
     require_capture_extra("capture")  # before any file is looked at: name the extra, not a module
     from engine_bridge.capture import CaptureOptions, capture, validate
     from replay.core.progress import progress
-    from replay.present.format import json_object
 
     if (prompt is None) == (prompt_file is None):
         raise UserError("give exactly one of --prompt TEXT or --prompt-file FILE.")
     if prompt_file is not None:
-        if not prompt_file.is_file():
-            raise UserError(f"{prompt_file}: no such prompt file.")
-        try:
-            prompt = prompt_file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"{prompt_file}: cannot be read as UTF-8 text ({e.__class__.__name__}).") from None
+        prompt = _read_text(prompt_file, "prompt")
     opts = CaptureOptions(
         model=str(model), prompt=prompt or "", out=str(out), n_decode=n_decode, logits=not no_logits,
         gate_input=not no_gate_input, n_expert_used=n_expert_used, ubatch=ubatch, threads=threads, seed=seed,
@@ -97,16 +91,10 @@ def capture_cmd(
         "prefill_tok_s": res.prefill_tok_s, "decode_tok_s": res.decode_tok_s,
         "checks_passed": res.checks["passed"],
     }
-    if json_out:
-        typer.echo(json_object("capture", str(out), [row], checks=res.checks))
-    else:
-        m = res.meta["model"]
-        state = "complete" if res.complete else f"INCOMPLETE ({res.stop_reason})"
-        typer.echo(f"wrote {out} [{state}]: {m['name']} ({m['arch']}), {len(m['moe_layers'])} MoE layers x "
-                   f"{m['n_expert']} experts, top-k {m['top_k']}; {res.prompt_tokens} prompt tokens in "
-                   f"{res.prefill_batches} batches of up to {plan.ubatch} + {res.decode_tokens} decoded tokens")
-        _echo_speed_and_checks(res)
-    _exit_if_checks_failed(res, "engine's")
+    state = "complete" if res.complete else f"INCOMPLETE ({res.stop_reason})"
+    _report("capture", out, row, res, json_out, "engine's",
+            f"wrote {out} [{state}]: {_model_line(res.meta['model'])}; {res.prompt_tokens} prompt tokens in "
+            f"{res.prefill_batches} batches of up to {plan.ubatch} + {res.decode_tokens} decoded tokens")
     if not res.complete and res.stop_reason.startswith("interrupted"):
         sig = signal.SIGTERM if "SIGTERM" in res.stop_reason else signal.SIGINT
         sys.exit(128 + int(sig))
@@ -141,6 +129,24 @@ def make_model_cmd(
                f"expert ff {cfg.ff}, router {router_type}, context {context}, seed {seed} ({out.stat().st_size} bytes)")
 
 
+def _model_line(m: dict) -> str:
+    """The captured model in a summary line: name, arch, MoE layers x experts, top-k."""
+    return f"{m['name']} ({m['arch']}), {len(m['moe_layers'])} MoE layers x {m['n_expert']} experts, top-k {m['top_k']}"
+
+
+def _report(verb: str, out: Path, row: dict, res: Any, json_out: bool, whose: str, text: str) -> None:
+    """A capture's result: one JSON object (``--json``), or ``text`` then its speed and self-check
+    lines; then exit 1 if a self-check failed (:func:`_exit_if_checks_failed`, ``whose`` routing)."""
+    from replay.present.format import json_object
+
+    if json_out:
+        typer.echo(json_object(verb, str(out), [row], checks=res.checks))
+    else:
+        typer.echo(text)
+        _echo_speed_and_checks(res)
+    _exit_if_checks_failed(res, whose)
+
+
 def _echo_speed_and_checks(res: Any) -> None:
     """A capture's speed line (capture on) and self-check line, for the text output."""
     from engine_bridge.checks import summary_line
@@ -160,17 +166,22 @@ def _exit_if_checks_failed(res: Any, whose: str) -> None:
         sys.exit(1)
 
 
+def _read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of ``path``, a ``what`` file ("prompt", "prompts"), or one sentence saying why not."""
+    if not path.is_file():
+        raise UserError(f"{path}: no such {what} file.")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot be read as UTF-8 text ({e.__class__.__name__}).") from None
+
+
 def _read_prompts(prompt: str | None, prompts_file: Path | None) -> list[str]:
     if (prompt is None) == (prompts_file is None):
         raise UserError("give exactly one of --prompt TEXT or --prompts FILE.")
     if prompts_file is None:
         return [prompt or ""]
-    if not prompts_file.is_file():
-        raise UserError(f"{prompts_file}: no such prompts file.")
-    try:
-        text = prompts_file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{prompts_file}: cannot be read as UTF-8 text ({e.__class__.__name__}).") from None
+    text = _read_text(prompts_file, "prompts")
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
         raise UserError(f"{prompts_file}: holds no prompt (one prompt per non-empty line).")
@@ -208,7 +219,6 @@ def capture_hf_cmd(
 
     require_hf_extra("capture-hf")
     from engine_bridge.hf import capture_hf, parse_drop_rule
-    from replay.present.format import json_object
 
     prompts = _read_prompts(prompt, prompts_file)
     rule = parse_drop_rule(drop, renormalise=not no_renormalise) if drop is not None else None
@@ -222,16 +232,11 @@ def capture_hf_cmd(
         "tokens_decode": res.decode_tokens, "prefill_tok_s": res.prefill_tok_s, "decode_tok_s": res.decode_tok_s,
         "checks_passed": res.checks["passed"],
     }
-    if json_out:
-        typer.echo(json_object("capture-hf", str(out), [row], checks=res.checks))
-    else:
-        m = res.meta["model"]
-        state = "" if res.complete else f" [INCOMPLETE: {res.stop_reason}]"
-        typer.echo(f"wrote {out}{state}: {m['name']} ({m['arch']}), {len(m['moe_layers'])} MoE layers x {m['n_expert']} experts, "
-                   f"top-k {m['top_k']}; {len(prompts)} prompt(s), {res.prompt_tokens} prompt tokens + {res.decode_tokens} "
-                   f"decoded tokens" + (f"; override: {res.meta['intervention']}" if res.meta.get("intervention") else ""))
-        _echo_speed_and_checks(res)
-    _exit_if_checks_failed(res, "model's")
+    state = "" if res.complete else f" [INCOMPLETE: {res.stop_reason}]"
+    _report("capture-hf", out, row, res, json_out, "model's",
+            f"wrote {out}{state}: {_model_line(res.meta['model'])}; {len(prompts)} prompt(s), {res.prompt_tokens} prompt "
+            f"tokens + {res.decode_tokens} decoded tokens"
+            + (f"; override: {res.meta['intervention']}" if res.meta.get("intervention") else ""))
     if not res.complete:
         sig = signal.SIGTERM if "SIGTERM" in res.stop_reason else signal.SIGINT
         sys.exit(128 + int(sig))

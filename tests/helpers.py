@@ -46,6 +46,14 @@ def assert_one_sentence_error(res: CliResult, *needles: str) -> None:
         assert n in lines[0], f"{n!r} not in {lines[0]!r}"
 
 
+def assert_import_refused(fmt: str, src, text: str, out, options: tuple, *needles: str) -> None:
+    """``src`` rewritten as ``text`` (a good input, corrupted), ``moe-replay import FMT SRC OUT
+    OPTIONS`` is refused with one sentence naming each of ``needles``, and writes nothing."""
+    src.write_text(text)
+    assert_one_sentence_error(run_cli("import", fmt, src, out, *options), *needles)
+    assert not out.exists()
+
+
 def rewrite_part(part, fn) -> None:
     """Rewrite one part file of a trace through ``fn`` (a tests' corruption): ``fn`` gets the part's
     *logical* columns (``experts`` as ``[rows, k]`` lists, as the reader hands them out, wide

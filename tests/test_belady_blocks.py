@@ -13,11 +13,12 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.core.simulate import prepare_loads, replay
+from replay.core.simulate import replay
 from replay.policies import _blocks
 from tests.naive.cache import naive_replay
-from tests.test_cache_twin import UNIT, _arrays, assert_same_as_naive
+from tests.test_cache_twin import UNIT, assert_same_as_naive, drawn_loads
 from tests.test_whatif_twin import _compare, drops, predictions
+from tests.trace_strategies import turn_rows
 
 BLOCKS = st.sampled_from([1, 2, 4, 8, 64])
 
@@ -31,14 +32,8 @@ def wide_traces(draw):
     k = draw(st.integers(1, 3))
     eb = {l: draw(st.integers(1, 3)) * UNIT for l in moe_layers}
     expert = st.integers(0, n_expert - 1)
-    rows = []  # (turn, batch, phase, step, layer, experts)
-    n_prefill = draw(st.integers(0, 4))
-    n_decode = draw(st.integers(1, 24))
-    batches = ([(0, list(range(n_prefill)))] if n_prefill else []) + [(1, [n_prefill + t]) for t in range(n_decode)]
-    for batch, (phase, steps) in enumerate(batches):
-        for layer in moe_layers:
-            for s in steps:
-                rows.append((0, batch, phase, s, layer, [draw(expert) for _ in range(k)]))
+    plan = [(draw(st.integers(0, 4)), draw(st.integers(1, 24)))]  # one turn
+    rows = turn_rows(plan, moe_layers, lambda: [draw(expert) for _ in range(k)])  # (turn, batch, phase, step, layer, experts)
     total = sum(eb.values()) * n_expert
     budget_units = draw(st.integers(1, total // UNIT + 3))
     return moe_layers, n_moe, n_expert, k, eb, rows, budget_units
@@ -57,8 +52,7 @@ def _with_block(block, fn):
 @given(t=wide_traces(), block=BLOCKS)
 def test_belady_matches_naive_twin_across_blocks(t, block):
     moe_layers, n_layer, n_expert, k, eb, rows, budget_units = t
-    expert_bytes = np.array([eb[l] for l in range(n_layer)], np.int64)
-    loads = prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
+    loads = drawn_loads(*t)
     res = _with_block(block, lambda: replay(loads, "belady", budget_units / 16, slots=True))
     want = naive_replay([(r[1], r[2], r[4], r[5]) for r in rows], moe_layers, n_expert, eb, "belady", budget_units * UNIT)
     assert_same_as_naive(res, want, moe_layers)

@@ -64,6 +64,15 @@ def _arrays(rows, k):
     )
 
 
+def drawn_loads(moe_layers, n_layer, n_expert, k, eb, rows, *_):
+    """The kernel's Loads of a drawn trace, :func:`traces`' tuple in order (``eb``: bytes of each
+    MoE layer's experts; any other of the ``n_layer`` layers holds none)."""
+    expert_bytes = np.zeros(n_layer, np.int64)
+    for l, b in eb.items():
+        expert_bytes[l] = b
+    return prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
+
+
 # opt-bound is computed, not replayed: tests/test_opt_bound.py holds it to its twins
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(t=traces(), policy=st.sampled_from(sorted(set(REGISTRY) - {"opt-bound"}) + [FIFO]), seed=st.integers(0, 1000))
@@ -71,10 +80,7 @@ def test_kernel_matches_naive_twin(t, policy, seed):
     moe_layers, n_layer, n_expert, k, eb, rows, budget_units = t
     if not rows:
         return
-    expert_bytes = np.zeros(n_layer, np.int64)
-    for l, b in eb.items():
-        expert_bytes[l] = b
-    loads = prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
+    loads = drawn_loads(*t)
     res = replay(loads, policy, budget_units / 16, seed=seed, slots=True)
     want = naive_replay([(r[1], r[2], r[4], r[5]) for r in rows], moe_layers, n_expert, eb, policy, budget_units * UNIT, seed)
     assert_same_as_naive(res, want, moe_layers)
@@ -84,10 +90,7 @@ def test_kernel_matches_naive_twin(t, policy, seed):
 
 
 def _replay_both(rows, moe_layers, n_expert, eb, policy, budget_units, k):
-    expert_bytes = np.zeros(max(moe_layers) + 1, np.int64)
-    for l, b in eb.items():
-        expert_bytes[l] = b
-    loads = prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
+    loads = drawn_loads(moe_layers, max(moe_layers) + 1, n_expert, k, eb, rows)
     res = replay(loads, policy, budget_units / 16, slots=True)
     want = naive_replay([(r[1], r[2], r[4], r[5]) for r in rows], moe_layers, n_expert, eb, policy, budget_units * UNIT)
     assert_same_as_naive(res, want, moe_layers)

@@ -11,21 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replay.analyses.curve import compute_curve, sample_entries
-from replay.core.simulate import prepare_loads
 from tests.naive.curve import naive_curve, naive_layer_curve
-from tests.test_cache_twin import UNIT, _arrays, traces
+from tests.test_cache_twin import UNIT, drawn_loads, traces
 from traces.format.errors import UserError
 from traces.util.units import MIB
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def _loads(t):
-    moe_layers, n_layer, n_expert, k, eb, rows, _ = t
-    expert_bytes = np.zeros(n_layer, np.int64)
-    for l, b in eb.items():
-        expert_bytes[l] = b
-    return prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
 
 
 def _budget(r) -> int:
@@ -73,7 +64,7 @@ def test_curve_equals_per_budget_replays(t, extra):
     moe_layers, _, n_expert, _, eb, rows, budget_units = t
     if not rows:
         return
-    loads = _loads(t)
+    loads = drawn_loads(*t)
     req = [budget_units * UNIT] + [x * UNIT // 4 for x in extra]
     c = compute_curve(loads, policies=("lru", "layer", "layer-opt"), budgets_bytes=req)
     for pol in ("lru", "layer"):
@@ -96,7 +87,7 @@ def test_each_layers_curve_equals_its_replays(t):
     moe_layers, _, n_expert, _, eb, rows, _ = t
     if not rows:
         return
-    loads = _loads(t)
+    loads = drawn_loads(*t)
     c = compute_curve(loads, policies=("layer",))
     pl_rows = c.per_layer.to_dicts()
     assert len(pl_rows) == len(moe_layers) * (n_expert + 1)

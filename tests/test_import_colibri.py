@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import assert_one_sentence_error, run_cli
+from tests.helpers import assert_import_refused, assert_one_sentence_error, run_cli
 from traces import open_trace
 from traces.importers._sizes import load_sizes
 from traces.importers.colibri import import_
@@ -127,10 +127,7 @@ BAD = {
 def test_bad_input_one_sentence_nothing_written(tmp_path, case):
     src = _good(tmp_path)
     mutate, needle = BAD[case]
-    src.write_text(mutate(src.read_text()))
-    res = run_cli("import", "colibri", src, tmp_path / "out", "--expert-bytes", "100")
-    assert_one_sentence_error(res, str(src), needle)
-    assert not (tmp_path / "out").exists()
+    assert_import_refused("colibri", src, mutate(src.read_text()), tmp_path / "out", ("--expert-bytes", "100"), str(src), needle)
 
 
 def test_ids_out_of_range_and_no_sizes(tmp_path, gguf):

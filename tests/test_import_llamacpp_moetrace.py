@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import assert_one_sentence_error, run_cli
+from tests.helpers import assert_import_refused, assert_one_sentence_error, run_cli
 from traces import open_trace
 from traces.format.errors import UserError
 from traces.importers._sizes import load_sizes
@@ -158,11 +158,7 @@ def test_bad_input_one_sentence_nothing_written(tmp_path, case):
         new, needle = "".join(lines), "same expert twice"
     else:
         new = mutate(text)
-    src.write_text(new)
-    out = tmp_path / "out"
-    res = run_cli("import", "llamacpp-moetrace", src, out, "--expert-bytes", "100")
-    assert_one_sentence_error(res, str(src), needle)
-    assert not out.exists()
+    assert_import_refused("llamacpp-moetrace", src, new, tmp_path / "out", ("--expert-bytes", "100"), str(src), needle)
 
 
 def test_ids_out_of_the_models_range(tmp_path, gguf):

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.test_cache_twin import drawn_loads
 from tests.trace_strategies import small_shape, turn_rows
 
 UNIT = 1 << 16  # entry sizes and budgets in 1/16 MiB, so budget_mib is exact in binary
@@ -319,24 +320,6 @@ def small_traces(draw):
     return moe_layers, n_layer, n_expert, k, eb, rows, budget_units
 
 
-def _loads(t):
-    from replay.core.simulate import prepare_loads
-    from traces.io.reader import RoutingArrays
-
-    moe_layers, n_layer, n_expert, k, eb, rows, _ = t
-    R = len(rows)
-    ra = RoutingArrays(turn=np.array([r[0] for r in rows], np.int32).reshape(R),
-                       batch=np.array([r[1] for r in rows], np.int32).reshape(R),
-                       phase=np.array([r[2] for r in rows], np.int8).reshape(R),
-                       step=np.array([r[3] for r in rows], np.int32).reshape(R),
-                       layer=np.array([r[4] for r in rows], np.int16).reshape(R),
-                       experts=np.array([r[5] for r in rows], np.int32).reshape(R, k), weights=np.zeros((R, k), np.float32))
-    expert_bytes = np.zeros(n_layer, np.int64)
-    for l, b in eb.items():
-        expert_bytes[l] = b
-    return prepare_loads(ra, moe_layers, n_expert, expert_bytes)
-
-
 def _state(loads, policy, budget):
     """A fresh cell, as replay.core.streaming builds it: (ent, grp, ps, acc, layer_info)."""
     from replay.core.driver import N_ACC
@@ -424,7 +407,7 @@ def test_replay_lru_equals_naive_twin(t, policy, n_cuts, seed):
     moe_layers, n_layer, n_expert, k, eb, rows, budget_units = t
     if not rows:
         return
-    loads = _loads(t)
+    loads = drawn_loads(*t)
     cuts = _cuts(loads, n_cuts, np.random.default_rng(seed))
     outs = _replay_parts(_numba(policy), loads, policy, budget_units * UNIT, cuts, 0, np.zeros(12, np.int64))
     want = naive_replay([(r[1], r[2], r[4], r[5]) for r in rows], moe_layers, n_expert, eb, policy, budget_units * UNIT)
@@ -451,7 +434,7 @@ def test_replay_lru_counts_a_known_sequence():
     """One layer of 4 experts, room for 2, top-1 decode: 0 1 0 2 1 0 -> miss miss hit miss miss miss
     (LRU keeps {0, 2} after the fourth, so 1 misses and evicts 0, which then misses)."""
     t = ([0], 1, 4, 1, {0: UNIT}, [(0, b, 1, b, 0, [x]) for b, x in enumerate([0, 1, 0, 2, 1, 0])], 2)
-    loads = _loads(t)
+    loads = drawn_loads(*t)
     (bacc, stats, ent, grp, ps, acc), = _replay_parts(_numba("lru"), loads, "lru", 2 * UNIT, [0, 6], 0,
                                                       np.zeros(12, np.int64))
     assert bacc[:, 1].tolist() == [0, 0, 1, 0, 0, 0]

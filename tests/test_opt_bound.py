@@ -14,27 +14,20 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from replay.core.simulate import ACC_HITS, prepare_loads, replay
+from replay.core.simulate import ACC_HITS, replay
 from replay.policies import REGISTRY, opt_bound, policy_module
 from tests.naive.bound import naive_lp, naive_opt
-from tests.test_cache_twin import UNIT, _arrays, traces
+from tests.test_cache_twin import UNIT, drawn_loads, traces
+from tests.trace_strategies import turn_rows
 
 # Policies whose every replay is in the class P (global, start empty, demand reads only).
 GLOBAL = [p for p in REGISTRY if p not in ("opt-bound", "infinite", "pin", "colibri")
           and policy_module(p).PARTITION == "global"]
 PARTITIONED = [p for p in REGISTRY if policy_module(p).PARTITION == "layer" and p != "colibri"]  # colibri preloads
-
-
-def _loads(moe_layers, n_layer, n_expert, k, eb, rows):
-    expert_bytes = np.zeros(n_layer, np.int64)
-    for l, b in eb.items():
-        expert_bytes[l] = b
-    return prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
 
 
 @st.composite
@@ -46,19 +39,8 @@ def tiny_traces(draw):
     n_expert = draw(st.integers(1, 4))
     k = draw(st.integers(1, min(2, n_expert)))
     eb = {l: draw(st.integers(1, 3)) * UNIT for l in moe_layers}
-    rows = []
-    batch = step = 0
-    for turn in range(draw(st.integers(1, 2))):
-        n_prefill, n_decode = draw(st.integers(0, 3)), draw(st.integers(0, 5))
-        batches = ([(0, list(range(step, step + n_prefill)))] if n_prefill else [])
-        batches += [(1, [step + n_prefill + i]) for i in range(n_decode)]
-        step += n_prefill + n_decode
-        for phase, steps in batches:
-            for layer in moe_layers:
-                for s in steps:
-                    ids = draw(st.lists(st.integers(0, n_expert - 1), min_size=k, max_size=k))
-                    rows.append((turn, batch, phase, s, layer, ids))
-            batch += 1
+    plan = [(draw(st.integers(0, 3)), draw(st.integers(0, 5))) for _ in range(draw(st.integers(1, 2)))]
+    rows = turn_rows(plan, moe_layers, lambda: draw(st.lists(st.integers(0, n_expert - 1), min_size=k, max_size=k)))
     return moe_layers, n_moe, n_expert, k, eb, rows, draw(st.integers(1, 8))
 
 
@@ -68,7 +50,7 @@ def test_dual_equals_exact_lp_and_bounds_the_integer_optimum(t):
     moe_layers, n_layer, n_expert, k, eb, rows, budget_units = t
     if not rows:
         return
-    loads = _loads(moe_layers, n_layer, n_expert, k, eb, rows)
+    loads = drawn_loads(moe_layers, n_layer, n_expert, k, eb, rows)
     budget = budget_units * UNIT
     ivs = opt_bound.prepare_options(loads, {})["_intervals"]
     naive_rows = [(r[1], r[2], r[4], r[5]) for r in rows]
@@ -94,7 +76,7 @@ def test_never_below_a_replay_it_bounds(t, seed):
     moe_layers, n_layer, n_expert, k, eb, rows, budget_units = t
     if not rows:
         return
-    loads = _loads(moe_layers, n_layer, n_expert, k, eb, rows)
+    loads = drawn_loads(moe_layers, n_layer, n_expert, k, eb, rows)
     mib = budget_units / 16
     bound = _phase_hits(replay(loads, "opt-bound", mib))
     for p in GLOBAL + PARTITIONED:
@@ -120,8 +102,8 @@ def test_equal_sizes_two_phases_each_bounded_on_its_own():
     entries fit; load 2 needs four of them."""
     seq = [(1, [0, 1]), (1, [2, 3, 4, 5]), (0, [0]), (1, [0]), (1, [0, 1])]
     rows = [(0 if b < 2 else 1, b, ph, b, 0, ids) for b, (ph, ids) in enumerate(seq)]
-    loads = _loads([0], 1, 6, 4, {0: 3 * UNIT}, [(t, b, ph, s, l, ids + [ids[0]] * (4 - len(ids)))
-                                                 for t, b, ph, s, l, ids in rows])
+    loads = drawn_loads([0], 1, 6, 4, {0: 3 * UNIT}, [(t, b, ph, s, l, ids + [ids[0]] * (4 - len(ids)))
+                                                      for t, b, ph, s, l, ids in rows])
     mib = 15 / 16
     assert _phase_hits(replay(loads, "belady", mib)) == [1, 2]
     assert _phase_hits(replay(loads, "opt-bound", mib)) == [1, 3]
@@ -135,7 +117,7 @@ def test_unequal_sizes_beat_furthest_next_use():
     seq = [(0, [1]), (1, [1]), (0, [2]), (0, [1]), (1, [1])]
     rows = [(0, b, 1, b, layer, ids) for b, (layer, ids) in enumerate(seq)]
     eb = {0: 2 * UNIT, 1: UNIT}
-    loads = _loads([0, 1], 2, 3, 1, eb, rows)
+    loads = drawn_loads([0, 1], 2, 3, 1, eb, rows)
     naive_rows = [(r[1], r[2], r[4], r[5]) for r in rows]
     assert naive_opt(naive_rows, eb, 3 * UNIT, 1) == 1
     assert _phase_hits(replay(loads, "belady", 3 / 16))[1] == 0
@@ -144,7 +126,7 @@ def test_unequal_sizes_beat_furthest_next_use():
 
 def test_refuses_what_ifs():
     rows = [(0, 0, 1, 0, 0, [0]), (0, 1, 1, 1, 0, [0])]
-    loads = _loads([0], 1, 1, 1, {0: UNIT}, rows)
+    loads = drawn_loads([0], 1, 1, 1, {0: UNIT}, rows)
     from traces.format.errors import UserError
 
     with pytest.raises(UserError, match="computed bound"):

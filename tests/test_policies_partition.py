@@ -13,18 +13,10 @@ from replay.core.simulate import prepare_loads, replay, sweep
 from replay.policies import bound_policies, layer_opt, pin
 from tests.helpers import assert_one_sentence_error, run_cli
 from tests.naive.cache import naive_largest_loads, naive_layer_opt_shares, naive_lru_misses, naive_replay
-from tests.test_cache_twin import UNIT, _arrays, assert_same_as_naive, traces
+from tests.test_cache_twin import UNIT, _arrays, assert_same_as_naive, drawn_loads, traces
 from traces.format.errors import UserError
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def _loads(t):
-    moe_layers, n_layer, n_expert, k, eb, rows, _ = t
-    expert_bytes = np.zeros(n_layer, np.int64)
-    for l, b in eb.items():
-        expert_bytes[l] = b
-    return prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
 
 
 def _naive_rows(rows):
@@ -43,7 +35,7 @@ def test_miss_curves_equal_per_layer_lru_replays_at_every_share(t):
     moe_layers, _, n_expert, _, eb, rows, _ = t
     if not rows:
         return
-    loads = _loads(t)
+    loads = drawn_loads(*t)
     curves, largest = layer_opt.miss_curves(loads)
     full = sum(eb.values()) * n_expert / UNIT / 16  # MiB: every share fits
     for c in range(n_expert + 1):
@@ -67,7 +59,7 @@ def test_layer_opt_is_the_best_per_layer_partition(t, data):
     moe_layers, _, n_expert, _, eb, rows, budget_units = t
     if not rows:
         return
-    loads = _loads(t)
+    loads = drawn_loads(*t)
     budget = budget_units * UNIT
     mib = budget_units / 16
     opt = replay(loads, "layer-opt", mib, slots=True)
@@ -103,7 +95,7 @@ def test_pin_with_options_matches_naive_twin(t, data):
     moe_layers, _, n_expert, _, eb, rows, budget_units = t
     if not rows:
         return
-    loads = _loads(t)
+    loads = drawn_loads(*t)
     budget = budget_units * UNIT
     max_n = min(n_expert, budget // sum(eb.values()))
     opts, nopts = {}, {}

@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from replay.core.driver import ACC_HITS, ACC_LOOKUPS, ACC_READ, ACC_SPEC_FILLS, OPT_FILL, STAT_PEAK_BYTES, no_options
-from replay.core.simulate import _driver_args, budget_bytes, check_policy_options, kernel_for, prepare_loads, replay
+from replay.core.simulate import _driver_args, budget_bytes, check_policy_options, kernel_for, replay
 from replay.policies import DEFAULT_POLICIES, REGISTRY, colibri, policy_module
 from tests.naive.cache import NaiveColibri, naive_replay
 from tests.naive.whatif import naive_whatif
-from tests.test_cache_twin import UNIT, _arrays, assert_same_as_naive
+from tests.test_cache_twin import UNIT, assert_same_as_naive, drawn_loads
 from traces.format.errors import UserError
 
 
@@ -50,10 +50,7 @@ def long_traces(draw):
 
 
 def _loads(moe_layers, n_expert, k, eb, rows):
-    expert_bytes = np.zeros(max(moe_layers) + 1, np.int64)
-    for l, b in eb.items():
-        expert_bytes[l] = b
-    return prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
+    return drawn_loads(moe_layers, max(moe_layers) + 1, n_expert, k, eb, rows)
 
 
 def _plain(rows):

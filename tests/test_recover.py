@@ -25,7 +25,7 @@ import pytest
 import replay
 from tests.helpers import assert_one_sentence_error, run_cli
 from tests.hostile.run import session_pids
-from tests.test_sweep import SLOW
+from tests.test_sweep import start_slow_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPE = {"layers": 2, "experts": 8, "top_k": 2, "embd": 8, "tokens": 24, "prompt_tokens": 4}
@@ -106,15 +106,9 @@ def test_force_stopped_by_a_full_disk_keeps_a_complete_result_complete(world, tm
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
 def test_sigkill_of_sweep_leaves_no_process_holding_its_stdout(world, tmp_path):
-    (tmp_path / "slow.py").write_text(SLOW)
-    grid = tmp_path / "grid.toml"
-    grid.write_text(f'traces = ["{world}/t1"]\n[prefetch]\npredictors = ["slow"]\npredictor_file = "slow.py"\n'
-                    'budgets_mib = [1, 2, 3, 4, 5, 6, 7, 8]\n')
-    out = tmp_path / "R"
-    env = {**os.environ, "SLOW_S": "1", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     # stdout a pipe, as under `sweep ... | tee`: it reaches end of file only when no process holds it
-    proc = subprocess.Popen([sys.executable, "-m", "replay.cli", "sweep", str(grid), "-o", str(out), "--workers", "2"],
-                            env=env, cwd=ROOT, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    _, _, proc = start_slow_sweep(tmp_path, f"{world}/t1", "[1, 2, 3, 4, 5, 6, 7, 8]", "1", 2,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240
         while len(session_pids(proc.pid)) < 4 and proc.poll() is None and time.monotonic() < deadline:

@@ -87,6 +87,21 @@ def predict(trace, arr, in_phase, width):
 """
 
 
+def start_slow_sweep(tmp_path: Path, traces: str, budgets_mib: str, slow_s: str, workers: int, **popen) -> tuple:
+    """(grid, out dir, process): ``moe-replay sweep`` of the SLOW predictor (``slow_s`` seconds per
+    call) over ``traces`` at ``budgets_mib``, started in its own session (to be killed midway);
+    ``popen``: the Popen options for its output."""
+    (tmp_path / "slow.py").write_text(SLOW)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'traces = ["{traces}"]\n[prefetch]\npredictors = ["slow"]\npredictor_file = "slow.py"\n'
+                    f'budgets_mib = {budgets_mib}\n')
+    out = tmp_path / "R"
+    env = {**os.environ, "SLOW_S": slow_s, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "replay.cli", "sweep", str(grid), "-o", str(out), "--workers", str(workers)],
+                            env=env, cwd=ROOT, start_new_session=True, **popen)
+    return grid, out, proc
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """Two tiny synthetic traces, the grid, and its sweep on the local pool (two workers)."""
@@ -210,14 +225,8 @@ def test_ray_tables_byte_identical_and_a_lost_worker_is_retried(world, ray_local
 
 
 def test_killed_sweep_is_finished_by_a_rerun(world, tmp_path):
-    (tmp_path / "slow.py").write_text(SLOW)
-    grid = tmp_path / "grid.toml"
-    grid.write_text(f'traces = ["{world}/traces/t*"]\n[prefetch]\npredictors = ["slow"]\npredictor_file = "slow.py"\n'
-                    'budgets_mib = [20, 24, 28, 32, 36, 40, 44, 48]\n')
-    out = tmp_path / "R"
-    env = {**os.environ, "SLOW_S": "0.4", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen([sys.executable, "-m", "replay.cli", "sweep", str(grid), "-o", str(out), "--workers", "1"],
-                            env=env, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    grid, out, proc = start_slow_sweep(tmp_path, f"{world}/traces/t*", "[20, 24, 28, 32, 36, 40, 44, 48]", "0.4", 1,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while not list((out / "chunks").glob("*.parquet")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -80,19 +80,16 @@ def test_deterministic_per_seed(tmp_path):
     assert (tmp_path / "a/routings/part-00000.parquet").read_bytes() != (tmp_path / "c/routings/part-00000.parquet").read_bytes()
 
 
-def test_looks_like_routing_not_noise(synth_trace_dir):
-    """Popularity skew rises with depth, tokens reuse experts, a one-layer-stale router mostly agrees."""
-    d = synth_trace_dir(layers=12, experts=64, top_k=6, embd=64, tokens=300, prompt_tokens=0, seed=1)
-    tr = open_trace(d)
-    a = tr.arrays()
-    L, k = 12, 6
-    ex = a.experts.reshape(-1, L, k)
+def assert_looks_like_routing(tr, L: int, E: int, k: int) -> None:
+    """Popularity skew rises with depth, tokens reuse experts, a one-layer-stale router mostly
+    agrees: on a synthetic decode-only trace of ``L`` MoE layers x ``E`` experts, top-``k``, embd 64."""
+    ex = tr.arrays().experts.reshape(-1, L, k)
     share = []
     for l in range(L):
-        c = np.bincount(ex[:, l].ravel(), minlength=64)
+        c = np.bincount(ex[:, l].ravel(), minlength=E)
         share.append(np.sort(c)[::-1][:k].sum() / c.sum())
     assert np.mean(share[-3:]) > np.mean(share[:3]) + 0.05  # skew rises with depth
-    uniform_hot = k / 64
+    uniform_hot = k / E
     assert min(share) > uniform_hot  # never uniform noise
     reuse = np.mean([len(set(ex[t, l]) & set(ex[t - 1, l])) / k for t in range(1, len(ex)) for l in range(L)])
     assert 0.25 < reuse < 0.9  # consecutive tokens share experts, but not always
@@ -105,6 +102,12 @@ def test_looks_like_routing_not_noise(synth_trace_dir):
         pred = np.argsort(-(g[:, l - 1].astype(np.float64) @ W.T.astype(np.float64)), axis=1, kind="stable")[:, :k]
         agree += [len(set(pred[t]) & set(ex[t, l])) / k for t in range(len(ex))]
     assert 0.6 < np.mean(agree) < 0.97  # large but imperfect, as in real models
+
+
+def test_looks_like_routing_not_noise(synth_trace_dir):
+    """Popularity skew rises with depth, tokens reuse experts, a one-layer-stale router mostly agrees."""
+    d = synth_trace_dir(layers=12, experts=64, top_k=6, embd=64, tokens=300, prompt_tokens=0, seed=1)
+    assert_looks_like_routing(open_trace(d), 12, 64, 6)
 
 
 def test_realistic_expert_bytes_pattern():

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.helpers import assert_one_sentence_error, run_cli
 from tests.naive.synth import naive_lowrank_routes
-from tests.test_synth import _recompute
+from tests.test_synth import _recompute, assert_looks_like_routing
 from traces import open_trace
 from traces.io.reader import fixed_list_to_numpy
 from traces.synth.generator import SynthConfig, _LowRankModel
@@ -66,24 +66,7 @@ def test_rank_looks_like_routing_not_noise(synth_trace_dir):
     tokens reuse experts, a one-layer-stale router mostly agrees."""
     L, E, k = 12, 64, 6
     d = synth_trace_dir(layers=L, experts=E, top_k=k, embd=64, tokens=300, prompt_tokens=0, seed=1, rank=16)
-    tr = open_trace(d)
-    ex = tr.arrays().experts.reshape(-1, L, k)
-    share = []
-    for l in range(L):
-        c = np.bincount(ex[:, l].ravel(), minlength=E)
-        share.append(np.sort(c)[::-1][:k].sum() / c.sum())
-    assert np.mean(share[-3:]) > np.mean(share[:3]) + 0.05
-    assert min(share) > k / E
-    reuse = np.mean([len(set(ex[t, l]) & set(ex[t - 1, l])) / k for t in range(1, len(ex)) for l in range(L)])
-    assert 0.25 < reuse < 0.9
-    R = tr.router_matrices()
-    g = fixed_list_to_numpy(tr.table(["gate_input"]).column("gate_input")).reshape(-1, L, 64)
-    agree = []
-    for l in range(1, L):
-        W, _ = R[l]
-        pred = np.argsort(-(g[:, l - 1].astype(np.float64) @ W.T.astype(np.float64)), axis=1, kind="stable")[:, :k]
-        agree += [len(set(pred[t]) & set(ex[t, l])) / k for t in range(len(ex))]
-    assert 0.6 < np.mean(agree) < 0.97
+    assert_looks_like_routing(open_trace(d), L, E, k)
 
 
 def test_rank_trace_deterministic_and_requests(tmp_path):

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from replay.analyses.timeline import Profile, kernel_params, time_replay
-from replay.core.simulate import prepare_loads, replay
+from replay.core.simulate import replay
 from tests.naive.timeline import naive_timeline
-from tests.test_cache_twin import _arrays, traces
+from tests.test_cache_twin import drawn_loads, traces
 from tests.test_whatif_twin import predictions
 
 STATUS = {0: "wasted", 1: "useful", 2: "late", 3: "untimed"}
@@ -52,10 +52,7 @@ def test_timeline_matches_event_by_event_twin(data, t, prof, policy, ahead, fill
     moe_layers, n_layer, n_expert, k, eb, rows, budget_units = t
     if not rows:
         return
-    expert_bytes = np.zeros(n_layer, np.int64)
-    for layer, b in eb.items():
-        expert_bytes[layer] = b
-    loads = prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
+    loads = drawn_loads(*t)
     pred = None
     if fill:
         preds = data.draw(predictions(rows, n_expert, data.draw(st.integers(1, 3))))

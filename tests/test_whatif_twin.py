@@ -26,10 +26,10 @@ from replay.core.driver import (
     STAT_SPEC_RESIDENT,
     STAT_SPEC_UNUSED_END,
 )
-from replay.core.simulate import prepare_loads, replay
+from replay.core.simulate import replay
 from replay.policies import REGISTRY
 from tests.naive.whatif import naive_whatif
-from tests.test_cache_twin import UNIT, _arrays, traces
+from tests.test_cache_twin import UNIT, drawn_loads, traces
 from tests.trace_strategies import recorded_traces
 
 REPLAYED = sorted(set(REGISTRY) - {"opt-bound"})  # opt-bound is computed, not replayed: no what-if applies
@@ -43,10 +43,7 @@ STATS = {"overflow": STAT_OVERFLOW, "peak_bytes": STAT_PEAK_BYTES, "spec_capped"
 
 def _compare(t, policy, seed, drop=None, preds=None, **opts):
     moe_layers, n_layer, n_expert, k, eb, rows, budget_units = t
-    expert_bytes = np.zeros(n_layer, np.int64)
-    for l, b in eb.items():
-        expert_bytes[l] = b
-    loads = prepare_loads(_arrays(rows, k), moe_layers, n_expert, expert_bytes)
+    loads = drawn_loads(*t)
     pred_arr = None
     if preds is not None:
         w = max(len(p) for p in preds)

@@ -46,6 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from replay.core.state import LAST_TICK, PIN, evictable
+from replay.policies._lists import make_pending
 from traces.util.jit import njit
 
 BLOCK = 64  # keys per block, a power of two (read by init at each replay: a test may shrink it)
@@ -87,6 +88,12 @@ def _ix(i):
 
 
 @njit(cache=True, inline="always")
+def _region_at(ps, region, i):
+    """Index of item ``i`` of the region whose offset is header word ``region``."""
+    return _ix(ps[region] + i)
+
+
+@njit(cache=True, inline="always")
 def _block_min(ps, b):
     # The trip count comes from ps on purpose: a constant one gets unrolled instead of vectorised.
     o = ps[DKEY] + (b << ps[SHIFT])
@@ -112,24 +119,15 @@ def make_block_hooks(key):
         return (key(ent, e) << 32) | np.int64(ent[LAST_TICK, e])
 
     @njit(cache=True, inline="always")
-    def _flush(ps, ent, load):
-        """If ``load`` is a new load, key the entries the previous one visited."""
-        if ps[PEND_LOAD] == load:
-            return
-        ps[PEND_LOAD] = load
-        for i in range(ps[PEND_N]):
-            e = ps[_ix(ps[PEND] + i)]
-            pos = ps[_ix(ps[POS] + e)]
-            k = _item_key(ent, e)
-            ps[_ix(ps[DKEY] + pos)] = k
-            _lower_bmin(ps, pos, k)
-        ps[PEND_N] = 0
+    def _key_visited(ps, ent, e):
+        """A later load has begun: an entry the previous one visited gets its real key."""
+        pos = ps[_ix(ps[POS] + e)]
+        k = _item_key(ent, e)
+        ps[_ix(ps[DKEY] + pos)] = k
+        _lower_bmin(ps, pos, k)
 
-    @njit(cache=True, inline="always")
-    def _pend(ps, e):
-        n = ps[PEND_N]
-        ps[_ix(ps[PEND] + n)] = e
-        ps[PEND_N] = n + 1
+    # The visited entries of the current load, keyed at the first hook of a later load.
+    _pend, _flush = make_pending(_region_at, PEND, PEND_N, PEND_LOAD, _key_visited)
 
     @njit(cache=True, inline="always")
     def on_admit(ps, ent, grp, g, e):

@@ -28,6 +28,13 @@ def init(ent: np.ndarray, grp: np.ndarray, seed: int) -> np.ndarray:
     return ps
 
 
+@njit(cache=True, inline="always")
+def _place(ps, base, i, e):
+    """Entry ``e`` into heap slot ``i`` (of the group's heap at column ``base``), and its position."""
+    ps[HEAP, base + i] = e
+    ps[POS, e] = base + i
+
+
 def make_heap_hooks(key):
     @njit(cache=True, inline="always")
     def less(ent, a, b):
@@ -43,11 +50,9 @@ def make_heap_hooks(key):
             p = ps[HEAP, base + parent]
             if not less(ent, e, p):
                 break
-            ps[HEAP, base + i] = p
-            ps[POS, p] = base + i
+            _place(ps, base, i, p)
             i = parent
-        ps[HEAP, base + i] = e
-        ps[POS, e] = base + i
+        _place(ps, base, i, e)
 
     @njit(cache=True)
     def sift_down(ps, ent, base, size, i):
@@ -61,18 +66,15 @@ def make_heap_hooks(key):
             ce = ps[HEAP, base + c]
             if not less(ent, ce, e):
                 break
-            ps[HEAP, base + i] = ce
-            ps[POS, ce] = base + i
+            _place(ps, base, i, ce)
             i = c
-        ps[HEAP, base + i] = e
-        ps[POS, e] = base + i
+        _place(ps, base, i, e)
 
     @njit(cache=True)
     def push(ps, ent, grp, g, e):
         base = grp[g, BASE]
         n = ps[SIZE, g]
-        ps[HEAP, base + n] = e
-        ps[POS, e] = base + n
+        _place(ps, base, n, e)
         ps[SIZE, g] = n + 1
         sift_up(ps, ent, base, n)
 
@@ -86,8 +88,7 @@ def make_heap_hooks(key):
         if i == n:
             return
         last = ps[HEAP, base + n]
-        ps[HEAP, base + i] = last
-        ps[POS, last] = base + i
+        _place(ps, base, i, last)
         sift_up(ps, ent, base, i)
         sift_down(ps, ent, base, n, ps[POS, last] - base)
 

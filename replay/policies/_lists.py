@@ -1,6 +1,8 @@
 """Doubly linked lists over a policy's entries, kept in its state array ``ps``: the one list code of
 ``lru`` (and so ``pin``, ``layer``, ``layer-opt``, ``least-stale``), ``colibri``'s LRU tier,
-``sieve``'s queue and ``s3fifo``'s three queues.
+``sieve``'s queue and ``s3fifo``'s three queues; and the entries a load holds back until a later
+load begins (:func:`make_pending`: ``sieve``'s and ``s3fifo``'s admissions, the Belady key
+blocks' visited entries).
 
 Each policy lays its links out its own way (``lru``: int32, entry-major ``2e + PREV``; ``sieve`` and
 ``s3fifo``: int64 rows after a header, :func:`make_rows`; ``colibri``: pairs after its header), so
@@ -46,6 +48,34 @@ def make_list(prev_at, next_at):
             ps[tail] = p
 
     return push, unlink
+
+
+def make_pending(at, r_pend: int, n_at: int, load_at: int, join):
+    """``(hold, flush)``: entries a load holds back, in order, until a later load begins (``sieve``,
+    ``s3fifo``: its admissions, since libCacheSim inserts the requested object after it evicts, so
+    the queues a load's eviction step walks never hold that load's admissions; :mod:`._blocks`: the
+    entries it visited, keyed only once the load is over). The held entries are at
+    ``at(ps, r_pend, i)`` (row ``r_pend`` of :func:`make_rows`' layout, or a region of ``ps``),
+    their count ``ps[n_at]``, the load that last flushed ``ps[load_at]`` (-1 at start).
+    ``hold(ps, e)`` holds ``e`` back; ``flush(ps, ent, load)``, called first by every hook with the
+    current ``load``, hands the held entries in order to ``join(ps, ent, e)`` once ``load`` is a
+    later load."""
+
+    @njit(cache=True, inline="always")
+    def hold(ps, e):
+        ps[at(ps, r_pend, ps[n_at])] = e
+        ps[n_at] += 1
+
+    @njit(cache=True, inline="always")
+    def flush(ps, ent, load):
+        if ps[load_at] == load:
+            return
+        ps[load_at] = load
+        for i in range(ps[n_at]):
+            join(ps, ent, ps[at(ps, r_pend, i)])
+        ps[n_at] = 0
+
+    return hold, flush
 
 
 def make_rows(hdr: int, n_slot: int, r_prev: int, r_next: int):

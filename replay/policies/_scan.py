@@ -7,8 +7,10 @@ never depends on the resident list's order and the naive twin can take ``min`` o
 agree exactly). O(resident entries of the group) per eviction. A policy using it must set
 ``NEEDS_RESIDENT_LIST = True``. (LFU and LFRU use :mod:`._heap`, Belady :mod:`._blocks`.)
 
-Also here: :func:`no_op` (a hook that does nothing) and :func:`no_state` (an ``init`` for a
-policy without state of its own), shared by ``infinite`` and ``random``.
+Also here: :func:`no_op` (a hook that does nothing), :func:`no_state` (an ``init`` for a
+policy without state of its own), shared by ``infinite``, ``opt-bound`` and ``random``, and
+:func:`never_evict` (the ``pick_victim`` of a policy that never evicts: ``infinite``, and
+``opt-bound``, whose hooks are never run).
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ def make_pick_victim(key):
 @njit(cache=True, inline="always")
 def no_op(ps, ent, grp, g, e):
     pass
+
+
+@njit(cache=True, inline="always")
+def never_evict(ps, ent, grp, g, load):
+    return -1
 
 
 def no_state(ent: np.ndarray, grp: np.ndarray, seed: int) -> np.ndarray:

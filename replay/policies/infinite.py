@@ -3,8 +3,7 @@ each (layer, expert)): the bound for every policy at any budget. The budget is i
 
 from __future__ import annotations
 
-from replay.policies._scan import no_op, no_state
-from traces.util.jit import njit
+from replay.policies._scan import never_evict, no_op, no_state
 
 PARTITION = "global"
 BOUND = True  # offline bound, not an online policy
@@ -18,8 +17,4 @@ init = no_state
 on_admit = no_op
 on_touch = no_op
 on_evict = no_op
-
-
-@njit(cache=True, inline="always")
-def pick_victim(ps, ent, grp, g, load):
-    return -1
+pick_victim = never_evict

@@ -80,7 +80,7 @@ import time
 
 import numpy as np
 
-from replay.policies._scan import no_op, no_state
+from replay.policies._scan import never_evict, no_op, no_state
 from traces.util.jit import njit
 
 PARTITION = "global"
@@ -98,11 +98,7 @@ init = no_state
 on_admit = no_op
 on_touch = no_op
 on_evict = no_op
-
-
-@njit(cache=True, inline="always")
-def pick_victim(ps, ent, grp, g, load):
-    return -1
+pick_victim = never_evict
 
 
 @njit(cache=True, nogil=True)

@@ -55,7 +55,7 @@ from __future__ import annotations
 import numpy as np
 
 from replay.core.state import BYTES, PIN, evictable
-from replay.policies._lists import make_list, make_rows
+from replay.policies._lists import make_list, make_pending, make_rows
 from traces.util.jit import njit
 
 PARTITION = "global"
@@ -117,21 +117,18 @@ def _unlink(ps, q, e):
 
 
 @njit(cache=True, inline="always")
-def _flush(ps, ent, load):
-    """A later load has begun: the previous load's admissions join their queues, in order."""
-    if ps[H_PEND_LOAD] == load:
-        return
-    ps[H_PEND_LOAD] = load
-    for i in range(ps[H_PEND_N]):
-        e = ps[_at(ps, R_PEND, i)]
-        wi = _at(ps, R_WHERE, e)
-        q = SMALL if ps[wi] == PEND_SMALL else MAIN
-        _push(ps, q, e)
-        ps[wi] = IN_SMALL if q == SMALL else IN_MAIN
-        ps[H_BYTES + q] += ent[BYTES, e]
-    ps[H_PEND_N] = 0
-    ps[H_PEND_SMALL] = 0
-    ps[H_PEND_MAIN] = 0
+def _join(ps, ent, e):
+    """A held admission (a later load has begun) joins the queue chosen at its admission; its bytes
+    move from that queue's pending bytes to its occupancy."""
+    wi = _at(ps, R_WHERE, e)
+    q = SMALL if ps[wi] == PEND_SMALL else MAIN
+    _push(ps, q, e)
+    ps[wi] = IN_SMALL if q == SMALL else IN_MAIN
+    ps[H_BYTES + q] += ent[BYTES, e]
+    ps[H_PEND_SMALL if q == SMALL else H_PEND_MAIN] -= ent[BYTES, e]
+
+
+_hold, _flush = make_pending(_at, R_PEND, H_PEND_N, H_PEND_LOAD, _join)
 
 
 @njit(cache=True, inline="always")
@@ -155,8 +152,7 @@ def on_admit(ps, ent, grp, g, e):
     else:
         ps[wi] = PEND_SMALL
         ps[H_PEND_SMALL] += b
-    ps[_at(ps, R_PEND, ps[H_PEND_N])] = e
-    ps[H_PEND_N] += 1
+    _hold(ps, e)
     ps[_at(ps, R_FREQ, e)] = 0
     ps[_at(ps, R_LASTL, e)] = load
 

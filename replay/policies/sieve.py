@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 
 from replay.core.state import PIN, evictable
-from replay.policies._lists import make_list, make_rows
+from replay.policies._lists import make_list, make_pending, make_rows
 from traces.util.jit import njit
 
 PARTITION = "global"
@@ -70,38 +70,34 @@ _push, _unlink = make_list(_prev_at, _next_at)
 
 
 @njit(cache=True, inline="always")
-def _flush(ps, load):
-    """A later load has begun: the previous load's admissions join the newest end, in order."""
-    if ps[H_PEND_LOAD] == load:
-        return
-    ps[H_PEND_LOAD] = load
-    for i in range(ps[H_PEND_N]):
-        e = ps[_at(ps, R_PEND, i)]
-        _push(ps, H_HEAD, H_TAIL, e)
-        ps[_at(ps, R_WHERE, e)] = QUEUED
-    ps[H_COUNT] += ps[H_PEND_N]
-    ps[H_PEND_N] = 0
+def _join(ps, ent, e):
+    """A held admission (a later load has begun) joins the newest end."""
+    _push(ps, H_HEAD, H_TAIL, e)
+    ps[_at(ps, R_WHERE, e)] = QUEUED
+    ps[H_COUNT] += 1
+
+
+_hold, _flush = make_pending(_at, R_PEND, H_PEND_N, H_PEND_LOAD, _join)
 
 
 @njit(cache=True, inline="always")
 def on_admit(ps, ent, grp, g, e):
-    _flush(ps, np.int64(ent[PIN, e]))
-    ps[_at(ps, R_PEND, ps[H_PEND_N])] = e
-    ps[H_PEND_N] += 1
+    _flush(ps, ent, np.int64(ent[PIN, e]))
+    _hold(ps, e)
     ps[_at(ps, R_WHERE, e)] = PENDING
     ps[_at(ps, R_VIS, e)] = 0
 
 
 @njit(cache=True, inline="always")
 def on_touch(ps, ent, grp, g, e):
-    _flush(ps, np.int64(ent[PIN, e]))
+    _flush(ps, ent, np.int64(ent[PIN, e]))
     if ps[_at(ps, R_WHERE, e)] == QUEUED:
         ps[_at(ps, R_VIS, e)] = 1
 
 
 @njit(cache=True, inline="always")
 def pick_victim(ps, ent, grp, g, load):
-    _flush(ps, load)
+    _flush(ps, ent, load)
     e = ps[H_HAND]
     limit = 3 * ps[H_COUNT] + 3  # a partial pass, one pass clearing every bit, one pass finding any evictable
     for _ in range(limit):

@@ -385,6 +385,36 @@ def naive_layer_opt_shares(rows, moe_layers, n_expert, expert_bytes, budget_byte
     return {l: c * expert_bytes[l] for c, l in zip(best[2], moe_layers)}
 
 
+def naive_victim(policy, candidates, cache, i, run_freq, seed, evictions, moe_layers, n_expert):
+    """The victim a keyed policy (every one but the stateful ones and colibri) takes among
+    ``candidates`` after load ``i``: the smallest (key, tick of the last lookup), from each entry's
+    ``cache`` record (tick, load, freq since admission, next load that touches it, admitted);
+    ``run_freq``: demand lookups since the run began; ``evictions``: made so far (random's draw)."""
+    keys = {}
+    for x in candidates:
+        c = cache[x]
+        if policy in LRU_ORDER:
+            k = 0
+        elif policy in ADMISSION_ORDER:
+            keys[x] = (0, c["admitted"])
+            continue
+        elif policy in RUN_FREQ:
+            k = run_freq[x]
+        elif policy in INCACHE_FREQ:
+            k = c["freq"]
+        elif policy == "lfru":
+            k = (c["freq"] << 8) | max(0, 255 - (i - c["load"]))
+        elif policy == "belady":
+            k = -c["next"]
+        elif policy == "random":
+            entry = moe_layers.index(x[0]) * n_expert + x[1]
+            k = splitmix64(((seed << 32) + (evictions << 20) + entry) & M64) >> 1
+        else:
+            raise ValueError(policy)
+        keys[x] = (k, c["tick"])
+    return min(candidates, key=keys.__getitem__)
+
+
 def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes, seed=0, pin_options=None, shares=None,
                  colibri_options=None):
     """expert_bytes: {layer: bytes}; budget_bytes: int. ``pin_options``: pin's per_layer / profile
@@ -495,29 +525,7 @@ def naive_replay(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
             if not candidates:
                 overflow += 1
                 break
-            keys = {}
-            for x in candidates:
-                c = cache[x]
-                if policy in LRU_ORDER:
-                    k = 0
-                elif policy in ADMISSION_ORDER:
-                    keys[x] = (0, c["admitted"])
-                    continue
-                elif policy in RUN_FREQ:
-                    k = run_freq[x]
-                elif policy in INCACHE_FREQ:
-                    k = c["freq"]
-                elif policy == "lfru":
-                    k = (c["freq"] << 8) | max(0, 255 - (i - c["load"]))
-                elif policy == "belady":
-                    k = -c["next"]
-                elif policy == "random":
-                    entry = moe_layers.index(x[0]) * n_expert + x[1]
-                    k = splitmix64(((seed << 32) + (evictions << 20) + entry) & M64) >> 1
-                else:
-                    raise ValueError(policy)
-                keys[x] = (k, c["tick"])
-            victim = min(candidates, key=keys.__getitem__)
+            victim = naive_victim(policy, candidates, cache, i, run_freq, seed, evictions, moe_layers, n_expert)
             del cache[victim]
             evictions += 1
         peak = max(peak, sum(expert_bytes[x[0]] for x in cache))

@@ -36,17 +36,13 @@ from __future__ import annotations
 from collections import defaultdict
 
 from tests.naive.cache import (
-    INCACHE_FREQ,
-    LRU_ORDER,
-    M64,
     PARTITIONED,
-    RUN_FREQ,
     STATEFUL,
     NaiveColibri,
     naive_colibri_setup,
     naive_layer_opt_shares,
     naive_pin_list,
-    splitmix64,
+    naive_victim,
     stateful_policy,
 )
 
@@ -133,26 +129,8 @@ def naive_whatif(rows, moe_layers, n_expert, expert_bytes, policy, budget_bytes,
         cands = [x for x in cache if group_of(x) == g and cache[x]["load"] != i and x not in shielded and x not in pinned]
         if not cands:
             return None
-        keys = {}
-        for x in cands:
-            c = cache[x]
-            if policy in LRU_ORDER:
-                k = 0
-            elif policy in RUN_FREQ:
-                k = heat[x]  # demand lookups since the run began: the whole-run count
-            elif policy in INCACHE_FREQ:
-                k = c["freq"]
-            elif policy == "lfru":
-                k = (c["freq"] << 8) | max(0, 255 - (i - c["load"]))
-            elif policy == "belady":
-                k = -c["next"]
-            elif policy == "random":
-                entry = moe_layers.index(x[0]) * n_expert + x[1]
-                k = splitmix64(((seed << 32) + (st["evictions"] << 20) + entry) & M64) >> 1
-            else:
-                raise ValueError(policy)
-            keys[x] = (k, c["tick"])
-        return min(cands, key=keys.__getitem__)
+        # heat: demand lookups since the run began (the whole-run count of lfu / layerlfu)
+        return naive_victim(policy, cands, cache, i, heat, seed, st["evictions"], moe_layers, n_expert)
 
     def evict(x):
         if pol:

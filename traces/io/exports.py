@@ -66,13 +66,20 @@ def oracle_general_records(trace: Trace) -> np.ndarray:
         raise UserError(f"{trace.path}: an expert of {int(size.max())} bytes does not fit libCacheSim's uint32 obj_size.")
     if batch.size and int(batch.max()) >= 1 << 32:
         raise UserError(f"{trace.path}: more than 2^32 batches do not fit libCacheSim's uint32 clock_time.")
+    rec = np.empty(obj.size, dtype=ORACLE_GENERAL)
+    rec["clock_time"], rec["obj_id"], rec["obj_size"] = batch, obj, size
+    rec["next_access_vtime"] = next_access_vtime(obj)
+    return rec
+
+
+def next_access_vtime(obj: np.ndarray) -> np.ndarray:
+    """oracleGeneral's ``next_access_vtime`` of each request to object ``obj[i]``: the 1-based index
+    of the next request to the same object, -1 when there is none (int64)."""
     nxt = np.full(obj.size, -1, dtype=np.int64)
     order = np.argsort(obj, kind="stable")
     same = obj[order][1:] == obj[order][:-1]
-    nxt[order[:-1][same]] = order[1:][same] + 1  # 1-based index of the next request to the same object
-    rec = np.empty(obj.size, dtype=ORACLE_GENERAL)
-    rec["clock_time"], rec["obj_id"], rec["obj_size"], rec["next_access_vtime"] = batch, obj, size, nxt
-    return rec
+    nxt[order[:-1][same]] = order[1:][same] + 1
+    return nxt
 
 
 def bigmoe_csv(trace: Trace) -> str:
