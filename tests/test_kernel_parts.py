@@ -443,3 +443,21 @@ def test_replay_lru_counts_a_known_sequence():
     assert ent[0, :4].tolist() == [1, 1, 0, 0]  # resident: 0 and 1
     assert grp[0, 2:4].tolist() == [2 * UNIT, 2]
 
+
+
+def test_a_kernel_name_covers_every_policy_helper_module():
+    # The driver's kernel name hashes the hook sources: a helper module the hooks inline
+    # (_lists.py, _heap.py, _scan.py, _blocks.py) left out of it let an edited helper run from an
+    # old cached kernel (the glob once pointed at replay/core/policies, which does not exist).
+    from pathlib import Path
+
+    import replay.policies
+    from replay.core.driver import _source_hash, hashed_sources
+    from replay.policies import policy_module
+
+    pdir = Path(replay.policies.__file__).resolve().parent
+    names = {p.name for p in hashed_sources(policy_module("lru"))}
+    helpers = {p.name for p in pdir.glob("_*.py")} - {"__init__.py"}
+    assert {"_lists.py", "_heap.py"} <= helpers <= names
+    assert {p.name for p in pdir.glob("*.py")} <= names
+    assert len(_source_hash(policy_module("lru"))) == 10

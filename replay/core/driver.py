@@ -572,13 +572,24 @@ def freq_since(pm: ModuleType) -> str:
     return since
 
 
-def _source_hash(pm: ModuleType) -> str:
-    # Every policy source file, whether imported yet or not: hashing only the policy modules
-    # already in sys.modules gave a different name (a recompile) depending on import order.
-    h = hashlib.sha256()
+POLICIES_DIR = Path(__file__).resolve().parents[1] / "policies"  # replay/policies: the hooks and their helper modules
+
+
+def hashed_sources(pm: ModuleType) -> list[Path]:
+    """The files whose text names a policy's kernel: the policy's module, this driver, the state
+    layout, and every built-in policy source, helper modules (``_lists.py``, ``_heap.py``, ...)
+    included, whether imported yet or not (hashing only the modules already in sys.modules gave a
+    different name, a recompile, depending on import order). Editing any of them gives the kernel a
+    new name, so Numba's on-disk cache, which only watches the file defining the function, never
+    runs a kernel built from old hook code."""
     files = {Path(pm.__file__), Path(sys.modules[__name__].__file__), Path(sys.modules["replay.core.state"].__file__)}
-    files |= set((Path(__file__).parent / "policies").glob("*.py"))
-    for f in sorted(files):
+    files |= set(POLICIES_DIR.glob("*.py"))
+    return sorted(files)
+
+
+def _source_hash(pm: ModuleType) -> str:
+    h = hashlib.sha256()
+    for f in hashed_sources(pm):
         h.update(f.name.encode())
         h.update(f.read_bytes())
     return h.hexdigest()[:10]
