@@ -4,6 +4,8 @@ on hand-checked fixtures; the reuse distances reproduce the ``lru`` and ``infini
 
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 import polars as pl
 import pytest
@@ -70,10 +72,13 @@ specs = recorded_traces(max_layers=3, max_experts=6, max_k=3, max_tokens=9, max_
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(spec=specs)
-def test_reuse_distances_match_naive(spec):
+@given(spec=specs, chunk=st.integers(0, 3), room=st.integers(0, 3))
+def test_reuse_distances_match_naive(spec, chunk, room):
+    """In chunks of any size (0: all at once), and with a Fenwick tree of any room from entries + 1
+    visit times (renumbered whenever they run out), the same lookups as the naive twin's."""
     loads = _loads(spec)
-    got = reuse_distances(loads.entries, loads.load_start, loads.load_batch, loads.entry_bytes, loads.n_entries)
+    got = reuse_distances(loads.entries, loads.load_start, loads.batch_start, loads.entry_bytes, loads.n_entries,
+                          chunk_loads=chunk, capacity=loads.n_entries + 1 + room if room else 0)
     want = naive_reuse(spec["rows"], spec["sizes"])
     E = spec["n_expert"]
     assert got[0].tolist() == [w[0] for w in want]
@@ -84,9 +89,11 @@ def test_reuse_distances_match_naive(spec):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(spec=specs, phase=st.sampled_from(sorted(PHASES)), m=st.integers(1, 5), window=st.integers(1, 3))
-def test_profile_statistics_match_naive(spec, phase, m, window):
-    prof = _profile(spec, phase, segment_lengths=(m,), drift_window=window, min_pair_routings=1, top_pairs=1000)
+@given(spec=specs, phase=st.sampled_from(sorted(PHASES)), m=st.integers(1, 5), window=st.integers(1, 3),
+       chunk=st.integers(1, 4), budget=st.integers(1, 40000))
+def test_profile_statistics_match_naive(spec, phase, m, window, chunk, budget):
+    prof = _profile(spec, phase, segment_lengths=(m,), drift_window=window, min_pair_routings=1, top_pairs=1000,
+                    reuse_chunk_loads=chunk, budget_mib=budget / 2**20)
     rows, E, k, L = spec["rows"], spec["n_expert"], spec["k"], spec["n_layer"]
     counts = naive_counts(rows, PHASES[phase], E)
     # popularity per layer and pooled over every (layer, expert) entry
@@ -110,6 +117,31 @@ def test_profile_statistics_match_naive(spec, phase, m, window):
         for r in prof.reuse_cdf.filter(pl.col("layer").is_null()).iter_rows(named=True):
             b = round(r["distance_mib"] * 2**20)
             assert r["within_pct"] == 100.0 * sum(1 for x in mine if 0 <= x[4] <= b) / len(mine)
+    # every reuse figure per layer and pooled (counts folded chunk by chunk, nothing kept per lookup)
+    T = k * sum(spec["sizes"])
+    steps = [2**i for i in range(64) if 2**i <= max(1, max((x[5] for x in lk), default=1))]
+    for layer in [None, *range(L)]:
+        sub = [x for x in mine if layer is None or x[1] == layer]
+        got = prof.reuse.filter(pl.col("layer").is_null() if layer is None else pl.col("layer") == layer).row(0, named=True)
+        n = len(sub)
+        assert got["lookups"] == n
+        for s in steps:
+            assert got[f"within_{s}_steps_pct"] == (100.0 * sum(1 for x in sub if 0 <= x[5] <= s) / n if n else None)
+        assert f"within_{2 * steps[-1]}_steps_pct" not in got
+        for col, b in (("lru_hit_pct_at_token_cycle", T), ("lru_hit_pct_at_budget", budget)):
+            hits = sum(1 for x in sub if x[4] >= 0 and (x[4] <= b or x[6] == 1))
+            assert got[col] == (100.0 * hits / n if n else None)
+        dists = [x[4] for x in sub if x[4] >= 0]
+        assert got["median_distance_mib"] == (statistics.median(dists) / 2**20 if dists else None)
+        for r in prof.reuse_cdf.filter(pl.col("layer").is_null() if layer is None else pl.col("layer") == layer).iter_rows(named=True):
+            b = round(r["distance_mib"] * 2**20)
+            assert r["within_pct"] == (100.0 * sum(1 for x in sub if 0 <= x[4] <= b) / n if n else None)
+    # the reuse plots' histograms: the phase's reused lookups by distance in bytes and in steps
+    want_b = sorted(x[4] for x in mine if x[4] >= 0)
+    vals, cnts = prof.reuse_bytes_hist
+    assert [v for v, c in zip(vals.tolist(), cnts.tolist()) for _ in range(c)] == want_b
+    want_s = sorted(x[5] for x in mine if x[5] >= 0)
+    assert [s for s, c in enumerate(prof.reuse_steps_hist.tolist()) for _ in range(c)] == want_s
     # co-activation within a layer
     for layer in range(L):
         want = naive_pairs(rows, PHASES[phase], layer, E) if k > 1 else {}
@@ -222,7 +254,7 @@ def test_reuse_distance_reproduces_lru_and_infinite(spec, data):
     the load just before (that load, larger than B, overflowed and kept all its entries); the
     infinite cache hits every lookup with a distance."""
     loads = _loads(spec)
-    _, _, dist, _, gap = reuse_distances(loads.entries, loads.load_start, loads.load_batch, loads.entry_bytes,
+    _, _, dist, _, gap = reuse_distances(loads.entries, loads.load_start, loads.batch_start, loads.entry_bytes,
                                          loads.n_entries)
     budget = data.draw(st.integers(1, max(1, loads.working_set_bytes + 2)))
     res = replay(loads, "lru", budget / 2**20)
@@ -240,7 +272,7 @@ def test_overflow_keeps_the_previous_load():
                      for s, ex in enumerate([[0, 1], [2, 3]])]
             + [{"turn": 0, "batch": 1, "phase": 1, "step": 2, "layer": 0, "experts": [3, 0]}]}
     loads = _loads(spec)
-    _, _, dist, _, gap = reuse_distances(loads.entries, loads.load_start, loads.load_batch, loads.entry_bytes,
+    _, _, dist, _, gap = reuse_distances(loads.entries, loads.load_start, loads.batch_start, loads.entry_bytes,
                                          loads.n_entries)
     # 3 was the last entry visited (10 bytes: itself); 0 sits behind 1, 2 and 3 (40 bytes)
     assert dist.tolist() == [-1, -1, -1, -1, 10, 40]

@@ -129,14 +129,16 @@ def write_plots(prof: Profile, out_dir: Path, pair_layer: int | None = None) -> 
     out.append(plots.save(fig, out_dir / "coverage.png", "The higher and further left a layer's line, the fewer "
                           "experts carry its routing; the dashed line is uniform routing."))
     # reuse-distance CDFs
-    sel = (prof.lookup_phase == 1) if prof.phase == "decode" else (
-        (prof.lookup_phase == 0) if prof.phase == "prefill" else np.ones_like(prof.lookup_phase, dtype=bool))
-    n = int(sel.sum())
-    d = np.sort(prof.dist_bytes[sel][prof.dist_bytes[sel] >= 0]) / MIB
-    s = np.sort(prof.dist_steps[sel][prof.dist_steps[sel] >= 0])
+    # the CDFs step through the distinct distances (each with its lookups), the curve the sorted
+    # per-lookup distances draw, without holding one number per lookup
+    n = int(prof.reuse.filter(pl.col("layer").is_null())["lookups"][0]) if prof.reuse.height else 0
+    dv, dc = prof.reuse_bytes_hist
+    d = dv / MIB
+    s_counts = prof.reuse_steps_hist
+    s = np.flatnonzero(s_counts)
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     if n and d.size:
-        ax.step(d, 100.0 * np.arange(1, d.size + 1) / n, where="post", color=plots.OKABE_ITO[0], label="all layers")
+        ax.step(d, 100.0 * np.cumsum(dc) / n, where="post", color=plots.OKABE_ITO[0], label="all layers")
     ax.axvline(prof.token_cycle_bytes / MIB, color=plots.OKABE_ITO[1], ls=":", label="T (one token's routing)")
     if prof.budget_mib is not None:
         ax.axvline(prof.budget_mib, color=plots.OKABE_ITO[3], ls="--", label=f"budget {plots.budget_label(prof.budget_mib)}")
@@ -149,7 +151,7 @@ def write_plots(prof: Profile, out_dir: Path, pair_layer: int | None = None) -> 
                           "hits there; the curve's top is the infinite cache."))
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     if n and s.size:
-        ax.step(s, 100.0 * np.arange(1, s.size + 1) / n, where="post", color=plots.OKABE_ITO[2], label="all layers")
+        ax.step(s, 100.0 * np.cumsum(s_counts[s]) / n, where="post", color=plots.OKABE_ITO[2], label="all layers")
     ax.set_xscale("log")
     ax.set_xlabel("steps since the layer last used the expert (one token per step for one request)")
     ax.set_ylabel(f"{prof.phase} lookups within it (%)")
