@@ -678,7 +678,8 @@ def profile_arrays(arrays: Any, loads: Any, *, moe_layers: tuple[int, ...], n_ex
                    phase: str = "decode", budget_mib: float | None = None, segment_lengths=SEGMENT_LENGTHS,
                    drift_window: int = DRIFT_WINDOW, top_pairs: int = 5, min_pair_routings: int = 5,
                    reuse_chunk_loads: int = REUSE_CHUNK_LOADS) -> Profile:
-    """The profile of routing rows (``arrays``: a :class:`traces.io.reader.RoutingArrays`) and their
+    """The profile of routing rows (``arrays``: a :class:`traces.io.reader.RoutingArrays` or
+    :class:`RoutingColumns`; the profile reads turn, phase, step, layer, experts, request) and their
     :class:`replay.core.simulate.Loads`. ``phase``: the routings the popularity, co-activation, drift,
     SRP and SCH figures count and the lookups the reuse figures count (the cache runs over every phase)."""
     L, E, k = len(moe_layers), int(n_expert), int(top_k)
@@ -733,7 +734,7 @@ def profile_arrays(arrays: Any, loads: Any, *, moe_layers: tuple[int, ...], n_ex
 
     # drift: per layer, whole windows of drift_window tokens of each request; top-2k sets, ties to the lower id
     top_n = min(2 * k, E)
-    drift_rows = []
+    drift_cols: dict[str, list[np.ndarray]] = {"request": [], "layer": [], "window": [], "kept_pct": []}
     for li in range(L):
         rows, starts, seq_req = sequences(tokens, tsel, li)
         wc, wseq = window_counts(experts, rows, starts, drift_window, E)
@@ -743,13 +744,24 @@ def profile_arrays(arrays: Any, loads: Any, *, moe_layers: tuple[int, ...], n_ex
         top = np.zeros(wc.shape, bool)
         np.put_along_axis(top, np.argsort(-wc, axis=1, kind="stable")[:, :top_n], True, axis=1)
         kept = (top[1:] & top[:-1]).sum(axis=1)
-        same = wseq[1:] == wseq[:-1]  # a window after another of its request
+        del wc, top
         first = np.searchsorted(wseq, wseq)  # each window's index inside its request = w - its sequence's first
-        for w in (np.flatnonzero(same) + 1).tolist():
-            drift_rows.append({"request": int(seq_req[wseq[w]]) if has_request else None, "layer": moe_layers[li],
-                               "window": w - int(first[w]), "top_n": top_n, "kept_pct": 100.0 * int(kept[w - 1]) / top_n})
-    drift = pl.DataFrame(drift_rows, schema={"request": pl.Int64, "layer": pl.Int64, "window": pl.Int64,
-                                             "top_n": pl.Int64, "kept_pct": pl.Float64})
+        ws = np.flatnonzero(wseq[1:] == wseq[:-1]) + 1  # the windows after another of their request
+        # columns, not a dict per window (300,000 windows on the benchmark trace)
+        drift_cols["request"].append(seq_req[wseq[ws]].astype(np.int64))
+        drift_cols["layer"].append(np.full(ws.shape[0], moe_layers[li], np.int64))
+        drift_cols["window"].append((ws - first[ws]).astype(np.int64))
+        drift_cols["kept_pct"].append(100.0 * kept[ws - 1].astype(np.int64) / top_n)
+    n_drift = sum(a.shape[0] for a in drift_cols["layer"])
+    drift = pl.DataFrame({
+        "request": (pl.Series("request", np.concatenate(drift_cols["request"]), pl.Int64) if has_request and n_drift
+                    else pl.Series("request", [None] * n_drift, pl.Int64)),
+        "layer": pl.Series("layer", np.concatenate(drift_cols["layer"]) if n_drift else [], pl.Int64),
+        "window": pl.Series("window", np.concatenate(drift_cols["window"]) if n_drift else [], pl.Int64),
+        "top_n": pl.Series("top_n", np.full(n_drift, top_n, np.int64), pl.Int64),
+        "kept_pct": pl.Series("kept_pct", np.concatenate(drift_cols["kept_pct"]) if n_drift else [], pl.Float64),
+    })
+    del drift_cols
 
     # reuse (load-aware, whole run): reuse_walk's lookups folded into counts chunk by chunk
     T_bytes = loads.token_cycle_bytes
@@ -932,14 +944,60 @@ def cacheability(prof: Profile) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class RoutingColumns:
+    """The routing columns the profile reads (a :class:`traces.io.reader.RoutingArrays` without
+    ``batch``, ``weights`` and the recorded columns), in the format's widths."""
+
+    turn: np.ndarray  # int32 [R]
+    phase: np.ndarray  # int8 [R]
+    step: np.ndarray  # int32 [R]
+    layer: np.ndarray  # int16 [R]
+    experts: np.ndarray  # int32 [R, k]
+    request: np.ndarray | None  # int64 [R], None: one request
+
+
+def routing_columns(trace: Any) -> RoutingColumns:
+    """:class:`RoutingColumns` of a trace, read part by part into arrays allocated once (peak: the
+    result plus one part's columns, not the whole table beside its copy)."""
+    from traces.io.reader import fixed_list_to_numpy
+
+    trace.check_rows()  # as Trace.table does; n_rows is the parts' footers' sum, the rows read below
+    names = ["turn", "phase", "step", "layer"] + (["request"] if trace.has("request") else [])
+    R = int(trace.n_rows)
+    out: dict[str, np.ndarray] = {}
+    at = 0
+    for t in trace.iter_tables([*names, "experts"]):
+        n = t.num_rows
+        cols = {c: t.column(c).to_numpy() for c in names}
+        cols["experts"] = fixed_list_to_numpy(t.column("experts"))
+        del t
+        for c, a in cols.items():
+            if c not in out:
+                out[c] = np.empty((R, *a.shape[1:]), a.dtype)
+            out[c][at:at + n] = a
+        del cols
+        at += n
+    if not out:  # no part
+        out = {"turn": np.zeros(0, np.int32), "phase": np.zeros(0, np.int8), "step": np.zeros(0, np.int32),
+               "layer": np.zeros(0, np.int16), "experts": np.zeros((0, int(trace.top_k)), np.int32)}
+    return RoutingColumns(turn=out["turn"], phase=out["phase"], step=out["step"], layer=out["layer"],
+                          experts=out["experts"], request=out.get("request"))
+
+
 def profile(trace: Any, *, phase: str = "decode", budget_mib: float | None = None,
             segment_lengths=SEGMENT_LENGTHS, drift_window: int = DRIFT_WINDOW) -> Profile:
     """:func:`profile_arrays` of a trace (its rows read once, its loads cut as the replay cuts them).
     ``budget_mib`` default: the recorded budget, if any."""
+    import pyarrow as pa
+
     from replay.core.simulate import loads_of
 
-    arrays = trace.arrays(recorded=False)
+    arrays = routing_columns(trace)
     loads = loads_of(trace)
+    # the parts' decoded pages went back to Arrow's allocator: hand them back to the system before
+    # the analysis allocates its own (about 30 bytes per routing on the benchmark trace otherwise)
+    pa.default_memory_pool().release_unused()
     if budget_mib is None:
         budget_mib = trace.recorded.get("budget_mib")
     prof = profile_arrays(arrays, loads, moe_layers=tuple(int(x) for x in trace.moe_layers), n_expert=trace.n_expert,
