@@ -414,3 +414,19 @@ def test_qwen_report_verdict_opens_with_the_cacheability_answer(real_trace_dir, 
                             "slots (3333.5 MiB) fit in the budget; LRU hits 80.3% of decode lookups there")
     assert first.endswith("[→ Expert popularity](#expert-popularity)")
     assert (out / "tables" / "locality.csv").is_file() and (out / "tables" / "srp_sch.csv").is_file()
+
+
+def test_cdf_points_draw_the_per_lookup_curve():
+    """The reuse plots step through the distance histograms: the points are the sorted per-lookup
+    CDF's (value, 100 i / n) less those strictly inside a run of equal values (on its vertical)."""
+    from replay.present.profile import _cdf_points
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        per_lookup = np.sort(rng.integers(0, 6, size=int(rng.integers(1, 30))))
+        n = per_lookup.size + int(rng.integers(0, 5))  # lookups never reused count in n, not in the curve
+        want = [(int(v), 100.0 * (i + 1) / n) for i, v in enumerate(per_lookup)
+                if i == 0 or i == per_lookup.size - 1 or per_lookup[i - 1] != v or per_lookup[i + 1] != v]
+        vals, counts = np.unique(per_lookup, return_counts=True)
+        x, y = _cdf_points(vals, counts, n)
+        assert list(zip(x.tolist(), y.tolist())) == want
