@@ -430,3 +430,24 @@ def test_cdf_points_draw_the_per_lookup_curve():
         vals, counts = np.unique(per_lookup, return_counts=True)
         x, y = _cdf_points(vals, counts, n)
         assert list(zip(x.tolist(), y.tolist())) == want
+
+
+def test_reuse_histograms_merge_in_any_order(monkeypatch):
+    """The chunks' distance histograms merged after every chunk (HIST_MERGE_MIN = 0) or once at
+    the end give the same profile: two layers of different expert sizes (many distinct distances)."""
+    import replay.analyses.locality as loc
+
+    rng = np.random.default_rng(5)
+    rows = [{"turn": 0, "batch": t, "phase": 1, "step": t, "layer": layer,
+             "experts": [int(x) for x in rng.choice(6, 2, replace=False)]} for t in range(40) for layer in range(2)]
+    spec = {"n_layer": 2, "n_expert": 6, "k": 2, "sizes": [7, 11], "request": False, "rows": rows}
+    once = _profile(spec, "decode", reuse_chunk_loads=3, budget_mib=40 / 2**20)
+    monkeypatch.setattr(loc, "HIST_MERGE_MIN", 0)
+    every = _profile(spec, "decode", reuse_chunk_loads=3, budget_mib=40 / 2**20)
+    assert once.reuse.equals(every.reuse) and once.reuse_cdf.equals(every.reuse_cdf)
+    assert once.reuse_bytes_hist[0].tolist() == every.reuse_bytes_hist[0].tolist()
+    assert once.reuse_bytes_hist[1].tolist() == every.reuse_bytes_hist[1].tolist()
+    assert len(once.reuse_bytes_hist[0]) > 10  # distinct distances indeed
+    lk = naive_reuse(rows, spec["sizes"])
+    assert sorted(v for v, c in zip(*(a.tolist() for a in every.reuse_bytes_hist)) for _ in range(c)) == \
+        sorted(x[4] for x in lk if x[4] >= 0)

@@ -575,6 +575,7 @@ def lru_hits(dist_bytes: np.ndarray, gap_loads: np.ndarray, budget_bytes: int) -
 
 POPULARITY_CHUNK_ROWS = 1 << 20  # routing rows per popularity bincount
 REUSE_CHUNK_LOADS = 1 << 18  # loads per reuse_walk call: its per-lookup arrays are at most this many x k
+HIST_MERGE_MIN = 1 << 20  # chunks' distance histograms pending before a merge (at least the merged one's size)
 
 
 @dataclass
@@ -595,10 +596,10 @@ class ReuseCounts:
     steps_counts: np.ndarray
 
 
-def _merge_hist(keys: np.ndarray, counts: np.ndarray, new_keys: np.ndarray, new_counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Two (sorted distinct keys, counts) histograms as one, exactly (integer sums)."""
-    k = np.concatenate([keys, new_keys])
-    c = np.concatenate([counts, new_counts])
+def _merge_hist(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct keys, counts) histograms as one, keys ascending, exactly (integer sums)."""
+    k = np.concatenate([p[0] for p in parts])
+    c = np.concatenate([p[1] for p in parts])
     order = np.argsort(k, kind="stable")
     k, c = k[order], c[order]
     if k.shape[0] == 0:
@@ -625,6 +626,8 @@ def reuse_counts(loads: Any, phase: str, marks: list[int], budgets: list[int], *
     hits = np.zeros((len(budgets), L), np.int64)
     within = np.zeros((len(marks), L), np.int64)
     keys, kcounts = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    pending: list[tuple[np.ndarray, np.ndarray]] = []  # chunks' histograms not merged yet
+    n_pending = 0
     steps_counts = np.zeros(0, np.int64)
     max_steps = None
     lidx_of_load = loads.load_lidx
@@ -657,7 +660,12 @@ def reuse_counts(loads: Any, phase: str, marks: list[int], budgets: list[int], *
         else:
             steps_counts[:sc.shape[0]] += sc
         u, c = np.unique(d[rs] * L + lr, return_counts=True)
-        keys, kcounts = _merge_hist(keys, kcounts, u, c.astype(np.int64))
+        pending.append((u, c.astype(np.int64)))
+        n_pending += u.shape[0]
+        if n_pending > max(keys.shape[0], HIST_MERGE_MIN):  # merged when the pending outgrow it: O(n log n) in all
+            keys, kcounts = _merge_hist([(keys, kcounts), *pending])
+            pending, n_pending = [], 0
+    keys, kcounts = _merge_hist([(keys, kcounts), *pending])
     return ReuseCounts(lookups=lookups, reused=reused, step_buckets=buckets, lru_hits=hits, within=within,
                        max_steps=1 if max_steps is None else max_steps, bytes_keys=keys, bytes_counts=kcounts,
                        steps_counts=steps_counts)
