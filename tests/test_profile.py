@@ -432,6 +432,29 @@ def test_cdf_points_draw_the_per_lookup_curve():
         assert list(zip(x.tolist(), y.tolist())) == want
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=specs, phase=st.sampled_from(sorted(PHASES)), rows_per_chunk=st.integers(1, 4))
+def test_chunk_sizes_change_nothing(spec, phase, rows_per_chunk):
+    """The passes that walk the rows in chunks (popularity counts, the token order check, the token
+    numbers) and the histogram merges give every table and histogram unchanged at any chunk size,
+    rows in token order or not (several requests)."""
+    from unittest import mock
+
+    import replay.analyses.locality as loc
+
+    kw = {"segment_lengths": (2,), "drift_window": 2, "min_pair_routings": 1, "top_pairs": 1000}
+    want = _profile(spec, phase, **kw)
+    with mock.patch.multiple(loc, TOKEN_CHUNK_ROWS=rows_per_chunk, POPULARITY_CHUNK_ROWS=rows_per_chunk,
+                             HIST_MERGE_MIN=0):
+        got = _profile(spec, phase, reuse_chunk_loads=rows_per_chunk, **kw)
+    for name, frame in want.tables().items():
+        assert got.tables()[name].equals(frame, null_equal=True), name
+    assert [a.tolist() for a in got.reuse_bytes_hist] == [a.tolist() for a in want.reuse_bytes_hist]
+    assert got.reuse_steps_hist.tolist() == want.reuse_steps_hist.tolist()
+    assert {k: v.tolist() for k, v in got.transition_matrices.items()} == \
+        {k: v.tolist() for k, v in want.transition_matrices.items()}
+
+
 def test_reuse_histograms_merge_in_any_order(monkeypatch):
     """The chunks' distance histograms merged after every chunk (HIST_MERGE_MIN = 0) or once at
     the end give the same profile: two layers of different expert sizes (many distinct distances)."""

@@ -454,26 +454,34 @@ class Tokens:
     row_of: np.ndarray  # int32 [T, L] (int64 from 2^31 rows)
 
 
+TOKEN_CHUNK_ROWS = 1 << 20  # rows per step of tokens_of's passes (their temporaries bounded by it)
+
+
 def _in_token_order(request: np.ndarray | None, turn: np.ndarray, step: np.ndarray) -> bool:
     """The rows already in (request, turn, step) order (a single request's decode, for one): then
     the stable sort of :func:`tokens_of` is the identity and is skipped."""
-    if turn.shape[0] < 2:
-        return True
-    ok = (turn[1:] > turn[:-1]) | ((turn[1:] == turn[:-1]) & (step[1:] >= step[:-1]))
-    if request is not None:
-        ok = (request[1:] > request[:-1]) | ((request[1:] == request[:-1]) & ok)
-    return bool(ok.all())
+    R = turn.shape[0]
+    for a in range(0, max(R - 1, 0), TOKEN_CHUNK_ROWS):
+        b = min(R, a + TOKEN_CHUNK_ROWS + 1)  # rows a..b-1: the pairs (a, a+1) .. (b-2, b-1)
+        tu, st = turn[a:b], step[a:b]
+        ok = (tu[1:] > tu[:-1]) | ((tu[1:] == tu[:-1]) & (st[1:] >= st[:-1]))
+        if request is not None:
+            rq = request[a:b]
+            ok = (rq[1:] > rq[:-1]) | ((rq[1:] == rq[:-1]) & ok)
+        if not ok.all():
+            return False
+    return True
 
 
 def tokens_of(request: np.ndarray | None, turn: np.ndarray, step: np.ndarray, phase: np.ndarray, lidx: np.ndarray,
               n_layers: int) -> Tokens:
     """The tokens of routing rows (``request`` None: one request). Memory: the row map (4 bytes per
-    (token, MoE layer)) and the sort's order (8 bytes per row, only when the rows are not in token
-    order); the columns are read in their own widths, one at a time."""
+    (token, MoE layer)), a flag per row, and the sort's order (8 bytes per row, only when the rows
+    are not in token order); the columns are read in their own widths, one at a time."""
     R = turn.shape[0]
     order = None if _in_token_order(request, turn, step) else np.lexsort(
         (step, turn) if request is None else (step, turn, request))
-    new = np.ones(R, dtype=bool)
+    new = np.ones(R, dtype=bool)  # the row (in token order) starts a token
     if R:
         new[1:] = False
     for key in (turn, step) if request is None else (turn, step, request):
@@ -481,12 +489,15 @@ def tokens_of(request: np.ndarray | None, turn: np.ndarray, step: np.ndarray, ph
         new[1:] |= x[1:] != x[:-1]
         del x
     row_type = np.int32 if R < 2**31 else np.int64
-    tok = np.cumsum(new, dtype=row_type)
-    tok -= 1
-    T = int(tok[-1]) + 1 if R else 0
+    T = int(np.count_nonzero(new))
     row_of = np.full((T, n_layers), -1, row_type)
-    row_of[tok, lidx if order is None else lidx[order]] = np.arange(R, dtype=row_type) if order is None else order
-    del tok
+    tok_before = -1
+    for a in range(0, R, TOKEN_CHUNK_ROWS):  # the token numbers a chunk at a time, not a column of them
+        b = min(R, a + TOKEN_CHUNK_ROWS)
+        tok = np.cumsum(new[a:b], dtype=np.int64) + tok_before
+        tok_before = int(tok[-1])
+        rows = np.arange(a, b, dtype=np.int64) if order is None else order[a:b]
+        row_of[tok, lidx[rows]] = rows
     first = np.flatnonzero(new) if order is None else order[new]
     req = np.zeros(T, np.int64) if request is None else request[first].astype(np.int64)
     return Tokens(request=req, phase=phase[first].astype(np.int8), row_of=row_of)
@@ -574,8 +585,8 @@ def lru_hits(dist_bytes: np.ndarray, gap_loads: np.ndarray, budget_bytes: int) -
 
 
 POPULARITY_CHUNK_ROWS = 1 << 20  # routing rows per popularity bincount
-REUSE_CHUNK_LOADS = 1 << 18  # loads per reuse_walk call: its per-lookup arrays are at most this many x k
-HIST_MERGE_MIN = 1 << 20  # chunks' distance histograms pending before a merge (at least the merged one's size)
+REUSE_CHUNK_LOADS = 1 << 16  # loads per reuse_walk call: its per-lookup arrays are at most this many x k
+HIST_MERGE_MIN = 1 << 16  # chunks' distance histograms pending before a merge (at least the merged one's size)
 
 
 @dataclass
