@@ -644,8 +644,9 @@ def profile_run(trace: TraceLike, *, phase: str = "decode", budget_mib: float | 
                 segment_lengths: Sequence[int] = (4, 16, 64, 256), drift_window: int = 16):
     """:func:`profile` with everything the command prints: a :class:`replay.analyses.locality.Profile`
     (``.popularity``, ``.drift``, ``.reuse``, ``.pairs``, ``.transitions``, ``.top_transitions``,
-    ``.srp``, ``.sch`` frames, ``.answer`` (is this routing cacheable?), the per-lookup reuse
-    distances and the transition counts). ``budget_mib`` default: the recorded budget."""
+    ``.srp``, ``.sch`` frames, ``.answer`` (is this routing cacheable?), the reuse-distance
+    histograms behind the plots (``.reuse_bytes_hist``, ``.reuse_steps_hist``) and the transition
+    counts). ``budget_mib`` default: the recorded budget."""
     from replay.analyses.info import require_routings
     from replay.analyses.locality import profile as _profile
     from replay.core.phases import check_phase

@@ -4,6 +4,8 @@ on hand-checked fixtures; the reuse distances reproduce the ``lru`` and ``infini
 
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 import polars as pl
 import pytest
@@ -70,10 +72,13 @@ specs = recorded_traces(max_layers=3, max_experts=6, max_k=3, max_tokens=9, max_
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(spec=specs)
-def test_reuse_distances_match_naive(spec):
+@given(spec=specs, chunk=st.integers(0, 3), room=st.integers(0, 3))
+def test_reuse_distances_match_naive(spec, chunk, room):
+    """In chunks of any size (0: all at once), and with a Fenwick tree of any room from entries + 1
+    visit times (renumbered whenever they run out), the same lookups as the naive twin's."""
     loads = _loads(spec)
-    got = reuse_distances(loads.entries, loads.load_start, loads.load_batch, loads.entry_bytes, loads.n_entries)
+    got = reuse_distances(loads.entries, loads.load_start, loads.batch_start, loads.entry_bytes, loads.n_entries,
+                          chunk_loads=chunk, capacity=loads.n_entries + 1 + room if room else 0)
     want = naive_reuse(spec["rows"], spec["sizes"])
     E = spec["n_expert"]
     assert got[0].tolist() == [w[0] for w in want]
@@ -84,9 +89,11 @@ def test_reuse_distances_match_naive(spec):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(spec=specs, phase=st.sampled_from(sorted(PHASES)), m=st.integers(1, 5), window=st.integers(1, 3))
-def test_profile_statistics_match_naive(spec, phase, m, window):
-    prof = _profile(spec, phase, segment_lengths=(m,), drift_window=window, min_pair_routings=1, top_pairs=1000)
+@given(spec=specs, phase=st.sampled_from(sorted(PHASES)), m=st.integers(1, 5), window=st.integers(1, 3),
+       chunk=st.integers(1, 4), budget=st.integers(1, 40000))
+def test_profile_statistics_match_naive(spec, phase, m, window, chunk, budget):
+    prof = _profile(spec, phase, segment_lengths=(m,), drift_window=window, min_pair_routings=1, top_pairs=1000,
+                    reuse_chunk_loads=chunk, budget_mib=budget / 2**20)
     rows, E, k, L = spec["rows"], spec["n_expert"], spec["k"], spec["n_layer"]
     counts = naive_counts(rows, PHASES[phase], E)
     # popularity per layer and pooled over every (layer, expert) entry
@@ -110,6 +117,31 @@ def test_profile_statistics_match_naive(spec, phase, m, window):
         for r in prof.reuse_cdf.filter(pl.col("layer").is_null()).iter_rows(named=True):
             b = round(r["distance_mib"] * 2**20)
             assert r["within_pct"] == 100.0 * sum(1 for x in mine if 0 <= x[4] <= b) / len(mine)
+    # every reuse figure per layer and pooled (counts folded chunk by chunk, nothing kept per lookup)
+    T = k * sum(spec["sizes"])
+    steps = [2**i for i in range(64) if 2**i <= max(1, max((x[5] for x in lk), default=1))]
+    for layer in [None, *range(L)]:
+        sub = [x for x in mine if layer is None or x[1] == layer]
+        got = prof.reuse.filter(pl.col("layer").is_null() if layer is None else pl.col("layer") == layer).row(0, named=True)
+        n = len(sub)
+        assert got["lookups"] == n
+        for s in steps:
+            assert got[f"within_{s}_steps_pct"] == (100.0 * sum(1 for x in sub if 0 <= x[5] <= s) / n if n else None)
+        assert f"within_{2 * steps[-1]}_steps_pct" not in got
+        for col, b in (("lru_hit_pct_at_token_cycle", T), ("lru_hit_pct_at_budget", budget)):
+            hits = sum(1 for x in sub if x[4] >= 0 and (x[4] <= b or x[6] == 1))
+            assert got[col] == (100.0 * hits / n if n else None)
+        dists = [x[4] for x in sub if x[4] >= 0]
+        assert got["median_distance_mib"] == (statistics.median(dists) / 2**20 if dists else None)
+        for r in prof.reuse_cdf.filter(pl.col("layer").is_null() if layer is None else pl.col("layer") == layer).iter_rows(named=True):
+            b = round(r["distance_mib"] * 2**20)
+            assert r["within_pct"] == (100.0 * sum(1 for x in sub if 0 <= x[4] <= b) / n if n else None)
+    # the reuse plots' histograms: the phase's reused lookups by distance in bytes and in steps
+    want_b = sorted(x[4] for x in mine if x[4] >= 0)
+    vals, cnts = prof.reuse_bytes_hist
+    assert [v for v, c in zip(vals.tolist(), cnts.tolist()) for _ in range(c)] == want_b
+    want_s = sorted(x[5] for x in mine if x[5] >= 0)
+    assert [s for s, c in enumerate(prof.reuse_steps_hist.tolist()) for _ in range(c)] == want_s
     # co-activation within a layer
     for layer in range(L):
         want = naive_pairs(rows, PHASES[phase], layer, E) if k > 1 else {}
@@ -222,7 +254,7 @@ def test_reuse_distance_reproduces_lru_and_infinite(spec, data):
     the load just before (that load, larger than B, overflowed and kept all its entries); the
     infinite cache hits every lookup with a distance."""
     loads = _loads(spec)
-    _, _, dist, _, gap = reuse_distances(loads.entries, loads.load_start, loads.load_batch, loads.entry_bytes,
+    _, _, dist, _, gap = reuse_distances(loads.entries, loads.load_start, loads.batch_start, loads.entry_bytes,
                                          loads.n_entries)
     budget = data.draw(st.integers(1, max(1, loads.working_set_bytes + 2)))
     res = replay(loads, "lru", budget / 2**20)
@@ -240,7 +272,7 @@ def test_overflow_keeps_the_previous_load():
                      for s, ex in enumerate([[0, 1], [2, 3]])]
             + [{"turn": 0, "batch": 1, "phase": 1, "step": 2, "layer": 0, "experts": [3, 0]}]}
     loads = _loads(spec)
-    _, _, dist, _, gap = reuse_distances(loads.entries, loads.load_start, loads.load_batch, loads.entry_bytes,
+    _, _, dist, _, gap = reuse_distances(loads.entries, loads.load_start, loads.batch_start, loads.entry_bytes,
                                          loads.n_entries)
     # 3 was the last entry visited (10 bytes: itself); 0 sits behind 1, 2 and 3 (40 bytes)
     assert dist.tolist() == [-1, -1, -1, -1, 10, 40]
@@ -382,3 +414,63 @@ def test_qwen_report_verdict_opens_with_the_cacheability_answer(real_trace_dir, 
                             "slots (3333.5 MiB) fit in the budget; LRU hits 80.3% of decode lookups there")
     assert first.endswith("[→ Expert popularity](#expert-popularity)")
     assert (out / "tables" / "locality.csv").is_file() and (out / "tables" / "srp_sch.csv").is_file()
+
+
+def test_cdf_points_draw_the_per_lookup_curve():
+    """The reuse plots step through the distance histograms: the points are the sorted per-lookup
+    CDF's (value, 100 i / n) less those strictly inside a run of equal values (on its vertical)."""
+    from replay.present.profile import _cdf_points
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        per_lookup = np.sort(rng.integers(0, 6, size=int(rng.integers(1, 30))))
+        n = per_lookup.size + int(rng.integers(0, 5))  # lookups never reused count in n, not in the curve
+        want = [(int(v), 100.0 * (i + 1) / n) for i, v in enumerate(per_lookup)
+                if i == 0 or i == per_lookup.size - 1 or per_lookup[i - 1] != v or per_lookup[i + 1] != v]
+        vals, counts = np.unique(per_lookup, return_counts=True)
+        x, y = _cdf_points(vals, counts, n)
+        assert list(zip(x.tolist(), y.tolist())) == want
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=specs, phase=st.sampled_from(sorted(PHASES)), rows_per_chunk=st.integers(1, 4))
+def test_chunk_sizes_change_nothing(spec, phase, rows_per_chunk):
+    """The passes that walk the rows in chunks (popularity counts, the token order check, the token
+    numbers) and the histogram merges give every table and histogram unchanged at any chunk size,
+    rows in token order or not (several requests)."""
+    from unittest import mock
+
+    import replay.analyses.locality as loc
+
+    kw = {"segment_lengths": (2,), "drift_window": 2, "min_pair_routings": 1, "top_pairs": 1000}
+    want = _profile(spec, phase, **kw)
+    with mock.patch.multiple(loc, TOKEN_CHUNK_ROWS=rows_per_chunk, POPULARITY_CHUNK_ROWS=rows_per_chunk,
+                             HIST_MERGE_MIN=0):
+        got = _profile(spec, phase, reuse_chunk_loads=rows_per_chunk, **kw)
+    for name, frame in want.tables().items():
+        assert got.tables()[name].equals(frame, null_equal=True), name
+    assert [a.tolist() for a in got.reuse_bytes_hist] == [a.tolist() for a in want.reuse_bytes_hist]
+    assert got.reuse_steps_hist.tolist() == want.reuse_steps_hist.tolist()
+    assert {k: v.tolist() for k, v in got.transition_matrices.items()} == \
+        {k: v.tolist() for k, v in want.transition_matrices.items()}
+
+
+def test_reuse_histograms_merge_in_any_order(monkeypatch):
+    """The chunks' distance histograms merged after every chunk (HIST_MERGE_MIN = 0) or once at
+    the end give the same profile: two layers of different expert sizes (many distinct distances)."""
+    import replay.analyses.locality as loc
+
+    rng = np.random.default_rng(5)
+    rows = [{"turn": 0, "batch": t, "phase": 1, "step": t, "layer": layer,
+             "experts": [int(x) for x in rng.choice(6, 2, replace=False)]} for t in range(40) for layer in range(2)]
+    spec = {"n_layer": 2, "n_expert": 6, "k": 2, "sizes": [7, 11], "request": False, "rows": rows}
+    once = _profile(spec, "decode", reuse_chunk_loads=3, budget_mib=40 / 2**20)
+    monkeypatch.setattr(loc, "HIST_MERGE_MIN", 0)
+    every = _profile(spec, "decode", reuse_chunk_loads=3, budget_mib=40 / 2**20)
+    assert once.reuse.equals(every.reuse) and once.reuse_cdf.equals(every.reuse_cdf)
+    assert once.reuse_bytes_hist[0].tolist() == every.reuse_bytes_hist[0].tolist()
+    assert once.reuse_bytes_hist[1].tolist() == every.reuse_bytes_hist[1].tolist()
+    assert len(once.reuse_bytes_hist[0]) > 10  # distinct distances indeed
+    lk = naive_reuse(rows, spec["sizes"])
+    assert sorted(v for v, c in zip(*(a.tolist() for a in every.reuse_bytes_hist)) for _ in range(c)) == \
+        sorted(x[4] for x in lk if x[4] >= 0)

@@ -76,17 +76,37 @@ def _bit_prefix(tree, i):
 
 
 @njit(cache=True)
-def reuse_distances(entries, load_start, load_batch, entry_bytes, n_entries):
-    """Per lookup (each distinct entry of a load, in the load's token-major visit order): its load,
-    its entry, the reuse distance in bytes (-1: first lookup) and in batches (-1), and the loads
-    since the entry's previous lookup (-1). Recency follows every visit, repeats included, as
-    ``lru`` does; a load's lookups all see the stack as it was before the load (a Fenwick tree over
-    visit times holds each entry's bytes at its latest visit)."""
-    R, k = entries.shape
-    G = load_start.shape[0] - 1
+def _compact_times(tree, last_time, entry_bytes):
+    """Renumbers the live visit times 0..n-1 in their order and rebuilds the Fenwick tree over them
+    (the prefix sums keep their order, so every distance is unchanged); returns the new clock."""
+    tree[:] = 0
+    n = 0
+    for e in np.argsort(last_time):  # -1 (never visited) first; live times are distinct
+        if last_time[e] >= 0:
+            last_time[e] = n
+            _bit_add(tree, n, entry_bytes[e])
+            n += 1
+    return n - 1
+
+
+@njit(cache=True)
+def reuse_walk(entries, load_start, batch_start, g0, g1, entry_bytes, state, tree, last_time, last_load,
+               last_batch, mark):
+    """The lookups of loads g0..g1-1 (each distinct entry of a load, in the load's token-major visit
+    order): their load, entry, reuse distance in bytes (-1: first lookup) and in batches (-1), and
+    the loads since the entry's previous lookup (-1). Recency follows every visit, repeats included,
+    as ``lru`` does; a load's lookups all see the stack as it was before the load (a Fenwick tree over
+    visit times holds each entry's bytes at its latest visit).
+
+    Resumable: loads are walked in chunks (g0 = the last call's g1), the walk's state carried in
+    ``state`` (int64 [3]: clock, bytes of every entry seen, the current batch; start [-1, 0, 0]) and
+    the arrays made by :func:`reuse_state`. The tree has room for ``tree.shape[0] - 2`` visit times:
+    when they run out, the live ones (one per entry at most) are renumbered in order
+    (:func:`_compact_times`), so memory is O(entries), not O(routings)."""
+    k = entries.shape[1]
+    cap = tree.shape[0] - 2
     n_look = 0
-    mark = np.full(n_entries, -1, np.int64)
-    for g in range(G):
+    for g in range(g0, g1):
         for r in range(load_start[g], load_start[g + 1]):
             for j in range(k):
                 e = entries[r, j]
@@ -98,15 +118,14 @@ def reuse_distances(entries, load_start, load_batch, entry_bytes, n_entries):
     dist_bytes = np.empty(n_look, np.int64)
     dist_steps = np.empty(n_look, np.int64)
     gap_loads = np.empty(n_look, np.int64)
-    tree = np.zeros(R * k + 2, np.int64)
-    last_time = np.full(n_entries, -1, np.int64)
-    last_load = np.full(n_entries, -1, np.int64)
-    mark[:] = -1
-    clock = -1
-    total = np.int64(0)  # bytes of every entry seen so far (each at its latest visit)
+    mark[:] = -2  # the counting pass marked these loads' entries (a load number is never -2)
+    clock = state[0]
+    total = state[1]  # bytes of every entry seen so far (each at its latest visit)
+    b = state[2]
     n = 0
-    for g in range(G):
-        b = load_batch[g]
+    for g in range(g0, g1):
+        while batch_start[b + 1] <= g:
+            b += 1
         for r in range(load_start[g], load_start[g + 1]):
             for j in range(k):
                 e = entries[r, j]
@@ -121,12 +140,14 @@ def reuse_distances(entries, load_start, load_batch, entry_bytes, n_entries):
                     gap_loads[n] = -1
                 else:
                     dist_bytes[n] = total - _bit_prefix(tree, last_time[e]) + entry_bytes[e]
-                    dist_steps[n] = b - load_batch[last_load[e]]
+                    dist_steps[n] = b - last_batch[e]
                     gap_loads[n] = g - last_load[e]
                 n += 1
         for r in range(load_start[g], load_start[g + 1]):
             for j in range(k):
                 e = entries[r, j]
+                if clock + 1 >= cap:  # before e leaves its place: the rebuilt tree holds every live entry
+                    clock = _compact_times(tree, last_time, entry_bytes)
                 if last_time[e] >= 0:
                     _bit_add(tree, last_time[e], -entry_bytes[e])
                 else:
@@ -134,8 +155,37 @@ def reuse_distances(entries, load_start, load_batch, entry_bytes, n_entries):
                 clock += 1
                 last_time[e] = clock
                 last_load[e] = g
+                last_batch[e] = b
                 _bit_add(tree, clock, entry_bytes[e])
+    state[0] = clock
+    state[1] = total
+    state[2] = b
     return look_load, look_entry, dist_bytes, dist_steps, gap_loads
+
+
+def reuse_state(n_entries: int, n_visits: int, capacity: int = 0) -> tuple[np.ndarray, ...]:
+    """The state :func:`reuse_walk` carries between chunks: (state, tree, last_time, last_load,
+    last_batch, mark). ``capacity``: visit times the tree holds before renumbering (default
+    max(4 x entries, 65,536), never more than the visits; at least entries + 1)."""
+    cap = capacity or max(4 * n_entries, 1 << 16)
+    cap = max(min(cap, n_visits), n_entries + 1)
+    return (np.array([-1, 0, 0], np.int64), np.zeros(cap + 2, np.int64), np.full(n_entries, -1, np.int64),
+            np.full(n_entries, -1, np.int64), np.full(n_entries, -1, np.int64), np.full(n_entries, -2, np.int64))
+
+
+def reuse_distances(entries, load_start, batch_start, entry_bytes, n_entries, *, chunk_loads: int = 0,
+                    capacity: int = 0) -> tuple[np.ndarray, ...]:
+    """Every lookup's (load, entry, distance in bytes, in batches, loads since): :func:`reuse_walk`
+    over all loads, ``chunk_loads`` at a time (0: at once), concatenated (the twin tests' view; the
+    profile itself folds each chunk into counts and never holds all of them)."""
+    G = load_start.shape[0] - 1
+    st = reuse_state(n_entries, entries.size, capacity)
+    step = chunk_loads or max(G, 1)
+    parts = [reuse_walk(entries, load_start, batch_start, g0, min(G, g0 + step), entry_bytes, *st)
+             for g0 in range(0, max(G, 1), step)] if G else []
+    if not parts:
+        return tuple(np.empty(0, np.int64) for _ in range(5))
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(5))
 
 
 @njit(cache=True)
@@ -401,21 +451,56 @@ class Tokens:
 
     request: np.ndarray  # int64 [T]
     phase: np.ndarray  # int8 [T]
-    row_of: np.ndarray  # int64 [T, L]
+    row_of: np.ndarray  # int32 [T, L] (int64 from 2^31 rows)
 
 
-def tokens_of(request: np.ndarray, turn: np.ndarray, step: np.ndarray, phase: np.ndarray, lidx: np.ndarray,
+TOKEN_CHUNK_ROWS = 1 << 20  # rows per step of tokens_of's passes (their temporaries bounded by it)
+
+
+def _in_token_order(request: np.ndarray | None, turn: np.ndarray, step: np.ndarray) -> bool:
+    """The rows already in (request, turn, step) order (a single request's decode, for one): then
+    the stable sort of :func:`tokens_of` is the identity and is skipped."""
+    R = turn.shape[0]
+    for a in range(0, max(R - 1, 0), TOKEN_CHUNK_ROWS):
+        b = min(R, a + TOKEN_CHUNK_ROWS + 1)  # rows a..b-1: the pairs (a, a+1) .. (b-2, b-1)
+        tu, st = turn[a:b], step[a:b]
+        ok = (tu[1:] > tu[:-1]) | ((tu[1:] == tu[:-1]) & (st[1:] >= st[:-1]))
+        if request is not None:
+            rq = request[a:b]
+            ok = (rq[1:] > rq[:-1]) | ((rq[1:] == rq[:-1]) & ok)
+        if not ok.all():
+            return False
+    return True
+
+
+def tokens_of(request: np.ndarray | None, turn: np.ndarray, step: np.ndarray, phase: np.ndarray, lidx: np.ndarray,
               n_layers: int) -> Tokens:
-    order = np.lexsort((step, turn, request))
-    r, tu, s = request[order], turn[order], step[order]
-    new = np.ones(order.shape[0], dtype=bool)
-    new[1:] = (r[1:] != r[:-1]) | (tu[1:] != tu[:-1]) | (s[1:] != s[:-1])
-    tok = np.cumsum(new) - 1
-    T = int(tok[-1]) + 1 if order.shape[0] else 0
-    row_of = np.full((T, n_layers), -1, np.int64)
-    row_of[tok, lidx[order]] = order
-    first = order[new]
-    return Tokens(request=request[first].astype(np.int64), phase=phase[first].astype(np.int8), row_of=row_of)
+    """The tokens of routing rows (``request`` None: one request). Memory: the row map (4 bytes per
+    (token, MoE layer)), a flag per row, and the sort's order (8 bytes per row, only when the rows
+    are not in token order); the columns are read in their own widths, one at a time."""
+    R = turn.shape[0]
+    order = None if _in_token_order(request, turn, step) else np.lexsort(
+        (step, turn) if request is None else (step, turn, request))
+    new = np.ones(R, dtype=bool)  # the row (in token order) starts a token
+    if R:
+        new[1:] = False
+    for key in (turn, step) if request is None else (turn, step, request):
+        x = key if order is None else key[order]
+        new[1:] |= x[1:] != x[:-1]
+        del x
+    row_type = np.int32 if R < 2**31 else np.int64
+    T = int(np.count_nonzero(new))
+    row_of = np.full((T, n_layers), -1, row_type)
+    tok_before = -1
+    for a in range(0, R, TOKEN_CHUNK_ROWS):  # the token numbers a chunk at a time, not a column of them
+        b = min(R, a + TOKEN_CHUNK_ROWS)
+        tok = np.cumsum(new[a:b], dtype=np.int64) + tok_before
+        tok_before = int(tok[-1])
+        rows = np.arange(a, b, dtype=np.int64) if order is None else order[a:b]
+        row_of[tok, lidx[rows]] = rows
+    first = np.flatnonzero(new) if order is None else order[new]
+    req = np.zeros(T, np.int64) if request is None else request[first].astype(np.int64)
+    return Tokens(request=req, phase=phase[first].astype(np.int8), row_of=row_of)
 
 
 def sequences(tokens: Tokens, sel: np.ndarray, li: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -439,8 +524,8 @@ def sequences(tokens: Tokens, sel: np.ndarray, li: int) -> tuple[np.ndarray, np.
 @dataclass
 class Profile:
     """Everything ``profile`` prints. Frames (keys in docs/profile.md): ``popularity``, ``drift``,
-    ``reuse``, ``reuse_cdf``, ``pairs``, ``transitions``, ``top_transitions``, ``srp``, ``sch``; the per-lookup arrays
-    behind the reuse figures; ``answer`` (the cacheability answer's figures)."""
+    ``reuse``, ``reuse_cdf``, ``pairs``, ``transitions``, ``top_transitions``, ``srp``, ``sch``; the
+    histograms behind the reuse plots; ``answer`` (the cacheability answer's figures)."""
 
     phase: str
     moe_layers: tuple[int, ...]
@@ -460,11 +545,11 @@ class Profile:
     srp: pl.DataFrame
     sch: pl.DataFrame
     answer: dict[str, Any]
-    lookup_lidx: np.ndarray
-    lookup_phase: np.ndarray
-    dist_bytes: np.ndarray
-    dist_steps: np.ndarray
-    gap_loads: np.ndarray
+    # the phase's reused lookups, all layers: the distinct reuse distances in bytes (ascending) and how
+    # many lookups have each; and how many have each distance in steps (index = steps). The reuse CDF
+    # plots step through them; the per-layer figures are in ``reuse`` / ``reuse_cdf``.
+    reuse_bytes_hist: tuple[np.ndarray, np.ndarray]
+    reuse_steps_hist: np.ndarray
     drift_window: int = DRIFT_WINDOW
     transition_matrices: dict[int, np.ndarray] = field(default_factory=dict)  # MoE index L -> [E, E] counts (L, L+1)
     coverage_curves: dict[int, np.ndarray] = field(default_factory=dict)  # MoE index -> cumulative share % by rank
@@ -499,30 +584,150 @@ def lru_hits(dist_bytes: np.ndarray, gap_loads: np.ndarray, budget_bytes: int) -
     return seen & ((dist_bytes <= budget_bytes) | (gap_loads == 1))
 
 
+POPULARITY_CHUNK_ROWS = 1 << 20  # routing rows per popularity bincount
+REUSE_CHUNK_LOADS = 1 << 16  # loads per reuse_walk call: its per-lookup arrays are at most this many x k
+HIST_MERGE_MIN = 1 << 16  # chunks' distance histograms pending before a merge (at least the merged one's size)
+
+
+@dataclass
+class ReuseCounts:
+    """The reuse figures' counts over the phase's lookups, per MoE layer index (folded chunk by chunk
+    from :func:`reuse_walk`; nothing per lookup is kept). ``bytes_keys`` / ``bytes_counts``: the
+    distinct (distance in bytes, layer) of the reused lookups as ``distance x L + layer``, ascending,
+    and how many lookups have each; ``steps_counts[s]``: the reused lookups at s batches (all layers)."""
+
+    lookups: np.ndarray  # int64 [L]
+    reused: np.ndarray  # int64 [L]
+    step_buckets: np.ndarray  # int64 [L, 64]: bucket i = distances in steps s with 2^(i-1) < s <= 2^i (0, 1 -> 0)
+    lru_hits: np.ndarray  # int64 [len(budgets), L]: lru_hits at each budget
+    within: np.ndarray  # int64 [len(marks), L]: reused lookups with distance <= each mark
+    max_steps: int  # the largest distance in steps over every lookup of every phase (-1: none reused; 1: no lookup)
+    bytes_keys: np.ndarray
+    bytes_counts: np.ndarray
+    steps_counts: np.ndarray
+
+
+def _merge_hist(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct keys, counts) histograms as one, keys ascending, exactly (integer sums)."""
+    k = np.concatenate([p[0] for p in parts])
+    c = np.concatenate([p[1] for p in parts])
+    order = np.argsort(k, kind="stable")
+    k, c = k[order], c[order]
+    if k.shape[0] == 0:
+        return k, c
+    starts = np.flatnonzero(np.concatenate([[True], k[1:] != k[:-1]]))
+    return k[starts], np.add.reduceat(c, starts)
+
+
+def reuse_counts(loads: Any, phase: str, marks: list[int], budgets: list[int], *,
+                 chunk_loads: int = REUSE_CHUNK_LOADS, capacity: int = 0) -> ReuseCounts:
+    """:class:`ReuseCounts` of ``loads`` (every phase warms the cache; the phase's lookups counted).
+    Memory: O(entries + distinct reuse distances + batches) beside one chunk's lookups."""
+    L = len(loads.moe_layers)
+    G = loads.load_start.shape[0] - 1
+    eb = loads.entry_bytes
+    # distance x L + layer must fit in int64: a distance is at most every entry's bytes
+    if int(eb.sum()) >= (1 << 62) // max(L, 1):
+        msg = f"the experts' bytes ({int(eb.sum())} in all) are too large to profile reuse distances in bytes"
+        raise ValueError(msg)
+    st = reuse_state(loads.n_entries, loads.entries.size, capacity)
+    lookups = np.zeros(L, np.int64)
+    reused = np.zeros(L, np.int64)
+    buckets = np.zeros((L, 64), np.int64)
+    hits = np.zeros((len(budgets), L), np.int64)
+    within = np.zeros((len(marks), L), np.int64)
+    keys, kcounts = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    pending: list[tuple[np.ndarray, np.ndarray]] = []  # chunks' histograms not merged yet
+    n_pending = 0
+    steps_counts = np.zeros(0, np.int64)
+    max_steps = None
+    lidx_of_load = loads.load_lidx
+    for g0 in range(0, G, chunk_loads):
+        look_load, _, d, s, gap = reuse_walk(loads.entries, loads.load_start, loads.batch_start, g0,
+                                             min(G, g0 + chunk_loads), eb, *st)
+        if d.shape[0]:
+            m = int(s.max())
+            max_steps = m if max_steps is None else max(max_steps, m)
+        ph = loads.batch_phase[np.searchsorted(loads.batch_start, look_load, side="right") - 1]
+        sel = _phase_mask(ph, phase)
+        li = lidx_of_load[look_load[sel]].astype(np.int64)
+        d, s, gap = d[sel], s[sel], gap[sel]
+        del look_load, ph, sel
+        lookups += np.bincount(li, minlength=L)
+        rs = d >= 0
+        reused += np.bincount(li[rs], minlength=L)
+        for i, b in enumerate(budgets):
+            hits[i] += np.bincount(li[lru_hits(d, gap, b)], minlength=L)
+        for i, b in enumerate(marks):
+            within[i] += np.bincount(li[rs & (d <= b)], minlength=L)
+        # a reused lookup's distance in steps is >= 0 exactly when its distance in bytes is
+        sr, lr = s[rs], li[rs]
+        _, ex = np.frexp(np.maximum(sr - 1, 0).astype(np.float64))  # bit length of s - 1 (s < 2^53)
+        buckets += np.bincount(lr * 64 + ex, minlength=L * 64).reshape(L, 64)
+        sc = np.bincount(sr)
+        if sc.shape[0] > steps_counts.shape[0]:
+            sc[:steps_counts.shape[0]] += steps_counts
+            steps_counts = sc
+        else:
+            steps_counts[:sc.shape[0]] += sc
+        u, c = np.unique(d[rs] * L + lr, return_counts=True)
+        pending.append((u, c.astype(np.int64)))
+        n_pending += u.shape[0]
+        if n_pending > max(keys.shape[0], HIST_MERGE_MIN):  # merged when the pending outgrow it: O(n log n) in all
+            keys, kcounts = _merge_hist([(keys, kcounts), *pending])
+            pending, n_pending = [], 0
+    keys, kcounts = _merge_hist([(keys, kcounts), *pending])
+    return ReuseCounts(lookups=lookups, reused=reused, step_buckets=buckets, lru_hits=hits, within=within,
+                       max_steps=1 if max_steps is None else max_steps, bytes_keys=keys, bytes_counts=kcounts,
+                       steps_counts=steps_counts)
+
+
+def _hist_median(values: np.ndarray, counts: np.ndarray) -> float | None:
+    """np.median of the multiset (sorted distinct ``values``, ``counts``), exactly: the mean of its
+    middle one or two elements, as np.median takes it."""
+    n = int(counts.sum())
+    if n == 0:
+        return None
+    cum = np.cumsum(counts)
+    mid = [(n - 1) // 2, n // 2] if n % 2 == 0 else [n // 2]
+    return float(np.mean(values[np.searchsorted(cum, mid, side="right")]))
+
+
 def profile_arrays(arrays: Any, loads: Any, *, moe_layers: tuple[int, ...], n_expert: int, top_k: int,
                    phase: str = "decode", budget_mib: float | None = None, segment_lengths=SEGMENT_LENGTHS,
-                   drift_window: int = DRIFT_WINDOW, top_pairs: int = 5, min_pair_routings: int = 5) -> Profile:
-    """The profile of routing rows (``arrays``: a :class:`traces.io.reader.RoutingArrays`) and their
+                   drift_window: int = DRIFT_WINDOW, top_pairs: int = 5, min_pair_routings: int = 5,
+                   reuse_chunk_loads: int = REUSE_CHUNK_LOADS) -> Profile:
+    """The profile of routing rows (``arrays``: a :class:`traces.io.reader.RoutingArrays` or
+    :class:`RoutingColumns`; the profile reads turn, phase, step, layer, experts, request) and their
     :class:`replay.core.simulate.Loads`. ``phase``: the routings the popularity, co-activation, drift,
     SRP and SCH figures count and the lookups the reuse figures count (the cache runs over every phase)."""
     L, E, k = len(moe_layers), int(n_expert), int(top_k)
-    lidx_of = np.full(max(moe_layers) + 1, -1, np.int64)
+    # the routing columns in their own widths (no int64 copies): MoE index int16, experts int32
+    lidx_of = np.full(max(moe_layers) + 1, -1, np.int16)
     lidx_of[list(moe_layers)] = np.arange(L)
-    lidx = lidx_of[arrays.layer.astype(np.int64)]
-    request = arrays.request_or_zero.astype(np.int64)
-    has_request = arrays.request is not None
-    experts = np.ascontiguousarray(arrays.experts, dtype=np.int64)
+    lidx = lidx_of[arrays.layer]
+    request = arrays.request  # int64 [R], or None: one request
+    has_request = request is not None
+    experts = np.ascontiguousarray(arrays.experts, dtype=np.int32)
     in_phase = _phase_mask(arrays.phase, phase)
     eb = np.asarray(loads.layer_expert_bytes, dtype=np.int64)
+    R = in_phase.shape[0]
 
-    # popularity: counts per (request, layer, expert) of the phase's routings
-    req_ids = np.unique(request[in_phase]) if has_request else np.zeros(1, np.int64)
-    rsel = np.searchsorted(req_ids, request) if has_request else np.zeros(request.shape[0], np.int64)
+    # popularity: counts per (request, layer, expert) of the phase's routings, one bincount over
+    # (request, layer, expert) per chunk of rows (not np.add.at; temporaries bounded by the chunk)
+    chunks = [(a, min(R, a + POPULARITY_CHUNK_ROWS)) for a in range(0, R, POPULARITY_CHUNK_ROWS)]
+    req_ids = (np.unique(np.concatenate([np.zeros(0, np.int64)] + [np.unique(request[a:b][in_phase[a:b]]) for a, b in chunks]))
+               if has_request else np.zeros(1, np.int64))
     counts = np.zeros((len(req_ids), L, E), np.int64)
-    rows_p = np.flatnonzero(in_phase)
-    cell = (rsel[rows_p] * L + lidx[rows_p]) * E  # one bincount over (request, layer, expert), not np.add.at
-    for j in range(k):
-        counts += np.bincount(cell + experts[rows_p, j], minlength=counts.size).reshape(counts.shape)
+    for a, b in chunks:
+        rows_c = np.flatnonzero(in_phase[a:b]) + a
+        cell = lidx[rows_c].astype(np.int64)
+        if has_request:
+            cell += np.searchsorted(req_ids, request[rows_c]) * L
+        cell *= E
+        for j in range(k):
+            counts += np.bincount(cell + experts[rows_c, j], minlength=counts.size).reshape(counts.shape)
+        del rows_c, cell
     pop_rows, curves = [], {}
     groups = [(None, counts.sum(axis=0))] + ([(int(r), counts[i]) for i, r in enumerate(req_ids)]
                                              if has_request and len(req_ids) > 1 else [])
@@ -543,13 +748,12 @@ def profile_arrays(arrays: Any, loads: Any, *, moe_layers: tuple[int, ...], n_ex
     popularity = pl.DataFrame(pop_rows, infer_schema_length=None)
 
     # tokens and sequences
-    tokens = tokens_of(request, arrays.turn.astype(np.int64), arrays.step.astype(np.int64),
-                       arrays.phase, lidx, L)
+    tokens = tokens_of(request, arrays.turn, arrays.step, arrays.phase, lidx, L)
     tsel = _phase_mask(tokens.phase, phase)
 
     # drift: per layer, whole windows of drift_window tokens of each request; top-2k sets, ties to the lower id
     top_n = min(2 * k, E)
-    drift_rows = []
+    drift_cols: dict[str, list[np.ndarray]] = {"request": [], "layer": [], "window": [], "kept_pct": []}
     for li in range(L):
         rows, starts, seq_req = sequences(tokens, tsel, li)
         wc, wseq = window_counts(experts, rows, starts, drift_window, E)
@@ -559,67 +763,75 @@ def profile_arrays(arrays: Any, loads: Any, *, moe_layers: tuple[int, ...], n_ex
         top = np.zeros(wc.shape, bool)
         np.put_along_axis(top, np.argsort(-wc, axis=1, kind="stable")[:, :top_n], True, axis=1)
         kept = (top[1:] & top[:-1]).sum(axis=1)
-        same = wseq[1:] == wseq[:-1]  # a window after another of its request
+        del wc, top
         first = np.searchsorted(wseq, wseq)  # each window's index inside its request = w - its sequence's first
-        for w in (np.flatnonzero(same) + 1).tolist():
-            drift_rows.append({"request": int(seq_req[wseq[w]]) if has_request else None, "layer": moe_layers[li],
-                               "window": w - int(first[w]), "top_n": top_n, "kept_pct": 100.0 * int(kept[w - 1]) / top_n})
-    drift = pl.DataFrame(drift_rows, schema={"request": pl.Int64, "layer": pl.Int64, "window": pl.Int64,
-                                             "top_n": pl.Int64, "kept_pct": pl.Float64})
+        ws = np.flatnonzero(wseq[1:] == wseq[:-1]) + 1  # the windows after another of their request
+        # columns, not a dict per window (300,000 windows on the benchmark trace)
+        drift_cols["request"].append(seq_req[wseq[ws]].astype(np.int64))
+        drift_cols["layer"].append(np.full(ws.shape[0], moe_layers[li], np.int64))
+        drift_cols["window"].append((ws - first[ws]).astype(np.int64))
+        drift_cols["kept_pct"].append(100.0 * kept[ws - 1].astype(np.int64) / top_n)
+    n_drift = sum(a.shape[0] for a in drift_cols["layer"])
+    drift = pl.DataFrame({
+        "request": (pl.Series("request", np.concatenate(drift_cols["request"]), pl.Int64) if has_request and n_drift
+                    else pl.Series("request", [None] * n_drift, pl.Int64)),
+        "layer": pl.Series("layer", np.concatenate(drift_cols["layer"]) if n_drift else [], pl.Int64),
+        "window": pl.Series("window", np.concatenate(drift_cols["window"]) if n_drift else [], pl.Int64),
+        "top_n": pl.Series("top_n", np.full(n_drift, top_n, np.int64), pl.Int64),
+        "kept_pct": pl.Series("kept_pct", np.concatenate(drift_cols["kept_pct"]) if n_drift else [], pl.Float64),
+    })
+    del drift_cols
 
-    # reuse (load-aware, whole run)
-    look_load, look_entry, dist_b, dist_s, gap = reuse_distances(loads.entries, loads.load_start, loads.load_batch,
-                                                                 loads.entry_bytes, loads.n_entries)
-    look_lidx = np.asarray(loads.load_lidx, dtype=np.int64)[look_load]
-    look_phase = np.asarray(loads.load_phase, dtype=np.int8)[look_load]
-    lsel = _phase_mask(look_phase, phase)
+    # reuse (load-aware, whole run): reuse_walk's lookups folded into counts chunk by chunk
     T_bytes = loads.token_cycle_bytes
     budget_b = None if budget_mib is None else int(math.floor(budget_mib * MIB))
-    # the phase's lookups grouped by layer once (stable: each layer's in run order), not a mask per layer
-    sel_idx = np.flatnonzero(lsel)
-    by_layer = sel_idx[np.argsort(look_lidx[sel_idx], kind="stable")]
-    bounds = np.searchsorted(look_lidx[by_layer], np.arange(L + 1))
-
-    def lookups_of(li: int | None) -> np.ndarray:
-        return sel_idx if li is None else by_layer[bounds[li]:bounds[li + 1]]
-
-    reuse_rows = []
-    steps = _pow2_upto(int(dist_s.max()) if dist_s.size else 1)
-    for li in [None, *range(L)]:
-        m = lookups_of(li)
-        n = int(m.shape[0])
-        d, s, gp = dist_b[m], dist_s[m], gap[m]
-        row: dict[str, Any] = {"layer": None if li is None else moe_layers[li], "lookups": n,
-                               "reused_pct": 100.0 * int((d >= 0).sum()) / n if n else None}
-        for st in steps:
-            row[f"within_{st}_steps_pct"] = 100.0 * int(((s >= 0) & (s <= st)).sum()) / n if n else None
-        row["lru_hit_pct_at_token_cycle"] = 100.0 * int(lru_hits(d, gp, T_bytes).sum()) / n if n else None
-        if budget_b is not None:
-            row["lru_hit_pct_at_budget"] = 100.0 * int(lru_hits(d, gp, budget_b).sum()) / n if n else None
-        reused = d[d >= 0]
-        row["median_distance_mib"] = float(np.median(reused)) / MIB if reused.size else None
-        reuse_rows.append(row)
-    reuse = pl.DataFrame(reuse_rows, infer_schema_length=None)
     # the byte-distance histogram as a CDF at T/4 .. 16 T (and the budget): the share of the phase's
     # lookups an LRU cache of that size hits (overflow aside: lru_hits is the exact rule)
     marks = sorted({T_bytes * f // 4 for f in (1, 2, 4, 8, 16, 32, 64)} | ({budget_b} if budget_b is not None else set()))
+    rc = reuse_counts(loads, phase, marks, [T_bytes] + ([budget_b] if budget_b is not None else []),
+                      chunk_loads=reuse_chunk_loads)
+    steps = _pow2_upto(rc.max_steps)
+    cum_buckets = np.cumsum(rc.step_buckets, axis=1)
+    key_layer, key_dist = rc.bytes_keys % max(L, 1), rc.bytes_keys // max(L, 1)
+    # every layer's distances pooled: the keys are distance-major, so equal distances are adjacent
+    pstart = np.flatnonzero(np.concatenate([[True], key_dist[1:] != key_dist[:-1]])) if key_dist.size else key_dist
+    pooled_dist = key_dist[pstart]
+    pooled_counts = np.add.reduceat(rc.bytes_counts, pstart) if key_dist.size else rc.bytes_counts
+
+    def layer_sum(a: np.ndarray, li: int | None) -> int:
+        return int(a.sum()) if li is None else int(a[li])
+
+    reuse_rows = []
+    for li in [None, *range(L)]:
+        n = layer_sum(rc.lookups, li)
+        row: dict[str, Any] = {"layer": None if li is None else moe_layers[li], "lookups": n,
+                               "reused_pct": 100.0 * layer_sum(rc.reused, li) / n if n else None}
+        for st in steps:
+            row[f"within_{st}_steps_pct"] = (100.0 * layer_sum(cum_buckets[:, st.bit_length() - 1], li) / n
+                                             if n else None)
+        row["lru_hit_pct_at_token_cycle"] = 100.0 * layer_sum(rc.lru_hits[0], li) / n if n else None
+        if budget_b is not None:
+            row["lru_hit_pct_at_budget"] = 100.0 * layer_sum(rc.lru_hits[1], li) / n if n else None
+        med = (_hist_median(pooled_dist, pooled_counts) if li is None
+               else _hist_median(key_dist[key_layer == li], rc.bytes_counts[key_layer == li]))
+        row["median_distance_mib"] = None if med is None else med / MIB
+        reuse_rows.append(row)
+    reuse = pl.DataFrame(reuse_rows, infer_schema_length=None)
     cdf_rows = []
     for li in [None, *range(L)]:
-        m = lookups_of(li)
-        n = int(m.shape[0])
-        d = dist_b[m]
-        for b in marks:
+        n = layer_sum(rc.lookups, li)
+        for i, b in enumerate(marks):
             cdf_rows.append({"layer": None if li is None else moe_layers[li], "distance_mib": b / MIB,
                              "distance_x_t": b / T_bytes if T_bytes else None,
-                             "within_pct": 100.0 * int(((d >= 0) & (d <= b)).sum()) / n if n else None})
+                             "within_pct": 100.0 * layer_sum(rc.within[i], li) / n if n else None})
     reuse_cdf = pl.DataFrame(cdf_rows, schema={"layer": pl.Int64, "distance_mib": pl.Float64, "distance_x_t": pl.Float64,
                                                "within_pct": pl.Float64})
 
     # co-activation within a layer
     pair_rows = []
-    for li in range(L):
-        rows_l = rows_p[lidx[rows_p] == li]
-        if k < 2 or rows_l.shape[0] == 0:
+    for li in range(L if k > 1 else 0):
+        rows_l = np.flatnonzero(in_phase & (lidx == li))
+        if rows_l.shape[0] == 0:
             continue
         pc = pair_counts(experts, rows_l, E)
         ce = counts.sum(axis=0)[li]
@@ -642,7 +854,7 @@ def profile_arrays(arrays: Any, loads: Any, *, moe_layers: tuple[int, ...], n_ex
     for li in range(L - 1):
         rh = tokens.row_of[tsel, li]
         rn = tokens.row_of[tsel, li + 1]
-        tc = transition_counts(experts, np.ascontiguousarray(rh), np.ascontiguousarray(rn), E)
+        tc = transition_counts(experts, rh.astype(np.int64), rn.astype(np.int64), E)
         mats[li] = tc
         h, hm = cond_entropy_bits(tc)
         n_here = tc.sum(axis=1) // k  # routings at L (with a row at L+1) that chose e
@@ -700,8 +912,8 @@ def profile_arrays(arrays: Any, loads: Any, *, moe_layers: tuple[int, ...], n_ex
     prof = Profile(phase=phase, moe_layers=tuple(moe_layers), n_expert=E, top_k=k, layer_expert_bytes=eb,
                    token_cycle_bytes=T_bytes, budget_mib=budget_mib, has_request=has_request, popularity=popularity,
                    drift=drift, reuse=reuse, reuse_cdf=reuse_cdf, pairs=pairs, transitions=transitions, top_transitions=top_transitions,
-                   srp=srp, sch=sch, answer={}, lookup_lidx=look_lidx, lookup_phase=look_phase, dist_bytes=dist_b,
-                   dist_steps=dist_s, gap_loads=gap, drift_window=drift_window, transition_matrices=mats, coverage_curves=curves)
+                   srp=srp, sch=sch, answer={}, reuse_bytes_hist=(pooled_dist, pooled_counts),
+                   reuse_steps_hist=rc.steps_counts, drift_window=drift_window, transition_matrices=mats, coverage_curves=curves)
     prof.answer = cacheability(prof)
     return prof
 
@@ -751,14 +963,60 @@ def cacheability(prof: Profile) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class RoutingColumns:
+    """The routing columns the profile reads (a :class:`traces.io.reader.RoutingArrays` without
+    ``batch``, ``weights`` and the recorded columns), in the format's widths."""
+
+    turn: np.ndarray  # int32 [R]
+    phase: np.ndarray  # int8 [R]
+    step: np.ndarray  # int32 [R]
+    layer: np.ndarray  # int16 [R]
+    experts: np.ndarray  # int32 [R, k]
+    request: np.ndarray | None  # int64 [R], None: one request
+
+
+def routing_columns(trace: Any) -> RoutingColumns:
+    """:class:`RoutingColumns` of a trace, read part by part into arrays allocated once (peak: the
+    result plus one part's columns, not the whole table beside its copy)."""
+    from traces.io.reader import fixed_list_to_numpy
+
+    trace.check_rows()  # as Trace.table does; n_rows is the parts' footers' sum, the rows read below
+    names = ["turn", "phase", "step", "layer"] + (["request"] if trace.has("request") else [])
+    R = int(trace.n_rows)
+    out: dict[str, np.ndarray] = {}
+    at = 0
+    for t in trace.iter_tables([*names, "experts"]):
+        n = t.num_rows
+        cols = {c: t.column(c).to_numpy() for c in names}
+        cols["experts"] = fixed_list_to_numpy(t.column("experts"))
+        del t
+        for c, a in cols.items():
+            if c not in out:
+                out[c] = np.empty((R, *a.shape[1:]), a.dtype)
+            out[c][at:at + n] = a
+        del cols
+        at += n
+    if not out:  # no part
+        out = {"turn": np.zeros(0, np.int32), "phase": np.zeros(0, np.int8), "step": np.zeros(0, np.int32),
+               "layer": np.zeros(0, np.int16), "experts": np.zeros((0, int(trace.top_k)), np.int32)}
+    return RoutingColumns(turn=out["turn"], phase=out["phase"], step=out["step"], layer=out["layer"],
+                          experts=out["experts"], request=out.get("request"))
+
+
 def profile(trace: Any, *, phase: str = "decode", budget_mib: float | None = None,
             segment_lengths=SEGMENT_LENGTHS, drift_window: int = DRIFT_WINDOW) -> Profile:
     """:func:`profile_arrays` of a trace (its rows read once, its loads cut as the replay cuts them).
     ``budget_mib`` default: the recorded budget, if any."""
+    import pyarrow as pa
+
     from replay.core.simulate import loads_of
 
-    arrays = trace.arrays(recorded=False)
+    arrays = routing_columns(trace)
     loads = loads_of(trace)
+    # the parts' decoded pages went back to Arrow's allocator: hand them back to the system before
+    # the analysis allocates its own (about 30 bytes per routing on the benchmark trace otherwise)
+    pa.default_memory_pool().release_unused()
     if budget_mib is None:
         budget_mib = trace.recorded.get("budget_mib")
     prof = profile_arrays(arrays, loads, moe_layers=tuple(int(x) for x in trace.moe_layers), n_expert=trace.n_expert,

@@ -104,6 +104,21 @@ def profile_text(trace: Any, prof: Profile, per_layer: bool = True) -> str:
 # -- plots ---------------------------------------------------------------------------------------
 
 
+def _cdf_points(values: np.ndarray, counts: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The step points of the CDF the sorted per-lookup values draw (the i-th at 100 i / n %), from
+    their histogram (distinct ``values`` ascending, ``counts``): each value's first and last lookup;
+    the lookups between lie on the vertical joining them, so the curve is the same line."""
+    counts = np.asarray(counts, dtype=np.int64)
+    cum = np.cumsum(counts)
+    two = counts > 1
+    reps = np.where(two, 2, 1)
+    at = np.cumsum(reps) - reps
+    y = np.empty(int(reps.sum()), np.int64)
+    y[at] = cum - counts + 1
+    y[at[two] + 1] = cum[two]
+    return np.repeat(values, reps), 100.0 * y / max(n, 1)
+
+
 def write_plots(prof: Profile, out_dir: Path, pair_layer: int | None = None) -> list[tuple[str, str, str]]:
     """coverage.png, reuse_mib_cdf.png, reuse_steps_cdf.png, transitions_L{a}_L{b}.png (a = ``pair_layer``,
     default the layer pair whose next layer is most predictable: most bits of information), drift.png."""
@@ -129,14 +144,15 @@ def write_plots(prof: Profile, out_dir: Path, pair_layer: int | None = None) -> 
     out.append(plots.save(fig, out_dir / "coverage.png", "The higher and further left a layer's line, the fewer "
                           "experts carry its routing; the dashed line is uniform routing."))
     # reuse-distance CDFs
-    sel = (prof.lookup_phase == 1) if prof.phase == "decode" else (
-        (prof.lookup_phase == 0) if prof.phase == "prefill" else np.ones_like(prof.lookup_phase, dtype=bool))
-    n = int(sel.sum())
-    d = np.sort(prof.dist_bytes[sel][prof.dist_bytes[sel] >= 0]) / MIB
-    s = np.sort(prof.dist_steps[sel][prof.dist_steps[sel] >= 0])
+    # the CDFs of the phase's lookups, drawn from the distance histograms (nothing is kept per lookup)
+    n = int(prof.reuse.filter(pl.col("layer").is_null())["lookups"][0]) if prof.reuse.height else 0
+    dv, dc = prof.reuse_bytes_hist
+    d, d_y = _cdf_points(dv / MIB, dc, n)
+    s_counts = prof.reuse_steps_hist
+    s, s_y = _cdf_points(np.flatnonzero(s_counts), s_counts[s_counts > 0], n)
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     if n and d.size:
-        ax.step(d, 100.0 * np.arange(1, d.size + 1) / n, where="post", color=plots.OKABE_ITO[0], label="all layers")
+        ax.step(d, d_y, where="post", color=plots.OKABE_ITO[0], label="all layers")
     ax.axvline(prof.token_cycle_bytes / MIB, color=plots.OKABE_ITO[1], ls=":", label="T (one token's routing)")
     if prof.budget_mib is not None:
         ax.axvline(prof.budget_mib, color=plots.OKABE_ITO[3], ls="--", label=f"budget {plots.budget_label(prof.budget_mib)}")
@@ -149,7 +165,7 @@ def write_plots(prof: Profile, out_dir: Path, pair_layer: int | None = None) -> 
                           "hits there; the curve's top is the infinite cache."))
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     if n and s.size:
-        ax.step(s, 100.0 * np.arange(1, s.size + 1) / n, where="post", color=plots.OKABE_ITO[2], label="all layers")
+        ax.step(s, s_y, where="post", color=plots.OKABE_ITO[2], label="all layers")
     ax.set_xscale("log")
     ax.set_xlabel("steps since the layer last used the expert (one token per step for one request)")
     ax.set_ylabel(f"{prof.phase} lookups within it (%)")
