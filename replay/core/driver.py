@@ -220,6 +220,17 @@ def _victim_error(ent, g, v, n_ent):
     return 0
 
 
+@njit(cache=True, inline="always")
+def _acc_read(acc, layer_info):
+    """``acc[:, l, ACC_READ]`` = misses x the bytes of one entry of layer ``l`` (the driver adds
+    lookups and hits per load; every entry of a layer costs the same, so the bytes read follow from
+    the totals, here once per call, whatever earlier calls added: a streamed or stepped replay's
+    ``acc`` carries its totals from call to call)."""
+    for p in range(acc.shape[0]):
+        for l in range(acc.shape[1]):
+            acc[p, l, ACC_READ] = (acc[p, l, ACC_LOOKUPS] - acc[p, l, ACC_HITS]) * layer_info[l, 1]
+
+
 # Hook placeholders: make_kernel rebinds these names to one policy's @njit hooks and constants.
 KEEP_RES_LIST = True  # maintain the resident list (only scanning policies read it)
 KEEP_TICK = True  # maintain ent[LAST_TICK] (policies whose order or tie-break reads it)
@@ -267,6 +278,13 @@ def _driver(entries, load_start, load_lidx, batch_start, batch_phase, layer_info
     prediction ``pred[r, j]`` (the FILL_* codes; replay.analyses.timeline times the reads).
     """
     k = entries.shape[1]
+    # Flat views of the per-slot arrays [R, k] (C-contiguous: every caller passes them so): slot
+    # r * k + j, so one loop walks a load's slots (at top-1 decode, one slot per load: no inner loop
+    # to enter and leave per load).
+    entries_f = entries.reshape(entries.size)
+    drop_f = drop.reshape(drop.size)
+    slot_out_f = slot_out.reshape(slot_out.size)
+    next_f = next_load.reshape(next_load.size)
     want_slots = SLOTS and slot_out.shape[0] > 0
     has_next = NEXT_USE_COL and next_load.shape[0] > 0
     has_drop = WHATIF and drop.shape[0] > 0
@@ -283,8 +301,13 @@ def _driver(entries, load_start, load_lidx, batch_start, batch_phase, layer_info
     load0 = opts[OPT_LOAD0]
     n_evict = 0
     resident = np.int64(0)  # bytes resident in all groups together (entries a policy preloaded included)
+    # Groups above their budget (after a load overflowed, or a policy preloaded past a share): while
+    # there is none, a load that read nothing skips its eviction step without reading its group.
+    n_over = 0
     for g0 in range(grp.shape[0]):
         resident += grp[g0, USED]
+        if grp[g0, USED] > grp[g0, BUDGET]:
+            n_over += 1
     peak = resident
     batch_now = opts[OPT_BATCH0]  # KEEP_BATCH: the batch whose first load grp[:, BATCH_LOAD] holds
     for b in range(batch_start.shape[0] - 1):
@@ -315,67 +338,66 @@ def _driver(entries, load_start, load_lidx, batch_start, batch_phase, layer_info
             n_hit = 0
             n_skip = 0
             n_spec_hit = 0
-            for ri in range(lo, hi):
-                r = np.uint64(ri)  # unsigned indexes: no wraparound code (r is only an index below)
-                for jj in range(k):
-                    j = np.uint64(jj)
-                    e = np.uint32(entries[r, j])  # unsigned: no negative-index wraparound code per access
-                    if has_drop:
-                        dm = drop[r, j]
-                        # A dropped slot is neither looked up, nor read, nor admitted: it leaves no trace
-                        # in the cache (not even recency), so the cache later holds other things.
-                        if dm != 0 and (dm == 2 or ent[RESIDENT, e] == 0):
-                            n_skip += 1
-                            if want_slots:
-                                slot_out[r, j] = 3
-                            continue
-                    tick += 1
-                    if KEEP_TICK:
-                        ent[LAST_TICK, e] = tick
-                    if ent[PIN, e] == load:
-                        # A repeat inside this load: already looked up, only promoted.
-                        on_touch(ps, ent, grp, g, e)
+            for si in range(lo * k, hi * k):  # the load's slots, token-major (row r, slot j: si = r * k + j)
+                s = np.uint64(si)  # unsigned indexes: no wraparound code (s is only an index below)
+                e = np.uint32(entries_f[s])  # unsigned: no negative-index wraparound code per access
+                if has_drop:
+                    dm = drop_f[s]
+                    # A dropped slot is neither looked up, nor read, nor admitted: it leaves no trace
+                    # in the cache (not even recency), so the cache later holds other things.
+                    if dm != 0 and (dm == 2 or ent[RESIDENT, e] == 0):
+                        n_skip += 1
                         if want_slots:
-                            slot_out[r, j] = ent[OUTCOME, e]
+                            slot_out_f[s] = 3
                         continue
-                    n_look += 1
-                    if WHATIF:
-                        ent[HEAT, e] += 1  # lifetime demand heat (the eviction guard's); never reset
-                    ent[PIN, e] = load
-                    if WHATIF or KEEP_LAST_LOAD:
-                        ent[LAST_LOAD, e] = load
-                    if has_next:
-                        ent[NEXT_USE, e] = next_load[r, j]
-                    if ent[RESIDENT, e] == 1:
-                        code = 1
-                        if WHATIF and ent[SPEC, e] == 1:  # prefetched and now demanded: a useful speculation
-                            code = 2
-                            ent[SPEC, e] = 0
-                            n_spec_hit += 1
-                        n_hit += 1
-                        if KEEP_FREQ:
-                            ent[FREQ, e] += 1
-                        on_touch(ps, ent, grp, g, e)
-                    else:
-                        code = 0
-                        ent[RESIDENT, e] = 1
-                        if KEEP_FREQ:
-                            if FREQ_RUN:
-                                ent[FREQ, e] += 1  # the whole run's count: history survives eviction
-                            else:
-                                ent[FREQ, e] = 1  # the admitting load is its first
-                        if KEEP_RES_LIST:
-                            grp[g, COUNT] += 1
-                            _list_add(ent, grp, g, e)
-                        on_admit(ps, ent, grp, g, e)
+                tick += 1
+                if KEEP_TICK:
+                    ent[LAST_TICK, e] = tick
+                if ent[PIN, e] == load:
+                    # A repeat inside this load: already looked up, only promoted.
+                    on_touch(ps, ent, grp, g, e)
                     if want_slots:
-                        ent[OUTCOME, e] = code
-                        slot_out[r, j] = code
+                        slot_out_f[s] = ent[OUTCOME, e]
+                    continue
+                n_look += 1
+                if WHATIF:
+                    ent[HEAT, e] += 1  # lifetime demand heat (the eviction guard's); never reset
+                ent[PIN, e] = load
+                if WHATIF or KEEP_LAST_LOAD:
+                    ent[LAST_LOAD, e] = load
+                if has_next:
+                    ent[NEXT_USE, e] = next_f[s]
+                if ent[RESIDENT, e] == 1:
+                    code = 1
+                    if WHATIF and ent[SPEC, e] == 1:  # prefetched and now demanded: a useful speculation
+                        code = 2
+                        ent[SPEC, e] = 0
+                        n_spec_hit += 1
+                    n_hit += 1
+                    if KEEP_FREQ:
+                        ent[FREQ, e] += 1
+                    on_touch(ps, ent, grp, g, e)
+                else:
+                    code = 0
+                    ent[RESIDENT, e] = 1
+                    if KEEP_FREQ:
+                        if FREQ_RUN:
+                            ent[FREQ, e] += 1  # the whole run's count: history survives eviction
+                        else:
+                            ent[FREQ, e] = 1  # the admitting load is its first
+                    if KEEP_RES_LIST:
+                        grp[g, COUNT] += 1
+                        _list_add(ent, grp, g, e)
+                    on_admit(ps, ent, grp, g, e)
+                if want_slots:
+                    ent[OUTCOME, e] = code
+                    slot_out_f[s] = code
             n_miss = n_look - n_hit
             n_read = n_miss * nbytes
+            # acc's bytes read are not added here: every entry of a layer costs the same, so they are
+            # (lookups - hits) x the layer's entry bytes, written from the totals once per call (_acc_read).
             acc[ph, lid, ACC_LOOKUPS] += n_look
             acc[ph, lid, ACC_HITS] += n_hit
-            acc[ph, lid, ACC_READ] += n_read
             b_look += n_look
             b_hit += n_hit
             b_read += n_read
@@ -399,10 +421,12 @@ def _driver(entries, load_start, load_lidx, batch_start, batch_phase, layer_info
                                 ent[PIN, ep] = load
             # Eviction: once, after the load, in the load's group, until the group fits. The group's
             # bytes and count live in registers through the step (no hook reads them).
+            if n_read == 0 and n_over == 0 and not fill:
+                continue  # nothing read and every group fits: no eviction, nothing to write back (the hit path)
             used0 = grp[g, USED]
             budget = grp[g, BUDGET]
             if n_read == 0 and used0 <= budget and not fill:
-                continue  # nothing read and the group fits: no eviction, nothing to write back (the hit path)
+                continue  # the same, where some other group is above its budget
             used = used0 + n_read
             n_gone = 0
             while used > budget:
@@ -422,6 +446,10 @@ def _driver(entries, load_start, load_lidx, batch_start, batch_phase, layer_info
                 used -= ent[BYTES, v]
                 n_gone += 1
             grp[g, USED] = used
+            if used0 > budget:
+                n_over -= 1
+            if used > budget:
+                n_over += 1  # this load overflowed
             resident += used - used0
             if resident > peak:
                 peak = resident
@@ -458,6 +486,7 @@ def _driver(entries, load_start, load_lidx, batch_start, batch_phase, layer_info
                     ge = ent[GROUP, e]
                     need = ent[BYTES, e]
                     ok = True
+                    over0 = grp[ge, USED] > grp[ge, BUDGET]
                     while grp[ge, USED] + need > grp[ge, BUDGET]:
                         v = pick_victim(ps, ent, grp, ge, load)
                         if v < 0:
@@ -487,6 +516,8 @@ def _driver(entries, load_start, load_lidx, batch_start, batch_phase, layer_info
                         if not KEEP_RES_LIST:
                             grp[ge, COUNT] -= 1
                         n_evict += 1
+                    if over0 and grp[ge, USED] <= grp[ge, BUDGET]:
+                        n_over -= 1  # its evictions brought the group within its budget (a fill never takes one past it)
                     if not ok:
                         continue
                     tick += 1
@@ -519,6 +550,7 @@ def _driver(entries, load_start, load_lidx, batch_start, batch_phase, layer_info
         bacc[b, ACC_LOOKUPS] += b_look
         bacc[b, ACC_HITS] += b_hit
         bacc[b, ACC_READ] += b_read
+    _acc_read(acc, layer_info)
     stats[STAT_TICKS] = tick
     stats[STAT_PEAK_BYTES] = peak
     stats[STAT_EVICTIONS] += n_evict

@@ -58,7 +58,7 @@ def cut_loads(turn, batch, phase, step, layer, experts, weights, lidx_of, n_expe
     ``at`` is left as it was (the caller may call again from the same place). A batch's loads are
     consecutive, so the open load's batch is always the last one (``at[AT_BATCHES] - 1``).
 
-    ``weights`` [R, k] and ``lay_last`` [n_layer, 2] int64 are read only when ``check``; ``moe``
+    ``weights`` [R, k] (C-contiguous) and ``lay_last`` [n_layer, 2] int64 are read only when ``check``; ``moe``
     [n_layer] bool: the check's MoE layers;
     ``lidx_of`` [max MoE layer + 1]: each layer's MoE index, -1 for a dense one (the same layers as
     ``moe``: with the gate on, the cut does not test again what the gate tested)."""
@@ -74,6 +74,18 @@ def cut_loads(turn, batch, phase, step, layer, experts, weights, lidx_of, n_expe
     # per batch (not read back from the arrays at every load: one load per row at top-1 decode).
     cur_start = load_start[G - 1] if G > 0 else r0
     tokens = batch_tokens[B - 1] if G > 0 else 0
+    if check:
+        # Each weight's own rule (>= 0 and finite, or NaN) in a pass of its own over the part's weights,
+        # with no exit inside (a vectorised loop: ~0.5 ns a weight instead of ~2 in the row loop, where
+        # the branches cost); the rules across a row's weights stay in the row loop (top_k > 1 only).
+        # Nothing is written before it: a part it stops leaves ``at`` and ``lay_last`` as they were.
+        weights_f = weights.reshape(weights.size)  # C-contiguous (the caller's)
+        bad_weight = False
+        for i in range(weights_f.shape[0]):
+            w = weights_f[i]
+            bad_weight |= (w == w) & ((w < 0) | (w >= np.inf))  # not NaN, and negative or infinite
+        if bad_weight:
+            return CUT_ROWS
     for r in range(R):
         b, lay, s, p = np.int64(batch[r]), np.int64(layer[r]), np.int64(step[r]), np.int64(phase[r])
         if check:
@@ -102,13 +114,12 @@ def cut_loads(turn, batch, phase, step, layer, experts, weights, lidx_of, n_expe
                 for i in range(j):
                     if experts[r, i] == e:
                         return CUT_ROWS
-                w = weights[r, j]
-                if not (w >= 0 and w < np.inf):  # one test on the common path: NaN, negative or infinite
-                    if not np.isnan(w):
+                if k > 1:  # at top-1 a row's one weight has no rule beyond its own
+                    w = weights[r, j]
+                    if w != w:
+                        n_nan += 1
+                    if by_rank and j > 0 and w > weights[r, j - 1]:
                         return CUT_ROWS
-                    n_nan += 1
-                if by_rank and j > 0 and w > weights[r, j - 1]:
-                    return CUT_ROWS
             if n_nan != 0 and n_nan != k:
                 return CUT_ROWS
         elif lay < 0 or lay >= n_lay or lidx_of[lay] < 0:  # the gate found these already

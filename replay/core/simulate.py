@@ -527,7 +527,7 @@ def _cut_parts(trace: Trace, buf: _CutBuffers, at: np.ndarray, stream: bool) -> 
         # Read-only views of Arrow's buffers (one Numba signature whatever made them).
         c = {x: _readonly(_column_numpy(t.column(x))) for x in LOAD_COLUMNS if x != "experts"}
         c["experts"] = _readonly(fixed_list_to_numpy(t.column("experts")))
-        w = _readonly(fixed_list_to_numpy(t.column("weights"))) if gate else no_weights
+        w = _readonly(np.ascontiguousarray(fixed_list_to_numpy(t.column("weights")))) if gate else no_weights  # read flat by the gate
         if stream:
             buf.ensure(int(at[AT_ROWS]) + t.num_rows, at)
         if checker is not None and not gate:
@@ -823,12 +823,14 @@ def _driver_args(loads: Loads, pm, budget: int, seed: int, slots: bool, drop: np
     stats = np.zeros(N_STATS, np.int64)
     R, k = loads.entries.shape
     slot_out = np.zeros((R if slots else 0, k), np.uint8)
-    nxt = loads.next_load if pm.NEEDS_NEXT_USE else np.zeros((0, k), np.int32)
+    nxt = np.ascontiguousarray(loads.next_load) if pm.NEEDS_NEXT_USE else np.zeros((0, k), np.int32)
     drop = np.zeros((0, k), np.uint8) if drop is None else np.ascontiguousarray(drop, np.uint8)
     pred = np.zeros((0, 1), np.int32) if pred is None else np.ascontiguousarray(pred, np.int32)
     layer_info = np.stack([group[::loads.n_expert], loads.layer_expert_bytes]).T.astype(np.int64).copy()
-    args = (loads.entries, loads.load_start, loads.load_lidx, loads.batch_start, loads.batch_phase, layer_info, nxt, ent, grp,
-            ps, acc, bacc, stats, slot_out, drop, pred, opts, np.zeros((pred.shape[0] if fills else 0, pred.shape[1]), np.int8))
+    # The driver reads the per-slot arrays [R, k] as flat views: C-contiguous (no copy when they are already).
+    args = (np.ascontiguousarray(loads.entries), loads.load_start, loads.load_lidx, loads.batch_start, loads.batch_phase,
+            layer_info, nxt, ent, grp, ps, acc, bacc, stats, slot_out, drop, pred, opts,
+            np.zeros((pred.shape[0] if fills else 0, pred.shape[1]), np.int8))
     return args, stats, slot_out
 
 

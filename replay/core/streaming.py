@@ -183,7 +183,7 @@ def replay_stream(trace: Trace, cells: list[tuple[str, float]], seed: int = 0, c
                 opts[OPT_LOAD0] = part.load0
                 opts[OPT_BATCH0] = 0 if part.continues else -1
                 t0 = time.perf_counter()
-                run_kernel(st["kern"], (lp.entries, lp.load_start, lp.load_lidx, lp.batch_start, lp.batch_phase,
+                run_kernel(st["kern"], (np.ascontiguousarray(lp.entries), lp.load_start, lp.load_lidx, lp.batch_start, lp.batch_phase,
                                         st["layer_info"], nxt if st["pm"].NEEDS_NEXT_USE else empty_next, st["ent"],
                                         st["grp"], st["ps"], st["acc"], bacc, stats, slot_out, drop, pred, opts,
                                         np.zeros((0, 1), np.int8)),
