@@ -76,6 +76,25 @@ def test_timeline_matches_event_by_event_twin(data, t, prof, policy, ahead, fill
     assert got.read_ms_total == want["read_ms_total"]
 
 
+def test_timeline_twin_agrees_to_the_last_bit_with_fills_on_one_slow_lane():
+    # Hypothesis found it: a load's speculative reads were summed apart and then added to the token's
+    # lane time (750.1999999999999 ms against the twin's 750.2); every read now adds in turn.
+    rows = [(0, b, 1, b, layer, [0, 0, 0, 0]) for b in range(6) for layer in range(4)]
+    t = ([0, 1, 2, 3], 4, 3, 4, {0: 65536, 1: 65536, 2: 65536, 3: 131072}, rows, 8)
+    loads = drawn_loads(*t)
+    pred = np.full((len(rows), 3), -1, np.int32)
+    pred[22, 2] = rows[22][4] * 3 + 1
+    pred[23, 1], pred[23, 2] = rows[23][4] * 3 + 1, rows[23][4] * 3 + 2
+    prof = Profile(lanes=1, lane_mib_s=0.5, read_latency_ms=0.05, compute_ms_per_layer=0.0, overlap=False,
+                   expert_share=0.0, token_overhead_ms=0.0, serial_ms_per_mib=0.0)
+    res = replay(loads, "lfru", 8 / 16, slots=True, pred=pred, ahead=2, fill=True, fills=True)
+    got = time_replay(loads, res, prof, pred, 0)
+    want = naive_timeline(_naive_loads(loads, res, pred), [int(x) for x in loads.layer_expert_bytes],
+                          [float(x) for x in kernel_params(prof)], 0, prof.lanes, prof.overlap)
+    assert got.tok.tolist() == want["tok"]
+    assert got.tok[5, 3] == want["tok"][5][3] and got.tok[5, 5] > 0  # the token with the fills, timed
+
+
 # -- the done-when cases: prefetch wins, loses, or gains less with late guesses, on numbers ----------
 
 MiB = 1 << 20

@@ -109,11 +109,12 @@ def _on_lane(free, start, d):
 
 
 @njit(cache=True, nogil=True)
-def _issue(u, nb, start, load_start, fills, pred, pending, f_bytes, f_arrive, free, lat, per_byte, nf, timed):
+def _issue(u, nb, start, load_start, fills, pred, pending, f_bytes, f_arrive, free, lat, per_byte, nf, timed, io):
     """Issue the speculative reads the replay made for load ``u`` (entries of ``nb`` bytes), in row
     and rank order, each on the lane free first, not before ``start``; record each as fill ``nf``,
-    ``nf + 1``, ... Returns (the next fill index, lane ms, bytes) of what was timed."""
-    io = 0.0
+    ``nf + 1``, ... Returns (the next fill index, ``io`` + the lane ms, bytes) of what was timed:
+    each read's ms is added to the token's running ``io`` in turn, as every other read is (a
+    partial sum added at once rounds differently: 750.1999999999999 against 750.2)."""
     spec_b = np.int64(0)
     for rp in range(load_start[u], load_start[u + 1]):
         for jp in range(pred.shape[1]):
@@ -189,9 +190,8 @@ def timeline_kernel(entries, load_start, load_lidx, load_batch, batch_phase, slo
             ti += 1
         if has_fills and issue_ahead == 0:
             for t in range(li, hi):
-                nf, d_io, d_b = _issue(t, layer_bytes[load_lidx[t]], tok_start, load_start, fills, pred, pending, f_bytes,
-                                       f_arrive, free, lat, per_byte, nf, timed)
-                io += d_io
+                nf, io, d_b = _issue(t, layer_bytes[load_lidx[t]], tok_start, load_start, fills, pred, pending, f_bytes,
+                                     f_arrive, free, lat, per_byte, nf, timed, io)
                 spec_b += d_b
         for t in range(li, hi):
             lid = load_lidx[t]
@@ -243,9 +243,8 @@ def timeline_kernel(entries, load_start, load_lidx, load_batch, batch_phase, slo
             if has_fills and issue_ahead > 0:
                 u = t + issue_ahead
                 if u < hi and load_lidx[u] == lid + issue_ahead:
-                    nf, d_io, d_b = _issue(u, layer_bytes[load_lidx[u]], a, load_start, fills, pred, pending, f_bytes,
-                                           f_arrive, free, lat, per_byte, nf, timed)
-                    io += d_io
+                    nf, io, d_b = _issue(u, layer_bytes[load_lidx[u]], a, load_start, fills, pred, pending, f_bytes,
+                                         f_arrive, free, lat, per_byte, nf, timed, io)
                     spec_b += d_b
             if not timed:
                 continue
