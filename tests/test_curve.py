@@ -146,7 +146,7 @@ def long_traces(draw):
 def test_long_traces_compact_positions_and_stay_exact(t):
     """lru and layer on traces that compact the passes' visit positions across several blocks:
     ~16 change points of each, spread over the curve, (and a byte below each) equal a replay."""
-    loads = _loads(t)
+    loads = drawn_loads(*t)
     c = compute_curve(loads, policies=("lru", "layer"))
     for pol in ("lru", "layer"):
         n = int((c.frame["policy"] == pol).sum())
