@@ -201,7 +201,8 @@ def _check_printed(report, rows):
             if r["spec_fills"] and r["vs_baseline_time"] == "tie":  # the paired interval includes zero
                 want.append("tie within noise (±")
             if r["spec_fills"]:
-                # the verdict signs intervals as replay.analyses.paired.signed does (one decimal from 0.05, below it its first significant digit)
+                # the verdict signs intervals as replay.analyses.paired.signed does (one decimal from 0.05,
+                # below it its first significant digit)
                 want.append(f"(95% interval [{signed(r['delta_ms_ci_low'])}, {signed(r['delta_ms_ci_high'])}])")
         elif r["kind"] == "drop":
             drops = [x for x in rows if x["kind"] == "drop"]
