@@ -38,8 +38,26 @@ class Interrupted(BaseException):
         super().__init__(signal.Signals(signum).name)
         self.signum = int(signum)
 
+#: The signal the handler last turned into :class:`Interrupted` in this command (0: none). Kept
+#: because the exception can be lost: a handler runs between any two bytecodes, and one that runs
+#: inside a ctypes callback (llvmlite's object-cache hook, while Numba compiles) has its exception
+#: printed and ignored by ctypes, so the command would go on, exit 0, or fail on the half-built
+#: kernel; :func:`guarded` checks this once the command returns or fails.
+_caught: list[int] = [0]
+
+
+def _quiet_unraisable(u: object) -> None:
+    """``sys.unraisablehook`` while a command runs: an :class:`Interrupted` that ctypes could not
+    raise (see :data:`_caught`) is not printed as a traceback (the command ends in the interrupt's
+    one line); anything else goes to Python's own hook."""
+    if isinstance(getattr(u, "exc_value", None), Interrupted):
+        return
+    sys.__unraisablehook__(u)
+
+
 def _raise_interrupted(signum: int, frame: object) -> None:
     stop_requested.set()  # threads waiting on a plugin's kernel stop waiting (traces.util.signals)
+    _caught[0] = int(signum)
     raise Interrupted(signum)
 
 def _interrupted(signum: int) -> int:
@@ -127,11 +145,16 @@ def guarded(call: Callable[[], int], debug: bool,
     from replay.core.progress import compile_notice
 
     stop_requested.clear()
+    _caught[0] = 0
+    hook, sys.unraisablehook = sys.unraisablehook, _quiet_unraisable
     try:
         # The first run after installation compiles the kernels (minutes under load): say so on stderr,
         # terminal or not (under make, piped, --json: a silent run looks hung); later runs load them and print nothing.
         with on_signals(_raise_interrupted, CLI_SIGNALS), compile_notice():
-            return call()
+            code = call()
+            if _caught[0]:  # the handler's exception was swallowed on the way (see _caught)
+                raise Interrupted(_caught[0])
+            return code
     except UserError as e:
         if debug:
             raise
@@ -146,6 +169,8 @@ def guarded(call: Callable[[], int], debug: bool,
     except SystemExit:
         raise
     except Exception as e:
+        if _caught[0] and not debug:  # failed after an interrupt whose exception was swallowed (a kernel half built)
+            return _interrupted(_caught[0])
         code = usage_error(e, debug) if usage_error is not None else None
         if code is not None:
             return code
@@ -156,3 +181,5 @@ def guarded(call: Callable[[], int], debug: bool,
             print(f"moe-replay: error: {sentence}", file=sys.stderr)
             return 2
         return _bug(e, debug)
+    finally:
+        sys.unraisablehook = hook

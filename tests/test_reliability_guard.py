@@ -325,3 +325,42 @@ def test_export_of_a_trace_without_routings_is_refused(small, tmp_path):
         res = run_cli("export", kind, empty, out)
         assert_one_sentence_error(res, str(empty), "no routings")
         assert not out.exists()
+
+
+def test_an_interrupt_swallowed_by_a_ctypes_callback_still_ends_the_command(capsys):
+    # Numba compiles through llvmlite, whose object-cache hook is a ctypes callback: a SIGINT whose
+    # handler ran inside it had its Interrupted printed as a traceback and ignored by ctypes, and the
+    # command went on (exit 0) or failed on a half-built kernel (exit 3). Found by the hostile run.
+    import ctypes
+    import signal
+
+    from replay.runner import guarded
+
+    ran_on = []
+
+    def command() -> int:
+        cb = ctypes.CFUNCTYPE(None)(lambda: signal.raise_signal(signal.SIGINT))
+        cb()  # the handler runs inside the callback; ctypes swallows what it raises
+        ran_on.append(True)  # the command goes on, as it did under Numba
+        return 0
+
+    assert guarded(command, debug=False) == 130
+    assert ran_on  # the exception really was swallowed (else this would not have run)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    assert err.strip() == "moe-replay: interrupted by SIGINT; nothing was written"
+
+
+def test_a_failure_after_a_swallowed_interrupt_is_the_interrupt_not_a_bug(capsys):
+    import ctypes
+    import signal
+
+    from replay.runner import guarded
+
+    def command() -> int:
+        ctypes.CFUNCTYPE(None)(lambda: signal.raise_signal(signal.SIGTERM))()
+        raise RuntimeError("no compiled object yet")  # what llvmlite raised next, half built
+
+    assert guarded(command, debug=False) == 143
+    err = capsys.readouterr().err
+    assert "internal error" not in err and "Traceback" not in err and "SIGTERM" in err
