@@ -158,6 +158,8 @@ def guarded(call: Callable[[], int], debug: bool,
     except UserError as e:
         if debug:
             raise
+        if _caught[0]:  # refused after an interrupt whose exception was swallowed: the interrupt is what happened
+            return _interrupted(_caught[0])
         print(f"moe-replay: error: {e}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Interrupted) as e:

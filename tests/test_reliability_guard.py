@@ -364,3 +364,18 @@ def test_a_failure_after_a_swallowed_interrupt_is_the_interrupt_not_a_bug(capsys
     assert guarded(command, debug=False) == 143
     err = capsys.readouterr().err
     assert "internal error" not in err and "Traceback" not in err and "SIGTERM" in err
+
+
+def test_a_refusal_after_a_swallowed_interrupt_is_the_interrupt_too(capsys):
+    import ctypes
+    import signal
+
+    from replay.runner import guarded
+
+    def command() -> int:
+        ctypes.CFUNCTYPE(None)(lambda: signal.raise_signal(signal.SIGINT))()
+        raise UserError("a sentence the half-run command would not have said")
+
+    assert guarded(command, debug=False) == 130
+    err = capsys.readouterr().err
+    assert "error:" not in err and "interrupted by SIGINT" in err
